@@ -1,0 +1,1 @@
+"""DRA kubelet plugins for accelerators and NICs (later issues)."""

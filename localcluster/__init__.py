@@ -1,0 +1,1 @@
+"""A real local Kubernetes cluster (etcd, apiserver, controller-manager, scheduler) with kwok fake nodes."""

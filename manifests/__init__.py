@@ -1,0 +1,1 @@
+"""Jinja2 templates that install toposerve, and their renderer (later issues)."""

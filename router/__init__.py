@@ -1,0 +1,1 @@
+"""OpenAI-compatible router and the model-server simulator."""

@@ -1,0 +1,1 @@
+"""Kube-scheduler HTTP extender for topology-aware group placement (later issues)."""

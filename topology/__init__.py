@@ -1,0 +1,1 @@
+"""The shared topology model: domains, nodes, devices, distances and costs."""

@@ -1,0 +1,1 @@
+"""The ``toposerve`` command line."""
