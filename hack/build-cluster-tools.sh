@@ -4,9 +4,8 @@
 # Idempotent: a tool already in the cache is not rebuilt.
 set -euo pipefail
 
-K8S_VERSION="${K8S_VERSION:-v1.37.2}"
-ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
-KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
+# shellcheck source=../localcluster/versions.env
+source "$(dirname "$0")/../localcluster/versions.env"
 CACHE="${TOPOSERVE_CACHE:-$HOME/.cache/toposerve}"
 BIN="$CACHE/bin"
 SRC="$CACHE/src"

@@ -1,1 +1,2 @@
-"""A real local Kubernetes cluster (etcd, apiserver, controller-manager, scheduler) with kwok fake nodes."""
+"""A real local Kubernetes cluster (etcd, kube-apiserver, controller-manager,
+scheduler) with kwok fake nodes."""

@@ -112,9 +112,9 @@ def _device(f: _Found, index: int, known: dict[tuple[str, str], DeviceModel]) ->
                   vendor_id=f.vendor, device_id=f.device, pci_bus_id=f.bdf)
     if f.kind == DeviceKind.GPU:
         mem = parse_quantity(m.memory) if m and m.memory else None
-        return Device(**common, memory_bytes=mem)  # type: ignore[arg-type]
+        return Device(**common, memory_bytes=mem)
     speed = int(f.net["speed"]) if f.net.get("speed", "-1").lstrip("-").isdigit() else -1
-    return Device(**common,  # type: ignore[arg-type]
+    return Device(**common,
                   interface=f.net.get("interface"), mac=f.net.get("mac"),
                   mtu=int(f.net["mtu"]) if f.net.get("mtu") else None,
                   speed_mbps=speed if speed >= 0 else None, rdma_device=f.rdma)

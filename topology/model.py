@@ -51,7 +51,7 @@ class Affinity(IntEnum):
     SAME_NODE = 4
 
 
-Bdf = Annotated[str, Field(pattern=BDF_RE.pattern, description="extended PCI BDF, e.g. 0000:18:00.0")]
+Bdf = Annotated[str, Field(pattern=BDF_RE.pattern, description="extended BDF: 0000:18:00.0")]
 
 
 class Device(Frozen):

@@ -9,6 +9,7 @@ downstream ports ``(B+2):0i.0``, device i at ``(B+3+i):00.0``.
 from __future__ import annotations
 
 import hashlib
+import itertools
 from functools import cache
 from importlib import resources
 from typing import Literal
@@ -82,7 +83,7 @@ class Grouping(Spec):
     def _nested(self) -> Grouping:
         sizes = [self.nodes_per_nvlink_domain, self.nodes_per_rack, self.nodes_per_block,
                  self.nodes_per_zone]
-        for inner, outer in zip(sizes, sizes[1:], strict=False):
+        for inner, outer in itertools.pairwise(sizes):
             if outer % inner:
                 raise ValueError(f"domain sizes must nest: {outer} is not a multiple of {inner}")
         return self
@@ -193,8 +194,8 @@ def expand(profile: HardwareProfile) -> NodeHardware:
         common = dict(name=f"{m.kind.value}-{i}", kind=m.kind, model=m.model,
                       vendor_id=m.vendor_id, device_id=m.device_id, pci_bus_id=bdf)
         if m.kind == DeviceKind.GPU:
-            return Device(**common, memory_bytes=parse_quantity(m.memory or "0"))  # type: ignore[arg-type]
-        return Device(**common,  # type: ignore[arg-type]
+            return Device(**common, memory_bytes=parse_quantity(m.memory or "0"))
+        return Device(**common,
                       interface=ifname, speed_mbps=m.speed_mbps, mtu=m.mtu,
                       mac=_mac(profile.name, i),
                       rdma_device=f"{m.rdma_prefix}{i}" if m.rdma_prefix else None)

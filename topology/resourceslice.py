@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from topology.model import DevicePlace, DeviceKind, DomainPath
+from topology.model import DeviceKind, DevicePlace, DomainPath
 from topology.quantity import format_bytes
 
 STD = "resource.kubernetes.io"

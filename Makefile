@@ -1,0 +1,44 @@
+# toposerve developer entry points. Everything installs what it needs:
+# a venv in .venv and the cluster tools in ~/.cache/toposerve (by version).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml 2>/dev/null | sha256sum | cut -c1-12)
+PYTEST := $(PY) -m pytest
+
+.PHONY: setup venv tools lint test demo bench scale clean
+
+setup: venv tools
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "toposerve needs Python >= 3.11"'
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@rm -f $(VENV)/.installed-*; touch $@
+
+tools:
+	bash hack/build-cluster-tools.sh
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy topology localcluster toposerve_cli router dra_driver scheduler_ext manifests
+
+# pytest exits 5 when it collects nothing: that must fail, not pass.
+test: setup lint
+	$(PYTEST) tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+demo: setup
+	bash hack/demo.sh
+
+bench: setup
+	$(PY) -m bench.cluster_up --nodes 100 1000
+
+scale: setup
+	$(PYTEST) -m scale tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

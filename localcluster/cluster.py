@@ -1,0 +1,272 @@
+"""Bring a real local cluster up and down: etcd, kube-apiserver,
+kube-controller-manager and kube-scheduler as local processes (kwokctl's
+binary runtime), plus kwok's controller making fake nodes Ready and fake
+pods Running. Everything listens on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from localcluster.nodes import MAX_NODES, node_manifest
+from localcluster.tools import Tools, ToolsMissing, find_tools, state_dir
+from topology.config_file import ConfigError
+from topology.labels import PRESETS, DialectName
+from topology.layout import plan_nodes
+from topology.profiles import load_profile
+
+NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?$")
+META_FILE = "toposerve.json"
+Progress = Callable[[str], None]
+
+
+class ClusterError(RuntimeError):
+    """A cluster operation failed; the message is one line for a person."""
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+@dataclass
+class ClusterSpec:
+    name: str = "toposerve"
+    groups: list[tuple[str, int]] = field(default_factory=list)  # (profile, node count)
+    scheduler_config: Path | None = None
+    dialect: DialectName = DialectName.TOPOSERVE
+    ready_timeout_s: float = 600.0
+
+
+def kwok_workdir() -> Path:
+    return state_dir() / "kwok"
+
+
+def cluster_dir(name: str) -> Path:
+    return kwok_workdir() / "clusters" / name
+
+
+def kubeconfig_path(name: str) -> Path:
+    return cluster_dir(name) / "kubeconfig.yaml"
+
+
+def _kwokctl(tools: Tools, *args: str, check: bool = True,
+             timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "KWOK_WORKDIR": str(kwok_workdir())}
+    proc = subprocess.run([str(tools.kwokctl), *args], env=env, text=True,
+                          capture_output=True, timeout=timeout, check=False)
+    if check and proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise ClusterError(f"kwokctl {' '.join(args[:3])} failed: {last}")
+    return proc
+
+
+def running_clusters(tools: Tools | None = None) -> list[str]:
+    tools = tools or find_tools()
+    out = _kwokctl(tools, "get", "clusters").stdout
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def _config_documents() -> str:
+    # Bind every component to loopback; kwok hands pods IPs from the node's
+    # podCIDR (127.x) and falls back to a loopback range, never a private one.
+    docs: list[dict[str, Any]] = [
+        {"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokctlConfiguration",
+         "options": {"runtime": "binary", "bindAddress": "127.0.0.1",
+                     "kubeAuthorization": True, "kubeAdmission": True}},
+        {"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokConfiguration",
+         "options": {"cidr": "127.15.0.0/16", "nodeIP": "127.8.0.0"}},
+    ]
+    return yaml.safe_dump_all(docs)
+
+
+def validate(spec: ClusterSpec) -> None:
+    """Every check that needs no cluster, so bad input fails before anything starts."""
+    if not NAME_RE.match(spec.name):
+        raise ClusterError(f"--name {spec.name!r}: use 1-32 lower-case letters, digits and '-'")
+    if not spec.groups:
+        raise ClusterError("give at least one --profile (e.g. --profile hgx-h100 --nodes 4)")
+    for profile, count in spec.groups:
+        if count <= 0:
+            raise ClusterError(f"node count for {profile} must be > 0, got {count}")
+        try:
+            load_profile(profile)
+        except ConfigError as err:
+            raise ClusterError(str(err).splitlines()[0]) from None
+    total = sum(c for _, c in spec.groups)
+    if total > MAX_NODES:
+        raise ClusterError(f"{total} nodes requested; at most {MAX_NODES} fit the loopback ranges")
+    if spec.scheduler_config is not None and not spec.scheduler_config.is_file():
+        raise ClusterError(f"--scheduler-config {spec.scheduler_config}: no such file")
+
+
+def api_client(name: str) -> Any:
+    from kubernetes import client, config
+
+    path = kubeconfig_path(name)
+    if not path.exists():
+        raise ClusterError(f"no cluster named {name!r} (no {path})")
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=str(path), client_configuration=cfg)  # type: ignore[no-untyped-call]
+    cfg.connection_pool_maxsize = 32
+    return client.ApiClient(cfg)
+
+
+def _create_nodes(api: Any, manifests: list[dict[str, Any]], progress: Progress) -> None:
+    from kubernetes import client
+
+    core = client.CoreV1Api(api)
+    done = 0
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        for _ in pool.map(lambda m: core.create_node(m), manifests):
+            done += 1
+            if done % 250 == 0 or done == len(manifests):
+                progress(f"created {done}/{len(manifests)} nodes")
+
+
+def _ready(node: Any) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+
+
+def wait_nodes_ready(api: Any, count: int, timeout_s: float, progress: Progress) -> None:
+    from kubernetes import client
+
+    core = client.CoreV1Api(api)
+    deadline = time.monotonic() + timeout_s
+    last = -1
+    while True:
+        nodes = core.list_node(label_selector="type=kwok").items
+        ready = sum(1 for n in nodes if _ready(n))
+        if ready != last:
+            progress(f"{ready}/{count} nodes Ready")
+            last = ready
+        if ready >= count:
+            return
+        if time.monotonic() > deadline:
+            raise ClusterError(f"only {ready}/{count} nodes Ready after {timeout_s:.0f}s")
+        time.sleep(0.5)
+
+
+def wait_default_service_account(api: Any, timeout_s: float = 120) -> None:
+    """Pods are refused until the controller-manager makes ``default/default``."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    core = client.CoreV1Api(api)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            core.read_namespaced_service_account("default", "default")
+            return
+        except ApiException as err:
+            if err.status != 404 or time.monotonic() > deadline:
+                raise ClusterError("default service account never appeared") from err
+        time.sleep(0.5)
+
+
+def up(spec: ClusterSpec, progress: Progress = _stderr) -> Path:
+    """Create the cluster; returns its kubeconfig path. On any failure the
+    half-made cluster is deleted again."""
+    validate(spec)
+    try:
+        tools = find_tools()
+    except ToolsMissing as err:
+        raise ClusterError(str(err)) from None
+    if spec.name in running_clusters(tools):
+        raise ClusterError(f"cluster {spec.name!r} already exists: run `toposerve cluster "
+                           f"down --name {spec.name}` first or pick another --name")
+    profiles = [(load_profile(p), c) for p, c in spec.groups]
+    planned = plan_nodes(profiles)
+    dialect = PRESETS[spec.dialect]
+    by_name = {p.name: p for p, _ in profiles}
+    manifests = [node_manifest(n, by_name[n.profile], dialect) for n in planned]
+
+    started = time.monotonic()
+    progress(f"starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok "
+             f"for cluster {spec.name!r}")
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = Path(tmp) / "kwok.yaml"
+        cfg.write_text(_config_documents())
+        args = ["--name", spec.name, "--config", str(cfg), "create", "cluster",
+                "--runtime", "binary", "--kubeconfig", "",
+                "--kube-apiserver-binary", str(tools.kube_apiserver),
+                "--kube-controller-manager-binary", str(tools.kube_controller_manager),
+                "--kube-scheduler-binary", str(tools.kube_scheduler),
+                "--kwok-controller-binary", str(tools.kwok),
+                "--etcd-binary", str(tools.etcd),
+                "--wait", "2m"]
+        if spec.scheduler_config:
+            args += ["--kube-scheduler-config", str(spec.scheduler_config.resolve())]
+        try:
+            _kwokctl(tools, *args)
+            progress(f"control plane up in {time.monotonic() - started:.1f}s")
+            api = api_client(spec.name)
+            _create_nodes(api, manifests, progress)
+            wait_nodes_ready(api, len(manifests), spec.ready_timeout_s, progress)
+            wait_default_service_account(api)
+            meta = {"name": spec.name, "groups": spec.groups, "dialect": spec.dialect.value,
+                    "nodes": len(manifests), "upSeconds": round(time.monotonic() - started, 2)}
+            (cluster_dir(spec.name) / META_FILE).write_text(json.dumps(meta, indent=2))
+        except BaseException:
+            progress(f"cluster {spec.name!r} failed to come up; deleting what was started")
+            _delete(tools, spec.name)
+            raise
+    progress(f"cluster {spec.name!r} ready with {len(manifests)} nodes in "
+             f"{time.monotonic() - started:.1f}s")
+    return kubeconfig_path(spec.name)
+
+
+def _delete(tools: Tools, name: str) -> None:
+    _kwokctl(tools, "--name", name, "delete", "cluster", check=False, timeout=120)
+    # kwokctl leaves the workdir when it could not stop cleanly; don't leak it.
+    shutil.rmtree(cluster_dir(name), ignore_errors=True)
+
+
+def down(name: str, progress: Progress = _stderr) -> None:
+    tools = find_tools()
+    if name not in running_clusters(tools):
+        raise ClusterError(f"no cluster named {name!r} (see `toposerve cluster status`)")
+    _delete(tools, name)
+    progress(f"cluster {name!r} deleted")
+
+
+@dataclass
+class ClusterStatus:
+    name: str
+    kubeconfig: str
+    nodes_ready: int | None
+    nodes_total: int | None
+    groups: list[tuple[str, int]]
+    error: str | None = None
+
+
+def status() -> list[ClusterStatus]:
+    tools = find_tools()
+    out = []
+    for name in running_clusters(tools):
+        meta_file = cluster_dir(name) / META_FILE
+        meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
+        st = ClusterStatus(name=name, kubeconfig=str(kubeconfig_path(name)), nodes_ready=None,
+                           nodes_total=None, groups=[tuple(g) for g in meta.get("groups", [])])
+        try:
+            from kubernetes import client
+
+            nodes = client.CoreV1Api(api_client(name)).list_node(_request_timeout=5).items
+            st.nodes_total = len(nodes)
+            st.nodes_ready = sum(1 for n in nodes if _ready(n))
+        except Exception as err:  # report, don't crash: status is for diagnosis
+            st.error = f"apiserver not answering: {type(err).__name__}"
+        out.append(st)
+    return out

@@ -1,0 +1,116 @@
+"""``toposerve cluster``: a real local Kubernetes cluster with kwok nodes."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from localcluster.cluster import (
+    ClusterError,
+    ClusterSpec,
+    down,
+    kubeconfig_path,
+    running_clusters,
+    status,
+    up,
+)
+from localcluster.tools import ToolsMissing
+from topology.labels import DialectName
+
+
+def _fail(msg: str) -> int:
+    print(f"error: {msg}", file=sys.stderr)
+    return 2
+
+
+def parse_groups(profiles: list[str], nodes: int | None) -> list[tuple[str, int]]:
+    """``--profile NAME=COUNT`` (repeatable) or ``--profile NAME --nodes N``."""
+    groups = []
+    for item in profiles:
+        name, sep, count = item.partition("=")
+        if sep:
+            if not count.lstrip("-").isdigit():
+                raise ClusterError(f"--profile {item}: COUNT must be a whole number")
+            groups.append((name, int(count)))
+        elif nodes is None:
+            raise ClusterError(f"--profile {name}: give --nodes N or write {name}=N")
+        else:
+            groups.append((name, nodes))
+    if not groups:
+        raise ClusterError("give --profile NAME (with --nodes N) or --profile NAME=COUNT")
+    return groups
+
+
+def _up(args: argparse.Namespace) -> int:
+    try:
+        groups = parse_groups(args.profile or [], args.nodes)
+        spec = ClusterSpec(name=args.name, groups=groups,
+                           scheduler_config=Path(args.scheduler_config)
+                           if args.scheduler_config else None,
+                           dialect=DialectName(args.dialect))
+        print(up(spec))
+    except (ClusterError, ToolsMissing) as err:
+        return _fail(str(err))
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    try:
+        down(args.name)
+    except (ClusterError, ToolsMissing) as err:
+        return _fail(str(err))
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    try:
+        clusters = status()
+    except (ClusterError, ToolsMissing) as err:
+        return _fail(str(err))
+    if not clusters:
+        print("no local clusters")
+    for c in clusters:
+        nodes = (f"{c.nodes_ready}/{c.nodes_total} nodes Ready" if c.nodes_total is not None
+                 else c.error)
+        groups = ", ".join(f"{p}={n}" for p, n in c.groups) or "-"
+        print(f"{c.name}: {nodes}; profiles {groups}; kubeconfig {c.kubeconfig}")
+    return 0
+
+
+def _kubeconfig(args: argparse.Namespace) -> int:
+    try:
+        if args.name not in running_clusters():
+            return _fail(f"no cluster named {args.name!r} (see `toposerve cluster status`)")
+    except (ClusterError, ToolsMissing) as err:
+        return _fail(str(err))
+    print(kubeconfig_path(args.name))
+    return 0
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("cluster", help="a real local cluster (apiserver, scheduler, kwok nodes)")
+    csub = p.add_subparsers(dest="cluster_command", required=True, metavar="ACTION")
+    name_help = "cluster name (default toposerve)"
+
+    s = csub.add_parser("up", help="start a cluster with fake nodes of hardware profiles")
+    s.add_argument("--name", default="toposerve", help=name_help)
+    s.add_argument("--profile", action="append",
+                   help="NAME (with --nodes) or NAME=COUNT; repeat for a mixed cluster")
+    s.add_argument("--nodes", type=int, help="node count for a --profile given without =COUNT")
+    s.add_argument("--scheduler-config", help="a KubeSchedulerConfiguration file")
+    s.add_argument("--dialect", default="toposerve", choices=[d.value for d in DialectName],
+                   help="which node labels carry the domain tree")
+    s.set_defaults(handler=_up)
+
+    s = csub.add_parser("down", help="stop a cluster and every process it started")
+    s.add_argument("--name", default="toposerve", help=name_help)
+    s.set_defaults(handler=_down)
+
+    s = csub.add_parser("status", help="list local clusters")
+    s.set_defaults(handler=_status)
+
+    s = csub.add_parser("kubeconfig", help="print a cluster's kubeconfig path")
+    s.add_argument("--name", default="toposerve", help=name_help)
+    s.set_defaults(handler=_kubeconfig)

@@ -1,0 +1,34 @@
+"""``toposerve``: one command, a subcommand per part."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from toposerve_cli import cluster_cmd, topology_cmd
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="toposerve",
+        description="Topology-aware serving for large-model inference on Kubernetes.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    topology_cmd.register(sub)
+    cluster_cmd.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    try:
+        return handler(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
