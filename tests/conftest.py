@@ -1,0 +1,40 @@
+"""Shared fixtures. ``cluster``: one real local cluster (etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler, kwok) for the whole session."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from localcluster.cluster import ClusterSpec, api_client, down, running_clusters, up
+
+TEST_CLUSTER = "toposerve-test"
+TEST_GROUPS = [("hgx-h100", 4), ("gb200-nvl72", 18), ("mi300x", 2)]
+
+
+@dataclass
+class Cluster:
+    name: str
+    api: Any
+    groups: list[tuple[str, int]]
+    up_seconds: float
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    if TEST_CLUSTER in running_clusters():
+        down(TEST_CLUSTER)  # left over from an interrupted run
+    started = time.monotonic()
+    up(ClusterSpec(name=TEST_CLUSTER, groups=TEST_GROUPS),
+       progress=lambda m: print(f"[cluster] {m}", file=sys.stderr))
+    c = Cluster(name=TEST_CLUSTER, api=api_client(TEST_CLUSTER), groups=TEST_GROUPS,
+                up_seconds=time.monotonic() - started)
+    try:
+        yield c
+    finally:
+        down(TEST_CLUSTER)
