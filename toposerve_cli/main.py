@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from toposerve_cli import cluster_cmd, topology_cmd
+from toposerve_cli import cluster_cmd, sim_cmd, topology_cmd
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -16,6 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     topology_cmd.register(sub)
     cluster_cmd.register(sub)
+    sim_cmd.register(sub)
     return parser
 
 

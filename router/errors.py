@@ -1,0 +1,30 @@
+"""OpenAI-style JSON errors, as vLLM and the OpenAI API send them:
+``{"error": {"message", "type", "param", "code"}}``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+TYPES = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowed",
+         408: "RequestTimeout", 413: "RequestTooLarge", 415: "UnsupportedMediaType",
+         422: "UnprocessableEntity", 429: "RateLimitError", 500: "InternalServerError",
+         502: "BadGateway", 503: "ServiceUnavailable", 504: "GatewayTimeout"}
+
+
+def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": TYPES.get(status, "Error"), "param": param,
+                      "code": status}}
+
+
+def error_response(status: int, message: str, param: str | None = None,
+                   headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(error_body(status, message, param)),
+                        content_type="application/json", headers=headers)
+
+
+def sse_error(status: int, message: str) -> bytes:
+    """An error as one SSE event, for failures after a stream has begun."""
+    return b"data: " + orjson.dumps(error_body(status, message)) + b"\n\n"

@@ -1,0 +1,55 @@
+"""Settings of one simulated model server."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from router.sim.kv_events import EventEncoding
+
+
+class Dialect(StrEnum):
+    VLLM = "vllm"
+    SGLANG = "sglang"
+
+
+class SimConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    model: str = "toposerve/sim-model"
+    served_model_names: list[str] = Field(default_factory=list)
+    dialect: Dialect = Dialect.VLLM
+    tokenizer: str | None = Field(default=None, description="HF tokenizer.json; default: bytes")
+    max_model_len: int = Field(default=1_048_576, gt=0)
+    # latency model, in model seconds (scaled by time_scale)
+    overhead_s: float = Field(default=0.010, ge=0)
+    prefill_s_per_token: float = Field(default=0.000_05, ge=0, description="uncached tokens")
+    decode_s_per_token: float = Field(default=0.020, ge=0)
+    decode_slowdown_per_seq: float = Field(default=0.002, ge=0,
+                                           description="extra decode time per running sequence")
+    max_num_seqs: int = Field(default=256, gt=0)
+    max_num_batched_tokens: int = Field(default=8192, gt=0, description="prefill chunk size")
+    time_scale: float = Field(default=1.0, gt=0, description="wall seconds per model second")
+    # KV cache
+    block_size: int = Field(default=16, gt=0)
+    num_gpu_blocks: int = Field(default=65_536, gt=0)
+    kv_events_port: int | None = Field(default=None, ge=0, le=65535)
+    kv_events_replay_port: int | None = Field(default=None, ge=0, le=65535)
+    kv_events_encoding: EventEncoding = EventEncoding.ARRAY
+    kv_events_topic: str = ""
+    engine_id: str | None = None
+    # failure injection
+    error_rate: float = Field(default=0.0, ge=0, le=1, description="500 before any byte")
+    hang_rate: float = Field(default=0.0, ge=0, le=1, description="accept, never answer")
+    midstream_failure_rate: float = Field(default=0.0, ge=0, le=1,
+                                          description="drop the connection mid-stream")
+    crash_after: int | None = Field(default=None, ge=1, description="exit after N requests")
+    slow_start_s: float = Field(default=0.0, ge=0, description="unready for this long")
+    seed: int = 0
+
+    @property
+    def names(self) -> list[str]:
+        return self.served_model_names or [self.model]

@@ -1,0 +1,118 @@
+"""The simulator's latency model.
+
+TTFT = queueing + overhead + uncached prompt tokens x prefill time per token.
+Sequences beyond ``max_num_seqs`` wait; prefills run one chunk of at most
+``max_num_batched_tokens`` at a time, so long uncached prompts delay those
+behind them as on a real engine. Decode costs a per-token time that grows
+with the number of running sequences. Model time is multiplied by
+``time_scale`` so benchmarks run fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+from router.sim.config import SimConfig
+from router.sim.kvcache import BlockCache, block_hashes
+
+
+@dataclass
+class Stats:
+    running: int = 0
+    waiting: int = 0
+    blocks_in_use: int = 0
+    prefix_queries: int = 0  # tokens looked up
+    prefix_hits: int = 0  # tokens found cached
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    requests_done: int = 0
+    ttfts: list[float] = field(default_factory=list)
+
+
+@dataclass
+class Job:
+    tokens: list[int]
+    max_tokens: int
+    skip_prefill: bool = False  # KV arrives from a remote prefill
+    cached_tokens: int = 0
+    ttft: float = 0.0
+
+
+class Engine:
+    def __init__(self, cfg: SimConfig, cache: BlockCache) -> None:
+        self.cfg = cfg
+        self.cache = cache
+        self.stats = Stats()
+        self._slots = asyncio.Semaphore(cfg.max_num_seqs)
+        self._prefill = asyncio.Lock()  # FIFO: asyncio locks wake waiters in order
+        # called after each prefill stores blocks, so KV events go out per step
+        self.after_store: Callable[[], Awaitable[None]] | None = None
+
+    async def _sleep(self, model_seconds: float) -> None:
+        if model_seconds > 0:
+            await asyncio.sleep(model_seconds * self.cfg.time_scale)
+
+    def _blocks(self, n_tokens: int) -> int:
+        return -(-n_tokens // self.cfg.block_size)
+
+    async def _prefill_job(self, job: Job) -> None:
+        hashes = block_hashes(job.tokens, self.cfg.block_size)
+        hit_blocks = self.cache.cached_prefix(hashes)
+        job.cached_tokens = hit_blocks * self.cfg.block_size
+        self.stats.prefix_queries += len(job.tokens)
+        self.stats.prefix_hits += job.cached_tokens
+        uncached = 0 if job.skip_prefill else len(job.tokens) - job.cached_tokens
+        async with self._prefill:
+            remaining = uncached
+            await self._sleep(self.cfg.overhead_s)
+            while remaining > 0:  # chunked prefill: one chunk per turn of the lock
+                chunk = min(remaining, self.cfg.max_num_batched_tokens)
+                await self._sleep(chunk * self.cfg.prefill_s_per_token)
+                remaining -= chunk
+            self.cache.store(hashes, job.tokens)
+            if self.after_store is not None:
+                await self.after_store()
+
+    async def generate(self, job: Job) -> AsyncIterator[int]:
+        """Yields how many new tokens are ready, until ``max_tokens`` are out."""
+        start = time.monotonic()
+        self.stats.waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self.stats.waiting -= 1
+        held = self._blocks(len(job.tokens) + job.max_tokens)
+        self.stats.running += 1
+        self.stats.blocks_in_use += held
+        try:
+            await self._prefill_job(job)
+            self.stats.prompt_tokens += len(job.tokens)
+            job.ttft = time.monotonic() - start
+            self.stats.ttfts.append(job.ttft)
+            produced = 0
+            # the first token comes with the prefill
+            if job.max_tokens > 0:
+                produced = 1
+                yield 1
+            step_floor = 0.002 / self.cfg.time_scale  # coalesce tokens under ~2 ms of wall time
+            while produced < job.max_tokens:
+                per_token = self.cfg.decode_s_per_token * (
+                    1 + self.cfg.decode_slowdown_per_seq * self.stats.running)
+                n = max(1, min(job.max_tokens - produced,
+                               int(step_floor / per_token) if per_token else job.max_tokens))
+                await self._sleep(per_token * n)
+                produced += n
+                yield n
+            self.stats.generation_tokens += produced
+            self.stats.requests_done += 1
+        finally:
+            self.stats.running -= 1
+            self.stats.blocks_in_use -= held
+            self._slots.release()
+
+    @property
+    def kv_usage(self) -> float:
+        return min(1.0, self.stats.blocks_in_use / self.cfg.num_gpu_blocks)

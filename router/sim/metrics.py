@@ -1,0 +1,64 @@
+"""Prometheus metrics of the simulator, under vLLM's or SGLang's names."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from router.sim.config import Dialect, SimConfig
+from router.sim.engine import Engine
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+
+# role -> (vLLM name, SGLang name)
+NAMES = {
+    "running": ("vllm:num_requests_running", "sglang:num_running_reqs"),
+    "waiting": ("vllm:num_requests_waiting", "sglang:num_queue_reqs"),
+    "usage": ("vllm:kv_cache_usage_perc", "sglang:token_usage"),
+    "prefix_queries": ("vllm:prefix_cache_queries", "sglang:prefix_cache_queries"),
+    "prefix_hits": ("vllm:prefix_cache_hits", "sglang:prefix_cache_hits"),
+    "prompt_tokens": ("vllm:prompt_tokens", "sglang:prompt_tokens"),
+    "generation_tokens": ("vllm:generation_tokens", "sglang:generation_tokens"),
+    "ttft": ("vllm:time_to_first_token_seconds", "sglang:time_to_first_token_seconds"),
+}
+
+
+class SimMetrics:
+    def __init__(self, cfg: SimConfig, engine: Engine) -> None:
+        self.registry = r = CollectorRegistry()
+        s = engine.stats
+        vllm = cfg.dialect == Dialect.VLLM
+        lab = {"model_name": cfg.names[0], **({"engine": "0"} if vllm else {})}
+
+        def name(role: str) -> str:
+            return NAMES[role][0 if vllm else 1]
+
+        def gauge(role: str, doc: str, fn: Callable[[], float]) -> None:
+            Gauge(name(role), doc, list(lab), registry=r).labels(**lab).set_function(fn)
+
+        def counter(role: str, doc: str) -> Counter:
+            return Counter(name(role), doc, list(lab), registry=r).labels(**lab)
+
+        gauge("running", "Requests in model execution batches.", lambda: s.running)
+        gauge("waiting", "Requests waiting to be processed.", lambda: s.waiting)
+        gauge("usage", "KV-cache usage. 1 means 100 percent usage.", lambda: engine.kv_usage)
+        self.prefix_queries = counter("prefix_queries", "Prefix cache queries, in tokens.")
+        self.prefix_hits = counter("prefix_hits", "Prefix cache hits, in tokens.")
+        self.prompt_tokens = counter("prompt_tokens", "Prefill tokens processed.")
+        self.generation_tokens = counter("generation_tokens", "Generation tokens processed.")
+        self.ttft = Histogram(name("ttft"), "Histogram of time to first token in seconds.",
+                              list(lab), buckets=TTFT_BUCKETS, registry=r).labels(**lab)
+        if vllm:
+            info = {"block_size": str(cfg.block_size), "num_gpu_blocks": str(cfg.num_gpu_blocks),
+                    "cache_dtype": "auto", "enable_prefix_caching": "True", "engine": "0"}
+            Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+                  list(info), registry=r).labels(**info).set(1)
+        else:
+            Gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", list(lab),
+                  registry=r).labels(**lab).set_function(
+                lambda: s.prefix_hits / s.prefix_queries if s.prefix_queries else 0.0)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,368 @@
+"""A model server that speaks vLLM's HTTP surface (or SGLang's metric
+dialect): OpenAI completions, chat completions and Responses, /v1/models,
+/health, /metrics, KV events over ZMQ and ``kv_transfer_params`` for
+prefill/decode disaggregation. The text it generates is filler; the timing
+follows ``engine``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import time
+import uuid
+from collections import OrderedDict
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from router.errors import error_response
+from router.prompt import chat_prompt, completion_prompt, responses_items
+from router.sim.config import SimConfig
+from router.sim.engine import Engine, Job
+from router.sim.kv_events import (
+    KVEventPublisher,
+    encode_removed,
+    encode_stored,
+)
+from router.sim.kvcache import BlockCache, Stored
+from router.sim.metrics import SimMetrics
+from router.tokens import load_tokenizer
+
+WORDS = (" the", " kv ", " and", " for", " GPU", " one", " two", " ten")
+MAX_STORED_RESPONSES = 10_000
+
+
+def filler(n: int, offset: int = 0) -> str:
+    return "".join(WORDS[(offset + i) % len(WORDS)] for i in range(n))
+
+
+class BadRequest(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+
+class SimServer:
+    def __init__(self, cfg: SimConfig) -> None:
+        self.cfg = cfg
+        self.tokenizer = load_tokenizer(cfg.tokenizer)
+        self.publisher: KVEventPublisher | None = None
+        self.cache = BlockCache(cfg.num_gpu_blocks, cfg.block_size,
+                                on_stored=self._stored, on_removed=self._removed)
+        self.engine = Engine(cfg, self.cache)
+        self.metrics = SimMetrics(cfg, self.engine)
+        self.started = time.monotonic()
+        self.requests = 0
+        self.rng = random.Random(cfg.seed)
+        self.responses: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.engine_id = cfg.engine_id or f"sim-{uuid.uuid4().hex[:8]}"
+
+    # --- KV events -------------------------------------------------------
+    def _stored(self, s: Stored) -> None:
+        if self.publisher:
+            self.publisher.add(encode_stored(s, self.cfg.block_size, self.publisher.encoding))
+
+    def _removed(self, hashes: list[int]) -> None:
+        if self.publisher:
+            self.publisher.add(encode_removed(hashes, self.publisher.encoding))
+
+    async def start_events(self) -> None:
+        c = self.cfg
+        if c.kv_events_port is None:
+            return
+        replay = (f"tcp://{c.host}:{c.kv_events_replay_port}"
+                  if c.kv_events_replay_port is not None else None)
+        self.publisher = KVEventPublisher(f"tcp://{c.host}:{c.kv_events_port}", replay,
+                                          topic=c.kv_events_topic, encoding=c.kv_events_encoding)
+        self.publisher.start()
+        self.engine.after_store = self.publisher.flush
+
+    # --- helpers ---------------------------------------------------------
+    def ready(self) -> bool:
+        return time.monotonic() - self.started >= self.cfg.slow_start_s
+
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError as err:
+            raise BadRequest(400, f"Invalid JSON body: {err}") from None
+        if not isinstance(body, dict):
+            raise BadRequest(400, "Request body must be a JSON object")
+        model = body.get("model")
+        if model is not None and model not in self.cfg.names:
+            raise BadRequest(404, f"The model `{model}` does not exist.", "model")
+        return body
+
+    def _max_tokens(self, body: dict[str, Any], *keys: str) -> int:
+        for k in keys:
+            v = body.get(k)
+            if v is not None:
+                if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                    raise BadRequest(400, f"{k} must be a non-negative integer", k)
+                return int(v)
+        return 16
+
+    async def _faults(self, request: web.Request) -> web.StreamResponse | None:
+        self.requests += 1
+        if self.cfg.crash_after and self.requests >= self.cfg.crash_after:
+            os._exit(3)  # a crash, not a shutdown: no response, connections reset
+        if not self.ready():
+            return error_response(503, "server is starting")
+        if self.cfg.error_rate and self.rng.random() < self.cfg.error_rate:
+            return error_response(500, "injected error")
+        if self.cfg.hang_rate and self.rng.random() < self.cfg.hang_rate:
+            await asyncio.Event().wait()  # until the client goes away
+        return None
+
+    def _kv_params(self, body: dict[str, Any]) -> tuple[bool, bool]:
+        p = body.get("kv_transfer_params") or {}
+        if not isinstance(p, dict):
+            raise BadRequest(400, "kv_transfer_params must be an object", "kv_transfer_params")
+        return bool(p.get("do_remote_decode")), bool(p.get("do_remote_prefill"))
+
+    def _kv_response(self, job: Job) -> dict[str, Any]:
+        n_blocks = -(-len(job.tokens) // self.cfg.block_size)
+        return {"do_remote_prefill": True, "do_remote_decode": False,
+                "remote_engine_id": self.engine_id, "remote_block_ids": list(range(n_blocks)),
+                "remote_host": self.cfg.host, "remote_port": self.cfg.port, "tp_size": 1}
+
+    def _record(self, job: Job) -> None:
+        m = self.metrics
+        m.prefix_queries.inc(len(job.tokens))
+        m.prefix_hits.inc(job.cached_tokens)
+        m.prompt_tokens.inc(len(job.tokens))
+        m.ttft.observe(job.ttft)
+
+    def _usage(self, job: Job, produced: int) -> dict[str, Any]:
+        return {"prompt_tokens": len(job.tokens), "completion_tokens": produced,
+                "total_tokens": len(job.tokens) + produced,
+                "prompt_tokens_details": {"cached_tokens": job.cached_tokens}}
+
+    # --- generation --------------------------------------------------------
+    async def _run(self, request: web.Request, body: dict[str, Any], prompt: str,
+                   max_tokens: int, kind: str) -> web.StreamResponse:
+        remote_decode, remote_prefill = self._kv_params(body)
+        if remote_decode:
+            max_tokens = 1
+        tokens = self.tokenizer.encode(prompt)
+        if len(tokens) > self.cfg.max_model_len:
+            raise BadRequest(400, f"This model's maximum context length is "
+                                  f"{self.cfg.max_model_len} tokens. However, you requested "
+                                  f"{len(tokens)} tokens in the messages.", "messages")
+        job = Job(tokens=tokens, max_tokens=max_tokens, skip_prefill=remote_prefill)
+        model = body.get("model") or self.cfg.names[0]
+        rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
+        created = int(time.time())
+        extra = {"kv_transfer_params": self._kv_response(job)} if remote_decode else {}
+        if body.get("stream"):
+            return await self._stream(request, job, kind, rid, model, created, body, extra)
+        produced = 0
+        async for n in self.engine.generate(job):
+            if produced == 0:
+                self._record(job)
+            produced += n
+        self.metrics.generation_tokens.inc(produced)
+        if self.cfg.midstream_failure_rate and self.rng.random() < self.cfg.midstream_failure_rate:
+            assert request.transport is not None
+            request.transport.close()
+            return web.Response(status=500)
+        text = filler(produced)
+        if kind == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", "content": text,
+                                              "tool_calls": [], "reasoning_content": None},
+                      "logprobs": None, "finish_reason": "length", "stop_reason": None}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length",
+                      "stop_reason": None, "prompt_logprobs": None}
+            obj = "text_completion"
+        return web.json_response({"id": rid, "object": obj, "created": created, "model": model,
+                                  "choices": [choice], "usage": self._usage(job, produced),
+                                  **extra}, dumps=lambda o: orjson.dumps(o).decode())
+
+    async def _stream(self, request: web.Request, job: Job, kind: str, rid: str, model: str,
+                      created: int, body: dict[str, Any], extra: dict[str, Any]
+                      ) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+        usage_wanted = bool((body.get("stream_options") or {}).get("include_usage"))
+
+        def chunk(delta_text: str | None, finish: str | None, first: bool = False) -> bytes:
+            if kind == "chat":
+                delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else \
+                    {"content": delta_text}
+                choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None,
+                                          "finish_reason": finish}
+            else:
+                choice = {"index": 0, "text": delta_text or "", "logprobs": None,
+                          "finish_reason": finish, "stop_reason": None}
+            data = {"id": rid, "object": obj, "created": created, "model": model,
+                    "choices": [choice]}
+            return b"data: " + orjson.dumps(data) + b"\n\n"
+
+        produced = 0
+        fail_mid = (self.cfg.midstream_failure_rate
+                    and self.rng.random() < self.cfg.midstream_failure_rate)
+        async for n in self.engine.generate(job):
+            if produced == 0:
+                self._record(job)
+                if kind == "chat":
+                    await resp.write(chunk(None, None, first=True))
+            text = filler(n, produced)
+            produced += n
+            last = produced >= job.max_tokens
+            await resp.write(b"".join(chunk(text[i * 4:(i + 1) * 4], None) for i in range(n)))
+            if fail_mid:
+                assert request.transport is not None
+                request.transport.close()
+                return resp
+            if last:
+                break
+        self.metrics.generation_tokens.inc(produced)
+        final: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": model,
+                                 "choices": [{"index": 0, "delta": {}, "logprobs": None,
+                                              "finish_reason": "length"} if kind == "chat" else
+                                             {"index": 0, "text": "", "logprobs": None,
+                                              "finish_reason": "length", "stop_reason": None}],
+                                 **extra}
+        await resp.write(b"data: " + orjson.dumps(final) + b"\n\n")
+        if usage_wanted:
+            u = {"id": rid, "object": obj, "created": created, "model": model, "choices": [],
+                 "usage": self._usage(job, produced)}
+            await resp.write(b"data: " + orjson.dumps(u) + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    # --- handlers ----------------------------------------------------------
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        if (fault := await self._faults(request)) is not None:
+            return fault
+        body = await self._body(request)
+        if "prompt" not in body:
+            raise BadRequest(400, "Field required: prompt", "prompt")
+        return await self._run(request, body, completion_prompt(body["prompt"]),
+                               self._max_tokens(body, "max_tokens"), "completion")
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        if (fault := await self._faults(request)) is not None:
+            return fault
+        body = await self._body(request)
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or not all(isinstance(m, dict) for m in msgs):
+            raise BadRequest(400, "messages must be a list of message objects", "messages")
+        return await self._run(request, body, chat_prompt(msgs),
+                               self._max_tokens(body, "max_completion_tokens", "max_tokens"),
+                               "chat")
+
+    async def create_response(self, request: web.Request) -> web.StreamResponse:
+        if (fault := await self._faults(request)) is not None:
+            return fault
+        body = await self._body(request)
+        if "input" not in body:
+            raise BadRequest(400, "Field required: input", "input")
+        history: list[dict[str, Any]] = []
+        prev = body.get("previous_response_id")
+        if prev is not None:
+            stored = self.responses.get(prev)
+            if stored is None:
+                raise BadRequest(404, f"Response with id '{prev}' not found.",
+                                 "previous_response_id")
+            history = stored["conversation"]
+        instructions = body.get("instructions")
+        conversation = history + responses_items(body["input"])
+        msgs = ([{"role": "system", "content": instructions}] if instructions else []) + \
+            conversation
+        max_tokens = self._max_tokens(body, "max_output_tokens")
+        job = Job(tokens=self.tokenizer.encode(chat_prompt(msgs)), max_tokens=max_tokens)
+        produced = 0
+        async for n in self.engine.generate(job):
+            if produced == 0:
+                self._record(job)
+            produced += n
+        self.metrics.generation_tokens.inc(produced)
+        text = filler(produced)
+        rid = f"resp_{uuid.uuid4().hex}"
+        out_msg = {"type": "message", "id": f"msg_{uuid.uuid4().hex}", "status": "completed",
+                   "role": "assistant",
+                   "content": [{"type": "output_text", "text": text, "annotations": []}]}
+        resp = {"id": rid, "object": "response", "created_at": int(time.time()),
+                "model": body.get("model") or self.cfg.names[0], "status": "completed",
+                "output": [out_msg], "previous_response_id": prev,
+                "instructions": instructions, "parallel_tool_calls": True, "tools": [],
+                "usage": {"input_tokens": len(job.tokens), "output_tokens": produced,
+                          "total_tokens": len(job.tokens) + produced,
+                          "input_tokens_details": {"cached_tokens": job.cached_tokens},
+                          "output_tokens_details": {"reasoning_tokens": 0}}}
+        if body.get("store", True):
+            self.responses[rid] = {"response": resp, "conversation": [
+                *conversation, {"role": "assistant", "content": text}]}
+            while len(self.responses) > MAX_STORED_RESPONSES:
+                self.responses.popitem(last=False)
+        return web.json_response(resp, dumps=lambda o: orjson.dumps(o).decode())
+
+    async def get_response(self, request: web.Request) -> web.StreamResponse:
+        rid = request.match_info["id"]
+        stored = self.responses.get(rid)
+        if stored is None:
+            return error_response(404, f"Response with id '{rid}' not found.")
+        return web.json_response(stored["response"], dumps=lambda o: orjson.dumps(o).decode())
+
+    async def models(self, request: web.Request) -> web.Response:
+        created = int(time.time())
+        data: list[dict[str, Any]] = [
+            {"id": n, "object": "model", "created": created, "owned_by": "vllm",
+             "root": self.cfg.model, "parent": None, "max_model_len": self.cfg.max_model_len,
+             "permission": []} for n in self.cfg.names]
+        return web.json_response({"object": "list", "data": data})
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if self.ready() else 503)
+
+    async def metrics_endpoint(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(),
+                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        return await handler(request)  # type: ignore[no-any-return]
+    except BadRequest as err:
+        return error_response(err.status, err.message, err.param)
+
+
+def build_app(cfg: SimConfig) -> web.Application:
+    sim = SimServer(cfg)
+    app = web.Application(middlewares=[_errors], client_max_size=256 * 1024 * 1024)
+    app["sim"] = sim
+    app.router.add_post("/v1/completions", sim.completions)
+    app.router.add_post("/v1/chat/completions", sim.chat)
+    app.router.add_post("/v1/responses", sim.create_response)
+    app.router.add_get("/v1/responses/{id}", sim.get_response)
+    app.router.add_get("/v1/models", sim.models)
+    app.router.add_get("/health", sim.health)
+    app.router.add_get("/metrics", sim.metrics_endpoint)
+
+    async def on_startup(app: web.Application) -> None:
+        await sim.start_events()
+
+    async def on_cleanup(app: web.Application) -> None:
+        if sim.publisher:
+            await sim.publisher.close()
+
+    app.on_startup.append(on_startup)
+    app.on_cleanup.append(on_cleanup)
+    return app
+
+
+def serve(cfg: SimConfig) -> None:
+    import uvloop
+
+    uvloop.install()
+    web.run_app(build_app(cfg), host=cfg.host, port=cfg.port, access_log=None,
+                print=lambda *_: None)

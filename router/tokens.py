@@ -1,0 +1,47 @@
+"""Token ids for prompts, shared by the simulator and the router's precise
+prefix index so both cut the same blocks.
+
+With a Hugging Face ``tokenizer.json`` the real tokenizer is used. Without
+one, a byte tokenizer stands in: every 4 bytes of UTF-8 make one token. It
+is prefix-stable (a text's tokens start with the tokens of any prefix cut
+on a 4-byte boundary) and costs nothing, which is all a simulator needs.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+BYTES_PER_TOKEN = 4
+
+
+class Tokenizer(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+
+    def count(self, text: str) -> int: ...
+
+
+class ByteTokenizer:
+    def encode(self, text: str) -> list[int]:
+        data = text.encode("utf-8", "surrogatepass")
+        return [int.from_bytes(data[i:i + BYTES_PER_TOKEN], "little")
+                for i in range(0, len(data), BYTES_PER_TOKEN)]
+
+    def count(self, text: str) -> int:
+        return -(-len(text.encode("utf-8", "surrogatepass")) // BYTES_PER_TOKEN)
+
+
+class HFTokenizer:
+    def __init__(self, path: str) -> None:
+        from tokenizers import Tokenizer as _T
+
+        self._tok = _T.from_file(path)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def count(self, text: str) -> int:
+        return len(self.encode(text))
+
+
+def load_tokenizer(path: str | None) -> Tokenizer:
+    return HFTokenizer(path) if path else ByteTokenizer()

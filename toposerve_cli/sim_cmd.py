@@ -1,0 +1,57 @@
+"""``toposerve sim``: a simulated vLLM/SGLang model server."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from pydantic import ValidationError
+
+from router.sim.config import Dialect, SimConfig
+from router.sim.kv_events import EventEncoding
+from topology.config_file import explain
+
+# flag -> SimConfig field; every field gets a flag with its default and help
+_SKIP = {"served_model_names"}
+
+
+def _run(args: argparse.Namespace) -> int:
+    values = {k: v for k, v in vars(args).items()
+              if k in SimConfig.model_fields and v is not None}
+    if args.served_model_name:
+        values["served_model_names"] = args.served_model_name
+    try:
+        cfg = SimConfig(**values)
+    except ValidationError as err:
+        print(explain(err, "toposerve sim").replace("  ", "  --", 1), file=sys.stderr)
+        return 2
+    from router.sim.server import serve
+
+    print(f"simulated {cfg.dialect.value} server for {', '.join(cfg.names)} on "
+          f"http://{cfg.host}:{cfg.port}", file=sys.stderr, flush=True)
+    serve(cfg)
+    return 0
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("sim", help="run a simulated vLLM/SGLang model server")
+    for name, field in SimConfig.model_fields.items():
+        if name in _SKIP:
+            continue
+        flag = "--" + name.replace("_", "-")
+        kind = field.annotation
+        help_ = f"{field.description + '; ' if field.description else ''}default {field.default}"
+        if kind is Dialect:
+            p.add_argument(flag, dest=name, choices=[d.value for d in Dialect], help=help_)
+        elif kind is EventEncoding:
+            p.add_argument(flag, dest=name, choices=[e.value for e in EventEncoding], help=help_)
+        elif kind in (int, int | None):
+            p.add_argument(flag, dest=name, type=int, help=help_)
+        elif kind is float:
+            p.add_argument(flag, dest=name, type=float, help=help_)
+        else:
+            p.add_argument(flag, dest=name, help=help_)
+    p.add_argument("--served-model-name", action="append",
+                   help="a name the model answers to (repeatable)")
+    p.set_defaults(handler=_run)
