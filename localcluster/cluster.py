@@ -22,12 +22,16 @@ from typing import Any
 import yaml
 
 from localcluster.nodes import MAX_NODES, node_manifest
+from localcluster.processes import end_processes, processes_under
 from localcluster.tools import Tools, ToolsMissing, find_tools, state_dir
 from topology.config_file import ConfigError
 from topology.labels import PRESETS, DialectName
 from topology.layout import plan_nodes
 from topology.profiles import load_profile
 
+# kwok gives each pod an IP from its node's podCIDR (127.x, see nodes.py);
+# a node without one falls back to this range, which is loopback too.
+KWOK_ARGS = ["--extra-args", "kwok-controller=cidr=127.15.0.0/16"]
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?$")
 META_FILE = "toposerve.json"
 Progress = Callable[[str], None]
@@ -47,7 +51,7 @@ class ClusterSpec:
     groups: list[tuple[str, int]] = field(default_factory=list)  # (profile, node count)
     scheduler_config: Path | None = None
     dialect: DialectName = DialectName.TOPOSERVE
-    ready_timeout_s: float = 600.0
+    ready_timeout_s: float | None = None  # default: 60 s + 0.2 s a node
 
 
 def kwok_workdir() -> Path:
@@ -80,14 +84,13 @@ def running_clusters(tools: Tools | None = None) -> list[str]:
 
 
 def _config_documents() -> str:
-    # Bind every component to loopback; kwok hands pods IPs from the node's
-    # podCIDR (127.x) and falls back to a loopback range, never a private one.
+    # Bind every component to loopback. (kwok's pod range is set by flag in
+    # KWOK_ARGS: a KwokConfiguration document here would replace kwok's
+    # defaults rather than amend them.)
     docs: list[dict[str, Any]] = [
         {"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokctlConfiguration",
          "options": {"runtime": "binary", "bindAddress": "127.0.0.1",
                      "kubeAuthorization": True, "kubeAdmission": True}},
-        {"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokConfiguration",
-         "options": {"cidr": "127.15.0.0/16", "nodeIP": "127.8.0.0"}},
     ]
     return yaml.safe_dump_all(docs)
 
@@ -140,7 +143,8 @@ def _ready(node: Any) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
 
 
-def wait_nodes_ready(api: Any, count: int, timeout_s: float, progress: Progress) -> None:
+def wait_nodes_ready(api: Any, count: int, timeout_s: float, progress: Progress,
+                     name: str) -> None:
     from kubernetes import client
 
     core = client.CoreV1Api(api)
@@ -155,8 +159,37 @@ def wait_nodes_ready(api: Any, count: int, timeout_s: float, progress: Progress)
         if ready >= count:
             return
         if time.monotonic() > deadline:
-            raise ClusterError(f"only {ready}/{count} nodes Ready after {timeout_s:.0f}s")
+            raise ClusterError(f"only {ready}/{count} nodes Ready after {timeout_s:.0f}s; "
+                               f"kwok-controller: {_last_log_line(name, 'kwok-controller')}")
         time.sleep(0.5)
+
+
+def _last_log_line(name: str, component: str) -> str:
+    """The component's last log line: the workdir, logs included, is deleted
+    when ``up`` fails, so the reason must travel in the message."""
+    try:
+        lines = (cluster_dir(name) / "logs" / f"{component}.log").read_text().splitlines()
+    except OSError:
+        return "(no log)"
+    return next((x.strip() for x in reversed(lines) if x.strip()), "(empty log)")[-300:]
+
+
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
+              "kwok-controller")
+
+
+def check_components(name: str) -> None:
+    """Every component still running (a bad flag or config makes one exit)."""
+    cmdlines = []
+    for pid in processes_under(cluster_dir(name)):
+        try:
+            cmdlines.append(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode())
+        except OSError:
+            continue
+    running = {Path(c).name for c in cmdlines}
+    for comp in COMPONENTS:
+        if comp not in running:
+            raise ClusterError(f"{comp} exited: {_last_log_line(name, comp)}")
 
 
 def wait_default_service_account(api: Any, timeout_s: float = 120) -> None:
@@ -206,7 +239,7 @@ def up(spec: ClusterSpec, progress: Progress = _stderr) -> Path:
                 "--kube-scheduler-binary", str(tools.kube_scheduler),
                 "--kwok-controller-binary", str(tools.kwok),
                 "--etcd-binary", str(tools.etcd),
-                "--wait", "2m"]
+                "--wait", "2m", *KWOK_ARGS]
         if spec.scheduler_config:
             args += ["--kube-scheduler-config", str(spec.scheduler_config.resolve())]
         try:
@@ -214,8 +247,10 @@ def up(spec: ClusterSpec, progress: Progress = _stderr) -> Path:
             progress(f"control plane up in {time.monotonic() - started:.1f}s")
             api = api_client(spec.name)
             _create_nodes(api, manifests, progress)
-            wait_nodes_ready(api, len(manifests), spec.ready_timeout_s, progress)
+            timeout = spec.ready_timeout_s or 60 + 0.2 * len(manifests)
+            wait_nodes_ready(api, len(manifests), timeout, progress, spec.name)
             wait_default_service_account(api)
+            check_components(spec.name)
             meta = {"name": spec.name, "groups": spec.groups, "dialect": spec.dialect.value,
                     "nodes": len(manifests), "upSeconds": round(time.monotonic() - started, 2)}
             (cluster_dir(spec.name) / META_FILE).write_text(json.dumps(meta, indent=2))
@@ -230,7 +265,9 @@ def up(spec: ClusterSpec, progress: Progress = _stderr) -> Path:
 
 def _delete(tools: Tools, name: str) -> None:
     _kwokctl(tools, "--name", name, "delete", "cluster", check=False, timeout=120)
-    # kwokctl leaves the workdir when it could not stop cleanly; don't leak it.
+    # kwokctl signals the components and returns; make sure they are gone,
+    # and that no workdir is left behind when it could not stop cleanly.
+    end_processes(cluster_dir(name))
     shutil.rmtree(cluster_dir(name), ignore_errors=True)
 
 

@@ -3,7 +3,6 @@ of the same name, and ``down`` ending every process ``up`` started."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ import pytest
 from kubernetes import client
 
 from localcluster.cluster import cluster_dir
+from localcluster.processes import processes_under
 from tests.conftest import Cluster
 
 pytestmark = pytest.mark.cluster
@@ -21,21 +21,6 @@ CLI = [sys.executable, "-m", "toposerve_cli.main"]
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=600,
                           check=False)
-
-
-def processes_under(path: Path) -> list[int]:
-    """PIDs whose command line mentions ``path`` (the cluster's workdir)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if str(path) in cmdline and int(entry.name) != os.getpid():
-            pids.append(int(entry.name))
-    return pids
 
 
 def test_second_cluster_with_same_name_refused(cluster: Cluster) -> None:

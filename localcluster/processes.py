@@ -1,0 +1,41 @@
+"""Finding and ending the processes a local cluster started: every one of
+them runs from, or names, the cluster's own directory."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+
+
+def processes_under(path: Path) -> list[int]:
+    """PIDs whose command line mentions ``path``."""
+    needle = str(path).encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if needle in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+def end_processes(path: Path, grace_s: float = 10.0) -> list[int]:
+    """Wait for processes under ``path`` to exit; SIGKILL what is left after
+    ``grace_s``. Returns the PIDs that had to be killed."""
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not processes_under(path):
+            return []
+        time.sleep(0.1)
+    killed = processes_under(path)
+    for pid in killed:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return killed

@@ -1,0 +1,41 @@
+"""The parts of OpenAI request bodies the router reads, validated; every
+other field passes through to the model server untouched."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+
+class _Req(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: StrictStr | None = None
+    stream: StrictBool | None = None
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: StrictStr
+    content: StrictStr | list[dict[str, Any]] | None = None
+
+
+class ChatRequest(_Req):
+    messages: list[Message] = Field(min_length=1)
+    max_tokens: StrictInt | None = Field(default=None, ge=0)
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=0)
+
+
+class CompletionRequest(_Req):
+    prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
+    max_tokens: StrictInt | None = Field(default=None, ge=0)
+
+
+class ResponsesRequest(_Req):
+    input: StrictStr | list[dict[str, Any]]
+    previous_response_id: StrictStr | None = None
+    instructions: StrictStr | None = None
+    max_output_tokens: StrictInt | None = Field(default=None, ge=0)
+    store: StrictBool | None = None

@@ -1,0 +1,134 @@
+"""The router's configuration file (``kind: RouterConfig``). These models
+are the schema and the reference: every field says what it does."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from topology.config_file import load_file
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+
+
+class ServerConfig(Section):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    max_body_bytes: int = Field(default=64 * 2**20, alias="maxBodyBytes", gt=0,
+                                description="larger request bodies get 413")
+    upstream_timeout_s: float = Field(default=600.0, alias="upstreamTimeoutSeconds", gt=0)
+    connect_timeout_s: float = Field(default=3.0, alias="connectTimeoutSeconds", gt=0)
+    max_attempts: int = Field(default=3, alias="maxAttempts", ge=1,
+                              description="endpoints tried before the first byte is sent")
+    drain_timeout_s: float = Field(default=30.0, alias="drainTimeoutSeconds", gt=0)
+
+
+class StaticEndpoint(Section):
+    url: str = Field(pattern=r"^https?://[^/\s]+$", description="http://HOST:PORT")
+    role: str | None = None
+    revision: str | None = None
+    kv_events: str | None = Field(default=None, alias="kvEvents",
+                                  description="ZMQ endpoint of its KV events, tcp://HOST:PORT")
+    kv_events_replay: str | None = Field(default=None, alias="kvEventsReplay")
+
+
+class KubernetesDiscovery(Section):
+    namespace: str = "default"
+    label_selector: str = Field(alias="labelSelector", min_length=1)
+    port: int = Field(default=8000, ge=1, le=65535)
+    kubeconfig: str | None = Field(default=None, description="default: in-cluster")
+    model_label: str = Field(default="llm-d.ai/model", alias="modelLabel")
+    role_label: str = Field(default="llm-d.ai/role", alias="roleLabel")
+    revision_label: str = Field(default="app.kubernetes.io/version", alias="revisionLabel")
+    kv_events_port: int | None = Field(default=None, alias="kvEventsPort", ge=1, le=65535)
+
+
+class DiscoveryConfig(Section):
+    static: list[StaticEndpoint] = Field(default_factory=list)
+    kubernetes: KubernetesDiscovery | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> DiscoveryConfig:
+        if not self.static and self.kubernetes is None:
+            raise ValueError("give discovery.static (a list of endpoints) or "
+                             "discovery.kubernetes (a label selector)")
+        return self
+
+
+class ScrapeConfig(Section):
+    interval_s: float = Field(default=0.2, alias="intervalSeconds", gt=0)
+    stale_after_s: float = Field(default=2.0, alias="staleAfterSeconds", gt=0,
+                                 description="older metrics count as saturated")
+    timeout_s: float = Field(default=1.0, alias="timeoutSeconds", gt=0)
+
+
+class PluginConfig(Section):
+    type: str
+    weight: float = Field(default=1.0, ge=0)
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+def _default_scorers() -> list[PluginConfig]:
+    return [PluginConfig(type="prefix-approx", weight=3.0),
+            PluginConfig(type="queue", weight=1.0),
+            PluginConfig(type="kv-usage", weight=1.0),
+            PluginConfig(type="session", weight=2.0)]
+
+
+class ProfileConfig(Section):
+    filters: list[PluginConfig] = Field(
+        default_factory=lambda: [PluginConfig(type="model"), PluginConfig(type="healthy")])
+    scorers: list[PluginConfig] = Field(default_factory=_default_scorers)
+    picker: PluginConfig = Field(default_factory=lambda: PluginConfig(type="max-score"))
+
+
+class ResponsesStoreConfig(Section):
+    backend: Literal["memory", "redis"] = "memory"
+    max_items: int = Field(default=100_000, alias="maxItems", gt=0)
+    ttl_s: float = Field(default=3600.0, alias="ttlSeconds", gt=0)
+    redis_url: str | None = Field(default=None, alias="redisUrl",
+                                  description="redis://HOST:PORT/DB, for backend: redis")
+
+    @model_validator(mode="after")
+    def _redis(self) -> ResponsesStoreConfig:
+        if self.backend == "redis" and not self.redis_url:
+            raise ValueError("backend: redis needs redisUrl (e.g. redis://127.0.0.1:6379/0)")
+        return self
+
+
+class KVEventsConfig(Section):
+    tokenizer: str | None = Field(default=None,
+                                  description="HF tokenizer.json; without it, byte tokens")
+    block_size: int = Field(default=16, alias="blockSize", gt=0)
+
+
+class SaturationConfig(Section):
+    queue_threshold: int = Field(default=5, alias="queueThreshold", ge=0)
+    kv_usage_threshold: float = Field(default=0.9, alias="kvUsageThreshold", gt=0, le=1)
+
+
+class RouterConfig(Section):
+    api_version: Literal["toposerve.io/v1"] = Field(alias="apiVersion")
+    kind: Literal["RouterConfig"]
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    discovery: DiscoveryConfig
+    scrape: ScrapeConfig = Field(default_factory=ScrapeConfig)
+    profile: ProfileConfig = Field(default_factory=ProfileConfig)
+    responses: ResponsesStoreConfig = Field(default_factory=ResponsesStoreConfig)
+    kv_events: KVEventsConfig = Field(default_factory=KVEventsConfig, alias="kvEvents")
+    saturation: SaturationConfig = Field(default_factory=SaturationConfig)
+
+
+def load_router_config(path: str) -> RouterConfig:
+    return load_file(path, RouterConfig, "RouterConfig")
+
+
+def quick_config(endpoints: list[str], host: str, port: int) -> RouterConfig:
+    """The default profile over a static list, for ``--endpoint`` quick starts."""
+    return RouterConfig.model_validate({
+        "apiVersion": "toposerve.io/v1", "kind": "RouterConfig",
+        "server": {"host": host, "port": port},
+        "discovery": {"static": [{"url": u.rstrip("/")} for u in endpoints]}})

@@ -1,0 +1,149 @@
+"""Endpoints from a Kubernetes pod watch: ready pods matching a label
+selector become endpoints (model, role and revision from labels, URL from
+the pod IP); a pod that goes away or turns unready is drained, so no new
+request goes to it and the ones in flight finish.
+
+The watch runs on the synchronous ``kubernetes`` client in a thread and
+hands pod states to the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from router.config import KubernetesDiscovery
+from router.endpoints import Endpoint, Pool
+
+log = structlog.get_logger("router.discovery")
+
+
+@dataclass(frozen=True)
+class PodView:
+    name: str
+    url: str | None  # None: not routable (unready, no IP, terminating)
+    model: str | None
+    role: str | None
+    revision: str | None
+    node: str | None
+
+
+def pod_view(pod: Any, cfg: KubernetesDiscovery) -> PodView:
+    labels = pod.metadata.labels or {}
+    ready = (pod.status.phase == "Running" and pod.metadata.deletion_timestamp is None
+             and any(c.type == "Ready" and c.status == "True"
+                     for c in pod.status.conditions or []))
+    ip = pod.status.pod_ip
+    return PodView(name=pod.metadata.name, url=f"http://{ip}:{cfg.port}" if ready and ip else None,
+                   model=labels.get(cfg.model_label), role=labels.get(cfg.role_label),
+                   revision=labels.get(cfg.revision_label), node=pod.spec.node_name)
+
+
+class KubernetesWatcher:
+    def __init__(self, cfg: KubernetesDiscovery, pool: Pool, drain_timeout_s: float,
+                 on_add: Callable[[Endpoint], None] | None = None,
+                 on_remove: Callable[[str], None] | None = None) -> None:
+        self.cfg, self.pool, self.drain_timeout_s = cfg, pool, drain_timeout_s
+        self.on_add, self.on_remove = on_add, on_remove
+        self._by_pod: dict[str, str] = {}  # pod name -> url
+        self._stop = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self.synced = asyncio.Event()
+        self._drains: set[asyncio.Task[None]] = set()
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="pod-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # runs on the loop
+    def _apply(self, view: PodView) -> None:
+        old = self._by_pod.get(view.name)
+        if old is not None and old != view.url:
+            self._drain(old)
+            del self._by_pod[view.name]
+        if view.url is not None:
+            kv = f"tcp://{view.url.split('//')[1].rsplit(':', 1)[0]}:{self.cfg.kv_events_port}" \
+                if self.cfg.kv_events_port else None
+            ep = self.pool.upsert(Endpoint(url=view.url, role=view.role, revision=view.revision,
+                                           node=view.node, kv_events=kv,
+                                           models=frozenset([view.model]) if view.model
+                                           else frozenset()))
+            if old != view.url:
+                log.info("endpoint added", pod=view.name, url=view.url)
+                if self.on_add:
+                    self.on_add(ep)
+            self._by_pod[view.name] = view.url
+
+    def _deleted(self, name: str) -> None:
+        url = self._by_pod.pop(name, None)
+        if url:
+            self._drain(url)
+
+    def _resync(self, names: set[str]) -> None:
+        for gone in set(self._by_pod) - names:
+            self._deleted(gone)
+        self.synced.set()
+
+    def _drain(self, url: str) -> None:
+        log.info("endpoint draining", url=url)
+
+        async def drain() -> None:
+            await self.pool.drain(url, self.drain_timeout_s)
+            if self.on_remove and self.pool.get(url) is None:
+                self.on_remove(url)
+
+        t = asyncio.ensure_future(drain())
+        self._drains.add(t)
+        t.add_done_callback(self._drains.discard)
+
+    # runs in the thread
+    def _call(self, fn: Callable[..., None], *args: Any) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(fn, *args)
+
+    def _run(self) -> None:
+        from kubernetes import client, config, watch
+        from kubernetes.client.exceptions import ApiException
+
+        if self.cfg.kubeconfig:
+            api_client = config.new_client_from_config(config_file=self.cfg.kubeconfig)
+        else:
+            config.load_incluster_config()
+            api_client = client.ApiClient()
+        core = client.CoreV1Api(api_client)
+        while not self._stop.is_set():
+            try:
+                pods = core.list_namespaced_pod(self.cfg.namespace,
+                                                label_selector=self.cfg.label_selector)
+                for p in pods.items:
+                    self._call(self._apply, pod_view(p, self.cfg))
+                self._call(self._resync, {p.metadata.name for p in pods.items})
+                w = watch.Watch()
+                for ev in w.stream(core.list_namespaced_pod, self.cfg.namespace,
+                                   label_selector=self.cfg.label_selector,
+                                   resource_version=pods.metadata.resource_version,
+                                   timeout_seconds=30):
+                    if self._stop.is_set():
+                        w.stop()
+                        break
+                    pod = ev["object"]
+                    if ev["type"] == "DELETED":
+                        self._call(self._deleted, pod.metadata.name)
+                    else:
+                        self._call(self._apply, pod_view(pod, self.cfg))
+            except ApiException as err:
+                if err.status != 410:  # 410: our resourceVersion is too old; relist
+                    log.warning("pod watch failed", status=err.status)
+                    self._stop.wait(1.0)
+            except Exception as err:  # keep watching through transient faults
+                log.warning("pod watch error", error=repr(err))
+                self._stop.wait(1.0)

@@ -1,0 +1,12 @@
+"""A fixed list of endpoints from the config file."""
+
+from __future__ import annotations
+
+from router.config import StaticEndpoint
+from router.endpoints import Endpoint, Pool
+
+
+def load_static(pool: Pool, entries: list[StaticEndpoint]) -> list[Endpoint]:
+    return [pool.upsert(Endpoint(url=e.url, role=e.role, revision=e.revision,
+                                 kv_events=e.kv_events, kv_events_replay=e.kv_events_replay))
+            for e in entries]

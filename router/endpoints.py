@@ -1,0 +1,106 @@
+"""The pool of model-server endpoints the router can send to, and what it
+knows of each: identity (from discovery), health and load (from scraping),
+and the router's own in-flight counts."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class LoadSample:
+    waiting: float = 0.0
+    running: float = 0.0
+    kv_usage: float = 0.0
+    at: float = 0.0  # monotonic time of the scrape; 0 = never
+
+
+@dataclass(eq=False)
+class Endpoint:
+    url: str
+    role: str | None = None
+    revision: str | None = None
+    models: frozenset[str] = frozenset()
+    node: str | None = None
+    kv_events: str | None = None
+    kv_events_replay: str | None = None
+    healthy: bool = False
+    draining: bool = False
+    load: LoadSample = field(default_factory=LoadSample)
+    scrape_failures: int = 0
+    block_size: int | None = None  # from vllm:cache_config_info
+    num_gpu_blocks: int | None = None
+    inflight: int = 0
+    inflight_tokens: int = 0
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self.idle.set()
+
+    def __hash__(self) -> int:
+        return hash(self.url)
+
+    @property
+    def name(self) -> str:
+        return self.url.removeprefix("http://").removeprefix("https://")
+
+    def begin(self, tokens: int) -> None:
+        self.inflight += 1
+        self.inflight_tokens += tokens
+        self.idle.clear()
+
+    def end(self, tokens: int) -> None:
+        self.inflight -= 1
+        self.inflight_tokens -= tokens
+        if self.inflight == 0:
+            self.idle.set()
+
+    def stale(self, stale_after_s: float, now: float | None = None) -> bool:
+        now = time.monotonic() if now is None else now
+        return self.load.at == 0 or now - self.load.at > stale_after_s
+
+
+class Pool:
+    """Endpoints by URL. Discovery adds and drains; the proxy reads."""
+
+    def __init__(self) -> None:
+        self._eps: dict[str, Endpoint] = {}
+        self.changed = asyncio.Event()
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(list(self._eps.values()))
+
+    def __len__(self) -> int:
+        return len(self._eps)
+
+    def get(self, url: str) -> Endpoint | None:
+        return self._eps.get(url)
+
+    def upsert(self, ep: Endpoint) -> Endpoint:
+        cur = self._eps.get(ep.url)
+        if cur is None:
+            self._eps[ep.url] = ep
+            self.changed.set()
+            return ep
+        cur.role, cur.revision, cur.node = ep.role, ep.revision, ep.node
+        cur.kv_events, cur.kv_events_replay = ep.kv_events, ep.kv_events_replay
+        cur.draining = False
+        return cur
+
+    def routable(self) -> list[Endpoint]:
+        return [e for e in self._eps.values() if not e.draining]
+
+    async def drain(self, url: str, timeout_s: float) -> None:
+        """No new requests; remove once in-flight ones finish (or time runs out)."""
+        ep = self._eps.get(url)
+        if ep is None:
+            return
+        ep.draining = True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ep.idle.wait(), timeout_s)
+        if self._eps.get(url) is ep and ep.draining:
+            del self._eps[url]
+            self.changed.set()

@@ -1,0 +1,78 @@
+"""The router's own Prometheus metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from router.state import RouterState
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                   5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+class _PoolCollector(Collector):
+    def __init__(self, state: RouterState) -> None:
+        self.state = state
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        inflight = GaugeMetricFamily("toposerve_router_endpoint_inflight",
+                                     "Requests in flight per endpoint.", labels=["endpoint"])
+        tokens = GaugeMetricFamily("toposerve_router_endpoint_inflight_tokens",
+                                   "Prompt tokens in flight per endpoint.", labels=["endpoint"])
+        waiting = GaugeMetricFamily("toposerve_router_endpoint_waiting",
+                                    "Waiting requests per endpoint, as last scraped.",
+                                    labels=["endpoint"])
+        usage = GaugeMetricFamily("toposerve_router_endpoint_kv_usage",
+                                  "KV-cache usage per endpoint, as last scraped.",
+                                  labels=["endpoint"])
+        healthy = GaugeMetricFamily("toposerve_router_endpoint_healthy",
+                                    "1 when the endpoint takes requests.", labels=["endpoint"])
+        for e in self.state.pool:
+            inflight.add_metric([e.name], e.inflight)
+            tokens.add_metric([e.name], e.inflight_tokens)
+            waiting.add_metric([e.name], e.load.waiting)
+            usage.add_metric([e.name], e.load.kv_usage)
+            healthy.add_metric([e.name], 1.0 if e.healthy and not e.draining else 0.0)
+        index = GaugeMetricFamily("toposerve_router_prefix_index_blocks",
+                                  "Blocks held in the prefix indexes.", labels=["index"])
+        index.add_metric(["approx"], len(self.state.approx))
+        index.add_metric(["precise"], len(self.state.precise))
+        yield from (inflight, tokens, waiting, usage, healthy, index)
+
+
+class RouterMetrics:
+    def __init__(self, state: RouterState) -> None:
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter("toposerve_router_requests", "Requests answered.",
+                                ["path", "code"], registry=r)
+        self.duration = Histogram("toposerve_router_request_seconds",
+                                  "Time from request to last byte.", ["path"],
+                                  buckets=LATENCY_BUCKETS, registry=r)
+        self.ttfb = Histogram("toposerve_router_time_to_first_byte_seconds",
+                              "Time from request to the first byte of the upstream answer.",
+                              ["path"], buckets=LATENCY_BUCKETS, registry=r)
+        self.decisions = Counter("toposerve_router_decisions",
+                                 "Routing decisions by the scorer that decided them.",
+                                 ["reason"], registry=r)
+        self.retries = Counter("toposerve_router_retries",
+                               "Upstream attempts that failed before the first byte.",
+                               registry=r)
+        self.midstream = Counter("toposerve_router_midstream_failures",
+                                 "Streams that broke after the first byte.", registry=r)
+        self.scheduling = Histogram("toposerve_router_scheduling_seconds",
+                                    "Time to pick an endpoint (parse, hash, score).",
+                                    buckets=(0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025,
+                                             0.005, 0.01, 0.025, 0.05), registry=r)
+        self.prefix_match = Histogram("toposerve_router_prefix_match_ratio",
+                                      "Share of the prompt's blocks the chosen endpoint holds, "
+                                      "as the router estimates it.",
+                                      buckets=(0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0),
+                                      registry=r)
+        r.register(_PoolCollector(state))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

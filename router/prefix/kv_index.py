@@ -1,0 +1,153 @@
+"""The precise prefix index, fed by each endpoint's KV events over ZMQ.
+
+Engine hashes are not trusted as keys: each stored block is re-keyed from
+its ``token_ids`` with our own chained hash, the same one a request's
+tokens get, so the router needs no knowledge of the engine's hash seed.
+Engine hashes are kept only to map ``BlockRemoved`` back to our keys.
+A gap in sequence numbers (or a new connection) triggers a replay from
+the endpoint's replay socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import structlog
+import zmq
+import zmq.asyncio
+
+from router.prefix.hashing import SEED, token_block_hashes
+from router.prefix.index import PrefixIndex
+from router.prefix.kv_events import (
+    AllBlocksCleared,
+    BadEvent,
+    BlockRemoved,
+    BlockStored,
+    Event,
+    decode_batch,
+)
+from router.scheduling.context import RequestContext
+from router.tokens import Tokenizer
+
+log = structlog.get_logger("router.kv_events")
+REPLAY_TIMEOUT_S = 2.0
+
+
+class KVIndex:
+    def __init__(self, index: PrefixIndex, tokenizer: Tokenizer, block_size: int) -> None:
+        self.index = index
+        self.tokenizer = tokenizer
+        self.block_size = block_size
+        self._keys: dict[str, dict[int, int]] = {}  # url -> engine hash -> our key
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self.applied: dict[str, int] = {}  # url -> last applied seq
+        self.orphans = 0
+        self.bad = 0
+
+    # --- applying events (pure, testable without sockets) ---------------
+    def apply(self, url: str, events: list[Event]) -> None:
+        emap = self._keys.setdefault(url, {})
+        for ev in events:
+            if isinstance(ev, BlockStored):
+                if ev.parent_block_hash is None:
+                    parent = SEED
+                elif ev.parent_block_hash in emap:
+                    parent = emap[ev.parent_block_hash]
+                else:
+                    self.orphans += 1  # chain broken: we cannot key these blocks
+                    continue
+                bs = ev.block_size or self.block_size
+                keys = token_block_hashes(ev.token_ids, bs, parent)
+                emap.update(zip(ev.block_hashes, keys, strict=False))
+                self.index.add(url, keys)
+            elif isinstance(ev, BlockRemoved):
+                self.index.remove(url, [emap.pop(h) for h in ev.block_hashes if h in emap])
+            elif isinstance(ev, AllBlocksCleared):
+                self.index.clear(url)
+                emap.clear()
+
+    def request_keys(self, ctx: RequestContext) -> list[int]:
+        keys: list[int] | None = ctx.extra.get("kv_keys")
+        if keys is None:
+            tokens = self.tokenizer.encode(ctx.prompt.decode("utf-8", "replace"))
+            keys = ctx.extra["kv_keys"] = token_block_hashes(tokens, self.block_size)
+        return keys
+
+    # --- subscribing -------------------------------------------------------
+    def watch(self, url: str, pub: str, replay: str | None) -> None:
+        if url not in self._tasks:
+            self._tasks[url] = asyncio.create_task(self._subscribe(url, pub, replay))
+
+    async def unwatch(self, url: str) -> None:
+        task = self._tasks.pop(url, None)
+        if task:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._keys.pop(url, None)
+        self.applied.pop(url, None)
+        self.index.clear(url)
+
+    async def close(self) -> None:
+        for url in list(self._tasks):
+            await self.unwatch(url)
+
+    def _handle(self, url: str, seq: int, payload: bytes) -> None:
+        try:
+            events = decode_batch(payload)
+        except BadEvent as err:
+            self.bad += 1
+            log.warning("bad kv event batch", endpoint=url, seq=seq, error=str(err))
+            return
+        self.apply(url, events)
+        self.applied[url] = seq
+
+    async def _replay(self, ctx: zmq.asyncio.Context, url: str, endpoint: str,
+                      start: int) -> None:
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(endpoint)
+        try:
+            await sock.send_multipart([b"", start.to_bytes(8, "big")])
+            while True:
+                if not await sock.poll(REPLAY_TIMEOUT_S * 1000):
+                    log.warning("kv event replay timed out", endpoint=url)
+                    return
+                frames = await sock.recv_multipart()
+                seq = int.from_bytes(frames[-2], "big", signed=True)
+                if seq < 0:
+                    return
+                if seq > self.applied.get(url, -1):
+                    self._handle(url, seq, frames[-1])
+        finally:
+            sock.close()
+
+    async def _subscribe(self, url: str, pub: str, replay: str | None) -> None:
+        ctx = zmq.asyncio.Context.instance()
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(pub)
+        try:
+            if replay:
+                await self._replay(ctx, url, replay, 0)
+            while True:
+                frames = await sub.recv_multipart()
+                if len(frames) != 3:
+                    self.bad += 1
+                    continue
+                seq = int.from_bytes(frames[1], "big")
+                last = self.applied.get(url, -1)
+                if seq == 0 and last >= 0:  # the engine restarted: its cache is empty
+                    self.apply(url, [AllBlocksCleared()])
+                    last = self.applied[url] = -1
+                if seq <= last:
+                    continue
+                if seq > last + 1 and replay:
+                    await self._replay(ctx, url, replay, last + 1)
+                    if seq <= self.applied.get(url, -1):
+                        continue
+                self._handle(url, seq, frames[2])
+        finally:
+            sub.close()

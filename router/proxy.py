@@ -1,0 +1,137 @@
+"""Forwarding one request upstream: try the ranked endpoints in order until
+one answers; relay a stream chunk by chunk as it arrives; end a stream that
+breaks after its first byte with an SSE error event, never silently."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import structlog
+from aiohttp import web
+
+from router.endpoints import Endpoint
+from router.errors import error_response, sse_error
+from router.metrics import RouterMetrics
+
+log = structlog.get_logger("router.proxy")
+
+# hop-by-hop and length headers are the proxy's own business
+_DROP = {"host", "content-length", "transfer-encoding", "connection", "keep-alive",
+         "accept-encoding"}
+_RETRY_STATUSES = {500, 502, 503, 504}
+
+
+@dataclass
+class Upstream:
+    """A non-streamed answer, for callers that post-process it."""
+
+    endpoint: Endpoint
+    status: int
+    body: bytes
+    content_type: str
+
+
+def forward_headers(request: web.Request, request_id: str) -> dict[str, str]:
+    out = {k: v for k, v in request.headers.items() if k.lower() not in _DROP}
+    out["X-Request-Id"] = request_id
+    return out
+
+
+class Proxy:
+    def __init__(self, session: aiohttp.ClientSession, metrics: RouterMetrics,
+                 max_attempts: int, timeout: aiohttp.ClientTimeout) -> None:
+        self.session, self.metrics = session, metrics
+        self.max_attempts, self.timeout = max_attempts, timeout
+
+    async def _open(self, ranked: list[Endpoint], path: str, body: bytes,
+                    headers: dict[str, str], tokens: int
+                    ) -> tuple[Endpoint, aiohttp.ClientResponse] | tuple[None, str]:
+        last_error = "no endpoint"
+        for ep in ranked[:self.max_attempts]:
+            ep.begin(tokens)
+            try:
+                resp = await self.session.post(ep.url + path, data=body, headers=headers,
+                                               timeout=self.timeout)
+            except (aiohttp.ClientError, TimeoutError) as err:
+                ep.end(tokens)
+                last_error = f"{ep.name}: {type(err).__name__}"
+                self.metrics.retries.inc()
+                continue
+            if resp.status in _RETRY_STATUSES:
+                resp.release()
+                ep.end(tokens)
+                last_error = f"{ep.name}: HTTP {resp.status}"
+                self.metrics.retries.inc()
+                continue
+            return ep, resp
+        return None, last_error
+
+    async def fetch(self, ranked: list[Endpoint], path: str, body: bytes,
+                    headers: dict[str, str], tokens: int) -> Upstream | str:
+        """The whole answer of the first endpoint that gives one; else why not."""
+        ep, resp_or_err = await self._open(ranked, path, body, headers, tokens)
+        if ep is None:
+            return str(resp_or_err)
+        assert isinstance(resp_or_err, aiohttp.ClientResponse)
+        resp = resp_or_err
+        try:
+            data = await resp.read()
+        except (aiohttp.ClientError, TimeoutError) as err:
+            return f"{ep.name}: broke while answering ({type(err).__name__})"
+        finally:
+            resp.release()
+            ep.end(tokens)
+        return Upstream(ep, resp.status, data, resp.headers.get("Content-Type",
+                                                                "application/json"))
+
+    async def relay(self, request: web.Request, ranked: list[Endpoint], path: str,
+                    body: bytes, headers: dict[str, str], tokens: int, started: float,
+                    on_done: Callable[[Endpoint], Awaitable[Any]] | None = None
+                    ) -> web.StreamResponse:
+        ep, resp_or_err = await self._open(ranked, path, body, headers, tokens)
+        if ep is None:
+            return error_response(502, f"no endpoint could take the request ({resp_or_err})")
+        assert isinstance(resp_or_err, aiohttp.ClientResponse)
+        resp = resp_or_err
+        out_headers = {"X-Request-Id": headers["X-Request-Id"], "X-Toposerve-Endpoint": ep.name}
+        ctype = resp.headers.get("Content-Type", "application/json")
+        try:
+            if not ctype.startswith("text/event-stream"):
+                try:
+                    data = await resp.read()
+                except (aiohttp.ClientError, TimeoutError) as err:
+                    self.metrics.midstream.inc()
+                    return error_response(502, f"{ep.name} broke while answering "
+                                               f"({type(err).__name__})")
+                self.metrics.ttfb.labels(path).observe(time.monotonic() - started)
+                return web.Response(status=resp.status, body=data, content_type=None,
+                                    headers={**out_headers, "Content-Type": ctype})
+            out = web.StreamResponse(status=resp.status, headers={
+                **out_headers, "Content-Type": ctype, "Cache-Control": "no-cache"})
+            await out.prepare(request)
+            first = True
+            try:
+                async for chunk in resp.content.iter_any():
+                    if first:
+                        self.metrics.ttfb.labels(path).observe(time.monotonic() - started)
+                        first = False
+                    await out.write(chunk)
+            except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError,
+                    TimeoutError) as err:
+                self.metrics.midstream.inc()
+                log.warning("stream broke", endpoint=ep.name, error=type(err).__name__)
+                await out.write(sse_error(502, f"upstream {ep.name} failed mid-stream"))
+            await out.write_eof()
+            return out
+        except (ConnectionResetError, asyncio.CancelledError):
+            raise  # the client went away; the finally below frees the upstream
+        finally:
+            resp.release()
+            ep.end(tokens)
+            if on_done is not None:
+                await on_done(ep)

@@ -1,0 +1,73 @@
+"""Stored Responses-API turns, so a ``previous_response_id`` chain works on
+any endpoint. In memory (bounded, with a TTL) for one router, or in Redis
+for a hot-standby pair."""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from typing import Any, Protocol
+
+import orjson
+
+from router.config import ResponsesStoreConfig
+
+
+class ResponsesStore(Protocol):
+    async def get(self, rid: str) -> dict[str, Any] | None: ...
+
+    async def put(self, rid: str, record: dict[str, Any]) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class MemoryStore:
+    def __init__(self, max_items: int, ttl_s: float) -> None:
+        self._items: OrderedDict[str, tuple[float, dict[str, Any]]] = OrderedDict()
+        self.max_items, self.ttl_s = max_items, ttl_s
+
+    async def get(self, rid: str) -> dict[str, Any] | None:
+        item = self._items.get(rid)
+        if item is None:
+            return None
+        expires, record = item
+        if time.monotonic() > expires:
+            del self._items[rid]
+            return None
+        return record
+
+    async def put(self, rid: str, record: dict[str, Any]) -> None:
+        self._items[rid] = (time.monotonic() + self.ttl_s, record)
+        self._items.move_to_end(rid)
+        while len(self._items) > self.max_items:
+            self._items.popitem(last=False)
+
+    async def close(self) -> None:
+        self._items.clear()
+
+
+class RedisStore:
+    PREFIX = "toposerve:response:"
+
+    def __init__(self, url: str, ttl_s: float) -> None:
+        import redis.asyncio as redis
+
+        self._r = redis.from_url(url)
+        self.ttl_ms = int(ttl_s * 1000)
+
+    async def get(self, rid: str) -> dict[str, Any] | None:
+        raw = await self._r.get(self.PREFIX + rid)
+        return None if raw is None else orjson.loads(raw)  # type: ignore[no-any-return]
+
+    async def put(self, rid: str, record: dict[str, Any]) -> None:
+        await self._r.set(self.PREFIX + rid, orjson.dumps(record), px=self.ttl_ms)
+
+    async def close(self) -> None:
+        await self._r.aclose()
+
+
+def make_store(cfg: ResponsesStoreConfig) -> ResponsesStore:
+    if cfg.backend == "redis":
+        assert cfg.redis_url is not None  # the config model guarantees it
+        return RedisStore(cfg.redis_url, cfg.ttl_s)
+    return MemoryStore(cfg.max_items, cfg.ttl_s)

@@ -1,0 +1,100 @@
+"""Plugin type names -> factories, so config files name plugins and the
+code never hard-wires a policy."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from router.prefix.kv_index import KVIndex
+from router.scheduling.filters import HealthyFilter, ModelFilter, NotSaturatedFilter, RoleFilter
+from router.scheduling.pickers import MaxScorePicker
+from router.scheduling.plugins import Filter, Picker, Scorer
+from router.scheduling.scorers import (
+    ApproxPrefixScorer,
+    InflightTokensScorer,
+    KVUsageScorer,
+    PrecisePrefixScorer,
+    QueueScorer,
+    SessionScorer,
+)
+from router.state import RouterState
+
+
+class PluginError(ValueError):
+    pass
+
+
+class _Params(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class NoParams(_Params):
+    pass
+
+
+class PrefixParams(_Params):
+    block_bytes: int = Field(default=256, alias="blockBytes", ge=16)
+
+
+class RoleParams(_Params):
+    role: str = "decode"
+
+
+class PickerParams(_Params):
+    seed: int | None = None
+
+
+def _params(model: type[_Params], raw: dict[str, Any], where: str) -> Any:
+    try:
+        return model.model_validate(raw)
+    except ValidationError as err:
+        first = err.errors()[0]
+        loc = ".".join(str(x) for x in first["loc"])
+        raise PluginError(f"{where}.params.{loc}: {first['msg']}") from None
+
+
+FilterFactory = Callable[[RouterState, dict[str, Any], str], Filter]
+ScorerFactory = Callable[[RouterState, dict[str, Any], str, KVIndex | None], Scorer]
+
+def _plain(cls: Callable[[RouterState], Any]) -> Callable[..., Any]:
+    """A factory for a plugin that takes no params (and refuses any)."""
+    def make(s: RouterState, p: dict[str, Any], w: str, *_: Any) -> Any:
+        _params(NoParams, p, w)
+        return cls(s)
+    return make
+
+
+FILTERS: dict[str, FilterFactory] = {
+    "model": _plain(ModelFilter),
+    "healthy": _plain(HealthyFilter),
+    "not-saturated": _plain(NotSaturatedFilter),
+    "role": lambda s, p, w: RoleFilter(s, _params(RoleParams, p, w).role),
+}
+
+
+def _approx(s: RouterState, p: dict[str, Any], w: str) -> ApproxPrefixScorer:
+    return ApproxPrefixScorer(s, _params(PrefixParams, p, w).block_bytes)
+
+
+SCORERS: dict[str, ScorerFactory] = {
+    "prefix-approx": lambda s, p, w, kv: _approx(s, p, w),
+    "prefix-precise": lambda s, p, w, kv: PrecisePrefixScorer(s, kv, _approx(s, p, w)),
+    "queue": _plain(QueueScorer),
+    "kv-usage": _plain(KVUsageScorer),
+    "inflight-tokens": _plain(InflightTokensScorer),
+    "session": _plain(SessionScorer),
+}
+
+PICKERS: dict[str, Callable[[dict[str, Any], str], Picker]] = {
+    "max-score": lambda p, w: MaxScorePicker(_params(PickerParams, p, w).seed),
+}
+
+
+def lookup(table: dict[str, Any], kind: str, name: str, where: str) -> Any:
+    if name not in table:
+        raise PluginError(f"{where}.type: unknown {kind} {name!r}; choose one of "
+                          f"{', '.join(sorted(table))}")
+    return table[name]

@@ -1,0 +1,136 @@
+"""Scorers: each returns a score in [0, 1] per endpoint."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from router.endpoints import Endpoint
+from router.prefix.kv_index import KVIndex
+from router.scheduling.context import RequestContext
+from router.scheduling.scoring import lower_is_better
+from router.state import RouterState
+from router.tokens import BYTES_PER_TOKEN
+
+
+@dataclass
+class ApproxPrefixScorer:
+    """Share of the prompt's leading blocks the endpoint probably holds,
+    judged from where earlier prompts were sent. Tokenizer-free."""
+
+    state: RouterState
+    block_bytes: int = 256
+    name: ClassVar[str] = "prefix-approx"
+
+    def _capacity(self, ep: Endpoint) -> None:
+        if ep.num_gpu_blocks and ep.block_size:
+            tokens = ep.num_gpu_blocks * ep.block_size
+            self.state.approx.set_capacity(ep.url, tokens * BYTES_PER_TOKEN // self.block_bytes)
+
+    def score(self, ctx: RequestContext, eps: list[Endpoint]) -> dict[Endpoint, float]:
+        keys = ctx.byte_blocks(self.block_bytes)
+        if not keys:
+            return dict.fromkeys(eps, 0.0)
+        matched = self.state.approx.match(keys, (e.url for e in eps))
+        ctx.extra["prefix_matched"] = matched
+        ctx.extra["prefix_blocks"] = len(keys)
+        return {e: matched.get(e.url, 0) / len(keys) for e in eps}
+
+    def picked(self, ctx: RequestContext, ep: Endpoint) -> None:
+        self._capacity(ep)
+        self.state.approx.add(ep.url, ctx.byte_blocks(self.block_bytes))
+
+
+@dataclass
+class PrecisePrefixScorer:
+    """Share of the prompt's token blocks the endpoint reported holding in
+    its KV events. Without a tokenizer it falls back to the approximate
+    scorer."""
+
+    state: RouterState
+    kv: KVIndex | None
+    fallback: ApproxPrefixScorer
+    name: ClassVar[str] = "prefix-precise"
+
+    def score(self, ctx: RequestContext, eps: list[Endpoint]) -> dict[Endpoint, float]:
+        if self.kv is None:
+            return self.fallback.score(ctx, eps)
+        keys = self.kv.request_keys(ctx)
+        if not keys:
+            return dict.fromkeys(eps, 0.0)
+        matched = self.state.precise.match(keys, (e.url for e in eps))
+        ctx.extra["prefix_matched"] = matched
+        ctx.extra["prefix_blocks"] = len(keys)
+        return {e: matched.get(e.url, 0) / len(keys) for e in eps}
+
+    def picked(self, ctx: RequestContext, ep: Endpoint) -> None:
+        if self.kv is None:
+            self.fallback.picked(ctx, ep)
+
+
+@dataclass
+class QueueScorer:
+    """Fewer waiting (and running) requests score higher; stale metrics 0."""
+
+    state: RouterState
+    name: ClassVar[str] = "queue"
+
+    def score(self, ctx: RequestContext, eps: list[Endpoint]) -> dict[Endpoint, float]:
+        stale_after = self.state.config.scrape.stale_after_s
+        fresh = {e: e.load.waiting + 0.1 * e.load.running + e.inflight
+                 for e in eps if not e.stale(stale_after)}
+        out = lower_is_better(fresh)
+        return {e: out.get(e, 0.0) for e in eps}
+
+    def picked(self, ctx: RequestContext, ep: Endpoint) -> None:
+        pass
+
+
+@dataclass
+class KVUsageScorer:
+    state: RouterState
+    name: ClassVar[str] = "kv-usage"
+
+    def score(self, ctx: RequestContext, eps: list[Endpoint]) -> dict[Endpoint, float]:
+        stale_after = self.state.config.scrape.stale_after_s
+        return {e: 0.0 if e.stale(stale_after) else max(0.0, 1.0 - e.load.kv_usage)
+                for e in eps}
+
+    def picked(self, ctx: RequestContext, ep: Endpoint) -> None:
+        pass
+
+
+@dataclass
+class InflightTokensScorer:
+    """The router's own count of prompt tokens in flight per endpoint:
+    reacts before the next scrape does."""
+
+    state: RouterState
+    name: ClassVar[str] = "inflight-tokens"
+
+    def score(self, ctx: RequestContext, eps: list[Endpoint]) -> dict[Endpoint, float]:
+        return lower_is_better({e: float(e.inflight_tokens) for e in eps})
+
+    def picked(self, ctx: RequestContext, ep: Endpoint) -> None:
+        pass
+
+
+@dataclass
+class SessionScorer:
+    """Sticks a session (``x-session-id``, or the endpoint that served a
+    previous response) to its endpoint until that endpoint saturates."""
+
+    state: RouterState
+    name: ClassVar[str] = "session"
+
+    def score(self, ctx: RequestContext, eps: list[Endpoint]) -> dict[Endpoint, float]:
+        url = ctx.affinity_url or (self.state.sessions.get(ctx.session) if ctx.session else None)
+        out = dict.fromkeys(eps, 0.0)
+        for e in eps:
+            if e.url == url and not self.state.saturated(e):
+                out[e] = 1.0
+        return out
+
+    def picked(self, ctx: RequestContext, ep: Endpoint) -> None:
+        if ctx.session:
+            self.state.remember_session(ctx.session, ep.url)

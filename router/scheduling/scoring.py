@@ -1,0 +1,42 @@
+"""Pure scoring maths, tested without sockets."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TypeVar
+
+K = TypeVar("K")
+
+
+def lower_is_better(values: Mapping[K, float]) -> dict[K, float]:
+    """Min-max normalise so the smallest value scores 1 and the largest 0;
+    all equal scores 1."""
+    if not values:
+        return {}
+    lo, hi = min(values.values()), max(values.values())
+    if hi == lo:
+        return dict.fromkeys(values, 1.0)
+    return {k: (hi - v) / (hi - lo) for k, v in values.items()}
+
+
+def weighted_total(per_scorer: Mapping[str, Mapping[K, float]],
+                   weights: Mapping[str, float]) -> dict[K, float]:
+    total: dict[K, float] = {}
+    for name, scores in per_scorer.items():
+        w = weights[name]
+        for k, s in scores.items():
+            total[k] = total.get(k, 0.0) + w * s
+    return total
+
+
+def decisive(per_scorer: Mapping[str, Mapping[K, float]], weights: Mapping[str, float],
+             chosen: K, runner_up: K | None) -> str:
+    """The scorer that most separated the chosen endpoint from the runner-up."""
+    if runner_up is None:
+        return "only-candidate"
+    best, gap = "tie", 0.0
+    for name, scores in per_scorer.items():
+        g = weights[name] * (scores.get(chosen, 0.0) - scores.get(runner_up, 0.0))
+        if g > gap:
+            best, gap = name, g
+    return best

@@ -1,0 +1,303 @@
+"""The router's HTTP surface: OpenAI-compatible endpoints in front of a pool
+of vLLM/SGLang servers, plus /health, /ready and /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import orjson
+import structlog
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+from router.api_models import ChatRequest, CompletionRequest, ResponsesRequest
+from router.config import RouterConfig
+from router.discovery.kubernetes import KubernetesWatcher
+from router.discovery.static import load_static
+from router.endpoints import Endpoint
+from router.errors import error_response
+from router.metrics import RouterMetrics
+from router.prefix.kv_index import KVIndex
+from router.prompt import chat_prompt, completion_prompt, responses_items
+from router.proxy import Proxy, Upstream, forward_headers
+from router.responses_store import ResponsesStore, make_store
+from router.scheduling.context import RequestContext
+from router.scheduling.profile import Scheduler
+from router.scrape import scrape_loop
+from router.state import RouterState
+from router.tokens import load_tokenizer
+
+log = structlog.get_logger("router")
+SESSION_HEADERS = ("x-session-id", "x-llm-d-session-id")
+FAIRNESS_HEADER = "x-llm-d-inference-fairness-id"
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class BadRequest(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+
+def _validation_message(err: ValidationError) -> tuple[str, str | None]:
+    first = err.errors()[0]
+    loc = ".".join(str(x) for x in first["loc"]) or None
+    return f"{loc}: {first['msg']}" if loc else first["msg"], loc
+
+
+class Router:
+    def __init__(self, cfg: RouterConfig) -> None:
+        self.cfg = cfg
+        self.state = RouterState(cfg)
+        self.metrics = RouterMetrics(self.state)
+        self.kv: KVIndex | None = None
+        if any(s.type == "prefix-precise" for s in cfg.profile.scorers) and (
+                cfg.kv_events.tokenizer is not None):
+            tok = load_tokenizer(None if cfg.kv_events.tokenizer == "bytes"
+                                 else cfg.kv_events.tokenizer)
+            self.kv = KVIndex(self.state.precise, tok, cfg.kv_events.block_size)
+        self.scheduler = Scheduler(self.state, cfg.profile, self.kv)
+        self.store: ResponsesStore = make_store(cfg.responses)
+        self.session: aiohttp.ClientSession | None = None
+        self.proxy: Proxy | None = None
+        self.watcher: KubernetesWatcher | None = None
+        self._tasks: list[asyncio.Task[Any]] = []
+
+    # --- lifecycle ---------------------------------------------------------
+    def _watch_events(self, ep: Endpoint) -> None:
+        if self.kv is not None and ep.kv_events:
+            self.kv.watch(ep.url, ep.kv_events, ep.kv_events_replay)
+
+    def _forget(self, url: str) -> None:
+        self.state.forget_endpoint(url)
+        if self.kv is not None:
+            t = asyncio.ensure_future(self.kv.unwatch(url))
+            self._tasks.append(t)
+
+    async def start(self, app: web.Application) -> None:
+        s = self.cfg.server
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+            auto_decompress=False)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=s.connect_timeout_s,
+                                        sock_read=s.upstream_timeout_s)
+        self.proxy = Proxy(self.session, self.metrics, s.max_attempts, timeout)
+        for ep in load_static(self.state.pool, self.cfg.discovery.static):
+            self._watch_events(ep)
+        if self.cfg.discovery.kubernetes is not None:
+            self.watcher = KubernetesWatcher(self.cfg.discovery.kubernetes, self.state.pool,
+                                             s.drain_timeout_s, on_add=self._watch_events,
+                                             on_remove=self._forget)
+            self.watcher.start()
+        sc = self.cfg.scrape
+        self._tasks.append(asyncio.create_task(
+            scrape_loop(self.session, self.state.pool, sc.interval_s, sc.timeout_s)))
+
+    async def stop(self, app: web.Application) -> None:
+        if self.watcher:
+            self.watcher.stop()
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        if self.kv:
+            await self.kv.close()
+        await self.store.close()
+        if self.session:
+            await self.session.close()
+
+    # --- request parsing -----------------------------------------------------
+    async def _json(self, request: web.Request, model: type[BaseModel]
+                    ) -> tuple[bytes, dict[str, Any], Any]:
+        limit = self.cfg.server.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            raise BadRequest(413, f"request body over {limit} bytes (server.maxBodyBytes)")
+        raw = bytearray()
+        async for chunk in request.content.iter_chunked(1 << 16):
+            raw += chunk
+            if len(raw) > limit:
+                raise BadRequest(413, f"request body over {limit} bytes (server.maxBodyBytes)")
+        body = bytes(raw)
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError as err:
+            raise BadRequest(400, f"request body is not valid JSON: {err}") from None
+        if not isinstance(doc, dict):
+            raise BadRequest(400, "request body must be a JSON object")
+        try:
+            parsed = model.model_validate(doc)
+        except ValidationError as err:
+            msg, loc = _validation_message(err)
+            raise BadRequest(400, msg, loc) from None
+        return body, doc, parsed
+
+    def _check_model(self, model: str | None) -> None:
+        if model is None:
+            return
+        served: set[str] = set()
+        for ep in self.state.pool.routable():
+            if not ep.models:
+                return  # an endpoint whose models we don't know yet might serve it
+            served |= ep.models
+        if model not in served:
+            raise BadRequest(404, f"The model `{model}` does not exist.", "model")
+
+    def _context(self, request: web.Request, kind: str, model: str | None,
+                 prompt: str) -> RequestContext:
+        session = next((request.headers[h] for h in SESSION_HEADERS if h in request.headers),
+                       None)
+        return RequestContext(kind=kind, model=model,
+                              prompt=prompt.encode("utf-8", "surrogatepass"), session=session)
+
+    def _schedule(self, ctx: RequestContext) -> list[Endpoint]:
+        t0 = time.perf_counter()
+        d = self.scheduler.schedule(ctx)
+        self.metrics.scheduling.observe(time.perf_counter() - t0)
+        if not d.ranked:
+            raise BadRequest(503, "no ready endpoint serves this request")
+        self.metrics.decisions.labels(d.reason).inc()
+        matched, blocks = ctx.extra.get("prefix_matched"), ctx.extra.get("prefix_blocks")
+        if matched is not None and blocks:
+            self.metrics.prefix_match.observe(matched.get(d.ranked[0].url, 0) / blocks)
+        return d.ranked
+
+    # --- handlers ------------------------------------------------------------
+    async def _generate(self, request: web.Request, path: str, kind: str,
+                        model: type[BaseModel], prompt_of: Callable[[Any], str]
+                        ) -> web.StreamResponse:
+        started = time.monotonic()
+        body, _, req = await self._json(request, model)
+        self._check_model(req.model)
+        ctx = self._context(request, kind, req.model, prompt_of(req))
+        ranked = self._schedule(ctx)
+        rid = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+        assert self.proxy is not None
+        return await self.proxy.relay(request, ranked, path, body,
+                                      forward_headers(request, rid), ctx.token_estimate, started)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(
+            request, "/v1/chat/completions", "chat", ChatRequest,
+            lambda r: chat_prompt([m.model_dump() for m in r.messages]))
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "/v1/completions", "completion", CompletionRequest,
+                                    lambda r: completion_prompt(r.prompt))
+
+    async def create_response(self, request: web.Request) -> web.StreamResponse:
+        """The router keeps the conversation, so any endpoint can continue a
+        chain; the endpoint that served the last turn is still preferred."""
+        _body, doc, req = await self._json(request, ResponsesRequest)
+        if req.stream:
+            raise BadRequest(400, "stream: streaming is not supported on /v1/responses by "
+                                  "this router yet; send stream: false", "stream")
+        self._check_model(req.model)
+        history: list[dict[str, Any]] = []
+        affinity = None
+        if req.previous_response_id is not None:
+            rec = await self.store.get(req.previous_response_id)
+            if rec is None:
+                raise BadRequest(404, f"Response with id '{req.previous_response_id}' not "
+                                      "found.", "previous_response_id")
+            history, affinity = rec["conversation"], rec["endpoint"]
+        conversation = history + responses_items(doc["input"])
+        upstream_doc = {k: v for k, v in doc.items() if k != "previous_response_id"}
+        upstream_doc.update(input=[{"type": "message", "role": m["role"],
+                                    "content": m["content"]} for m in conversation],
+                            store=False)
+        msgs = ([{"role": "system", "content": req.instructions}] if req.instructions else []
+                ) + conversation
+        ctx = self._context(request, "responses", req.model, chat_prompt(msgs))
+        ctx.affinity_url = affinity
+        ranked = self._schedule(ctx)
+        rid = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+        assert self.proxy is not None
+        up = await self.proxy.fetch(ranked, "/v1/responses", orjson.dumps(upstream_doc),
+                                    forward_headers(request, rid), ctx.token_estimate)
+        if not isinstance(up, Upstream):
+            return error_response(502, f"no endpoint could take the request ({up})")
+        if up.status != 200:
+            return web.Response(status=up.status, body=up.body, content_type=None,
+                                headers={"Content-Type": up.content_type})
+        resp = orjson.loads(up.body)
+        resp["previous_response_id"] = req.previous_response_id
+        text = "".join(c.get("text", "") for item in resp.get("output", [])
+                       if item.get("type") == "message" for c in item.get("content", []))
+        if req.store is not False:
+            await self.store.put(resp["id"], {
+                "endpoint": up.endpoint.url, "response": resp,
+                "conversation": [*conversation, {"role": "assistant", "content": text}]})
+        return web.Response(body=orjson.dumps(resp), content_type="application/json",
+                            headers={"X-Request-Id": rid,
+                                     "X-Toposerve-Endpoint": up.endpoint.name})
+
+    async def get_response(self, request: web.Request) -> web.StreamResponse:
+        rec = await self.store.get(request.match_info["id"])
+        if rec is None:
+            raise BadRequest(404, f"Response with id '{request.match_info['id']}' not found.")
+        return web.Response(body=orjson.dumps(rec["response"]), content_type="application/json")
+
+    async def models(self, request: web.Request) -> web.StreamResponse:
+        names = sorted({m for ep in self.state.pool.routable() if ep.healthy for m in ep.models})
+        data = [{"id": n, "object": "model", "owned_by": "toposerve"} for n in names]
+        return web.Response(body=orjson.dumps({"object": "list", "data": data}),
+                            content_type="application/json")
+
+    async def health(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(text="ok")
+
+    async def ready(self, request: web.Request) -> web.StreamResponse:
+        n = sum(1 for ep in self.state.pool.routable() if ep.healthy)
+        return web.Response(status=200 if n else 503, text=f"{n} endpoints ready")
+
+    async def metrics_endpoint(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(body=self.metrics.render(),
+                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+def build_app(cfg: RouterConfig) -> web.Application:
+    router = Router(cfg)
+
+    @web.middleware
+    async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+        started = time.monotonic()
+        path = request.match_info.route.resource.canonical if (
+            request.match_info.route.resource is not None) else "unmatched"
+        try:
+            resp = await handler(request)
+        except BadRequest as err:
+            resp = error_response(err.status, err.message, err.param)
+        except web.HTTPException as err:
+            resp = error_response(err.status, err.reason)
+        router.metrics.requests.labels(path, str(resp.status)).inc()
+        router.metrics.duration.labels(path).observe(time.monotonic() - started)
+        return resp
+
+    app = web.Application(middlewares=[errors], client_max_size=cfg.server.max_body_bytes)
+    app["router"] = router
+    app.router.add_post("/v1/chat/completions", router.chat)
+    app.router.add_post("/v1/completions", router.completions)
+    app.router.add_post("/v1/responses", router.create_response)
+    app.router.add_get("/v1/responses/{id}", router.get_response)
+    app.router.add_get("/v1/models", router.models)
+    app.router.add_get("/health", router.health)
+    app.router.add_get("/ready", router.ready)
+    app.router.add_get("/metrics", router.metrics_endpoint)
+    app.on_startup.append(router.start)
+    app.on_cleanup.append(router.stop)
+    return app
+
+
+def serve(cfg: RouterConfig) -> None:
+    import uvloop
+
+    uvloop.install()
+    web.run_app(build_app(cfg), host=cfg.server.host, port=cfg.server.port, access_log=None,
+                print=lambda *_: None)
