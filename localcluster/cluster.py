@@ -122,7 +122,7 @@ def api_client(name: str) -> Any:
     if not path.exists():
         raise ClusterError(f"no cluster named {name!r} (no {path})")
     cfg = client.Configuration()
-    config.load_kube_config(config_file=str(path), client_configuration=cfg)  # type: ignore[no-untyped-call]
+    config.load_kube_config(config_file=str(path), client_configuration=cfg)
     cfg.connection_pool_maxsize = 32
     return client.ApiClient(cfg)
 

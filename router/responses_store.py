@@ -57,7 +57,8 @@ class RedisStore:
 
     async def get(self, rid: str) -> dict[str, Any] | None:
         raw = await self._r.get(self.PREFIX + rid)
-        return None if raw is None else orjson.loads(raw)  # type: ignore[no-any-return]
+        record: dict[str, Any] | None = None if raw is None else orjson.loads(raw)
+        return record
 
     async def put(self, rid: str, record: dict[str, Any]) -> None:
         await self._r.set(self.PREFIX + rid, orjson.dumps(record), px=self.ttl_ms)

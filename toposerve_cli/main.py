@@ -6,23 +6,27 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from toposerve_cli import cluster_cmd, sim_cmd, topology_cmd
+from toposerve_cli import cluster_cmd, logs, router_cmd, sim_cmd, topology_cmd
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="toposerve",
         description="Topology-aware serving for large-model inference on Kubernetes.")
+    parser.add_argument("--log-level", default="info",
+                        choices=["debug", "info", "warning", "error"])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     topology_cmd.register(sub)
     cluster_cmd.register(sub)
     sim_cmd.register(sub)
+    router_cmd.register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    logs.configure(args.log_level)
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return handler(args)

@@ -122,7 +122,7 @@ class KubernetesWatcher:
         core = client.CoreV1Api(api_client)
         while not self._stop.is_set():
             try:
-                pods = core.list_namespaced_pod(self.cfg.namespace,
+                pods: Any = core.list_namespaced_pod(self.cfg.namespace,
                                                 label_selector=self.cfg.label_selector)
                 for p in pods.items:
                     self._call(self._apply, pod_view(p, self.cfg))
