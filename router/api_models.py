@@ -8,11 +8,19 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    include_usage: StrictBool | None = None
+
+
 class _Req(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: StrictStr | None = None
     stream: StrictBool | None = None
+    stream_options: StreamOptions | None = None
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 class Message(BaseModel):

@@ -7,6 +7,7 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from pydantic import ValidationError
 
 TYPES = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowed",
          408: "RequestTimeout", 413: "RequestTooLarge", 415: "UnsupportedMediaType",
@@ -28,3 +29,18 @@ def error_response(status: int, message: str, param: str | None = None,
 def sse_error(status: int, message: str) -> bytes:
     """An error as one SSE event, for failures after a stream has begun."""
     return b"data: " + orjson.dumps(error_body(status, message)) + b"\n\n"
+
+
+class ApiError(Exception):
+    """Raised by handlers; the middleware turns it into an OpenAI-style error."""
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+
+def from_validation(err: ValidationError) -> ApiError:
+    """A 400 naming the first invalid field."""
+    first = err.errors()[0]
+    loc = ".".join(str(x) for x in first["loc"]) or None
+    return ApiError(400, f"{loc}: {first['msg']}" if loc else first["msg"], loc)

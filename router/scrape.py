@@ -1,7 +1,8 @@
-"""Reading each endpoint's load from its Prometheus ``/metrics`` (vLLM and
-SGLang names) and its models from ``/v1/models``. A failed scrape leaves
-the last sample to age into staleness; three in a row mark the endpoint
-unhealthy."""
+"""Reading each endpoint's readiness from ``/health``, its load from its
+Prometheus ``/metrics`` (vLLM and SGLang names) and its models from
+``/v1/models``. A non-200 health answer makes the endpoint unready at
+once; a failed scrape leaves the last sample to age into staleness, and
+three in a row mark the endpoint unhealthy."""
 
 from __future__ import annotations
 
@@ -48,6 +49,13 @@ def parse_load(text: str) -> tuple[LoadSample, int | None, int | None]:
 
 async def scrape(session: aiohttp.ClientSession, ep: Endpoint, timeout_s: float) -> None:
     try:
+        async with session.get(f"{ep.url}/health",
+                               timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+            if r.status != 200:  # the server says it cannot serve: believe it at once
+                if ep.healthy:
+                    log.warning("endpoint not ready", endpoint=ep.name, status=r.status)
+                ep.healthy = False
+                return
         async with session.get(f"{ep.url}/metrics",
                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
             if r.status != 200:

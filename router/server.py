@@ -21,7 +21,7 @@ from router.config import RouterConfig
 from router.discovery.kubernetes import KubernetesWatcher
 from router.discovery.static import load_static
 from router.endpoints import Endpoint
-from router.errors import error_response
+from router.errors import ApiError, error_response, from_validation
 from router.metrics import RouterMetrics
 from router.prefix.kv_index import KVIndex
 from router.prompt import chat_prompt, completion_prompt, responses_items
@@ -37,18 +37,6 @@ log = structlog.get_logger("router")
 SESSION_HEADERS = ("x-session-id", "x-llm-d-session-id")
 FAIRNESS_HEADER = "x-llm-d-inference-fairness-id"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-class BadRequest(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param = status, message, param
-
-
-def _validation_message(err: ValidationError) -> tuple[str, str | None]:
-    first = err.errors()[0]
-    loc = ".".join(str(x) for x in first["loc"]) or None
-    return f"{loc}: {first['msg']}" if loc else first["msg"], loc
 
 
 class Router:
@@ -118,24 +106,23 @@ class Router:
                     ) -> tuple[bytes, dict[str, Any], Any]:
         limit = self.cfg.server.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
-            raise BadRequest(413, f"request body over {limit} bytes (server.maxBodyBytes)")
+            raise ApiError(413, f"request body over {limit} bytes (server.maxBodyBytes)")
         raw = bytearray()
         async for chunk in request.content.iter_chunked(1 << 16):
             raw += chunk
             if len(raw) > limit:
-                raise BadRequest(413, f"request body over {limit} bytes (server.maxBodyBytes)")
+                raise ApiError(413, f"request body over {limit} bytes (server.maxBodyBytes)")
         body = bytes(raw)
         try:
             doc = orjson.loads(body)
         except orjson.JSONDecodeError as err:
-            raise BadRequest(400, f"request body is not valid JSON: {err}") from None
+            raise ApiError(400, f"request body is not valid JSON: {err}") from None
         if not isinstance(doc, dict):
-            raise BadRequest(400, "request body must be a JSON object")
+            raise ApiError(400, "request body must be a JSON object")
         try:
             parsed = model.model_validate(doc)
         except ValidationError as err:
-            msg, loc = _validation_message(err)
-            raise BadRequest(400, msg, loc) from None
+            raise from_validation(err) from None
         return body, doc, parsed
 
     def _check_model(self, model: str | None) -> None:
@@ -147,7 +134,7 @@ class Router:
                 return  # an endpoint whose models we don't know yet might serve it
             served |= ep.models
         if model not in served:
-            raise BadRequest(404, f"The model `{model}` does not exist.", "model")
+            raise ApiError(404, f"The model `{model}` does not exist.", "model")
 
     def _context(self, request: web.Request, kind: str, model: str | None,
                  prompt: str) -> RequestContext:
@@ -161,7 +148,7 @@ class Router:
         d = self.scheduler.schedule(ctx)
         self.metrics.scheduling.observe(time.perf_counter() - t0)
         if not d.ranked:
-            raise BadRequest(503, "no ready endpoint serves this request")
+            raise ApiError(503, "no ready endpoint serves this request")
         self.metrics.decisions.labels(d.reason).inc()
         matched, blocks = ctx.extra.get("prefix_matched"), ctx.extra.get("prefix_blocks")
         if matched is not None and blocks:
@@ -196,7 +183,7 @@ class Router:
         chain; the endpoint that served the last turn is still preferred."""
         _body, doc, req = await self._json(request, ResponsesRequest)
         if req.stream:
-            raise BadRequest(400, "stream: streaming is not supported on /v1/responses by "
+            raise ApiError(400, "stream: streaming is not supported on /v1/responses by "
                                   "this router yet; send stream: false", "stream")
         self._check_model(req.model)
         history: list[dict[str, Any]] = []
@@ -204,7 +191,7 @@ class Router:
         if req.previous_response_id is not None:
             rec = await self.store.get(req.previous_response_id)
             if rec is None:
-                raise BadRequest(404, f"Response with id '{req.previous_response_id}' not "
+                raise ApiError(404, f"Response with id '{req.previous_response_id}' not "
                                       "found.", "previous_response_id")
             history, affinity = rec["conversation"], rec["endpoint"]
         conversation = history + responses_items(doc["input"])
@@ -241,7 +228,7 @@ class Router:
     async def get_response(self, request: web.Request) -> web.StreamResponse:
         rec = await self.store.get(request.match_info["id"])
         if rec is None:
-            raise BadRequest(404, f"Response with id '{request.match_info['id']}' not found.")
+            raise ApiError(404, f"Response with id '{request.match_info['id']}' not found.")
         return web.Response(body=orjson.dumps(rec["response"]), content_type="application/json")
 
     async def models(self, request: web.Request) -> web.StreamResponse:
@@ -272,7 +259,7 @@ def build_app(cfg: RouterConfig) -> web.Application:
             request.match_info.route.resource is not None) else "unmatched"
         try:
             resp = await handler(request)
-        except BadRequest as err:
+        except ApiError as err:
             resp = error_response(err.status, err.message, err.param)
         except web.HTTPException as err:
             resp = error_response(err.status, err.reason)

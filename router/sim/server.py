@@ -16,8 +16,10 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from pydantic import BaseModel, ValidationError
 
-from router.errors import error_response
+from router.api_models import ChatRequest, CompletionRequest, ResponsesRequest
+from router.errors import ApiError, error_response, from_validation
 from router.prompt import chat_prompt, completion_prompt, responses_items
 from router.sim.config import SimConfig
 from router.sim.engine import Engine, Job
@@ -36,12 +38,6 @@ MAX_STORED_RESPONSES = 10_000
 
 def filler(n: int, offset: int = 0) -> str:
     return "".join(WORDS[(offset + i) % len(WORDS)] for i in range(n))
-
-
-class BadRequest(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param = status, message, param
 
 
 class SimServer:
@@ -83,26 +79,27 @@ class SimServer:
     def ready(self) -> bool:
         return time.monotonic() - self.started >= self.cfg.slow_start_s
 
-    async def _body(self, request: web.Request) -> dict[str, Any]:
+    async def _body(self, request: web.Request, schema: type[BaseModel]) -> dict[str, Any]:
+        """The JSON body, checked against the same request models vLLM's
+        OpenAI server validates with (a mistake is a 400, never a 500)."""
         try:
             body = orjson.loads(await request.read())
         except orjson.JSONDecodeError as err:
-            raise BadRequest(400, f"Invalid JSON body: {err}") from None
+            raise ApiError(400, f"Invalid JSON body: {err}") from None
         if not isinstance(body, dict):
-            raise BadRequest(400, "Request body must be a JSON object")
+            raise ApiError(400, "Request body must be a JSON object")
+        try:
+            schema.model_validate(body)
+        except ValidationError as err:
+            raise from_validation(err) from None
         model = body.get("model")
         if model is not None and model not in self.cfg.names:
-            raise BadRequest(404, f"The model `{model}` does not exist.", "model")
+            raise ApiError(404, f"The model `{model}` does not exist.", "model")
         return body
 
     def _max_tokens(self, body: dict[str, Any], *keys: str) -> int:
-        for k in keys:
-            v = body.get(k)
-            if v is not None:
-                if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                    raise BadRequest(400, f"{k} must be a non-negative integer", k)
-                return int(v)
-        return 16
+        """The first of ``keys`` given (validated already), else vLLM's default 16."""
+        return next((int(body[k]) for k in keys if body.get(k) is not None), 16)
 
     async def _faults(self, request: web.Request) -> web.StreamResponse | None:
         self.requests += 1
@@ -116,10 +113,18 @@ class SimServer:
             await asyncio.Event().wait()  # until the client goes away
         return None
 
+    def _job(self, prompt: str, max_tokens: int, skip_prefill: bool = False) -> Job:
+        """A generation job, refused as vLLM refuses one that overflows the context."""
+        tokens = self.tokenizer.encode(prompt)
+        if len(tokens) + max_tokens > self.cfg.max_model_len:
+            raise ApiError(400, f"This model's maximum context length is "
+                                f"{self.cfg.max_model_len} tokens. However, you requested "
+                                f"{len(tokens) + max_tokens} tokens ({len(tokens)} in the "
+                                f"messages, {max_tokens} in the completion).", "max_tokens")
+        return Job(tokens=tokens, max_tokens=max_tokens, skip_prefill=skip_prefill)
+
     def _kv_params(self, body: dict[str, Any]) -> tuple[bool, bool]:
         p = body.get("kv_transfer_params") or {}
-        if not isinstance(p, dict):
-            raise BadRequest(400, "kv_transfer_params must be an object", "kv_transfer_params")
         return bool(p.get("do_remote_decode")), bool(p.get("do_remote_prefill"))
 
     def _kv_response(self, job: Job) -> dict[str, Any]:
@@ -146,12 +151,7 @@ class SimServer:
         remote_decode, remote_prefill = self._kv_params(body)
         if remote_decode:
             max_tokens = 1
-        tokens = self.tokenizer.encode(prompt)
-        if len(tokens) > self.cfg.max_model_len:
-            raise BadRequest(400, f"This model's maximum context length is "
-                                  f"{self.cfg.max_model_len} tokens. However, you requested "
-                                  f"{len(tokens)} tokens in the messages.", "messages")
-        job = Job(tokens=tokens, max_tokens=max_tokens, skip_prefill=remote_prefill)
+        job = self._job(prompt, max_tokens, remote_prefill)
         model = body.get("model") or self.cfg.names[0]
         rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         created = int(time.time())
@@ -242,35 +242,28 @@ class SimServer:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         if (fault := await self._faults(request)) is not None:
             return fault
-        body = await self._body(request)
-        if "prompt" not in body:
-            raise BadRequest(400, "Field required: prompt", "prompt")
+        body = await self._body(request, CompletionRequest)
         return await self._run(request, body, completion_prompt(body["prompt"]),
                                self._max_tokens(body, "max_tokens"), "completion")
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         if (fault := await self._faults(request)) is not None:
             return fault
-        body = await self._body(request)
-        msgs = body.get("messages")
-        if not isinstance(msgs, list) or not all(isinstance(m, dict) for m in msgs):
-            raise BadRequest(400, "messages must be a list of message objects", "messages")
-        return await self._run(request, body, chat_prompt(msgs),
+        body = await self._body(request, ChatRequest)
+        return await self._run(request, body, chat_prompt(body["messages"]),
                                self._max_tokens(body, "max_completion_tokens", "max_tokens"),
                                "chat")
 
     async def create_response(self, request: web.Request) -> web.StreamResponse:
         if (fault := await self._faults(request)) is not None:
             return fault
-        body = await self._body(request)
-        if "input" not in body:
-            raise BadRequest(400, "Field required: input", "input")
+        body = await self._body(request, ResponsesRequest)
         history: list[dict[str, Any]] = []
         prev = body.get("previous_response_id")
         if prev is not None:
             stored = self.responses.get(prev)
             if stored is None:
-                raise BadRequest(404, f"Response with id '{prev}' not found.",
+                raise ApiError(404, f"Response with id '{prev}' not found.",
                                  "previous_response_id")
             history = stored["conversation"]
         instructions = body.get("instructions")
@@ -278,7 +271,7 @@ class SimServer:
         msgs = ([{"role": "system", "content": instructions}] if instructions else []) + \
             conversation
         max_tokens = self._max_tokens(body, "max_output_tokens")
-        job = Job(tokens=self.tokenizer.encode(chat_prompt(msgs)), max_tokens=max_tokens)
+        job = self._job(chat_prompt(msgs), max_tokens)
         produced = 0
         async for n in self.engine.generate(job):
             if produced == 0:
@@ -332,7 +325,7 @@ class SimServer:
 async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
     try:
         return await handler(request)  # type: ignore[no-any-return]
-    except BadRequest as err:
+    except ApiError as err:
         return error_response(err.status, err.message, err.param)
 
 
