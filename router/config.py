@@ -80,7 +80,8 @@ def _default_scorers() -> list[PluginConfig]:
 
 class ProfileConfig(Section):
     filters: list[PluginConfig] = Field(
-        default_factory=lambda: [PluginConfig(type="model"), PluginConfig(type="healthy")])
+        default_factory=lambda: [PluginConfig(type="model"), PluginConfig(type="healthy"),
+                                 PluginConfig(type="not-saturated")])
     scorers: list[PluginConfig] = Field(default_factory=_default_scorers)
     picker: PluginConfig = Field(default_factory=lambda: PluginConfig(type="max-score"))
 

@@ -1,0 +1,139 @@
+"""Prefix-aware routing against real simulators: sessions stay on their
+endpoint until it saturates, and the KV-event (precise) path and the
+approximate path make the same decisions on a controlled workload."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import httpx
+
+from tests.router.harness import MODEL, Proc, Procs, free_port
+
+
+def chat(router: Proc, messages: list[dict[str, str]], session: str | None = None,
+         max_tokens: int = 4) -> tuple[str, dict[str, Any]]:
+    headers = {"x-session-id": session} if session else {}
+    r = httpx.post(router.url + "/v1/chat/completions", headers=headers, timeout=30,
+                   json={"model": MODEL, "messages": messages, "max_tokens": max_tokens})
+    assert r.status_code == 200, r.text
+    return r.headers["x-toposerve-endpoint"], r.json()
+
+
+def turn_messages(session: int, turns: int) -> list[dict[str, str]]:
+    msgs = [{"role": "system", "content": f"You are agent {session}. " + "rules " * 200}]
+    for t in range(turns):
+        msgs.append({"role": "user", "content": f"step {t} of task {session}: " + "ctx " * 60})
+        msgs.append({"role": "assistant", "content": "ok " * 10})
+    return msgs[:-1]
+
+
+def test_sessions_stick_until_saturated(procs: Procs) -> None:
+    sims = [procs.sim(max_num_seqs=2, decode_s_per_token=0.02, time_scale=0.1)
+            for _ in range(3)]
+    router = procs.router({"saturation": {"queueThreshold": 2}}, endpoints=[s.url for s in sims])
+    placed: dict[int, set[str]] = {}
+    for turn in range(1, 6):
+        for session in range(6):
+            ep, body = chat(router, turn_messages(session, turn), session=f"s{session}")
+            placed.setdefault(session, set()).add(ep)
+            if turn > 1:  # the earlier turns' prompt is cached where they ran
+                assert body["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    assert all(len(eps) == 1 for eps in placed.values()), placed
+    assert len({next(iter(e)) for e in placed.values()}) > 1  # sessions spread out
+    # saturate session 0's endpoint directly, bypassing the router
+    home = next(iter(placed[0]))
+    busy = next(s for s in sims if s.url.endswith(home))
+    flood = [threading.Thread(target=httpx.post, args=(busy.url + "/v1/completions",),
+                              kwargs={"json": {"prompt": f"flood {i}", "max_tokens": 300},
+                                      "timeout": 60}) for i in range(6)]
+    for t in flood:
+        t.start()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        metrics = httpx.get(busy.url + "/metrics").text
+        line = next(x for x in metrics.splitlines() if x.startswith("vllm:num_requests_waiting"))
+        if float(line.split()[-1]) >= 2:
+            break
+        time.sleep(0.05)
+    time.sleep(0.3)  # a few router scrapes
+    ep, _ = chat(router, turn_messages(0, 6), session="s0")
+    assert ep != home  # saturated: the session moves on
+    for t in flood:
+        t.join()
+    ep2, _ = chat(router, turn_messages(0, 7), session="s0")
+    assert ep2 == ep  # and sticks to its new home
+
+
+def _kv_sims(procs: Procs, n: int, encoding: str) -> list[tuple[Proc, str, str]]:
+    out = []
+    for _ in range(n):
+        pub, rep = free_port(), free_port()
+        sim = procs.sim(kv_events_port=pub, kv_events_replay_port=rep,
+                        kv_events_encoding=encoding, time_scale=0.01)
+        out.append((sim, f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{rep}"))
+    return out
+
+
+def _workload() -> list[list[dict[str, str]]]:
+    # 4 sessions of 4 turns, interleaved; sessions 0 and 1 share a long system prompt
+    reqs = []
+    for turn in range(1, 5):
+        for s in range(4):
+            msgs = turn_messages(s % 2 if s < 2 else s, turn)
+            msgs[1]["content"] += f" session {s}"
+            reqs.append(msgs)
+    return reqs
+
+
+def _run(router: Proc, sims: list[Proc]) -> tuple[list[int], int]:
+    index = {s.url.removeprefix("http://"): i for i, s in enumerate(sims)}
+    decisions, cached = [], 0
+    for msgs in _workload():
+        ep, body = chat(router, msgs, max_tokens=1)
+        decisions.append(index[ep])
+        cached += body["usage"]["prompt_tokens_details"]["cached_tokens"]
+        time.sleep(0.05)  # let KV events reach the precise index
+    return decisions, cached
+
+
+def test_precise_and_approx_agree(procs: Procs) -> None:
+    scorers = {"approx": {"type": "prefix-approx", "weight": 1, "params": {"blockBytes": 64}},
+               "precise": {"type": "prefix-precise", "weight": 1}}
+    results = {}
+    for kind, encoding in (("approx", "array"), ("precise", "map")):
+        sims = _kv_sims(procs, 3, encoding)
+        cfg = {"profile": {"scorers": [scorers[kind]],
+                           "picker": {"type": "max-score", "params": {"seed": 7}}},
+               "kvEvents": {"tokenizer": "bytes", "blockSize": 16},
+               "discovery": {"static": [{"url": s.url, "kvEvents": pub, "kvEventsReplay": rep}
+                                        for s, pub, rep in sims]}}
+        router = procs.router(cfg)
+        results[kind] = _run(router, [s for s, _, _ in sims])
+    (d_approx, c_approx), (d_precise, c_precise) = results["approx"], results["precise"]
+    assert d_approx == d_precise
+    assert c_approx == c_precise > 0
+
+
+def test_precise_index_replays_history(procs: Procs) -> None:
+    """Blocks stored before the router connected arrive by replay."""
+    sims = _kv_sims(procs, 2, "array")
+    warm, _, _ = sims[1]
+    msgs = turn_messages(9, 3)
+    httpx.post(warm.url + "/v1/chat/completions", timeout=30,
+               json={"model": MODEL, "messages": msgs, "max_tokens": 1})
+    router = procs.router({
+        "profile": {"scorers": [{"type": "prefix-precise", "weight": 1}]},
+        "kvEvents": {"tokenizer": "bytes"},
+        "discovery": {"static": [{"url": s.url, "kvEvents": pub, "kvEventsReplay": rep}
+                                 for s, pub, rep in sims]}})
+    time.sleep(0.5)
+    for _ in range(5):
+        ep, body = chat(router, msgs, max_tokens=1)
+        assert ep == warm.url.removeprefix("http://")
+        assert body["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    blocks = next(x for x in httpx.get(router.url + "/metrics").text.splitlines()
+                  if x.startswith('toposerve_router_prefix_index_blocks{index="precise"}'))
+    assert float(blocks.split()[-1]) > 0
