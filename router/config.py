@@ -40,7 +40,6 @@ class KubernetesDiscovery(Section):
     label_selector: str = Field(alias="labelSelector", min_length=1)
     port: int = Field(default=8000, ge=1, le=65535)
     kubeconfig: str | None = Field(default=None, description="default: in-cluster")
-    model_label: str = Field(default="llm-d.ai/model", alias="modelLabel")
     role_label: str = Field(default="llm-d.ai/role", alias="roleLabel")
     revision_label: str = Field(default="app.kubernetes.io/version", alias="revisionLabel")
     kv_events_port: int | None = Field(default=None, alias="kvEventsPort", ge=1, le=65535)

@@ -1,6 +1,7 @@
 """Endpoints from a Kubernetes pod watch: ready pods matching a label
-selector become endpoints (model, role and revision from labels, URL from
-the pod IP); a pod that goes away or turns unready is drained, so no new
+selector become endpoints (role and revision from labels, URL from the pod
+IP; models from the server's own /v1/models, since a model name such as
+``org/model`` cannot be a label value); a pod that goes away or turns unready is drained, so no new
 request goes to it and the ones in flight finish.
 
 The watch runs on the synchronous ``kubernetes`` client in a thread and
@@ -26,7 +27,6 @@ log = structlog.get_logger("router.discovery")
 class PodView:
     name: str
     url: str | None  # None: not routable (unready, no IP, terminating)
-    model: str | None
     role: str | None
     revision: str | None
     node: str | None
@@ -39,7 +39,7 @@ def pod_view(pod: Any, cfg: KubernetesDiscovery) -> PodView:
                      for c in pod.status.conditions or []))
     ip = pod.status.pod_ip
     return PodView(name=pod.metadata.name, url=f"http://{ip}:{cfg.port}" if ready and ip else None,
-                   model=labels.get(cfg.model_label), role=labels.get(cfg.role_label),
+                   role=labels.get(cfg.role_label),
                    revision=labels.get(cfg.revision_label), node=pod.spec.node_name)
 
 
@@ -74,9 +74,7 @@ class KubernetesWatcher:
             kv = f"tcp://{view.url.split('//')[1].rsplit(':', 1)[0]}:{self.cfg.kv_events_port}" \
                 if self.cfg.kv_events_port else None
             ep = self.pool.upsert(Endpoint(url=view.url, role=view.role, revision=view.revision,
-                                           node=view.node, kv_events=kv,
-                                           models=frozenset([view.model]) if view.model
-                                           else frozenset()))
+                                           node=view.node, kv_events=kv))
             if old != view.url:
                 log.info("endpoint added", pod=view.name, url=view.url)
                 if self.on_add:

@@ -1,0 +1,129 @@
+"""The router discovers model servers from the real cluster: kwok pods with
+127.x IPs, a simulator listening on each pod's IP, pods added and removed
+while traffic flows, and not one request failing."""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from kubernetes import client
+
+from localcluster.cluster import kubeconfig_path
+from localcluster.nodes import KWOK_TOLERATION
+from tests.conftest import Cluster
+from tests.router.harness import MODEL, Proc, Procs
+
+pytestmark = pytest.mark.cluster
+PORT = 8000
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Procs]:
+    p = Procs(tmp_path)
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+def make_pod(core: client.CoreV1Api, name: str, app: str) -> str:
+    core.create_namespaced_pod("default", {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": app, "llm-d.ai/role": "decode"}},
+        "spec": {"containers": [{"name": "vllm", "image": "registry.invalid/vllm:0"}],
+                 "tolerations": [KWOK_TOLERATION],
+                 "nodeSelector": {"topology.toposerve.io/profile": "hgx-h100"}}})
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        pod = core.read_namespaced_pod(name, "default")
+        if pod.status.phase == "Running" and pod.status.pod_ip:
+            ip = pod.status.pod_ip
+            assert ipaddress.ip_address(ip).is_loopback  # never a private address
+            return str(ip)
+        time.sleep(0.2)
+    raise AssertionError(f"pod {name} never ran")
+
+
+def endpoints(router: Proc) -> dict[str, float]:
+    out = {}
+    for line in httpx.get(router.url + "/metrics").text.splitlines():
+        if line.startswith("toposerve_router_endpoint_healthy{"):
+            out[line.split('"')[1]] = float(line.split()[-1])
+    return out
+
+
+def wait_until(what: str, check: Any, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out: {what}")
+        time.sleep(0.1)
+
+
+def test_pods_added_and_removed_under_traffic(cluster: Cluster, procs: Procs) -> None:
+    core = client.CoreV1Api(cluster.api)
+    app = f"sim-{uuid.uuid4().hex[:6]}"
+    names = [f"{app}-{i}" for i in range(3)]
+    ips = {n: make_pod(core, n, app) for n in names}
+    sims = {n: procs.sim(host=ip, port=PORT) for n, ip in ips.items()}
+    router = procs.router({"discovery": {"kubernetes": {
+        "namespace": "default", "labelSelector": f"app={app}", "port": PORT,
+        "kubeconfig": str(kubeconfig_path(cluster.name))}},
+        "server": {"drainTimeoutSeconds": 10}})
+    wait_until("3 endpoints", lambda: sum(endpoints(router).values()) == 3)
+
+    statuses: list[int] = []
+    served: Counter[str] = Counter()
+    stop = threading.Event()
+
+    def traffic() -> None:
+        with httpx.Client(base_url=router.url, timeout=30) as c:
+            i = 0
+            while not stop.is_set():
+                r = c.post("/v1/chat/completions", json={
+                    "model": MODEL, "max_tokens": 3,
+                    "messages": [{"role": "user", "content": f"request {i}"}]})
+                statuses.append(r.status_code)
+                served[r.headers.get("x-toposerve-endpoint", "?")] += 1
+                i += 1
+
+    threads = [threading.Thread(target=traffic) for _ in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(1)
+        # scale up: a fourth pod and its server
+        new = f"{app}-3"
+        ip = make_pod(core, new, app)
+        sims[new] = procs.sim(host=ip, port=PORT)
+        wait_until("4 endpoints", lambda: sum(endpoints(router).values()) == 4)
+        time.sleep(1)
+        assert served[f"{ip}:{PORT}"] > 0
+        # scale down: delete a pod; its server lives until the router lets go of it
+        gone = names[0]
+        gone_ep = f"{ips[gone]}:{PORT}"
+        core.delete_namespaced_pod(gone, "default")
+        wait_until("drained", lambda: gone_ep not in endpoints(router))
+        before = served[gone_ep]
+        sims[gone].stop()
+        time.sleep(1)
+        assert served[gone_ep] == before
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+        for n in list(sims):
+            with contextlib.suppress(client.exceptions.ApiException):
+                core.delete_namespaced_pod(n, "default", grace_period_seconds=0)
+    assert len(statuses) > 50
+    assert set(statuses) == {200}, Counter(statuses)

@@ -1,0 +1,183 @@
+"""Pure parts of the router: event decoding, the prefix index, scoring
+maths, prompts and config errors, tested without sockets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgpack
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from router.config import load_router_config
+from router.prefix.hashing import byte_block_hashes, token_block_hashes
+from router.prefix.index import PrefixIndex
+from router.prefix.kv_events import (
+    AllBlocksCleared,
+    BadEvent,
+    BlockRemoved,
+    BlockStored,
+    decode_batch,
+)
+from router.prefix.kv_index import KVIndex
+from router.prompt import chat_prompt
+from router.scheduling.scoring import decisive, lower_is_better, weighted_total
+from router.scrape import parse_load
+from router.sim.kv_events import EventEncoding, encode_cleared, encode_removed, encode_stored
+from router.sim.kvcache import BlockCache, Stored, block_hashes
+from router.tokens import ByteTokenizer
+from topology.config_file import ConfigError
+
+
+@pytest.mark.parametrize("enc", list(EventEncoding))
+def test_event_roundtrip_both_encodings(enc: EventEncoding) -> None:
+    s = Stored(block_hashes=[1, 2], parent_block_hash=None, token_ids=list(range(32)))
+    payload = msgpack.packb([1.5, [encode_stored(s, 16, enc), encode_removed([2], enc),
+                                   encode_cleared(enc)], 0])
+    events = decode_batch(payload)
+    assert events == [BlockStored([1, 2], None, list(range(32)), 16), BlockRemoved([2]),
+                      AllBlocksCleared()]
+
+
+def test_event_bytes_hashes_and_short_arrays() -> None:
+    # newer vLLM may send bytes hashes; msgspec omits trailing defaults in arrays
+    h = (0x1122334455667788).to_bytes(8, "big")
+    payload = msgpack.packb([0.0, [["BlockStored", [b"\x00" * 24 + h], None, [1] * 16, 16],
+                                   ["SomethingNew", 1]]])
+    [ev] = decode_batch(payload)
+    assert isinstance(ev, BlockStored) and ev.block_hashes == [0x1122334455667788]
+
+
+@pytest.mark.parametrize("payload", [b"\xc1", msgpack.packb({"a": 1}), msgpack.packb([1]),
+                                     msgpack.packb([0, [["BlockStored", [1.5]]]])])
+def test_bad_batches(payload: bytes) -> None:
+    with pytest.raises(BadEvent):
+        decode_batch(payload)
+
+
+def test_kv_index_rekeys_from_tokens() -> None:
+    """Our keys match what a request's tokens give, whatever the engine hashes are."""
+    idx = PrefixIndex()
+    kv = KVIndex(idx, ByteTokenizer(), 16)
+    tokens = list(range(64))
+    kv.apply("a", [BlockStored([901, 902], None, tokens[:32], 16),
+                   BlockStored([903, 904], 902, tokens[32:], 16)])
+    keys = token_block_hashes(tokens, 16)
+    assert idx.match(keys, ["a"]) == {"a": 4}
+    kv.apply("a", [BlockRemoved([903])])
+    assert idx.match(keys, ["a"]) == {"a": 2}
+    kv.apply("a", [BlockStored([999], 12345, tokens[:16], 16)])  # unknown parent
+    assert kv.orphans == 1
+    kv.apply("a", [AllBlocksCleared()])
+    assert idx.match(keys, ["a"]) == {"a": 0} and len(idx) == 0
+
+
+def test_sim_cache_events_match_router_keys() -> None:
+    """The simulator's events, decoded and re-keyed, reproduce its cache."""
+    idx = PrefixIndex()
+    kv = KVIndex(idx, ByteTokenizer(), 16)
+    got: list[object] = []
+    cache = BlockCache(8, 16, on_stored=lambda s: got.append(
+        BlockStored(s.block_hashes, s.parent_block_hash, s.token_ids, 16)),
+        on_removed=lambda hs: got.append(BlockRemoved(hs)))
+    a, b = list(range(100)), list(range(48)) + [7] * 80
+    for toks in (a, b):
+        cache.store(block_hashes(toks, 16), toks)
+    kv.apply("x", got)  # type: ignore[arg-type]
+    assert len(idx) == len(cache) == 8  # capacity evicted the oldest blocks
+
+
+def test_prefix_index_match_and_capacity() -> None:
+    idx = PrefixIndex(default_capacity=3)
+    idx.add("a", [1, 2, 3])
+    idx.add("b", [1, 9])
+    assert idx.match([1, 2, 3, 4], ["a", "b", "c"]) == {"a": 3, "b": 1, "c": 0}
+    idx.add("a", [5])  # evicts 1, the least recently used
+    assert idx.match([1, 2], ["a"]) == {"a": 0}
+    idx.clear("b")
+    assert idx.match([1], ["b"]) == {"b": 0}
+
+
+@given(st.binary(max_size=2000), st.binary(max_size=500))
+def test_byte_hashes_are_prefix_stable(a: bytes, b: bytes) -> None:
+    ha, hab = byte_block_hashes(a, 64), byte_block_hashes(a + b, 64)
+    assert hab[: len(ha)] == ha
+
+
+@given(st.lists(st.text(max_size=40), min_size=1, max_size=6))
+def test_chat_turns_extend_bytes(contents: list[str]) -> None:
+    msgs = [{"role": "user" if i % 2 == 0 else "assistant", "content": c}
+            for i, c in enumerate(contents)]
+    for n in range(1, len(msgs)):
+        assert chat_prompt(msgs).startswith(chat_prompt(msgs[:n]))
+
+
+@given(st.dictionaries(st.text(max_size=3), st.floats(0, 1e6), max_size=8))
+def test_lower_is_better_in_unit_range(values: dict[str, float]) -> None:
+    out = lower_is_better(values)
+    assert set(out) == set(values)
+    assert all(0.0 <= v <= 1.0 for v in out.values())
+    if values:
+        assert out[min(values, key=values.get)] == 1.0  # type: ignore[arg-type]
+
+
+def test_weighted_total_and_decisive() -> None:
+    per = {"prefix": {"a": 1.0, "b": 0.0}, "queue": {"a": 0.0, "b": 1.0}}
+    w = {"prefix": 3.0, "queue": 1.0}
+    assert weighted_total(per, w) == {"a": 3.0, "b": 1.0}
+    assert decisive(per, w, "a", "b") == "prefix"
+    assert decisive(per, w, "a", None) == "only-candidate"
+
+
+def test_parse_load_vllm_and_sglang() -> None:
+    vllm = ('vllm:num_requests_waiting{engine="0",model_name="m"} 3.0\n'
+            'vllm:num_requests_running{engine="0",model_name="m"} 2.0\n'
+            'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5\n'
+            'vllm:cache_config_info{block_size="16",num_gpu_blocks="1000"} 1.0\n')
+    load, bs, nb = parse_load(vllm)
+    assert (load.waiting, load.running, load.kv_usage, bs, nb) == (3, 2, 0.5, 16, 1000)
+    sg = 'sglang:num_queue_reqs{model_name="m"} 4\nsglang:token_usage{model_name="m"} 0.25\n'
+    load, bs, nb = parse_load(sg)
+    assert (load.waiting, load.kv_usage, bs) == (4, 0.25, None)
+
+
+def _cfg(tmp_path: Path, doc: dict) -> Path:  # type: ignore[type-arg]
+    p = tmp_path / "router.yaml"
+    p.write_text(yaml.safe_dump({"apiVersion": "toposerve.io/v1", "kind": "RouterConfig",
+                                 **doc}))
+    return p
+
+
+@pytest.mark.parametrize("doc, fragment", [
+    ({}, "discovery: Field required (required: add it)"),
+    ({"discovery": {}}, "give discovery.static"),
+    ({"discovery": {"static": [{"url": "127.0.0.1:8000"}]}}, "discovery.static.0.url"),
+    ({"discovery": {"static": [{"url": "http://a:1"}]}, "server": {"prot": 1}},
+     "server.prot: Extra inputs are not permitted (unknown field"),
+    ({"discovery": {"static": [{"url": "http://a:1"}]}, "responses": {"backend": "redis"}},
+     "needs redisUrl"),
+])
+def test_router_config_errors_name_the_field(tmp_path: Path, doc: dict,  # type: ignore[type-arg]
+                                             fragment: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_router_config(str(_cfg(tmp_path, doc)))
+    assert fragment in str(err.value)
+
+
+def test_unknown_plugin_named(tmp_path: Path) -> None:
+    from router.scheduling.profile import Scheduler
+    from router.scheduling.registry import PluginError
+    from router.state import RouterState
+
+    cfg = load_router_config(str(_cfg(tmp_path, {
+        "discovery": {"static": [{"url": "http://a:1"}]},
+        "profile": {"scorers": [{"type": "prefix-exact"}]}})))
+    with pytest.raises(PluginError, match=r"profile\.scorers\[0\]\.type: unknown scorer"):
+        Scheduler(RouterState(cfg), cfg.profile, None)
+    cfg = load_router_config(str(_cfg(tmp_path, {
+        "discovery": {"static": [{"url": "http://a:1"}]},
+        "profile": {"scorers": [{"type": "prefix-approx", "params": {"blockBytes": 2}}]}})))
+    with pytest.raises(PluginError, match=r"scorers\[0\]\.params\.blockBytes"):
+        Scheduler(RouterState(cfg), cfg.profile, None)
