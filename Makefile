@@ -7,9 +7,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml 2>/dev/null | sha256sum | cut -c1-12)
 PYTEST := $(PY) -m pytest
 
-.PHONY: setup venv tools lint test demo bench scale clean
+.PHONY: setup venv tools sysdeps lint test demo bench scale clean
 
-setup: venv tools
+setup: venv tools sysdeps
+
+sysdeps:
+	bash hack/install-system-deps.sh
 
 venv: $(STAMP)
 

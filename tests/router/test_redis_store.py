@@ -1,0 +1,62 @@
+"""The Responses store on a real redis-server: two routers (a hot-standby
+pair) share one chain, so either can continue what the other started."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+import redis
+
+from tests.router.harness import MODEL, Procs, free_port
+
+
+@pytest.fixture
+def redis_url(tmp_path: Path) -> Iterator[str]:
+    server = shutil.which("redis-server")
+    assert server, "redis-server missing: `make setup` installs it (hack/install-system-deps.sh)"
+    port = free_port()
+    p = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                          "--appendonly", "no", "--dir", str(tmp_path)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            redis.Redis.from_url(url).ping()
+            break
+        except redis.ConnectionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    try:
+        yield url
+    finally:
+        p.terminate()
+        p.wait(10)
+
+
+def test_chain_continues_on_the_standby(procs: Procs, redis_url: str) -> None:
+    sims = [procs.sim() for _ in range(2)]
+    cfg = {"responses": {"backend": "redis", "redisUrl": redis_url, "ttlSeconds": 60}}
+    active = procs.router(cfg, endpoints=[s.url for s in sims])
+    standby = procs.router(cfg, endpoints=[s.url for s in sims])
+    a = openai.OpenAI(base_url=active.url + "/v1", api_key="x", max_retries=0)
+    b = openai.OpenAI(base_url=standby.url + "/v1", api_key="x", max_retries=0)
+    r1 = a.responses.create(model=MODEL, input="first", max_output_tokens=3)
+    r2 = a.responses.create(model=MODEL, input="second", previous_response_id=r1.id,
+                            max_output_tokens=3)
+    active.kill()  # failover
+    r3 = b.responses.create(model=MODEL, input="third", previous_response_id=r2.id,
+                            max_output_tokens=3)
+    assert r3.previous_response_id == r2.id
+    assert r3.usage is not None and r2.usage is not None
+    assert r3.usage.input_tokens > r2.usage.input_tokens
+    assert b.responses.retrieve(r1.id).id == r1.id
+    ttl = redis.Redis.from_url(redis_url).pttl(f"toposerve:response:{r3.id}")
+    assert 0 < ttl <= 60_000
