@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml 2>/dev/null | sha256sum | cut -c1-12)
 PYTEST := $(PY) -m pytest
 
-.PHONY: setup venv tools sysdeps lint test demo bench scale clean
+.PHONY: setup venv tools sysdeps peers lint test demo bench scale clean
 
 setup: venv tools sysdeps
 
@@ -28,7 +28,7 @@ tools:
 
 lint: venv
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy topology localcluster toposerve_cli router dra_driver scheduler_ext manifests
+	$(VENV)/bin/mypy topology localcluster toposerve_cli router dra_driver scheduler_ext manifests bench
 
 # pytest exits 5 when it collects nothing: that must fail, not pass.
 test: setup lint
@@ -37,11 +37,20 @@ test: setup lint
 demo: setup
 	bash hack/demo.sh
 
-bench: setup
-	$(PY) -m bench.cluster_up --nodes 100 1000
+# the peer routers live in their own venv so their pins never touch ours
+PEERS := .venv-peers
+peers: $(PEERS)/.installed
+
+$(PEERS)/.installed:
+	@test -x $(PEERS)/bin/python || $(PYTHON) -m venv $(PEERS)
+	$(PEERS)/bin/pip install --quiet vllm-router==0.1.17 sglang-router==0.3.2
+	@touch $@
+
+bench: setup peers
+	$(PY) -m bench.router_bench
 
 scale: setup
 	$(PYTEST) -m scale tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) $(PEERS) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -25,12 +25,19 @@ KV_USAGE = {"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:tok
 CACHE_INFO = "vllm:cache_config_info"
 
 
+_WANTED = tuple(sorted(WAITING | RUNNING | KV_USAGE | {CACHE_INFO}))
+
+
 def parse_load(text: str) -> tuple[LoadSample, int | None, int | None]:
-    """(load, block_size, num_gpu_blocks) from an exposition text."""
+    """(load, block_size, num_gpu_blocks) from an exposition text. Only the
+    lines of the few series we read go to the parser: a real server exposes
+    hundreds of histogram lines, and parsing them all dominated the router's
+    idle CPU."""
     waiting = running = 0.0
     usage: list[float] = []
     block_size = num_blocks = None
-    for fam in text_string_to_metric_families(text):
+    wanted = "\n".join(x for x in text.splitlines() if x.startswith(_WANTED))
+    for fam in text_string_to_metric_families(wanted):
         for s in fam.samples:
             if s.name in WAITING:
                 waiting += s.value

@@ -105,14 +105,11 @@ class Router:
     async def _json(self, request: web.Request, model: type[BaseModel]
                     ) -> tuple[bytes, dict[str, Any], Any]:
         limit = self.cfg.server.max_body_bytes
-        if request.content_length is not None and request.content_length > limit:
-            raise ApiError(413, f"request body over {limit} bytes (server.maxBodyBytes)")
-        raw = bytearray()
-        async for chunk in request.content.iter_chunked(1 << 16):
-            raw += chunk
-            if len(raw) > limit:
-                raise ApiError(413, f"request body over {limit} bytes (server.maxBodyBytes)")
-        body = bytes(raw)
+        try:
+            body = await request.read()  # aiohttp enforces client_max_size (= the limit)
+        except web.HTTPRequestEntityTooLarge:
+            raise ApiError(413, f"request body over {limit} bytes (server.maxBodyBytes)"
+                           ) from None
         try:
             doc = orjson.loads(body)
         except orjson.JSONDecodeError as err:

@@ -36,7 +36,7 @@ class NoParams(_Params):
 
 
 class PrefixParams(_Params):
-    block_bytes: int = Field(default=256, alias="blockBytes", ge=16)
+    block_bytes: int = Field(default=1024, alias="blockBytes", ge=16)
 
 
 class RoleParams(_Params):

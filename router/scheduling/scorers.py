@@ -19,7 +19,7 @@ class ApproxPrefixScorer:
     judged from where earlier prompts were sent. Tokenizer-free."""
 
     state: RouterState
-    block_bytes: int = 256
+    block_bytes: int = 1024
     name: ClassVar[str] = "prefix-approx"
 
     def _capacity(self, ep: Endpoint) -> None:

@@ -22,6 +22,7 @@ NAMES = {
     "prompt_tokens": ("vllm:prompt_tokens", "sglang:prompt_tokens"),
     "generation_tokens": ("vllm:generation_tokens", "sglang:generation_tokens"),
     "ttft": ("vllm:time_to_first_token_seconds", "sglang:time_to_first_token_seconds"),
+    "success": ("vllm:request_success", "sglang:num_requests"),
 }
 
 
@@ -48,6 +49,7 @@ class SimMetrics:
         self.prefix_hits = counter("prefix_hits", "Prefix cache hits, in tokens.")
         self.prompt_tokens = counter("prompt_tokens", "Prefill tokens processed.")
         self.generation_tokens = counter("generation_tokens", "Generation tokens processed.")
+        self.success = counter("success", "Requests finished.")
         self.ttft = Histogram(name("ttft"), "Histogram of time to first token in seconds.",
                               list(lab), buckets=TTFT_BUCKETS, registry=r).labels(**lab)
         if vllm:

@@ -140,6 +140,10 @@ class SimServer:
         m.prompt_tokens.inc(len(job.tokens))
         m.ttft.observe(job.ttft)
 
+    def _finished(self, produced: int) -> None:
+        self.metrics.generation_tokens.inc(produced)
+        self.metrics.success.inc()
+
     def _usage(self, job: Job, produced: int) -> dict[str, Any]:
         return {"prompt_tokens": len(job.tokens), "completion_tokens": produced,
                 "total_tokens": len(job.tokens) + produced,
@@ -163,7 +167,7 @@ class SimServer:
             if produced == 0:
                 self._record(job)
             produced += n
-        self.metrics.generation_tokens.inc(produced)
+        self._finished(produced)
         if self.cfg.midstream_failure_rate and self.rng.random() < self.cfg.midstream_failure_rate:
             assert request.transport is not None
             request.transport.close()
@@ -222,7 +226,7 @@ class SimServer:
                 return resp
             if last:
                 break
-        self.metrics.generation_tokens.inc(produced)
+        self._finished(produced)
         final: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": model,
                                  "choices": [{"index": 0, "delta": {}, "logprobs": None,
                                               "finish_reason": "length"} if kind == "chat" else
@@ -277,7 +281,7 @@ class SimServer:
             if produced == 0:
                 self._record(job)
             produced += n
-        self.metrics.generation_tokens.inc(produced)
+        self._finished(produced)
         text = filler(produced)
         rid = f"resp_{uuid.uuid4().hex}"
         out_msg = {"type": "message", "id": f"msg_{uuid.uuid4().hex}", "status": "completed",

@@ -18,10 +18,10 @@ import httpx
 import pytest
 from kubernetes import client
 
+from bench.procs import MODEL, Proc, Procs
 from localcluster.cluster import kubeconfig_path
 from localcluster.nodes import KWOK_TOLERATION
 from tests.conftest import Cluster
-from tests.router.harness import MODEL, Proc, Procs
 
 pytestmark = pytest.mark.cluster
 PORT = 8000

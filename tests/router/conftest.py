@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.router.harness import Procs
+from bench.procs import Procs
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import openai
 import orjson
 import pytest
 
-from tests.router.harness import MODEL, Procs
+from bench.procs import MODEL, Procs
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 3}
 

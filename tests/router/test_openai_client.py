@@ -6,7 +6,7 @@ import httpx
 import openai
 import pytest
 
-from tests.router.harness import MODEL, Procs
+from bench.procs import MODEL, Procs
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from tests.router.harness import MODEL, Proc, Procs, free_port
+from bench.procs import MODEL, Proc, Procs, free_port
 
 
 def chat(router: Proc, messages: list[dict[str, str]], session: str | None = None,

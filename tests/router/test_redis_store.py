@@ -13,7 +13,7 @@ import openai
 import pytest
 import redis
 
-from tests.router.harness import MODEL, Procs, free_port
+from bench.procs import MODEL, Procs, free_port
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
-"""Real processes for router tests: simulated model servers and routers,
-each a ``toposerve`` subprocess on a loopback port."""
+"""Real processes for tests and benchmarks: simulated model servers and
+routers (ours or a peer), each a subprocess on a loopback port."""
 
 from __future__ import annotations
 
@@ -31,6 +31,11 @@ class Proc:
     popen: subprocess.Popen[bytes]
     log: Path
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the process so far."""
+        fields = Path(f"/proc/{self.popen.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def kill(self) -> None:
         if self.popen.poll() is None:
@@ -94,7 +99,7 @@ class Procs:
         cfg.setdefault("server", {}).update(host="127.0.0.1", port=port)
         if endpoints is not None:
             cfg["discovery"] = {"static": [{"url": u} for u in endpoints]}
-        cfg.setdefault("scrape", {"intervalSeconds": 0.05})
+        cfg.setdefault("scrape", {"intervalSeconds": 0.05})  # tests want quick reactions
         path = self.tmp / f"router-{len(self.all)}.yaml"
         path.write_text(yaml.safe_dump(cfg))
         p, log = self._spawn(["router", "--config", str(path)], "router")
@@ -102,6 +107,27 @@ class Procs:
         self.all.append(proc)
         wait_http(proc.url + ("/ready" if wait_ready else "/health"), p, log)
         return proc
+
+    def command(self, argv: list[str], name: str, url: str, ready_paths: tuple[str, ...]
+                ) -> Proc:
+        """Any other router (a peer) given as a full command line."""
+        log = self.tmp / f"{name}-{len(self.all)}.log"
+        p = subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+        proc = Proc(url, p, log)
+        self.all.append(proc)
+        deadline = time.monotonic() + 60
+        while True:
+            if p.poll() is not None:
+                raise RuntimeError(f"{name} exited ({p.returncode}): {log.read_text()[-2000:]}")
+            try:
+                if any(httpx.get(url + path, timeout=1).status_code == 200
+                       for path in ready_paths):
+                    return proc
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{name} never became ready: {log.read_text()[-2000:]}")
+            time.sleep(0.2)
 
     def close(self) -> None:
         for p in reversed(self.all):

@@ -1,0 +1,254 @@
+"""``make bench``: the same simulators, the same workloads, five routers side
+by side in one run. Prints a table, writes JSON and a PNG plot.
+
+    python -m bench.router_bench [--quick] [--out bench/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.procs import Proc, Procs, free_port
+from bench.replay import Run, big_prompts, direct_latency, replay_agentic, replay_trace
+from bench.workloads import agentic, mooncake
+from router.prefix.hashing import byte_block_hashes
+
+REPO = Path(__file__).resolve().parents[1]
+PEERS = REPO / ".venv-peers" / "bin"
+MOONCAKE = REPO.parent / "shared" / "data" / "mooncake" / "conversation_trace.jsonl"
+SIM_BLOCK_BYTES = 64  # 16 tokens of 4 bytes: the simulator's block
+# 10K prefill tokens/s and 20 ms a decoded token (model time, run 5x faster);
+# 80K tokens of KV cache each: a well-routed fleet holds its working set,
+# one that sprays every session everywhere does not.
+SIM: dict[str, Any] = {"time_scale": 0.2, "prefill_s_per_token": 0.0001, "decode_s_per_token": 0.02,
+       "max_num_seqs": 32, "num_gpu_blocks": 5000, "block_size": 16}
+N_SIMS = 4
+
+
+def peer(binary: str, *args: str) -> Callable[[Procs, list[str]], Proc]:
+    def start(procs: Procs, urls: list[str]) -> Proc:
+        port, prom = free_port(), free_port()
+        argv = [str(PEERS / binary), *args, "--host", "127.0.0.1", "--port", str(port),
+                "--worker-urls", *urls, "--prometheus-host", "127.0.0.1",
+                "--prometheus-port", str(prom), "--max-payload-size", str(512 * 2**20)]
+        return procs.command(argv, binary, f"http://127.0.0.1:{port}",
+                             ("/health", "/v1/models"))
+    return start
+
+
+def ours(procs: Procs, urls: list[str]) -> Proc:
+    # the default profile and scrape interval, as shipped
+    return procs.router({"scrape": {"intervalSeconds": 0.2}}, endpoints=urls)
+
+
+ROUTERS: dict[str, Callable[[Procs, list[str]], Proc]] = {
+    "round-robin": peer("vllm-router", "--policy", "round_robin"),
+    "toposerve": ours,
+    "vllm-router cache_aware": peer("vllm-router", "--policy", "cache_aware"),
+    "vllm-router power_of_two": peer("vllm-router", "--policy", "power_of_two"),
+    "sglang-router cache_aware": peer("sglang-router", "launch", "--policy", "cache_aware"),
+}
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def sim_counters(sim: Proc) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(httpx.get(sim.url + "/metrics").text):
+        for s in fam.samples:
+            if s.name.endswith("_total"):
+                out[s.name] = out.get(s.name, 0.0) + s.value
+    return out
+
+
+def available_tokens(run: Run) -> int:
+    """Prompt tokens shared with any earlier prompt, at the simulator's block size."""
+    seen: set[int] = set()
+    total = 0
+    for r in sorted(run.results, key=lambda r: r.started):
+        keys = byte_block_hashes(r.prompt, SIM_BLOCK_BYTES)
+        n = 0
+        for k in keys:
+            if k not in seen:
+                break
+            n += 1
+        total += n * SIM_BLOCK_BYTES // 4
+        seen.update(keys)
+    return total
+
+
+@dataclass
+class Row:
+    workload: str
+    router: str
+    requests: int
+    failed: int
+    hit_rate: float
+    captured: float
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    throughput_rps: float
+    max_over_mean_load: float
+    cpu_ms_per_request: float
+
+
+def run_one(tmp: Path, name: str, workload: str, payload: Any) -> Row:
+    procs = Procs(tmp)
+    try:
+        sims = [procs.sim(**SIM) for _ in range(N_SIMS)]
+        router = ROUTERS[name](procs, [s.url for s in sims])
+        time.sleep(0.5)
+        cpu0 = router.cpu_seconds()
+        if workload == "agentic":
+            run = asyncio.run(replay_agentic(router.url, payload, SIM["time_scale"]))
+        else:
+            run = asyncio.run(replay_trace(router.url, payload, 1.0))
+        cpu = router.cpu_seconds() - cpu0
+        counters = [sim_counters(s) for s in sims]
+    finally:
+        procs.close()
+    hits = sum(c.get("vllm:prefix_cache_hits_total", 0) for c in counters)
+    queries = sum(c.get("vllm:prefix_cache_queries_total", 0) for c in counters)
+    served = [c.get("vllm:request_success_total", 0) for c in counters]
+    ok = run.ok
+    ttfts = [r.ttft * 1000 for r in ok if r.ttft is not None]
+    avail = available_tokens(run)
+    return Row(workload=workload, router=name, requests=len(run.results),
+               failed=len(run.results) - len(ok), hit_rate=hits / queries if queries else 0.0,
+               captured=hits / avail if avail else 0.0, ttft_p50_ms=pct(ttfts, 0.5),
+               ttft_p99_ms=pct(ttfts, 0.99), throughput_rps=len(ok) / run.wall_s,
+               max_over_mean_load=max(served) / statistics.mean(served) if any(served) else 0,
+               cpu_ms_per_request=1000 * cpu / max(1, len(run.results)))
+
+
+def overheads(tmp: Path, n: int, big_n: int, big_tokens: int) -> dict[str, dict[str, float]]:
+    """Latency a router adds to a direct call (p50), and its CPU per big request."""
+    out: dict[str, dict[str, float]] = {}
+    for name, start in ROUTERS.items():
+        procs = Procs(tmp)
+        try:
+            # two servers: power_of_two refuses to start with one
+            sims = [procs.sim(time_scale=0.0001, max_model_len=4_000_000) for _ in range(2)]
+            direct = asyncio.run(direct_latency(sims[0].url, n))
+            router = start(procs, [s.url for s in sims])
+            time.sleep(0.3)
+            via = asyncio.run(direct_latency(router.url, n))
+            cpu0 = router.cpu_seconds()
+            ok = asyncio.run(big_prompts(router.url, big_n, big_tokens))
+            cpu = router.cpu_seconds() - cpu0
+        finally:
+            procs.close()
+        out[name] = {"added_p50_ms": 1000 * (pct(via, 0.5) - pct(direct, 0.5)),
+                     "big_prompt_cpu_ms": 1000 * cpu / max(1, ok), "big_prompt_ok": ok}
+        print(f"  overhead {name}: +{out[name]['added_p50_ms']:.2f} ms p50, "
+              f"{out[name]['big_prompt_cpu_ms']:.1f} ms CPU per {big_tokens}-token request",
+              file=sys.stderr, flush=True)
+    return out
+
+
+def table(rows: list[Row], over: dict[str, dict[str, float]]) -> str:
+    head = ("| workload | router | hit rate | reuse captured | TTFT p50 ms | TTFT p99 ms | "
+            "req/s | max/mean load | router CPU ms/req | added p50 ms | CPU ms per 195K req "
+            "| failed |")
+    lines = [head, "|---|---|" + "---:|" * 10]
+    for r in rows:
+        o = over.get(r.router, {})
+        lines.append(
+            f"| {r.workload} | {r.router} | {r.hit_rate:.1%} | {r.captured:.1%} | "
+            f"{r.ttft_p50_ms:.0f} | {r.ttft_p99_ms:.0f} | {r.throughput_rps:.1f} | "
+            f"{r.max_over_mean_load:.2f} | {r.cpu_ms_per_request:.2f} | "
+            f"{o.get('added_p50_ms', float('nan')):.2f} | "
+            f"{o.get('big_prompt_cpu_ms', float('nan')):.1f} | {r.failed} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[Row], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = sorted({r.workload for r in rows})
+    names = list(ROUTERS)
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    metrics = [("ttft_p50_ms", "TTFT p50 (ms)"), ("ttft_p99_ms", "TTFT p99 (ms)"),
+               ("captured", "share of available reuse captured")]
+    width = 0.8 / len(names)
+    for ax, (field, label) in zip(axes, metrics, strict=True):
+        for i, name in enumerate(names):
+            vals = [next((getattr(r, field) for r in rows
+                          if r.workload == w and r.router == name), 0) for w in workloads]
+            ax.bar([x + i * width for x in range(len(workloads))], vals, width, label=name)
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(workloads))], workloads)
+        ax.set_title(label)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("toposerve router vs peers: same simulators, same workloads, one run")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.router_bench", description=__doc__)
+    ap.add_argument("--out", default=str(REPO / "bench" / "results"))
+    ap.add_argument("--quick", action="store_true", help="a smaller run, for a smoke test")
+    ap.add_argument("--routers", nargs="*", default=list(ROUTERS), choices=list(ROUTERS))
+    args = ap.parse_args(argv)
+    missing = [p for p in ("vllm-router", "sglang-router") if not (PEERS / p).exists()]
+    if missing:
+        print(f"error: peer routers missing ({', '.join(missing)}): run `make peers`",
+              file=sys.stderr)
+        return 2
+    workloads: dict[str, Any] = {
+        "agentic": agentic(sessions=6 if args.quick else 16, turns=4 if args.quick else 8)}
+    if MOONCAKE.exists():
+        workloads["mooncake"] = mooncake(MOONCAKE, limit=200 if args.quick else 1000,
+                                         time_compression=16, token_scale=0.25)
+    else:
+        print(f"skipping the Mooncake workload: {MOONCAKE} not found", file=sys.stderr)
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for wl, payload in workloads.items():
+            for name in args.routers:
+                t0 = time.monotonic()
+                row = run_one(Path(tmp), name, wl, payload)
+                rows.append(row)
+                print(f"  {wl:9} {name:26} TTFT p50 {row.ttft_p50_ms:7.0f} ms  hit "
+                      f"{row.hit_rate:6.1%}  failed {row.failed}  ({time.monotonic() - t0:.0f}s)",
+                      file=sys.stderr,
+                      flush=True)
+        over = overheads(Path(tmp), 50 if args.quick else 200, 3 if args.quick else 10,
+                         195_000)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    md = table(rows, over)
+    print(md)
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    (out / "router_bench.json").write_text(json.dumps(
+        {"when": stamp, "sim": SIM, "sims": N_SIMS, "rows": [asdict(r) for r in rows],
+         "overheads": over}, indent=2))
+    (out / "router_bench.md").write_text(md + "\n")
+    plot(rows, out / "router_bench.png")
+    print(f"wrote {out / 'router_bench.json'}, .md and .png", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""Benchmark workloads, scaled to this machine but keeping their shape.
+
+* ``agentic``: coding-agent sessions shaped by llm-d's study of production
+  agent traffic (DESIGN section 9): long, slowly growing prompts, heavy-
+  tailed think times, sub-agent groups that share their parent's prefix.
+  Closed loop: each turn appends the real answer of the previous one.
+* ``mooncake``: the Mooncake conversation trace, replayed open-loop at its
+  recorded (compressed) times, text synthesised from its block ids.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from router.tokens import BYTES_PER_TOKEN
+
+MOONCAKE_BLOCK_TOKENS = 512
+_ALPHABET = "abcdefghijklmnopqrstuvwxyz      ,.\n"
+
+
+def text_tokens(n_tokens: int, seed: int | str) -> str:
+    """Deterministic filler of exactly ``n_tokens`` byte-tokens (ASCII)."""
+    rng = random.Random(seed)
+    return "".join(rng.choices(_ALPHABET, k=n_tokens * BYTES_PER_TOKEN))
+
+
+def lognormal(rng: random.Random, p50: float, p90: float, cap: float) -> float:
+    sigma = math.log(p90 / p50) / 1.2816
+    return min(cap, p50 * math.exp(rng.gauss(0, sigma)))
+
+
+@dataclass
+class AgentTurn:
+    user_tokens: int
+    max_tokens: int
+    think_s: float  # model seconds before this turn
+    subagents: list[list[int]] = field(default_factory=list)  # per sub-agent: user tokens
+
+
+@dataclass
+class AgentSession:
+    sid: int
+    start_s: float
+    system: str
+    turns: list[AgentTurn]
+
+
+def agentic(sessions: int = 16, turns: int = 8, scale: float = 1 / 20,
+            seed: int = 0) -> list[AgentSession]:
+    """p50/p90/p99 from the study, multiplied by ``scale`` for token counts."""
+    rng = random.Random(seed)
+    out = []
+    for s in range(sessions):
+        base = int(lognormal(rng, 195_000 * scale, 521_000 * scale, 849_000 * scale))
+        ts = []
+        for _ in range(turns):
+            subs = []
+            if rng.random() < 0.25:  # a group of sub-agents forks off this turn
+                subs = [[int(lognormal(rng, 632 * scale * 4, 5000 * scale, 20_000 * scale))]
+                        * rng.randint(1, 2) for _ in range(rng.randint(2, 4))]
+            ts.append(AgentTurn(
+                user_tokens=max(4, int(lognormal(rng, 632 * scale, 2500 * scale,
+                                                 10_000 * scale))),
+                max_tokens=max(2, int(lognormal(rng, 317 * scale, 1705 * scale,
+                                                7551 * scale))),
+                think_s=lognormal(rng, 2.0, 24.0, 30.0), subagents=subs))
+        out.append(AgentSession(sid=s, start_s=rng.uniform(0, 10), turns=ts,
+                                system=text_tokens(base, f"system-{seed}-{s}")))
+    return out
+
+
+@dataclass
+class TraceRequest:
+    at_s: float
+    prompt: str
+    max_tokens: int
+
+
+def mooncake(path: Path, limit: int = 500, time_compression: float = 8.0,
+             token_scale: float = 0.5, output_scale: float = 0.1) -> list[TraceRequest]:
+    """The first ``limit`` requests; block texts are shared by block id, so
+    shared ids become shared prefixes; the tail is unique per request."""
+    blocks: dict[int, str] = {}
+    block_tokens = max(1, int(MOONCAKE_BLOCK_TOKENS * token_scale))
+    out = []
+    with path.open() as f:
+        for i, line in enumerate(f):
+            if i >= limit:
+                break
+            rec = json.loads(line)
+            ids = rec["hash_ids"]
+            body = "".join(blocks.setdefault(h, text_tokens(block_tokens, f"mc-{h}"))
+                           for h in ids)
+            want = int(rec["input_length"] * token_scale)
+            have = len(body) // BYTES_PER_TOKEN
+            if want > have:
+                body += text_tokens(want - have, f"mc-tail-{i}")
+            out.append(TraceRequest(at_s=rec["timestamp"] / 1000 / time_compression,
+                                    prompt=body[: want * BYTES_PER_TOKEN] or body,
+                                    max_tokens=max(1, int(rec["output_length"] * output_scale))))
+    return out
