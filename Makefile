@@ -50,6 +50,7 @@ bench: setup peers
 	$(PY) -m bench.router_bench
 
 scale: setup
+	$(PY) -m bench.cluster_up --nodes 100 1000
 	$(PYTEST) -m scale tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 clean:

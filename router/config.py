@@ -15,39 +15,58 @@ class Section(BaseModel):
 
 
 class ServerConfig(Section):
-    host: str = "127.0.0.1"
-    port: int = Field(default=8080, ge=0, le=65535)
+    """The HTTP server and how it talks to model servers."""
+
+    host: str = Field(default="127.0.0.1", description="address to listen on")
+    port: int = Field(default=8080, ge=0, le=65535, description="port to listen on")
     max_body_bytes: int = Field(default=64 * 2**20, alias="maxBodyBytes", gt=0,
                                 description="larger request bodies get 413")
-    upstream_timeout_s: float = Field(default=600.0, alias="upstreamTimeoutSeconds", gt=0)
-    connect_timeout_s: float = Field(default=3.0, alias="connectTimeoutSeconds", gt=0)
+    upstream_timeout_s: float = Field(default=600.0, alias="upstreamTimeoutSeconds", gt=0,
+                                      description="longest silence from a model server")
+    connect_timeout_s: float = Field(default=3.0, alias="connectTimeoutSeconds", gt=0,
+                                     description="connecting to a model server")
     max_attempts: int = Field(default=3, alias="maxAttempts", ge=1,
                               description="endpoints tried before the first byte is sent")
-    drain_timeout_s: float = Field(default=30.0, alias="drainTimeoutSeconds", gt=0)
+    drain_timeout_s: float = Field(default=30.0, alias="drainTimeoutSeconds", gt=0,
+                                   description="how long in-flight requests of a removed "
+                                               "endpoint may take to finish")
 
 
 class StaticEndpoint(Section):
+    """One model server."""
+
     url: str = Field(pattern=r"^https?://[^/\s]+$", description="http://HOST:PORT")
-    role: str | None = None
-    revision: str | None = None
+    role: str | None = Field(default=None, description="prefill, decode or prefill-decode")
+    revision: str | None = Field(default=None, description="the model revision it serves")
     kv_events: str | None = Field(default=None, alias="kvEvents",
                                   description="ZMQ endpoint of its KV events, tcp://HOST:PORT")
-    kv_events_replay: str | None = Field(default=None, alias="kvEventsReplay")
+    kv_events_replay: str | None = Field(default=None, alias="kvEventsReplay",
+                                         description="ZMQ replay socket, tcp://HOST:PORT")
 
 
 class KubernetesDiscovery(Section):
-    namespace: str = "default"
-    label_selector: str = Field(alias="labelSelector", min_length=1)
-    port: int = Field(default=8000, ge=1, le=65535)
+    """Model servers found by watching pods."""
+
+    namespace: str = Field(default="default", description="namespace of the model pods")
+    label_selector: str = Field(alias="labelSelector", min_length=1,
+                                description="which pods are model servers, e.g. app=vllm")
+    port: int = Field(default=8000, ge=1, le=65535, description="their HTTP port")
     kubeconfig: str | None = Field(default=None, description="default: in-cluster")
-    role_label: str = Field(default="llm-d.ai/role", alias="roleLabel")
-    revision_label: str = Field(default="app.kubernetes.io/version", alias="revisionLabel")
-    kv_events_port: int | None = Field(default=None, alias="kvEventsPort", ge=1, le=65535)
+    role_label: str = Field(default="llm-d.ai/role", alias="roleLabel",
+                            description="pod label carrying the role")
+    revision_label: str = Field(default="app.kubernetes.io/version", alias="revisionLabel",
+                                description="pod label carrying the revision")
+    kv_events_port: int | None = Field(default=None, alias="kvEventsPort", ge=1, le=65535,
+                                       description="pods publish KV events on this port")
 
 
 class DiscoveryConfig(Section):
-    static: list[StaticEndpoint] = Field(default_factory=list)
-    kubernetes: KubernetesDiscovery | None = None
+    """Where the model servers are: a static list, Kubernetes, or both."""
+
+    static: list[StaticEndpoint] = Field(default_factory=list,
+                                         description="a fixed list of model servers")
+    kubernetes: KubernetesDiscovery | None = Field(default=None,
+                                                   description="watch pods instead")
 
     @model_validator(mode="after")
     def _one(self) -> DiscoveryConfig:
@@ -58,16 +77,22 @@ class DiscoveryConfig(Section):
 
 
 class ScrapeConfig(Section):
-    interval_s: float = Field(default=0.2, alias="intervalSeconds", gt=0)
+    """Reading each server's health and load."""
+
+    interval_s: float = Field(default=0.2, alias="intervalSeconds", gt=0,
+                              description="how often /health and /metrics are read")
     stale_after_s: float = Field(default=2.0, alias="staleAfterSeconds", gt=0,
                                  description="older metrics count as saturated")
-    timeout_s: float = Field(default=1.0, alias="timeoutSeconds", gt=0)
+    timeout_s: float = Field(default=1.0, alias="timeoutSeconds", gt=0,
+                             description="per scrape")
 
 
 class PluginConfig(Section):
-    type: str
-    weight: float = Field(default=1.0, ge=0)
-    params: dict[str, Any] = Field(default_factory=dict)
+    """One filter, scorer or picker."""
+
+    type: str = Field(description="plugin type name (see Plugin types)")
+    weight: float = Field(default=1.0, ge=0, description="scorers: weight of the score")
+    params: dict[str, Any] = Field(default_factory=dict, description="plugin parameters")
 
 
 def _default_scorers() -> list[PluginConfig]:
@@ -78,17 +103,27 @@ def _default_scorers() -> list[PluginConfig]:
 
 
 class ProfileConfig(Section):
+    """How an endpoint is picked."""
+
     filters: list[PluginConfig] = Field(
         default_factory=lambda: [PluginConfig(type="model"), PluginConfig(type="healthy"),
-                                 PluginConfig(type="not-saturated")])
-    scorers: list[PluginConfig] = Field(default_factory=_default_scorers)
-    picker: PluginConfig = Field(default_factory=lambda: PluginConfig(type="max-score"))
+                                 PluginConfig(type="not-saturated")],
+        description="run in order; each drops endpoints")
+    scorers: list[PluginConfig] = Field(default_factory=_default_scorers,
+                                        description="weighted scores in [0, 1], summed")
+    picker: PluginConfig = Field(default_factory=lambda: PluginConfig(type="max-score"),
+                                 description="orders endpoints; the rest are retry fallbacks")
 
 
 class ResponsesStoreConfig(Section):
-    backend: Literal["memory", "redis"] = "memory"
-    max_items: int = Field(default=100_000, alias="maxItems", gt=0)
-    ttl_s: float = Field(default=3600.0, alias="ttlSeconds", gt=0)
+    """Where Responses-API turns are kept."""
+
+    backend: Literal["memory", "redis"] = Field(default="memory",
+                                                description="redis: shared by a router pair")
+    max_items: int = Field(default=100_000, alias="maxItems", gt=0,
+                           description="memory backend: oldest dropped beyond this")
+    ttl_s: float = Field(default=3600.0, alias="ttlSeconds", gt=0,
+                         description="a stored turn expires after this")
     redis_url: str | None = Field(default=None, alias="redisUrl",
                                   description="redis://HOST:PORT/DB, for backend: redis")
 
@@ -100,19 +135,29 @@ class ResponsesStoreConfig(Section):
 
 
 class KVEventsConfig(Section):
-    tokenizer: str | None = Field(default=None,
-                                  description="HF tokenizer.json; without it, byte tokens")
-    block_size: int = Field(default=16, alias="blockSize", gt=0)
+    """The precise prefix index fed by vLLM KV events."""
+
+    tokenizer: str | None = Field(
+        default=None, description="HF tokenizer.json, or 'bytes' for the simulator's byte "
+                                  "tokens; unset: prefix-precise falls back to prefix-approx")
+    block_size: int = Field(default=16, alias="blockSize", gt=0,
+                            description="the engines' KV block size, in tokens")
 
 
 class SaturationConfig(Section):
-    queue_threshold: int = Field(default=5, alias="queueThreshold", ge=0)
-    kv_usage_threshold: float = Field(default=0.9, alias="kvUsageThreshold", gt=0, le=1)
+    """When an endpoint counts as saturated (sessions leave it, filters drop it)."""
+
+    queue_threshold: int = Field(default=5, alias="queueThreshold", ge=0,
+                                 description="waiting requests that make an endpoint saturated")
+    kv_usage_threshold: float = Field(default=0.9, alias="kvUsageThreshold", gt=0, le=1,
+                                      description="KV-cache usage that does the same")
 
 
 class RouterConfig(Section):
+    """The router's configuration file."""
+
     api_version: Literal["toposerve.io/v1"] = Field(alias="apiVersion")
-    kind: Literal["RouterConfig"]
+    kind: Literal["RouterConfig"] = Field(description="always RouterConfig")
     server: ServerConfig = Field(default_factory=ServerConfig)
     discovery: DiscoveryConfig
     scrape: ScrapeConfig = Field(default_factory=ScrapeConfig)

@@ -128,5 +128,14 @@ def test_truncated_body_and_slow_client(procs: Procs) -> None:
         s.shutdown(socket.SHUT_WR)  # the client gives up mid-body
         reply = s.recv(4096)
     assert reply == b"" or reply.startswith(b"HTTP/1.1 4")
-    # and the router still serves good traffic
-    assert httpx.post(router.url + "/v1/chat/completions", json=CHAT).status_code == 200
+    # a slow client trickles its body; good traffic is served meanwhile
+    body = orjson.dumps(CHAT)
+    with socket.create_connection((host, int(port)), timeout=10) as slow:
+        slow.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\n"
+                     b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+        for i in range(0, len(body), 8):
+            slow.sendall(body[i:i + 8])
+            assert httpx.post(router.url + "/v1/chat/completions",
+                              json=CHAT).status_code == 200
+        assert slow.recv(4096).startswith(b"HTTP/1.1 200")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -137,3 +138,37 @@ def test_precise_index_replays_history(procs: Procs) -> None:
     blocks = next(x for x in httpx.get(router.url + "/metrics").text.splitlines()
                   if x.startswith('toposerve_router_prefix_index_blocks{index="precise"}'))
     assert float(blocks.split()[-1]) > 0
+
+
+def test_precise_with_a_hugging_face_tokenizer(procs: Procs, tmp_path: Path) -> None:
+    """A real ``tokenizers`` tokenizer file, shared by the servers and the
+    router: the KV-event path keys blocks by real token ids."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = [f"w{i}" for i in range(500)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(["[UNK]", *words])},
+                                     unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    path = tmp_path / "tokenizer.json"
+    tok.save(str(path))
+    sims = []
+    for _ in range(2):
+        pub, rep = free_port(), free_port()
+        sims.append((procs.sim(kv_events_port=pub, kv_events_replay_port=rep,
+                               tokenizer=str(path), time_scale=0.01),
+                     f"tcp://127.0.0.1:{pub}", f"tcp://127.0.0.1:{rep}"))
+    router = procs.router({
+        "profile": {"scorers": [{"type": "prefix-precise", "weight": 1}]},
+        "kvEvents": {"tokenizer": str(path), "blockSize": 16},
+        "discovery": {"static": [{"url": s.url, "kvEvents": pub, "kvEventsReplay": rep}
+                                 for s, pub, rep in sims]}})
+    text = " ".join(words[i % 500] for i in range(400))
+    warm = sims[1][0]
+    r = httpx.post(warm.url + "/v1/completions", json={"prompt": text, "max_tokens": 1})
+    assert r.json()["usage"]["prompt_tokens"] == 400  # real tokens, not bytes
+    time.sleep(0.5)
+    for i in range(4):
+        r = httpx.post(router.url + "/v1/completions",
+                       json={"prompt": text + f" w{i}", "max_tokens": 1})
+        assert r.headers["x-toposerve-endpoint"] == warm.url.removeprefix("http://")
+        assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 400

@@ -181,3 +181,10 @@ def test_unknown_plugin_named(tmp_path: Path) -> None:
         "profile": {"scorers": [{"type": "prefix-approx", "params": {"blockBytes": 2}}]}})))
     with pytest.raises(PluginError, match=r"scorers\[0\]\.params\.blockBytes"):
         Scheduler(RouterState(cfg), cfg.profile, None)
+
+
+def test_config_reference_is_current() -> None:
+    from router.config_docs import render
+
+    committed = (Path(__file__).parents[2] / "docs" / "router-config.md").read_text()
+    assert committed == render(), "run: python -m router.config_docs > docs/router-config.md"

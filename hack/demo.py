@@ -1,0 +1,96 @@
+"""``make demo``: the main job end to end, as far as it exists today.
+
+1. a real local cluster with three hardware profiles, its topology printed;
+2. three model-server pods (simulated vLLM) scheduled by the real scheduler,
+   each simulator listening on its pod's 127.x IP;
+3. the router discovering them through the Kubernetes API and routing a
+   multi-turn conversation by prefix cache;
+4. everything torn down.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+from kubernetes import client
+
+from bench.procs import MODEL, Procs
+from localcluster.cluster import (
+    ClusterSpec,
+    api_client,
+    down,
+    kubeconfig_path,
+    running_clusters,
+    up,
+)
+from localcluster.nodes import KWOK_TOLERATION
+
+NAME = "demo"
+
+
+def say(msg: str) -> None:
+    print(f"\n== {msg}", flush=True)
+
+
+def main() -> int:
+    if NAME in running_clusters():
+        down(NAME)
+    say("1. cluster up: 8 HGX H100 nodes, 36 GB200 trays (2 NVL72 racks), 4 MI300X nodes")
+    up(ClusterSpec(name=NAME, groups=[("hgx-h100", 8), ("gb200-nvl72", 36), ("mi300x", 4)]))
+    procs = Procs(Path(tempfile.mkdtemp(prefix="toposerve-demo-")))
+    try:
+        subprocess.run([sys.executable, "-m", "toposerve_cli.main", "topology", "show",
+                        "--name", NAME], check=True)
+        say("2. three model-server pods, placed by kube-scheduler, run by kwok")
+        core = client.CoreV1Api(api_client(NAME))
+        ips = {}
+        for i in range(3):
+            pod = f"vllm-{i}"
+            core.create_namespaced_pod("default", {
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": pod, "labels": {"app": "vllm", "llm-d.ai/role": "decode"}},
+                "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai"}],
+                         "tolerations": [KWOK_TOLERATION],
+                         "nodeSelector": {"topology.toposerve.io/profile": "hgx-h100"}}})
+        deadline = time.monotonic() + 60
+        while len(ips) < 3 and time.monotonic() < deadline:
+            for p in core.list_namespaced_pod("default", label_selector="app=vllm").items:
+                if p.status.phase == "Running" and p.status.pod_ip:
+                    ips[p.metadata.name] = (p.status.pod_ip, p.spec.node_name)
+            time.sleep(0.3)
+        for pod, (ip, node) in sorted(ips.items()):
+            procs.sim(host=ip, port=8000, time_scale=0.2)
+            print(f"   {pod} on {node}: simulated vLLM listening on {ip}:8000")
+        say("3. the router finds them through the Kubernetes API")
+        router = procs.router({"discovery": {"kubernetes": {
+            "namespace": "default", "labelSelector": "app=vllm", "port": 8000,
+            "kubeconfig": str(kubeconfig_path(NAME))}}})
+        print(f"   router on {router.url}; /ready: {httpx.get(router.url + '/ready').text}")
+        for conv in ("alice", "bob"):
+            msgs = [{"role": "system", "content": f"You help {conv}. " + "Be brief. " * 300}]
+            for turn in range(3):
+                msgs.append({"role": "user", "content": f"{conv}, question {turn}"})
+                r = httpx.post(router.url + "/v1/chat/completions", timeout=30, json={
+                    "model": MODEL, "messages": msgs, "max_tokens": 8})
+                body = r.json()
+                cached = body["usage"]["prompt_tokens_details"]["cached_tokens"]
+                print(f"   {conv} turn {turn}: served by {r.headers['x-toposerve-endpoint']}, "
+                      f"{cached}/{body['usage']['prompt_tokens']} prompt tokens from cache")
+                msgs.append(body["choices"][0]["message"])
+        decisions = [x for x in httpx.get(router.url + "/metrics").text.splitlines()
+                     if x.startswith("toposerve_router_decisions_total")]
+        print("   routing decisions by reason:\n     " + "\n     ".join(decisions))
+    finally:
+        say("4. tear down")
+        procs.close()
+        down(NAME)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
