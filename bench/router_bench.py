@@ -33,8 +33,12 @@ SIM_BLOCK_BYTES = 64  # 16 tokens of 4 bytes: the simulator's block
 # 10K prefill tokens/s and 20 ms a decoded token (model time, run 5x faster);
 # 80K tokens of KV cache each: a well-routed fleet holds its working set,
 # one that sprays every session everywhere does not.
-SIM: dict[str, Any] = {"time_scale": 0.2, "prefill_s_per_token": 0.0001, "decode_s_per_token": 0.02,
-       "max_num_seqs": 32, "num_gpu_blocks": 5000, "block_size": 16}
+SIM: dict[str, Any] = {"time_scale": 0.2, "prefill_s_per_token": 0.0001,
+                       "decode_s_per_token": 0.02, "max_num_seqs": 32, "num_gpu_blocks": 5000,
+                       "block_size": 16}
+# The Mooncake trace reuses prefixes minutes apart: caches must hold a few
+# hundred requests each for any router to find that reuse.
+CACHE_BLOCKS = {"agentic": 5000, "mooncake": 40000}
 N_SIMS = 4
 
 
@@ -53,6 +57,29 @@ def ours(procs: Procs, urls: list[str]) -> Proc:
     # the default profile and scrape interval, as shipped
     return procs.router({"scrape": {"intervalSeconds": 0.2}}, endpoints=urls)
 
+
+def ours_with(scorers: list[dict[str, Any]]) -> Callable[[Procs, list[str]], Proc]:
+    def start(procs: Procs, urls: list[str]) -> Proc:
+        return procs.router({"scrape": {"intervalSeconds": 0.2},
+                             "profile": {"scorers": scorers}}, endpoints=urls)
+    return start
+
+
+# --ablation: other scorer sets, to show why the default is the default
+ABLATIONS: dict[str, Callable[[Procs, list[str]], Proc]] = {
+    "toposerve[prefix only]": ours_with([{"type": "prefix-approx", "weight": 1}]),
+    "toposerve[prefix+queue+kv]": ours_with([
+        {"type": "prefix-approx", "weight": 3}, {"type": "queue", "weight": 1},
+        {"type": "kv-usage", "weight": 1}]),
+    "toposerve[cost]": ours_with([
+        {"type": "prefill-cost", "weight": 3}, {"type": "prefix-approx", "weight": 1},
+        {"type": "kv-usage", "weight": 1}, {"type": "session", "weight": 2},
+        {"type": "cache-room", "weight": 0.5}]),
+    "toposerve[cost only]": ours_with([{"type": "prefill-cost", "weight": 1}]),
+    "toposerve[prefix+room]": ours_with([
+        {"type": "prefix-approx", "weight": 3}, {"type": "queue", "weight": 1},
+        {"type": "kv-usage", "weight": 1}, {"type": "cache-room", "weight": 1}]),
+}
 
 ROUTERS: dict[str, Callable[[Procs, list[str]], Proc]] = {
     "round-robin": peer("vllm-router", "--policy", "round_robin"),
@@ -113,7 +140,8 @@ class Row:
 def run_one(tmp: Path, name: str, workload: str, payload: Any) -> Row:
     procs = Procs(tmp)
     try:
-        sims = [procs.sim(**SIM) for _ in range(N_SIMS)]
+        sims = [procs.sim(**{**SIM, "num_gpu_blocks": CACHE_BLOCKS[workload]})
+                for _ in range(N_SIMS)]
         router = ROUTERS[name](procs, [s.url for s in sims])
         time.sleep(0.5)
         cpu0 = router.cpu_seconds()
@@ -187,7 +215,7 @@ def plot(rows: list[Row], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     workloads = sorted({r.workload for r in rows})
-    names = list(ROUTERS)
+    names = list(dict.fromkeys(r.router for r in rows))
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
     metrics = [("ttft_p50_ms", "TTFT p50 (ms)"), ("ttft_p99_ms", "TTFT p99 (ms)"),
                ("captured", "share of available reuse captured")]
@@ -209,16 +237,28 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.router_bench", description=__doc__)
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     ap.add_argument("--quick", action="store_true", help="a smaller run, for a smoke test")
-    ap.add_argument("--routers", nargs="*", default=list(ROUTERS), choices=list(ROUTERS))
+    ap.add_argument("--routers", nargs="*", default=list(ROUTERS),
+                    choices=list(ROUTERS) + list(ABLATIONS))
+    ap.add_argument("--ablation", action="store_true",
+                    help="also run other scorer sets of our router")
+    ap.add_argument("--workloads", nargs="*", default=["agentic", "mooncake"],
+                    choices=["agentic", "mooncake"])
     args = ap.parse_args(argv)
+    if args.ablation:
+        args.routers += [a for a in ABLATIONS if a not in args.routers]
+    ROUTERS.update(ABLATIONS)
     missing = [p for p in ("vllm-router", "sglang-router") if not (PEERS / p).exists()]
     if missing:
         print(f"error: peer routers missing ({', '.join(missing)}): run `make peers`",
               file=sys.stderr)
         return 2
-    workloads: dict[str, Any] = {
-        "agentic": agentic(sessions=6 if args.quick else 16, turns=4 if args.quick else 8)}
-    if MOONCAKE.exists():
+    workloads: dict[str, Any] = {}
+    if "agentic" in args.workloads:
+        workloads["agentic"] = agentic(sessions=6 if args.quick else 16,
+                                       turns=4 if args.quick else 8)
+    if "mooncake" not in args.workloads:
+        pass
+    elif MOONCAKE.exists():
         workloads["mooncake"] = mooncake(MOONCAKE, limit=200 if args.quick else 1000,
                                          time_compression=16, token_scale=0.25)
     else:
@@ -234,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{row.hit_rate:6.1%}  failed {row.failed}  ({time.monotonic() - t0:.0f}s)",
                       file=sys.stderr,
                       flush=True)
-        over = overheads(Path(tmp), 50 if args.quick else 200, 3 if args.quick else 10,
+        over = overheads(Path(tmp), 50 if args.quick else 200, 5 if args.quick else 30,
                          195_000)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -35,6 +35,7 @@ class Endpoint:
     num_gpu_blocks: int | None = None
     inflight: int = 0
     inflight_tokens: int = 0
+    prefill_tokens: int = 0  # uncached prompt tokens sent but not yet answered
     idle: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
@@ -47,10 +48,15 @@ class Endpoint:
     def name(self) -> str:
         return self.url.removeprefix("http://").removeprefix("https://")
 
-    def begin(self, tokens: int) -> None:
+    def begin(self, tokens: int, prefill: int) -> None:
         self.inflight += 1
         self.inflight_tokens += tokens
+        self.prefill_tokens += prefill
         self.idle.clear()
+
+    def first_byte(self, prefill: int) -> None:
+        """The prompt is processed: its prefill no longer queues others."""
+        self.prefill_tokens -= prefill
 
     def end(self, tokens: int) -> None:
         self.inflight -= 1

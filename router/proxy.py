@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
 import structlog
@@ -24,6 +22,18 @@ log = structlog.get_logger("router.proxy")
 _DROP = {"host", "content-length", "transfer-encoding", "connection", "keep-alive",
          "accept-encoding"}
 _RETRY_STATUSES = {500, 502, 503, 504}
+
+
+@dataclass
+class Work:
+    """How much a request weighs on an endpoint: its prompt tokens, and how
+    many of them that endpoint must prefill (it may hold the rest)."""
+
+    tokens: int
+    uncached: dict[str, int]
+
+    def prefill(self, ep: Endpoint) -> int:
+        return self.uncached.get(ep.url, self.tokens)
 
 
 @dataclass
@@ -49,22 +59,25 @@ class Proxy:
         self.max_attempts, self.timeout = max_attempts, timeout
 
     async def _open(self, ranked: list[Endpoint], path: str, body: bytes,
-                    headers: dict[str, str], tokens: int
+                    headers: dict[str, str], work: Work
                     ) -> tuple[Endpoint, aiohttp.ClientResponse] | tuple[None, str]:
         last_error = "no endpoint"
         for ep in ranked[:self.max_attempts]:
-            ep.begin(tokens)
+            prefill = work.prefill(ep)
+            ep.begin(work.tokens, prefill)
             try:
                 resp = await self.session.post(ep.url + path, data=body, headers=headers,
                                                timeout=self.timeout)
             except (aiohttp.ClientError, TimeoutError) as err:
-                ep.end(tokens)
+                ep.first_byte(prefill)
+                ep.end(work.tokens)
                 last_error = f"{ep.name}: {type(err).__name__}"
                 self.metrics.retries.inc()
                 continue
             if resp.status in _RETRY_STATUSES:
                 resp.release()
-                ep.end(tokens)
+                ep.first_byte(prefill)
+                ep.end(work.tokens)
                 last_error = f"{ep.name}: HTTP {resp.status}"
                 self.metrics.retries.inc()
                 continue
@@ -72,9 +85,9 @@ class Proxy:
         return None, last_error
 
     async def fetch(self, ranked: list[Endpoint], path: str, body: bytes,
-                    headers: dict[str, str], tokens: int) -> Upstream | str:
+                    headers: dict[str, str], work: Work) -> Upstream | str:
         """The whole answer of the first endpoint that gives one; else why not."""
-        ep, resp_or_err = await self._open(ranked, path, body, headers, tokens)
+        ep, resp_or_err = await self._open(ranked, path, body, headers, work)
         if ep is None:
             return str(resp_or_err)
         assert isinstance(resp_or_err, aiohttp.ClientResponse)
@@ -85,20 +98,21 @@ class Proxy:
             return f"{ep.name}: broke while answering ({type(err).__name__})"
         finally:
             resp.release()
-            ep.end(tokens)
+            ep.first_byte(work.prefill(ep))
+            ep.end(work.tokens)
         return Upstream(ep, resp.status, data, resp.headers.get("Content-Type",
                                                                 "application/json"))
 
     async def relay(self, request: web.Request, ranked: list[Endpoint], path: str,
-                    body: bytes, headers: dict[str, str], tokens: int, started: float,
-                    on_done: Callable[[Endpoint], Awaitable[Any]] | None = None
+                    body: bytes, headers: dict[str, str], work: Work, started: float
                     ) -> web.StreamResponse:
-        ep, resp_or_err = await self._open(ranked, path, body, headers, tokens)
+        ep, resp_or_err = await self._open(ranked, path, body, headers, work)
         if ep is None:
             return error_response(502, f"no endpoint could take the request ({resp_or_err})")
         assert isinstance(resp_or_err, aiohttp.ClientResponse)
         resp = resp_or_err
         out_headers = {"X-Request-Id": headers["X-Request-Id"], "X-Toposerve-Endpoint": ep.name}
+        prefill_pending = work.prefill(ep)
         ctype = resp.headers.get("Content-Type", "application/json")
         try:
             if not ctype.startswith("text/event-stream"):
@@ -109,6 +123,8 @@ class Proxy:
                     return error_response(502, f"{ep.name} broke while answering "
                                                f"({type(err).__name__})")
                 self.metrics.ttfb.labels(path).observe(time.monotonic() - started)
+                ep.first_byte(prefill_pending)
+                prefill_pending = 0
                 return web.Response(status=resp.status, body=data, content_type=None,
                                     headers={**out_headers, "Content-Type": ctype})
             out = web.StreamResponse(status=resp.status, headers={
@@ -119,6 +135,8 @@ class Proxy:
                 async for chunk in resp.content.iter_any():
                     if first:
                         self.metrics.ttfb.labels(path).observe(time.monotonic() - started)
+                        ep.first_byte(prefill_pending)
+                        prefill_pending = 0
                         first = False
                     await out.write(chunk)
             except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError,
@@ -132,6 +150,5 @@ class Proxy:
             raise  # the client went away; the finally below frees the upstream
         finally:
             resp.release()
-            ep.end(tokens)
-            if on_done is not None:
-                await on_done(ep)
+            ep.first_byte(prefill_pending)
+            ep.end(work.tokens)

@@ -25,7 +25,7 @@ from router.errors import ApiError, error_response, from_validation
 from router.metrics import RouterMetrics
 from router.prefix.kv_index import KVIndex
 from router.prompt import chat_prompt, completion_prompt, responses_items
-from router.proxy import Proxy, Upstream, forward_headers
+from router.proxy import Proxy, Upstream, Work, forward_headers
 from router.responses_store import ResponsesStore, make_store
 from router.scheduling.context import RequestContext
 from router.scheduling.profile import Scheduler
@@ -37,6 +37,11 @@ log = structlog.get_logger("router")
 SESSION_HEADERS = ("x-session-id", "x-llm-d-session-id")
 FAIRNESS_HEADER = "x-llm-d-inference-fairness-id"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def work(ctx: RequestContext) -> Work:
+    """The request's weight per endpoint, from what the prefix scorers found."""
+    return Work(ctx.token_estimate, ctx.extra.get("uncached", {}))
 
 
 class Router:
@@ -164,7 +169,7 @@ class Router:
         rid = request.headers.get("X-Request-Id") or uuid.uuid4().hex
         assert self.proxy is not None
         return await self.proxy.relay(request, ranked, path, body,
-                                      forward_headers(request, rid), ctx.token_estimate, started)
+                                      forward_headers(request, rid), work(ctx), started)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(
@@ -204,7 +209,7 @@ class Router:
         rid = request.headers.get("X-Request-Id") or uuid.uuid4().hex
         assert self.proxy is not None
         up = await self.proxy.fetch(ranked, "/v1/responses", orjson.dumps(upstream_doc),
-                                    forward_headers(request, rid), ctx.token_estimate)
+                                    forward_headers(request, rid), work(ctx))
         if not isinstance(up, Upstream):
             return error_response(502, f"no endpoint could take the request ({up})")
         if up.status != 200:

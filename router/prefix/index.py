@@ -20,6 +20,10 @@ class PrefixIndex:
     def __len__(self) -> int:
         return sum(len(x) for x in self._lru.values())
 
+    def held(self, url: str) -> int:
+        """Blocks the index believes ``url`` holds."""
+        return len(self._lru.get(url, ()))
+
     def set_capacity(self, url: str, blocks: int) -> None:
         self._capacity[url] = max(1, blocks)
         self._evict(url)

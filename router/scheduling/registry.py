@@ -14,9 +14,11 @@ from router.scheduling.pickers import MaxScorePicker
 from router.scheduling.plugins import Filter, Picker, Scorer
 from router.scheduling.scorers import (
     ApproxPrefixScorer,
+    CacheRoomScorer,
     InflightTokensScorer,
     KVUsageScorer,
     PrecisePrefixScorer,
+    PrefillCostScorer,
     QueueScorer,
     SessionScorer,
 )
@@ -86,6 +88,9 @@ SCORERS: dict[str, ScorerFactory] = {
     "kv-usage": _plain(KVUsageScorer),
     "inflight-tokens": _plain(InflightTokensScorer),
     "session": _plain(SessionScorer),
+    "cache-room": _plain(CacheRoomScorer),
+    "prefill-cost": lambda s, p, w, kv: PrefillCostScorer(
+        s, _params(PrefixParams, p, w).block_bytes),
 }
 
 PICKERS: dict[str, Callable[[dict[str, Any], str], Picker]] = {

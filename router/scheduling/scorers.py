@@ -13,6 +13,26 @@ from router.state import RouterState
 from router.tokens import BYTES_PER_TOKEN
 
 
+def approx_match(state: RouterState, ctx: RequestContext, eps: list[Endpoint],
+                 block_bytes: int) -> dict[Endpoint, float]:
+    """Share of the prompt each endpoint probably holds (computed once per
+    request and block size, whichever scorer asks first), and the uncached
+    tokens each would have to prefill, left in ``ctx.extra["uncached"]``."""
+    memo: dict[int, dict[Endpoint, float]] = ctx.extra.setdefault("approx_match", {})
+    if block_bytes in memo:
+        return memo[block_bytes]
+    keys = ctx.byte_blocks(block_bytes)
+    if keys:
+        matched = state.approx.match(keys, (e.url for e in eps))
+        frac = {e: matched.get(e.url, 0) / len(keys) for e in eps}
+        ctx.extra["prefix_matched"], ctx.extra["prefix_blocks"] = matched, len(keys)
+    else:
+        frac = dict.fromkeys(eps, 0.0)
+    ctx.extra["uncached"] = {e.url: int(ctx.token_estimate * (1 - f)) for e, f in frac.items()}
+    memo[block_bytes] = frac
+    return frac
+
+
 @dataclass
 class ApproxPrefixScorer:
     """Share of the prompt's leading blocks the endpoint probably holds,
@@ -28,17 +48,37 @@ class ApproxPrefixScorer:
             self.state.approx.set_capacity(ep.url, tokens * BYTES_PER_TOKEN // self.block_bytes)
 
     def score(self, ctx: RequestContext, eps: list[Endpoint]) -> dict[Endpoint, float]:
-        keys = ctx.byte_blocks(self.block_bytes)
-        if not keys:
-            return dict.fromkeys(eps, 0.0)
-        matched = self.state.approx.match(keys, (e.url for e in eps))
-        ctx.extra["prefix_matched"] = matched
-        ctx.extra["prefix_blocks"] = len(keys)
-        return {e: matched.get(e.url, 0) / len(keys) for e in eps}
+        return approx_match(self.state, ctx, eps, self.block_bytes)
 
     def picked(self, ctx: RequestContext, ep: Endpoint) -> None:
         self._capacity(ep)
         self.state.approx.add(ep.url, ctx.byte_blocks(self.block_bytes))
+
+
+# Tokens of prefill below which differences between endpoints hardly matter.
+PREFILL_SLACK_TOKENS = 2048
+
+
+@dataclass
+class PrefillCostScorer:
+    """The work that stands between the request and its first token on each
+    endpoint: prompt tokens already sent there and still being prefilled,
+    plus this prompt's tokens the endpoint does not hold. Prefix affinity and
+    load in one physical quantity; the cheapest endpoint scores 1."""
+
+    state: RouterState
+    block_bytes: int = 1024
+    name: ClassVar[str] = "prefill-cost"
+
+    def score(self, ctx: RequestContext, eps: list[Endpoint]) -> dict[Endpoint, float]:
+        frac = approx_match(self.state, ctx, eps, self.block_bytes)
+        cost = {e: e.prefill_tokens + ctx.token_estimate * (1 - frac[e]) for e in eps}
+        best = min(cost.values())
+        return {e: (best + PREFILL_SLACK_TOKENS) / (c + PREFILL_SLACK_TOKENS)
+                for e, c in cost.items()}
+
+    def picked(self, ctx: RequestContext, ep: Endpoint) -> None:
+        pass
 
 
 @dataclass
@@ -61,7 +101,10 @@ class PrecisePrefixScorer:
         matched = self.state.precise.match(keys, (e.url for e in eps))
         ctx.extra["prefix_matched"] = matched
         ctx.extra["prefix_blocks"] = len(keys)
-        return {e: matched.get(e.url, 0) / len(keys) for e in eps}
+        frac = {e: matched.get(e.url, 0) / len(keys) for e in eps}
+        ctx.extra["uncached"] = {e.url: int(ctx.token_estimate * (1 - f))
+                                 for e, f in frac.items()}
+        return frac
 
     def picked(self, ctx: RequestContext, ep: Endpoint) -> None:
         if self.kv is None:
@@ -110,6 +153,22 @@ class InflightTokensScorer:
 
     def score(self, ctx: RequestContext, eps: list[Endpoint]) -> dict[Endpoint, float]:
         return lower_is_better({e: float(e.inflight_tokens) for e in eps})
+
+    def picked(self, ctx: RequestContext, ep: Endpoint) -> None:
+        pass
+
+
+@dataclass
+class CacheRoomScorer:
+    """Endpoints holding fewer cached prefixes score higher, so new work
+    (which matches nothing) lands where it evicts least and caches stay
+    balanced. Read from the approximate index, no extra bookkeeping."""
+
+    state: RouterState
+    name: ClassVar[str] = "cache-room"
+
+    def score(self, ctx: RequestContext, eps: list[Endpoint]) -> dict[Endpoint, float]:
+        return lower_is_better({e: float(self.state.approx.held(e.url)) for e in eps})
 
     def picked(self, ctx: RequestContext, ep: Endpoint) -> None:
         pass
