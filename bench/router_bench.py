@@ -30,15 +30,14 @@ REPO = Path(__file__).resolve().parents[1]
 PEERS = REPO / ".venv-peers" / "bin"
 MOONCAKE = REPO.parent / "shared" / "data" / "mooncake" / "conversation_trace.jsonl"
 SIM_BLOCK_BYTES = 64  # 16 tokens of 4 bytes: the simulator's block
-# 10K prefill tokens/s and 20 ms a decoded token (model time, run 5x faster);
-# 80K tokens of KV cache each: a well-routed fleet holds its working set,
-# one that sprays every session everywhere does not.
+# 10K prefill tokens/s and 20 ms a decoded token (model time, run 5x faster).
+# Agentic: 100K tokens of KV cache each, so a well-routed fleet holds its
+# working set and one that sprays every session everywhere does not.
 SIM: dict[str, Any] = {"time_scale": 0.2, "prefill_s_per_token": 0.0001,
-                       "decode_s_per_token": 0.02, "max_num_seqs": 32, "num_gpu_blocks": 5000,
-                       "block_size": 16}
+                       "decode_s_per_token": 0.02, "max_num_seqs": 32, "block_size": 16}
 # The Mooncake trace reuses prefixes minutes apart: caches must hold a few
 # hundred requests each for any router to find that reuse.
-CACHE_BLOCKS = {"agentic": 5000, "mooncake": 40000}
+CACHE_BLOCKS = {"agentic": 6250, "mooncake": 40000}
 N_SIMS = 4
 
 
@@ -68,17 +67,10 @@ def ours_with(scorers: list[dict[str, Any]]) -> Callable[[Procs, list[str]], Pro
 # --ablation: other scorer sets, to show why the default is the default
 ABLATIONS: dict[str, Callable[[Procs, list[str]], Proc]] = {
     "toposerve[prefix only]": ours_with([{"type": "prefix-approx", "weight": 1}]),
-    "toposerve[prefix+queue+kv]": ours_with([
+    "toposerve[prefill-cost only]": ours_with([{"type": "prefill-cost", "weight": 1}]),
+    "toposerve[llm-d-like: prefix 3, queue 1, kv 1]": ours_with([
         {"type": "prefix-approx", "weight": 3}, {"type": "queue", "weight": 1},
         {"type": "kv-usage", "weight": 1}]),
-    "toposerve[cost]": ours_with([
-        {"type": "prefill-cost", "weight": 3}, {"type": "prefix-approx", "weight": 1},
-        {"type": "kv-usage", "weight": 1}, {"type": "session", "weight": 2},
-        {"type": "cache-room", "weight": 0.5}]),
-    "toposerve[cost only]": ours_with([{"type": "prefill-cost", "weight": 1}]),
-    "toposerve[prefix+room]": ours_with([
-        {"type": "prefix-approx", "weight": 3}, {"type": "queue", "weight": 1},
-        {"type": "kv-usage", "weight": 1}, {"type": "cache-room", "weight": 1}]),
 }
 
 ROUTERS: dict[str, Callable[[Procs, list[str]], Proc]] = {

@@ -96,9 +96,11 @@ class PluginConfig(Section):
 
 
 def _default_scorers() -> list[PluginConfig]:
+    # Chosen by `make bench --ablation` (see README): prefix affinity first;
+    # new work where caches have room and prefill queues are short.
     return [PluginConfig(type="prefix-approx", weight=3.0),
-            PluginConfig(type="queue", weight=1.0),
-            PluginConfig(type="kv-usage", weight=1.0),
+            PluginConfig(type="prefill-cost", weight=1.0),
+            PluginConfig(type="cache-room", weight=1.0),
             PluginConfig(type="session", weight=2.0)]
 
 

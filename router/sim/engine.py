@@ -23,7 +23,7 @@ from router.sim.kvcache import BlockCache, block_hashes
 class Stats:
     running: int = 0
     waiting: int = 0
-    blocks_in_use: int = 0
+    private_blocks: int = 0  # blocks of generated tokens, one set per sequence
     prefix_queries: int = 0  # tokens looked up
     prefix_hits: int = 0  # tokens found cached
     prompt_tokens: int = 0
@@ -47,6 +47,9 @@ class Engine:
         self.cache = cache
         self.stats = Stats()
         self._slots = asyncio.Semaphore(cfg.max_num_seqs)
+        # prompt blocks of running sequences, shared between sequences with a
+        # common prefix as paged attention shares them: hash -> users
+        self._shared: dict[int, int] = {}
         self._prefill = asyncio.Lock()  # FIFO: asyncio locks wake waiters in order
         # called after each prefill stores blocks, so KV events go out per step
         self.after_store: Callable[[], Awaitable[None]] | None = None
@@ -58,7 +61,7 @@ class Engine:
     def _blocks(self, n_tokens: int) -> int:
         return -(-n_tokens // self.cfg.block_size)
 
-    async def _prefill_job(self, job: Job) -> None:
+    async def _prefill_job(self, job: Job) -> list[int]:
         hashes = block_hashes(job.tokens, self.cfg.block_size)
         hit_blocks = self.cache.cached_prefix(hashes)
         job.cached_tokens = hit_blocks * self.cfg.block_size
@@ -75,6 +78,7 @@ class Engine:
             self.cache.store(hashes, job.tokens)
             if self.after_store is not None:
                 await self.after_store()
+        return hashes
 
     async def generate(self, job: Job) -> AsyncIterator[int]:
         """Yields how many new tokens are ready, until ``max_tokens`` are out."""
@@ -84,11 +88,14 @@ class Engine:
             await self._slots.acquire()
         finally:
             self.stats.waiting -= 1
-        held = self._blocks(len(job.tokens) + job.max_tokens)
+        private = self._blocks(job.max_tokens + len(job.tokens) % self.cfg.block_size)
         self.stats.running += 1
-        self.stats.blocks_in_use += held
+        self.stats.private_blocks += private
+        hashes: list[int] = []
         try:
-            await self._prefill_job(job)
+            hashes = await self._prefill_job(job)
+            for h in hashes:
+                self._shared[h] = self._shared.get(h, 0) + 1
             self.stats.prompt_tokens += len(job.tokens)
             job.ttft = time.monotonic() - start
             self.stats.ttfts.append(job.ttft)
@@ -110,9 +117,16 @@ class Engine:
             self.stats.requests_done += 1
         finally:
             self.stats.running -= 1
-            self.stats.blocks_in_use -= held
+            self.stats.private_blocks -= private
+            for h in hashes:
+                left = self._shared[h] - 1
+                if left:
+                    self._shared[h] = left
+                else:
+                    del self._shared[h]
             self._slots.release()
 
     @property
     def kv_usage(self) -> float:
-        return min(1.0, self.stats.blocks_in_use / self.cfg.num_gpu_blocks)
+        used = len(self._shared) + self.stats.private_blocks
+        return min(1.0, used / self.cfg.num_gpu_blocks)
