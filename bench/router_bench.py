@@ -219,9 +219,10 @@ def plot(rows: list[Row], path: Path) -> None:
             ax.bar([x + i * width for x in range(len(workloads))], vals, width, label=name)
         ax.set_xticks([x + 0.4 - width / 2 for x in range(len(workloads))], workloads)
         ax.set_title(label)
-    axes[0].legend(fontsize=8)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False)
     fig.suptitle("toposerve router vs peers: same simulators, same workloads, one run")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.12, 1, 1))
     fig.savefig(path, dpi=110)
 
 

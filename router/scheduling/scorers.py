@@ -33,6 +33,19 @@ def approx_match(state: RouterState, ctx: RequestContext, eps: list[Endpoint],
     return frac
 
 
+def remember(state: RouterState, ctx: RequestContext, ep: Endpoint, block_bytes: int) -> None:
+    """Record that the prompt went to ``ep`` (once per request and block size,
+    however many scorers read the approximate index)."""
+    done: set[int] = ctx.extra.setdefault("remembered", set())
+    if block_bytes in done:
+        return
+    done.add(block_bytes)
+    if ep.num_gpu_blocks and ep.block_size:
+        tokens = ep.num_gpu_blocks * ep.block_size
+        state.approx.set_capacity(ep.url, tokens * BYTES_PER_TOKEN // block_bytes)
+    state.approx.add(ep.url, ctx.byte_blocks(block_bytes))
+
+
 @dataclass
 class ApproxPrefixScorer:
     """Share of the prompt's leading blocks the endpoint probably holds,
@@ -42,17 +55,11 @@ class ApproxPrefixScorer:
     block_bytes: int = 1024
     name: ClassVar[str] = "prefix-approx"
 
-    def _capacity(self, ep: Endpoint) -> None:
-        if ep.num_gpu_blocks and ep.block_size:
-            tokens = ep.num_gpu_blocks * ep.block_size
-            self.state.approx.set_capacity(ep.url, tokens * BYTES_PER_TOKEN // self.block_bytes)
-
     def score(self, ctx: RequestContext, eps: list[Endpoint]) -> dict[Endpoint, float]:
         return approx_match(self.state, ctx, eps, self.block_bytes)
 
     def picked(self, ctx: RequestContext, ep: Endpoint) -> None:
-        self._capacity(ep)
-        self.state.approx.add(ep.url, ctx.byte_blocks(self.block_bytes))
+        remember(self.state, ctx, ep, self.block_bytes)
 
 
 # Tokens of prefill below which differences between endpoints hardly matter.
@@ -78,7 +85,7 @@ class PrefillCostScorer:
                 for e, c in cost.items()}
 
     def picked(self, ctx: RequestContext, ep: Endpoint) -> None:
-        pass
+        remember(self.state, ctx, ep, self.block_bytes)
 
 
 @dataclass

@@ -1,0 +1,78 @@
+"""The scheduling pipeline over plain endpoints: no sockets, no servers."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from router.config import RouterConfig
+from router.endpoints import Endpoint, LoadSample
+from router.scheduling.context import RequestContext
+from router.scheduling.profile import Scheduler
+from router.state import RouterState
+
+
+def make_state(scorers: list[dict[str, object]] | None = None) -> RouterState:
+    doc: dict[str, object] = {"apiVersion": "toposerve.io/v1", "kind": "RouterConfig",
+                              "discovery": {"static": [{"url": "http://e:1"}]}}
+    if scorers is not None:
+        doc["profile"] = {"scorers": scorers}
+    state = RouterState(RouterConfig.model_validate(doc))
+    for i in range(4):
+        ep = state.pool.upsert(Endpoint(url=f"http://e{i}:8000", models=frozenset({"m"})))
+        ep.healthy = True
+        ep.load = LoadSample(at=time.monotonic())
+    return state
+
+
+def ctx(prompt: str) -> RequestContext:
+    return RequestContext(kind="chat", model="m", prompt=prompt.encode())
+
+
+LONG = "shared system prompt " * 2000
+
+
+@pytest.mark.parametrize("scorers", [
+    None,  # the default profile
+    [{"type": "prefix-approx", "weight": 1}],
+    [{"type": "prefill-cost", "weight": 1}],
+])
+def test_same_prefix_same_endpoint(scorers: list[dict[str, object]] | None) -> None:
+    state = make_state(scorers)
+    sched = Scheduler(state, state.config.profile, None)
+    first = sched.schedule(ctx(LONG + "turn 1")).ranked[0]
+    for turn in range(2, 6):
+        d = sched.schedule(ctx(LONG + f"turn {turn}"))
+        assert d.ranked[0] is first
+        assert d.reason in ("prefix-approx", "prefill-cost")
+    assert state.approx.held(first.url) > 0
+
+
+def test_new_work_spreads_by_cache_room() -> None:
+    state = make_state()
+    sched = Scheduler(state, state.config.profile, None)
+    chosen = {sched.schedule(ctx(f"session {i} " * 3000)).ranked[0].url for i in range(4)}
+    assert len(chosen) == 4  # four unrelated sessions, four endpoints
+
+
+def test_prefill_backlog_moves_work() -> None:
+    state = make_state([{"type": "prefill-cost", "weight": 1}])
+    sched = Scheduler(state, state.config.profile, None)
+    home = sched.schedule(ctx(LONG + "a")).ranked[0]
+    home.prefill_tokens = 10_000_000  # a huge backlog of prefill on the warm endpoint
+    assert sched.schedule(ctx(LONG + "b")).ranked[0] is not home
+
+
+def test_saturated_and_unhealthy_are_filtered() -> None:
+    state = make_state()
+    sched = Scheduler(state, state.config.profile, None)
+    eps = list(state.pool)
+    eps[0].healthy = False
+    eps[1].load = LoadSample(waiting=50, at=time.monotonic())
+    eps[2].load = LoadSample(at=0.0)  # never scraped: stale, counts as saturated
+    for i in range(10):
+        assert sched.schedule(ctx(f"p{i}")).ranked[0] is eps[3]
+    eps[3].draining = True
+    # all that is left is saturated: the filter keeps them rather than refuse
+    assert sched.schedule(ctx("x")).ranked[0] in (eps[1], eps[2])
