@@ -68,6 +68,9 @@ def ours_with(scorers: list[dict[str, Any]]) -> Callable[[Procs, list[str]], Pro
 ABLATIONS: dict[str, Callable[[Procs, list[str]], Proc]] = {
     "toposerve[prefix only]": ours_with([{"type": "prefix-approx", "weight": 1}]),
     "toposerve[prefill-cost only]": ours_with([{"type": "prefill-cost", "weight": 1}]),
+    "toposerve[prefill-cost 3, prefix 1, room 1]": ours_with([
+        {"type": "prefill-cost", "weight": 3}, {"type": "prefix-approx", "weight": 1},
+        {"type": "cache-room", "weight": 1}]),
     "toposerve[llm-d-like: prefix 3, queue 1, kv 1]": ours_with([
         {"type": "prefix-approx", "weight": 3}, {"type": "queue", "weight": 1},
         {"type": "kv-usage", "weight": 1}]),
