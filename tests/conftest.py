@@ -7,10 +7,12 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bench.procs import Procs
 from localcluster.cluster import ClusterSpec, api_client, down, running_clusters, up
 
 TEST_CLUSTER = "toposerve-test"
@@ -38,3 +40,13 @@ def cluster() -> Iterator[Cluster]:
         yield c
     finally:
         down(TEST_CLUSTER)
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Procs]:
+    """Simulators and routers as real subprocesses, stopped after the test."""
+    p = Procs(tmp_path)
+    try:
+        yield p
+    finally:
+        p.close()

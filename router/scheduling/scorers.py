@@ -13,6 +13,13 @@ from router.state import RouterState
 from router.tokens import BYTES_PER_TOKEN
 
 
+class Stateless:
+    """A scorer that reads state but records nothing about the choice."""
+
+    def picked(self, ctx: RequestContext, ep: Endpoint) -> None:
+        return None
+
+
 def approx_match(state: RouterState, ctx: RequestContext, eps: list[Endpoint],
                  block_bytes: int) -> dict[Endpoint, float]:
     """Share of the prompt each endpoint probably holds (computed once per
@@ -119,7 +126,7 @@ class PrecisePrefixScorer:
 
 
 @dataclass
-class QueueScorer:
+class QueueScorer(Stateless):
     """Fewer waiting (and running) requests score higher; stale metrics 0."""
 
     state: RouterState
@@ -132,12 +139,9 @@ class QueueScorer:
         out = lower_is_better(fresh)
         return {e: out.get(e, 0.0) for e in eps}
 
-    def picked(self, ctx: RequestContext, ep: Endpoint) -> None:
-        pass
-
 
 @dataclass
-class KVUsageScorer:
+class KVUsageScorer(Stateless):
     state: RouterState
     name: ClassVar[str] = "kv-usage"
 
@@ -146,12 +150,9 @@ class KVUsageScorer:
         return {e: 0.0 if e.stale(stale_after) else max(0.0, 1.0 - e.load.kv_usage)
                 for e in eps}
 
-    def picked(self, ctx: RequestContext, ep: Endpoint) -> None:
-        pass
-
 
 @dataclass
-class InflightTokensScorer:
+class InflightTokensScorer(Stateless):
     """The router's own count of prompt tokens in flight per endpoint:
     reacts before the next scrape does."""
 
@@ -161,12 +162,9 @@ class InflightTokensScorer:
     def score(self, ctx: RequestContext, eps: list[Endpoint]) -> dict[Endpoint, float]:
         return lower_is_better({e: float(e.inflight_tokens) for e in eps})
 
-    def picked(self, ctx: RequestContext, ep: Endpoint) -> None:
-        pass
-
 
 @dataclass
-class CacheRoomScorer:
+class CacheRoomScorer(Stateless):
     """Endpoints holding fewer cached prefixes score higher, so new work
     (which matches nothing) lands where it evicts least and caches stay
     balanced. Read from the approximate index, no extra bookkeeping."""
@@ -176,9 +174,6 @@ class CacheRoomScorer:
 
     def score(self, ctx: RequestContext, eps: list[Endpoint]) -> dict[Endpoint, float]:
         return lower_is_better({e: float(self.state.approx.held(e.url)) for e in eps})
-
-    def picked(self, ctx: RequestContext, ep: Endpoint) -> None:
-        pass
 
 
 @dataclass

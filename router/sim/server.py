@@ -140,6 +140,16 @@ class SimServer:
         m.prompt_tokens.inc(len(job.tokens))
         m.ttft.observe(job.ttft)
 
+    async def _generate_all(self, job: Job) -> int:
+        """Run a job to its end (no streaming); returns the tokens produced."""
+        produced = 0
+        async for n in self.engine.generate(job):
+            if produced == 0:
+                self._record(job)
+            produced += n
+        self._finished(produced)
+        return produced
+
     def _finished(self, produced: int) -> None:
         self.metrics.generation_tokens.inc(produced)
         self.metrics.success.inc()
@@ -162,12 +172,7 @@ class SimServer:
         extra = {"kv_transfer_params": self._kv_response(job)} if remote_decode else {}
         if body.get("stream"):
             return await self._stream(request, job, kind, rid, model, created, body, extra)
-        produced = 0
-        async for n in self.engine.generate(job):
-            if produced == 0:
-                self._record(job)
-            produced += n
-        self._finished(produced)
+        produced = await self._generate_all(job)
         if self.cfg.midstream_failure_rate and self.rng.random() < self.cfg.midstream_failure_rate:
             assert request.transport is not None
             request.transport.close()
@@ -276,12 +281,7 @@ class SimServer:
             conversation
         max_tokens = self._max_tokens(body, "max_output_tokens")
         job = self._job(chat_prompt(msgs), max_tokens)
-        produced = 0
-        async for n in self.engine.generate(job):
-            if produced == 0:
-                self._record(job)
-            produced += n
-        self._finished(produced)
+        produced = await self._generate_all(job)
         text = filler(produced)
         rid = f"resp_{uuid.uuid4().hex}"
         out_msg = {"type": "message", "id": f"msg_{uuid.uuid4().hex}", "status": "completed",

@@ -10,8 +10,6 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -25,15 +23,6 @@ from tests.conftest import Cluster
 
 pytestmark = pytest.mark.cluster
 PORT = 8000
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Procs]:
-    p = Procs(tmp_path)
-    try:
-        yield p
-    finally:
-        p.close()
 
 
 def make_pod(core: client.CoreV1Api, name: str, app: str) -> str:
