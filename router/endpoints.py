@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 
@@ -76,8 +77,8 @@ class Pool:
         self._eps: dict[str, Endpoint] = {}
         self.changed = asyncio.Event()
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
-        return iter(list(self._eps.values()))
+    def __iter__(self) -> Iterator[Endpoint]:
+        return iter(list(self._eps.values()))  # a copy: discovery may change the pool
 
     def __len__(self) -> int:
         return len(self._eps)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterable
 
 import aiohttp
 import orjson
@@ -97,11 +98,11 @@ async def refresh_models(session: aiohttp.ClientSession, ep: Endpoint, timeout_s
         return
 
 
-async def scrape_loop(session: aiohttp.ClientSession, endpoints: object, interval_s: float,
-                      timeout_s: float) -> None:
+async def scrape_loop(session: aiohttp.ClientSession, endpoints: Iterable[Endpoint],
+                      interval_s: float, timeout_s: float) -> None:
     """Scrape every endpoint of ``endpoints`` (re-read each round) forever."""
     while True:
-        eps = list(endpoints)  # type: ignore[call-overload]
+        eps = list(endpoints)
         if eps:
             await asyncio.gather(*(scrape(session, e, timeout_s) for e in eps))
         await asyncio.sleep(interval_s)

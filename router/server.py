@@ -138,12 +138,11 @@ class Router:
         if model not in served:
             raise ApiError(404, f"The model `{model}` does not exist.", "model")
 
-    def _context(self, request: web.Request, kind: str, model: str | None,
-                 prompt: str) -> RequestContext:
+    def _context(self, request: web.Request, model: str | None, prompt: str) -> RequestContext:
         session = next((request.headers[h] for h in SESSION_HEADERS if h in request.headers),
                        None)
-        return RequestContext(kind=kind, model=model,
-                              prompt=prompt.encode("utf-8", "surrogatepass"), session=session)
+        return RequestContext(model=model, prompt=prompt.encode("utf-8", "surrogatepass"),
+                              session=session)
 
     def _schedule(self, ctx: RequestContext) -> list[Endpoint]:
         t0 = time.perf_counter()
@@ -158,13 +157,13 @@ class Router:
         return d.ranked
 
     # --- handlers ------------------------------------------------------------
-    async def _generate(self, request: web.Request, path: str, kind: str,
+    async def _generate(self, request: web.Request, path: str,
                         model: type[BaseModel], prompt_of: Callable[[Any], str]
                         ) -> web.StreamResponse:
         started = time.monotonic()
         body, _, req = await self._json(request, model)
         self._check_model(req.model)
-        ctx = self._context(request, kind, req.model, prompt_of(req))
+        ctx = self._context(request, req.model, prompt_of(req))
         ranked = self._schedule(ctx)
         rid = request.headers.get("X-Request-Id") or uuid.uuid4().hex
         assert self.proxy is not None
@@ -173,11 +172,11 @@ class Router:
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(
-            request, "/v1/chat/completions", "chat", ChatRequest,
+            request, "/v1/chat/completions", ChatRequest,
             lambda r: chat_prompt([m.model_dump() for m in r.messages]))
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, "/v1/completions", "completion", CompletionRequest,
+        return await self._generate(request, "/v1/completions", CompletionRequest,
                                     lambda r: completion_prompt(r.prompt))
 
     async def create_response(self, request: web.Request) -> web.StreamResponse:
@@ -203,7 +202,7 @@ class Router:
                             store=False)
         msgs = ([{"role": "system", "content": req.instructions}] if req.instructions else []
                 ) + conversation
-        ctx = self._context(request, "responses", req.model, chat_prompt(msgs))
+        ctx = self._context(request, req.model, chat_prompt(msgs))
         ctx.affinity_url = affinity
         ranked = self._schedule(ctx)
         rid = request.headers.get("X-Request-Id") or uuid.uuid4().hex

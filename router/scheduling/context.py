@@ -12,12 +12,10 @@ from router.tokens import BYTES_PER_TOKEN
 
 @dataclass
 class RequestContext:
-    kind: str  # "chat" | "completion" | "responses"
     model: str | None
     prompt: bytes  # canonical prompt bytes (see router.prompt)
     session: str | None = None
     affinity_url: str | None = None  # endpoint that served the previous response
-    priority: int = 0
     _byte_blocks: dict[int, list[int]] = field(default_factory=dict)
     _tokens: list[int] | None = None
     extra: dict[str, Any] = field(default_factory=dict)

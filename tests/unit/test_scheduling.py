@@ -27,7 +27,7 @@ def make_state(scorers: list[dict[str, object]] | None = None) -> RouterState:
 
 
 def ctx(prompt: str) -> RequestContext:
-    return RequestContext(kind="chat", model="m", prompt=prompt.encode())
+    return RequestContext(model="m", prompt=prompt.encode())
 
 
 LONG = "shared system prompt " * 2000
