@@ -47,7 +47,8 @@ $(PEERS)/.installed:
 	@touch $@
 
 bench: setup peers
-	$(PY) -m bench.router_bench
+	$(PY) -m bench.http_stack
+	$(PY) -m bench.router_bench --ablation
 
 scale: setup
 	$(PY) -m bench.cluster_up --nodes 100 1000

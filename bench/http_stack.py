@@ -1,0 +1,170 @@
+"""Which HTTP stack should the router proxy with? The same minimal
+pass-through proxy (read the body, POST it upstream, relay the answer as it
+streams) on two stacks, in front of the same simulator, measured side by
+side: latency added over a direct call, CPU per 195K-token request, and
+throughput under concurrency.
+
+    python -m bench.http_stack            # table + bench/results/http_stack.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import httpx
+import orjson
+
+from bench.procs import Proc, Procs, free_port
+from bench.replay import big_prompts, direct_latency
+
+REPO = Path(__file__).resolve().parents[1]
+STACKS = ("aiohttp", "starlette+uvicorn+httpx")
+
+
+def serve_aiohttp(port: int, upstream: str) -> None:
+    import uvloop
+    from aiohttp import web
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        session: aiohttp.ClientSession = request.app["session"]
+        body = await request.read()
+        async with session.post(upstream + request.path, data=body,
+                                headers={"Content-Type": "application/json"}) as r:
+            out = web.StreamResponse(status=r.status, headers={
+                "Content-Type": r.headers.get("Content-Type", "application/json")})
+            await out.prepare(request)
+            async for chunk in r.content.iter_any():
+                await out.write(chunk)
+            await out.write_eof()
+            return out
+
+    async def start(app: web.Application) -> None:
+        app["session"] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+
+    async def stop(app: web.Application) -> None:
+        await app["session"].close()
+
+    app = web.Application(client_max_size=512 * 2**20)
+    app.router.add_post("/{tail:.*}", handler)
+    app.on_startup.append(start)
+    app.on_cleanup.append(stop)
+    app.router.add_get("/health", lambda r: web.Response(text="ok"))  # type: ignore[arg-type,return-value]
+    uvloop.install()
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=lambda *_: None)
+
+
+def serve_starlette(port: int, upstream: str) -> None:
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import PlainTextResponse, Response, StreamingResponse
+    from starlette.routing import Route
+
+    client = httpx.AsyncClient(limits=httpx.Limits(max_connections=None), timeout=None)
+
+    async def handler(request: Request) -> Response:
+        body = await request.body()
+        req = client.build_request("POST", upstream + request.url.path, content=body,
+                                   headers={"Content-Type": "application/json"})
+        r = await client.send(req, stream=True)
+
+        async def relay() -> Any:
+            try:
+                async for chunk in r.aiter_raw():
+                    yield chunk
+            finally:
+                await r.aclose()
+
+        return StreamingResponse(relay(), status_code=r.status_code,
+                                 media_type=r.headers.get("content-type"))
+
+    async def health(request: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    app = Starlette(routes=[Route("/health", health), Route("/{tail:path}", handler,
+                                                           methods=["POST"])])
+    uvicorn.run(app, host="127.0.0.1", port=port, loop="uvloop", http="httptools",
+                log_level="warning", access_log=False)
+
+
+async def concurrent(url: str, n: int, width: int) -> float:
+    """Requests per second for ``n`` small streamed completions, ``width`` at a time."""
+    sem = asyncio.Semaphore(width)
+    body = orjson.dumps({"model": "toposerve/sim-model", "prompt": "hello " * 50,
+                         "max_tokens": 16, "stream": True})
+
+    async def one(session: aiohttp.ClientSession) -> None:
+        async with sem, session.post(url + "/v1/completions", data=body) as r:
+            async for _ in r.content.iter_any():
+                pass
+
+    t0 = time.monotonic()
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+        await asyncio.gather(*(one(s) for _ in range(n)))
+    return n / (time.monotonic() - t0)
+
+
+def start_stack(procs: Procs, stack: str, upstream: str) -> Proc:
+    port = free_port()
+    argv = [sys.executable, "-m", "bench.http_stack", "serve", "--stack", stack, "--port",
+            str(port), "--upstream", upstream]
+    return procs.command(argv, stack.split("+")[0], f"http://127.0.0.1:{port}", ("/health",))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.http_stack", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd")
+    s = sub.add_parser("serve")
+    s.add_argument("--stack", choices=STACKS, required=True)
+    s.add_argument("--port", type=int, required=True)
+    s.add_argument("--upstream", required=True)
+    ap.add_argument("--out", default=str(REPO / "bench" / "results"))
+    args = ap.parse_args(argv)
+    if args.cmd == "serve":
+        (serve_aiohttp if args.stack == "aiohttp" else serve_starlette)(args.port, args.upstream)
+        return 0
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = Procs(Path(tmp))
+        try:
+            sim = procs.sim(time_scale=0.0001, max_model_len=4_000_000)
+            direct = statistics.median(asyncio.run(direct_latency(sim.url, 300)))
+            for stack in STACKS:
+                p = start_stack(procs, stack, sim.url)
+                added = statistics.median(asyncio.run(direct_latency(p.url, 300))) - direct
+                cpu0 = p.cpu_seconds()
+                ok = asyncio.run(big_prompts(p.url, 30, 195_000))
+                big_cpu = (p.cpu_seconds() - cpu0) / max(ok, 1)
+                cpu0 = p.cpu_seconds()
+                rps = asyncio.run(concurrent(p.url, 600, 32))
+                small_cpu = (p.cpu_seconds() - cpu0) / 600
+                rows.append({"stack": stack, "added_p50_ms": round(added * 1000, 3),
+                             "cpu_ms_per_195k_request": round(big_cpu * 1000, 2),
+                             "cpu_ms_per_small_stream": round(small_cpu * 1000, 3),
+                             "streams_per_s_at_32": round(rps, 1)})
+                p.stop()
+        finally:
+            procs.close()
+    print("| stack | added p50 ms | CPU ms per 195K-token request | CPU ms per small stream "
+          "| streams/s at concurrency 32 |")
+    print("|---|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['stack']} | {r['added_p50_ms']:.2f} | {r['cpu_ms_per_195k_request']:.1f} | "
+              f"{r['cpu_ms_per_small_stream']:.2f} | {r['streams_per_s_at_32']:.0f} |")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "http_stack.json").write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
