@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from localcluster.nodes import MAX_NODES, node_manifest
-from localcluster.processes import end_processes, processes_under
+from localcluster.processes import commands_under, end_processes
 from localcluster.tools import Tools, ToolsMissing, find_tools, state_dir
 from topology.config_file import ConfigError
 from topology.labels import PRESETS, DialectName
@@ -180,13 +180,7 @@ COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-schedul
 
 def check_components(name: str) -> None:
     """Every component still running (a bad flag or config makes one exit)."""
-    cmdlines = []
-    for pid in processes_under(cluster_dir(name)):
-        try:
-            cmdlines.append(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode())
-        except OSError:
-            continue
-    running = {Path(c).name for c in cmdlines}
+    running = set(commands_under(cluster_dir(name)).values())
     for comp in COMPONENTS:
         if comp not in running:
             raise ClusterError(f"{comp} exited: {_last_log_line(name, comp)}")

@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 
 
-def processes_under(path: Path) -> list[int]:
-    """PIDs whose command line mentions ``path``."""
+def commands_under(path: Path) -> dict[int, str]:
+    """PID -> program name of every process whose command line mentions ``path``."""
     needle = str(path).encode()
-    pids = []
+    found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
@@ -22,8 +22,13 @@ def processes_under(path: Path) -> list[int]:
         except OSError:
             continue
         if needle in cmdline:
-            pids.append(int(entry.name))
-    return pids
+            found[int(entry.name)] = Path(cmdline.split(b"\0")[0].decode()).name
+    return found
+
+
+def processes_under(path: Path) -> list[int]:
+    """PIDs whose command line mentions ``path``."""
+    return list(commands_under(path))
 
 
 def end_processes(path: Path, grace_s: float = 10.0) -> list[int]:

@@ -10,13 +10,15 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from router.config import RouterConfig
+from router.scheduling import registry
 
-PLUGINS = {
-    "filters": "model, healthy, not-saturated, role (params: role)",
-    "scorers": "prefix-approx (params: blockBytes), prefix-precise (params: blockBytes, for "
-               "the fallback), queue, kv-usage, inflight-tokens, session",
-    "picker": "max-score (params: seed)",
-}
+# params of the plugins that take any; the names come from the registry
+PARAMS = {"role": "role", "prefix-approx": "blockBytes", "prefix-precise": "blockBytes",
+          "prefill-cost": "blockBytes", "max-score": "seed"}
+
+
+def _plugins(names: list[str]) -> str:
+    return ", ".join(f"{n} (params: {PARAMS[n]})" if n in PARAMS else n for n in names)
 
 
 def _type(ann: Any) -> str:
@@ -61,7 +63,10 @@ def render(model: type[BaseModel] = RouterConfig, title: str = "RouterConfig") -
             section(p, t)
 
     section("", model)
-    lines += ["## Plugin types", ""] + [f"* `{k}`: {v}" for k, v in PLUGINS.items()] + [""]
+    plugins = {"filters": list(registry.FILTERS), "scorers": list(registry.SCORERS),
+               "picker": list(registry.PICKERS)}
+    lines += ["## Plugin types", ""] + [f"* `{k}`: {_plugins(v)}" for k, v in plugins.items()]
+    lines.append("")
     return "\n".join(lines)
 
 

@@ -3,7 +3,6 @@ the session table. One instance per router process."""
 
 from __future__ import annotations
 
-import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -37,7 +36,3 @@ class RouterState:
     def forget_endpoint(self, url: str) -> None:
         self.approx.clear(url)
         self.precise.clear(url)
-
-
-def now() -> float:
-    return time.monotonic()

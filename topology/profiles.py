@@ -14,6 +14,7 @@ from functools import cache
 from importlib import resources
 from typing import Literal
 
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from topology.config_file import ConfigError, load_file, parse_document
@@ -238,8 +239,6 @@ def load_profile(name_or_path: str) -> HardwareProfile:
     if name_or_path not in bundled_names():
         raise ConfigError(f"unknown profile {name_or_path!r}: choose one of "
                           f"{', '.join(bundled_names())} or give a path to a .yaml file")
-    import yaml
-
     res = resources.files("topology").joinpath("profiles", f"{name_or_path}.yaml")
     return parse_document(yaml.safe_load(res.read_text()), HardwareProfile, "HardwareProfile",
                           f"profile {name_or_path}")

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from router.endpoints import Endpoint
+from router.prefix.index import PrefixIndex
 from router.prefix.kv_index import KVIndex
 from router.scheduling.context import RequestContext
 from router.scheduling.scoring import lower_is_better
@@ -20,6 +21,21 @@ class Stateless:
         return None
 
 
+def match_shares(index: PrefixIndex, ctx: RequestContext, eps: list[Endpoint],
+                 keys: list[int]) -> dict[Endpoint, float]:
+    """Share of the prompt's leading blocks each endpoint holds in ``index``;
+    leaves what the proxy and metrics read (matched blocks, and the uncached
+    tokens each endpoint would prefill) in ``ctx.extra``."""
+    if keys:
+        matched = index.match(keys, (e.url for e in eps))
+        frac = {e: matched.get(e.url, 0) / len(keys) for e in eps}
+        ctx.extra["prefix_matched"], ctx.extra["prefix_blocks"] = matched, len(keys)
+    else:
+        frac = dict.fromkeys(eps, 0.0)
+    ctx.extra["uncached"] = {e.url: int(ctx.token_estimate * (1 - f)) for e, f in frac.items()}
+    return frac
+
+
 def approx_match(state: RouterState, ctx: RequestContext, eps: list[Endpoint],
                  block_bytes: int) -> dict[Endpoint, float]:
     """Share of the prompt each endpoint probably holds (computed once per
@@ -28,15 +44,8 @@ def approx_match(state: RouterState, ctx: RequestContext, eps: list[Endpoint],
     memo: dict[int, dict[Endpoint, float]] = ctx.extra.setdefault("approx_match", {})
     if block_bytes in memo:
         return memo[block_bytes]
-    keys = ctx.byte_blocks(block_bytes)
-    if keys:
-        matched = state.approx.match(keys, (e.url for e in eps))
-        frac = {e: matched.get(e.url, 0) / len(keys) for e in eps}
-        ctx.extra["prefix_matched"], ctx.extra["prefix_blocks"] = matched, len(keys)
-    else:
-        frac = dict.fromkeys(eps, 0.0)
-    ctx.extra["uncached"] = {e.url: int(ctx.token_estimate * (1 - f)) for e, f in frac.items()}
-    memo[block_bytes] = frac
+    frac = memo[block_bytes] = match_shares(state.approx, ctx, eps,
+                                            ctx.byte_blocks(block_bytes))
     return frac
 
 
@@ -109,16 +118,7 @@ class PrecisePrefixScorer:
     def score(self, ctx: RequestContext, eps: list[Endpoint]) -> dict[Endpoint, float]:
         if self.kv is None:
             return self.fallback.score(ctx, eps)
-        keys = self.kv.request_keys(ctx)
-        if not keys:
-            return dict.fromkeys(eps, 0.0)
-        matched = self.state.precise.match(keys, (e.url for e in eps))
-        ctx.extra["prefix_matched"] = matched
-        ctx.extra["prefix_blocks"] = len(keys)
-        frac = {e: matched.get(e.url, 0) / len(keys) for e in eps}
-        ctx.extra["uncached"] = {e.url: int(ctx.token_estimate * (1 - f))
-                                 for e, f in frac.items()}
-        return frac
+        return match_shares(self.state.precise, ctx, eps, self.kv.request_keys(ctx))
 
     def picked(self, ctx: RequestContext, ep: Endpoint) -> None:
         if self.kv is None:
