@@ -63,13 +63,14 @@ class Engine:
 
     async def _prefill_job(self, job: Job) -> list[int]:
         hashes = block_hashes(job.tokens, self.cfg.block_size)
-        hit_blocks = self.cache.cached_prefix(hashes)
-        job.cached_tokens = hit_blocks * self.cfg.block_size
-        self.stats.prefix_queries += len(job.tokens)
-        self.stats.prefix_hits += job.cached_tokens
-        uncached = 0 if job.skip_prefill else len(job.tokens) - job.cached_tokens
         async with self._prefill:
-            remaining = uncached
+            # looked up when the prefill is scheduled, not on arrival: blocks an
+            # earlier request computed meanwhile are hits, as in vLLM v1
+            hit_blocks = self.cache.cached_prefix(hashes)
+            job.cached_tokens = hit_blocks * self.cfg.block_size
+            self.stats.prefix_queries += len(job.tokens)
+            self.stats.prefix_hits += job.cached_tokens
+            remaining = 0 if job.skip_prefill else len(job.tokens) - job.cached_tokens
             await self._sleep(self.cfg.overhead_s)
             while remaining > 0:  # chunked prefill: one chunk per turn of the lock
                 chunk = min(remaining, self.cfg.max_num_batched_tokens)
