@@ -25,6 +25,9 @@ class Result:
     prompt: bytes
     text: str = ""
     started: float = 0.0
+    cached_tokens: int | None = None  # from the final usage chunk
+    endpoint: str = ""  # X-Toposerve-Endpoint, when the router says
+    tag: str = ""  # which part of the workload sent it
 
 
 @dataclass
@@ -48,6 +51,7 @@ async def _stream(session: aiohttp.ClientSession, url: str, path: str, body: dic
             if r.status != 200:
                 await r.read()
                 return _done(r0, r.status)
+            r0.endpoint = r.headers.get("X-Toposerve-Endpoint", "")
             async for raw in r.content:
                 line = raw.strip()
                 if not line.startswith(b"data: ") or line == b"data: [DONE]":
@@ -55,6 +59,10 @@ async def _stream(session: aiohttp.ClientSession, url: str, path: str, body: dic
                 chunk = orjson.loads(line[6:])
                 if "error" in chunk:
                     return _done(r0, 599)
+                usage = chunk.get("usage")
+                if usage:
+                    r0.cached_tokens = (usage.get("prompt_tokens_details") or {}).get(
+                        "cached_tokens")
                 for ch in chunk.get("choices", []):
                     piece = ch.get("text") or (ch.get("delta") or {}).get("content") or ""
                     if piece:
@@ -115,13 +123,15 @@ async def _agent(session: aiohttp.ClientSession, url: str, s: AgentSession, time
             await asyncio.sleep(turn.think_s * time_scale)
         msgs.append({"role": "user",
                      "content": text_tokens(turn.user_tokens, f"user-{s.sid}-{n}")})
-        body = {"model": MODEL, "messages": msgs, "max_tokens": turn.max_tokens, "stream": True}
+        body = {"model": MODEL, "messages": msgs, "max_tokens": turn.max_tokens, "stream": True,
+                "stream_options": {"include_usage": True}}
         subs = [_subagent(session, url, msgs, s.sid, n, k, sizes, time_scale, run, timeout_s)
                 for k, sizes in enumerate(turn.subagents)]
         main, *_ = await asyncio.gather(
             _stream(session, url, "/v1/chat/completions", body, _messages_prompt(msgs),
                     timeout_s), *subs)
         assert isinstance(main, Result)
+        main.tag = f"main-{s.sid}-{n}"
         run.results.append(main)
         msgs = [*msgs, {"role": "assistant", "content": main.text}]
 
@@ -133,9 +143,11 @@ async def _subagent(session: aiohttp.ClientSession, url: str, parent: list[dict[
     msgs = [dict(m) for m in parent[:2]]
     for j, size in enumerate(sizes):
         msgs.append({"role": "user", "content": text_tokens(size, f"sub-{sid}-{turn}-{k}-{j}")})
-        body = {"model": MODEL, "messages": msgs, "max_tokens": 8, "stream": True}
+        body = {"model": MODEL, "messages": msgs, "max_tokens": 8, "stream": True,
+                "stream_options": {"include_usage": True}}
         r = await _stream(session, url, "/v1/chat/completions", body, _messages_prompt(msgs),
                           timeout_s)
+        r.tag = f"sub-{sid}-{turn}-{k}-{j}"
         run.results.append(r)
         msgs.append({"role": "assistant", "content": r.text})
         await asyncio.sleep(0.5 * time_scale)
@@ -162,7 +174,8 @@ async def replay_trace(url: str, reqs: list[TraceRequest], time_scale: float,
         delay = r.at_s * time_scale - (time.monotonic() - t0)
         if delay > 0:
             await asyncio.sleep(delay)
-        body = {"model": MODEL, "prompt": r.prompt, "max_tokens": r.max_tokens, "stream": True}
+        body = {"model": MODEL, "prompt": r.prompt, "max_tokens": r.max_tokens, "stream": True,
+                "stream_options": {"include_usage": True}}
         run.results.append(await _stream(session, url, "/v1/completions", body,
                                          r.prompt.encode(), timeout_s))
 
