@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 import aiohttp
 import structlog
@@ -50,6 +51,14 @@ def forward_headers(request: web.Request, request_id: str) -> dict[str, str]:
     out = {k: v for k, v in request.headers.items() if k.lower() not in _DROP}
     out["X-Request-Id"] = request_id
     return out
+
+
+class StreamTap(Protocol):
+    """Sees a relayed event stream and may change it on the way."""
+
+    async def feed(self, ep: Endpoint, chunk: bytes) -> bytes: ...
+
+    def tail(self) -> bytes: ...
 
 
 class Proxy:
@@ -104,8 +113,8 @@ class Proxy:
                                                                 "application/json"))
 
     async def relay(self, request: web.Request, ranked: list[Endpoint], path: str,
-                    body: bytes, headers: dict[str, str], work: Work, started: float
-                    ) -> web.StreamResponse:
+                    body: bytes, headers: dict[str, str], work: Work, started: float,
+                    tap: StreamTap | None = None) -> web.StreamResponse:
         ep, resp_or_err = await self._open(ranked, path, body, headers, work)
         if ep is None:
             return error_response(502, f"no endpoint could take the request ({resp_or_err})")
@@ -138,7 +147,12 @@ class Proxy:
                         ep.first_byte(prefill_pending)
                         prefill_pending = 0
                         first = False
-                    await out.write(chunk)
+                    if tap is not None:
+                        chunk = await tap.feed(ep, chunk)
+                    if chunk:
+                        await out.write(chunk)
+                if tap is not None and (rest := tap.tail()):
+                    await out.write(rest)
             except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError,
                     TimeoutError) as err:
                 self.metrics.midstream.inc()

@@ -26,6 +26,7 @@ from router.metrics import RouterMetrics
 from router.prefix.kv_index import KVIndex
 from router.prompt import chat_prompt, completion_prompt, responses_items
 from router.proxy import Proxy, Upstream, Work, forward_headers
+from router.responses_relay import ResponsesTap, output_text
 from router.responses_store import ResponsesStore, make_store
 from router.scheduling.context import RequestContext
 from router.scheduling.profile import Scheduler
@@ -182,10 +183,8 @@ class Router:
     async def create_response(self, request: web.Request) -> web.StreamResponse:
         """The router keeps the conversation, so any endpoint can continue a
         chain; the endpoint that served the last turn is still preferred."""
+        started = time.monotonic()
         _body, doc, req = await self._json(request, ResponsesRequest)
-        if req.stream:
-            raise ApiError(400, "stream: streaming is not supported on /v1/responses by "
-                                  "this router yet; send stream: false", "stream")
         self._check_model(req.model)
         history: list[dict[str, Any]] = []
         affinity = None
@@ -207,6 +206,18 @@ class Router:
         ranked = self._schedule(ctx)
         rid = request.headers.get("X-Request-Id") or uuid.uuid4().hex
         assert self.proxy is not None
+
+        async def keep(ep: Endpoint, resp: dict[str, Any], text: str) -> None:
+            if req.store is not False:
+                await self.store.put(resp["id"], {
+                    "endpoint": ep.url, "response": resp,
+                    "conversation": [*conversation, {"role": "assistant", "content": text}]})
+
+        if req.stream:
+            return await self.proxy.relay(
+                request, ranked, "/v1/responses", orjson.dumps(upstream_doc),
+                forward_headers(request, rid), work(ctx), started,
+                ResponsesTap(req.previous_response_id, keep))
         up = await self.proxy.fetch(ranked, "/v1/responses", orjson.dumps(upstream_doc),
                                     forward_headers(request, rid), work(ctx))
         if not isinstance(up, Upstream):
@@ -216,12 +227,7 @@ class Router:
                                 headers={"Content-Type": up.content_type})
         resp = orjson.loads(up.body)
         resp["previous_response_id"] = req.previous_response_id
-        text = "".join(c.get("text", "") for item in resp.get("output", [])
-                       if item.get("type") == "message" for c in item.get("content", []))
-        if req.store is not False:
-            await self.store.put(resp["id"], {
-                "endpoint": up.endpoint.url, "response": resp,
-                "conversation": [*conversation, {"role": "assistant", "content": text}]})
+        await keep(up.endpoint, resp, output_text(resp))
         return web.Response(body=orjson.dumps(resp), content_type="application/json",
                             headers={"X-Request-Id": rid,
                                      "X-Toposerve-Endpoint": up.endpoint.name})

@@ -30,6 +30,7 @@ from router.sim.kv_events import (
 )
 from router.sim.kvcache import BlockCache, Stored
 from router.sim.metrics import SimMetrics
+from router.sim.responses_stream import ResponseEvents
 from router.tokens import load_tokenizer
 
 WORDS = (" the", " kv ", " and", " for", " GPU", " one", " two", " ten")
@@ -279,28 +280,48 @@ class SimServer:
         conversation = history + responses_items(body["input"])
         msgs = ([{"role": "system", "content": instructions}] if instructions else []) + \
             conversation
-        max_tokens = self._max_tokens(body, "max_output_tokens")
-        job = self._job(chat_prompt(msgs), max_tokens)
-        produced = await self._generate_all(job)
-        text = filler(produced)
-        rid = f"resp_{uuid.uuid4().hex}"
-        out_msg = {"type": "message", "id": f"msg_{uuid.uuid4().hex}", "status": "completed",
-                   "role": "assistant",
-                   "content": [{"type": "output_text", "text": text, "annotations": []}]}
-        resp = {"id": rid, "object": "response", "created_at": int(time.time()),
-                "model": body.get("model") or self.cfg.names[0], "status": "completed",
-                "output": [out_msg], "previous_response_id": prev,
-                "instructions": instructions, "parallel_tool_calls": True, "tools": [],
-                "usage": {"input_tokens": len(job.tokens), "output_tokens": produced,
-                          "total_tokens": len(job.tokens) + produced,
-                          "input_tokens_details": {"cached_tokens": job.cached_tokens},
-                          "output_tokens_details": {"reasoning_tokens": 0}}}
-        if body.get("store", True):
-            self.responses[rid] = {"response": resp, "conversation": [
-                *conversation, {"role": "assistant", "content": text}]}
-            while len(self.responses) > MAX_STORED_RESPONSES:
-                self.responses.popitem(last=False)
-        return web.json_response(resp, dumps=lambda o: orjson.dumps(o).decode())
+        job = self._job(chat_prompt(msgs), self._max_tokens(body, "max_output_tokens"))
+        rid, item_id = f"resp_{uuid.uuid4().hex}", f"msg_{uuid.uuid4().hex}"
+        resp: dict[str, Any] = {
+            "id": rid, "object": "response", "created_at": int(time.time()),
+            "model": body.get("model") or self.cfg.names[0], "status": "completed",
+            "output": [], "previous_response_id": prev, "instructions": instructions,
+            "parallel_tool_calls": True, "tools": [], "usage": None}
+
+        def complete(produced: int) -> dict[str, Any]:
+            text = filler(produced)
+            resp["output"] = [{"type": "message", "id": item_id, "status": "completed",
+                               "role": "assistant", "content": [
+                                   {"type": "output_text", "text": text, "annotations": []}]}]
+            resp["usage"] = {"input_tokens": len(job.tokens), "output_tokens": produced,
+                             "total_tokens": len(job.tokens) + produced,
+                             "input_tokens_details": {"cached_tokens": job.cached_tokens},
+                             "output_tokens_details": {"reasoning_tokens": 0}}
+            if body.get("store", True):
+                self.responses[rid] = {"response": resp, "conversation": [
+                    *conversation, {"role": "assistant", "content": text}]}
+                while len(self.responses) > MAX_STORED_RESPONSES:
+                    self.responses.popitem(last=False)
+            return resp
+
+        if not body.get("stream"):
+            return web.json_response(complete(await self._generate_all(job)),
+                                     dumps=lambda o: orjson.dumps(o).decode())
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                          "Cache-Control": "no-cache"})
+        await out.prepare(request)
+        events = ResponseEvents(resp, item_id)
+        await out.write(events.opening())
+        produced = 0
+        async for n in self.engine.generate(job):
+            if produced == 0:
+                self._record(job)
+            await out.write(events.delta(filler(n, produced)))
+            produced += n
+        self._finished(produced)
+        await out.write(events.closing(complete(produced), filler(produced)))
+        await out.write_eof()
+        return out
 
     async def get_response(self, request: web.Request) -> web.StreamResponse:
         rid = request.match_info["id"]

@@ -89,6 +89,36 @@ def test_responses_chain_survives_endpoint_loss(procs: Procs) -> None:
         c.responses.create(model=MODEL, input="x", previous_response_id="resp_missing")
 
 
+def test_responses_streaming_chain(client: openai.OpenAI) -> None:
+    """Streamed turns are kept too: each turn names the one before, streamed
+    or not, and sees the whole conversation."""
+    prev, last_input = None, 0
+    for turn in range(4):
+        if turn % 2:
+            r = client.responses.create(model=MODEL, input=f"turn {turn}", max_output_tokens=5,
+                                        previous_response_id=prev)
+        else:
+            events = list(client.responses.create(
+                model=MODEL, input=f"turn {turn}", max_output_tokens=5,
+                previous_response_id=prev, stream=True))
+            kinds = [e.type for e in events]
+            assert kinds[:4] == ["response.created", "response.in_progress",
+                                 "response.output_item.added", "response.content_part.added"]
+            assert kinds[-1] == "response.completed"
+            assert [e.sequence_number for e in events] == list(range(len(events)))
+            deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+            done = events[-1]
+            assert done.type == "response.completed"
+            r = done.response
+            assert deltas == r.output_text and len(deltas) == 5 * 4
+            assert events[0].type == "response.created"
+            assert events[0].response.previous_response_id == prev
+        assert r.previous_response_id == prev
+        assert r.usage is not None and r.usage.input_tokens > last_input
+        last_input, prev = r.usage.input_tokens, r.id
+    assert prev is not None and client.responses.retrieve(prev).id == prev
+
+
 def test_health_ready_metrics(procs: Procs) -> None:
     sim = procs.sim()
     router = procs.router(endpoints=[sim.url])

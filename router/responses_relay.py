@@ -1,0 +1,63 @@
+"""Relaying a streamed Responses-API answer while keeping the turn: events
+pass through as they complete; those carrying the whole response get the
+chain's ``previous_response_id`` back (the model server saw the full
+conversation, not the chain), and ``response.completed`` is stored before
+the client sees it, so the next turn can name it at once."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+
+from router.endpoints import Endpoint
+
+_WHOLE = (b"response.created", b"response.in_progress", b"response.completed",
+          b"response.failed", b"response.incomplete")
+Keep = Callable[[Endpoint, dict[str, Any], str], Awaitable[None]]
+
+
+def output_text(resp: dict[str, Any]) -> str:
+    return "".join(c.get("text", "") for item in resp.get("output", [])
+                   if item.get("type") == "message" for c in item.get("content", []))
+
+
+class ResponsesTap:
+    def __init__(self, previous_response_id: str | None, keep: Keep) -> None:
+        self.previous, self.keep = previous_response_id, keep
+        self._buf = b""
+
+    async def feed(self, ep: Endpoint, chunk: bytes) -> bytes:
+        """The bytes to send on: every event completed by ``chunk``."""
+        self._buf += chunk
+        end = self._buf.rfind(b"\n\n")
+        if end < 0:
+            return b""
+        ready, self._buf = self._buf[:end + 2], self._buf[end + 2:]
+        if not any(t in ready for t in _WHOLE):
+            return ready  # text deltas: as they are
+        return b"".join([await self._event(ep, ev) + b"\n\n"
+                         for ev in ready.split(b"\n\n") if ev])
+
+    def tail(self) -> bytes:
+        rest, self._buf = self._buf, b""
+        return rest
+
+    async def _event(self, ep: Endpoint, ev: bytes) -> bytes:
+        lines = ev.split(b"\n")
+        for i, line in enumerate(lines):
+            if not line.startswith(b"data:"):
+                continue
+            try:
+                data = orjson.loads(line[5:])
+            except orjson.JSONDecodeError:
+                return ev
+            resp = data.get("response") if isinstance(data, dict) else None
+            if not isinstance(resp, dict):
+                return ev
+            resp["previous_response_id"] = self.previous
+            if data.get("type") == "response.completed":
+                await self.keep(ep, resp, output_text(resp))
+            lines[i] = b"data: " + orjson.dumps(data)
+        return b"\n".join(lines)
