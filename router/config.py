@@ -155,6 +155,43 @@ class SaturationConfig(Section):
                                       description="KV-cache usage that does the same")
 
 
+class Objective(Section):
+    """An inference objective a request names in x-llm-d-inference-objective."""
+
+    name: str = Field(min_length=1, description="the header's value")
+    priority: int = Field(description="higher goes first; negative = sheddable (429 under "
+                                      "saturation)")
+
+
+class FlowControlConfig(Section):
+    """Holding requests in the router while every endpoint is saturated."""
+
+    enabled: bool = Field(default=False, description="off: requests go to a saturated "
+                                                     "endpoint rather than wait")
+    queue_ttl_s: float = Field(default=30.0, alias="queueTTLSeconds", gt=0,
+                               description="longest wait in the queue before a 429")
+    max_queued: int = Field(default=10_000, alias="maxQueued", gt=0,
+                            description="beyond this, new requests get 429 at once")
+
+
+class AdmissionConfig(Section):
+    """Priorities, shedding and fair queueing from llm-d's request headers."""
+
+    objectives: list[Objective] = Field(
+        default_factory=list, description="objective names and their priorities; an unknown "
+                                          "or absent objective has priority 0")
+    flow_control: FlowControlConfig = Field(default_factory=FlowControlConfig,
+                                            alias="flowControl")
+
+    @model_validator(mode="after")
+    def _unique(self) -> AdmissionConfig:
+        names = [o.name for o in self.objectives]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"objective names must be unique; repeated: {', '.join(dup)}")
+        return self
+
+
 class RouterConfig(Section):
     """The router's configuration file."""
 
@@ -167,6 +204,7 @@ class RouterConfig(Section):
     responses: ResponsesStoreConfig = Field(default_factory=ResponsesStoreConfig)
     kv_events: KVEventsConfig = Field(default_factory=KVEventsConfig, alias="kvEvents")
     saturation: SaturationConfig = Field(default_factory=SaturationConfig)
+    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
 
 
 def load_router_config(path: str) -> RouterConfig:

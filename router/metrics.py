@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -72,6 +72,14 @@ class RouterMetrics:
                                       "as the router estimates it.",
                                       buckets=(0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0),
                                       registry=r)
+        self.admission = Counter("toposerve_router_admission",
+                                 "Admission outcomes: admitted, queued (then sent), shed, "
+                                 "expired, queue-full.", ["outcome"], registry=r)
+        self.queue_wait = Histogram("toposerve_router_queue_wait_seconds",
+                                    "Time requests waited in the router's queue.",
+                                    buckets=LATENCY_BUCKETS, registry=r)
+        self.queued = Gauge("toposerve_router_queued_requests",
+                            "Requests waiting in the router's queue.", registry=r)
         r.register(_PoolCollector(state))
 
     def render(self) -> bytes:

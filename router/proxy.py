@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -63,9 +64,11 @@ class StreamTap(Protocol):
 
 class Proxy:
     def __init__(self, session: aiohttp.ClientSession, metrics: RouterMetrics,
-                 max_attempts: int, timeout: aiohttp.ClientTimeout) -> None:
+                 max_attempts: int, timeout: aiohttp.ClientTimeout,
+                 on_done: Callable[[], None]) -> None:
         self.session, self.metrics = session, metrics
         self.max_attempts, self.timeout = max_attempts, timeout
+        self.on_done = on_done  # an endpoint may have room again
 
     async def _open(self, ranked: list[Endpoint], path: str, body: bytes,
                     headers: dict[str, str], work: Work
@@ -109,6 +112,7 @@ class Proxy:
             resp.release()
             ep.first_byte(work.prefill(ep))
             ep.end(work.tokens)
+            self.on_done()
         return Upstream(ep, resp.status, data, resp.headers.get("Content-Type",
                                                                 "application/json"))
 
@@ -166,3 +170,4 @@ class Proxy:
             resp.release()
             ep.first_byte(prefill_pending)
             ep.end(work.tokens)
+            self.on_done()

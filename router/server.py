@@ -16,6 +16,7 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from router.admission import Admission
 from router.api_models import ChatRequest, CompletionRequest, ResponsesRequest
 from router.config import RouterConfig
 from router.discovery.kubernetes import KubernetesWatcher
@@ -36,7 +37,6 @@ from router.tokens import load_tokenizer
 
 log = structlog.get_logger("router")
 SESSION_HEADERS = ("x-session-id", "x-llm-d-session-id")
-FAIRNESS_HEADER = "x-llm-d-inference-fairness-id"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -57,6 +57,7 @@ class Router:
                                  else cfg.kv_events.tokenizer)
             self.kv = KVIndex(self.state.precise, tok, cfg.kv_events.block_size)
         self.scheduler = Scheduler(self.state, cfg.profile, self.kv)
+        self.admission = Admission(cfg.admission, self.state, self.metrics)
         self.store: ResponsesStore = make_store(cfg.responses)
         self.session: aiohttp.ClientSession | None = None
         self.proxy: Proxy | None = None
@@ -81,7 +82,8 @@ class Router:
             auto_decompress=False)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=s.connect_timeout_s,
                                         sock_read=s.upstream_timeout_s)
-        self.proxy = Proxy(self.session, self.metrics, s.max_attempts, timeout)
+        self.proxy = Proxy(self.session, self.metrics, s.max_attempts, timeout,
+                           self.admission.request_done)
         for ep in load_static(self.state.pool, self.cfg.discovery.static):
             self._watch_events(ep)
         if self.cfg.discovery.kubernetes is not None:
@@ -92,6 +94,7 @@ class Router:
         sc = self.cfg.scrape
         self._tasks.append(asyncio.create_task(
             scrape_loop(self.session, self.state.pool, sc.interval_s, sc.timeout_s)))
+        self._tasks.append(asyncio.create_task(self.admission.run(sc.interval_s)))
 
     async def stop(self, app: web.Application) -> None:
         if self.watcher:
@@ -145,7 +148,9 @@ class Router:
         return RequestContext(model=model, prompt=prompt.encode("utf-8", "surrogatepass"),
                               session=session)
 
-    def _schedule(self, ctx: RequestContext) -> list[Endpoint]:
+    async def _schedule(self, request: web.Request, ctx: RequestContext) -> list[Endpoint]:
+        await self.admission.admit(self.admission.classify(request.headers),
+                                   lambda: self.scheduler.candidates(ctx))
         t0 = time.perf_counter()
         d = self.scheduler.schedule(ctx)
         self.metrics.scheduling.observe(time.perf_counter() - t0)
@@ -165,7 +170,7 @@ class Router:
         body, _, req = await self._json(request, model)
         self._check_model(req.model)
         ctx = self._context(request, req.model, prompt_of(req))
-        ranked = self._schedule(ctx)
+        ranked = await self._schedule(request, ctx)
         rid = request.headers.get("X-Request-Id") or uuid.uuid4().hex
         assert self.proxy is not None
         return await self.proxy.relay(request, ranked, path, body,
@@ -203,7 +208,7 @@ class Router:
                 ) + conversation
         ctx = self._context(request, req.model, chat_prompt(msgs))
         ctx.affinity_url = affinity
-        ranked = self._schedule(ctx)
+        ranked = await self._schedule(request, ctx)
         rid = request.headers.get("X-Request-Id") or uuid.uuid4().hex
         assert self.proxy is not None
 
