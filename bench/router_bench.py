@@ -162,10 +162,12 @@ def run_one(tmp: Path, name: str, workload: str, payload: Any) -> Row:
                cpu_ms_per_request=1000 * cpu / max(1, len(run.results)))
 
 
-def overheads(tmp: Path, n: int, big_n: int, big_tokens: int) -> dict[str, dict[str, float]]:
+def overheads(tmp: Path, names: list[str], n: int, big_n: int, big_tokens: int
+              ) -> dict[str, dict[str, float]]:
     """Latency a router adds to a direct call (p50), and its CPU per big request."""
     out: dict[str, dict[str, float]] = {}
-    for name, start in ROUTERS.items():
+    for name in names:
+        start = ROUTERS[name]
         procs = Procs(tmp)
         try:
             # two servers: power_of_two refuses to start with one
@@ -270,8 +272,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{row.hit_rate:6.1%}  failed {row.failed}  ({time.monotonic() - t0:.0f}s)",
                       file=sys.stderr,
                       flush=True)
-        over = overheads(Path(tmp), 50 if args.quick else 200, 5 if args.quick else 30,
-                         195_000)
+        over = overheads(Path(tmp), args.routers, 50 if args.quick else 200,
+                         5 if args.quick else 30, 195_000)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     md = table(rows, over)

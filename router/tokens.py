@@ -9,6 +9,8 @@ on a 4-byte boundary) and costs nothing, which is all a simulator needs.
 
 from __future__ import annotations
 
+import sys
+from array import array
 from typing import Protocol
 
 BYTES_PER_TOKEN = 4
@@ -23,8 +25,11 @@ class Tokenizer(Protocol):
 class ByteTokenizer:
     def encode(self, text: str) -> list[int]:
         data = text.encode("utf-8", "surrogatepass")
-        return [int.from_bytes(data[i:i + BYTES_PER_TOKEN], "little")
-                for i in range(0, len(data), BYTES_PER_TOKEN)]
+        words = array("I")  # 4-byte little-endian words; the last one zero-padded
+        words.frombytes(data + bytes(-len(data) % BYTES_PER_TOKEN))
+        if sys.byteorder != "little":
+            words.byteswap()
+        return words.tolist()
 
     def count(self, text: str) -> int:
         return -(-len(text.encode("utf-8", "surrogatepass")) // BYTES_PER_TOKEN)

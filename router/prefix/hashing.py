@@ -10,9 +10,9 @@ import xxhash
 SEED = 0x70505E
 
 
-def byte_block_hashes(data: bytes, block_bytes: int) -> list[int]:
+def byte_block_hashes(data: bytes, block_bytes: int, parent: int = SEED) -> list[int]:
     mv = memoryview(data)
-    h, out = SEED, []
+    h, out = parent, []
     digest = xxhash.xxh3_64_intdigest
     for start in range(0, len(data) - block_bytes + 1, block_bytes):
         h = digest(mv[start:start + block_bytes], h)
@@ -20,12 +20,14 @@ def byte_block_hashes(data: bytes, block_bytes: int) -> list[int]:
     return out
 
 
+def token_bytes(tokens: list[int]) -> bytes:
+    """Token ids as 8-byte words, converted once rather than per block."""
+    try:
+        return array("Q", tokens).tobytes()
+    except OverflowError:  # a negative id: keep its low 64 bits, as vLLM's hashes do
+        return array("Q", [t & 0xFFFFFFFFFFFFFFFF for t in tokens]).tobytes()
+
+
 def token_block_hashes(tokens: list[int], block_size: int, parent: int = SEED) -> list[int]:
     """Keys of full token blocks, continuing the chain after ``parent``."""
-    h, out = parent, []
-    digest = xxhash.xxh3_64_intdigest
-    for start in range(0, len(tokens) - block_size + 1, block_size):
-        h = digest(array("Q", [t & 0xFFFFFFFFFFFFFFFF
-                              for t in tokens[start:start + block_size]]).tobytes(), h)
-        out.append(h)
-    return out
+    return byte_block_hashes(token_bytes(tokens), block_size * 8, parent)

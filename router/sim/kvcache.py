@@ -3,24 +3,26 @@ a chained hash, emitting vLLM-style KV events as blocks come and go."""
 
 from __future__ import annotations
 
-from array import array
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import xxhash
 
+from router.prefix.hashing import token_bytes
+
 ROOT_HASH = 0x5EED
 
 
 def block_hashes(tokens: list[int], block_size: int) -> list[int]:
     """Chained hashes of every full block: h_i = H(h_{i-1}, tokens of block i)."""
+    raw = token_bytes(tokens)
+    step = block_size * 8
     out = []
     parent = ROOT_HASH
-    for start in range(0, len(tokens) - block_size + 1, block_size):
-        data = parent.to_bytes(8, "little") + array(
-            "Q", (t & 0xFFFFFFFFFFFFFFFF for t in tokens[start:start + block_size])).tobytes()
-        parent = xxhash.xxh3_64_intdigest(data)
+    digest = xxhash.xxh3_64_intdigest
+    for start in range(0, len(raw) - step + 1, step):
+        parent = digest(parent.to_bytes(8, "little") + raw[start:start + step])
         out.append(parent)
     return out
 
