@@ -29,23 +29,32 @@ class PrefixIndex:
         self._evict(url)
 
     def match(self, keys: list[int], urls: Iterable[str]) -> dict[str, int]:
-        """Leading blocks of ``keys`` each endpoint holds."""
-        active = set(urls)
-        matched = dict.fromkeys(active, 0)
-        for i, k in enumerate(keys):
-            holders = self._where.get(k)
-            if not holders:
-                break
-            active &= holders
-            if not active:
-                break
-            for url in active:
-                matched[url] = i + 1
+        """Leading blocks of ``keys`` each endpoint holds. A prompt's blocks
+        are added (and so evicted) together, its head last, so what an
+        endpoint holds of a chain is a prefix of it: a binary search per
+        endpoint that holds the first block finds its length."""
+        matched = dict.fromkeys(urls, 0)
+        first = self._where.get(keys[0]) if keys else None
+        if not first:
+            return matched
+        for url in first.intersection(matched):
+            lru = self._lru[url]
+            lo, hi = 1, len(keys) + 1  # keys[:lo] held; keys[:hi] not
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if keys[mid - 1] in lru:
+                    lo = mid
+                else:
+                    hi = mid
+            matched[url] = lo
         return matched
 
-    def add(self, url: str, keys: Iterable[int]) -> None:
+    def add(self, url: str, keys: list[int]) -> None:
+        """Record ``keys`` (a prompt's chain) as held by ``url``, most recently
+        used first at its head, as engines free a finished sequence's blocks
+        tail first: under pressure the tail is forgotten before the head."""
         lru = self._lru.setdefault(url, OrderedDict())
-        for k in keys:
+        for k in reversed(keys):
             if k in lru:
                 lru.move_to_end(k)
             else:

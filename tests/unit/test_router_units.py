@@ -94,8 +94,10 @@ def test_prefix_index_match_and_capacity() -> None:
     idx.add("a", [1, 2, 3])
     idx.add("b", [1, 9])
     assert idx.match([1, 2, 3, 4], ["a", "b", "c"]) == {"a": 3, "b": 1, "c": 0}
-    idx.add("a", [5])  # evicts 1, the least recently used
-    assert idx.match([1, 2], ["a"]) == {"a": 0}
+    idx.add("a", [5])  # evicts the chain's tail (3), not its head
+    assert idx.match([1, 2, 3], ["a"]) == {"a": 2}
+    idx.add("a", [6, 7])  # now the rest of that chain
+    assert idx.match([1, 2, 3], ["a"]) == {"a": 0} and idx.held("a") == 3
     idx.clear("b")
     assert idx.match([1], ["b"]) == {"b": 0}
 
