@@ -80,7 +80,10 @@ class ScrapeConfig(Section):
     """Reading each server's health and load."""
 
     interval_s: float = Field(default=0.2, alias="intervalSeconds", gt=0,
-                              description="how often /health and /metrics are read")
+                              description="how often /metrics is read")
+    health_interval_s: float = Field(default=1.0, alias="healthIntervalSeconds", gt=0,
+                                     description="how often /health is read (always while "
+                                                 "an endpoint is unhealthy)")
     stale_after_s: float = Field(default=2.0, alias="staleAfterSeconds", gt=0,
                                  description="older metrics count as saturated")
     timeout_s: float = Field(default=1.0, alias="timeoutSeconds", gt=0,

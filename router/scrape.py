@@ -55,15 +55,19 @@ def parse_load(text: str) -> tuple[LoadSample, int | None, int | None]:
             block_size, num_blocks)
 
 
-async def scrape(session: aiohttp.ClientSession, ep: Endpoint, timeout_s: float) -> None:
+async def scrape(session: aiohttp.ClientSession, ep: Endpoint, timeout_s: float,
+                 health: bool = True) -> None:
+    """Load from /metrics; readiness from /health too when ``health`` (or
+    while the endpoint is not healthy, so it comes back at once)."""
     try:
-        async with session.get(f"{ep.url}/health",
-                               timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
-            if r.status != 200:  # the server says it cannot serve: believe it at once
-                if ep.healthy:
-                    log.warning("endpoint not ready", endpoint=ep.name, status=r.status)
-                ep.healthy = False
-                return
+        if health or not ep.healthy:
+            async with session.get(f"{ep.url}/health",
+                                   timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+                if r.status != 200:  # the server says it cannot serve: believe it at once
+                    if ep.healthy:
+                        log.warning("endpoint not ready", endpoint=ep.name, status=r.status)
+                    ep.healthy = False
+                    return
         async with session.get(f"{ep.url}/metrics",
                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
             if r.status != 200:
@@ -99,10 +103,16 @@ async def refresh_models(session: aiohttp.ClientSession, ep: Endpoint, timeout_s
 
 
 async def scrape_loop(session: aiohttp.ClientSession, endpoints: Iterable[Endpoint],
-                      interval_s: float, timeout_s: float) -> None:
-    """Scrape every endpoint of ``endpoints`` (re-read each round) forever."""
+                      interval_s: float, timeout_s: float, health_interval_s: float) -> None:
+    """Scrape every endpoint of ``endpoints`` (re-read each round) forever;
+    /health at its own, slower pace (each GET costs the server CPU too)."""
+    last_health = 0.0
     while True:
         eps = list(endpoints)
+        now = time.monotonic()
+        health = now - last_health >= health_interval_s
+        if health:
+            last_health = now
         if eps:
-            await asyncio.gather(*(scrape(session, e, timeout_s) for e in eps))
+            await asyncio.gather(*(scrape(session, e, timeout_s, health) for e in eps))
         await asyncio.sleep(interval_s)

@@ -93,7 +93,8 @@ class Router:
             self.watcher.start()
         sc = self.cfg.scrape
         self._tasks.append(asyncio.create_task(
-            scrape_loop(self.session, self.state.pool, sc.interval_s, sc.timeout_s)))
+            scrape_loop(self.session, self.state.pool, sc.interval_s, sc.timeout_s,
+                        sc.health_interval_s)))
         self._tasks.append(asyncio.create_task(self.admission.run(sc.interval_s)))
 
     async def stop(self, app: web.Application) -> None:

@@ -20,6 +20,7 @@ from router.scheduling.scorers import (
     PrecisePrefixScorer,
     PrefillCostScorer,
     QueueScorer,
+    RecentRequestsScorer,
     SessionScorer,
 )
 from router.state import RouterState
@@ -43,6 +44,10 @@ class PrefixParams(_Params):
 
 class RoleParams(_Params):
     role: str = "decode"
+
+
+class RecentParams(_Params):
+    half_life_s: float = Field(default=30.0, alias="halfLifeSeconds", gt=0)
 
 
 class PickerParams(_Params):
@@ -91,6 +96,8 @@ SCORERS: dict[str, ScorerFactory] = {
     "cache-room": _plain(CacheRoomScorer),
     "prefill-cost": lambda s, p, w, kv: PrefillCostScorer(
         s, _params(PrefixParams, p, w).block_bytes),
+    "recent-requests": lambda s, p, w, kv: RecentRequestsScorer(
+        s, _params(RecentParams, p, w).half_life_s),
 }
 
 PICKERS: dict[str, Callable[[dict[str, Any], str], Picker]] = {

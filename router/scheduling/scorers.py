@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 from router.endpoints import Endpoint
@@ -174,6 +175,31 @@ class CacheRoomScorer(Stateless):
 
     def score(self, ctx: RequestContext, eps: list[Endpoint]) -> dict[Endpoint, float]:
         return lower_is_better({e: float(self.state.approx.held(e.url)) for e in eps})
+
+
+@dataclass
+class RecentRequestsScorer:
+    """Fewer requests sent lately score higher: a decaying count per endpoint
+    (half-life ``half_life_s``). Sessions keep coming back where they
+    started, so this is the steady load a new session would join; in-flight
+    counts and queues only show the present instant."""
+
+    state: RouterState
+    half_life_s: float = 30.0
+    name: ClassVar[str] = "recent-requests"
+    _counts: dict[str, tuple[float, float]] = field(default_factory=dict)  # url -> (n, at)
+
+    def _now(self, url: str, now: float) -> float:
+        n, at = self._counts.get(url, (0.0, now))
+        return float(n * 0.5 ** ((now - at) / self.half_life_s))
+
+    def score(self, ctx: RequestContext, eps: list[Endpoint]) -> dict[Endpoint, float]:
+        now = time.monotonic()
+        return lower_is_better({e: self._now(e.url, now) for e in eps})
+
+    def picked(self, ctx: RequestContext, ep: Endpoint) -> None:
+        now = time.monotonic()
+        self._counts[ep.url] = (self._now(ep.url, now) + 1.0, now)
 
 
 @dataclass

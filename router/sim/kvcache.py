@@ -53,19 +53,20 @@ class BlockCache:
         for h in hashes:
             if h not in self._lru:
                 break
-            self._lru.move_to_end(h)
             n += 1
+        self._touch(hashes[:n])
         return n
 
+    def _touch(self, hashes: list[int]) -> None:
+        # head last, so it is the most recent: like vLLM, which frees a
+        # sequence's blocks tail first, the tail of a prefix is evicted first
+        for h in reversed(hashes):
+            self._lru[h] = None
+            self._lru.move_to_end(h)
+
     def store(self, hashes: list[int], tokens: list[int]) -> None:
-        new_from = None
-        for i, h in enumerate(hashes):
-            if h in self._lru:
-                self._lru.move_to_end(h)
-            else:
-                self._lru[h] = None
-                if new_from is None:
-                    new_from = i
+        new_from = next((i for i, h in enumerate(hashes) if h not in self._lru), None)
+        self._touch(hashes)
         if new_from is not None and self._on_stored:
             bs = self.block_size
             self._on_stored(Stored(

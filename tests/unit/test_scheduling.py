@@ -76,3 +76,26 @@ def test_saturated_and_unhealthy_are_filtered() -> None:
     eps[3].draining = True
     # all that is left is saturated: the filter keeps them rather than refuse
     assert sched.schedule(ctx("x")).ranked[0] in (eps[1], eps[2])
+
+
+def test_recent_requests_spreads_new_work_and_forgets() -> None:
+    state = make_state([{"type": "recent-requests", "weight": 1,
+                         "params": {"halfLifeSeconds": 0.2}}])
+    sched = Scheduler(state, state.config.profile, None)
+    # unrelated prompts go round the pool before any endpoint gets a second
+    first = [sched.schedule(ctx(f"task {i}")).ranked[0].url for i in range(4)]
+    assert len(set(first)) == 4
+    # a burst on one endpoint: it scores lowest until the count decays
+    scorer = sched.scorers[0][0]
+    busy = state.pool.get("http://e0:8000")
+    assert busy is not None
+    for _ in range(10):
+        scorer.picked(ctx("x"), busy)
+    eps = state.pool.routable()
+    assert scorer.score(ctx("y"), eps)[busy] == 0.0
+    time.sleep(1.0)  # five half-lives: the burst of 11 now weighs ~0.34
+    other = state.pool.get("http://e1:8000")
+    assert other is not None
+    scorer.picked(ctx("z"), other)  # one request just now outweighs it
+    scores = scorer.score(ctx("y"), eps)
+    assert scores[other] == 0.0 and scores[busy] > 0.5
