@@ -71,13 +71,13 @@ ABLATIONS: dict[str, Callable[[Procs, list[str]], Proc]] = {
     "toposerve[old default: prefix 3, cost 1, room 1, session 2]": ours_with([
         {"type": "prefix-approx", "weight": 3}, {"type": "prefill-cost", "weight": 1},
         {"type": "cache-room", "weight": 1}, {"type": "session", "weight": 2}]),
-    "toposerve[prefix 3, cost 1, room 1, recent 1, session 2]": ours_with([
+    "toposerve[prefix 3, cost 1, room 1, conv 1, session 2]": ours_with([
         {"type": "prefix-approx", "weight": 3}, {"type": "prefill-cost", "weight": 1},
-        {"type": "cache-room", "weight": 1}, {"type": "recent-requests", "weight": 1},
+        {"type": "cache-room", "weight": 1}, {"type": "conversations", "weight": 1},
         {"type": "session", "weight": 2}]),
-    "toposerve[prefix 3, cost 1, recent 2, session 2]": ours_with([
+    "toposerve[prefix 3, cost 1, conv 2, session 2]": ours_with([
         {"type": "prefix-approx", "weight": 3}, {"type": "prefill-cost", "weight": 1},
-        {"type": "recent-requests", "weight": 2}, {"type": "session", "weight": 2}]),
+        {"type": "conversations", "weight": 2}, {"type": "session", "weight": 2}]),
     "toposerve[llm-d-like: prefix 3, queue 1, kv 1]": ours_with([
         {"type": "prefix-approx", "weight": 3}, {"type": "queue", "weight": 1},
         {"type": "kv-usage", "weight": 1}]),

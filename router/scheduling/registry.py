@@ -15,12 +15,12 @@ from router.scheduling.plugins import Filter, Picker, Scorer
 from router.scheduling.scorers import (
     ApproxPrefixScorer,
     CacheRoomScorer,
+    ConversationsScorer,
     InflightTokensScorer,
     KVUsageScorer,
     PrecisePrefixScorer,
     PrefillCostScorer,
     QueueScorer,
-    RecentRequestsScorer,
     SessionScorer,
 )
 from router.state import RouterState
@@ -46,8 +46,9 @@ class RoleParams(_Params):
     role: str = "decode"
 
 
-class RecentParams(_Params):
-    half_life_s: float = Field(default=30.0, alias="halfLifeSeconds", gt=0)
+class ConversationParams(_Params):
+    window_s: float = Field(default=300.0, alias="windowSeconds", gt=0)
+    block_bytes: int = Field(default=1024, alias="blockBytes", ge=16)
 
 
 class PickerParams(_Params):
@@ -86,6 +87,10 @@ def _approx(s: RouterState, p: dict[str, Any], w: str) -> ApproxPrefixScorer:
     return ApproxPrefixScorer(s, _params(PrefixParams, p, w).block_bytes)
 
 
+def _conversations(s: RouterState, p: ConversationParams) -> ConversationsScorer:
+    return ConversationsScorer(s, p.window_s, p.block_bytes)
+
+
 SCORERS: dict[str, ScorerFactory] = {
     "prefix-approx": lambda s, p, w, kv: _approx(s, p, w),
     "prefix-precise": lambda s, p, w, kv: PrecisePrefixScorer(s, kv, _approx(s, p, w)),
@@ -96,8 +101,7 @@ SCORERS: dict[str, ScorerFactory] = {
     "cache-room": _plain(CacheRoomScorer),
     "prefill-cost": lambda s, p, w, kv: PrefillCostScorer(
         s, _params(PrefixParams, p, w).block_bytes),
-    "recent-requests": lambda s, p, w, kv: RecentRequestsScorer(
-        s, _params(RecentParams, p, w).half_life_s),
+    "conversations": lambda s, p, w, kv: _conversations(s, _params(ConversationParams, p, w)),
 }
 
 PICKERS: dict[str, Callable[[dict[str, Any], str], Picker]] = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -177,29 +178,45 @@ class CacheRoomScorer(Stateless):
         return lower_is_better({e: float(self.state.approx.held(e.url)) for e in eps})
 
 
+MAX_CONVERSATIONS = 100_000  # per endpoint, so memory stays bounded
+
+
 @dataclass
-class RecentRequestsScorer:
-    """Fewer requests sent lately score higher: a decaying count per endpoint
-    (half-life ``half_life_s``). Sessions keep coming back where they
-    started, so this is the steady load a new session would join; in-flight
-    counts and queues only show the present instant."""
+class ConversationsScorer:
+    """Fewer live conversations score higher. A conversation is known by its
+    prompt's first block (system prompt and first message: every later turn
+    and every sub-agent of it starts the same), live if seen within
+    ``window_s``. Turns keep coming back where a conversation started, so
+    this predicts an endpoint's load better than the present queue does;
+    cached tokens (cache-room) say nothing of how often they are reused."""
 
     state: RouterState
-    half_life_s: float = 30.0
-    name: ClassVar[str] = "recent-requests"
-    _counts: dict[str, tuple[float, float]] = field(default_factory=dict)  # url -> (n, at)
+    window_s: float = 300.0
+    block_bytes: int = 1024
+    name: ClassVar[str] = "conversations"
+    _seen: dict[str, OrderedDict[int, float]] = field(default_factory=dict)
 
-    def _now(self, url: str, now: float) -> float:
-        n, at = self._counts.get(url, (0.0, now))
-        return float(n * 0.5 ** ((now - at) / self.half_life_s))
+    def _live(self, url: str, now: float) -> int:
+        seen = self._seen.get(url)
+        if not seen:
+            return 0
+        while seen:
+            head, at = next(iter(seen.items()))
+            if now - at <= self.window_s and len(seen) <= MAX_CONVERSATIONS:
+                break
+            del seen[head]
+        return len(seen)
 
     def score(self, ctx: RequestContext, eps: list[Endpoint]) -> dict[Endpoint, float]:
         now = time.monotonic()
-        return lower_is_better({e: self._now(e.url, now) for e in eps})
+        return lower_is_better({e: float(self._live(e.url, now)) for e in eps})
 
     def picked(self, ctx: RequestContext, ep: Endpoint) -> None:
-        now = time.monotonic()
-        self._counts[ep.url] = (self._now(ep.url, now) + 1.0, now)
+        keys = ctx.byte_blocks(self.block_bytes)
+        if keys:
+            seen = self._seen.setdefault(ep.url, OrderedDict())
+            seen[keys[0]] = time.monotonic()
+            seen.move_to_end(keys[0])
 
 
 @dataclass

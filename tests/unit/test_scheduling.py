@@ -78,24 +78,25 @@ def test_saturated_and_unhealthy_are_filtered() -> None:
     assert sched.schedule(ctx("x")).ranked[0] in (eps[1], eps[2])
 
 
-def test_recent_requests_spreads_new_work_and_forgets() -> None:
-    state = make_state([{"type": "recent-requests", "weight": 1,
-                         "params": {"halfLifeSeconds": 0.2}}])
+def test_conversations_spread_new_ones_and_expire() -> None:
+    state = make_state([{"type": "conversations", "weight": 1,
+                         "params": {"windowSeconds": 0.3}}])
     sched = Scheduler(state, state.config.profile, None)
-    # unrelated prompts go round the pool before any endpoint gets a second
-    first = [sched.schedule(ctx(f"task {i}")).ranked[0].url for i in range(4)]
+    system = [f"system prompt of agent {i} " * 60 for i in range(5)]
+    # four new conversations land on four endpoints
+    first = [sched.schedule(ctx(system[i] + "task")).ranked[0].url for i in range(4)]
     assert len(set(first)) == 4
-    # a burst on one endpoint: it scores lowest until the count decays
     scorer = sched.scorers[0][0]
-    busy = state.pool.get("http://e0:8000")
-    assert busy is not None
-    for _ in range(10):
-        scorer.picked(ctx("x"), busy)
+    e0, e1 = (state.pool.get(u) for u in first[:2])
+    assert e0 is not None and e1 is not None
+    # more turns (and sub-agents) of one conversation are still one conversation
+    for turn in range(5):
+        scorer.picked(ctx(system[0] + f"task, turn {turn}"), e0)
     eps = state.pool.routable()
-    assert scorer.score(ctx("y"), eps)[busy] == 0.0
-    time.sleep(1.0)  # five half-lives: the burst of 11 now weighs ~0.34
-    other = state.pool.get("http://e1:8000")
-    assert other is not None
-    scorer.picked(ctx("z"), other)  # one request just now outweighs it
+    assert len(set(scorer.score(ctx("y"), eps).values())) == 1
+    scorer.picked(ctx(system[4] + "task"), e1)  # a fifth conversation
+    assert scorer.score(ctx("y"), eps)[e1] == 0.0
+    time.sleep(0.35)  # past the window: all forgotten
+    scorer.picked(ctx(system[0] + "task, again"), e0)
     scores = scorer.score(ctx("y"), eps)
-    assert scores[other] == 0.0 and scores[busy] > 0.5
+    assert scores[e0] == 0.0 and scores[e1] == 1.0
