@@ -68,15 +68,15 @@ def ours_with(scorers: list[dict[str, Any]]) -> Callable[[Procs, list[str]], Pro
 ABLATIONS: dict[str, Callable[[Procs, list[str]], Proc]] = {
     "toposerve[prefix only]": ours_with([{"type": "prefix-approx", "weight": 1}]),
     "toposerve[prefill-cost only]": ours_with([{"type": "prefill-cost", "weight": 1}]),
-    "toposerve[old default: prefix 3, cost 1, room 1, session 2]": ours_with([
-        {"type": "prefix-approx", "weight": 3}, {"type": "prefill-cost", "weight": 1},
-        {"type": "cache-room", "weight": 1}, {"type": "session", "weight": 2}]),
     "toposerve[prefix 3, cost 1, room 1, conv 1, session 2]": ours_with([
         {"type": "prefix-approx", "weight": 3}, {"type": "prefill-cost", "weight": 1},
         {"type": "cache-room", "weight": 1}, {"type": "conversations", "weight": 1},
         {"type": "session", "weight": 2}]),
     "toposerve[prefix 3, cost 1, conv 2, session 2]": ours_with([
         {"type": "prefix-approx", "weight": 3}, {"type": "prefill-cost", "weight": 1},
+        {"type": "conversations", "weight": 2}, {"type": "session", "weight": 2}]),
+    "toposerve[prefix 3, cost 2, conv 2, session 2]": ours_with([
+        {"type": "prefix-approx", "weight": 3}, {"type": "prefill-cost", "weight": 2},
         {"type": "conversations", "weight": 2}, {"type": "session", "weight": 2}]),
     "toposerve[llm-d-like: prefix 3, queue 1, kv 1]": ours_with([
         {"type": "prefix-approx", "weight": 3}, {"type": "queue", "weight": 1},
@@ -135,7 +135,8 @@ class Row:
     ttft_p50_ms: float
     ttft_p99_ms: float
     throughput_rps: float
-    max_over_mean_load: float
+    max_over_mean_load: float  # requests served
+    max_over_mean_work: float  # tokens computed: uncached prompt + generated
     cpu_ms_per_request: float
 
 
@@ -158,6 +159,8 @@ def run_one(tmp: Path, name: str, workload: str, payload: Any) -> Row:
     hits = sum(c.get("vllm:prefix_cache_hits_total", 0) for c in counters)
     queries = sum(c.get("vllm:prefix_cache_queries_total", 0) for c in counters)
     served = [c.get("vllm:request_success_total", 0) for c in counters]
+    work = [c.get("vllm:prompt_tokens_total", 0) - c.get("vllm:prefix_cache_hits_total", 0)
+            + c.get("vllm:generation_tokens_total", 0) for c in counters]
     ok = run.ok
     ttfts = [r.ttft * 1000 for r in ok if r.ttft is not None]
     avail = available_tokens(run)
@@ -166,6 +169,7 @@ def run_one(tmp: Path, name: str, workload: str, payload: Any) -> Row:
                captured=hits / avail if avail else 0.0, ttft_p50_ms=pct(ttfts, 0.5),
                ttft_p99_ms=pct(ttfts, 0.99), throughput_rps=len(ok) / run.wall_s,
                max_over_mean_load=max(served) / statistics.mean(served) if any(served) else 0,
+               max_over_mean_work=max(work) / statistics.mean(work) if any(work) else 0,
                cpu_ms_per_request=1000 * cpu / max(1, len(run.results)))
 
 
@@ -198,15 +202,16 @@ def overheads(tmp: Path, names: list[str], n: int, big_n: int, big_tokens: int
 
 def table(rows: list[Row], over: dict[str, dict[str, float]]) -> str:
     head = ("| workload | router | hit rate | reuse captured | TTFT p50 ms | TTFT p99 ms | "
-            "req/s | max/mean load | router CPU ms/req | added p50 ms | CPU ms per 195K req "
-            "| failed |")
-    lines = [head, "|---|---|" + "---:|" * 10]
+            "req/s | max/mean requests | max/mean work | router CPU ms/req | added p50 ms | "
+            "CPU ms per 195K req | failed |")
+    lines = [head, "|---|---|" + "---:|" * 11]
     for r in rows:
         o = over.get(r.router, {})
         lines.append(
             f"| {r.workload} | {r.router} | {r.hit_rate:.1%} | {r.captured:.1%} | "
             f"{r.ttft_p50_ms:.0f} | {r.ttft_p99_ms:.0f} | {r.throughput_rps:.1f} | "
-            f"{r.max_over_mean_load:.2f} | {r.cpu_ms_per_request:.2f} | "
+            f"{r.max_over_mean_load:.2f} | {r.max_over_mean_work:.2f} | "
+            f"{r.cpu_ms_per_request:.2f} | "
             f"{o.get('added_p50_ms', float('nan')):.2f} | "
             f"{o.get('big_prompt_cpu_ms', float('nan')):.1f} | {r.failed} |")
     return "\n".join(lines)
@@ -246,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
                     choices=list(ROUTERS) + list(ABLATIONS))
     ap.add_argument("--ablation", action="store_true",
                     help="also run other scorer sets of our router")
+    ap.add_argument("--sessions", type=int, default=16, help="agentic sessions")
     ap.add_argument("--workloads", nargs="*", default=["agentic", "mooncake"],
                     choices=["agentic", "mooncake"])
     args = ap.parse_args(argv)
@@ -259,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     workloads: dict[str, Any] = {}
     if "agentic" in args.workloads:
-        workloads["agentic"] = agentic(sessions=6 if args.quick else 16,
+        workloads["agentic"] = agentic(sessions=6 if args.quick else args.sessions,
                                        turns=4 if args.quick else 8)
     if "mooncake" not in args.workloads:
         pass

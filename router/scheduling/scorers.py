@@ -208,8 +208,12 @@ class ConversationsScorer:
         return len(seen)
 
     def score(self, ctx: RequestContext, eps: list[Endpoint]) -> dict[Endpoint, float]:
+        # a ratio, not min-max: 3 against 4 conversations is a small
+        # difference, 0 against 1 a large one
         now = time.monotonic()
-        return lower_is_better({e: float(self._live(e.url, now)) for e in eps})
+        live = {e: self._live(e.url, now) for e in eps}
+        lo = min(live.values())
+        return {e: (lo + 1) / (n + 1) for e, n in live.items()}
 
     def picked(self, ctx: RequestContext, ep: Endpoint) -> None:
         keys = ctx.byte_blocks(self.block_bytes)

@@ -95,8 +95,8 @@ def test_conversations_spread_new_ones_and_expire() -> None:
     eps = state.pool.routable()
     assert len(set(scorer.score(ctx("y"), eps).values())) == 1
     scorer.picked(ctx(system[4] + "task"), e1)  # a fifth conversation
-    assert scorer.score(ctx("y"), eps)[e1] == 0.0
+    assert scorer.score(ctx("y"), eps)[e1] == 2 / 3  # two against one
     time.sleep(0.35)  # past the window: all forgotten
     scorer.picked(ctx(system[0] + "task, again"), e0)
     scores = scorer.score(ctx("y"), eps)
-    assert scores[e0] == 0.0 and scores[e1] == 1.0
+    assert scores[e0] == 0.5 and scores[e1] == 1.0  # one against none
