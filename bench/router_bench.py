@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
                       file=sys.stderr,
                       flush=True)
         over = overheads(Path(tmp), args.routers, 50 if args.quick else 200,
-                         5 if args.quick else 30, 195_000)
+                         5 if args.quick else 100, 195_000)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     md = table(rows, over)

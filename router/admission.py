@@ -80,6 +80,9 @@ class Admission:
 
     async def admit(self, c: Classified, candidates: Callable[[], list[Endpoint]]) -> None:
         """Returns when the request may go; raises 429/503 when it may not."""
+        fc = self.cfg.flow_control
+        if c.priority >= 0 and not fc.enabled:
+            return  # nothing to decide: it goes now, saturated or not
         eps = candidates()
         if not eps:
             return  # the scheduler answers 503
@@ -90,7 +93,6 @@ class Admission:
             self.metrics.admission.labels("shed").inc()
             raise ApiError(429, "all endpoints are saturated and this request's objective is "
                                 "sheddable (negative priority); retry later")
-        fc = self.cfg.flow_control
         if not fc.enabled:
             self.metrics.admission.labels("admitted").inc()
             return

@@ -19,7 +19,7 @@ class LoadSample:
     at: float = 0.0  # monotonic time of the scrape; 0 = never
 
 
-@dataclass(eq=False)
+@dataclass(eq=False)  # identity: the pool keeps one object per URL, hashed in C
 class Endpoint:
     url: str
     role: str | None = None
@@ -41,9 +41,6 @@ class Endpoint:
 
     def __post_init__(self) -> None:
         self.idle.set()
-
-    def __hash__(self) -> int:
-        return hash(self.url)
 
     @property
     def name(self) -> str:

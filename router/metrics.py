@@ -73,8 +73,9 @@ class RouterMetrics:
                                       buckets=(0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0),
                                       registry=r)
         self.admission = Counter("toposerve_router_admission",
-                                 "Admission outcomes: admitted, queued (then sent), shed, "
-                                 "expired, queue-full.", ["outcome"], registry=r)
+                                 "Admission decisions where an objective or flow control "
+                                 "applied: admitted, queued (then sent), shed, expired, "
+                                 "queue-full.", ["outcome"], registry=r)
         self.queue_wait = Histogram("toposerve_router_queue_wait_seconds",
                                     "Time requests waited in the router's queue.",
                                     buckets=LATENCY_BUCKETS, registry=r)
