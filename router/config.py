@@ -99,11 +99,14 @@ class PluginConfig(Section):
 
 
 def _default_scorers() -> list[PluginConfig]:
-    # Chosen by `make bench --ablation` (see README): prefix affinity first;
-    # new work where caches have room and prefill queues are short.
+    # Chosen by `make bench --ablation` over several agentic seeds and the
+    # Mooncake trace (see README): prefix affinity first; new work where
+    # prefill queues are short and caches have room; new conversations
+    # where fewest live, so requests even out as sessions return.
     return [PluginConfig(type="prefix-approx", weight=3.0),
             PluginConfig(type="prefill-cost", weight=1.0),
             PluginConfig(type="cache-room", weight=1.0),
+            PluginConfig(type="conversations", weight=2.0),
             PluginConfig(type="session", weight=2.0)]
 
 

@@ -183,12 +183,14 @@ MAX_CONVERSATIONS = 100_000  # per endpoint, so memory stays bounded
 
 @dataclass
 class ConversationsScorer:
-    """Fewer live conversations score higher. A conversation is known by its
-    prompt's first block (system prompt and first message: every later turn
-    and every sub-agent of it starts the same), live if seen within
-    ``window_s``. Turns keep coming back where a conversation started, so
-    this predicts an endpoint's load better than the present queue does;
-    cached tokens (cache-room) say nothing of how often they are reused."""
+    """Places new conversations where fewest are live. A conversation is
+    known by its prompt's first block (system prompt and first message:
+    every later turn and every sub-agent of it starts the same), live if
+    seen within ``window_s``. Turns keep coming back where a conversation
+    started, so this predicts an endpoint's load better than the present
+    queue does; cached tokens (cache-room) say nothing of how often they are
+    reused. A known conversation scores the same everywhere: this scorer
+    never pulls one away from its cache."""
 
     state: RouterState
     window_s: float = 300.0
@@ -208,6 +210,9 @@ class ConversationsScorer:
         return len(seen)
 
     def score(self, ctx: RequestContext, eps: list[Endpoint]) -> dict[Endpoint, float]:
+        keys = ctx.byte_blocks(self.block_bytes)
+        if keys and any(keys[0] in self._seen.get(e.url, ()) for e in eps):
+            return dict.fromkeys(eps, 1.0)  # a known conversation: placed already
         # a ratio, not min-max: 3 against 4 conversations is a small
         # difference, 0 against 1 a large one
         now = time.monotonic()

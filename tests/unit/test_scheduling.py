@@ -96,6 +96,8 @@ def test_conversations_spread_new_ones_and_expire() -> None:
     assert len(set(scorer.score(ctx("y"), eps).values())) == 1
     scorer.picked(ctx(system[4] + "task"), e1)  # a fifth conversation
     assert scorer.score(ctx("y"), eps)[e1] == 2 / 3  # two against one
+    # a known conversation is never pulled away from where it lives
+    assert set(scorer.score(ctx(system[4] + "next turn"), eps).values()) == {1.0}
     time.sleep(0.35)  # past the window: all forgotten
     scorer.picked(ctx(system[0] + "task, again"), e0)
     scores = scorer.score(ctx("y"), eps)
