@@ -14,7 +14,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -196,6 +196,23 @@ def overheads(tmp: Path, names: list[str], n: int, big_n: int, big_tokens: int
     return out
 
 
+def medians(runs: list[Row]) -> list[Row]:
+    """One row per (workload, router): the median of each measure over repeats."""
+    groups: dict[tuple[str, str], list[Row]] = {}
+    for r in runs:
+        groups.setdefault((r.workload, r.router), []).append(r)
+    out = []
+    for (wl, name), rs in groups.items():
+        vals: dict[str, Any] = {"workload": wl, "router": name,
+                                "requests": sum(r.requests for r in rs),
+                                "failed": sum(r.failed for r in rs)}
+        for f in fields(Row):
+            if f.name not in vals:
+                vals[f.name] = statistics.median(getattr(r, f.name) for r in rs)
+        out.append(Row(**vals))
+    return out
+
+
 def table(rows: list[Row], over: dict[str, dict[str, float]]) -> str:
     head = ("| workload | router | hit rate | reuse captured | TTFT p50 ms | TTFT p99 ms | "
             "req/s | max/mean requests | max/mean work | router CPU ms/req | added p50 ms | "
@@ -248,6 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ablation", action="store_true",
                     help="also run other scorer sets of our router")
     ap.add_argument("--sessions", type=int, default=16, help="agentic sessions")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs per workload and router (agentic: a new seed each); the "
+                         "table shows medians, failures summed")
     ap.add_argument("--workloads", nargs="*", default=["agentic", "mooncake"],
                     choices=["agentic", "mooncake"])
     args = ap.parse_args(argv)
@@ -259,37 +279,40 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: peer routers missing ({', '.join(missing)}): run `make peers`",
               file=sys.stderr)
         return 2
-    workloads: dict[str, Any] = {}
-    if "agentic" in args.workloads:
-        workloads["agentic"] = agentic(sessions=6 if args.quick else args.sessions,
-                                       turns=4 if args.quick else 8)
-    if "mooncake" not in args.workloads:
-        pass
-    elif MOONCAKE.exists():
-        workloads["mooncake"] = mooncake(MOONCAKE, limit=200 if args.quick else 1000,
-                                         time_compression=16, token_scale=0.25)
-    else:
+    def payloads(wl: str, repeat: int) -> Any:
+        if wl == "agentic":  # another seed each repeat: other sessions, same shape
+            return agentic(sessions=6 if args.quick else args.sessions,
+                           turns=4 if args.quick else 8, seed=repeat)
+        return mooncake(MOONCAKE, limit=200 if args.quick else 1000,
+                        time_compression=16, token_scale=0.25)
+
+    names = list(args.workloads)
+    if "mooncake" in names and not MOONCAKE.exists():
         print(f"skipping the Mooncake workload: {MOONCAKE} not found", file=sys.stderr)
-    rows: list[Row] = []
+        names.remove("mooncake")
+    runs: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp:
-        for wl, payload in workloads.items():
-            for name in args.routers:
-                t0 = time.monotonic()
-                row = run_one(Path(tmp), name, wl, payload)
-                rows.append(row)
-                print(f"  {wl:9} {name:26} TTFT p50 {row.ttft_p50_ms:7.0f} ms  hit "
-                      f"{row.hit_rate:6.1%}  failed {row.failed}  ({time.monotonic() - t0:.0f}s)",
-                      file=sys.stderr,
-                      flush=True)
+        for wl in names:
+            for repeat in range(args.repeats):
+                payload = payloads(wl, repeat)
+                for name in args.routers:
+                    t0 = time.monotonic()
+                    row = run_one(Path(tmp), name, wl, payload)
+                    runs.append(row)
+                    print(f"  {wl:9} #{repeat} {name:26} TTFT p50 {row.ttft_p50_ms:7.0f} ms  "
+                          f"hit {row.hit_rate:6.1%}  failed {row.failed}  "
+                          f"({time.monotonic() - t0:.0f}s)", file=sys.stderr, flush=True)
         over = overheads(Path(tmp), args.routers, 50 if args.quick else 200,
                          5 if args.quick else 100, 195_000)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    rows = medians(runs)
     md = table(rows, over)
     print(md)
     stamp = time.strftime("%Y%m%dT%H%M%S")
     (out / "router_bench.json").write_text(json.dumps(
-        {"when": stamp, "sim": SIM, "sims": N_SIMS, "rows": [asdict(r) for r in rows],
+        {"when": stamp, "sim": SIM, "sims": N_SIMS, "repeats": args.repeats,
+         "rows": [asdict(r) for r in rows], "runs": [asdict(r) for r in runs],
          "overheads": over}, indent=2))
     (out / "router_bench.md").write_text(md + "\n")
     plot(rows, out / "router_bench.png")
