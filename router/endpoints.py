@@ -56,7 +56,10 @@ class Endpoint:
         """The prompt is processed: its prefill no longer queues others."""
         self.prefill_tokens -= prefill
 
-    def end(self, tokens: int) -> None:
+    def end(self, tokens: int, prefill: int) -> None:
+        """The answer is over; ``prefill`` is what ``first_byte`` has not yet
+        released (all of it when no byte came)."""
+        self.prefill_tokens -= prefill
         self.inflight -= 1
         self.inflight_tokens -= tokens
         if self.inflight == 0:

@@ -81,15 +81,13 @@ class Proxy:
                 resp = await self.session.post(ep.url + path, data=body, headers=headers,
                                                timeout=self.timeout)
             except (aiohttp.ClientError, TimeoutError) as err:
-                ep.first_byte(prefill)
-                ep.end(work.tokens)
+                ep.end(work.tokens, prefill)
                 last_error = f"{ep.name}: {type(err).__name__}"
                 self.metrics.retries.inc()
                 continue
             if resp.status in _RETRY_STATUSES:
                 resp.release()
-                ep.first_byte(prefill)
-                ep.end(work.tokens)
+                ep.end(work.tokens, prefill)
                 last_error = f"{ep.name}: HTTP {resp.status}"
                 self.metrics.retries.inc()
                 continue
@@ -110,8 +108,7 @@ class Proxy:
             return f"{ep.name}: broke while answering ({type(err).__name__})"
         finally:
             resp.release()
-            ep.first_byte(work.prefill(ep))
-            ep.end(work.tokens)
+            ep.end(work.tokens, work.prefill(ep))
             self.on_done()
         return Upstream(ep, resp.status, data, resp.headers.get("Content-Type",
                                                                 "application/json"))
@@ -168,6 +165,5 @@ class Proxy:
             raise  # the client went away; the finally below frees the upstream
         finally:
             resp.release()
-            ep.first_byte(prefill_pending)
-            ep.end(work.tokens)
+            ep.end(work.tokens, prefill_pending)
             self.on_done()

@@ -72,7 +72,9 @@ class Engine:
             self.stats.prefix_hits += job.cached_tokens
             remaining = 0 if job.skip_prefill else len(job.tokens) - job.cached_tokens
             await self._sleep(self.cfg.overhead_s)
-            while remaining > 0:  # chunked prefill: one chunk per turn of the lock
+            # chunked prefill, all chunks under the lock: vLLM runs a started
+            # prefill's chunks before it admits the requests waiting behind it
+            while remaining > 0:
                 chunk = min(remaining, self.cfg.max_num_batched_tokens)
                 await self._sleep(chunk * self.cfg.prefill_s_per_token)
                 remaining -= chunk

@@ -40,13 +40,14 @@ class ResponseEvents:
         return self.event("response.output_text.delta", delta=text, logprobs=[],
                           **self._where())
 
-    def closing(self, final: dict[str, Any], text: str) -> bytes:
-        """``final`` is the completed response, its one message item holding ``text``."""
+    def closing(self, final: dict[str, Any]) -> bytes:
+        """``final`` is the completed response, with its one message item."""
         item = final["output"][0]
+        part = item["content"][0]
         return b"".join((
-            self.event("response.output_text.done", text=text, logprobs=[], **self._where()),
-            self.event("response.content_part.done", part=item["content"][0],
+            self.event("response.output_text.done", text=part["text"], logprobs=[],
                        **self._where()),
+            self.event("response.content_part.done", part=part, **self._where()),
             self.event("response.output_item.done", output_index=0, item=item),
             self.event("response.completed", response=final)))
 

@@ -12,6 +12,7 @@ import random
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
@@ -141,12 +142,20 @@ class SimServer:
         m.prompt_tokens.inc(len(job.tokens))
         m.ttft.observe(job.ttft)
 
+    async def _steps(self, job: Job) -> AsyncIterator[int]:
+        """The engine's steps (new tokens each), recording the prefill's
+        metrics when the first token is out."""
+        first = True
+        async for n in self.engine.generate(job):
+            if first:
+                self._record(job)
+                first = False
+            yield n
+
     async def _generate_all(self, job: Job) -> int:
         """Run a job to its end (no streaming); returns the tokens produced."""
         produced = 0
-        async for n in self.engine.generate(job):
-            if produced == 0:
-                self._record(job)
+        async for n in self._steps(job):
             produced += n
         self._finished(produced)
         return produced
@@ -217,11 +226,9 @@ class SimServer:
         produced = 0
         fail_mid = (self.cfg.midstream_failure_rate
                     and self.rng.random() < self.cfg.midstream_failure_rate)
-        async for n in self.engine.generate(job):
-            if produced == 0:
-                self._record(job)
-                if kind == "chat":
-                    await resp.write(chunk(None, None, first=True))
+        async for n in self._steps(job):
+            if produced == 0 and kind == "chat":
+                await resp.write(chunk(None, None, first=True))
             text = filler(n, produced)
             produced += n
             last = produced >= job.max_tokens
@@ -313,13 +320,11 @@ class SimServer:
         events = ResponseEvents(resp, item_id)
         await out.write(events.opening())
         produced = 0
-        async for n in self.engine.generate(job):
-            if produced == 0:
-                self._record(job)
+        async for n in self._steps(job):
             await out.write(events.delta(filler(n, produced)))
             produced += n
         self._finished(produced)
-        await out.write(events.closing(complete(produced), filler(produced)))
+        await out.write(events.closing(complete(produced)))
         await out.write_eof()
         return out
 
