@@ -25,9 +25,6 @@ class Result:
     prompt: bytes
     text: str = ""
     started: float = 0.0
-    cached_tokens: int | None = None  # from the final usage chunk
-    endpoint: str = ""  # X-Toposerve-Endpoint, when the router says
-    tag: str = ""  # which part of the workload sent it
 
 
 @dataclass
@@ -51,7 +48,6 @@ async def _stream(session: aiohttp.ClientSession, url: str, path: str, body: dic
             if r.status != 200:
                 await r.read()
                 return _done(r0, r.status)
-            r0.endpoint = r.headers.get("X-Toposerve-Endpoint", "")
             async for raw in r.content:
                 line = raw.strip()
                 if not line.startswith(b"data: ") or line == b"data: [DONE]":
@@ -59,10 +55,6 @@ async def _stream(session: aiohttp.ClientSession, url: str, path: str, body: dic
                 chunk = orjson.loads(line[6:])
                 if "error" in chunk:
                     return _done(r0, 599)
-                usage = chunk.get("usage")
-                if usage:
-                    r0.cached_tokens = (usage.get("prompt_tokens_details") or {}).get(
-                        "cached_tokens")
                 for ch in chunk.get("choices", []):
                     piece = ch.get("text") or (ch.get("delta") or {}).get("content") or ""
                     if piece:
@@ -131,7 +123,6 @@ async def _agent(session: aiohttp.ClientSession, url: str, s: AgentSession, time
             _stream(session, url, "/v1/chat/completions", body, _messages_prompt(msgs),
                     timeout_s), *subs)
         assert isinstance(main, Result)
-        main.tag = f"main-{s.sid}-{n}"
         run.results.append(main)
         msgs = [*msgs, {"role": "assistant", "content": main.text}]
 
@@ -147,7 +138,6 @@ async def _subagent(session: aiohttp.ClientSession, url: str, parent: list[dict[
                 "stream_options": {"include_usage": True}}
         r = await _stream(session, url, "/v1/chat/completions", body, _messages_prompt(msgs),
                           timeout_s)
-        r.tag = f"sub-{sid}-{turn}-{k}-{j}"
         run.results.append(r)
         msgs.append({"role": "assistant", "content": r.text})
         await asyncio.sleep(0.5 * time_scale)
