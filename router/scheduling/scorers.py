@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -211,11 +212,12 @@ class ConversationsScorer:
 
     def score(self, ctx: RequestContext, eps: list[Endpoint]) -> dict[Endpoint, float]:
         keys = ctx.byte_blocks(self.block_bytes)
-        if keys and any(keys[0] in self._seen.get(e.url, ()) for e in eps):
-            return dict.fromkeys(eps, 1.0)  # a known conversation: placed already
+        now = time.monotonic()
+        if keys and any(now - self._seen.get(e.url, {}).get(keys[0], -math.inf) <= self.window_s
+                        for e in eps):
+            return dict.fromkeys(eps, 1.0)  # a live conversation: placed already
         # a ratio, not min-max: 3 against 4 conversations is a small
         # difference, 0 against 1 a large one
-        now = time.monotonic()
         live = {e: self._live(e.url, now) for e in eps}
         lo = min(live.values())
         return {e: (lo + 1) / (n + 1) for e, n in live.items()}

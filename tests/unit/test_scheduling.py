@@ -100,5 +100,7 @@ def test_conversations_spread_new_ones_and_expire() -> None:
     assert set(scorer.score(ctx(system[4] + "next turn"), eps).values()) == {1.0}
     time.sleep(0.35)  # past the window: all forgotten
     scorer.picked(ctx(system[0] + "task, again"), e0)
+    # an idle conversation past the window is new again, pruned or not
+    assert scorer.score(ctx(system[4] + "next turn"), eps)[e0] == 0.5
     scores = scorer.score(ctx("y"), eps)
     assert scores[e0] == 0.5 and scores[e1] == 1.0  # one against none
