@@ -39,6 +39,7 @@ SIM: dict[str, Any] = {"time_scale": 0.2, "prefill_s_per_token": 0.0001,
 # hundred requests each for any router to find that reuse.
 CACHE_BLOCKS = {"agentic": 6250, "mooncake": 40000}
 N_SIMS = 4
+OVERHEAD_ROUNDS = 3
 
 
 def peer(binary: str, *args: str) -> Callable[[Procs, list[str]], Proc]:
@@ -171,28 +172,34 @@ def run_one(tmp: Path, name: str, workload: str, payload: Any) -> Row:
 
 def overheads(tmp: Path, names: list[str], n: int, big_n: int, big_tokens: int
               ) -> dict[str, dict[str, float]]:
-    """Latency a router adds to a direct call (p50), and its CPU per big request."""
+    """Latency each router adds to a direct call (p50), and its CPU per big
+    request. Every router stands in front of the same two simulators and the
+    latency rounds interleave (direct, each router, again), so the machine's
+    noise falls on all of them alike."""
     out: dict[str, dict[str, float]] = {}
-    for name in names:
-        start = ROUTERS[name]
-        procs = Procs(tmp)
-        try:
-            # two servers: power_of_two refuses to start with one
-            sims = [procs.sim(time_scale=0.0001, max_model_len=4_000_000) for _ in range(2)]
-            direct = asyncio.run(direct_latency(sims[0].url, n))
-            router = start(procs, [s.url for s in sims])
-            time.sleep(0.3)
-            via = asyncio.run(direct_latency(router.url, n))
+    procs = Procs(tmp)
+    try:
+        # two servers: power_of_two refuses to start with one
+        sims = [procs.sim(time_scale=0.0001, max_model_len=4_000_000) for _ in range(2)]
+        routers = {name: ROUTERS[name](procs, [s.url for s in sims]) for name in names}
+        time.sleep(0.5)
+        p50s: dict[str, list[float]] = {k: [] for k in ["direct", *names]}
+        for _ in range(OVERHEAD_ROUNDS):
+            p50s["direct"].append(pct(asyncio.run(direct_latency(sims[0].url, n)), 0.5))
+            for name, router in routers.items():
+                p50s[name].append(pct(asyncio.run(direct_latency(router.url, n)), 0.5))
+        direct = statistics.median(p50s["direct"])
+        for name, router in routers.items():
             cpu0 = router.cpu_seconds()
             ok = asyncio.run(big_prompts(router.url, big_n, big_tokens))
             cpu = router.cpu_seconds() - cpu0
-        finally:
-            procs.close()
-        out[name] = {"added_p50_ms": 1000 * (pct(via, 0.5) - pct(direct, 0.5)),
-                     "big_prompt_cpu_ms": 1000 * cpu / max(1, ok), "big_prompt_ok": ok}
-        print(f"  overhead {name}: +{out[name]['added_p50_ms']:.2f} ms p50, "
-              f"{out[name]['big_prompt_cpu_ms']:.1f} ms CPU per {big_tokens}-token request",
-              file=sys.stderr, flush=True)
+            out[name] = {"added_p50_ms": 1000 * (statistics.median(p50s[name]) - direct),
+                         "big_prompt_cpu_ms": 1000 * cpu / max(1, ok), "big_prompt_ok": ok}
+            print(f"  overhead {name}: +{out[name]['added_p50_ms']:.2f} ms p50, "
+                  f"{out[name]['big_prompt_cpu_ms']:.1f} ms CPU per {big_tokens}-token request",
+                  file=sys.stderr, flush=True)
+    finally:
+        procs.close()
     return out
 
 
