@@ -210,11 +210,14 @@ class ConversationsScorer:
             del seen[head]
         return len(seen)
 
+    def _last_seen(self, url: str, key: int) -> float:
+        seen = self._seen.get(url)
+        return seen.get(key, -math.inf) if seen else -math.inf
+
     def score(self, ctx: RequestContext, eps: list[Endpoint]) -> dict[Endpoint, float]:
         keys = ctx.byte_blocks(self.block_bytes)
         now = time.monotonic()
-        if keys and any(now - self._seen.get(e.url, {}).get(keys[0], -math.inf) <= self.window_s
-                        for e in eps):
+        if keys and any(now - self._last_seen(e.url, keys[0]) <= self.window_s for e in eps):
             return dict.fromkeys(eps, 1.0)  # a live conversation: placed already
         # a ratio, not min-max: 3 against 4 conversations is a small
         # difference, 0 against 1 a large one
