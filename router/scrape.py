@@ -26,18 +26,21 @@ KV_USAGE = {"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:tok
 CACHE_INFO = "vllm:cache_config_info"
 
 
-_WANTED = tuple(sorted(WAITING | RUNNING | KV_USAGE | {CACHE_INFO}))
+_LOAD = tuple(sorted(WAITING | RUNNING | KV_USAGE))
 
 
-def parse_load(text: str) -> tuple[LoadSample, int | None, int | None]:
+def parse_load(text: str, cache_info: bool = True) -> tuple[LoadSample, int | None, int | None]:
     """(load, block_size, num_gpu_blocks) from an exposition text. Only the
     lines of the few series we read go to the parser: a real server exposes
     hundreds of histogram lines, and parsing them all dominated the router's
-    idle CPU."""
+    idle CPU. ``cache_info=False`` skips the cache-config line too (its long
+    label set was most of what was left, and it does not change while a
+    server runs); block size and count come back None then."""
     waiting = running = 0.0
     usage: list[float] = []
     block_size = num_blocks = None
-    wanted = "\n".join(x for x in text.splitlines() if x.startswith(_WANTED))
+    prefixes = (*_LOAD, CACHE_INFO) if cache_info else _LOAD
+    wanted = "\n".join(x for x in text.splitlines() if x.startswith(prefixes))
     for fam in text_string_to_metric_families(wanted):
         for s in fam.samples:
             if s.name in WAITING:
@@ -73,7 +76,8 @@ async def scrape(session: aiohttp.ClientSession, ep: Endpoint, timeout_s: float,
             if r.status != 200:
                 raise aiohttp.ClientResponseError(r.request_info, (), status=r.status)
             text = await r.text()
-        load, bs, nb = parse_load(text)
+        # the cache config is re-read with /health: a server may restart reconfigured
+        load, bs, nb = parse_load(text, cache_info=health or ep.num_gpu_blocks is None)
     except (aiohttp.ClientError, TimeoutError, ValueError) as err:
         ep.scrape_failures += 1
         if ep.scrape_failures >= UNHEALTHY_AFTER and ep.healthy:

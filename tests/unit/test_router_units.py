@@ -140,6 +140,8 @@ def test_parse_load_vllm_and_sglang() -> None:
             'vllm:cache_config_info{block_size="16",num_gpu_blocks="1000"} 1.0\n')
     load, bs, nb = parse_load(vllm)
     assert (load.waiting, load.running, load.kv_usage, bs, nb) == (3, 2, 0.5, 16, 1000)
+    load, bs, nb = parse_load(vllm, cache_info=False)
+    assert (load.waiting, load.running, load.kv_usage, bs, nb) == (3, 2, 0.5, None, None)
     sg = 'sglang:num_queue_reqs{model_name="m"} 4\nsglang:token_usage{model_name="m"} 0.25\n'
     load, bs, nb = parse_load(sg)
     assert (load.waiting, load.kv_usage, bs) == (4, 0.25, None)
