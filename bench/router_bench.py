@@ -22,9 +22,10 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.procs import Proc, Procs, free_port
-from bench.replay import Run, big_prompts, direct_latency, replay_agentic, replay_trace
+from bench.replay import Result, Run, big_prompts, direct_latency, replay_agentic, replay_trace
 from bench.workloads import agentic, mooncake
 from router.prefix.hashing import byte_block_hashes
+from router.tokens import BYTES_PER_TOKEN
 
 REPO = Path(__file__).resolve().parents[1]
 PEERS = REPO / ".venv-peers" / "bin"
@@ -33,7 +34,7 @@ SIM_BLOCK_BYTES = 64  # 16 tokens of 4 bytes: the simulator's block
 # 10K prefill tokens/s and 20 ms a decoded token (model time, run 5x faster).
 # Agentic: 100K tokens of KV cache each, so a well-routed fleet holds its
 # working set and one that sprays every session everywhere does not.
-SIM: dict[str, Any] = {"time_scale": 0.2, "prefill_s_per_token": 0.0001,
+SIM: dict[str, Any] = {"time_scale": 0.2, "overhead_s": 0.01, "prefill_s_per_token": 0.0001,
                        "decode_s_per_token": 0.02, "max_num_seqs": 32, "block_size": 16}
 # The Mooncake trace reuses prefixes minutes apart: caches must hold a few
 # hundred requests each for any router to find that reuse.
@@ -100,15 +101,16 @@ def sim_counters(sim: Proc) -> dict[str, float]:
     out: dict[str, float] = {}
     for fam in text_string_to_metric_families(httpx.get(sim.url + "/metrics").text):
         for s in fam.samples:
-            if s.name.endswith("_total"):
+            if s.name.endswith(("_total", "_sum", "_count")):
                 out[s.name] = out.get(s.name, 0.0) + s.value
     return out
 
 
-def available_tokens(run: Run) -> int:
-    """Prompt tokens shared with any earlier prompt, at the simulator's block size."""
+def reusable_tokens(run: Run) -> list[tuple[Result, int]]:
+    """Each request with its prompt tokens shared with any earlier prompt, at
+    the simulator's block size, in arrival order."""
     seen: set[int] = set()
-    total = 0
+    out = []
     for r in sorted(run.results, key=lambda r: r.started):
         keys = byte_block_hashes(r.prompt, SIM_BLOCK_BYTES)
         n = 0
@@ -116,9 +118,17 @@ def available_tokens(run: Run) -> int:
             if k not in seen:
                 break
             n += 1
-        total += n * SIM_BLOCK_BYTES // 4
+        out.append((r, n * SIM_BLOCK_BYTES // BYTES_PER_TOKEN))
         seen.update(keys)
-    return total
+    return out
+
+
+def floor_ttfts_ms(reuse: list[tuple[Result, int]]) -> list[float]:
+    """The TTFT each request would see if every reusable token were a hit and
+    nothing queued: the engine's overhead plus its own unavoidable prefill."""
+    return [1000 * SIM["time_scale"] * (
+        SIM["overhead_s"] + (len(r.prompt) // BYTES_PER_TOKEN - n) * SIM["prefill_s_per_token"])
+        for r, n in reuse]
 
 
 @dataclass
@@ -131,6 +141,9 @@ class Row:
     captured: float
     ttft_p50_ms: float
     ttft_p99_ms: float
+    outside_engine_ms: float  # mean TTFT seen by clients minus the engines' own mean TTFT
+    floor_p50_ms: float  # TTFT with every reusable token hit and no queueing
+    floor_p99_ms: float
     throughput_rps: float
     max_over_mean_load: float  # requests served
     max_over_mean_work: float  # tokens computed: uncached prompt + generated
@@ -160,11 +173,19 @@ def run_one(tmp: Path, name: str, workload: str, payload: Any) -> Row:
             + c.get("vllm:generation_tokens_total", 0) for c in counters]
     ok = run.ok
     ttfts = [r.ttft * 1000 for r in ok if r.ttft is not None]
-    avail = available_tokens(run)
+    reuse = reusable_tokens(run)
+    avail = sum(n for _, n in reuse)
+    floor = floor_ttfts_ms(reuse)
+    ttft_n = sum(c.get("vllm:time_to_first_token_seconds_count", 0) for c in counters)
+    engine_ms = 1000 * sum(c.get("vllm:time_to_first_token_seconds_sum", 0)
+                           for c in counters) / max(1, ttft_n)
     return Row(workload=workload, router=name, requests=len(run.results),
                failed=len(run.results) - len(ok), hit_rate=hits / queries if queries else 0.0,
                captured=hits / avail if avail else 0.0, ttft_p50_ms=pct(ttfts, 0.5),
-               ttft_p99_ms=pct(ttfts, 0.99), throughput_rps=len(ok) / run.wall_s,
+               ttft_p99_ms=pct(ttfts, 0.99),
+               outside_engine_ms=statistics.mean(ttfts) - engine_ms if ttfts else 0.0,
+               floor_p50_ms=pct(floor, 0.5), floor_p99_ms=pct(floor, 0.99),
+               throughput_rps=len(ok) / run.wall_s,
                max_over_mean_load=max(served) / statistics.mean(served) if any(served) else 0,
                max_over_mean_work=max(work) / statistics.mean(work) if any(work) else 0,
                cpu_ms_per_request=1000 * cpu / max(1, len(run.results)))
@@ -222,18 +243,33 @@ def medians(runs: list[Row]) -> list[Row]:
 
 def table(rows: list[Row], over: dict[str, dict[str, float]]) -> str:
     head = ("| workload | router | hit rate | reuse captured | TTFT p50 ms | TTFT p99 ms | "
-            "req/s | max/mean requests | max/mean work | router CPU ms/req | added p50 ms | "
-            "CPU ms per 195K req | failed |")
-    lines = [head, "|---|---|" + "---:|" * 11]
+            "TTFT outside engine ms | req/s | max/mean requests | max/mean work | "
+            "router CPU ms/req | added p50 ms | CPU ms per 195K req | failed |")
+    lines = [head, "|---|---|" + "---:|" * 12]
     for r in rows:
         o = over.get(r.router, {})
         lines.append(
             f"| {r.workload} | {r.router} | {r.hit_rate:.1%} | {r.captured:.1%} | "
-            f"{r.ttft_p50_ms:.0f} | {r.ttft_p99_ms:.0f} | {r.throughput_rps:.1f} | "
+            f"{r.ttft_p50_ms:.0f} | {r.ttft_p99_ms:.0f} | {r.outside_engine_ms:.1f} | "
+            f"{r.throughput_rps:.1f} | "
             f"{r.max_over_mean_load:.2f} | {r.max_over_mean_work:.2f} | "
             f"{r.cpu_ms_per_request:.2f} | "
             f"{o.get('added_p50_ms', float('nan')):.2f} | "
             f"{o.get('big_prompt_cpu_ms', float('nan')):.1f} | {r.failed} |")
+    return "\n".join(lines)
+
+
+def floors(rows: list[Row]) -> str:
+    """Per workload: the TTFT no router can beat on these simulators (every
+    reusable token a hit, no queueing), next to round-robin's."""
+    lines = ["| workload | TTFT p50 floor ms | TTFT p99 floor ms | round-robin p50 ms | "
+             "floor p50 below round-robin |", "|---|---:|---:|---:|---:|"]
+    for wl in dict.fromkeys(r.workload for r in rows):
+        mine = [r for r in rows if r.workload == wl]
+        p50 = statistics.median(r.floor_p50_ms for r in mine)
+        p99 = statistics.median(r.floor_p99_ms for r in mine)
+        rr = next((r.ttft_p50_ms for r in mine if r.router == "round-robin"), float("nan"))
+        lines.append(f"| {wl} | {p50:.0f} | {p99:.0f} | {rr:.0f} | {1 - p50 / rr:.0%} |")
     return "\n".join(lines)
 
 
@@ -314,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = medians(runs)
-    md = table(rows, over)
+    md = table(rows, over) + "\n\n" + floors(rows)
     print(md)
     stamp = time.strftime("%Y%m%dT%H%M%S")
     (out / "router_bench.json").write_text(json.dumps(
