@@ -1,8 +1,9 @@
 """Which HTTP stack should the router proxy with? The same minimal
 pass-through proxy (read the body, POST it upstream, relay the answer as it
-streams) on two stacks, in front of the same simulator, measured side by
+streams) on three stacks, in front of the same simulator, measured side by
 side: latency added over a direct call, CPU per 195K-token request, and
-throughput under concurrency.
+throughput under concurrency. The third keeps aiohttp's client behind
+granian's Rust HTTP server, to tell the server's share from the client's.
 
     python -m bench.http_stack            # table + bench/results/http_stack.json
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -27,7 +29,8 @@ from bench.procs import Proc, Procs, free_port
 from bench.replay import big_prompts, direct_latency
 
 REPO = Path(__file__).resolve().parents[1]
-STACKS = ("aiohttp", "starlette+uvicorn+httpx")
+STACKS = ("aiohttp", "granian+aiohttp-client", "starlette+uvicorn+httpx")
+UPSTREAM_ENV = "HTTP_STACK_UPSTREAM"
 
 
 def serve_aiohttp(port: int, upstream: str) -> None:
@@ -96,6 +99,43 @@ def serve_starlette(port: int, upstream: str) -> None:
                 log_level="warning", access_log=False)
 
 
+class GranianProxy:
+    """The pass-through proxy as an RSGI app (granian's native interface)."""
+
+    def __init__(self) -> None:
+        self.session: aiohttp.ClientSession | None = None
+
+    async def __rsgi__(self, scope: Any, proto: Any) -> None:
+        if scope.path == "/health":
+            proto.response_str(200, [("content-type", "text/plain")], "ok")
+            return
+        if self.session is None:  # made on granian's own loop
+            self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        body = await proto()
+        async with self.session.post(os.environ[UPSTREAM_ENV] + scope.path, data=body,
+                                     headers={"Content-Type": "application/json"}) as r:
+            out = proto.response_stream(r.status, [
+                ("content-type", r.headers.get("Content-Type", "application/json"))])
+            async for chunk in r.content.iter_any():
+                await out.send_bytes(chunk)
+
+
+granian_app = GranianProxy()
+
+
+def serve_granian(port: int, upstream: str) -> None:
+    from granian import Granian
+    from granian.constants import Interfaces, Loops
+
+    os.environ[UPSTREAM_ENV] = upstream
+    Granian("bench.http_stack:granian_app", port=port, interface=Interfaces.RSGI,
+            loop=Loops.uvloop, websockets=False, log_enabled=False).serve()
+
+
+SERVERS = {"aiohttp": serve_aiohttp, "granian+aiohttp-client": serve_granian,
+           "starlette+uvicorn+httpx": serve_starlette}
+
+
 async def concurrent(url: str, n: int, width: int) -> float:
     """Requests per second for ``n`` small streamed completions, ``width`` at a time."""
     sem = asyncio.Semaphore(width)
@@ -130,17 +170,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     args = ap.parse_args(argv)
     if args.cmd == "serve":
-        (serve_aiohttp if args.stack == "aiohttp" else serve_starlette)(args.port, args.upstream)
+        SERVERS[args.stack](args.port, args.upstream)
         return 0
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         procs = Procs(Path(tmp))
         try:
             sim = procs.sim(time_scale=0.0001, max_model_len=4_000_000)
-            direct = statistics.median(asyncio.run(direct_latency(sim.url, 300)))
-            for stack in STACKS:
-                p = start_stack(procs, stack, sim.url)
-                added = statistics.median(asyncio.run(direct_latency(p.url, 300))) - direct
+            stacks = {stack: start_stack(procs, stack, sim.url) for stack in STACKS}
+            # latency in interleaved rounds, so the machine's noise hits every stack alike
+            p50s: dict[str, list[float]] = {k: [] for k in ["direct", *STACKS]}
+            for _ in range(3):
+                p50s["direct"].append(statistics.median(asyncio.run(direct_latency(sim.url, 200))))
+                for stack, p in stacks.items():
+                    p50s[stack].append(statistics.median(asyncio.run(direct_latency(p.url, 200))))
+            direct = statistics.median(p50s["direct"])
+            for stack, p in stacks.items():
+                added = statistics.median(p50s[stack]) - direct
                 cpu0 = p.cpu_seconds()
                 ok = asyncio.run(big_prompts(p.url, 30, 195_000))
                 big_cpu = (p.cpu_seconds() - cpu0) / max(ok, 1)
@@ -151,7 +197,6 @@ def main(argv: list[str] | None = None) -> int:
                              "cpu_ms_per_195k_request": round(big_cpu * 1000, 2),
                              "cpu_ms_per_small_stream": round(small_cpu * 1000, 3),
                              "streams_per_s_at_32": round(rps, 1)})
-                p.stop()
         finally:
             procs.close()
     print("| stack | added p50 ms | CPU ms per 195K-token request | CPU ms per small stream "

@@ -3,6 +3,7 @@ routers (ours or a peer), each a subprocess on a loopback port."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import yaml
 
 MODEL = "toposerve/sim-model"
@@ -33,9 +35,15 @@ class Proc:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def cpu_seconds(self) -> float:
-        """User + system CPU time of the process so far."""
-        fields = Path(f"/proc/{self.popen.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        """User + system CPU time so far of the process and its live
+        descendants (some servers run their workers as child processes)."""
+        root = psutil.Process(self.popen.pid)
+        total = 0.0
+        for p in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                t = p.cpu_times()
+                total += t.user + t.system
+        return total
 
     def kill(self) -> None:
         if self.popen.poll() is None:
