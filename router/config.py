@@ -38,6 +38,11 @@ class StaticEndpoint(Section):
     url: str = Field(pattern=r"^https?://[^/\s]+$", description="http://HOST:PORT")
     role: str | None = Field(default=None, description="prefill, decode or prefill-decode")
     revision: str | None = Field(default=None, description="the model revision it serves")
+    node: str | None = Field(default=None, description="the node it runs on (pairs a decode "
+                                                       "endpoint with its prefill endpoint)")
+    bootstrap_port: int | None = Field(default=None, alias="bootstrapPort", ge=1, le=65535,
+                                       description="SGLang prefill server: its bootstrap port "
+                                                   "(default disaggregation.bootstrapPort)")
     kv_events: str | None = Field(default=None, alias="kvEvents",
                                   description="ZMQ endpoint of its KV events, tcp://HOST:PORT")
     kv_events_replay: str | None = Field(default=None, alias="kvEventsReplay",
@@ -121,6 +126,36 @@ class ProfileConfig(Section):
                                         description="weighted scores in [0, 1], summed")
     picker: PluginConfig = Field(default_factory=lambda: PluginConfig(type="max-score"),
                                  description="orders endpoints; the rest are retry fallbacks")
+
+
+def _decode_profile() -> ProfileConfig:
+    # KV arrives from the prefill endpoint, so prefix affinity means nothing
+    # here: the router's own count of tokens in flight (decode memory), the
+    # scraped queue, and a decode endpoint on the prefill endpoint's node.
+    return ProfileConfig(scorers=[PluginConfig(type="near-prefill", weight=2.0),
+                                  PluginConfig(type="inflight-tokens", weight=1.0),
+                                  PluginConfig(type="queue", weight=1.0)])
+
+
+class DisaggregationConfig(Section):
+    """Prefill/decode split between endpoints of role prefill and role
+    decode. nixl (vLLM's NixlConnector): the prefill endpoint computes the
+    prompt's KV in a one-token request, then the decode endpoint is handed
+    its ``kv_transfer_params``, pulls the KV and streams the answer. sglang:
+    both get the request at once with the prefill server's bootstrap host,
+    port and a random room; the answer comes from decode."""
+
+    enabled: bool = Field(default=False, description="split requests when endpoints of both "
+                                                     "roles serve the model")
+    protocol: Literal["nixl", "sglang"] = Field(default="nixl",
+                                                description="how the KV is handed over")
+    bootstrap_port: int = Field(default=8998, alias="bootstrapPort", ge=1, le=65535,
+                                description="sglang: the prefill servers' bootstrap port")
+    decode: ProfileConfig = Field(default_factory=_decode_profile,
+                                  description="how the decode endpoint is picked (a profile; "
+                                              "default scorers near-prefill 2, inflight-tokens "
+                                              "1, queue 1); the prefill endpoint is picked by "
+                                              "profile")
 
 
 class ResponsesStoreConfig(Section):
@@ -211,6 +246,7 @@ class RouterConfig(Section):
     kv_events: KVEventsConfig = Field(default_factory=KVEventsConfig, alias="kvEvents")
     saturation: SaturationConfig = Field(default_factory=SaturationConfig)
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+    disaggregation: DisaggregationConfig = Field(default_factory=DisaggregationConfig)
 
 
 def load_router_config(path: str) -> RouterConfig:

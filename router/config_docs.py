@@ -13,7 +13,7 @@ from router.config import RouterConfig
 from router.scheduling import registry
 
 # params of the plugins that take any; the names come from the registry
-PARAMS = {"role": "role", "prefix-approx": "blockBytes", "prefix-precise": "blockBytes",
+PARAMS = {"role": "role, exact", "prefix-approx": "blockBytes", "prefix-precise": "blockBytes",
           "prefill-cost": "blockBytes", "max-score": "seed"}
 
 

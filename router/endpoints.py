@@ -26,6 +26,7 @@ class Endpoint:
     revision: str | None = None
     models: frozenset[str] = frozenset()
     node: str | None = None
+    bootstrap_port: int | None = None  # SGLang prefill servers: their bootstrap port
     kv_events: str | None = None
     kv_events_replay: str | None = None
     healthy: bool = False
@@ -93,6 +94,7 @@ class Pool:
             self.changed.set()
             return ep
         cur.role, cur.revision, cur.node = ep.role, ep.revision, ep.node
+        cur.bootstrap_port = ep.bootstrap_port
         cur.kv_events, cur.kv_events_replay = ep.kv_events, ep.kv_events_replay
         cur.draining = False
         return cur

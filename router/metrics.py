@@ -72,6 +72,11 @@ class RouterMetrics:
                                       "as the router estimates it.",
                                       buckets=(0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 1.0),
                                       registry=r)
+        self.disaggregation = Counter(
+            "toposerve_router_disaggregation",
+            "Requests split between a prefill and a decode endpoint: split, prefill-failed "
+            "(decoded with a local prefill instead), refused (the prefill endpoint answered "
+            "4xx, passed on).", ["outcome"], registry=r)
         self.admission = Counter("toposerve_router_admission",
                                  "Admission decisions where an objective or flow control "
                                  "applied: admitted, queued (then sent), shed, expired, "

@@ -115,13 +115,15 @@ class Proxy:
 
     async def relay(self, request: web.Request, ranked: list[Endpoint], path: str,
                     body: bytes, headers: dict[str, str], work: Work, started: float,
-                    tap: StreamTap | None = None) -> web.StreamResponse:
+                    tap: StreamTap | None = None, extra_headers: dict[str, str] | None = None
+                    ) -> web.StreamResponse:
         ep, resp_or_err = await self._open(ranked, path, body, headers, work)
         if ep is None:
             return error_response(502, f"no endpoint could take the request ({resp_or_err})")
         assert isinstance(resp_or_err, aiohttp.ClientResponse)
         resp = resp_or_err
-        out_headers = {"X-Request-Id": headers["X-Request-Id"], "X-Toposerve-Endpoint": ep.name}
+        out_headers = {"X-Request-Id": headers["X-Request-Id"], "X-Toposerve-Endpoint": ep.name,
+                       **(extra_headers or {})}
         prefill_pending = work.prefill(ep)
         ctype = resp.headers.get("Content-Type", "application/json")
         try:

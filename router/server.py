@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 from router.admission import Admission
 from router.api_models import ChatRequest, CompletionRequest, ResponsesRequest
 from router.config import RouterConfig
+from router.disaggregation import Disaggregation, decode_body, kv_params_of, prefill_body
 from router.discovery.kubernetes import KubernetesWatcher
 from router.discovery.static import load_static
 from router.endpoints import Endpoint
@@ -45,6 +46,11 @@ def work(ctx: RequestContext) -> Work:
     return Work(ctx.token_estimate, ctx.extra.get("uncached", {}))
 
 
+def no_prefill(ctx: RequestContext, decode: list[Endpoint]) -> Work:
+    """A decode endpoint's weight: the request's tokens, none of them to prefill."""
+    return Work(ctx.token_estimate, dict.fromkeys((e.url for e in decode), 0))
+
+
 class Router:
     def __init__(self, cfg: RouterConfig) -> None:
         self.cfg = cfg
@@ -57,6 +63,8 @@ class Router:
                                  else cfg.kv_events.tokenizer)
             self.kv = KVIndex(self.state.precise, tok, cfg.kv_events.block_size)
         self.scheduler = Scheduler(self.state, cfg.profile, self.kv)
+        self.pd = (Disaggregation(self.state, cfg, self.kv) if cfg.disaggregation.enabled
+                   else None)
         self.admission = Admission(cfg.admission, self.state, self.metrics)
         self.store: ResponsesStore = make_store(cfg.responses)
         self.session: aiohttp.ClientSession | None = None
@@ -149,11 +157,13 @@ class Router:
         return RequestContext(model=model, prompt=prompt.encode("utf-8", "surrogatepass"),
                               session=session)
 
-    async def _schedule(self, request: web.Request, ctx: RequestContext) -> list[Endpoint]:
+    async def _schedule(self, request: web.Request, ctx: RequestContext,
+                        scheduler: Scheduler | None = None) -> list[Endpoint]:
+        sched = scheduler or self.scheduler
         await self.admission.admit(self.admission.classify(request.headers),
-                                   lambda: self.scheduler.candidates(ctx))
+                                   lambda: sched.candidates(ctx))
         t0 = time.perf_counter()
-        d = self.scheduler.schedule(ctx)
+        d = sched.schedule(ctx)
         self.metrics.scheduling.observe(time.perf_counter() - t0)
         if not d.ranked:
             raise ApiError(503, "no ready endpoint serves this request")
@@ -168,14 +178,84 @@ class Router:
                         model: type[BaseModel], prompt_of: Callable[[Any], str]
                         ) -> web.StreamResponse:
         started = time.monotonic()
-        body, _, req = await self._json(request, model)
+        body, doc, req = await self._json(request, model)
         self._check_model(req.model)
         ctx = self._context(request, req.model, prompt_of(req))
+        headers = forward_headers(request, request.headers.get("X-Request-Id")
+                                  or uuid.uuid4().hex)
+        if self.pd is not None and self.pd.applies(ctx):
+            return await self._split(request, path, body, doc, ctx, headers, started)
         ranked = await self._schedule(request, ctx)
-        rid = request.headers.get("X-Request-Id") or uuid.uuid4().hex
         assert self.proxy is not None
-        return await self.proxy.relay(request, ranked, path, body,
-                                      forward_headers(request, rid), work(ctx), started)
+        return await self.proxy.relay(request, ranked, path, body, headers, work(ctx), started)
+
+    async def _split(self, request: web.Request, path: str, body: bytes, doc: dict[str, Any],
+                     ctx: RequestContext, headers: dict[str, str], started: float
+                     ) -> web.StreamResponse:
+        """Prefill on one endpoint, decode on another (see router.disaggregation)."""
+        assert self.pd is not None and self.proxy is not None
+        if self.pd.protocol == "sglang":
+            return await self._split_sglang(request, path, body, doc, ctx, headers, started)
+        ranked = await self._schedule(request, ctx, self.pd.prefill)
+        up = await self.proxy.fetch(ranked, path, prefill_body(doc), headers, work(ctx))
+        if isinstance(up, Upstream) and 400 <= up.status < 500:
+            # the prompt itself is refused (too long, say): a decode endpoint would refuse it too
+            self.metrics.disaggregation.labels("refused").inc()
+            return web.Response(status=up.status, body=up.body, content_type=None, headers={
+                "Content-Type": up.content_type, "X-Request-Id": headers["X-Request-Id"]})
+        params = kv_params_of(up.body) if isinstance(up, Upstream) and up.status == 200 else None
+        prefill = up.endpoint if isinstance(up, Upstream) else None
+        decode = self._decode_for(ctx, prefill)
+        if params is None or prefill is None:  # no KV to hand over
+            return await self._local_prefill(request, decode, path, body, headers, ctx,
+                                             started, up)
+        self.metrics.disaggregation.labels("split").inc()
+        return await self.proxy.relay(request, decode, path, decode_body(doc, params), headers,
+                                      no_prefill(ctx, decode), started,
+                                      extra_headers={"X-Toposerve-Prefill-Endpoint": prefill.name})
+
+    async def _split_sglang(self, request: web.Request, path: str, body: bytes,
+                            doc: dict[str, Any], ctx: RequestContext, headers: dict[str, str],
+                            started: float) -> web.StreamResponse:
+        """Both halves at once; the decode endpoint waits for the KV itself."""
+        assert self.pd is not None and self.proxy is not None
+        prefill = (await self._schedule(request, ctx, self.pd.prefill))[0]
+        decode = self._decode_for(ctx, prefill)
+        boot = self.pd.bootstrap(prefill)
+        first = asyncio.create_task(self.proxy.fetch(
+            [prefill], path, orjson.dumps({**doc, **boot, "stream": False}), headers, work(ctx)))
+        # one decode attempt: another would wait for the same room in vain
+        resp = await self.proxy.relay(request, decode[:1], path,
+                                      orjson.dumps({**doc, **boot}), headers,
+                                      no_prefill(ctx, decode), started,
+                                      extra_headers={"X-Toposerve-Prefill-Endpoint": prefill.name})
+        up = await first
+        if not resp.prepared and resp.status == 502:  # the decode endpoint got no KV
+            return await self._local_prefill(request, decode, path, body, headers, ctx,
+                                             started, up)
+        self.metrics.disaggregation.labels("split").inc()
+        return resp
+
+    def _decode_for(self, ctx: RequestContext, prefill: Endpoint | None) -> list[Endpoint]:
+        assert self.pd is not None
+        d = self.pd.pick_decode(ctx, prefill)
+        if not d.ranked:
+            raise ApiError(503, "no ready decode endpoint serves this request")
+        self.metrics.decisions.labels(d.reason).inc()
+        return d.ranked
+
+    async def _local_prefill(self, request: web.Request, decode: list[Endpoint], path: str,
+                             body: bytes, headers: dict[str, str], ctx: RequestContext,
+                             started: float, prefill: Upstream | str) -> web.StreamResponse:
+        """The split failed before the decode endpoint had its KV: it gets
+        the request whole and prefills the prompt itself."""
+        assert self.proxy is not None
+        log.warning("prefill failed; decoding with a local prefill",
+                    request_id=headers["X-Request-Id"],
+                    prefill=prefill if isinstance(prefill, str) else f"HTTP {prefill.status}")
+        self.metrics.disaggregation.labels("prefill-failed").inc()
+        return await self.proxy.relay(request, decode, path, body, headers,
+                                      Work(ctx.token_estimate, {}), started)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from enum import StrEnum
 from typing import Any
 
 from pydantic import ValidationError
 
-from router.sim.config import Dialect, SimConfig
-from router.sim.kv_events import EventEncoding
+from router.sim.config import SimConfig
 from topology.config_file import explain
 
 # flag -> SimConfig field; every field gets a flag with its default and help
@@ -42,10 +42,8 @@ def register(sub: Any) -> None:
         flag = "--" + name.replace("_", "-")
         kind = field.annotation
         help_ = f"{field.description + '; ' if field.description else ''}default {field.default}"
-        if kind is Dialect:
-            p.add_argument(flag, dest=name, choices=[d.value for d in Dialect], help=help_)
-        elif kind is EventEncoding:
-            p.add_argument(flag, dest=name, choices=[e.value for e in EventEncoding], help=help_)
+        if isinstance(kind, type) and issubclass(kind, StrEnum):
+            p.add_argument(flag, dest=name, choices=[e.value for e in kind], help=help_)
         elif kind in (int, int | None):
             p.add_argument(flag, dest=name, type=int, help=help_)
         elif kind is float:

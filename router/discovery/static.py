@@ -7,6 +7,7 @@ from router.endpoints import Endpoint, Pool
 
 
 def load_static(pool: Pool, entries: list[StaticEndpoint]) -> list[Endpoint]:
-    return [pool.upsert(Endpoint(url=e.url, role=e.role, revision=e.revision,
+    return [pool.upsert(Endpoint(url=e.url, role=e.role, revision=e.revision, node=e.node,
+                                 bootstrap_port=e.bootstrap_port,
                                  kv_events=e.kv_events, kv_events_replay=e.kv_events_replay))
             for e in entries]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from router.endpoints import Endpoint
 from router.prefix.hashing import byte_block_hashes
 from router.tokens import BYTES_PER_TOKEN
 
@@ -16,6 +17,7 @@ class RequestContext:
     prompt: bytes  # canonical prompt bytes (see router.prompt)
     session: str | None = None
     affinity_url: str | None = None  # endpoint that served the previous response
+    prefill: Endpoint | None = None  # a split request's prefill endpoint, once picked
     _byte_blocks: dict[int, list[int]] = field(default_factory=dict)
     _tokens: list[int] | None = None
     extra: dict[str, Any] = field(default_factory=dict)

@@ -31,12 +31,16 @@ class HealthyFilter:
 
 @dataclass
 class RoleFilter:
-    """Endpoints of one role (e.g. decode); endpoints with no role pass."""
+    """Endpoints of one role (e.g. decode); endpoints with no role, or both,
+    pass unless ``exact``."""
 
     state: RouterState
     role: str = "decode"
+    exact: bool = False
 
     def filter(self, ctx: RequestContext, eps: list[Endpoint]) -> list[Endpoint]:
+        if self.exact:
+            return [e for e in eps if e.role == self.role]
         return [e for e in eps if e.role in (None, self.role, "prefill-decode")]
 
 

@@ -18,6 +18,7 @@ from router.scheduling.scorers import (
     ConversationsScorer,
     InflightTokensScorer,
     KVUsageScorer,
+    NearPrefillScorer,
     PrecisePrefixScorer,
     PrefillCostScorer,
     QueueScorer,
@@ -44,6 +45,7 @@ class PrefixParams(_Params):
 
 class RoleParams(_Params):
     role: str = "decode"
+    exact: bool = False
 
 
 class ConversationParams(_Params):
@@ -79,7 +81,7 @@ FILTERS: dict[str, FilterFactory] = {
     "model": _plain(ModelFilter),
     "healthy": _plain(HealthyFilter),
     "not-saturated": _plain(NotSaturatedFilter),
-    "role": lambda s, p, w: RoleFilter(s, _params(RoleParams, p, w).role),
+    "role": lambda s, p, w: RoleFilter(s, **_params(RoleParams, p, w).model_dump()),
 }
 
 
@@ -99,6 +101,7 @@ SCORERS: dict[str, ScorerFactory] = {
     "inflight-tokens": _plain(InflightTokensScorer),
     "session": _plain(SessionScorer),
     "cache-room": _plain(CacheRoomScorer),
+    "near-prefill": _plain(NearPrefillScorer),
     "prefill-cost": lambda s, p, w, kv: PrefillCostScorer(
         s, _params(PrefixParams, p, w).block_bytes),
     "conversations": lambda s, p, w, kv: _conversations(s, _params(ConversationParams, p, w)),

@@ -179,6 +179,20 @@ class CacheRoomScorer(Stateless):
         return lower_is_better({e: float(self.state.approx.held(e.url)) for e in eps})
 
 
+@dataclass
+class NearPrefillScorer(Stateless):
+    """For the decode stage of a split request: a decode endpoint on the
+    node of the request's prefill endpoint scores 1 (its KV moves over the
+    node's own links, not the network), others 0."""
+
+    state: RouterState
+    name: ClassVar[str] = "near-prefill"
+
+    def score(self, ctx: RequestContext, eps: list[Endpoint]) -> dict[Endpoint, float]:
+        node = ctx.prefill.node if ctx.prefill is not None else None
+        return {e: 1.0 if node is not None and e.node == node else 0.0 for e in eps}
+
+
 MAX_CONVERSATIONS = 100_000  # per endpoint, so memory stays bounded
 
 

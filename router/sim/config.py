@@ -14,6 +14,14 @@ class Dialect(StrEnum):
     SGLANG = "sglang"
 
 
+class DisaggregationMode(StrEnum):
+    """SGLang's --disaggregation-mode."""
+
+    NULL = "null"
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
 class SimConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -41,6 +49,12 @@ class SimConfig(BaseModel):
     kv_events_encoding: EventEncoding = EventEncoding.ARRAY
     kv_events_topic: str = ""
     engine_id: str | None = None
+    # SGLang prefill/decode (with --dialect sglang; vLLM's flow needs no flag)
+    disaggregation_mode: DisaggregationMode = DisaggregationMode.NULL
+    disaggregation_bootstrap_port: int = Field(default=8998, ge=0, le=65535,
+                                               description="prefill mode: the bootstrap port")
+    disaggregation_bootstrap_timeout_s: float = Field(
+        default=30.0, gt=0, description="how long a room waits for its prefill (wall seconds)")
     # failure injection
     error_rate: float = Field(default=0.0, ge=0, le=1, description="500 before any byte")
     hang_rate: float = Field(default=0.0, ge=0, le=1, description="accept, never answer")

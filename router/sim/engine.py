@@ -37,6 +37,7 @@ class Job:
     tokens: list[int]
     max_tokens: int
     skip_prefill: bool = False  # KV arrives from a remote prefill
+    bootstrap_room: int | None = None  # SGLang prefill mode: the room whose KV this makes
     cached_tokens: int = 0
     ttft: float = 0.0
 

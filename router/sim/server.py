@@ -15,14 +15,17 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import orjson
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from router.api_models import ChatRequest, CompletionRequest, ResponsesRequest
 from router.errors import ApiError, error_response, from_validation
+from router.kv_transfer import REMOTE_PREFILL_FIELDS
 from router.prompt import chat_prompt, completion_prompt, responses_items
-from router.sim.config import SimConfig
+from router.sim.bootstrap import ROUTE, Rooms, pull
+from router.sim.config import DisaggregationMode, SimConfig
 from router.sim.engine import Engine, Job
 from router.sim.kv_events import (
     KVEventPublisher,
@@ -56,6 +59,10 @@ class SimServer:
         self.rng = random.Random(cfg.seed)
         self.responses: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.engine_id = cfg.engine_id or f"sim-{uuid.uuid4().hex[:8]}"
+        mode = cfg.disaggregation_mode
+        self.rooms = (Rooms(cfg.disaggregation_bootstrap_timeout_s)
+                      if mode == DisaggregationMode.PREFILL else None)
+        self.client: aiohttp.ClientSession | None = None  # decode mode: pulls KV
 
     # --- KV events -------------------------------------------------------
     def _stored(self, s: Stored) -> None:
@@ -127,7 +134,39 @@ class SimServer:
 
     def _kv_params(self, body: dict[str, Any]) -> tuple[bool, bool]:
         p = body.get("kv_transfer_params") or {}
-        return bool(p.get("do_remote_decode")), bool(p.get("do_remote_prefill"))
+        remote_prefill = bool(p.get("do_remote_prefill"))
+        missing = [k for k in REMOTE_PREFILL_FIELDS if p.get(k) is None]
+        if remote_prefill and missing:
+            # a real engine would have no KV to pull: refuse rather than pretend
+            raise ApiError(400, "kv_transfer_params with do_remote_prefill needs "
+                                f"{', '.join(missing)} (copy them from the prefill's answer)",
+                           "kv_transfer_params")
+        return bool(p.get("do_remote_decode")), remote_prefill
+
+    async def _bootstrap(self, body: dict[str, Any]) -> int | None:
+        """SGLang's hand-over: a prefill server notes the request's room; a
+        decode server first waits for that room's KV at its prefill server."""
+        if self.cfg.disaggregation_mode == DisaggregationMode.NULL:
+            return None
+        room, host = body.get("bootstrap_room"), body.get("bootstrap_host")
+        if room is None:
+            return None
+        if not isinstance(room, int) or isinstance(room, bool):
+            raise ApiError(400, "bootstrap_room must be an integer", "bootstrap_room")
+        if self.rooms is not None:
+            return room
+        port = body.get("bootstrap_port") or 8998
+        if not isinstance(host, str) or not isinstance(port, int):
+            raise ApiError(400, "a decode request needs bootstrap_host (string) and "
+                                "bootstrap_port (integer) of its prefill server",
+                           "bootstrap_host")
+        if self.client is None:
+            self.client = aiohttp.ClientSession()
+        failed = await pull(self.client, host, port, room,
+                            self.cfg.disaggregation_bootstrap_timeout_s)
+        if failed is not None:
+            raise ApiError(500, f"KV transfer for room {room} failed: {failed}")
+        return room
 
     def _kv_response(self, job: Job) -> dict[str, Any]:
         n_blocks = -(-len(job.tokens) // self.cfg.block_size)
@@ -149,6 +188,8 @@ class SimServer:
         async for n in self.engine.generate(job):
             if first:
                 self._record(job)
+                if self.rooms is not None and job.bootstrap_room is not None:
+                    self.rooms.ready(job.bootstrap_room)
                 first = False
             yield n
 
@@ -173,11 +214,16 @@ class SimServer:
     async def _run(self, request: web.Request, body: dict[str, Any], prompt: str,
                    max_tokens: int, kind: str) -> web.StreamResponse:
         remote_decode, remote_prefill = self._kv_params(body)
-        if remote_decode:
-            max_tokens = 1
+        room = await self._bootstrap(body)
+        if remote_decode or (self.rooms is not None and room is not None):
+            max_tokens = 1  # a prefill endpoint makes the KV and one token
+        remote_prefill = remote_prefill or (room is not None and self.rooms is None)
         job = self._job(prompt, max_tokens, remote_prefill)
+        job.bootstrap_room = room
         model = body.get("model") or self.cfg.names[0]
-        rid = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
+        # vLLM takes the request id from X-Request-Id when given
+        rid = (f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-"
+               f"{request.headers.get('X-Request-Id') or uuid.uuid4().hex}")
         created = int(time.time())
         extra = {"kv_transfer_params": self._kv_response(job)} if remote_decode else {}
         if body.get("stream"):
@@ -371,12 +417,25 @@ def build_app(cfg: SimConfig) -> web.Application:
     app.router.add_get("/health", sim.health)
     app.router.add_get("/metrics", sim.metrics_endpoint)
 
+    bootstrap: list[web.AppRunner] = []
+
     async def on_startup(app: web.Application) -> None:
         await sim.start_events()
+        if sim.rooms is not None:  # SGLang prefill mode serves its rooms on the bootstrap port
+            rooms = web.Application()
+            rooms.router.add_get(ROUTE, sim.rooms.handle)
+            runner = web.AppRunner(rooms, access_log=None)
+            await runner.setup()
+            await web.TCPSite(runner, cfg.host, cfg.disaggregation_bootstrap_port).start()
+            bootstrap.append(runner)
 
     async def on_cleanup(app: web.Application) -> None:
         if sim.publisher:
             await sim.publisher.close()
+        if sim.client is not None:
+            await sim.client.close()
+        for runner in bootstrap:
+            await runner.cleanup()
 
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)

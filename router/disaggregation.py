@@ -1,0 +1,84 @@
+"""Prefill/decode disaggregation (DESIGN 7). vLLM's NixlConnector: the
+prompt goes to a prefill endpoint as a one-token, non-streamed request that
+leaves its KV there (``do_remote_decode``); the prefill's answer carries the
+``kv_transfer_params`` a decode endpoint needs to pull that KV; the original
+request goes to the decode endpoint with them and its answer streams back.
+SGLang: both get the request at once, with the prefill server's bootstrap
+host and port and a random room; the answer comes from decode. Both
+requests carry the same X-Request-Id."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+from urllib.parse import urlsplit
+
+import orjson
+
+from router.config import PluginConfig, ProfileConfig, RouterConfig
+from router.endpoints import Endpoint
+from router.kv_transfer import PREFILL_REQUEST, REMOTE_PREFILL_FIELDS
+from router.prefix.kv_index import KVIndex
+from router.scheduling.context import RequestContext
+from router.scheduling.profile import Decision, Scheduler
+from router.state import RouterState
+
+
+def _staged(profile: ProfileConfig, role: str) -> ProfileConfig:
+    """``profile`` restricted to endpoints of exactly ``role``."""
+    only = PluginConfig(type="role", params={"role": role, "exact": True})
+    return profile.model_copy(update={"filters": [only, *profile.filters]})
+
+
+def prefill_body(doc: dict[str, Any]) -> bytes:
+    """The request as sent to the prefill endpoint: one token, no stream."""
+    out = {k: v for k, v in doc.items() if k != "stream_options"}
+    out.update(stream=False, max_tokens=1, kv_transfer_params=dict(PREFILL_REQUEST))
+    if "max_completion_tokens" in out:
+        out["max_completion_tokens"] = 1
+    return orjson.dumps(out)
+
+
+def decode_body(doc: dict[str, Any], kv_params: dict[str, Any]) -> bytes:
+    return orjson.dumps({**doc, "kv_transfer_params": kv_params})
+
+
+def kv_params_of(answer: bytes) -> dict[str, Any] | None:
+    """The prefill answer's ``kv_transfer_params``, if complete."""
+    try:
+        doc = orjson.loads(answer)
+    except orjson.JSONDecodeError:
+        return None
+    params = doc.get("kv_transfer_params") if isinstance(doc, dict) else None
+    if not isinstance(params, dict) or any(params.get(k) is None for k in REMOTE_PREFILL_FIELDS):
+        return None
+    return params
+
+
+class Disaggregation:
+    """Picks the two endpoints of a split request: the prefill endpoint by
+    the main profile (prefix affinity is what makes prefill cheap), the
+    decode endpoint by ``disaggregation.decode`` once the prefill endpoint
+    is known (so it can sit next to it)."""
+
+    def __init__(self, state: RouterState, cfg: RouterConfig, kv: KVIndex | None) -> None:
+        self.protocol = cfg.disaggregation.protocol
+        self.bootstrap_port = cfg.disaggregation.bootstrap_port
+        self._rng = random.Random()
+        self.prefill = Scheduler(state, _staged(cfg.profile, "prefill"), kv)
+        self.decode = Scheduler(state, _staged(cfg.disaggregation.decode, "decode"), None)
+
+    def applies(self, ctx: RequestContext) -> bool:
+        """Both stages have somewhere to go."""
+        return bool(self.prefill.candidates(ctx)) and bool(self.decode.candidates(ctx))
+
+    def pick_decode(self, ctx: RequestContext, prefill: Endpoint | None) -> Decision:
+        ctx.prefill = prefill
+        return self.decode.schedule(ctx)
+
+    def bootstrap(self, prefill: Endpoint) -> dict[str, Any]:
+        """SGLang's fields: where the decode server finds the KV, and a
+        random room that pairs the two requests."""
+        return {"bootstrap_host": urlsplit(prefill.url).hostname,
+                "bootstrap_port": prefill.bootstrap_port or self.bootstrap_port,
+                "bootstrap_room": self._rng.getrandbits(63)}

@@ -1,0 +1,13 @@
+"""vLLM NixlConnector's ``kv_transfer_params`` contract (DESIGN 7), shared by
+the router, which splits requests, and the simulator, which answers them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# what a request to a prefill endpoint carries
+PREFILL_REQUEST: dict[str, Any] = {
+    "do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+    "remote_block_ids": None, "remote_host": None, "remote_port": None}
+# what a decode endpoint needs from the prefill's answer to pull the KV
+REMOTE_PREFILL_FIELDS = ("remote_engine_id", "remote_block_ids", "remote_host", "remote_port")

@@ -1,0 +1,157 @@
+"""Prefill/decode disaggregation against real simulators: the prompt is
+prefilled on a prefill endpoint (one token, KV left there), the answer comes
+from a decode endpoint handed the prefill's kv_transfer_params; decode sits
+next to its prefill when it can; a failed prefill still gets an answer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import openai
+
+from bench.procs import MODEL, Proc, Procs, free_port
+from bench.router_bench import sim_counters
+
+
+def pd_router(procs: Procs, prefill: list[Proc], decode: list[Proc],
+              nodes: tuple[str, str] | None = None, **extra: Any) -> Proc:
+    static = []
+    for role, sims in (("prefill", prefill), ("decode", decode)):
+        for i, s in enumerate(sims):
+            entry: dict[str, Any] = {"url": s.url, "role": role}
+            if nodes:
+                entry["node"] = nodes[i % len(nodes)]
+            static.append(entry)
+    return procs.router({"discovery": {"static": static},
+                         "disaggregation": {"enabled": True}, **extra})
+
+
+def test_split_through_openai_client(procs: Procs) -> None:
+    prefill = [procs.sim(time_scale=0.01) for _ in range(2)]
+    decode = [procs.sim(time_scale=0.01) for _ in range(2)]
+    router = pd_router(procs, prefill, decode)
+    client = openai.OpenAI(base_url=router.url + "/v1", api_key="unused")
+    n = 6
+    for i in range(n):
+        raw = client.chat.completions.with_raw_response.create(
+            model=MODEL, max_tokens=5,
+            messages=[{"role": "user", "content": f"question {i} " + "context " * 100}])
+        r = raw.parse()
+        assert r.choices[0].message.content and r.usage and r.usage.completion_tokens == 5
+        rid = raw.headers["x-request-id"]
+        assert r.id == f"chatcmpl-{rid}"  # the decode endpoint saw the router's request id
+        assert raw.headers["x-toposerve-endpoint"] in {s.url[7:] for s in decode}
+        assert raw.headers["x-toposerve-prefill-endpoint"] in {s.url[7:] for s in prefill}
+    stream = client.completions.create(model=MODEL, prompt="stream me " * 50, max_tokens=7,
+                                       stream=True)
+    assert "".join(c.choices[0].text for c in stream if c.choices)
+    pre = [sim_counters(s) for s in prefill]
+    dec = [sim_counters(s) for s in decode]
+    # each request: one token on a prefill endpoint, the rest on a decode endpoint
+    assert sum(c["vllm:request_success_total"] for c in pre) == n + 1
+    assert sum(c["vllm:generation_tokens_total"] for c in pre) == n + 1
+    assert sum(c["vllm:request_success_total"] for c in dec) == n + 1
+    assert sum(c["vllm:generation_tokens_total"] for c in dec) == 5 * n + 7
+    metrics = httpx.get(router.url + "/metrics").text
+    assert f'toposerve_router_disaggregation_total{{outcome="split"}} {n + 1}.0' in metrics
+
+
+def test_decode_pairs_with_prefill_node(procs: Procs) -> None:
+    prefill = [procs.sim(time_scale=0.01) for _ in range(2)]
+    decode = [procs.sim(time_scale=0.01) for _ in range(2)]
+    router = pd_router(procs, prefill, decode, nodes=("node-a", "node-b"))
+    node_of = {s.url[7:]: ("node-a", "node-b")[i] for sims in (prefill, decode)
+               for i, s in enumerate(sims)}
+    pairs = set()
+    for i in range(8):
+        r = httpx.post(router.url + "/v1/completions", timeout=30, json={
+            "model": MODEL, "prompt": f"document {i} " * 200, "max_tokens": 2})
+        assert r.status_code == 200, r.text
+        p, d = r.headers["x-toposerve-prefill-endpoint"], r.headers["x-toposerve-endpoint"]
+        assert node_of[p] == node_of[d]
+        pairs.add(node_of[p])
+    assert pairs == {"node-a", "node-b"}  # both nodes' prefill endpoints were used
+
+
+def test_failed_prefill_still_answers(procs: Procs) -> None:
+    prefill = [procs.sim(time_scale=0.01, error_rate=1.0)]
+    decode = [procs.sim(time_scale=0.01)]
+    router = pd_router(procs, prefill, decode)
+    for i in range(3):
+        r = httpx.post(router.url + "/v1/completions", timeout=30, json={
+            "model": MODEL, "prompt": f"try {i}", "max_tokens": 3})
+        assert r.status_code == 200, r.text
+        assert "x-toposerve-prefill-endpoint" not in r.headers
+    dec = sim_counters(decode[0])
+    assert dec["vllm:generation_tokens_total"] == 9  # decoded with a local prefill
+    metrics = httpx.get(router.url + "/metrics").text
+    assert 'toposerve_router_disaggregation_total{outcome="prefill-failed"} 3.0' in metrics
+
+
+def test_prompt_refused_by_prefill_is_passed_on(procs: Procs) -> None:
+    prefill = [procs.sim(time_scale=0.01, max_model_len=100)]
+    decode = [procs.sim(time_scale=0.01)]
+    router = pd_router(procs, prefill, decode)
+    r = httpx.post(router.url + "/v1/completions", timeout=30, json={
+        "model": MODEL, "prompt": "far too long " * 200, "max_tokens": 3})
+    assert r.status_code == 400 and "maximum context length" in r.json()["error"]["message"]
+    assert sim_counters(decode[0]).get("vllm:request_success_total", 0) == 0
+
+
+def test_without_decode_endpoints_requests_run_whole(procs: Procs) -> None:
+    prefill = [procs.sim(time_scale=0.01)]
+    router = pd_router(procs, prefill, [])
+    r = httpx.post(router.url + "/v1/completions", timeout=30, json={
+        "model": MODEL, "prompt": "alone", "max_tokens": 4})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+
+
+def test_decode_refuses_incomplete_kv_params(procs: Procs) -> None:
+    sim = procs.sim(time_scale=0.01)
+    r = httpx.post(sim.url + "/v1/completions", timeout=30, json={
+        "model": MODEL, "prompt": "x", "max_tokens": 2,
+        "kv_transfer_params": {"do_remote_prefill": True, "remote_engine_id": "e"}})
+    assert r.status_code == 400
+    assert "remote_block_ids" in r.json()["error"]["message"]
+
+
+def sglang_router(procs: Procs, prefill_error_rate: float = 0.0) -> tuple[Proc, Proc, Proc]:
+    port = free_port()
+    prefill = procs.sim(dialect="sglang", disaggregation_mode="prefill", time_scale=0.01,
+                        disaggregation_bootstrap_port=port, error_rate=prefill_error_rate)
+    decode = procs.sim(dialect="sglang", disaggregation_mode="decode", time_scale=0.01,
+                       disaggregation_bootstrap_timeout_s=1.0)
+    router = procs.router({
+        "discovery": {"static": [{"url": prefill.url, "role": "prefill", "bootstrapPort": port},
+                                 {"url": decode.url, "role": "decode"}]},
+        "disaggregation": {"enabled": True, "protocol": "sglang"}})
+    return router, prefill, decode
+
+
+def test_sglang_bootstrap_split(procs: Procs) -> None:
+    router, prefill, decode = sglang_router(procs)
+    client = openai.OpenAI(base_url=router.url + "/v1", api_key="unused")
+    r = client.chat.completions.create(model=MODEL, max_tokens=6,
+                                       messages=[{"role": "user", "content": "hello " * 80}])
+    assert r.choices[0].message.content and r.usage and r.usage.completion_tokens == 6
+    stream = client.completions.create(model=MODEL, prompt="more " * 80, max_tokens=4,
+                                       stream=True)
+    assert "".join(c.choices[0].text for c in stream if c.choices)
+    pre, dec = sim_counters(prefill), sim_counters(decode)
+    assert pre["sglang:generation_tokens_total"] == 2  # one token each: it only prefills
+    assert dec["sglang:generation_tokens_total"] == 10
+    metrics = httpx.get(router.url + "/metrics").text
+    assert 'toposerve_router_disaggregation_total{outcome="split"} 2.0' in metrics
+
+
+def test_sglang_failed_prefill_falls_back(procs: Procs) -> None:
+    # the decode server waits for a room that never fills, gives up, and the
+    # router has it prefill the prompt itself
+    router, _, decode = sglang_router(procs, prefill_error_rate=1.0)
+    r = httpx.post(router.url + "/v1/completions", timeout=30, json={
+        "model": MODEL, "prompt": "lonely", "max_tokens": 3})
+    assert r.status_code == 200, r.text
+    assert sim_counters(decode)["sglang:generation_tokens_total"] == 3
+    metrics = httpx.get(router.url + "/metrics").text
+    assert 'toposerve_router_disaggregation_total{outcome="prefill-failed"} 1.0' in metrics
