@@ -1,6 +1,8 @@
 """The router discovers model servers from the real cluster: kwok pods with
 127.x IPs, a simulator listening on each pod's IP, pods added and removed
-while traffic flows, and not one request failing."""
+while traffic flows, and not one request failing; prefill and decode pods
+found by their role labels, each split request decoded on its prefill
+pod's node."""
 
 from __future__ import annotations
 
@@ -25,13 +27,15 @@ pytestmark = pytest.mark.cluster
 PORT = 8000
 
 
-def make_pod(core: client.CoreV1Api, name: str, app: str) -> str:
+def make_pod(core: client.CoreV1Api, name: str, app: str, role: str = "decode",
+             node: str | None = None) -> str:
+    placement: dict[str, Any] = ({"nodeName": node} if node else
+                                 {"nodeSelector": {"topology.toposerve.io/profile": "hgx-h100"}})
     core.create_namespaced_pod("default", {
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "labels": {"app": app, "llm-d.ai/role": "decode"}},
+        "metadata": {"name": name, "labels": {"app": app, "llm-d.ai/role": role}},
         "spec": {"containers": [{"name": "vllm", "image": "registry.invalid/vllm:0"}],
-                 "tolerations": [KWOK_TOLERATION],
-                 "nodeSelector": {"topology.toposerve.io/profile": "hgx-h100"}}})
+                 "tolerations": [KWOK_TOLERATION], **placement}})
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         pod = core.read_namespaced_pod(name, "default")
@@ -116,3 +120,38 @@ def test_pods_added_and_removed_under_traffic(cluster: Cluster, procs: Procs) ->
                 core.delete_namespaced_pod(n, "default", grace_period_seconds=0)
     assert len(statuses) > 50
     assert set(statuses) == {200}, Counter(statuses)
+
+
+def test_split_requests_decode_next_to_their_prefill(cluster: Cluster, procs: Procs) -> None:
+    core = client.CoreV1Api(cluster.api)
+    nodes = sorted(n.metadata.name for n in core.list_node(
+        label_selector="topology.toposerve.io/profile=hgx-h100").items)[:2]
+    assert len(nodes) == 2
+    app = f"pd-{uuid.uuid4().hex[:6]}"
+    node_of: dict[str, str] = {}
+    try:
+        for role in ("prefill", "decode"):
+            for i, node in enumerate(nodes):
+                ip = make_pod(core, f"{app}-{role}-{i}", app, role, node)
+                procs.sim(host=ip, port=PORT, time_scale=0.01)
+                node_of[f"{ip}:{PORT}"] = node
+        router = procs.router({"discovery": {"kubernetes": {
+            "namespace": "default", "labelSelector": f"app={app}", "port": PORT,
+            "kubeconfig": str(kubeconfig_path(cluster.name))}},
+            "disaggregation": {"enabled": True}})
+        wait_until("4 endpoints", lambda: sum(endpoints(router).values()) == 4)
+        used = set()
+        for i in range(8):
+            r = httpx.post(router.url + "/v1/completions", timeout=30, json={
+                "model": MODEL, "prompt": f"document {i} " * 200, "max_tokens": 2})
+            assert r.status_code == 200, r.text
+            prefill = r.headers["x-toposerve-prefill-endpoint"]
+            decode = r.headers["x-toposerve-endpoint"]
+            assert node_of[prefill] == node_of[decode]
+            used.add(node_of[prefill])
+        assert used == set(nodes)
+    finally:
+        for pod in core.list_namespaced_pod("default", label_selector=f"app={app}").items:
+            with contextlib.suppress(client.exceptions.ApiException):
+                core.delete_namespaced_pod(pod.metadata.name, "default",
+                                           grace_period_seconds=0)
