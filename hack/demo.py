@@ -5,7 +5,9 @@
    each simulator listening on its pod's 127.x IP;
 3. the router discovering them through the Kubernetes API and routing a
    multi-turn conversation by prefix cache;
-4. everything torn down.
+4. prefill and decode pods on two nodes, the router splitting each request
+   between them, decode next to its prefill;
+5. everything torn down.
 """
 
 from __future__ import annotations
@@ -37,6 +39,28 @@ def say(msg: str) -> None:
     print(f"\n== {msg}", flush=True)
 
 
+def run_pods(core: client.CoreV1Api, app: str, pods: dict[str, tuple[str, str | None]]
+             ) -> dict[str, tuple[str, str]]:
+    """Create ``pods`` (name -> (role, node or None for kube-scheduler));
+    returns name -> (pod IP, node) once each runs."""
+    for pod, (role, node) in pods.items():
+        placement = ({"nodeName": node} if node else
+                     {"nodeSelector": {"topology.toposerve.io/profile": "hgx-h100"}})
+        core.create_namespaced_pod("default", {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": pod, "labels": {"app": app, "llm-d.ai/role": role}},
+            "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai"}],
+                     "tolerations": [KWOK_TOLERATION], **placement}})
+    ips: dict[str, tuple[str, str]] = {}
+    deadline = time.monotonic() + 60
+    while len(ips) < len(pods) and time.monotonic() < deadline:
+        for p in core.list_namespaced_pod("default", label_selector=f"app={app}").items:
+            if p.status.phase == "Running" and p.status.pod_ip:
+                ips[p.metadata.name] = (p.status.pod_ip, p.spec.node_name)
+        time.sleep(0.3)
+    return ips
+
+
 def main() -> int:
     if NAME in running_clusters():
         down(NAME)
@@ -48,21 +72,7 @@ def main() -> int:
                         "--name", NAME], check=True)
         say("2. three model-server pods, placed by kube-scheduler, run by kwok")
         core = client.CoreV1Api(api_client(NAME))
-        ips = {}
-        for i in range(3):
-            pod = f"vllm-{i}"
-            core.create_namespaced_pod("default", {
-                "apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": pod, "labels": {"app": "vllm", "llm-d.ai/role": "decode"}},
-                "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai"}],
-                         "tolerations": [KWOK_TOLERATION],
-                         "nodeSelector": {"topology.toposerve.io/profile": "hgx-h100"}}})
-        deadline = time.monotonic() + 60
-        while len(ips) < 3 and time.monotonic() < deadline:
-            for p in core.list_namespaced_pod("default", label_selector="app=vllm").items:
-                if p.status.phase == "Running" and p.status.pod_ip:
-                    ips[p.metadata.name] = (p.status.pod_ip, p.spec.node_name)
-            time.sleep(0.3)
+        ips = run_pods(core, "vllm", {f"vllm-{i}": ("prefill-decode", None) for i in range(3)})
         for pod, (ip, node) in sorted(ips.items()):
             procs.sim(host=ip, port=8000, time_scale=0.2)
             print(f"   {pod} on {node}: simulated vLLM listening on {ip}:8000")
@@ -85,8 +95,28 @@ def main() -> int:
         decisions = [x for x in httpx.get(router.url + "/metrics").text.splitlines()
                      if x.startswith("toposerve_router_decisions_total")]
         print("   routing decisions by reason:\n     " + "\n     ".join(decisions))
+
+        say("4. prefill/decode split: two prefill and two decode pods on two nodes")
+        nodes = sorted(n.metadata.name for n in core.list_node(
+            label_selector="topology.toposerve.io/profile=hgx-h100").items)[:2]
+        pd = run_pods(core, "vllm-pd", {f"{role}-{i}": (role, node) for role in
+                                        ("prefill", "decode") for i, node in enumerate(nodes)})
+        for pod, (ip, node) in sorted(pd.items()):
+            procs.sim(host=ip, port=8000, time_scale=0.2)
+            print(f"   {pod} on {node}: simulated vLLM listening on {ip}:8000")
+        node_of = {f"{ip}:8000": node for ip, node in pd.values()}
+        split = procs.router({"discovery": {"kubernetes": {
+            "namespace": "default", "labelSelector": "app=vllm-pd", "port": 8000,
+            "kubeconfig": str(kubeconfig_path(NAME))}}, "disaggregation": {"enabled": True}})
+        for doc in ("contract", "manual", "report"):
+            r = httpx.post(split.url + "/v1/completions", timeout=30, json={
+                "model": MODEL, "prompt": f"Summarise this {doc}. " + "Clause. " * 400,
+                "max_tokens": 8})
+            pre, dec = r.headers["x-toposerve-prefill-endpoint"], r.headers["x-toposerve-endpoint"]
+            print(f"   {doc}: prefill on {pre} ({node_of[pre]}), decode on {dec} "
+                  f"({node_of[dec]}), {r.json()['usage']['completion_tokens']} tokens")
     finally:
-        say("4. tear down")
+        say("5. tear down")
         procs.close()
         down(NAME)
     return 0
