@@ -71,6 +71,7 @@ class Router:
         self.proxy: Proxy | None = None
         self.watcher: KubernetesWatcher | None = None
         self._tasks: list[asyncio.Task[Any]] = []
+        self._background: set[asyncio.Task[Any]] = set()  # held so they are not collected
 
     # --- lifecycle ---------------------------------------------------------
     def _watch_events(self, ep: Endpoint) -> None:
@@ -229,10 +230,13 @@ class Router:
                                       orjson.dumps({**doc, **boot}), headers,
                                       no_prefill(ctx, decode), started,
                                       extra_headers={"X-Toposerve-Prefill-Endpoint": prefill.name})
-        up = await first
+        # the prefill's answer says nothing the client needs: never wait for it here
+        self._background.add(first)
+        first.add_done_callback(self._background.discard)
         if not resp.prepared and resp.status == 502:  # the decode endpoint got no KV
+            why = first.result() if first.done() else "prefill still running"
             return await self._local_prefill(request, decode, path, body, headers, ctx,
-                                             started, up)
+                                             started, why)
         self.metrics.disaggregation.labels("split").inc()
         return resp
 
