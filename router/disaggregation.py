@@ -15,19 +15,14 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from router.config import PluginConfig, ProfileConfig, RouterConfig
+from router.config import RouterConfig
 from router.endpoints import Endpoint
 from router.kv_transfer import PREFILL_REQUEST, REMOTE_PREFILL_FIELDS
 from router.prefix.kv_index import KVIndex
 from router.scheduling.context import RequestContext
+from router.scheduling.filters import RoleFilter
 from router.scheduling.profile import Decision, Scheduler
 from router.state import RouterState
-
-
-def _staged(profile: ProfileConfig, role: str) -> ProfileConfig:
-    """``profile`` restricted to endpoints of exactly ``role``."""
-    only = PluginConfig(type="role", params={"role": role, "exact": True})
-    return profile.model_copy(update={"filters": [only, *profile.filters]})
 
 
 def prefill_body(doc: dict[str, Any]) -> bytes:
@@ -65,8 +60,10 @@ class Disaggregation:
         self.protocol = cfg.disaggregation.protocol
         self.bootstrap_port = cfg.disaggregation.bootstrap_port
         self._rng = random.Random()
-        self.prefill = Scheduler(state, _staged(cfg.profile, "prefill"), kv)
-        self.decode = Scheduler(state, _staged(cfg.disaggregation.decode, "decode"), None)
+        self.prefill = Scheduler(state, cfg.profile, kv, "profile",
+                                 [RoleFilter(state, "prefill", exact=True)])
+        self.decode = Scheduler(state, cfg.disaggregation.decode, None, "disaggregation.decode",
+                                [RoleFilter(state, "decode", exact=True)])
 
     def applies(self, ctx: RequestContext) -> bool:
         """Both stages have somewhere to go."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from router.config import ProfileConfig
@@ -22,19 +23,22 @@ class Decision:
 
 
 class Scheduler:
-    def __init__(self, state: RouterState, cfg: ProfileConfig, kv: KVIndex | None) -> None:
+    def __init__(self, state: RouterState, cfg: ProfileConfig, kv: KVIndex | None,
+                 where: str = "profile", first: Sequence[Filter] = ()) -> None:
+        """``where`` names the config section in errors; ``first`` are
+        filters that run before the configured ones."""
         self.state = state
-        self.filters: list[Filter] = [
-            registry.lookup(registry.FILTERS, "filter", f.type, f"profile.filters[{i}]")(
-                state, f.params, f"profile.filters[{i}]")
+        self.filters: list[Filter] = [*first] + [
+            registry.lookup(registry.FILTERS, "filter", f.type, f"{where}.filters[{i}]")(
+                state, f.params, f"{where}.filters[{i}]")
             for i, f in enumerate(cfg.filters)]
         self.scorers: list[tuple[Scorer, float]] = [
-            (registry.lookup(registry.SCORERS, "scorer", s.type, f"profile.scorers[{i}]")(
-                state, s.params, f"profile.scorers[{i}]", kv), s.weight)
+            (registry.lookup(registry.SCORERS, "scorer", s.type, f"{where}.scorers[{i}]")(
+                state, s.params, f"{where}.scorers[{i}]", kv), s.weight)
             for i, s in enumerate(cfg.scorers)]
         self.picker: Picker = registry.lookup(registry.PICKERS, "picker", cfg.picker.type,
-                                              "profile.picker")(cfg.picker.params,
-                                                                "profile.picker")
+                                              f"{where}.picker")(cfg.picker.params,
+                                                                 f"{where}.picker")
         self.weights = {s.name: w for s, w in self.scorers}
 
     def candidates(self, ctx: RequestContext) -> list[Endpoint]:

@@ -162,6 +162,9 @@ def _cfg(tmp_path: Path, doc: dict) -> Path:  # type: ignore[type-arg]
      "server.prot: Extra inputs are not permitted (unknown field"),
     ({"discovery": {"static": [{"url": "http://a:1"}]}, "responses": {"backend": "redis"}},
      "needs redisUrl"),
+    ({"discovery": {"static": [{"url": "http://a:1"}]},
+      "disaggregation": {"protocol": "mooncake"}},
+     "disaggregation.protocol: Input should be 'nixl' or 'sglang'"),
 ])
 def test_router_config_errors_name_the_field(tmp_path: Path, doc: dict,  # type: ignore[type-arg]
                                              fragment: str) -> None:
@@ -185,6 +188,19 @@ def test_unknown_plugin_named(tmp_path: Path) -> None:
         "profile": {"scorers": [{"type": "prefix-approx", "params": {"blockBytes": 2}}]}})))
     with pytest.raises(PluginError, match=r"scorers\[0\]\.params\.blockBytes"):
         Scheduler(RouterState(cfg), cfg.profile, None)
+
+
+def test_decode_profile_errors_name_their_section(tmp_path: Path) -> None:
+    from router.disaggregation import Disaggregation
+    from router.scheduling.registry import PluginError
+    from router.state import RouterState
+
+    cfg = load_router_config(str(_cfg(tmp_path, {
+        "discovery": {"static": [{"url": "http://a:1"}]},
+        "disaggregation": {"enabled": True, "decode": {
+            "filters": [{"type": "model"}, {"type": "healthy", "params": {"x": 1}}]}}})))
+    with pytest.raises(PluginError, match=r"^disaggregation\.decode\.filters\[1\]\.params\.x"):
+        Disaggregation(RouterState(cfg), cfg, None)
 
 
 def test_config_reference_is_current() -> None:
