@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from topology.config_file import load_file
+from topology.labels import DialectName
 
 
 class Section(BaseModel):
@@ -63,6 +64,10 @@ class KubernetesDiscovery(Section):
                                 description="pod label carrying the revision")
     kv_events_port: int | None = Field(default=None, alias="kvEventsPort", ge=1, le=65535,
                                        description="pods publish KV events on this port")
+    topology_labels: DialectName = Field(
+        default=DialectName.TOPOSERVE, alias="topologyLabels",
+        description="node-label dialect of the topology (toposerve, gke, kubernetes): "
+                    "where each pod's node sits, read from its labels (needs get on nodes)")
 
 
 class DiscoveryConfig(Section):

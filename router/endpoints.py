@@ -10,6 +10,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from topology.model import DomainPath
+
 
 @dataclass
 class LoadSample:
@@ -26,6 +28,7 @@ class Endpoint:
     revision: str | None = None
     models: frozenset[str] = frozenset()
     node: str | None = None
+    path: DomainPath | None = None  # its node's place in the topology, when known
     bootstrap_port: int | None = None  # SGLang prefill servers: their bootstrap port
     kv_events: str | None = None
     kv_events_replay: str | None = None
@@ -93,7 +96,7 @@ class Pool:
             self._eps[ep.url] = ep
             self.changed.set()
             return ep
-        cur.role, cur.revision, cur.node = ep.role, ep.revision, ep.node
+        cur.role, cur.revision, cur.node, cur.path = ep.role, ep.revision, ep.node, ep.path
         cur.bootstrap_port = ep.bootstrap_port
         cur.kv_events, cur.kv_events_replay = ep.kv_events, ep.kv_events_replay
         cur.draining = False

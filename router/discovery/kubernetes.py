@@ -19,6 +19,8 @@ import structlog
 
 from router.config import KubernetesDiscovery
 from router.endpoints import Endpoint, Pool
+from topology.labels import PRESETS, from_labels
+from topology.model import DomainPath
 
 log = structlog.get_logger("router.discovery")
 
@@ -30,9 +32,10 @@ class PodView:
     role: str | None
     revision: str | None
     node: str | None
+    path: DomainPath | None = None
 
 
-def pod_view(pod: Any, cfg: KubernetesDiscovery) -> PodView:
+def pod_view(pod: Any, cfg: KubernetesDiscovery, path: DomainPath | None = None) -> PodView:
     labels = pod.metadata.labels or {}
     ready = (pod.status.phase == "Running" and pod.metadata.deletion_timestamp is None
              and any(c.type == "Ready" and c.status == "True"
@@ -40,7 +43,8 @@ def pod_view(pod: Any, cfg: KubernetesDiscovery) -> PodView:
     ip = pod.status.pod_ip
     return PodView(name=pod.metadata.name, url=f"http://{ip}:{cfg.port}" if ready and ip else None,
                    role=labels.get(cfg.role_label),
-                   revision=labels.get(cfg.revision_label), node=pod.spec.node_name)
+                   revision=labels.get(cfg.revision_label), node=pod.spec.node_name,
+                   path=path)
 
 
 class KubernetesWatcher:
@@ -55,6 +59,7 @@ class KubernetesWatcher:
         self._thread: threading.Thread | None = None
         self.synced = asyncio.Event()
         self._drains: set[asyncio.Task[None]] = set()
+        self._paths: dict[str, DomainPath] = {}  # node name -> its place; nodes do not move
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -74,7 +79,7 @@ class KubernetesWatcher:
             kv = f"tcp://{view.url.split('//')[1].rsplit(':', 1)[0]}:{self.cfg.kv_events_port}" \
                 if self.cfg.kv_events_port else None
             ep = self.pool.upsert(Endpoint(url=view.url, role=view.role, revision=view.revision,
-                                           node=view.node, kv_events=kv))
+                                           node=view.node, path=view.path, kv_events=kv))
             if old != view.url:
                 log.info("endpoint added", pod=view.name, url=view.url)
                 if self.on_add:
@@ -108,6 +113,22 @@ class KubernetesWatcher:
         assert self._loop is not None
         self._loop.call_soon_threadsafe(fn, *args)
 
+    def _view(self, core: Any, pod: Any) -> PodView:
+        """The pod, with its node's place in the topology read from the
+        node's labels (once per node; without access, the node name only)."""
+        from kubernetes.client.exceptions import ApiException
+
+        node = pod.spec.node_name
+        if node and node not in self._paths:
+            try:
+                labels = core.read_node(node).metadata.labels or {}
+            except ApiException as err:
+                log.warning("node labels unreadable; pairing by node name only", node=node,
+                            status=err.status)
+                labels = {}
+            self._paths[node] = from_labels(node, labels, PRESETS[self.cfg.topology_labels])
+        return pod_view(pod, self.cfg, self._paths.get(node) if node else None)
+
     def _run(self) -> None:
         from kubernetes import client, config, watch
         from kubernetes.client.exceptions import ApiException
@@ -123,7 +144,7 @@ class KubernetesWatcher:
                 pods: Any = core.list_namespaced_pod(self.cfg.namespace,
                                                 label_selector=self.cfg.label_selector)
                 for p in pods.items:
-                    self._call(self._apply, pod_view(p, self.cfg))
+                    self._call(self._apply, self._view(core, p))
                 self._call(self._resync, {p.metadata.name for p in pods.items})
                 w = watch.Watch()
                 for ev in w.stream(core.list_namespaced_pod, self.cfg.namespace,
@@ -137,7 +158,7 @@ class KubernetesWatcher:
                     if ev["type"] == "DELETED":
                         self._call(self._deleted, pod.metadata.name)
                     else:
-                        self._call(self._apply, pod_view(pod, self.cfg))
+                        self._call(self._apply, self._view(core, pod))
             except ApiException as err:
                 if err.status != 410:  # 410: our resourceVersion is too old; relist
                     log.warning("pod watch failed", status=err.status)

@@ -15,6 +15,8 @@ from router.scheduling.context import RequestContext
 from router.scheduling.scoring import lower_is_better
 from router.state import RouterState
 from router.tokens import BYTES_PER_TOKEN
+from topology.distance import node_tier
+from topology.model import Tier
 
 
 class Stateless:
@@ -181,16 +183,18 @@ class CacheRoomScorer(Stateless):
 
 @dataclass
 class NearPrefillScorer(Stateless):
-    """For the decode stage of a split request: a decode endpoint on the
-    node of the request's prefill endpoint scores 1 (its KV moves over the
-    node's own links, not the network), others 0."""
+    """For the decode stage of a split request: the nearer a decode endpoint
+    sits to the request's prefill endpoint in the topology, the higher it
+    scores (same node 1, same NVLink domain 0.8, rack 0.6, block 0.4, zone
+    0.2, else or unknown 0): that is the path its KV takes."""
 
     state: RouterState
     name: ClassVar[str] = "near-prefill"
 
     def score(self, ctx: RequestContext, eps: list[Endpoint]) -> dict[Endpoint, float]:
-        node = ctx.prefill.node if ctx.prefill is not None else None
-        return {e: 1.0 if node is not None and e.node == node else 0.0 for e in eps}
+        src = ctx.prefill.path if ctx.prefill is not None else None
+        return {e: 0.0 if src is None or e.path is None
+                else (Tier.BEYOND - node_tier(src, e.path)) / Tier.BEYOND for e in eps}
 
 
 MAX_CONVERSATIONS = 100_000  # per endpoint, so memory stays bounded

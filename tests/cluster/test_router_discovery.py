@@ -155,3 +155,41 @@ def test_split_requests_decode_next_to_their_prefill(cluster: Cluster, procs: Pr
             with contextlib.suppress(client.exceptions.ApiException):
                 core.delete_namespaced_pod(pod.metadata.name, "default",
                                            grace_period_seconds=0)
+
+
+def test_decode_stays_in_the_prefill_nvlink_domain(cluster: Cluster, procs: Procs) -> None:
+    # one prefill pod on a GB200 tray; decode pods on another tray of the
+    # same NVL72 domain and on an HGX node: the router reads the nodes'
+    # topology labels and keeps the KV on NVLink
+    core = client.CoreV1Api(cluster.api)
+
+    def nodes(profile: str) -> list[str]:
+        return sorted(n.metadata.name for n in core.list_node(
+            label_selector=f"topology.toposerve.io/profile={profile}").items)
+
+    gb200, hgx = nodes("gb200-nvl72"), nodes("hgx-h100")
+    app = f"nvl-{uuid.uuid4().hex[:6]}"
+    placement = {"prefill-0": ("prefill", gb200[0]), "decode-nvl": ("decode", gb200[5]),
+                 "decode-hgx": ("decode", hgx[0])}
+    endpoint_of: dict[str, str] = {}
+    try:
+        for pod, (role, node) in placement.items():
+            ip = make_pod(core, f"{app}-{pod}", app, role, node)
+            procs.sim(host=ip, port=PORT, time_scale=0.01)
+            endpoint_of[pod] = f"{ip}:{PORT}"
+        router = procs.router({"discovery": {"kubernetes": {
+            "namespace": "default", "labelSelector": f"app={app}", "port": PORT,
+            "kubeconfig": str(kubeconfig_path(cluster.name))}},
+            "disaggregation": {"enabled": True}})
+        wait_until("3 endpoints", lambda: sum(endpoints(router).values()) == 3)
+        for i in range(6):
+            r = httpx.post(router.url + "/v1/completions", timeout=30, json={
+                "model": MODEL, "prompt": f"page {i} " * 100, "max_tokens": 2})
+            assert r.status_code == 200, r.text
+            assert r.headers["x-toposerve-prefill-endpoint"] == endpoint_of["prefill-0"]
+            assert r.headers["x-toposerve-endpoint"] == endpoint_of["decode-nvl"]
+    finally:
+        for pod in core.list_namespaced_pod("default", label_selector=f"app={app}").items:
+            with contextlib.suppress(client.exceptions.ApiException):
+                core.delete_namespaced_pod(pod.metadata.name, "default",
+                                           grace_period_seconds=0)

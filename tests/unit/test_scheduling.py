@@ -104,3 +104,26 @@ def test_conversations_spread_new_ones_and_expire() -> None:
     assert scorer.score(ctx(system[4] + "next turn"), eps)[e0] == 0.5
     scores = scorer.score(ctx("y"), eps)
     assert scores[e0] == 0.5 and scores[e1] == 1.0  # one against none
+
+
+def test_near_prefill_scores_by_topology_tier() -> None:
+    from router.scheduling.scorers import NearPrefillScorer
+    from topology.model import DomainPath
+
+    state = make_state()
+    rack = {"zone": "z", "block": "b", "rack": "r"}
+    prefill = Endpoint(url="http://p:1", path=DomainPath(**rack, nvlink="n0", host="h0"))
+    decode = {
+        "same-node": DomainPath(**rack, nvlink="n0", host="h0"),
+        "nvlink": DomainPath(**rack, nvlink="n0", host="h1"),
+        "rack": DomainPath(**rack, nvlink="n1", host="h2"),
+        "other-block": DomainPath(zone="z", block="b2", rack="r", nvlink="n0", host="h3"),
+        "unknown": None}
+    eps = {name: Endpoint(url=f"http://{name}:1", path=path) for name, path in decode.items()}
+    c = ctx("x")
+    c.prefill = prefill
+    scores = NearPrefillScorer(state).score(c, list(eps.values()))
+    assert {n: scores[e] for n, e in eps.items()} == {
+        "same-node": 1.0, "nvlink": 0.8, "rack": 0.6, "other-block": 0.2, "unknown": 0.0}
+    c.prefill = None  # not a split request: no preference
+    assert set(NearPrefillScorer(state).score(c, list(eps.values())).values()) == {0.0}
