@@ -5,8 +5,9 @@
    each simulator listening on its pod's 127.x IP;
 3. the router discovering them through the Kubernetes API and routing a
    multi-turn conversation by prefix cache;
-4. prefill and decode pods on two nodes, the router splitting each request
-   between them, decode next to its prefill;
+4. prefill and decode pods in two GB200 NVL72 domains, the router splitting
+   each request between them, the decode half in the prefill half's NVLink
+   domain (read from the nodes' topology labels);
 5. everything torn down.
 """
 
@@ -96,15 +97,20 @@ def main() -> int:
                      if x.startswith("toposerve_router_decisions_total")]
         print("   routing decisions by reason:\n     " + "\n     ".join(decisions))
 
-        say("4. prefill/decode split: two prefill and two decode pods on two nodes")
-        nodes = sorted(n.metadata.name for n in core.list_node(
-            label_selector="topology.toposerve.io/profile=hgx-h100").items)[:2]
-        pd = run_pods(core, "vllm-pd", {f"{role}-{i}": (role, node) for role in
-                                        ("prefill", "decode") for i, node in enumerate(nodes)})
+        say("4. prefill/decode split across two GB200 NVL72 domains")
+        trays = sorted(n.metadata.name for n in core.list_node(
+            label_selector="topology.toposerve.io/profile=gb200-nvl72").items)
+        # one prefill and one decode pod per NVL72 domain, each on its own tray
+        pd = run_pods(core, "vllm-pd", {
+            "prefill-0": ("prefill", trays[0]), "decode-0": ("decode", trays[1]),
+            "prefill-1": ("prefill", trays[18]), "decode-1": ("decode", trays[19])})
+        domain = {n.metadata.name: n.metadata.labels["topology.toposerve.io/nvlink-domain"]
+                  for n in core.list_node(
+                      label_selector="topology.toposerve.io/profile=gb200-nvl72").items}
         for pod, (ip, node) in sorted(pd.items()):
             procs.sim(host=ip, port=8000, time_scale=0.2)
-            print(f"   {pod} on {node}: simulated vLLM listening on {ip}:8000")
-        node_of = {f"{ip}:8000": node for ip, node in pd.values()}
+            print(f"   {pod} on {node} ({domain[node]}): simulated vLLM on {ip}:8000")
+        where = {f"{ip}:8000": f"{node}, {domain[node]}" for ip, node in pd.values()}
         split = procs.router({"discovery": {"kubernetes": {
             "namespace": "default", "labelSelector": "app=vllm-pd", "port": 8000,
             "kubeconfig": str(kubeconfig_path(NAME))}}, "disaggregation": {"enabled": True}})
@@ -113,8 +119,8 @@ def main() -> int:
                 "model": MODEL, "prompt": f"Summarise this {doc}. " + "Clause. " * 400,
                 "max_tokens": 8})
             pre, dec = r.headers["x-toposerve-prefill-endpoint"], r.headers["x-toposerve-endpoint"]
-            print(f"   {doc}: prefill on {pre} ({node_of[pre]}), decode on {dec} "
-                  f"({node_of[dec]}), {r.json()['usage']['completion_tokens']} tokens")
+            print(f"   {doc}: prefill on {pre} ({where[pre]})\n"
+                  f"   {' ' * len(doc)}  decode  on {dec} ({where[dec]})")
     finally:
         say("5. tear down")
         procs.close()
