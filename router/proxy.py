@@ -17,6 +17,7 @@ from aiohttp import web
 from router.endpoints import Endpoint
 from router.errors import error_response, sse_error
 from router.metrics import RouterMetrics
+from router.scheduling.context import RequestContext
 
 log = structlog.get_logger("router.proxy")
 
@@ -46,6 +47,16 @@ class Upstream:
     status: int
     body: bytes
     content_type: str
+
+
+def work(ctx: RequestContext) -> Work:
+    """The request's weight per endpoint, from what the prefix scorers found."""
+    return Work(ctx.token_estimate, ctx.extra.get("uncached", {}))
+
+
+def no_prefill(ctx: RequestContext, decode: list[Endpoint]) -> Work:
+    """A decode endpoint's weight: the request's tokens, none of them to prefill."""
+    return Work(ctx.token_estimate, dict.fromkeys((e.url for e in decode), 0))
 
 
 def forward_headers(request: web.Request, request_id: str) -> dict[str, str]:

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 from router.admission import Admission
 from router.api_models import ChatRequest, CompletionRequest, ResponsesRequest
 from router.config import RouterConfig
-from router.disaggregation import Disaggregation, decode_body, kv_params_of, prefill_body
+from router.disaggregation import Disaggregation
 from router.discovery.kubernetes import KubernetesWatcher
 from router.discovery.static import load_static
 from router.endpoints import Endpoint
@@ -27,28 +27,19 @@ from router.errors import ApiError, error_response, from_validation
 from router.metrics import RouterMetrics
 from router.prefix.kv_index import KVIndex
 from router.prompt import chat_prompt, completion_prompt, responses_items
-from router.proxy import Proxy, Upstream, Work, forward_headers
+from router.proxy import Proxy, Upstream, forward_headers, work
 from router.responses_relay import ResponsesTap, output_text
 from router.responses_store import ResponsesStore, make_store
 from router.scheduling.context import RequestContext
 from router.scheduling.profile import Scheduler
 from router.scrape import scrape_loop
+from router.split import Call, Splitter
 from router.state import RouterState
 from router.tokens import load_tokenizer
 
 log = structlog.get_logger("router")
 SESSION_HEADERS = ("x-session-id", "x-llm-d-session-id")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def work(ctx: RequestContext) -> Work:
-    """The request's weight per endpoint, from what the prefix scorers found."""
-    return Work(ctx.token_estimate, ctx.extra.get("uncached", {}))
-
-
-def no_prefill(ctx: RequestContext, decode: list[Endpoint]) -> Work:
-    """A decode endpoint's weight: the request's tokens, none of them to prefill."""
-    return Work(ctx.token_estimate, dict.fromkeys((e.url for e in decode), 0))
 
 
 class Router:
@@ -65,13 +56,13 @@ class Router:
         self.scheduler = Scheduler(self.state, cfg.profile, self.kv)
         self.pd = (Disaggregation(self.state, cfg, self.kv) if cfg.disaggregation.enabled
                    else None)
+        self.split: Splitter | None = None
         self.admission = Admission(cfg.admission, self.state, self.metrics)
         self.store: ResponsesStore = make_store(cfg.responses)
         self.session: aiohttp.ClientSession | None = None
         self.proxy: Proxy | None = None
         self.watcher: KubernetesWatcher | None = None
         self._tasks: list[asyncio.Task[Any]] = []
-        self._background: set[asyncio.Task[Any]] = set()  # held so they are not collected
 
     # --- lifecycle ---------------------------------------------------------
     def _watch_events(self, ep: Endpoint) -> None:
@@ -93,6 +84,8 @@ class Router:
                                         sock_read=s.upstream_timeout_s)
         self.proxy = Proxy(self.session, self.metrics, s.max_attempts, timeout,
                            self.admission.request_done)
+        if self.pd is not None:
+            self.split = Splitter(self.pd, self.proxy, self.metrics, self._schedule)
         for ep in load_static(self.state.pool, self.cfg.discovery.static):
             self._watch_events(ep)
         if self.cfg.discovery.kubernetes is not None:
@@ -184,82 +177,11 @@ class Router:
         ctx = self._context(request, req.model, prompt_of(req))
         headers = forward_headers(request, request.headers.get("X-Request-Id")
                                   or uuid.uuid4().hex)
-        if self.pd is not None and self.pd.applies(ctx):
-            return await self._split(request, path, body, doc, ctx, headers, started)
+        if self.split is not None and self.split.pd.applies(ctx):
+            return await self.split.serve(Call(request, path, body, doc, ctx, headers, started))
         ranked = await self._schedule(request, ctx)
         assert self.proxy is not None
         return await self.proxy.relay(request, ranked, path, body, headers, work(ctx), started)
-
-    async def _split(self, request: web.Request, path: str, body: bytes, doc: dict[str, Any],
-                     ctx: RequestContext, headers: dict[str, str], started: float
-                     ) -> web.StreamResponse:
-        """Prefill on one endpoint, decode on another (see router.disaggregation)."""
-        assert self.pd is not None and self.proxy is not None
-        if self.pd.protocol == "sglang":
-            return await self._split_sglang(request, path, body, doc, ctx, headers, started)
-        ranked = await self._schedule(request, ctx, self.pd.prefill)
-        up = await self.proxy.fetch(ranked, path, prefill_body(doc), headers, work(ctx))
-        if isinstance(up, Upstream) and 400 <= up.status < 500:
-            # the prompt itself is refused (too long, say): a decode endpoint would refuse it too
-            self.metrics.disaggregation.labels("refused").inc()
-            return web.Response(status=up.status, body=up.body, content_type=None, headers={
-                "Content-Type": up.content_type, "X-Request-Id": headers["X-Request-Id"]})
-        params = kv_params_of(up.body) if isinstance(up, Upstream) and up.status == 200 else None
-        prefill = up.endpoint if isinstance(up, Upstream) else None
-        decode = self._decode_for(ctx, prefill)
-        if params is None or prefill is None:  # no KV to hand over
-            return await self._local_prefill(request, decode, path, body, headers, ctx,
-                                             started, up)
-        self.metrics.disaggregation.labels("split").inc()
-        return await self.proxy.relay(request, decode, path, decode_body(doc, params), headers,
-                                      no_prefill(ctx, decode), started,
-                                      extra_headers={"X-Toposerve-Prefill-Endpoint": prefill.name})
-
-    async def _split_sglang(self, request: web.Request, path: str, body: bytes,
-                            doc: dict[str, Any], ctx: RequestContext, headers: dict[str, str],
-                            started: float) -> web.StreamResponse:
-        """Both halves at once; the decode endpoint waits for the KV itself."""
-        assert self.pd is not None and self.proxy is not None
-        prefill = (await self._schedule(request, ctx, self.pd.prefill))[0]
-        decode = self._decode_for(ctx, prefill)
-        boot = self.pd.bootstrap(prefill)
-        first = asyncio.create_task(self.proxy.fetch(
-            [prefill], path, orjson.dumps({**doc, **boot, "stream": False}), headers, work(ctx)))
-        # one decode attempt: another would wait for the same room in vain
-        resp = await self.proxy.relay(request, decode[:1], path,
-                                      orjson.dumps({**doc, **boot}), headers,
-                                      no_prefill(ctx, decode), started,
-                                      extra_headers={"X-Toposerve-Prefill-Endpoint": prefill.name})
-        # the prefill's answer says nothing the client needs: never wait for it here
-        self._background.add(first)
-        first.add_done_callback(self._background.discard)
-        if not resp.prepared and resp.status == 502:  # the decode endpoint got no KV
-            why = first.result() if first.done() else "prefill still running"
-            return await self._local_prefill(request, decode, path, body, headers, ctx,
-                                             started, why)
-        self.metrics.disaggregation.labels("split").inc()
-        return resp
-
-    def _decode_for(self, ctx: RequestContext, prefill: Endpoint | None) -> list[Endpoint]:
-        assert self.pd is not None
-        d = self.pd.pick_decode(ctx, prefill)
-        if not d.ranked:
-            raise ApiError(503, "no ready decode endpoint serves this request")
-        self.metrics.decisions.labels(d.reason).inc()
-        return d.ranked
-
-    async def _local_prefill(self, request: web.Request, decode: list[Endpoint], path: str,
-                             body: bytes, headers: dict[str, str], ctx: RequestContext,
-                             started: float, prefill: Upstream | str) -> web.StreamResponse:
-        """The split failed before the decode endpoint had its KV: it gets
-        the request whole and prefills the prompt itself."""
-        assert self.proxy is not None
-        log.warning("prefill failed; decoding with a local prefill",
-                    request_id=headers["X-Request-Id"],
-                    prefill=prefill if isinstance(prefill, str) else f"HTTP {prefill.status}")
-        self.metrics.disaggregation.labels("prefill-failed").inc()
-        return await self.proxy.relay(request, decode, path, body, headers,
-                                      Work(ctx.token_estimate, {}), started)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(

@@ -1,0 +1,111 @@
+"""Serving one request split between a prefill and a decode endpoint: the
+two protocols of ``router.disaggregation`` played over the proxy, and the
+fallback when the hand-over fails (the decode endpoint prefills itself)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import structlog
+from aiohttp import web
+
+from router.disaggregation import Disaggregation, decode_body, kv_params_of, prefill_body
+from router.endpoints import Endpoint
+from router.errors import ApiError
+from router.metrics import RouterMetrics
+from router.proxy import Proxy, Upstream, Work, no_prefill, work
+from router.scheduling.context import RequestContext
+from router.scheduling.profile import Scheduler
+
+log = structlog.get_logger("router.split")
+# admits the request and ranks the endpoints of one stage (the router's own)
+Schedule = Callable[[web.Request, RequestContext, Scheduler], Awaitable[list[Endpoint]]]
+
+
+@dataclass
+class Call:
+    """One generation request as the router holds it."""
+
+    request: web.Request
+    path: str
+    body: bytes  # as the client sent it
+    doc: dict[str, Any]  # the same, parsed
+    ctx: RequestContext
+    headers: dict[str, str]  # to send upstream, X-Request-Id included
+    started: float
+
+
+class Splitter:
+    def __init__(self, pd: Disaggregation, proxy: Proxy, metrics: RouterMetrics,
+                 schedule: Schedule) -> None:
+        self.pd, self.proxy, self.metrics, self.schedule = pd, proxy, metrics, schedule
+        self._background: set[asyncio.Task[Any]] = set()  # held so they are not collected
+
+    async def serve(self, c: Call) -> web.StreamResponse:
+        if self.pd.protocol == "sglang":
+            return await self._sglang(c)
+        return await self._nixl(c)
+
+    async def _nixl(self, c: Call) -> web.StreamResponse:
+        """Prefill first; its answer says where the decode endpoint finds the KV."""
+        ranked = await self.schedule(c.request, c.ctx, self.pd.prefill)
+        up = await self.proxy.fetch(ranked, c.path, prefill_body(c.doc), c.headers, work(c.ctx))
+        if isinstance(up, Upstream) and 400 <= up.status < 500:
+            # the prompt itself is refused (too long, say): a decode endpoint would refuse it too
+            self.metrics.disaggregation.labels("refused").inc()
+            return web.Response(status=up.status, body=up.body, content_type=None, headers={
+                "Content-Type": up.content_type, "X-Request-Id": c.headers["X-Request-Id"]})
+        params = kv_params_of(up.body) if isinstance(up, Upstream) and up.status == 200 else None
+        prefill = up.endpoint if isinstance(up, Upstream) else None
+        decode = self._decode_for(c.ctx, prefill)
+        if params is None or prefill is None:  # no KV to hand over
+            return await self._local_prefill(c, decode, up)
+        self.metrics.disaggregation.labels("split").inc()
+        return await self.proxy.relay(
+            c.request, decode, c.path, decode_body(c.doc, params), c.headers,
+            no_prefill(c.ctx, decode), c.started,
+            extra_headers={"X-Toposerve-Prefill-Endpoint": prefill.name})
+
+    async def _sglang(self, c: Call) -> web.StreamResponse:
+        """Both halves at once; the decode endpoint waits for the KV itself."""
+        prefill = (await self.schedule(c.request, c.ctx, self.pd.prefill))[0]
+        decode = self._decode_for(c.ctx, prefill)
+        boot = self.pd.bootstrap(prefill)
+        first = asyncio.create_task(self.proxy.fetch(
+            [prefill], c.path, orjson.dumps({**c.doc, **boot, "stream": False}), c.headers,
+            work(c.ctx)))
+        # one decode attempt: another would wait for the same room in vain
+        resp = await self.proxy.relay(
+            c.request, decode[:1], c.path, orjson.dumps({**c.doc, **boot}), c.headers,
+            no_prefill(c.ctx, decode), c.started,
+            extra_headers={"X-Toposerve-Prefill-Endpoint": prefill.name})
+        # the prefill's answer says nothing the client needs: never wait for it here
+        self._background.add(first)
+        first.add_done_callback(self._background.discard)
+        if not resp.prepared and resp.status == 502:  # the decode endpoint got no KV
+            why = first.result() if first.done() else "prefill still running"
+            return await self._local_prefill(c, decode, why)
+        self.metrics.disaggregation.labels("split").inc()
+        return resp
+
+    def _decode_for(self, ctx: RequestContext, prefill: Endpoint | None) -> list[Endpoint]:
+        d = self.pd.pick_decode(ctx, prefill)
+        if not d.ranked:
+            raise ApiError(503, "no ready decode endpoint serves this request")
+        self.metrics.decisions.labels(d.reason).inc()
+        return d.ranked
+
+    async def _local_prefill(self, c: Call, decode: list[Endpoint], prefill: Upstream | str
+                             ) -> web.StreamResponse:
+        """The split failed before the decode endpoint had its KV: it gets
+        the request whole and prefills the prompt itself."""
+        log.warning("prefill failed; decoding with a local prefill",
+                    request_id=c.headers["X-Request-Id"],
+                    prefill=prefill if isinstance(prefill, str) else f"HTTP {prefill.status}")
+        self.metrics.disaggregation.labels("prefill-failed").inc()
+        return await self.proxy.relay(c.request, decode, c.path, c.body, c.headers,
+                                      Work(c.ctx.token_estimate, {}), c.started)
