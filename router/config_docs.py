@@ -4,6 +4,7 @@ cannot drift from them: ``python -m router.config_docs > docs/router-config.md``
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Any
 
 from pydantic import BaseModel
@@ -33,6 +34,8 @@ def _default(f: FieldInfo) -> str:
     if f.default_factory is not None:
         value = f.get_default(call_default_factory=True)
         return "(see below)" if isinstance(value, BaseModel) else f"`{value!r}`"
+    if isinstance(f.default, Enum):
+        return f"`{f.default.value!r}`"
     return f"`{f.default!r}`"
 
 
