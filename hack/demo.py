@@ -16,7 +16,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
@@ -31,7 +30,7 @@ from localcluster.cluster import (
     running_clusters,
     up,
 )
-from localcluster.nodes import KWOK_TOLERATION
+from localcluster.pods import model_pod, wait_running
 
 NAME = "demo"
 
@@ -45,21 +44,8 @@ def run_pods(core: client.CoreV1Api, app: str, pods: dict[str, tuple[str, str | 
     """Create ``pods`` (name -> (role, node or None for kube-scheduler));
     returns name -> (pod IP, node) once each runs."""
     for pod, (role, node) in pods.items():
-        placement = ({"nodeName": node} if node else
-                     {"nodeSelector": {"topology.toposerve.io/profile": "hgx-h100"}})
-        core.create_namespaced_pod("default", {
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": pod, "labels": {"app": app, "llm-d.ai/role": role}},
-            "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai"}],
-                     "tolerations": [KWOK_TOLERATION], **placement}})
-    ips: dict[str, tuple[str, str]] = {}
-    deadline = time.monotonic() + 60
-    while len(ips) < len(pods) and time.monotonic() < deadline:
-        for p in core.list_namespaced_pod("default", label_selector=f"app={app}").items:
-            if p.status.phase == "Running" and p.status.pod_ip:
-                ips[p.metadata.name] = (p.status.pod_ip, p.spec.node_name)
-        time.sleep(0.3)
-    return ips
+        core.create_namespaced_pod("default", model_pod(pod, app, role, node))
+    return wait_running(core, list(pods))
 
 
 def main() -> int:

@@ -7,7 +7,6 @@ pod's node."""
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import threading
 import time
 import uuid
@@ -20,7 +19,7 @@ from kubernetes import client
 
 from bench.procs import MODEL, Proc, Procs
 from localcluster.cluster import kubeconfig_path
-from localcluster.nodes import KWOK_TOLERATION
+from localcluster.pods import model_pod, wait_running
 from tests.conftest import Cluster
 
 pytestmark = pytest.mark.cluster
@@ -29,22 +28,8 @@ PORT = 8000
 
 def make_pod(core: client.CoreV1Api, name: str, app: str, role: str = "decode",
              node: str | None = None) -> str:
-    placement: dict[str, Any] = ({"nodeName": node} if node else
-                                 {"nodeSelector": {"topology.toposerve.io/profile": "hgx-h100"}})
-    core.create_namespaced_pod("default", {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "labels": {"app": app, "llm-d.ai/role": role}},
-        "spec": {"containers": [{"name": "vllm", "image": "registry.invalid/vllm:0"}],
-                 "tolerations": [KWOK_TOLERATION], **placement}})
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        pod = core.read_namespaced_pod(name, "default")
-        if pod.status.phase == "Running" and pod.status.pod_ip:
-            ip = pod.status.pod_ip
-            assert ipaddress.ip_address(ip).is_loopback  # never a private address
-            return str(ip)
-        time.sleep(0.2)
-    raise AssertionError(f"pod {name} never ran")
+    core.create_namespaced_pod("default", model_pod(name, app, role, node))
+    return wait_running(core, [name])[name][0]
 
 
 def endpoints(router: Proc) -> dict[str, float]:
