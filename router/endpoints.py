@@ -27,8 +27,7 @@ class Endpoint:
     role: str | None = None
     revision: str | None = None
     models: frozenset[str] = frozenset()
-    node: str | None = None
-    path: DomainPath | None = None  # its node's place in the topology, when known
+    path: DomainPath | None = None  # its node's place in the topology (host: the node)
     bootstrap_port: int | None = None  # SGLang prefill servers: their bootstrap port
     kv_events: str | None = None
     kv_events_replay: str | None = None
@@ -96,7 +95,7 @@ class Pool:
             self._eps[ep.url] = ep
             self.changed.set()
             return ep
-        cur.role, cur.revision, cur.node, cur.path = ep.role, ep.revision, ep.node, ep.path
+        cur.role, cur.revision, cur.path = ep.role, ep.revision, ep.path
         cur.bootstrap_port = ep.bootstrap_port
         cur.kv_events, cur.kv_events_replay = ep.kv_events, ep.kv_events_replay
         cur.draining = False

@@ -31,8 +31,7 @@ class PodView:
     url: str | None  # None: not routable (unready, no IP, terminating)
     role: str | None
     revision: str | None
-    node: str | None
-    path: DomainPath | None = None
+    path: DomainPath | None = None  # where its node sits
 
 
 def pod_view(pod: Any, cfg: KubernetesDiscovery, path: DomainPath | None = None) -> PodView:
@@ -43,8 +42,7 @@ def pod_view(pod: Any, cfg: KubernetesDiscovery, path: DomainPath | None = None)
     ip = pod.status.pod_ip
     return PodView(name=pod.metadata.name, url=f"http://{ip}:{cfg.port}" if ready and ip else None,
                    role=labels.get(cfg.role_label),
-                   revision=labels.get(cfg.revision_label), node=pod.spec.node_name,
-                   path=path)
+                   revision=labels.get(cfg.revision_label), path=path)
 
 
 class KubernetesWatcher:
@@ -79,7 +77,7 @@ class KubernetesWatcher:
             kv = f"tcp://{view.url.split('//')[1].rsplit(':', 1)[0]}:{self.cfg.kv_events_port}" \
                 if self.cfg.kv_events_port else None
             ep = self.pool.upsert(Endpoint(url=view.url, role=view.role, revision=view.revision,
-                                           node=view.node, path=view.path, kv_events=kv))
+                                           path=view.path, kv_events=kv))
             if old != view.url:
                 log.info("endpoint added", pod=view.name, url=view.url)
                 if self.on_add:

@@ -8,7 +8,7 @@ from topology.model import DomainPath
 
 
 def load_static(pool: Pool, entries: list[StaticEndpoint]) -> list[Endpoint]:
-    return [pool.upsert(Endpoint(url=e.url, role=e.role, revision=e.revision, node=e.node,
+    return [pool.upsert(Endpoint(url=e.url, role=e.role, revision=e.revision,
                                  path=DomainPath(host=e.node) if e.node else None,
                                  bootstrap_port=e.bootstrap_port,
                                  kv_events=e.kv_events, kv_events_replay=e.kv_events_replay))
