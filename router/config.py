@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from router.kv_transfer import SGLANG_BOOTSTRAP_PORT
 from topology.config_file import load_file
 from topology.labels import DialectName
 
@@ -154,7 +155,8 @@ class DisaggregationConfig(Section):
                                                      "roles serve the model")
     protocol: Literal["nixl", "sglang"] = Field(default="nixl",
                                                 description="how the KV is handed over")
-    bootstrap_port: int = Field(default=8998, alias="bootstrapPort", ge=1, le=65535,
+    bootstrap_port: int = Field(default=SGLANG_BOOTSTRAP_PORT, alias="bootstrapPort", ge=1,
+                                le=65535,
                                 description="sglang: the prefill servers' bootstrap port")
     decode: ProfileConfig = Field(default_factory=_decode_profile,
                                   description="how the decode endpoint is picked (a profile; "

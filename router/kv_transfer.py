@@ -1,5 +1,6 @@
-"""vLLM NixlConnector's ``kv_transfer_params`` contract (DESIGN 7), shared by
-the router, which splits requests, and the simulator, which answers them."""
+"""The prefill/decode hand-over contracts (DESIGN 7), shared by the router,
+which splits requests, and the simulator, which answers them: vLLM
+NixlConnector's ``kv_transfer_params`` and SGLang's bootstrap port."""
 
 from __future__ import annotations
 
@@ -11,3 +12,5 @@ PREFILL_REQUEST: dict[str, Any] = {
     "remote_block_ids": None, "remote_host": None, "remote_port": None}
 # what a decode endpoint needs from the prefill's answer to pull the KV
 REMOTE_PREFILL_FIELDS = ("remote_engine_id", "remote_block_ids", "remote_host", "remote_port")
+# where an SGLang prefill server waits for decode servers unless told otherwise
+SGLANG_BOOTSTRAP_PORT = 8998

@@ -6,6 +6,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from router.kv_transfer import SGLANG_BOOTSTRAP_PORT
 from router.sim.kv_events import EventEncoding
 
 
@@ -51,7 +52,7 @@ class SimConfig(BaseModel):
     engine_id: str | None = None
     # SGLang prefill/decode (with --dialect sglang; vLLM's flow needs no flag)
     disaggregation_mode: DisaggregationMode = DisaggregationMode.NULL
-    disaggregation_bootstrap_port: int = Field(default=8998, ge=0, le=65535,
+    disaggregation_bootstrap_port: int = Field(default=SGLANG_BOOTSTRAP_PORT, ge=0, le=65535,
                                                description="prefill mode: the bootstrap port")
     disaggregation_bootstrap_timeout_s: float = Field(
         default=30.0, gt=0, description="how long a room waits for its prefill (wall seconds)")

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ValidationError
 
 from router.api_models import ChatRequest, CompletionRequest, ResponsesRequest
 from router.errors import ApiError, error_response, from_validation
-from router.kv_transfer import REMOTE_PREFILL_FIELDS
+from router.kv_transfer import REMOTE_PREFILL_FIELDS, SGLANG_BOOTSTRAP_PORT
 from router.prompt import chat_prompt, completion_prompt, responses_items
 from router.sim.bootstrap import ROUTE, Rooms, pull
 from router.sim.config import DisaggregationMode, SimConfig
@@ -155,7 +155,7 @@ class SimServer:
             raise ApiError(400, "bootstrap_room must be an integer", "bootstrap_room")
         if self.rooms is not None:
             return room
-        port = body.get("bootstrap_port") or 8998
+        port = body.get("bootstrap_port") or SGLANG_BOOTSTRAP_PORT
         if not isinstance(host, str) or not isinstance(port, int):
             raise ApiError(400, "a decode request needs bootstrap_host (string) and "
                                 "bootstrap_port (integer) of its prefill server",
