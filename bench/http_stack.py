@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -26,7 +25,7 @@ import httpx
 import orjson
 
 from bench.procs import Proc, Procs, free_port
-from bench.replay import big_prompts, direct_latency
+from bench.replay import added_latency, big_prompts
 
 REPO = Path(__file__).resolve().parents[1]
 STACKS = ("aiohttp", "granian+aiohttp-client", "starlette+uvicorn+httpx")
@@ -178,22 +177,15 @@ def main(argv: list[str] | None = None) -> int:
         try:
             sim = procs.sim(time_scale=0.0001, max_model_len=4_000_000)
             stacks = {stack: start_stack(procs, stack, sim.url) for stack in STACKS}
-            # latency in interleaved rounds, so the machine's noise hits every stack alike
-            p50s: dict[str, list[float]] = {k: [] for k in ["direct", *STACKS]}
-            for _ in range(3):
-                p50s["direct"].append(statistics.median(asyncio.run(direct_latency(sim.url, 200))))
-                for stack, p in stacks.items():
-                    p50s[stack].append(statistics.median(asyncio.run(direct_latency(p.url, 200))))
-            direct = statistics.median(p50s["direct"])
+            added = added_latency(sim.url, {k: p.url for k, p in stacks.items()}, 200)
             for stack, p in stacks.items():
-                added = statistics.median(p50s[stack]) - direct
                 cpu0 = p.cpu_seconds()
                 ok = asyncio.run(big_prompts(p.url, 30, 195_000))
                 big_cpu = (p.cpu_seconds() - cpu0) / max(ok, 1)
                 cpu0 = p.cpu_seconds()
                 rps = asyncio.run(concurrent(p.url, 600, 32))
                 small_cpu = (p.cpu_seconds() - cpu0) / 600
-                rows.append({"stack": stack, "added_p50_ms": round(added * 1000, 3),
+                rows.append({"stack": stack, "added_p50_ms": round(added[stack] * 1000, 3),
                              "cpu_ms_per_195k_request": round(big_cpu * 1000, 2),
                              "cpu_ms_per_small_stream": round(small_cpu * 1000, 3),
                              "streams_per_s_at_32": round(rps, 1)})

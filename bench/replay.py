@@ -5,6 +5,7 @@ which answers failed."""
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -186,6 +187,19 @@ async def direct_latency(url: str, n: int) -> list[float]:
                 await r.read()
             out.append(time.monotonic() - t0)
     return out
+
+
+def added_latency(direct_url: str, urls: dict[str, str], n: int, rounds: int = 3
+                  ) -> dict[str, float]:
+    """Seconds each of ``urls`` adds to a direct call to ``direct_url`` (the
+    median of per-round p50s). The rounds interleave (direct, each URL,
+    again), so the machine's noise falls on all of them alike."""
+    p50s: dict[str, list[float]] = {k: [] for k in ["", *urls]}
+    for _ in range(rounds):
+        for name, url in [("", direct_url), *urls.items()]:
+            p50s[name].append(statistics.median(asyncio.run(direct_latency(url, n))))
+    direct = statistics.median(p50s.pop(""))
+    return {name: statistics.median(v) - direct for name, v in p50s.items()}
 
 
 async def big_prompts(url: str, n: int, tokens: int) -> int:

@@ -22,7 +22,14 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.procs import Proc, Procs, free_port
-from bench.replay import Result, Run, big_prompts, direct_latency, replay_agentic, replay_trace
+from bench.replay import (
+    Result,
+    Run,
+    added_latency,
+    big_prompts,
+    replay_agentic,
+    replay_trace,
+)
 from bench.workloads import agentic, mooncake
 from router.prefix.hashing import byte_block_hashes
 from router.tokens import BYTES_PER_TOKEN
@@ -40,7 +47,6 @@ SIM: dict[str, Any] = {"time_scale": 0.2, "overhead_s": 0.01, "prefill_s_per_tok
 # hundred requests each for any router to find that reuse.
 CACHE_BLOCKS = {"agentic": 6250, "mooncake": 40000}
 N_SIMS = 4
-OVERHEAD_ROUNDS = 3
 
 
 def peer(binary: str, *args: str) -> Callable[[Procs, list[str]], Proc]:
@@ -204,17 +210,12 @@ def overheads(tmp: Path, names: list[str], n: int, big_n: int, big_tokens: int
         sims = [procs.sim(time_scale=0.0001, max_model_len=4_000_000) for _ in range(2)]
         routers = {name: ROUTERS[name](procs, [s.url for s in sims]) for name in names}
         time.sleep(0.5)
-        p50s: dict[str, list[float]] = {k: [] for k in ["direct", *names]}
-        for _ in range(OVERHEAD_ROUNDS):
-            p50s["direct"].append(pct(asyncio.run(direct_latency(sims[0].url, n)), 0.5))
-            for name, router in routers.items():
-                p50s[name].append(pct(asyncio.run(direct_latency(router.url, n)), 0.5))
-        direct = statistics.median(p50s["direct"])
+        added = added_latency(sims[0].url, {k: r.url for k, r in routers.items()}, n)
         for name, router in routers.items():
             cpu0 = router.cpu_seconds()
             ok = asyncio.run(big_prompts(router.url, big_n, big_tokens))
             cpu = router.cpu_seconds() - cpu0
-            out[name] = {"added_p50_ms": 1000 * (statistics.median(p50s[name]) - direct),
+            out[name] = {"added_p50_ms": 1000 * added[name],
                          "big_prompt_cpu_ms": 1000 * cpu / max(1, ok), "big_prompt_ok": ok}
             print(f"  overhead {name}: +{out[name]['added_p50_ms']:.2f} ms p50, "
                   f"{out[name]['big_prompt_cpu_ms']:.1f} ms CPU per {big_tokens}-token request",
