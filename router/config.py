@@ -149,7 +149,8 @@ class DisaggregationConfig(Section):
     prompt's KV in a one-token request, then the decode endpoint is handed
     its ``kv_transfer_params``, pulls the KV and streams the answer. sglang:
     both get the request at once with the prefill server's bootstrap host,
-    port and a random room; the answer comes from decode."""
+    port and a random room; the answer comes from decode. Chat and
+    completions are split either way, Responses-API requests with nixl only."""
 
     enabled: bool = Field(default=False, description="split requests when endpoints of both "
                                                      "roles serve the model")

@@ -24,13 +24,19 @@ from router.scheduling.filters import RoleFilter
 from router.scheduling.profile import Decision, Scheduler
 from router.state import RouterState
 
+RESPONSES_PATH = "/v1/responses"
+# the token-limit fields of each generation API; a prefill sets them to one
+_LIMITS = {RESPONSES_PATH: ("max_output_tokens",)}
+_DEFAULT_LIMITS = ("max_tokens", "max_completion_tokens")
 
-def prefill_body(doc: dict[str, Any]) -> bytes:
+
+def prefill_body(doc: dict[str, Any], path: str) -> bytes:
     """The request as sent to the prefill endpoint: one token, no stream."""
     out = {k: v for k, v in doc.items() if k != "stream_options"}
-    out.update(stream=False, max_tokens=1, kv_transfer_params=dict(PREFILL_REQUEST))
-    if "max_completion_tokens" in out:
-        out["max_completion_tokens"] = 1
+    first, *rest = _LIMITS.get(path, _DEFAULT_LIMITS)
+    out.update(stream=False, kv_transfer_params=dict(PREFILL_REQUEST))
+    out[first] = 1
+    out.update((k, 1) for k in rest if k in out)
     return orjson.dumps(out)
 
 

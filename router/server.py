@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 from router.admission import Admission
 from router.api_models import ChatRequest, CompletionRequest, ResponsesRequest
 from router.config import RouterConfig
-from router.disaggregation import Disaggregation
+from router.disaggregation import RESPONSES_PATH, Disaggregation
 from router.discovery.kubernetes import KubernetesWatcher
 from router.discovery.static import load_static
 from router.endpoints import Endpoint
@@ -33,7 +33,7 @@ from router.responses_store import ResponsesStore, make_store
 from router.scheduling.context import RequestContext
 from router.scheduling.profile import Scheduler
 from router.scrape import scrape_loop
-from router.split import Call, Splitter
+from router.split import Call, Route, Splitter
 from router.state import RouterState
 from router.tokens import load_tokenizer
 
@@ -177,8 +177,9 @@ class Router:
         ctx = self._context(request, req.model, prompt_of(req))
         headers = forward_headers(request, request.headers.get("X-Request-Id")
                                   or uuid.uuid4().hex)
-        if self.split is not None and self.split.pd.applies(ctx):
-            return await self.split.serve(Call(request, path, body, doc, ctx, headers, started))
+        if self.split is not None and self.split.splits(
+                call := Call(request, path, body, doc, ctx, headers, started)):
+            return await self.split.serve(call)
         ranked = await self._schedule(request, ctx)
         assert self.proxy is not None
         return await self.proxy.relay(request, ranked, path, body, headers, work(ctx), started)
@@ -215,23 +216,31 @@ class Router:
                 ) + conversation
         ctx = self._context(request, req.model, chat_prompt(msgs))
         ctx.affinity_url = affinity
-        ranked = await self._schedule(request, ctx)
-        rid = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+        body = orjson.dumps(upstream_doc)
+        call = Call(request, RESPONSES_PATH, body, upstream_doc, ctx,
+                    forward_headers(request, request.headers.get("X-Request-Id")
+                                    or uuid.uuid4().hex), started)
+        if self.split is not None and self.split.splits(call):
+            route = await self.split.hand_over(call)
+            if isinstance(route, web.Response):
+                return route
+        else:
+            route = Route(await self._schedule(request, ctx), body, work(ctx))
         assert self.proxy is not None
 
         async def keep(ep: Endpoint, resp: dict[str, Any], text: str) -> None:
+            # a split chain's next turn prefers the prefill endpoint: it holds the prefix
             if req.store is not False:
                 await self.store.put(resp["id"], {
-                    "endpoint": ep.url, "response": resp,
+                    "endpoint": (route.prefill or ep).url, "response": resp,
                     "conversation": [*conversation, {"role": "assistant", "content": text}]})
 
         if req.stream:
             return await self.proxy.relay(
-                request, ranked, "/v1/responses", orjson.dumps(upstream_doc),
-                forward_headers(request, rid), work(ctx), started,
-                ResponsesTap(req.previous_response_id, keep))
-        up = await self.proxy.fetch(ranked, "/v1/responses", orjson.dumps(upstream_doc),
-                                    forward_headers(request, rid), work(ctx))
+                request, route.ranked, RESPONSES_PATH, route.body, call.headers, route.work,
+                started, ResponsesTap(req.previous_response_id, keep), route.headers)
+        up = await self.proxy.fetch(route.ranked, RESPONSES_PATH, route.body, call.headers,
+                                    route.work)
         if not isinstance(up, Upstream):
             return error_response(502, f"no endpoint could take the request ({up})")
         if up.status != 200:
@@ -241,8 +250,8 @@ class Router:
         resp["previous_response_id"] = req.previous_response_id
         await keep(up.endpoint, resp, output_text(resp))
         return web.Response(body=orjson.dumps(resp), content_type="application/json",
-                            headers={"X-Request-Id": rid,
-                                     "X-Toposerve-Endpoint": up.endpoint.name})
+                            headers={"X-Request-Id": call.headers["X-Request-Id"],
+                                     "X-Toposerve-Endpoint": up.endpoint.name, **route.headers})
 
     async def get_response(self, request: web.Request) -> web.StreamResponse:
         rec = await self.store.get(request.match_info["id"])

@@ -6,22 +6,29 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 import structlog
 from aiohttp import web
 
-from router.disaggregation import Disaggregation, decode_body, kv_params_of, prefill_body
+from router.disaggregation import (
+    RESPONSES_PATH,
+    Disaggregation,
+    decode_body,
+    kv_params_of,
+    prefill_body,
+)
 from router.endpoints import Endpoint
 from router.errors import ApiError
 from router.metrics import RouterMetrics
-from router.proxy import Proxy, Upstream, Work, no_prefill, work
+from router.proxy import Proxy, StreamTap, Upstream, Work, no_prefill, work
 from router.scheduling.context import RequestContext
 from router.scheduling.profile import Scheduler
 
 log = structlog.get_logger("router.split")
+PREFILL_HEADER = "X-Toposerve-Prefill-Endpoint"
 # admits the request and ranks the endpoints of one stage (the router's own)
 Schedule = Callable[[web.Request, RequestContext, Scheduler], Awaitable[list[Endpoint]]]
 
@@ -39,21 +46,50 @@ class Call:
     started: float
 
 
+@dataclass
+class Route:
+    """Where a request's answer comes from: the endpoints to try (best
+    first), what to send them, what it weighs on them, and for a split
+    request the prefill endpoint that holds its KV."""
+
+    ranked: list[Endpoint]
+    body: bytes
+    work: Work
+    prefill: Endpoint | None = None
+    headers: dict[str, str] = field(default_factory=dict)  # for the client
+
+
 class Splitter:
     def __init__(self, pd: Disaggregation, proxy: Proxy, metrics: RouterMetrics,
                  schedule: Schedule) -> None:
         self.pd, self.proxy, self.metrics, self.schedule = pd, proxy, metrics, schedule
         self._background: set[asyncio.Task[Any]] = set()  # held so they are not collected
 
+    def splits(self, c: Call) -> bool:
+        """The Responses API is split the NIXL way only: vLLM takes
+        kv_transfer_params there, SGLang's bootstrap fields are for its
+        chat and completions APIs."""
+        return (self.pd.protocol == "nixl" or c.path != RESPONSES_PATH) and self.pd.applies(c.ctx)
+
     async def serve(self, c: Call) -> web.StreamResponse:
         if self.pd.protocol == "sglang":
             return await self._sglang(c)
-        return await self._nixl(c)
+        r = await self.hand_over(c)
+        if isinstance(r, web.Response):
+            return r
+        return await self.relay(c, r)
 
-    async def _nixl(self, c: Call) -> web.StreamResponse:
-        """Prefill first; its answer says where the decode endpoint finds the KV."""
+    async def relay(self, c: Call, r: Route, tap: StreamTap | None = None
+                    ) -> web.StreamResponse:
+        return await self.proxy.relay(c.request, r.ranked, c.path, r.body, c.headers, r.work,
+                                      c.started, tap, r.headers)
+
+    async def hand_over(self, c: Call) -> Route | web.Response:
+        """NIXL: prefill first; its answer says where the decode endpoint
+        finds the KV. A prompt the prefill refuses comes back as it is."""
         ranked = await self.schedule(c.request, c.ctx, self.pd.prefill)
-        up = await self.proxy.fetch(ranked, c.path, prefill_body(c.doc), c.headers, work(c.ctx))
+        up = await self.proxy.fetch(ranked, c.path, prefill_body(c.doc, c.path), c.headers,
+                                    work(c.ctx))
         if isinstance(up, Upstream) and 400 <= up.status < 500:
             # the prompt itself is refused (too long, say): a decode endpoint would refuse it too
             self.metrics.disaggregation.labels("refused").inc()
@@ -63,12 +99,10 @@ class Splitter:
         prefill = up.endpoint if isinstance(up, Upstream) else None
         decode = self._decode_for(c.ctx, prefill)
         if params is None or prefill is None:  # no KV to hand over
-            return await self._local_prefill(c, decode, up)
+            return self._local_prefill(c, decode, up)
         self.metrics.disaggregation.labels("split").inc()
-        return await self.proxy.relay(
-            c.request, decode, c.path, decode_body(c.doc, params), c.headers,
-            no_prefill(c.ctx, decode), c.started,
-            extra_headers={"X-Toposerve-Prefill-Endpoint": prefill.name})
+        return Route(decode, decode_body(c.doc, params), no_prefill(c.ctx, decode), prefill,
+                     {PREFILL_HEADER: prefill.name})
 
     async def _sglang(self, c: Call) -> web.StreamResponse:
         """Both halves at once; the decode endpoint waits for the KV itself."""
@@ -79,16 +113,15 @@ class Splitter:
             [prefill], c.path, orjson.dumps({**c.doc, **boot, "stream": False}), c.headers,
             work(c.ctx)))
         # one decode attempt: another would wait for the same room in vain
-        resp = await self.proxy.relay(
-            c.request, decode[:1], c.path, orjson.dumps({**c.doc, **boot}), c.headers,
-            no_prefill(c.ctx, decode), c.started,
-            extra_headers={"X-Toposerve-Prefill-Endpoint": prefill.name})
+        resp = await self.relay(c, Route(decode[:1], orjson.dumps({**c.doc, **boot}),
+                                         no_prefill(c.ctx, decode), prefill,
+                                         {PREFILL_HEADER: prefill.name}))
         # the prefill's answer says nothing the client needs: never wait for it here
         self._background.add(first)
         first.add_done_callback(self._background.discard)
         if not resp.prepared and resp.status == 502:  # the decode endpoint got no KV
             why = first.result() if first.done() else "prefill still running"
-            return await self._local_prefill(c, decode, why)
+            return await self.relay(c, self._local_prefill(c, decode, why))
         self.metrics.disaggregation.labels("split").inc()
         return resp
 
@@ -99,13 +132,11 @@ class Splitter:
         self.metrics.decisions.labels(d.reason).inc()
         return d.ranked
 
-    async def _local_prefill(self, c: Call, decode: list[Endpoint], prefill: Upstream | str
-                             ) -> web.StreamResponse:
+    def _local_prefill(self, c: Call, decode: list[Endpoint], prefill: Upstream | str) -> Route:
         """The split failed before the decode endpoint had its KV: it gets
         the request whole and prefills the prompt itself."""
         log.warning("prefill failed; decoding with a local prefill",
                     request_id=c.headers["X-Request-Id"],
                     prefill=prefill if isinstance(prefill, str) else f"HTTP {prefill.status}")
         self.metrics.disaggregation.labels("prefill-failed").inc()
-        return await self.proxy.relay(c.request, decode, c.path, c.body, c.headers,
-                                      Work(c.ctx.token_estimate, {}), c.started)
+        return Route(decode, c.body, Work(c.ctx.token_estimate, {}))

@@ -333,13 +333,18 @@ class SimServer:
         conversation = history + responses_items(body["input"])
         msgs = ([{"role": "system", "content": instructions}] if instructions else []) + \
             conversation
-        job = self._job(chat_prompt(msgs), self._max_tokens(body, "max_output_tokens"))
+        # vLLM takes kv_transfer_params on /v1/responses too (since 2026-03)
+        remote_decode, remote_prefill = self._kv_params(body)
+        job = self._job(chat_prompt(msgs), 1 if remote_decode
+                        else self._max_tokens(body, "max_output_tokens"), remote_prefill)
         rid, item_id = f"resp_{uuid.uuid4().hex}", f"msg_{uuid.uuid4().hex}"
         resp: dict[str, Any] = {
             "id": rid, "object": "response", "created_at": int(time.time()),
             "model": body.get("model") or self.cfg.names[0], "status": "completed",
             "output": [], "previous_response_id": prev, "instructions": instructions,
             "parallel_tool_calls": True, "tools": [], "usage": None}
+        if remote_decode:
+            resp["kv_transfer_params"] = self._kv_response(job)
 
         def complete(produced: int) -> dict[str, Any]:
             text = filler(produced)

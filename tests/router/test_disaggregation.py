@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import openai
+import pytest
 
 from bench.procs import MODEL, Proc, Procs, free_port
 from bench.router_bench import sim_counters
@@ -89,12 +90,15 @@ def test_failed_prefill_still_answers(procs: Procs) -> None:
     assert 'toposerve_router_disaggregation_total{outcome="prefill-failed"} 3.0' in metrics
 
 
-def test_prompt_refused_by_prefill_is_passed_on(procs: Procs) -> None:
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/completions", {"prompt": "far too long " * 200, "max_tokens": 3}),
+    ("/v1/responses", {"input": "far too long " * 200, "max_output_tokens": 3})])
+def test_prompt_refused_by_prefill_is_passed_on(procs: Procs, path: str,
+                                                body: dict[str, Any]) -> None:
     prefill = [procs.sim(time_scale=0.01, max_model_len=100)]
     decode = [procs.sim(time_scale=0.01)]
     router = pd_router(procs, prefill, decode)
-    r = httpx.post(router.url + "/v1/completions", timeout=30, json={
-        "model": MODEL, "prompt": "far too long " * 200, "max_tokens": 3})
+    r = httpx.post(router.url + path, timeout=30, json={"model": MODEL, **body})
     assert r.status_code == 400 and "maximum context length" in r.json()["error"]["message"]
     assert sim_counters(decode[0]).get("vllm:request_success_total", 0) == 0
 
@@ -107,13 +111,54 @@ def test_without_decode_endpoints_requests_run_whole(procs: Procs) -> None:
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
 
 
+def test_responses_chain_split(procs: Procs) -> None:
+    """A Responses chain split turn by turn, streamed and not: every turn is
+    prefilled where the chain's prefix lives, answered by a decode endpoint,
+    and the chain still resolves at the router."""
+    prefill = [procs.sim(time_scale=0.01) for _ in range(2)]
+    decode = [procs.sim(time_scale=0.01) for _ in range(2)]
+    # the session scorer alone: the chain sticks by the endpoint the router
+    # stored with each turn (ties are broken at random), not by prefix index
+    router = pd_router(procs, prefill, decode, profile={"scorers": [{"type": "session"}]})
+    client = openai.OpenAI(base_url=router.url + "/v1", api_key="unused", max_retries=0)
+    prev, last_input, prefilled_on = None, 0, set()
+    turns = 6
+    for turn in range(turns):
+        raw = client.responses.with_raw_response.create(
+            model=MODEL, input=f"turn {turn}: " + "detail " * 100, max_output_tokens=5,
+            previous_response_id=prev, stream=bool(turn % 2))
+        prefilled_on.add(raw.headers["x-toposerve-prefill-endpoint"])
+        assert raw.headers["x-toposerve-endpoint"] in {s.url[7:] for s in decode}
+        if turn % 2:
+            *_, done = raw.parse()
+            assert done.type == "response.completed"
+            r = done.response
+        else:
+            r = raw.parse()
+        assert r.previous_response_id == prev and r.output_text
+        assert r.usage is not None and r.usage.output_tokens == 5
+        assert r.usage.input_tokens > last_input  # the whole conversation, every turn
+        last_input, prev = r.usage.input_tokens, r.id
+    assert len(prefilled_on) == 1  # the chain's prefill endpoint holds its prefix
+    pre = [sim_counters(s) for s in prefill]
+    dec = [sim_counters(s) for s in decode]
+    assert sum(c.get("vllm:generation_tokens_total", 0) for c in pre) == turns
+    assert sum(c.get("vllm:prefix_cache_hits_total", 0) for c in pre) > 0
+    assert sum(c.get("vllm:generation_tokens_total", 0) for c in dec) == 5 * turns
+    metrics = httpx.get(router.url + "/metrics").text
+    assert f'toposerve_router_disaggregation_total{{outcome="split"}} {turns}.0' in metrics
+    assert prev is not None and client.responses.retrieve(prev).id == prev
+
+
 def test_decode_refuses_incomplete_kv_params(procs: Procs) -> None:
     sim = procs.sim(time_scale=0.01)
-    r = httpx.post(sim.url + "/v1/completions", timeout=30, json={
-        "model": MODEL, "prompt": "x", "max_tokens": 2,
-        "kv_transfer_params": {"do_remote_prefill": True, "remote_engine_id": "e"}})
-    assert r.status_code == 400
-    assert "remote_block_ids" in r.json()["error"]["message"]
+    params = {"do_remote_prefill": True, "remote_engine_id": "e"}
+    for path, body in (("/v1/completions", {"prompt": "x", "max_tokens": 2}),
+                       ("/v1/responses", {"input": "x", "max_output_tokens": 2})):
+        r = httpx.post(sim.url + path, timeout=30,
+                       json={"model": MODEL, **body, "kv_transfer_params": params})
+        assert r.status_code == 400, path
+        assert "remote_block_ids" in r.json()["error"]["message"]
 
 
 def sglang_router(procs: Procs, prefill_error_rate: float = 0.0) -> tuple[Proc, Proc, Proc]:
@@ -141,6 +186,11 @@ def test_sglang_bootstrap_split(procs: Procs) -> None:
     pre, dec = sim_counters(prefill), sim_counters(decode)
     assert pre["sglang:generation_tokens_total"] == 2  # one token each: it only prefills
     assert dec["sglang:generation_tokens_total"] == 10
+    metrics = httpx.get(router.url + "/metrics").text
+    assert 'toposerve_router_disaggregation_total{outcome="split"} 2.0' in metrics
+    # SGLang's bootstrap fields are not for its Responses API: that runs whole
+    r2 = client.responses.create(model=MODEL, input="whole " * 20, max_output_tokens=3)
+    assert r2.output_text and r2.usage is not None and r2.usage.output_tokens == 3
     metrics = httpx.get(router.url + "/metrics").text
     assert 'toposerve_router_disaggregation_total{outcome="split"} 2.0' in metrics
 
