@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from router.kv_transfer import SGLANG_BOOTSTRAP_PORT
 from topology.config_file import load_file
 from topology.labels import DialectName
+from topology.place import NodePlace
 
 
 class Section(BaseModel):
@@ -34,14 +35,13 @@ class ServerConfig(Section):
                                                "endpoint may take to finish")
 
 
-class StaticEndpoint(Section):
-    """One model server."""
+class StaticEndpoint(Section, NodePlace):
+    """One model server; its node's place pairs a decode endpoint with a prefill
+    endpoint near it."""
 
     url: str = Field(pattern=r"^https?://[^/\s]+$", description="http://HOST:PORT")
     role: str | None = Field(default=None, description="prefill, decode or prefill-decode")
     revision: str | None = Field(default=None, description="the model revision it serves")
-    node: str | None = Field(default=None, description="the node it runs on (pairs a decode "
-                                                       "endpoint with its prefill endpoint)")
     bootstrap_port: int | None = Field(default=None, alias="bootstrapPort", ge=1, le=65535,
                                        description="SGLang prefill server: its bootstrap port "
                                                    "(default disaggregation.bootstrapPort)")

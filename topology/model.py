@@ -163,6 +163,14 @@ class DomainPath(Frozen):
             Tier.SAME_NODE: self.host,
         }.get(tier)
 
+    def gaps(self) -> list[Tier]:
+        """Unknown levels outside a known one. Paths are compared from the
+        outside in, so nothing inside a gap is ever shared: a place written
+        by hand should have none."""
+        outer = (Tier.ZONE, Tier.BLOCK, Tier.RACK, Tier.NVLINK)
+        known = [i for i, t in enumerate(outer) if self.value(t) is not None]
+        return [t for t in outer[:known[-1]] if self.value(t) is None] if known else []
+
 
 class NodeTopology(Frozen):
     """One node: its name, place in the domain tree, profile and hardware."""

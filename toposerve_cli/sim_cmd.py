@@ -24,7 +24,9 @@ def _run(args: argparse.Namespace) -> int:
     try:
         cfg = SimConfig(**values)
     except ValidationError as err:
-        print(explain(err, "toposerve sim").replace("  ", "  --", 1), file=sys.stderr)
+        # name the flag; an error of the whole configuration names none
+        print(explain(err, "toposerve sim").replace("  ", "  --", 1)
+              .replace("--(top level): ", ""), file=sys.stderr)
         return 2
     from router.sim.server import serve
 

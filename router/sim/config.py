@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
 
 from router.kv_transfer import SGLANG_BOOTSTRAP_PORT
 from router.sim.kv_events import EventEncoding
+from topology.config_file import ConfigError
+from topology.model import Tier, TierLink
+from topology.place import NodePlace
+from topology.profiles import load_profile
 
 
 class Dialect(StrEnum):
@@ -23,8 +28,9 @@ class DisaggregationMode(StrEnum):
     DECODE = "decode"
 
 
-class SimConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class SimConfig(NodePlace):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    nvlink_name: ClassVar[str] = "nvlink_domain"
 
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
@@ -56,6 +62,13 @@ class SimConfig(BaseModel):
                                                description="prefill mode: the bootstrap port")
     disaggregation_bootstrap_timeout_s: float = Field(
         default=30.0, gt=0, description="how long a room waits for its prefill (wall seconds)")
+    # A KV pull from a prefill server (vLLM's NixlConnector flow) costs what
+    # the shared topology model says for the tier the two nodes share (their
+    # places: node, nvlink_domain, rack, block, zone); without a node, nothing.
+    hardware_profile: str = Field(default="gb200-nvl72",
+                                  description="the profile whose tier links price a KV pull")
+    kv_bytes_per_token: int = Field(default=327_680, ge=0,
+                                    description="KV-cache bytes per token (Llama-3-70B, bf16)")
     # failure injection
     error_rate: float = Field(default=0.0, ge=0, le=1, description="500 before any byte")
     hang_rate: float = Field(default=0.0, ge=0, le=1, description="accept, never answer")
@@ -65,6 +78,18 @@ class SimConfig(BaseModel):
     slow_start_s: float = Field(default=0.0, ge=0, description="unready for this long")
     seed: int = 0
 
+    @model_validator(mode="after")
+    def _known_profile(self) -> SimConfig:
+        try:
+            load_profile(self.hardware_profile)
+        except ConfigError as err:
+            raise ValueError(f"hardware_profile: {err}") from None
+        return self
+
     @property
     def names(self) -> list[str]:
         return self.served_model_names or [self.model]
+
+    @property
+    def links(self) -> dict[Tier, TierLink]:
+        return load_profile(self.hardware_profile).links()

@@ -1,6 +1,7 @@
 """The simulator's latency model.
 
-TTFT = queueing + overhead + uncached prompt tokens x prefill time per token.
+TTFT = KV pull (a decode handed a remote prefill) + queueing + overhead +
+uncached prompt tokens x prefill time per token.
 Sequences beyond ``max_num_seqs`` wait; prefills run one chunk of at most
 ``max_num_batched_tokens`` at a time, so long uncached prompts delay those
 behind them as on a real engine. Decode costs a per-token time that grows
@@ -37,6 +38,8 @@ class Job:
     tokens: list[int]
     max_tokens: int
     skip_prefill: bool = False  # KV arrives from a remote prefill
+    pull_s: float = 0.0  # model seconds that KV takes to arrive
+    pull_bytes: int = 0
     bootstrap_room: int | None = None  # SGLang prefill mode: the room whose KV this makes
     cached_tokens: int = 0
     ttft: float = 0.0
@@ -89,6 +92,8 @@ class Engine:
         start = time.monotonic()
         self.stats.waiting += 1
         try:
+            # waiting for remote KV holds no batch slot, as in vLLM
+            await self._sleep(job.pull_s)
             await self._slots.acquire()
         finally:
             self.stats.waiting -= 1

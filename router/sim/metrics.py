@@ -52,7 +52,17 @@ class SimMetrics:
         self.success = counter("success", "Requests finished.")
         self.ttft = Histogram(name("ttft"), "Histogram of time to first token in seconds.",
                               list(lab), buckets=TTFT_BUCKETS, registry=r).labels(**lab)
+        self.kv_pull_seconds: Histogram | None = None
+        self.kv_pull_bytes: Histogram | None = None
         if vllm:
+            # the decode side of a NixlConnector hand-over (vLLM's connector metrics)
+            self.kv_pull_seconds = Histogram(
+                "vllm:nixl_xfer_time_seconds", "Histogram of transfer duration for NIXL KV "
+                "Cache transfers.", list(lab), buckets=TTFT_BUCKETS, registry=r).labels(**lab)
+            self.kv_pull_bytes = Histogram(
+                "vllm:nixl_bytes_transferred", "Histogram of bytes transferred per NIXL KV "
+                "Cache transfers.", list(lab), buckets=tuple(2.0 ** k for k in range(20, 41, 2)),
+                registry=r).labels(**lab)
             info = {"block_size": str(cfg.block_size), "num_gpu_blocks": str(cfg.num_gpu_blocks),
                     "cache_dtype": "auto", "enable_prefix_caching": "True", "engine": "0"}
             Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",

@@ -36,9 +36,15 @@ from router.sim.kvcache import BlockCache, Stored
 from router.sim.metrics import SimMetrics
 from router.sim.responses_stream import ResponseEvents
 from router.tokens import load_tokenizer
+from topology.distance import kv_transfer_seconds
+from topology.model import DomainPath
 
 WORDS = (" the", " kv ", " and", " for", " GPU", " one", " two", " ten")
 MAX_STORED_RESPONSES = 10_000
+# The simulator's own addition to a prefill's kv_transfer_params: where it
+# ran, so the decode server can price the pull by topology tier. A real
+# NixlConnector learns its peer from the NIXL agent's metadata instead.
+PLACE_FIELD = "toposerve_place"
 
 
 def filler(n: int, offset: int = 0) -> str:
@@ -122,17 +128,24 @@ class SimServer:
             await asyncio.Event().wait()  # until the client goes away
         return None
 
-    def _job(self, prompt: str, max_tokens: int, skip_prefill: bool = False) -> Job:
-        """A generation job, refused as vLLM refuses one that overflows the context."""
+    def _job(self, prompt: str, max_tokens: int, skip_prefill: bool = False,
+             source: DomainPath | None = None) -> Job:
+        """A generation job, refused as vLLM refuses one that overflows the
+        context; ``source`` is where a remote prefill left its KV."""
         tokens = self.tokenizer.encode(prompt)
         if len(tokens) + max_tokens > self.cfg.max_model_len:
             raise ApiError(400, f"This model's maximum context length is "
                                 f"{self.cfg.max_model_len} tokens. However, you requested "
                                 f"{len(tokens) + max_tokens} tokens ({len(tokens)} in the "
                                 f"messages, {max_tokens} in the completion).", "max_tokens")
-        return Job(tokens=tokens, max_tokens=max_tokens, skip_prefill=skip_prefill)
+        job = Job(tokens=tokens, max_tokens=max_tokens, skip_prefill=skip_prefill)
+        if skip_prefill and source is not None and (place := self.cfg.path) is not None:
+            job.pull_bytes = len(tokens) * self.cfg.kv_bytes_per_token
+            job.pull_s = kv_transfer_seconds(job.pull_bytes, source, place, self.cfg.links)
+        return job
 
-    def _kv_params(self, body: dict[str, Any]) -> tuple[bool, bool]:
+    def _kv_params(self, body: dict[str, Any]) -> tuple[bool, bool, DomainPath | None]:
+        """(hand the KV on, take it from a remote prefill, where that prefill ran)."""
         p = body.get("kv_transfer_params") or {}
         remote_prefill = bool(p.get("do_remote_prefill"))
         missing = [k for k in REMOTE_PREFILL_FIELDS if p.get(k) is None]
@@ -141,7 +154,15 @@ class SimServer:
             raise ApiError(400, "kv_transfer_params with do_remote_prefill needs "
                                 f"{', '.join(missing)} (copy them from the prefill's answer)",
                            "kv_transfer_params")
-        return bool(p.get("do_remote_decode")), remote_prefill
+        source = None
+        if remote_prefill and p.get(PLACE_FIELD) is not None:
+            try:
+                source = DomainPath.model_validate(p[PLACE_FIELD])
+            except ValidationError:
+                raise ApiError(400, f"kv_transfer_params.{PLACE_FIELD} must be an object with "
+                                    "host and optionally zone, block, rack, nvlink (strings)",
+                               "kv_transfer_params") from None
+        return bool(p.get("do_remote_decode")), remote_prefill, source
 
     async def _bootstrap(self, body: dict[str, Any]) -> int | None:
         """SGLang's hand-over: a prefill server notes the request's room; a
@@ -170,9 +191,12 @@ class SimServer:
 
     def _kv_response(self, job: Job) -> dict[str, Any]:
         n_blocks = -(-len(job.tokens) // self.cfg.block_size)
-        return {"do_remote_prefill": True, "do_remote_decode": False,
-                "remote_engine_id": self.engine_id, "remote_block_ids": list(range(n_blocks)),
-                "remote_host": self.cfg.host, "remote_port": self.cfg.port, "tp_size": 1}
+        out = {"do_remote_prefill": True, "do_remote_decode": False,
+               "remote_engine_id": self.engine_id, "remote_block_ids": list(range(n_blocks)),
+               "remote_host": self.cfg.host, "remote_port": self.cfg.port, "tp_size": 1}
+        if (place := self.cfg.path) is not None:
+            out[PLACE_FIELD] = place.model_dump()
+        return out
 
     def _record(self, job: Job) -> None:
         m = self.metrics
@@ -180,6 +204,9 @@ class SimServer:
         m.prefix_hits.inc(job.cached_tokens)
         m.prompt_tokens.inc(len(job.tokens))
         m.ttft.observe(job.ttft)
+        if job.pull_bytes and m.kv_pull_seconds is not None and m.kv_pull_bytes is not None:
+            m.kv_pull_seconds.observe(job.pull_s * self.cfg.time_scale)
+            m.kv_pull_bytes.observe(job.pull_bytes)
 
     async def _steps(self, job: Job) -> AsyncIterator[int]:
         """The engine's steps (new tokens each), recording the prefill's
@@ -213,12 +240,12 @@ class SimServer:
     # --- generation --------------------------------------------------------
     async def _run(self, request: web.Request, body: dict[str, Any], prompt: str,
                    max_tokens: int, kind: str) -> web.StreamResponse:
-        remote_decode, remote_prefill = self._kv_params(body)
+        remote_decode, remote_prefill, source = self._kv_params(body)
         room = await self._bootstrap(body)
         if remote_decode or (self.rooms is not None and room is not None):
             max_tokens = 1  # a prefill endpoint makes the KV and one token
         remote_prefill = remote_prefill or (room is not None and self.rooms is None)
-        job = self._job(prompt, max_tokens, remote_prefill)
+        job = self._job(prompt, max_tokens, remote_prefill, source)
         job.bootstrap_room = room
         model = body.get("model") or self.cfg.names[0]
         # vLLM takes the request id from X-Request-Id when given
@@ -334,9 +361,9 @@ class SimServer:
         msgs = ([{"role": "system", "content": instructions}] if instructions else []) + \
             conversation
         # vLLM takes kv_transfer_params on /v1/responses too (since 2026-03)
-        remote_decode, remote_prefill = self._kv_params(body)
+        remote_decode, remote_prefill, source = self._kv_params(body)
         job = self._job(chat_prompt(msgs), 1 if remote_decode
-                        else self._max_tokens(body, "max_output_tokens"), remote_prefill)
+                        else self._max_tokens(body, "max_output_tokens"), remote_prefill, source)
         rid, item_id = f"resp_{uuid.uuid4().hex}", f"msg_{uuid.uuid4().hex}"
         resp: dict[str, Any] = {
             "id": rid, "object": "response", "created_at": int(time.time()),

@@ -13,6 +13,9 @@ import pytest
 
 from bench.procs import MODEL, Proc, Procs, free_port
 from bench.router_bench import sim_counters
+from router.tokens import BYTES_PER_TOKEN
+from topology.model import DomainPath, Tier
+from topology.profiles import load_profile
 
 
 def pd_router(procs: Procs, prefill: list[Proc], decode: list[Proc],
@@ -58,21 +61,28 @@ def test_split_through_openai_client(procs: Procs) -> None:
     assert f'toposerve_router_disaggregation_total{{outcome="split"}} {n + 1}.0' in metrics
 
 
+def paired_within(router: Proc, group_of: dict[str, str], n: int) -> set[str]:
+    """Sends ``n`` split requests; each must decode in its prefill's group
+    (a node, a domain). Returns the groups used."""
+    used = set()
+    for i in range(n):
+        r = httpx.post(router.url + "/v1/completions", timeout=30, json={
+            "model": MODEL, "prompt": f"document {i} " * 250, "max_tokens": 2})
+        assert r.status_code == 200, r.text
+        p, d = r.headers["x-toposerve-prefill-endpoint"], r.headers["x-toposerve-endpoint"]
+        assert group_of[p] == group_of[d]
+        used.add(group_of[p])
+    return used
+
+
 def test_decode_pairs_with_prefill_node(procs: Procs) -> None:
     prefill = [procs.sim(time_scale=0.01) for _ in range(2)]
     decode = [procs.sim(time_scale=0.01) for _ in range(2)]
     router = pd_router(procs, prefill, decode, nodes=("node-a", "node-b"))
     node_of = {s.url[7:]: ("node-a", "node-b")[i] for sims in (prefill, decode)
                for i, s in enumerate(sims)}
-    pairs = set()
-    for i in range(8):
-        r = httpx.post(router.url + "/v1/completions", timeout=30, json={
-            "model": MODEL, "prompt": f"document {i} " * 200, "max_tokens": 2})
-        assert r.status_code == 200, r.text
-        p, d = r.headers["x-toposerve-prefill-endpoint"], r.headers["x-toposerve-endpoint"]
-        assert node_of[p] == node_of[d]
-        pairs.add(node_of[p])
-    assert pairs == {"node-a", "node-b"}  # both nodes' prefill endpoints were used
+    # both nodes' prefill endpoints were used
+    assert paired_within(router, node_of, 8) == {"node-a", "node-b"}
 
 
 def test_failed_prefill_still_answers(procs: Procs) -> None:
@@ -205,3 +215,71 @@ def test_sglang_failed_prefill_falls_back(procs: Procs) -> None:
     assert sim_counters(decode)["sglang:generation_tokens_total"] == 3
     metrics = httpx.get(router.url + "/metrics").text
     assert 'toposerve_router_disaggregation_total{outcome="prefill-failed"} 1.0' in metrics
+
+
+def test_kv_pull_priced_by_topology_tier(procs: Procs) -> None:
+    """A decode server pulls a remote prefill's KV in the time the shared
+    topology model gives for the tier the two nodes share: NVLink within a
+    GB200 NVL72 domain, the zone's network across blocks."""
+    here = {"zone": "z1", "block": "b1", "rack": "r1", "nvlink_domain": "nvl1"}
+    prefill = procs.sim(time_scale=1.0, node="tray-1", **here)
+    near = procs.sim(time_scale=1.0, node="tray-2", **here)
+    far = procs.sim(time_scale=1.0, node="tray-9", zone="z1", block="b2", rack="r7",
+                    nvlink_domain="nvl7")
+    prompt = "kv " * 8000
+    r = httpx.post(prefill.url + "/v1/completions", timeout=30, json={
+        "model": MODEL, "prompt": prompt, "max_tokens": 1, "kv_transfer_params": {
+            "do_remote_decode": True, "do_remote_prefill": False}})
+    assert r.status_code == 200, r.text
+    params = r.json()["kv_transfer_params"]
+    src = DomainPath(host="tray-1", zone="z1", block="b1", rack="r1", nvlink="nvl1")
+    assert params["toposerve_place"] == src.model_dump()
+    links = load_profile("gb200-nvl72").links()
+    n_bytes = len(prompt.encode()) // BYTES_PER_TOKEN * 327_680  # the byte tokenizer
+    expected: dict[Tier, float] = {}
+    for sim, tier in ((near, Tier.NVLINK), (far, Tier.ZONE)):
+        r = httpx.post(sim.url + "/v1/completions", timeout=30, json={
+            "model": MODEL, "prompt": prompt, "max_tokens": 2, "kv_transfer_params": params})
+        assert r.status_code == 200, r.text
+        c = sim_counters(sim)
+        assert c["vllm:nixl_bytes_transferred_sum"] == n_bytes
+        link = links[tier]
+        expected[tier] = link.latency_us * 1e-6 + n_bytes / (link.bandwidth_gbps * 1e9)
+        assert abs(c["vllm:nixl_xfer_time_seconds_sum"] - expected[tier]) < 1e-9
+        # the pull is part of the decode's time to first token
+        assert c["vllm:time_to_first_token_seconds_sum"] >= expected[tier]
+    assert expected[Tier.ZONE] > 20 * expected[Tier.NVLINK]
+    ttft_near, ttft_far = (sim_counters(s)["vllm:time_to_first_token_seconds_sum"]
+                           for s in (near, far))
+    assert ttft_far - ttft_near > 0.8 * (expected[Tier.ZONE] - expected[Tier.NVLINK])
+    r = httpx.post(near.url + "/v1/completions", timeout=30, json={
+        "model": MODEL, "prompt": "x", "max_tokens": 2,
+        "kv_transfer_params": {**params, "toposerve_place": {"rack": 3}}})
+    assert r.status_code == 400 and "toposerve_place" in r.json()["error"]["message"]
+
+
+def test_decode_pairs_within_nvlink_domain(procs: Procs) -> None:
+    """Static endpoints placed in two NVLink domains: every split request
+    decodes in its prefill's domain, and its KV moves over NVLink."""
+    domains = ("nvl1", "nvl2")
+    outer = {"zone": "z1", "block": "b1"}
+    prefill = [procs.sim(time_scale=0.01, node=f"p-{d}", nvlink_domain=d, rack=d, **outer)
+               for d in domains]
+    decode = [procs.sim(time_scale=0.01, node=f"d-{d}", nvlink_domain=d, rack=d, **outer)
+              for d in domains]
+    static = [{"url": s.url, "role": role, "node": f"{role[0]}-{d}", "nvlinkDomain": d,
+               "rack": d, **outer} for role, sims in (("prefill", prefill), ("decode", decode))
+              for s, d in zip(sims, domains, strict=True)]
+    router = procs.router({"discovery": {"static": static}, "disaggregation": {"enabled": True}})
+    domain_of = {s.url[7:]: d for sims in (prefill, decode)
+                 for s, d in zip(sims, domains, strict=True)}
+    assert paired_within(router, domain_of, 10) == set(domains)
+    nvlink = load_profile("gb200-nvl72").links()[Tier.NVLINK]
+    for s in decode:
+        c = sim_counters(s)
+        pulls = c["vllm:nixl_xfer_time_seconds_count"]
+        assert pulls > 0
+        # every pull at NVLink speed (scaled): none crossed between domains
+        per_byte = 0.01 / (nvlink.bandwidth_gbps * 1e9)
+        assert c["vllm:nixl_xfer_time_seconds_sum"] <= (
+            c["vllm:nixl_bytes_transferred_sum"] * per_byte + pulls * 0.01 * 1e-3)

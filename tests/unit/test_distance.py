@@ -87,3 +87,18 @@ def test_device_affinity_symmetric_and_self(name: str, data: st.DataObject) -> N
     assert device_affinity(hw, a, a) == Affinity.SAME_DEVICE
     if a != b:
         assert device_affinity(hw, a, b) > Affinity.SAME_DEVICE
+
+
+def test_gaps_are_unknown_levels_outside_known_ones() -> None:
+    assert DomainPath(host="h").gaps() == []
+    assert DomainPath(zone="z", host="h").gaps() == []
+    assert DomainPath(rack="r", host="h").gaps() == [Tier.ZONE, Tier.BLOCK]
+    assert DomainPath(zone="z", nvlink="n", host="h").gaps() == [Tier.BLOCK, Tier.RACK]
+
+
+@given(paths)
+def test_a_path_without_gaps_shares_every_known_level_with_itself(p: DomainPath) -> None:
+    # the reason for the check: past a gap, node_tier sees nothing
+    twin = p.model_copy(update={"host": p.host + "-twin"})
+    known = [t for t in (Tier.ZONE, Tier.BLOCK, Tier.RACK, Tier.NVLINK) if p.value(t)]
+    assert (node_tier(p, twin) == min(known, default=Tier.BEYOND)) == (not p.gaps())

@@ -165,6 +165,12 @@ def _cfg(tmp_path: Path, doc: dict) -> Path:  # type: ignore[type-arg]
     ({"discovery": {"static": [{"url": "http://a:1"}]},
       "disaggregation": {"protocol": "mooncake"}},
      "disaggregation.protocol: Input should be 'nixl' or 'sglang'"),
+    ({"discovery": {"static": [{"url": "http://a:1", "rack": "r1"}]}},
+     "discovery.static.0: Value error, nvlinkDomain, rack, block and zone say where a "
+     "node sits: set node too"),
+    ({"discovery": {"static": [{"url": "http://a:1", "node": "n", "nvlinkDomain": "d",
+                                "zone": "z"}]}},
+     "discovery.static.0: Value error, set block and rack too"),
 ])
 def test_router_config_errors_name_the_field(tmp_path: Path, doc: dict,  # type: ignore[type-arg]
                                              fragment: str) -> None:

@@ -1,0 +1,48 @@
+"""A node's place written by hand (a static router endpoint, a simulated
+model server) rather than read from node labels, checked so that it can
+be compared with others."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import BaseModel, Field, model_validator
+
+from topology.model import DomainPath
+
+
+class NodePlace(BaseModel):
+    """Fields of a config section: the node and the domains it sits in."""
+
+    # how the section's users spell the NVLink field (a YAML key, a flag)
+    nvlink_name: ClassVar[str] = "nvlinkDomain"
+
+    node: str | None = Field(default=None, description="the node it runs on")
+    nvlink_domain: str | None = Field(default=None, alias="nvlinkDomain",
+                                      description="its node's NVLink domain (needs node)")
+    rack: str | None = Field(default=None, description="its node's rack (needs node)")
+    block: str | None = Field(default=None, description="its node's block (needs node)")
+    zone: str | None = Field(default=None, description="its node's zone (needs node)")
+
+    @model_validator(mode="after")
+    def _whole_place(self) -> NodePlace:
+        if self.node is None and any((self.nvlink_domain, self.rack, self.block, self.zone)):
+            raise ValueError(f"{self.nvlink_name}, rack, block and zone say where a node "
+                             "sits: set node too")
+        if self.path is not None and (gaps := self.path.gaps()):
+            *rest, last = [self.nvlink_name if t.name == "NVLINK" else t.name.lower()
+                           for t in gaps]
+            missing = f"{', '.join(rest)} and {last}" if rest else last
+            raise ValueError(f"set {missing} too: places are compared from the zone inwards, "
+                             "so a level inside an unknown one is never shared (any names "
+                             "will do, one value for the whole fleet if it has a single zone "
+                             "or block)")
+        return self
+
+    @property
+    def path(self) -> DomainPath | None:
+        """Its node's place in the shared topology model."""
+        if self.node is None:
+            return None
+        return DomainPath(zone=self.zone, block=self.block, rack=self.rack,
+                          nvlink=self.nvlink_domain, host=self.node)
