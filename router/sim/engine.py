@@ -1,7 +1,7 @@
 """The simulator's latency model.
 
-TTFT = KV pull (a decode handed a remote prefill) + queueing + overhead +
-uncached prompt tokens x prefill time per token.
+TTFT = KV pull (a decode handed a remote prefill: the blocks it lacks) +
+queueing + overhead + uncached prompt tokens x prefill time per token.
 Sequences beyond ``max_num_seqs`` wait; prefills run one chunk of at most
 ``max_num_batched_tokens`` at a time, so long uncached prompts delay those
 behind them as on a real engine. Decode costs a per-token time that grows
@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 from router.sim.config import SimConfig
 from router.sim.kvcache import BlockCache, block_hashes
+from topology.distance import transfer_seconds
+from topology.model import TierLink
 
 
 @dataclass
@@ -38,7 +40,8 @@ class Job:
     tokens: list[int]
     max_tokens: int
     skip_prefill: bool = False  # KV arrives from a remote prefill
-    pull_s: float = 0.0  # model seconds that KV takes to arrive
+    pull_link: TierLink | None = None  # the link it arrives over (None: free)
+    pull_s: float = 0.0  # model seconds the pull took
     pull_bytes: int = 0
     bootstrap_room: int | None = None  # SGLang prefill mode: the room whose KV this makes
     cached_tokens: int = 0
@@ -87,13 +90,25 @@ class Engine:
                 await self.after_store()
         return hashes
 
+    async def _pull(self, job: Job) -> None:
+        """Fetch a remote prefill's KV, but only the blocks this server does
+        not hold already (as vLLM's NixlConnector does). Waiting for it holds
+        no batch slot."""
+        if job.pull_link is None:
+            return
+        held = self.cache.cached_prefix(block_hashes(job.tokens, self.cfg.block_size))
+        missing = max(0, len(job.tokens) - held * self.cfg.block_size)
+        job.pull_bytes = missing * self.cfg.kv_bytes_per_token
+        if job.pull_bytes:
+            job.pull_s = transfer_seconds(job.pull_bytes, job.pull_link)
+            await self._sleep(job.pull_s)
+
     async def generate(self, job: Job) -> AsyncIterator[int]:
         """Yields how many new tokens are ready, until ``max_tokens`` are out."""
         start = time.monotonic()
         self.stats.waiting += 1
         try:
-            # waiting for remote KV holds no batch slot, as in vLLM
-            await self._sleep(job.pull_s)
+            await self._pull(job)
             await self._slots.acquire()
         finally:
             self.stats.waiting -= 1

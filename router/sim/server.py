@@ -36,7 +36,7 @@ from router.sim.kvcache import BlockCache, Stored
 from router.sim.metrics import SimMetrics
 from router.sim.responses_stream import ResponseEvents
 from router.tokens import load_tokenizer
-from topology.distance import kv_transfer_seconds
+from topology.distance import node_tier
 from topology.model import DomainPath
 
 WORDS = (" the", " kv ", " and", " for", " GPU", " one", " two", " ten")
@@ -139,9 +139,9 @@ class SimServer:
                                 f"{len(tokens) + max_tokens} tokens ({len(tokens)} in the "
                                 f"messages, {max_tokens} in the completion).", "max_tokens")
         job = Job(tokens=tokens, max_tokens=max_tokens, skip_prefill=skip_prefill)
-        if skip_prefill and source is not None and (place := self.cfg.path) is not None:
-            job.pull_bytes = len(tokens) * self.cfg.kv_bytes_per_token
-            job.pull_s = kv_transfer_seconds(job.pull_bytes, source, place, self.cfg.links)
+        place = self.cfg.path
+        if skip_prefill and source is not None and place is not None and source != place:
+            job.pull_link = self.cfg.links[node_tier(source, place)]
         return job
 
     def _kv_params(self, body: dict[str, Any]) -> tuple[bool, bool, DomainPath | None]:

@@ -249,6 +249,11 @@ def test_kv_pull_priced_by_topology_tier(procs: Procs) -> None:
         # the pull is part of the decode's time to first token
         assert c["vllm:time_to_first_token_seconds_sum"] >= expected[tier]
     assert expected[Tier.ZONE] > 20 * expected[Tier.NVLINK]
+    # KV a decode server holds already is not pulled again
+    r = httpx.post(far.url + "/v1/completions", timeout=30, json={
+        "model": MODEL, "prompt": prompt, "max_tokens": 2, "kv_transfer_params": params})
+    assert r.status_code == 200, r.text
+    assert sim_counters(far)["vllm:nixl_bytes_transferred_sum"] == n_bytes
     ttft_near, ttft_far = (sim_counters(s)["vllm:time_to_first_token_seconds_sum"]
                            for s in (near, far))
     assert ttft_far - ttft_near > 0.8 * (expected[Tier.ZONE] - expected[Tier.NVLINK])
