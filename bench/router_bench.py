@@ -8,19 +8,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench import report
 from bench.procs import Proc, Procs, free_port
 from bench.replay import (
     Result,
@@ -30,6 +30,7 @@ from bench.replay import (
     replay_agentic,
     replay_trace,
 )
+from bench.report import medians, pct
 from bench.workloads import agentic, mooncake
 from router.prefix.hashing import byte_block_hashes
 from router.tokens import BYTES_PER_TOKEN
@@ -94,13 +95,6 @@ ROUTERS: dict[str, Callable[[Procs, list[str]], Proc]] = {
     "vllm-router power_of_two": peer("vllm-router", "--policy", "power_of_two"),
     "sglang-router cache_aware": peer("sglang-router", "launch", "--policy", "cache_aware"),
 }
-
-
-def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))]
 
 
 def sim_counters(sim: Proc) -> dict[str, float]:
@@ -225,23 +219,6 @@ def overheads(tmp: Path, names: list[str], n: int, big_n: int, big_tokens: int
     return out
 
 
-def medians(runs: list[Row]) -> list[Row]:
-    """One row per (workload, router): the median of each measure over repeats."""
-    groups: dict[tuple[str, str], list[Row]] = {}
-    for r in runs:
-        groups.setdefault((r.workload, r.router), []).append(r)
-    out = []
-    for (wl, name), rs in groups.items():
-        vals: dict[str, Any] = {"workload": wl, "router": name,
-                                "requests": sum(r.requests for r in rs),
-                                "failed": sum(r.failed for r in rs)}
-        for f in fields(Row):
-            if f.name not in vals:
-                vals[f.name] = statistics.median(getattr(r, f.name) for r in rs)
-        out.append(Row(**vals))
-    return out
-
-
 def table(rows: list[Row], over: dict[str, dict[str, float]]) -> str:
     head = ("| workload | router | hit rate | reuse captured | TTFT p50 ms | TTFT p99 ms | "
             "TTFT outside engine ms | req/s | max/mean requests | max/mean work | "
@@ -348,19 +325,10 @@ def main(argv: list[str] | None = None) -> int:
                           f"({time.monotonic() - t0:.0f}s)", file=sys.stderr, flush=True)
         over = overheads(Path(tmp), args.routers, 50 if args.quick else 200,
                          5 if args.quick else 100, 195_000)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    rows = medians(runs)
-    md = table(rows, over) + "\n\n" + floors(rows)
-    print(md)
-    stamp = time.strftime("%Y%m%dT%H%M%S")
-    (out / "router_bench.json").write_text(json.dumps(
-        {"when": stamp, "sim": SIM, "sims": N_SIMS, "repeats": args.repeats,
-         "rows": [asdict(r) for r in rows], "runs": [asdict(r) for r in runs],
-         "overheads": over}, indent=2))
-    (out / "router_bench.md").write_text(md + "\n")
-    plot(rows, out / "router_bench.png")
-    print(f"wrote {out / 'router_bench.json'}, .md and .png", file=sys.stderr)
+    rows = medians(runs, ("workload", "router"))
+    report.write(Path(args.out), "router_bench", table(rows, over) + "\n\n" + floors(rows), {
+        "sim": SIM, "sims": N_SIMS, "repeats": args.repeats, "rows": [asdict(r) for r in rows],
+        "runs": [asdict(r) for r in runs], "overheads": over}, lambda path: plot(rows, path))
     return 0
 
 

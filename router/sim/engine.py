@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from router.sim.config import SimConfig
 from router.sim.kvcache import BlockCache, block_hashes
 from topology.distance import transfer_seconds
-from topology.model import TierLink
+from topology.model import Tier, TierLink
 
 
 @dataclass
@@ -41,6 +41,7 @@ class Job:
     max_tokens: int
     skip_prefill: bool = False  # KV arrives from a remote prefill
     pull_link: TierLink | None = None  # the link it arrives over (None: free)
+    pull_tier: Tier | None = None
     pull_s: float = 0.0  # model seconds the pull took
     pull_bytes: int = 0
     bootstrap_room: int | None = None  # SGLang prefill mode: the room whose KV this makes

@@ -54,6 +54,10 @@ class SimMetrics:
                               list(lab), buckets=TTFT_BUCKETS, registry=r).labels(**lab)
         self.kv_pull_seconds: Histogram | None = None
         self.kv_pull_bytes: Histogram | None = None
+        # the simulator's own: which tier each pull crossed (no engine knows)
+        self.kv_pulls = Counter("toposerve_sim_kv_pulls", "KV pulls from a remote prefill, "
+                                "by the topology tier between the two nodes.", ["tier"],
+                                registry=r)
         if vllm:
             # the decode side of a NixlConnector hand-over (vLLM's connector metrics)
             self.kv_pull_seconds = Histogram(

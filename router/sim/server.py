@@ -141,7 +141,8 @@ class SimServer:
         job = Job(tokens=tokens, max_tokens=max_tokens, skip_prefill=skip_prefill)
         place = self.cfg.path
         if skip_prefill and source is not None and place is not None and source != place:
-            job.pull_link = self.cfg.links[node_tier(source, place)]
+            job.pull_tier = node_tier(source, place)
+            job.pull_link = self.cfg.links[job.pull_tier]
         return job
 
     def _kv_params(self, body: dict[str, Any]) -> tuple[bool, bool, DomainPath | None]:
@@ -204,6 +205,8 @@ class SimServer:
         m.prefix_hits.inc(job.cached_tokens)
         m.prompt_tokens.inc(len(job.tokens))
         m.ttft.observe(job.ttft)
+        if job.pull_bytes and job.pull_tier is not None:
+            m.kv_pulls.labels(job.pull_tier.name.lower()).inc()
         if job.pull_bytes and m.kv_pull_seconds is not None and m.kv_pull_bytes is not None:
             m.kv_pull_seconds.observe(job.pull_s * self.cfg.time_scale)
             m.kv_pull_bytes.observe(job.pull_bytes)

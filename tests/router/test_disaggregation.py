@@ -243,6 +243,8 @@ def test_kv_pull_priced_by_topology_tier(procs: Procs) -> None:
         assert r.status_code == 200, r.text
         c = sim_counters(sim)
         assert c["vllm:nixl_bytes_transferred_sum"] == n_bytes
+        assert (f'toposerve_sim_kv_pulls_total{{tier="{tier.name.lower()}"}} 1.0'
+                in httpx.get(sim.url + "/metrics").text)
         link = links[tier]
         expected[tier] = link.latency_us * 1e-6 + n_bytes / (link.bandwidth_gbps * 1e9)
         assert abs(c["vllm:nixl_xfer_time_seconds_sum"] - expected[tier]) < 1e-9

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from bench.router_bench import Row, floors, medians, table
+from bench.report import medians
+from bench.router_bench import Row, floors, table
 
 
 def _row(router: str, p50: float, failed: int) -> Row:
@@ -14,7 +15,7 @@ def _row(router: str, p50: float, failed: int) -> Row:
 
 def test_medians_per_router() -> None:
     runs = [_row("a", 10, 0), _row("b", 50, 1), _row("a", 30, 1), _row("a", 20, 0)]
-    rows = {r.router: r for r in medians(runs)}
+    rows = {r.router: r for r in medians(runs, ("workload", "router"))}
     assert rows["a"].ttft_p50_ms == 20 and rows["a"].ttft_p99_ms == 200
     assert rows["a"].failed == 1 and rows["a"].requests == 30
     assert rows["b"].ttft_p50_ms == 50 and rows["b"].failed == 1
@@ -26,3 +27,17 @@ def test_floor_table_against_round_robin() -> None:
     rows = [_row("round-robin", 100, 0), _row("ours", 20, 0)]
     # floors 25 and 5 ms (p50 / 4): their median 15 is 85% below round-robin's 100
     assert "| agentic | 15 | 60 | 100 | 85% |" in floors(rows)
+
+
+def test_pd_table_compares_with_the_first_router() -> None:
+    from bench.pd_bench import Row as PDRow
+    from bench.pd_bench import table as pd_table
+
+    def row(name: str, pull_ms: float, p50: float) -> PDRow:
+        return PDRow(router=name, requests=10, failed=0, ttft_p50_ms=p50, ttft_p99_ms=4 * p50,
+                     e2e_p50_ms=2 * p50, in_domain=0.5, pulled_mb_per_request=900,
+                     pull_ms_per_request=pull_ms, pull_share_of_ttft=0.01, prefill_hit_rate=0.2)
+
+    md = pd_table([row("ours", 0.5, 100), row("blind", 2.0, 110)])
+    assert "| ours | 100 | 400 | 200 | 50% | 900 | 0.50 | 1.0% | 20.0% | 0 |" in md
+    assert "blind pulls 4.0x as long, TTFT p50 x1.10" in md

@@ -1,0 +1,233 @@
+"""Prefill/decode split across two GB200 NVL72 domains: where each router
+puts a request's decode half, and what moving its KV there costs.
+
+The fleet: two NVLink domains (racks) of one block, each with its own
+prefill and decode servers, one node each. A decode server pulls from its
+prefill server the KV blocks it does not hold yet, priced by the shared
+topology model for the tier the two nodes share (gb200-nvl72: NVLink
+900 GB/s inside a domain, the block's RDMA 50 GB/s across), at 320 KiB of
+KV per token (Llama-3-70B in bf16). Every router faces fresh simulators and
+the same Mooncake requests; all split with vLLM's NixlConnector flow.
+
+    python -m bench.pd_bench [--quick] [--repeats N] [--out bench/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench import report
+from bench.procs import Proc, Procs, free_port
+from bench.replay import replay_trace
+from bench.report import medians, pct
+from bench.router_bench import CACHE_BLOCKS, MOONCAKE, PEERS, REPO, SIM, sim_counters
+from bench.workloads import mooncake
+
+DOMAINS = ("nvl72-a", "nvl72-b")
+PER_DOMAIN = {"prefill": 2, "decode": 2}
+OUTER = {"zone": "zone-1", "block": "block-1"}
+
+
+@dataclass
+class Server:
+    proc: Proc
+    role: str
+    node: str
+    domain: str
+
+    def place(self) -> dict[str, str]:
+        return {"node": self.node, "nvlinkDomain": self.domain, "rack": self.domain, **OUTER}
+
+
+def fleet(procs: Procs) -> list[Server]:
+    out = []
+    for d in DOMAINS:
+        for role, n in PER_DOMAIN.items():
+            for i in range(n):
+                node = f"{d}-{role}-{i}"
+                proc = procs.sim(**SIM, num_gpu_blocks=CACHE_BLOCKS["mooncake"], node=node,
+                                 nvlink_domain=d, rack=d, zone=OUTER["zone"],
+                                 block=OUTER["block"])
+                out.append(Server(proc, role, node, d))
+    return out
+
+
+def ours(decode_scorers: list[dict[str, Any]] | None) -> Callable[[Procs, list[Server]], Proc]:
+    def start(procs: Procs, servers: list[Server]) -> Proc:
+        pd: dict[str, Any] = {"enabled": True, "protocol": "nixl"}
+        if decode_scorers is not None:
+            pd["decode"] = {"scorers": decode_scorers}
+        static = [{"url": s.proc.url, "role": s.role, **s.place()} for s in servers]
+        return procs.router({"discovery": {"static": static}, "disaggregation": pd,
+                             "scrape": {"intervalSeconds": 0.2}})
+    return start
+
+
+def vllm_router(procs: Procs, servers: list[Server]) -> Proc:
+    port, prom = free_port(), free_port()
+    argv = [str(PEERS / "vllm-router"), "--vllm-pd-disaggregation", "--kv-connector", "nixl",
+            "--policy", "cache_aware", "--host", "127.0.0.1", "--port", str(port),
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prom),
+            "--max-payload-size", str(512 * 2**20)]
+    for s in servers:
+        argv += [f"--{s.role}", s.proc.url]
+    return procs.command(argv, "vllm-router", f"http://127.0.0.1:{port}", ("/health",))
+
+
+ROUTERS: dict[str, Callable[[Procs, list[Server]], Proc]] = {
+    # the shipped decode profile: near-prefill 4, inflight-tokens 1, queue 1
+    "toposerve": ours(None),
+    "toposerve[topology-blind decode: inflight-tokens 1, queue 1]": ours(
+        [{"type": "inflight-tokens", "weight": 1}, {"type": "queue", "weight": 1}]),
+    "vllm-router pd cache_aware": vllm_router,
+}
+
+
+@dataclass
+class Row:
+    router: str
+    requests: int
+    failed: int
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    e2e_p50_ms: float  # the decode half's share shows here
+    in_domain: float  # share of KV pulls that stayed inside the prefill's NVLink domain
+    pulled_mb_per_request: float
+    pull_ms_per_request: float  # wall time, mean over requests
+    pull_share_of_ttft: float  # mean pull time over mean TTFT
+    prefill_hit_rate: float
+
+
+def pulls_by_tier(sim: Proc) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(httpx.get(sim.url + "/metrics").text):
+        for s in fam.samples:
+            if s.name == "toposerve_sim_kv_pulls_total":
+                out[s.labels["tier"]] = out.get(s.labels["tier"], 0.0) + s.value
+    return out
+
+
+def run_one(tmp: Path, name: str, reqs: list[Any]) -> Row:
+    procs = Procs(tmp)
+    try:
+        servers = fleet(procs)
+        router = ROUTERS[name](procs, servers)
+        time.sleep(0.5)
+        run = asyncio.run(replay_trace(router.url, reqs, 1.0))
+        decode = [sim_counters(s.proc) for s in servers if s.role == "decode"]
+        prefill = [sim_counters(s.proc) for s in servers if s.role == "prefill"]
+        tiers: dict[str, float] = {}
+        for s in servers:
+            if s.role == "decode":
+                for tier, n in pulls_by_tier(s.proc).items():
+                    tiers[tier] = tiers.get(tier, 0.0) + n
+    finally:
+        procs.close()
+    ok = run.ok
+    ttfts = [1000 * r.ttft for r in ok if r.ttft is not None]
+    n = max(1, len(ok))
+    pull_s = sum(c.get("vllm:nixl_xfer_time_seconds_sum", 0.0) for c in decode)
+    pulled = sum(c.get("vllm:nixl_bytes_transferred_sum", 0.0) for c in decode)
+    hits = sum(c.get("vllm:prefix_cache_hits_total", 0.0) for c in prefill)
+    queries = sum(c.get("vllm:prefix_cache_queries_total", 0.0) for c in prefill)
+    pulls = sum(tiers.values())
+    return Row(router=name, requests=len(run.results), failed=len(run.results) - len(ok),
+               ttft_p50_ms=pct(ttfts, 0.5), ttft_p99_ms=pct(ttfts, 0.99),
+               e2e_p50_ms=pct([1000 * r.e2e for r in ok], 0.5),
+               in_domain=(tiers.get("nvlink", 0.0) + tiers.get("same_node", 0.0)) / pulls
+               if pulls else float("nan"),
+               pulled_mb_per_request=pulled / n / 1e6, pull_ms_per_request=1000 * pull_s / n,
+               pull_share_of_ttft=1000 * pull_s / n / statistics.mean(ttfts)
+               if ttfts else float("nan"),
+               prefill_hit_rate=hits / queries if queries else 0.0)
+
+
+def table(rows: list[Row]) -> str:
+    lines = ["| router | TTFT p50 ms | TTFT p99 ms | e2e p50 ms | pulls inside the NVLink "
+             "domain | KV pulled MB/req | KV pull ms/req | pull / mean TTFT | prefill hit rate "
+             "| failed |", "|---|" + "---:|" * 9]
+    base = rows[0]
+    for r in rows:
+        lines.append(f"| {r.router} | {r.ttft_p50_ms:.0f} | {r.ttft_p99_ms:.0f} | "
+                     f"{r.e2e_p50_ms:.0f} | {r.in_domain:.0%} | {r.pulled_mb_per_request:.0f} | "
+                     f"{r.pull_ms_per_request:.2f} | {r.pull_share_of_ttft:.1%} | "
+                     f"{r.prefill_hit_rate:.1%} | {r.failed} |")
+    if len(rows) > 1 and base.pull_ms_per_request:
+        lines.append("")
+        lines.append(f"Against {base.router}: " + "; ".join(
+            f"{r.router} pulls {r.pull_ms_per_request / base.pull_ms_per_request:.1f}x as "
+            f"long, TTFT p50 x{r.ttft_p50_ms / base.ttft_p50_ms:.2f}" for r in rows[1:]))
+    return "\n".join(lines)
+
+
+def plot(rows: list[Row], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4.4))
+    metrics = [("in_domain", "KV pulls inside the NVLink domain"),
+               ("pull_ms_per_request", "KV pull ms per request (wall)"),
+               ("ttft_p50_ms", "TTFT p50 (ms)")]
+    for ax, (field, label) in zip(axes, metrics, strict=True):
+        ax.bar(range(len(rows)), [getattr(r, field) for r in rows],
+               color=[f"C{i}" for i in range(len(rows))])
+        ax.set_xticks(range(len(rows)), [r.router.split("[")[0] + ("*" if "[" in r.router
+                                                                   else "") for r in rows],
+                      fontsize=8)
+        ax.set_title(label)
+    fig.suptitle("prefill/decode across two GB200 NVL72 domains (* topology-blind decode)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.pd_bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=str(REPO / "bench" / "results"))
+    ap.add_argument("--quick", action="store_true", help="a smaller run, for a smoke test")
+    ap.add_argument("--repeats", type=int, default=1, help="runs per router; medians shown")
+    ap.add_argument("--routers", nargs="*", default=list(ROUTERS), choices=list(ROUTERS))
+    args = ap.parse_args(argv)
+    if "vllm-router pd cache_aware" in args.routers and not (PEERS / "vllm-router").exists():
+        print("error: vllm-router missing: run `make peers`", file=sys.stderr)
+        return 2
+    if not MOONCAKE.exists():
+        print(f"error: the Mooncake trace is missing ({MOONCAKE})", file=sys.stderr)
+        return 2
+    reqs = mooncake(MOONCAKE, limit=150 if args.quick else 600, time_compression=16,
+                    token_scale=0.25)
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for repeat in range(args.repeats):
+            for name in args.routers:
+                t0 = time.monotonic()
+                row = run_one(Path(tmp), name, reqs)
+                runs.append(row)
+                print(f"  #{repeat} {name:60} TTFT p50 {row.ttft_p50_ms:5.0f} ms  in-domain "
+                      f"{row.in_domain:4.0%}  failed {row.failed}  "
+                      f"({time.monotonic() - t0:.0f}s)", file=sys.stderr, flush=True)
+    rows = medians(runs, ("router",))
+    md = table(rows)
+    report.write(Path(args.out), "pd_bench", md, {
+        "sim": SIM, "domains": DOMAINS, "per_domain": PER_DOMAIN, "repeats": args.repeats,
+        "rows": [asdict(r) for r in rows], "runs": [asdict(r) for r in runs]},
+        lambda path: plot(rows, path))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
