@@ -77,6 +77,11 @@ class RouterMetrics:
             "Requests split between a prefill and a decode endpoint: split, prefill-failed "
             "(decoded with a local prefill instead), refused (the prefill endpoint answered "
             "4xx, passed on).", ["outcome"], registry=r)
+        self.pd_pairs = Counter(
+            "toposerve_router_pd_pairs",
+            "Split requests by the topology tier between their prefill endpoint and the "
+            "decode endpoint picked: same_node, nvlink, rack, block, zone, beyond, or unknown "
+            "(a place not known).", ["tier"], registry=r)
         self.admission = Counter("toposerve_router_admission",
                                  "Admission decisions where an objective or flow control "
                                  "applied: admitted, queued (then sent), shed, expired, "

@@ -23,9 +23,10 @@ from router.disaggregation import (
 from router.endpoints import Endpoint
 from router.errors import ApiError
 from router.metrics import RouterMetrics
-from router.proxy import Proxy, StreamTap, Upstream, Work, no_prefill, work
+from router.proxy import Proxy, Upstream, Work, no_prefill, work
 from router.scheduling.context import RequestContext
 from router.scheduling.profile import Scheduler
+from topology.distance import node_tier
 
 log = structlog.get_logger("router.split")
 PREFILL_HEADER = "X-Toposerve-Prefill-Endpoint"
@@ -79,10 +80,9 @@ class Splitter:
             return r
         return await self.relay(c, r)
 
-    async def relay(self, c: Call, r: Route, tap: StreamTap | None = None
-                    ) -> web.StreamResponse:
+    async def relay(self, c: Call, r: Route) -> web.StreamResponse:
         return await self.proxy.relay(c.request, r.ranked, c.path, r.body, c.headers, r.work,
-                                      c.started, tap, r.headers)
+                                      c.started, extra_headers=r.headers)
 
     async def hand_over(self, c: Call) -> Route | web.Response:
         """NIXL: prefill first; its answer says where the decode endpoint
@@ -100,7 +100,7 @@ class Splitter:
         decode = self._decode_for(c.ctx, prefill)
         if params is None or prefill is None:  # no KV to hand over
             return self._local_prefill(c, decode, up)
-        self.metrics.disaggregation.labels("split").inc()
+        self._split(prefill, decode[0])
         return Route(decode, decode_body(c.doc, params), no_prefill(c.ctx, decode), prefill,
                      {PREFILL_HEADER: prefill.name})
 
@@ -122,8 +122,14 @@ class Splitter:
         if not resp.prepared and resp.status == 502:  # the decode endpoint got no KV
             why = first.result() if first.done() else "prefill still running"
             return await self.relay(c, self._local_prefill(c, decode, why))
-        self.metrics.disaggregation.labels("split").inc()
+        self._split(prefill, decode[0])
         return resp
+
+    def _split(self, prefill: Endpoint, decode: Endpoint) -> None:
+        self.metrics.disaggregation.labels("split").inc()
+        tier = ("unknown" if prefill.path is None or decode.path is None
+                else node_tier(prefill.path, decode.path).name.lower())
+        self.metrics.pd_pairs.labels(tier).inc()
 
     def _decode_for(self, ctx: RequestContext, prefill: Endpoint | None) -> list[Endpoint]:
         d = self.pd.pick_decode(ctx, prefill)

@@ -59,6 +59,7 @@ def test_split_through_openai_client(procs: Procs) -> None:
     assert sum(c["vllm:generation_tokens_total"] for c in dec) == 5 * n + 7
     metrics = httpx.get(router.url + "/metrics").text
     assert f'toposerve_router_disaggregation_total{{outcome="split"}} {n + 1}.0' in metrics
+    assert f'toposerve_router_pd_pairs_total{{tier="unknown"}} {n + 1}.0' in metrics
 
 
 def paired_within(router: Proc, group_of: dict[str, str], n: int) -> set[str]:
@@ -281,6 +282,8 @@ def test_decode_pairs_within_nvlink_domain(procs: Procs) -> None:
     domain_of = {s.url[7:]: d for sims in (prefill, decode)
                  for s, d in zip(sims, domains, strict=True)}
     assert paired_within(router, domain_of, 10) == set(domains)
+    metrics = httpx.get(router.url + "/metrics").text
+    assert 'toposerve_router_pd_pairs_total{tier="nvlink"} 10.0' in metrics
     nvlink = load_profile("gb200-nvl72").links()[Tier.NVLINK]
     for s in decode:
         c = sim_counters(s)

@@ -214,3 +214,10 @@ def test_config_reference_is_current() -> None:
 
     committed = (Path(__file__).parents[2] / "docs" / "router-config.md").read_text()
     assert committed == render(), "run: python -m router.config_docs > docs/router-config.md"
+
+
+def test_metrics_reference_is_current() -> None:
+    from router.metrics_docs import render
+
+    committed = (Path(__file__).parents[2] / "docs" / "router-metrics.md").read_text()
+    assert committed == render(), "run: python -m router.metrics_docs > docs/router-metrics.md"
