@@ -7,7 +7,8 @@
    multi-turn conversation by prefix cache;
 4. prefill and decode pods in two GB200 NVL72 domains, the router splitting
    each request between them, the decode half in the prefill half's NVLink
-   domain (read from the nodes' topology labels);
+   domain (read from the nodes' topology labels), its KV pulled at NVLink
+   speed;
 5. everything torn down.
 """
 
@@ -22,6 +23,7 @@ import httpx
 from kubernetes import client
 
 from bench.procs import MODEL, Procs
+from bench.router_bench import sim_counters
 from localcluster.cluster import (
     ClusterSpec,
     api_client,
@@ -31,6 +33,7 @@ from localcluster.cluster import (
     up,
 )
 from localcluster.pods import model_pod, wait_running
+from topology.labels import PRESETS, DialectName, from_labels
 
 NAME = "demo"
 
@@ -90,11 +93,20 @@ def main() -> int:
         pd = run_pods(core, "vllm-pd", {
             "prefill-0": ("prefill", trays[0]), "decode-0": ("decode", trays[1]),
             "prefill-1": ("prefill", trays[18]), "decode-1": ("decode", trays[19])})
-        domain = {n.metadata.name: n.metadata.labels["topology.toposerve.io/nvlink-domain"]
-                  for n in core.list_node(
-                      label_selector="topology.toposerve.io/profile=gb200-nvl72").items}
+        place = {n.metadata.name: from_labels(n.metadata.name, n.metadata.labels,
+                                              PRESETS[DialectName.TOPOSERVE])
+                 for n in core.list_node(
+                     label_selector="topology.toposerve.io/profile=gb200-nvl72").items}
+        domain = {node: str(p.nvlink) for node, p in place.items()}
+        decode_sims = []
         for pod, (ip, node) in sorted(pd.items()):
-            procs.sim(host=ip, port=8000, time_scale=0.2)
+            # each simulator knows its node's place, so a decode pays for its
+            # KV pull what the topology model charges for the tier crossed
+            p = place[node]
+            sim = procs.sim(host=ip, port=8000, time_scale=0.2, node=node,
+                            nvlink_domain=p.nvlink, rack=p.rack, block=p.block, zone=p.zone)
+            if pod.startswith("decode"):
+                decode_sims.append(sim)
             print(f"   {pod} on {node} ({domain[node]}): simulated vLLM on {ip}:8000")
         where = {f"{ip}:8000": f"{node}, {domain[node]}" for ip, node in pd.values()}
         split = procs.router({"discovery": {"kubernetes": {
@@ -107,6 +119,15 @@ def main() -> int:
             pre, dec = r.headers["x-toposerve-prefill-endpoint"], r.headers["x-toposerve-endpoint"]
             print(f"   {doc}: prefill on {pre} ({where[pre]})\n"
                   f"   {' ' * len(doc)}  decode  on {dec} ({where[dec]})")
+        pulled = [sim_counters(s) for s in decode_sims]
+        gb = sum(c.get("vllm:nixl_bytes_transferred_sum", 0.0) for c in pulled) / 1e9
+        ms = 1000 * sum(c.get("vllm:nixl_xfer_time_seconds_sum", 0.0) for c in pulled)
+        pairs = [x for x in httpx.get(split.url + "/metrics").text.splitlines()
+                 if x.startswith("toposerve_router_pd_pairs_total")]
+        model_s = ms / 1000 / 0.2  # the simulators run 5x faster than model time
+        print(f"   KV pulled by the decode pods: {gb:.1f} GB in {ms:.1f} ms of wall time, "
+              f"{gb / model_s:.0f} GB/s in model time\n   pairs by tier:\n     "
+              + "\n     ".join(pairs))
     finally:
         say("5. tear down")
         procs.close()
