@@ -7,7 +7,9 @@ prefill server the KV blocks it does not hold yet, priced by the shared
 topology model for the tier the two nodes share (gb200-nvl72: NVLink
 900 GB/s inside a domain, the block's RDMA 50 GB/s across), at 320 KiB of
 KV per token (Llama-3-70B in bf16). Every router faces fresh simulators and
-the same Mooncake requests; all split with vLLM's NixlConnector flow.
+the same Mooncake requests. vLLM's NixlConnector hand-over: ours, ours with a
+topology-blind decode pick, vllm-router's P/D mode; SGLang's bootstrap
+hand-over: ours, sglang-router's P/D mode (both Rust routers cache_aware).
 
     python -m bench.pd_bench [--quick] [--repeats N] [--out bench/results]
 """
@@ -34,6 +36,7 @@ from bench.replay import replay_trace
 from bench.report import medians, pct
 from bench.router_bench import CACHE_BLOCKS, MOONCAKE, PEERS, REPO, SIM, sim_counters
 from bench.workloads import mooncake
+from router.sim.metrics import NAMES
 
 DOMAINS = ("nvl72-a", "nvl72-b")
 PER_DOMAIN = {"prefill": 2, "decode": 2}
@@ -46,57 +49,85 @@ class Server:
     role: str
     node: str
     domain: str
+    bootstrap_port: int | None = None  # an SGLang prefill server's
 
-    def place(self) -> dict[str, str]:
-        return {"node": self.node, "nvlinkDomain": self.domain, "rack": self.domain, **OUTER}
+    def entry(self) -> dict[str, Any]:
+        """Its static endpoint in our router's config."""
+        out = {"url": self.proc.url, "role": self.role, "node": self.node,
+               "nvlinkDomain": self.domain, "rack": self.domain, **OUTER}
+        return out | ({"bootstrapPort": self.bootstrap_port} if self.bootstrap_port else {})
 
 
-def fleet(procs: Procs) -> list[Server]:
+def fleet(procs: Procs, protocol: str) -> list[Server]:
+    """The simulators, speaking vLLM (``nixl``) or SGLang (``sglang``)."""
     out = []
     for d in DOMAINS:
         for role, n in PER_DOMAIN.items():
             for i in range(n):
                 node = f"{d}-{role}-{i}"
+                flags: dict[str, Any] = {}
+                port = None
+                if protocol == "sglang":
+                    flags = {"dialect": "sglang", "disaggregation_mode": role}
+                    if role == "prefill":
+                        port = flags["disaggregation_bootstrap_port"] = free_port()
                 proc = procs.sim(**SIM, num_gpu_blocks=CACHE_BLOCKS["mooncake"], node=node,
                                  nvlink_domain=d, rack=d, zone=OUTER["zone"],
-                                 block=OUTER["block"])
-                out.append(Server(proc, role, node, d))
+                                 block=OUTER["block"], **flags)
+                out.append(Server(proc, role, node, d, port))
     return out
 
 
-def ours(decode_scorers: list[dict[str, Any]] | None) -> Callable[[Procs, list[Server]], Proc]:
+Start = Callable[[Procs, list[Server]], Proc]
+
+
+@dataclass(frozen=True)
+class Contender:
+    protocol: str  # the hand-over the simulators speak: nixl (vLLM) or sglang
+    start: Start
+
+
+def ours(protocol: str, decode_scorers: list[dict[str, Any]] | None = None) -> Contender:
     def start(procs: Procs, servers: list[Server]) -> Proc:
-        pd: dict[str, Any] = {"enabled": True, "protocol": "nixl"}
+        pd: dict[str, Any] = {"enabled": True, "protocol": protocol}
         if decode_scorers is not None:
             pd["decode"] = {"scorers": decode_scorers}
-        static = [{"url": s.proc.url, "role": s.role, **s.place()} for s in servers]
-        return procs.router({"discovery": {"static": static}, "disaggregation": pd,
-                             "scrape": {"intervalSeconds": 0.2}})
+        return procs.router({"discovery": {"static": [s.entry() for s in servers]},
+                             "disaggregation": pd, "scrape": {"intervalSeconds": 0.2}})
+    return Contender(protocol, start)
+
+
+def peer(binary: str, *args: str) -> Start:
+    """A Rust router in its P/D mode, with its cache_aware policy."""
+    def start(procs: Procs, servers: list[Server]) -> Proc:
+        port, prom = free_port(), free_port()
+        argv = [str(PEERS / binary), *args, "--policy", "cache_aware", "--host", "127.0.0.1",
+                "--port", str(port), "--prometheus-host", "127.0.0.1", "--prometheus-port",
+                str(prom)]
+        for s in servers:
+            argv += [f"--{s.role}", s.proc.url]
+            argv += [str(s.bootstrap_port)] if s.bootstrap_port else []
+        return procs.command(argv, binary, f"http://127.0.0.1:{port}", ("/health",))
     return start
 
 
-def vllm_router(procs: Procs, servers: list[Server]) -> Proc:
-    port, prom = free_port(), free_port()
-    argv = [str(PEERS / "vllm-router"), "--vllm-pd-disaggregation", "--kv-connector", "nixl",
-            "--policy", "cache_aware", "--host", "127.0.0.1", "--port", str(port),
-            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prom),
-            "--max-payload-size", str(512 * 2**20)]
-    for s in servers:
-        argv += [f"--{s.role}", s.proc.url]
-    return procs.command(argv, "vllm-router", f"http://127.0.0.1:{port}", ("/health",))
-
-
-ROUTERS: dict[str, Callable[[Procs, list[Server]], Proc]] = {
+BLIND = [{"type": "inflight-tokens", "weight": 1}, {"type": "queue", "weight": 1}]
+ROUTERS: dict[str, Contender] = {
     # the shipped decode profile: near-prefill 4, inflight-tokens 1, queue 1
-    "toposerve": ours(None),
-    "toposerve[topology-blind decode: inflight-tokens 1, queue 1]": ours(
-        [{"type": "inflight-tokens", "weight": 1}, {"type": "queue", "weight": 1}]),
-    "vllm-router pd cache_aware": vllm_router,
+    "toposerve": ours("nixl"),
+    "toposerve[topology-blind decode: inflight-tokens 1, queue 1]": ours("nixl", BLIND),
+    "vllm-router pd cache_aware": Contender("nixl", peer(
+        "vllm-router", "--vllm-pd-disaggregation", "--kv-connector", "nixl",
+        "--max-payload-size", str(512 * 2**20))),
+    "toposerve sglang": ours("sglang"),
+    "sglang-router pd cache_aware": Contender("sglang", peer(
+        "sglang-router", "launch", "--pd-disaggregation")),
 }
 
 
 @dataclass
 class Row:
+    protocol: str
     router: str
     requests: int
     failed: int
@@ -122,8 +153,9 @@ def pulls_by_tier(sim: Proc) -> dict[str, float]:
 def run_one(tmp: Path, name: str, reqs: list[Any]) -> Row:
     procs = Procs(tmp)
     try:
-        servers = fleet(procs)
-        router = ROUTERS[name](procs, servers)
+        contender = ROUTERS[name]
+        servers = fleet(procs, contender.protocol)
+        router = contender.start(procs, servers)
         time.sleep(0.5)
         run = asyncio.run(replay_trace(router.url, reqs, 1.0))
         decode = [sim_counters(s.proc) for s in servers if s.role == "decode"]
@@ -138,12 +170,18 @@ def run_one(tmp: Path, name: str, reqs: list[Any]) -> Row:
     ok = run.ok
     ttfts = [1000 * r.ttft for r in ok if r.ttft is not None]
     n = max(1, len(ok))
-    pull_s = sum(c.get("vllm:nixl_xfer_time_seconds_sum", 0.0) for c in decode)
-    pulled = sum(c.get("vllm:nixl_bytes_transferred_sum", 0.0) for c in decode)
-    hits = sum(c.get("vllm:prefix_cache_hits_total", 0.0) for c in prefill)
-    queries = sum(c.get("vllm:prefix_cache_queries_total", 0.0) for c in prefill)
+    dialect = 0 if contender.protocol == "nixl" else 1  # which of the simulator's names
+
+    def total(counters: list[dict[str, float]], role: str, suffix: str) -> float:
+        return sum(c.get(NAMES[role][dialect] + suffix, 0.0) for c in counters)
+
+    pull_s = total(decode, "kv_pull_seconds", "_sum")
+    pulled = total(decode, "kv_pull_bytes", "_sum")
+    hits = total(prefill, "prefix_hits", "_total")
+    queries = total(prefill, "prefix_queries", "_total")
     pulls = sum(tiers.values())
-    return Row(router=name, requests=len(run.results), failed=len(run.results) - len(ok),
+    return Row(protocol=contender.protocol, router=name, requests=len(run.results),
+               failed=len(run.results) - len(ok),
                ttft_p50_ms=pct(ttfts, 0.5), ttft_p99_ms=pct(ttfts, 0.99),
                e2e_p50_ms=pct([1000 * r.e2e for r in ok], 0.5),
                in_domain=(tiers.get("nvlink", 0.0) + tiers.get("same_node", 0.0)) / pulls
@@ -155,20 +193,21 @@ def run_one(tmp: Path, name: str, reqs: list[Any]) -> Row:
 
 
 def table(rows: list[Row]) -> str:
-    lines = ["| router | TTFT p50 ms | TTFT p99 ms | e2e p50 ms | pulls inside the NVLink "
-             "domain | KV pulled MB/req | KV pull ms/req | pull / mean TTFT | prefill hit rate "
-             "| failed |", "|---|" + "---:|" * 9]
-    base = rows[0]
+    lines = ["| hand-over | router | TTFT p50 ms | TTFT p99 ms | e2e p50 ms | pulls inside the "
+             "NVLink domain | KV pulled MB/req | KV pull ms/req | pull / mean TTFT | prefill "
+             "hit rate | failed |", "|---|---|" + "---:|" * 9]
     for r in rows:
-        lines.append(f"| {r.router} | {r.ttft_p50_ms:.0f} | {r.ttft_p99_ms:.0f} | "
+        lines.append(f"| {r.protocol} | {r.router} | {r.ttft_p50_ms:.0f} | {r.ttft_p99_ms:.0f} | "
                      f"{r.e2e_p50_ms:.0f} | {r.in_domain:.0%} | {r.pulled_mb_per_request:.0f} | "
                      f"{r.pull_ms_per_request:.2f} | {r.pull_share_of_ttft:.1%} | "
                      f"{r.prefill_hit_rate:.1%} | {r.failed} |")
-    if len(rows) > 1 and base.pull_ms_per_request:
-        lines.append("")
-        lines.append(f"Against {base.router}: " + "; ".join(
-            f"{r.router} pulls {r.pull_ms_per_request / base.pull_ms_per_request:.1f}x as "
-            f"long, TTFT p50 x{r.ttft_p50_ms / base.ttft_p50_ms:.2f}" for r in rows[1:]))
+    # each router against the first of its hand-over (ours as shipped)
+    for protocol in dict.fromkeys(r.protocol for r in rows):
+        base, *others = [r for r in rows if r.protocol == protocol]
+        if others and base.pull_ms_per_request:
+            lines += ["", f"{protocol}, against {base.router}: " + "; ".join(
+                f"{r.router} pulls {r.pull_ms_per_request / base.pull_ms_per_request:.1f}x as "
+                f"long, TTFT p50 x{r.ttft_p50_ms / base.ttft_p50_ms:.2f}" for r in others)]
     return "\n".join(lines)
 
 
@@ -202,8 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=1, help="runs per router; medians shown")
     ap.add_argument("--routers", nargs="*", default=list(ROUTERS), choices=list(ROUTERS))
     args = ap.parse_args(argv)
-    if "vllm-router pd cache_aware" in args.routers and not (PEERS / "vllm-router").exists():
-        print("error: vllm-router missing: run `make peers`", file=sys.stderr)
+    if any(n.endswith("pd cache_aware") for n in args.routers) and not all(
+            (PEERS / p).exists() for p in ("vllm-router", "sglang-router")):
+        print("error: peer routers missing: run `make peers`", file=sys.stderr)
         return 2
     if not MOONCAKE.exists():
         print(f"error: the Mooncake trace is missing ({MOONCAKE})", file=sys.stderr)
@@ -220,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  #{repeat} {name:60} TTFT p50 {row.ttft_p50_ms:5.0f} ms  in-domain "
                       f"{row.in_domain:4.0%}  failed {row.failed}  "
                       f"({time.monotonic() - t0:.0f}s)", file=sys.stderr, flush=True)
-    rows = medians(runs, ("router",))
+    rows = medians(runs, ("protocol", "router"))
     md = table(rows)
     report.write(Path(args.out), "pd_bench", md, {
         "sim": SIM, "domains": DOMAINS, "per_domain": PER_DOMAIN, "repeats": args.repeats,

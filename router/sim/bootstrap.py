@@ -4,7 +4,9 @@ prefill server and a decode server at once. The prefill server computes the
 prompt and marks the room's KV ready; the decode server waits for that at
 the prefill server's bootstrap port before it decodes. Real SGLang moves the
 KV with a transfer engine after a bootstrap handshake; here the handshake
-is an HTTP long poll (the simulator's own route) and the move costs nothing."""
+is an HTTP long poll (the simulator's own route) whose answer says where the
+prefill server runs, so the decode server can price the move by topology
+tier as in vLLM's flow."""
 
 from __future__ import annotations
 
@@ -12,7 +14,11 @@ import asyncio
 from collections import OrderedDict
 
 import aiohttp
+import orjson
 from aiohttp import web
+from pydantic import ValidationError
+
+from topology.model import DomainPath
 
 MAX_ROOMS = 100_000  # rooms remembered per prefill server, so memory stays bounded
 ROUTE = "/sim/kv/{room}"
@@ -21,8 +27,8 @@ ROUTE = "/sim/kv/{room}"
 class Rooms:
     """A prefill server's rooms: which have their KV ready."""
 
-    def __init__(self, timeout_s: float) -> None:
-        self.timeout_s = timeout_s
+    def __init__(self, timeout_s: float, place: DomainPath | None) -> None:
+        self.timeout_s, self.place = timeout_s, place
         self._rooms: OrderedDict[int, asyncio.Event] = OrderedDict()
 
     def _event(self, room: int) -> asyncio.Event:
@@ -46,16 +52,26 @@ class Rooms:
             await asyncio.wait_for(self._event(room).wait(), self.timeout_s)
         except TimeoutError:
             return web.Response(status=404, text=f"no KV for room {room}")
-        return web.Response(text="ready")
+        place = self.place.model_dump() if self.place is not None else None
+        return web.json_response({"room": room, "place": place},
+                                 dumps=lambda o: orjson.dumps(o).decode())
 
 
 async def pull(session: aiohttp.ClientSession, host: str, port: int, room: int,
-               timeout_s: float) -> str | None:
-    """Wait for the room's KV at the prefill server; None when it arrived,
-    else why not."""
+               timeout_s: float) -> str | DomainPath | None:
+    """Wait for the room's KV at the prefill server. When it is ready: where
+    that server runs (None if it does not say); else why not, as a string."""
     url = f"http://{host}:{port}{ROUTE.format(room=room)}"
     try:
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s + 5)) as r:
-            return None if r.status == 200 else f"HTTP {r.status} from {host}:{port}"
+            if r.status != 200:
+                return f"HTTP {r.status} from {host}:{port}"
+            place = orjson.loads(await r.read()).get("place")
     except (aiohttp.ClientError, TimeoutError) as err:
         return f"{type(err).__name__} from {host}:{port}"
+    except (orjson.JSONDecodeError, AttributeError):
+        return f"an answer from {host}:{port} that is not a room's JSON"
+    try:
+        return None if place is None else DomainPath.model_validate(place)
+    except ValidationError:
+        return f"a place from {host}:{port} that is not one"

@@ -23,6 +23,10 @@ NAMES = {
     "generation_tokens": ("vllm:generation_tokens", "sglang:generation_tokens"),
     "ttft": ("vllm:time_to_first_token_seconds", "sglang:time_to_first_token_seconds"),
     "success": ("vllm:request_success", "sglang:num_requests"),
+    # the decode side of a hand-over: vLLM's NixlConnector metrics; SGLang
+    # reports its transfers on the prefill side, so the simulator's own there
+    "kv_pull_seconds": ("vllm:nixl_xfer_time_seconds", "toposerve_sim_kv_pull_seconds"),
+    "kv_pull_bytes": ("vllm:nixl_bytes_transferred", "toposerve_sim_kv_pull_bytes"),
 }
 
 
@@ -52,21 +56,18 @@ class SimMetrics:
         self.success = counter("success", "Requests finished.")
         self.ttft = Histogram(name("ttft"), "Histogram of time to first token in seconds.",
                               list(lab), buckets=TTFT_BUCKETS, registry=r).labels(**lab)
-        self.kv_pull_seconds: Histogram | None = None
-        self.kv_pull_bytes: Histogram | None = None
+        self.kv_pull_seconds = Histogram(
+            name("kv_pull_seconds"), "Histogram of transfer duration of KV pulled from a "
+            "remote prefill.", list(lab), buckets=TTFT_BUCKETS, registry=r).labels(**lab)
+        self.kv_pull_bytes = Histogram(
+            name("kv_pull_bytes"), "Histogram of bytes per KV pull from a remote prefill.",
+            list(lab), buckets=tuple(2.0 ** k for k in range(20, 41, 2)),
+            registry=r).labels(**lab)
         # the simulator's own: which tier each pull crossed (no engine knows)
         self.kv_pulls = Counter("toposerve_sim_kv_pulls", "KV pulls from a remote prefill, "
                                 "by the topology tier between the two nodes.", ["tier"],
                                 registry=r)
         if vllm:
-            # the decode side of a NixlConnector hand-over (vLLM's connector metrics)
-            self.kv_pull_seconds = Histogram(
-                "vllm:nixl_xfer_time_seconds", "Histogram of transfer duration for NIXL KV "
-                "Cache transfers.", list(lab), buckets=TTFT_BUCKETS, registry=r).labels(**lab)
-            self.kv_pull_bytes = Histogram(
-                "vllm:nixl_bytes_transferred", "Histogram of bytes transferred per NIXL KV "
-                "Cache transfers.", list(lab), buckets=tuple(2.0 ** k for k in range(20, 41, 2)),
-                registry=r).labels(**lab)
             info = {"block_size": str(cfg.block_size), "num_gpu_blocks": str(cfg.num_gpu_blocks),
                     "cache_dtype": "auto", "enable_prefix_caching": "True", "engine": "0"}
             Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",

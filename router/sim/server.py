@@ -66,7 +66,7 @@ class SimServer:
         self.responses: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self.engine_id = cfg.engine_id or f"sim-{uuid.uuid4().hex[:8]}"
         mode = cfg.disaggregation_mode
-        self.rooms = (Rooms(cfg.disaggregation_bootstrap_timeout_s)
+        self.rooms = (Rooms(cfg.disaggregation_bootstrap_timeout_s, cfg.path)
                       if mode == DisaggregationMode.PREFILL else None)
         self.client: aiohttp.ClientSession | None = None  # decode mode: pulls KV
 
@@ -165,18 +165,19 @@ class SimServer:
                                "kv_transfer_params") from None
         return bool(p.get("do_remote_decode")), remote_prefill, source
 
-    async def _bootstrap(self, body: dict[str, Any]) -> int | None:
+    async def _bootstrap(self, body: dict[str, Any]) -> tuple[int | None, DomainPath | None]:
         """SGLang's hand-over: a prefill server notes the request's room; a
-        decode server first waits for that room's KV at its prefill server."""
+        decode server first waits for that room's KV at its prefill server.
+        (The room, and for a decode server where its prefill server runs.)"""
         if self.cfg.disaggregation_mode == DisaggregationMode.NULL:
-            return None
+            return None, None
         room, host = body.get("bootstrap_room"), body.get("bootstrap_host")
         if room is None:
-            return None
+            return None, None
         if not isinstance(room, int) or isinstance(room, bool):
             raise ApiError(400, "bootstrap_room must be an integer", "bootstrap_room")
         if self.rooms is not None:
-            return room
+            return room, None
         port = body.get("bootstrap_port") or SGLANG_BOOTSTRAP_PORT
         if not isinstance(host, str) or not isinstance(port, int):
             raise ApiError(400, "a decode request needs bootstrap_host (string) and "
@@ -184,11 +185,11 @@ class SimServer:
                            "bootstrap_host")
         if self.client is None:
             self.client = aiohttp.ClientSession()
-        failed = await pull(self.client, host, port, room,
-                            self.cfg.disaggregation_bootstrap_timeout_s)
-        if failed is not None:
-            raise ApiError(500, f"KV transfer for room {room} failed: {failed}")
-        return room
+        got = await pull(self.client, host, port, room,
+                         self.cfg.disaggregation_bootstrap_timeout_s)
+        if isinstance(got, str):
+            raise ApiError(500, f"KV transfer for room {room} failed: {got}")
+        return room, got
 
     def _kv_response(self, job: Job) -> dict[str, Any]:
         n_blocks = -(-len(job.tokens) // self.cfg.block_size)
@@ -207,7 +208,7 @@ class SimServer:
         m.ttft.observe(job.ttft)
         if job.pull_bytes and job.pull_tier is not None:
             m.kv_pulls.labels(job.pull_tier.name.lower()).inc()
-        if job.pull_bytes and m.kv_pull_seconds is not None and m.kv_pull_bytes is not None:
+        if job.pull_bytes:
             m.kv_pull_seconds.observe(job.pull_s * self.cfg.time_scale)
             m.kv_pull_bytes.observe(job.pull_bytes)
 
@@ -244,7 +245,8 @@ class SimServer:
     async def _run(self, request: web.Request, body: dict[str, Any], prompt: str,
                    max_tokens: int, kind: str) -> web.StreamResponse:
         remote_decode, remote_prefill, source = self._kv_params(body)
-        room = await self._bootstrap(body)
+        room, prefill_place = await self._bootstrap(body)
+        source = source or prefill_place
         if remote_decode or (self.rooms is not None and room is not None):
             max_tokens = 1  # a prefill endpoint makes the KV and one token
         remote_prefill = remote_prefill or (room is not None and self.rooms is None)

@@ -172,12 +172,18 @@ def test_decode_refuses_incomplete_kv_params(procs: Procs) -> None:
         assert "remote_block_ids" in r.json()["error"]["message"]
 
 
+# two GB200 trays in different NVL72 racks of one block
+RACKS = ({"node": "tray-a", "nvlink_domain": "r1", "rack": "r1", "block": "b", "zone": "z"},
+         {"node": "tray-b", "nvlink_domain": "r2", "rack": "r2", "block": "b", "zone": "z"})
+
+
 def sglang_router(procs: Procs, prefill_error_rate: float = 0.0) -> tuple[Proc, Proc, Proc]:
     port = free_port()
     prefill = procs.sim(dialect="sglang", disaggregation_mode="prefill", time_scale=0.01,
-                        disaggregation_bootstrap_port=port, error_rate=prefill_error_rate)
+                        disaggregation_bootstrap_port=port, error_rate=prefill_error_rate,
+                        **RACKS[0])
     decode = procs.sim(dialect="sglang", disaggregation_mode="decode", time_scale=0.01,
-                       disaggregation_bootstrap_timeout_s=1.0)
+                       disaggregation_bootstrap_timeout_s=1.0, **RACKS[1])
     router = procs.router({
         "discovery": {"static": [{"url": prefill.url, "role": "prefill", "bootstrapPort": port},
                                  {"url": decode.url, "role": "decode"}]},
@@ -197,6 +203,10 @@ def test_sglang_bootstrap_split(procs: Procs) -> None:
     pre, dec = sim_counters(prefill), sim_counters(decode)
     assert pre["sglang:generation_tokens_total"] == 2  # one token each: it only prefills
     assert dec["sglang:generation_tokens_total"] == 10
+    # the decode server learnt at the bootstrap where the prefill ran: across racks
+    assert ('toposerve_sim_kv_pulls_total{tier="block"} 2.0'
+            in httpx.get(decode.url + "/metrics").text)
+    assert dec["toposerve_sim_kv_pull_bytes_sum"] > 0
     metrics = httpx.get(router.url + "/metrics").text
     assert 'toposerve_router_disaggregation_total{outcome="split"} 2.0' in metrics
     # SGLang's bootstrap fields are not for its Responses API: that runs whole

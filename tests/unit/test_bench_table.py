@@ -29,15 +29,18 @@ def test_floor_table_against_round_robin() -> None:
     assert "| agentic | 15 | 60 | 100 | 85% |" in floors(rows)
 
 
-def test_pd_table_compares_with_the_first_router() -> None:
+def test_pd_table_compares_within_a_hand_over() -> None:
     from bench.pd_bench import Row as PDRow
     from bench.pd_bench import table as pd_table
 
-    def row(name: str, pull_ms: float, p50: float) -> PDRow:
-        return PDRow(router=name, requests=10, failed=0, ttft_p50_ms=p50, ttft_p99_ms=4 * p50,
-                     e2e_p50_ms=2 * p50, in_domain=0.5, pulled_mb_per_request=900,
-                     pull_ms_per_request=pull_ms, pull_share_of_ttft=0.01, prefill_hit_rate=0.2)
+    def row(protocol: str, name: str, pull_ms: float, p50: float) -> PDRow:
+        return PDRow(protocol=protocol, router=name, requests=10, failed=0, ttft_p50_ms=p50,
+                     ttft_p99_ms=4 * p50, e2e_p50_ms=2 * p50, in_domain=0.5,
+                     pulled_mb_per_request=900, pull_ms_per_request=pull_ms,
+                     pull_share_of_ttft=0.01, prefill_hit_rate=0.2)
 
-    md = pd_table([row("ours", 0.5, 100), row("blind", 2.0, 110)])
-    assert "| ours | 100 | 400 | 200 | 50% | 900 | 0.50 | 1.0% | 20.0% | 0 |" in md
-    assert "blind pulls 4.0x as long, TTFT p50 x1.10" in md
+    md = pd_table([row("nixl", "ours", 0.5, 100), row("nixl", "blind", 2.0, 110),
+                   row("sglang", "ours-s", 1.0, 100), row("sglang", "peer", 3.0, 150)])
+    assert "| nixl | ours | 100 | 400 | 200 | 50% | 900 | 0.50 | 1.0% | 20.0% | 0 |" in md
+    assert "nixl, against ours: blind pulls 4.0x as long, TTFT p50 x1.10" in md
+    assert "sglang, against ours-s: peer pulls 3.0x as long, TTFT p50 x1.50" in md
