@@ -8,7 +8,7 @@ from typing import ClassVar
 
 from pydantic import BaseModel, Field, model_validator
 
-from topology.model import DomainPath
+from topology.model import DomainPath, Tier
 
 
 class NodePlace(BaseModel):
@@ -30,7 +30,7 @@ class NodePlace(BaseModel):
             raise ValueError(f"{self.nvlink_name}, rack, block and zone say where a node "
                              "sits: set node too")
         if self.path is not None and (gaps := self.path.gaps()):
-            *rest, last = [self.nvlink_name if t.name == "NVLINK" else t.name.lower()
+            *rest, last = [self.nvlink_name if t is Tier.NVLINK else t.name.lower()
                            for t in gaps]
             missing = f"{', '.join(rest)} and {last}" if rest else last
             raise ValueError(f"set {missing} too: places are compared from the zone inwards, "

@@ -62,9 +62,10 @@ class SimConfig(NodePlace):
                                                description="prefill mode: the bootstrap port")
     disaggregation_bootstrap_timeout_s: float = Field(
         default=30.0, gt=0, description="how long a room waits for its prefill (wall seconds)")
-    # A KV pull from a prefill server (vLLM's NixlConnector flow) costs what
-    # the shared topology model says for the tier the two nodes share (their
-    # places: node, nvlink_domain, rack, block, zone); without a node, nothing.
+    # A decode server's KV pull from its prefill server (either hand-over)
+    # costs what the shared topology model says for the tier the two nodes
+    # share (their places: node, nvlink_domain, rack, block, zone); without
+    # a node, nothing.
     hardware_profile: str = Field(default="gb200-nvl72",
                                   description="the profile whose tier links price a KV pull")
     kv_bytes_per_token: int = Field(default=327_680, ge=0,
