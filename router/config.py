@@ -167,6 +167,18 @@ class DisaggregationConfig(Section):
                                               "default scorers near-prefill 4, inflight-tokens "
                                               "1, queue 1); the prefill endpoint is picked by "
                                               "profile")
+    min_prefill_tokens: int = Field(
+        default=0, alias="minPrefillTokens", ge=0,
+        description="nixl: split only when at least this many prompt tokens are cached on no "
+                    "prefill endpoint (the approximate prefix index's estimate); less work "
+                    "runs whole on a decode endpoint, sparing the hop and the KV move")
+
+    @model_validator(mode="after")
+    def _threshold_needs_nixl(self) -> DisaggregationConfig:
+        if self.min_prefill_tokens and self.protocol != "nixl":
+            raise ValueError("minPrefillTokens needs protocol: nixl (SGLang's prefill and "
+                             "decode servers serve only split requests); remove it or set 0")
+        return self
 
 
 class ResponsesStoreConfig(Section):

@@ -22,6 +22,7 @@ from router.prefix.kv_index import KVIndex
 from router.scheduling.context import RequestContext
 from router.scheduling.filters import RoleFilter
 from router.scheduling.profile import Decision, Scheduler
+from router.scheduling.scorers import APPROX_BLOCK_BYTES, approx_match
 from router.state import RouterState
 
 RESPONSES_PATH = "/v1/responses"
@@ -63,7 +64,9 @@ class Disaggregation:
     is known (so it can sit next to it)."""
 
     def __init__(self, state: RouterState, cfg: RouterConfig, kv: KVIndex | None) -> None:
+        self.state = state
         self.protocol = cfg.disaggregation.protocol
+        self.min_prefill_tokens = cfg.disaggregation.min_prefill_tokens
         self.bootstrap_port = cfg.disaggregation.bootstrap_port
         self._rng = random.Random()
         self.prefill = Scheduler(state, cfg.profile, kv, "profile",
@@ -74,6 +77,16 @@ class Disaggregation:
     def applies(self, ctx: RequestContext) -> bool:
         """Both stages have somewhere to go."""
         return bool(self.prefill.candidates(ctx)) and bool(self.decode.candidates(ctx))
+
+    def worth_splitting(self, ctx: RequestContext) -> bool:
+        """Enough of the prompt is cached on no prefill endpoint: below
+        ``minPrefillTokens`` the extra hop and the KV move cost more than a
+        decode endpoint's own prefill."""
+        if not self.min_prefill_tokens:
+            return True
+        frac = approx_match(self.state, ctx, self.prefill.candidates(ctx), APPROX_BLOCK_BYTES)
+        uncached = ctx.token_estimate * (1 - max(frac.values(), default=0.0))
+        return uncached >= self.min_prefill_tokens
 
     def pick_decode(self, ctx: RequestContext, prefill: Endpoint | None) -> Decision:
         ctx.prefill = prefill

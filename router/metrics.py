@@ -74,9 +74,10 @@ class RouterMetrics:
                                       registry=r)
         self.disaggregation = Counter(
             "toposerve_router_disaggregation",
-            "Requests split between a prefill and a decode endpoint: split, prefill-failed "
-            "(decoded with a local prefill instead), refused (the prefill endpoint answered "
-            "4xx, passed on).", ["outcome"], registry=r)
+            "Requests for a prefill/decode split: split, whole (too little to prefill, "
+            "minPrefillTokens: run on a decode endpoint), prefill-failed (decoded with a "
+            "local prefill instead), refused (the prefill endpoint answered 4xx, passed on).",
+            ["outcome"], registry=r)
         self.pd_pairs = Counter(
             "toposerve_router_pd_pairs",
             "Split requests by the topology tier between their prefill endpoint and the "

@@ -86,7 +86,12 @@ class Splitter:
 
     async def hand_over(self, c: Call) -> Route | web.Response:
         """NIXL: prefill first; its answer says where the decode endpoint
-        finds the KV. A prompt the prefill refuses comes back as it is."""
+        finds the KV. A prompt the prefill refuses comes back as it is.
+        Too little to prefill: the request runs whole on a decode endpoint."""
+        if not self.pd.worth_splitting(c.ctx):
+            self.metrics.disaggregation.labels("whole").inc()
+            return Route(await self.schedule(c.request, c.ctx, self.pd.decode), c.body,
+                         work(c.ctx))
         ranked = await self.schedule(c.request, c.ctx, self.pd.prefill)
         up = await self.proxy.fetch(ranked, c.path, prefill_body(c.doc, c.path), c.headers,
                                     work(c.ctx))

@@ -13,6 +13,7 @@ from router.scheduling.filters import HealthyFilter, ModelFilter, NotSaturatedFi
 from router.scheduling.pickers import MaxScorePicker
 from router.scheduling.plugins import Filter, Picker, Scorer
 from router.scheduling.scorers import (
+    APPROX_BLOCK_BYTES,
     ApproxPrefixScorer,
     CacheRoomScorer,
     ConversationsScorer,
@@ -40,7 +41,7 @@ class NoParams(_Params):
 
 
 class PrefixParams(_Params):
-    block_bytes: int = Field(default=1024, alias="blockBytes", ge=16)
+    block_bytes: int = Field(default=APPROX_BLOCK_BYTES, alias="blockBytes", ge=16)
 
 
 class RoleParams(_Params):
@@ -50,7 +51,7 @@ class RoleParams(_Params):
 
 class ConversationParams(_Params):
     window_s: float = Field(default=300.0, alias="windowSeconds", gt=0)
-    block_bytes: int = Field(default=1024, alias="blockBytes", ge=16)
+    block_bytes: int = Field(default=APPROX_BLOCK_BYTES, alias="blockBytes", ge=16)
 
 
 class PickerParams(_Params):

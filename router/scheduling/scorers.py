@@ -41,6 +41,10 @@ def match_shares(index: PrefixIndex, ctx: RequestContext, eps: list[Endpoint],
     return frac
 
 
+# block size of the approximate prefix index unless a scorer says otherwise
+APPROX_BLOCK_BYTES = 1024
+
+
 def approx_match(state: RouterState, ctx: RequestContext, eps: list[Endpoint],
                  block_bytes: int) -> dict[Endpoint, float]:
     """Share of the prompt each endpoint probably holds (computed once per
@@ -73,7 +77,7 @@ class ApproxPrefixScorer:
     judged from where earlier prompts were sent. Tokenizer-free."""
 
     state: RouterState
-    block_bytes: int = 1024
+    block_bytes: int = APPROX_BLOCK_BYTES
     name: ClassVar[str] = "prefix-approx"
 
     def score(self, ctx: RequestContext, eps: list[Endpoint]) -> dict[Endpoint, float]:
@@ -95,7 +99,7 @@ class PrefillCostScorer:
     load in one physical quantity; the cheapest endpoint scores 1."""
 
     state: RouterState
-    block_bytes: int = 1024
+    block_bytes: int = APPROX_BLOCK_BYTES
     name: ClassVar[str] = "prefill-cost"
 
     def score(self, ctx: RequestContext, eps: list[Endpoint]) -> dict[Endpoint, float]:
@@ -213,7 +217,7 @@ class ConversationsScorer:
 
     state: RouterState
     window_s: float = 300.0
-    block_bytes: int = 1024
+    block_bytes: int = APPROX_BLOCK_BYTES
     name: ClassVar[str] = "conversations"
     _seen: dict[str, OrderedDict[int, float]] = field(default_factory=dict)
 

@@ -303,3 +303,31 @@ def test_decode_pairs_within_nvlink_domain(procs: Procs) -> None:
         per_byte = 0.01 / (nvlink.bandwidth_gbps * 1e9)
         assert c["vllm:nixl_xfer_time_seconds_sum"] <= (
             c["vllm:nixl_bytes_transferred_sum"] * per_byte + pulls * 0.01 * 1e-3)
+
+
+def test_little_to_prefill_runs_whole_on_decode(procs: Procs) -> None:
+    """With minPrefillTokens, a short prompt skips the split; so does a long
+    one whose prefix a prefill endpoint holds already (what is left to
+    prefill is short), and a decode endpoint prefills it itself."""
+    prefill = [procs.sim(time_scale=0.01)]
+    decode = [procs.sim(time_scale=0.01)]
+    router = pd_router(procs, prefill, decode,
+                       disaggregation={"enabled": True, "minPrefillTokens": 500})
+    decode_names = {s.url[7:] for s in decode}
+
+    def ask(prompt: str) -> httpx.Response:
+        r = httpx.post(router.url + "/v1/completions", timeout=30, json={
+            "model": MODEL, "prompt": prompt, "max_tokens": 3})
+        assert r.status_code == 200, r.text
+        assert r.headers["x-toposerve-endpoint"] in decode_names
+        return r
+
+    assert "x-toposerve-prefill-endpoint" not in ask("a short question").headers
+    document = "A long shared document. " * 400  # about 2,400 tokens
+    assert "x-toposerve-prefill-endpoint" in ask(document + "First question?").headers
+    assert "x-toposerve-prefill-endpoint" not in ask(document + "Second question?").headers
+    metrics = httpx.get(router.url + "/metrics").text
+    assert 'toposerve_router_disaggregation_total{outcome="whole"} 2.0' in metrics
+    assert 'toposerve_router_disaggregation_total{outcome="split"} 1.0' in metrics
+    # the prefill endpoint saw the one split request only
+    assert sim_counters(prefill[0])["vllm:request_success_total"] == 1

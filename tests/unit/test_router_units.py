@@ -171,6 +171,9 @@ def _cfg(tmp_path: Path, doc: dict) -> Path:  # type: ignore[type-arg]
     ({"discovery": {"static": [{"url": "http://a:1", "node": "n", "nvlinkDomain": "d",
                                 "zone": "z"}]}},
      "discovery.static.0: Value error, set block and rack too"),
+    ({"discovery": {"static": [{"url": "http://a:1"}]},
+      "disaggregation": {"protocol": "sglang", "minPrefillTokens": 100}},
+     "disaggregation: Value error, minPrefillTokens needs protocol: nixl"),
 ])
 def test_router_config_errors_name_the_field(tmp_path: Path, doc: dict,  # type: ignore[type-arg]
                                              fragment: str) -> None:
