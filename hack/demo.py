@@ -32,6 +32,7 @@ from localcluster.cluster import (
     running_clusters,
     up,
 )
+from localcluster.nodes import node_labels
 from localcluster.pods import model_pod, wait_running
 from topology.labels import PRESETS, DialectName, from_labels
 
@@ -47,7 +48,8 @@ def run_pods(core: client.CoreV1Api, app: str, pods: dict[str, tuple[str, str | 
     """Create ``pods`` (name -> (role, node or None for kube-scheduler));
     returns name -> (pod IP, node) once each runs."""
     for pod, (role, node) in pods.items():
-        core.create_namespaced_pod("default", model_pod(pod, app, role, node))
+        # the client takes a manifest dict as well as a V1Pod
+        core.create_namespaced_pod("default", model_pod(pod, app, role, node))  # type: ignore[arg-type]
     return wait_running(core, list(pods))
 
 
@@ -87,16 +89,14 @@ def main() -> int:
         print("   routing decisions by reason:\n     " + "\n     ".join(decisions))
 
         say("4. prefill/decode split across two GB200 NVL72 domains")
-        trays = sorted(n.metadata.name for n in core.list_node(
-            label_selector="topology.toposerve.io/profile=gb200-nvl72").items)
+        gb200 = node_labels(core, "topology.toposerve.io/profile=gb200-nvl72")
+        trays = sorted(gb200)
         # one prefill and one decode pod per NVL72 domain, each on its own tray
         pd = run_pods(core, "vllm-pd", {
             "prefill-0": ("prefill", trays[0]), "decode-0": ("decode", trays[1]),
             "prefill-1": ("prefill", trays[18]), "decode-1": ("decode", trays[19])})
-        place = {n.metadata.name: from_labels(n.metadata.name, n.metadata.labels,
-                                              PRESETS[DialectName.TOPOSERVE])
-                 for n in core.list_node(
-                     label_selector="topology.toposerve.io/profile=gb200-nvl72").items}
+        place = {node: from_labels(node, labels, PRESETS[DialectName.TOPOSERVE])
+                 for node, labels in gb200.items()}
         domain = {node: str(p.nvlink) for node, p in place.items()}
         decode_sims = []
         for pod, (ip, node) in sorted(pd.items()):

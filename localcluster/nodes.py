@@ -63,3 +63,12 @@ def node_manifest(node: PlannedNode, profile: HardwareProfile, dialect: Dialect)
                          "osImage": "", "machineID": "", "systemUUID": "", "bootID": ""},
         },
     }
+
+
+def node_labels(core: Any, label_selector: str | None = None) -> dict[str, dict[str, str]]:
+    """Each node's labels by node name, as the API server has them."""
+    out: dict[str, dict[str, str]] = {}
+    for n in core.list_node(label_selector=label_selector).items:
+        assert n.metadata is not None and n.metadata.name is not None
+        out[n.metadata.name] = n.metadata.labels or {}
+    return out

@@ -62,19 +62,16 @@ def _show(args: argparse.Namespace) -> int:
     from kubernetes import client
 
     from localcluster.cluster import ClusterError, api_client
+    from localcluster.nodes import node_labels
 
     try:
-        nodes = client.CoreV1Api(api_client(args.name)).list_node().items
+        labels = node_labels(client.CoreV1Api(api_client(args.name)))
     except ClusterError as err:
         return _fail(str(err))
     dialect = PRESETS[DialectName(args.dialect)]
-    labels: dict[str, dict[str, str]] = {}
-    for n in nodes:
-        assert n.metadata is not None and n.metadata.name is not None
-        labels[n.metadata.name] = n.metadata.labels or {}
     paths = {name: from_labels(name, lab, dialect) for name, lab in labels.items()}
     profiles = {name: lab.get(PROFILE_LABEL, "?") for name, lab in labels.items()}
-    print(f"cluster {args.name}: {len(nodes)} nodes")
+    print(f"cluster {args.name}: {len(labels)} nodes")
     print(render_tree(paths, profiles))
     return 0
 
