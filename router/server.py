@@ -177,8 +177,8 @@ class Router:
         ctx = self._context(request, req.model, prompt_of(req))
         headers = forward_headers(request, request.headers.get("X-Request-Id")
                                   or uuid.uuid4().hex)
-        if self.split is not None and self.split.splits(
-                call := Call(request, path, body, doc, ctx, headers, started)):
+        call = Call(request, path, body, doc, ctx, headers, started)
+        if self.split is not None and self.split.splits(call):
             return await self.split.serve(call)
         ranked = await self._schedule(request, ctx)
         assert self.proxy is not None
