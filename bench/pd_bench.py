@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import statistics
 import sys
 import tempfile
@@ -65,10 +66,12 @@ def fleet(procs: Procs, protocol: str) -> list[Server]:
         for role, n in PER_DOMAIN.items():
             for i in range(n):
                 node = f"{d}-{role}-{i}"
-                flags: dict[str, Any] = {}
+                # prefill chunks stall the decode steps of the same server: the
+                # interference a split removes and an aggregated server pays
+                flags: dict[str, Any] = {"prefill_stalls_decode": True}
                 port = None
                 if protocol == "sglang":
-                    flags = {"dialect": "sglang", "disaggregation_mode": role}
+                    flags.update(dialect="sglang", disaggregation_mode=role)
                     if role == "prefill":
                         port = flags["disaggregation_bootstrap_port"] = free_port()
                 proc = procs.sim(**SIM, num_gpu_blocks=CACHE_BLOCKS["mooncake"], node=node,
@@ -87,9 +90,10 @@ class Contender:
     start: Start
 
 
-def ours(protocol: str, decode_scorers: list[dict[str, Any]] | None = None) -> Contender:
+def ours(protocol: str, decode_scorers: list[dict[str, Any]] | None = None,
+         **pd_extra: Any) -> Contender:
     def start(procs: Procs, servers: list[Server]) -> Proc:
-        pd: dict[str, Any] = {"enabled": True, "protocol": protocol}
+        pd: dict[str, Any] = {"enabled": True, "protocol": protocol, **pd_extra}
         if decode_scorers is not None:
             pd["decode"] = {"scorers": decode_scorers}
         return procs.router({"discovery": {"static": [s.entry() for s in servers]},
@@ -116,6 +120,9 @@ ROUTERS: dict[str, Contender] = {
     # the shipped decode profile: near-prefill 4, inflight-tokens 1, queue 1
     "toposerve": ours("nixl"),
     "toposerve[topology-blind decode: inflight-tokens 1, queue 1]": ours("nixl", BLIND),
+    "toposerve[minPrefillTokens 1024]": ours("nixl", minPrefillTokens=1024),
+    # the same eight servers, no split: each prefills and decodes
+    "toposerve[aggregated]": ours("nixl", enabled=False),
     "vllm-router pd cache_aware": Contender("nixl", peer(
         "vllm-router", "--vllm-pd-disaggregation", "--kv-connector", "nixl",
         "--max-payload-size", str(512 * 2**20))),
@@ -133,7 +140,8 @@ class Row:
     failed: int
     ttft_p50_ms: float
     ttft_p99_ms: float
-    e2e_p50_ms: float  # the decode half's share shows here
+    tpot_p50_ms: float  # time per output token after the first: where prefill stalls show
+    e2e_p50_ms: float
     in_domain: float  # share of KV pulls that stayed inside the prefill's NVLink domain
     pulled_mb_per_request: float
     pull_ms_per_request: float  # wall time, mean over requests
@@ -183,6 +191,9 @@ def run_one(tmp: Path, name: str, reqs: list[Any]) -> Row:
     return Row(protocol=contender.protocol, router=name, requests=len(run.results),
                failed=len(run.results) - len(ok),
                ttft_p50_ms=pct(ttfts, 0.5), ttft_p99_ms=pct(ttfts, 0.99),
+               tpot_p50_ms=pct([1000 * (r.e2e - r.ttft) / (r.completion_tokens - 1)
+                                for r in ok if r.ttft is not None and r.completion_tokens > 1],
+                               0.5),
                e2e_p50_ms=pct([1000 * r.e2e for r in ok], 0.5),
                in_domain=(tiers.get("nvlink", 0.0) + tiers.get("same_node", 0.0)) / pulls
                if pulls else float("nan"),
@@ -193,12 +204,14 @@ def run_one(tmp: Path, name: str, reqs: list[Any]) -> Row:
 
 
 def table(rows: list[Row]) -> str:
-    lines = ["| hand-over | router | TTFT p50 ms | TTFT p99 ms | e2e p50 ms | pulls inside the "
-             "NVLink domain | KV pulled MB/req | KV pull ms/req | pull / mean TTFT | prefill "
-             "hit rate | failed |", "|---|---|" + "---:|" * 9]
+    lines = ["| hand-over | router | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | e2e p50 ms | "
+             "pulls inside the NVLink domain | KV pulled MB/req | KV pull ms/req | pull / mean "
+             "TTFT | prefill hit rate | failed |", "|---|---|" + "---:|" * 10]
     for r in rows:
         lines.append(f"| {r.protocol} | {r.router} | {r.ttft_p50_ms:.0f} | {r.ttft_p99_ms:.0f} | "
-                     f"{r.e2e_p50_ms:.0f} | {r.in_domain:.0%} | {r.pulled_mb_per_request:.0f} | "
+                     f"{r.tpot_p50_ms:.1f} | {r.e2e_p50_ms:.0f} | "
+                     f"{'-' if math.isnan(r.in_domain) else format(r.in_domain, '.0%')} | "
+                     f"{r.pulled_mb_per_request:.0f} | "
                      f"{r.pull_ms_per_request:.2f} | {r.pull_share_of_ttft:.1%} | "
                      f"{r.prefill_hit_rate:.1%} | {r.failed} |")
     # each router against the first of its hand-over (ours as shipped)

@@ -26,6 +26,7 @@ class Result:
     prompt: bytes
     text: str = ""
     started: float = 0.0
+    completion_tokens: int = 0  # from the stream's usage chunk
 
 
 @dataclass
@@ -56,6 +57,8 @@ async def _stream(session: aiohttp.ClientSession, url: str, path: str, body: dic
                 chunk = orjson.loads(line[6:])
                 if "error" in chunk:
                     return _done(r0, 599)
+                if usage := chunk.get("usage"):
+                    r0.completion_tokens = int(usage.get("completion_tokens") or 0)
                 for ch in chunk.get("choices", []):
                     piece = ch.get("text") or (ch.get("delta") or {}).get("content") or ""
                     if piece:

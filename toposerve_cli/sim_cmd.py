@@ -50,6 +50,9 @@ def register(sub: Any) -> None:
             p.add_argument(flag, dest=name, type=int, help=help_)
         elif kind is float:
             p.add_argument(flag, dest=name, type=float, help=help_)
+        elif kind is bool:
+            p.add_argument(flag, dest=name, choices=["true", "false"], type=str.lower,
+                           help=help_)
         else:
             p.add_argument(flag, dest=name, help=help_)
     p.add_argument("--served-model-name", action="append",

@@ -47,6 +47,9 @@ class SimConfig(NodePlace):
                                            description="extra decode time per running sequence")
     max_num_seqs: int = Field(default=256, gt=0)
     max_num_batched_tokens: int = Field(default=8192, gt=0, description="prefill chunk size")
+    prefill_stalls_decode: bool = Field(
+        default=False, description="decode steps wait while a prefill chunk runs (the "
+                                   "interference a prefill/decode split removes)")
     time_scale: float = Field(default=1.0, gt=0, description="wall seconds per model second")
     # KV cache
     block_size: int = Field(default=16, gt=0)

@@ -5,7 +5,8 @@ queueing + overhead + uncached prompt tokens x prefill time per token.
 Sequences beyond ``max_num_seqs`` wait; prefills run one chunk of at most
 ``max_num_batched_tokens`` at a time, so long uncached prompts delay those
 behind them as on a real engine. Decode costs a per-token time that grows
-with the number of running sequences. Model time is multiplied by
+with the number of running sequences, and with ``prefill_stalls_decode``
+a decode step waits while a prefill chunk runs. Model time is multiplied by
 ``time_scale`` so benchmarks run fast.
 """
 
@@ -59,6 +60,11 @@ class Engine:
         # common prefix as paged attention shares them: hash -> users
         self._shared: dict[int, int] = {}
         self._prefill = asyncio.Lock()  # FIFO: asyncio locks wake waiters in order
+        # set while no prefill chunk runs: with prefill_stalls_decode, decode
+        # steps wait for it, as running sequences wait on a GPU busy with a
+        # chunk (what a prefill/decode split spares its decode servers)
+        self._no_chunk = asyncio.Event()
+        self._no_chunk.set()
         # called after each prefill stores blocks, so KV events go out per step
         self.after_store: Callable[[], Awaitable[None]] | None = None
 
@@ -84,7 +90,11 @@ class Engine:
             # prefill's chunks before it admits the requests waiting behind it
             while remaining > 0:
                 chunk = min(remaining, self.cfg.max_num_batched_tokens)
-                await self._sleep(chunk * self.cfg.prefill_s_per_token)
+                self._no_chunk.clear()
+                try:
+                    await self._sleep(chunk * self.cfg.prefill_s_per_token)
+                finally:
+                    self._no_chunk.set()
                 remaining -= chunk
             self.cache.store(hashes, job.tokens)
             if self.after_store is not None:
@@ -135,6 +145,8 @@ class Engine:
                     1 + self.cfg.decode_slowdown_per_seq * self.stats.running)
                 n = max(1, min(job.max_tokens - produced,
                                int(step_floor / per_token) if per_token else job.max_tokens))
+                if self.cfg.prefill_stalls_decode:
+                    await self._no_chunk.wait()
                 await self._sleep(per_token * n)
                 produced += n
                 yield n

@@ -331,3 +331,36 @@ def test_little_to_prefill_runs_whole_on_decode(procs: Procs) -> None:
     assert 'toposerve_router_disaggregation_total{outcome="split"} 1.0' in metrics
     # the prefill endpoint saw the one split request only
     assert sim_counters(prefill[0])["vllm:request_success_total"] == 1
+
+
+def test_prefill_chunks_stall_decode_when_asked(procs: Procs) -> None:
+    """With --prefill-stalls-decode a sequence's decode waits while another
+    request's prefill chunks run on the same server; without it, it does not."""
+    import asyncio
+    import time
+
+    async def decode_time(sim: Proc) -> float:
+        async with httpx.AsyncClient(timeout=30) as c:
+            async def decode() -> float:
+                t0 = time.monotonic()
+                r = await c.post(sim.url + "/v1/completions", json={
+                    "model": MODEL, "prompt": "go", "max_tokens": 21})
+                assert r.status_code == 200, r.text
+                return time.monotonic() - t0
+
+            async def prefill() -> None:
+                await asyncio.sleep(0.05)  # once the first request decodes
+                r = await c.post(sim.url + "/v1/completions", json={
+                    "model": MODEL, "prompt": "x" * 4 * 8000, "max_tokens": 1})
+                assert r.status_code == 200, r.text
+
+            took, _ = await asyncio.gather(decode(), prefill())
+            return took
+
+    # 20 decode steps of 20 ms, against one 8,000-token prefill of 0.4 s
+    flags = {"time_scale": 1.0, "decode_s_per_token": 0.02, "decode_slowdown_per_seq": 0.0,
+             "prefill_s_per_token": 0.00005, "overhead_s": 0.0}
+    free = asyncio.run(decode_time(procs.sim(**flags)))
+    stalled = asyncio.run(decode_time(procs.sim(**flags, prefill_stalls_decode=True)))
+    assert free < 0.55  # 0.4 s of decode, not held up
+    assert stalled > free + 0.25  # held up by most of the 0.4 s prefill

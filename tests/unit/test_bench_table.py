@@ -35,12 +35,13 @@ def test_pd_table_compares_within_a_hand_over() -> None:
 
     def row(protocol: str, name: str, pull_ms: float, p50: float) -> PDRow:
         return PDRow(protocol=protocol, router=name, requests=10, failed=0, ttft_p50_ms=p50,
-                     ttft_p99_ms=4 * p50, e2e_p50_ms=2 * p50, in_domain=0.5,
+                     ttft_p99_ms=4 * p50, tpot_p50_ms=20.0, e2e_p50_ms=2 * p50,
+                     in_domain=0.5,
                      pulled_mb_per_request=900, pull_ms_per_request=pull_ms,
                      pull_share_of_ttft=0.01, prefill_hit_rate=0.2)
 
     md = pd_table([row("nixl", "ours", 0.5, 100), row("nixl", "blind", 2.0, 110),
                    row("sglang", "ours-s", 1.0, 100), row("sglang", "peer", 3.0, 150)])
-    assert "| nixl | ours | 100 | 400 | 200 | 50% | 900 | 0.50 | 1.0% | 20.0% | 0 |" in md
+    assert "| nixl | ours | 100 | 400 | 20.0 | 200 | 50% | 900 | 0.50 | 1.0% | 20.0% | 0 |" in md
     assert "nixl, against ours: blind pulls 4.0x as long, TTFT p50 x1.10" in md
     assert "sglang, against ours-s: peer pulls 3.0x as long, TTFT p50 x1.50" in md
