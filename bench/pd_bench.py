@@ -224,24 +224,28 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def short(name: str) -> str:
+    """A plot label: a variant by what it changes ("topology-blind decode")."""
+    return name.split("[", 1)[1].split(":")[0].rstrip("]") if "[" in name else name
+
+
 def plot(rows: list[Row], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4.4))
+    fig, axes = plt.subplots(1, 4, figsize=(18, 5))
     metrics = [("in_domain", "KV pulls inside the NVLink domain"),
                ("pull_ms_per_request", "KV pull ms per request (wall)"),
-               ("ttft_p50_ms", "TTFT p50 (ms)")]
+               ("ttft_p50_ms", "TTFT p50 (ms)"), ("tpot_p50_ms", "TPOT p50 (ms)")]
     for ax, (field, label) in zip(axes, metrics, strict=True):
         ax.bar(range(len(rows)), [getattr(r, field) for r in rows],
                color=[f"C{i}" for i in range(len(rows))])
-        ax.set_xticks(range(len(rows)), [r.router.split("[")[0] + ("*" if "[" in r.router
-                                                                   else "") for r in rows],
-                      fontsize=8)
+        ax.set_xticks(range(len(rows)), [f"{short(r.router)} ({r.protocol})" for r in rows],
+                      fontsize=7, rotation=35, ha="right")
         ax.set_title(label)
-    fig.suptitle("prefill/decode across two GB200 NVL72 domains (* topology-blind decode)")
+    fig.suptitle("prefill/decode across two GB200 NVL72 domains, same simulators and requests")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
