@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from router.sim.config import SimConfig
 from router.sim.kvcache import BlockCache, block_hashes
 from topology.distance import transfer_seconds
-from topology.model import Tier, TierLink
+from topology.model import Tier
 
 
 @dataclass
@@ -41,8 +41,7 @@ class Job:
     tokens: list[int]
     max_tokens: int
     skip_prefill: bool = False  # KV arrives from a remote prefill
-    pull_link: TierLink | None = None  # the link it arrives over (None: free)
-    pull_tier: Tier | None = None
+    pull_tier: Tier | None = None  # the tier it arrives over (None: free)
     pull_s: float = 0.0  # model seconds the pull took
     pull_bytes: int = 0
     bootstrap_room: int | None = None  # SGLang prefill mode: the room whose KV this makes
@@ -56,6 +55,7 @@ class Engine:
         self.cache = cache
         self.stats = Stats()
         self._slots = asyncio.Semaphore(cfg.max_num_seqs)
+        self._links = cfg.links  # what a KV pull costs, per tier
         # prompt blocks of running sequences, shared between sequences with a
         # common prefix as paged attention shares them: hash -> users
         self._shared: dict[int, int] = {}
@@ -105,13 +105,13 @@ class Engine:
         """Fetch a remote prefill's KV, but only the blocks this server does
         not hold already (as vLLM's NixlConnector does). Waiting for it holds
         no batch slot."""
-        if job.pull_link is None:
+        if job.pull_tier is None:
             return
         held = self.cache.cached_prefix(block_hashes(job.tokens, self.cfg.block_size))
         missing = max(0, len(job.tokens) - held * self.cfg.block_size)
         job.pull_bytes = missing * self.cfg.kv_bytes_per_token
         if job.pull_bytes:
-            job.pull_s = transfer_seconds(job.pull_bytes, job.pull_link)
+            job.pull_s = transfer_seconds(job.pull_bytes, self._links[job.pull_tier])
             await self._sleep(job.pull_s)
 
     async def generate(self, job: Job) -> AsyncIterator[int]:

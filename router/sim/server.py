@@ -142,7 +142,6 @@ class SimServer:
         place = self.cfg.path
         if skip_prefill and source is not None and place is not None and source != place:
             job.pull_tier = node_tier(source, place)
-            job.pull_link = self.cfg.links[job.pull_tier]
         return job
 
     def _kv_params(self, body: dict[str, Any]) -> tuple[bool, bool, DomainPath | None]:
