@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -59,9 +60,11 @@ def no_prefill(ctx: RequestContext, decode: list[Endpoint]) -> Work:
     return Work(ctx.token_estimate, dict.fromkeys((e.url for e in decode), 0))
 
 
-def forward_headers(request: web.Request, request_id: str) -> dict[str, str]:
+def forward_headers(request: web.Request) -> dict[str, str]:
+    """The client's headers for the upstream, with the client's X-Request-Id
+    or a new one (every upstream call of the request carries the same)."""
     out = {k: v for k, v in request.headers.items() if k.lower() not in _DROP}
-    out["X-Request-Id"] = request_id
+    out["X-Request-Id"] = request.headers.get("X-Request-Id") or uuid.uuid4().hex
     return out
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -175,8 +174,7 @@ class Router:
         body, doc, req = await self._json(request, model)
         self._check_model(req.model)
         ctx = self._context(request, req.model, prompt_of(req))
-        headers = forward_headers(request, request.headers.get("X-Request-Id")
-                                  or uuid.uuid4().hex)
+        headers = forward_headers(request)
         call = Call(request, path, body, doc, ctx, headers, started)
         if self.split is not None and self.split.splits(call):
             return await self.split.serve(call)
@@ -217,9 +215,8 @@ class Router:
         ctx = self._context(request, req.model, chat_prompt(msgs))
         ctx.affinity_url = affinity
         body = orjson.dumps(upstream_doc)
-        call = Call(request, RESPONSES_PATH, body, upstream_doc, ctx,
-                    forward_headers(request, request.headers.get("X-Request-Id")
-                                    or uuid.uuid4().hex), started)
+        call = Call(request, RESPONSES_PATH, body, upstream_doc, ctx, forward_headers(request),
+                    started)
         if self.split is not None and self.split.splits(call):
             route = await self.split.hand_over(call)
             if isinstance(route, web.Response):
