@@ -35,7 +35,15 @@ from bench import report
 from bench.procs import Proc, Procs, free_port
 from bench.replay import replay_trace
 from bench.report import medians, pct
-from bench.router_bench import CACHE_BLOCKS, MOONCAKE, PEERS, REPO, SIM, sim_counters
+from bench.router_bench import (
+    CACHE_BLOCKS,
+    MOONCAKE,
+    PEERS,
+    REPO,
+    SIM,
+    launch_peer,
+    sim_counters,
+)
 from bench.workloads import mooncake
 from router.sim.metrics import NAMES
 
@@ -104,14 +112,11 @@ def ours(protocol: str, decode_scorers: list[dict[str, Any]] | None = None,
 def peer(binary: str, *args: str) -> Start:
     """A Rust router in its P/D mode, with its cache_aware policy."""
     def start(procs: Procs, servers: list[Server]) -> Proc:
-        port, prom = free_port(), free_port()
-        argv = [str(PEERS / binary), *args, "--policy", "cache_aware", "--host", "127.0.0.1",
-                "--port", str(port), "--prometheus-host", "127.0.0.1", "--prometheus-port",
-                str(prom)]
+        argv = [*args, "--policy", "cache_aware"]
         for s in servers:
             argv += [f"--{s.role}", s.proc.url]
             argv += [str(s.bootstrap_port)] if s.bootstrap_port else []
-        return procs.command(argv, binary, f"http://127.0.0.1:{port}", ("/health",))
+        return launch_peer(procs, binary, argv)
     return start
 
 

@@ -50,14 +50,21 @@ CACHE_BLOCKS = {"agentic": 6250, "mooncake": 40000}
 N_SIMS = 4
 
 
+def launch_peer(procs: Procs, binary: str, args: list[str],
+                ready_paths: tuple[str, ...] = ("/health",)) -> Proc:
+    """A Rust router from ``.venv-peers``, serving and exporting its metrics
+    on loopback ports of its own."""
+    port, prom = free_port(), free_port()
+    argv = [str(PEERS / binary), *args, "--host", "127.0.0.1", "--port", str(port),
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prom)]
+    return procs.command(argv, binary, f"http://127.0.0.1:{port}", ready_paths)
+
+
 def peer(binary: str, *args: str) -> Callable[[Procs, list[str]], Proc]:
     def start(procs: Procs, urls: list[str]) -> Proc:
-        port, prom = free_port(), free_port()
-        argv = [str(PEERS / binary), *args, "--host", "127.0.0.1", "--port", str(port),
-                "--worker-urls", *urls, "--prometheus-host", "127.0.0.1",
-                "--prometheus-port", str(prom), "--max-payload-size", str(512 * 2**20)]
-        return procs.command(argv, binary, f"http://127.0.0.1:{port}",
-                             ("/health", "/v1/models"))
+        return launch_peer(procs, binary, [*args, "--worker-urls", *urls,
+                                           "--max-payload-size", str(512 * 2**20)],
+                           ("/health", "/v1/models"))
     return start
 
 
