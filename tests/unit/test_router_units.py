@@ -10,6 +10,7 @@ import pytest
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
 
 from router.config import load_router_config
 from router.prefix.hashing import byte_block_hashes, token_block_hashes
@@ -24,7 +25,7 @@ from router.prefix.kv_events import (
 from router.prefix.kv_index import KVIndex
 from router.prompt import chat_prompt
 from router.scheduling.scoring import decisive, lower_is_better, weighted_total
-from router.scrape import parse_load
+from router.scrape import KV_USAGE, RUNNING, WAITING, parse_load
 from router.sim.kv_events import EventEncoding, encode_cleared, encode_removed, encode_stored
 from router.sim.kvcache import BlockCache, Stored, block_hashes
 from router.tokens import ByteTokenizer
@@ -145,6 +146,50 @@ def test_parse_load_vllm_and_sglang() -> None:
     sg = 'sglang:num_queue_reqs{model_name="m"} 4\nsglang:token_usage{model_name="m"} 0.25\n'
     load, bs, nb = parse_load(sg)
     assert (load.waiting, load.kv_usage, bs) == (4, 0.25, None)
+
+
+_LABEL_VALUE = st.text(alphabet='ab }{,=" \\\n', max_size=8)
+_SERIES = [*sorted(WAITING | RUNNING | KV_USAGE), "vllm:num_requests_waiting_by_reason",
+           "vllm:kv_cache_usage_perc_total"]
+
+
+@st.composite
+def _exposition(draw: st.DrawFn) -> str:
+    """Exposition text mixing the load series with look-alikes: longer names,
+    comments that mention them, and label values holding braces, spaces,
+    escaped quotes and newlines."""
+    lines = []
+    for name in draw(st.lists(st.sampled_from(_SERIES), max_size=8)):
+        labels = draw(st.dictionaries(st.sampled_from(["engine", "model_name", "x"]),
+                                      _LABEL_VALUE, max_size=2))
+        esc = {k: v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+               for k, v in labels.items()}
+        body = "{" + ",".join(f'{k}="{v}"' for k, v in esc.items()) + "}" if esc else ""
+        value = draw(st.floats(allow_nan=False, allow_infinity=False, width=32))
+        stamp = draw(st.sampled_from(["", " 1700000000000"]))
+        if draw(st.booleans()):
+            lines.append(f"# HELP {name} mentions {name} 9")
+        lines.append(f"{name}{body} {value!r}{stamp}")
+    return "\n".join(lines) + "\n"
+
+
+@given(_exposition())
+def test_parse_load_agrees_with_the_exposition_parser(text: str) -> None:
+    waiting = running = 0.0
+    usage = []
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            waiting += s.value if s.name in WAITING else 0.0
+            running += s.value if s.name in RUNNING else 0.0
+            usage += [s.value] if s.name in KV_USAGE else []
+    load, _, _ = parse_load(text, cache_info=False)
+    assert (load.waiting, load.running) == pytest.approx((waiting, running))
+    assert load.kv_usage == (max(usage) if usage else 0.0)
+
+
+def test_parse_load_refuses_a_sample_without_value() -> None:
+    with pytest.raises(ValueError, match="without a value"):
+        parse_load('vllm:num_requests_waiting{engine="0"}\n')
 
 
 def _cfg(tmp_path: Path, doc: dict) -> Path:  # type: ignore[type-arg]
