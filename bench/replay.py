@@ -179,28 +179,34 @@ async def replay_trace(url: str, reqs: list[TraceRequest], time_scale: float,
     return run
 
 
-async def direct_latency(url: str, n: int) -> list[float]:
-    """Sequential tiny non-streamed requests: the floor a router adds to."""
+async def direct_latency(url: str, n: int, stream: bool = False) -> list[float]:
+    """Sequential tiny requests on one kept-alive connection, as an SDK client
+    in a loop sends them: the floor a router adds to. Non-streamed, the time
+    to the whole answer; streamed, to the first token (of four, so the answer
+    arrives in several writes, as a real stream does)."""
     out = []
     async with aiohttp.ClientSession() as session:
         for i in range(n):
+            body = {"model": MODEL, "prompt": f"ping {i}", "max_tokens": 4 if stream else 1,
+                    "stream": stream}
             t0 = time.monotonic()
-            async with _post(session, url + "/v1/completions", orjson.dumps(
-                    {"model": MODEL, "prompt": f"ping {i}", "max_tokens": 1})) as r:
-                await r.read()
-            out.append(time.monotonic() - t0)
+            first = None
+            async with _post(session, url + "/v1/completions", orjson.dumps(body)) as r:
+                async for _ in r.content.iter_any():
+                    first = first or time.monotonic() - t0
+            out.append(first if stream and first is not None else time.monotonic() - t0)
     return out
 
 
-def added_latency(direct_url: str, urls: dict[str, str], n: int, rounds: int = 3
-                  ) -> dict[str, float]:
+def added_latency(direct_url: str, urls: dict[str, str], n: int, rounds: int = 3,
+                  stream: bool = False) -> dict[str, float]:
     """Seconds each of ``urls`` adds to a direct call to ``direct_url`` (the
     median of per-round p50s). The rounds interleave (direct, each URL,
     again), so the machine's noise falls on all of them alike."""
     p50s: dict[str, list[float]] = {k: [] for k in ["", *urls]}
     for _ in range(rounds):
         for name, url in [("", direct_url), *urls.items()]:
-            p50s[name].append(statistics.median(asyncio.run(direct_latency(url, n))))
+            p50s[name].append(statistics.median(asyncio.run(direct_latency(url, n, stream))))
     direct = statistics.median(p50s.pop(""))
     return {name: statistics.median(v) - direct for name, v in p50s.items()}
 

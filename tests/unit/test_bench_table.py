@@ -19,8 +19,10 @@ def test_medians_per_router() -> None:
     assert rows["a"].ttft_p50_ms == 20 and rows["a"].ttft_p99_ms == 200
     assert rows["a"].failed == 1 and rows["a"].requests == 30
     assert rows["b"].ttft_p50_ms == 50 and rows["b"].failed == 1
-    md = table(list(rows.values()), {"a": {"added_p50_ms": 1.5, "big_prompt_cpu_ms": 4.2}})
-    assert "| agentic | a | 50.0% | 90.0% | 20 | 200 | 2.0 |" in md and "| 4.2 |" in md
+    md = table(list(rows.values()), {"a": {"added_p50_ms": 1.5, "added_ttft_p50_ms": 0.7,
+                                           "big_prompt_cpu_ms": 4.2}})
+    assert "| agentic | a | 50.0% | 90.0% | 20 | 200 | 2.0 |" in md
+    assert "| 1.50 | 0.70 | 4.2 | 1 |" in md
 
 
 def test_floor_table_against_round_robin() -> None:
