@@ -5,11 +5,13 @@ client's mistakes, retries before the first byte, and an SSE error event
 from __future__ import annotations
 
 import socket
+import time
 
 import httpx
 import openai
 import orjson
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.procs import MODEL, Procs
 
@@ -139,3 +141,29 @@ def test_truncated_body_and_slow_client(procs: Procs) -> None:
             assert httpx.post(router.url + "/v1/chat/completions",
                               json=CHAT).status_code == 200
         assert slow.recv(4096).startswith(b"HTTP/1.1 200")
+
+
+def _gauge(url: str, name: str) -> float:
+    return sum(s.value for fam in text_string_to_metric_families(httpx.get(url + "/metrics").text)
+               for s in fam.samples if s.name == name)
+
+
+def test_client_hangup_frees_the_upstream(procs: Procs) -> None:
+    """A client that hangs up mid-stream must not leave its generation
+    running upstream (vLLM aborts a request whose connection closes), nor
+    its tokens counted against the endpoint."""
+    sim = procs.sim()
+    router = procs.router(endpoints=[sim.url])
+    # about 100 s of decoding if nobody stops it
+    body = {**CHAT, "stream": True, "max_tokens": 100_000}
+    with httpx.stream("POST", router.url + "/v1/chat/completions", json=body) as r:
+        lines = r.iter_lines()
+        assert [next(lines) for _ in range(3)]
+        assert _gauge(sim.url, "vllm:num_requests_running") == 1
+        assert _gauge(router.url, "toposerve_router_endpoint_inflight") == 1
+    deadline = time.monotonic() + 10
+    while (_gauge(sim.url, "vllm:num_requests_running")
+           or _gauge(router.url, "toposerve_router_endpoint_inflight")):
+        assert time.monotonic() < deadline, "the upstream kept generating after the hang-up"
+        time.sleep(0.1)
+    assert httpx.post(router.url + "/v1/chat/completions", json=CHAT).status_code == 200
