@@ -31,8 +31,9 @@ class ServerConfig(Section):
     max_attempts: int = Field(default=3, alias="maxAttempts", ge=1,
                               description="endpoints tried before the first byte is sent")
     drain_timeout_s: float = Field(default=30.0, alias="drainTimeoutSeconds", gt=0,
-                                   description="how long in-flight requests of a removed "
-                                               "endpoint may take to finish")
+                                   description="how long in-flight requests may take to "
+                                               "finish when their endpoint is removed or the "
+                                               "router stops (SIGTERM)")
 
 
 class StaticEndpoint(Section, NodePlace):

@@ -62,7 +62,8 @@ class RouterMetrics:
                                "Upstream attempts that failed before the first byte.",
                                registry=r)
         self.midstream = Counter("toposerve_router_midstream_failures",
-                                 "Streams that broke after the first byte.", registry=r)
+                                 "Answers whose upstream broke after it began answering.",
+                                 registry=r)
         self.scheduling = Histogram("toposerve_router_scheduling_seconds",
                                     "Time to pick an endpoint (parse, hash, score).",
                                     buckets=(0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025,

@@ -83,28 +83,67 @@ class Proxy:
         self.session, self.metrics = session, metrics
         self.max_attempts, self.timeout = max_attempts, timeout
         self.on_done = on_done  # an endpoint may have room again
+        self._asking: set[asyncio.Task[object]] = set()  # waiting for an upstream's headers
+        self._answering: set[aiohttp.ClientResponse] = set()
+        self.cut_reason: str | None = None
+
+    def cut(self, reason: str) -> None:
+        """End every request still in flight (the router is stopping): each
+        tells its client ``reason``, a stream in an SSE error event, and its
+        upstream connection is closed, which aborts the generation there."""
+        self.cut_reason = reason
+        for task in list(self._asking):
+            task.cancel()
+        for resp in list(self._answering):
+            resp.close()
+
+    def refusal(self, why: str) -> web.Response:
+        """The answer when no endpoint answered: ``why`` is the last failure."""
+        if self.cut_reason is not None:
+            return error_response(503, self.cut_reason)
+        return error_response(502, f"no endpoint could take the request ({why})")
+
+    def _broke(self, ep: Endpoint, err: Exception) -> tuple[int, str]:
+        if self.cut_reason is not None:
+            return 503, self.cut_reason
+        self.metrics.midstream.inc()
+        return 502, f"upstream {ep.name} broke while answering ({type(err).__name__})"
 
     async def _open(self, ranked: list[Endpoint], path: str, body: bytes,
                     headers: dict[str, str], work: Work
                     ) -> tuple[Endpoint, aiohttp.ClientResponse] | tuple[None, str]:
         last_error = "no endpoint"
+        task = asyncio.current_task()
+        assert task is not None
         for ep in ranked[:self.max_attempts]:
+            if self.cut_reason is not None:
+                return None, self.cut_reason
             prefill = work.prefill(ep)
             ep.begin(work.tokens, prefill)
+            self._asking.add(task)
             try:
                 resp = await self.session.post(ep.url + path, data=body, headers=headers,
                                                timeout=self.timeout)
+            except asyncio.CancelledError:
+                ep.end(work.tokens, prefill)
+                if self.cut_reason is None:
+                    raise
+                task.uncancel()  # our own cancel, answered below
+                return None, self.cut_reason
             except (aiohttp.ClientError, TimeoutError) as err:
                 ep.end(work.tokens, prefill)
                 last_error = f"{ep.name}: {type(err).__name__}"
                 self.metrics.retries.inc()
                 continue
+            finally:
+                self._asking.discard(task)
             if resp.status in _RETRY_STATUSES:
                 resp.release()
                 ep.end(work.tokens, prefill)
                 last_error = f"{ep.name}: HTTP {resp.status}"
                 self.metrics.retries.inc()
                 continue
+            self._answering.add(resp)
             return ep, resp
         return None, last_error
 
@@ -119,8 +158,9 @@ class Proxy:
         try:
             data = await resp.read()
         except (aiohttp.ClientError, TimeoutError) as err:
-            return f"{ep.name}: broke while answering ({type(err).__name__})"
+            return self._broke(ep, err)[1]
         finally:
+            self._answering.discard(resp)
             resp.release()
             ep.end(work.tokens, work.prefill(ep))
             self.on_done()
@@ -133,7 +173,7 @@ class Proxy:
                     ) -> web.StreamResponse:
         ep, resp_or_err = await self._open(ranked, path, body, headers, work)
         if ep is None:
-            return error_response(502, f"no endpoint could take the request ({resp_or_err})")
+            return self.refusal(str(resp_or_err))
         assert isinstance(resp_or_err, aiohttp.ClientResponse)
         resp = resp_or_err
         out_headers = {"X-Request-Id": headers["X-Request-Id"], "X-Toposerve-Endpoint": ep.name,
@@ -145,9 +185,7 @@ class Proxy:
                 try:
                     data = await resp.read()
                 except (aiohttp.ClientError, TimeoutError) as err:
-                    self.metrics.midstream.inc()
-                    return error_response(502, f"{ep.name} broke while answering "
-                                               f"({type(err).__name__})")
+                    return error_response(*self._broke(ep, err))
                 self.metrics.ttfb.labels(path).observe(time.monotonic() - started)
                 ep.first_byte(prefill_pending)
                 prefill_pending = 0
@@ -172,14 +210,16 @@ class Proxy:
                     await out.write(rest)
             except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError,
                     TimeoutError) as err:
-                self.metrics.midstream.inc()
-                log.warning("stream broke", endpoint=ep.name, error=type(err).__name__)
-                await out.write(sse_error(502, f"upstream {ep.name} failed mid-stream"))
+                status, why = self._broke(ep, err)
+                log.warning("stream broke", endpoint=ep.name, error=type(err).__name__,
+                            reason=why)
+                await out.write(sse_error(status, why))
             await out.write_eof()
             return out
         except (ConnectionResetError, asyncio.CancelledError):
             raise  # the client went away; the finally below frees the upstream
         finally:
+            self._answering.discard(resp)
             resp.release()
             ep.end(work.tokens, prefill_pending)
             self.on_done()

@@ -38,6 +38,7 @@ from router.tokens import load_tokenizer
 
 log = structlog.get_logger("router")
 SESSION_HEADERS = ("x-session-id", "x-llm-d-session-id")
+DRAIN_GRACE_S = 1.0
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -97,6 +98,18 @@ class Router:
             scrape_loop(self.session, self.state.pool, sc.interval_s, sc.timeout_s,
                         sc.health_interval_s)))
         self._tasks.append(asyncio.create_task(self.admission.run(sc.interval_s)))
+
+    async def draining(self, app: web.Application) -> None:
+        """On SIGTERM the listener is closed; in-flight requests get
+        server.drainTimeoutSeconds to finish, then end with an error saying
+        why (aiohttp waits DRAIN_GRACE_S longer, for those last writes)."""
+        drain = self.cfg.server.drain_timeout_s
+        log.info("stopping: in-flight requests finish first",
+                 inflight=sum(ep.inflight for ep in self.state.pool), timeout_s=drain)
+        assert self.proxy is not None
+        asyncio.get_running_loop().call_later(
+            drain, self.proxy.cut, "the router stopped before the answer was complete "
+                                   "(server.drainTimeoutSeconds)")
 
     async def stop(self, app: web.Application) -> None:
         if self.watcher:
@@ -239,7 +252,7 @@ class Router:
         up = await self.proxy.fetch(route.ranked, RESPONSES_PATH, route.body, call.headers,
                                     route.work)
         if not isinstance(up, Upstream):
-            return error_response(502, f"no endpoint could take the request ({up})")
+            return self.proxy.refusal(up)
         if up.status != 200:
             return web.Response(status=up.status, body=up.body, content_type=None,
                                 headers={"Content-Type": up.content_type})
@@ -303,6 +316,7 @@ def build_app(cfg: RouterConfig) -> web.Application:
     app.router.add_get("/ready", router.ready)
     app.router.add_get("/metrics", router.metrics_endpoint)
     app.on_startup.append(router.start)
+    app.on_shutdown.append(router.draining)
     app.on_cleanup.append(router.stop)
     return app
 
@@ -312,4 +326,5 @@ def serve(cfg: RouterConfig) -> None:
 
     uvloop.install()
     web.run_app(build_app(cfg), host=cfg.server.host, port=cfg.server.port, access_log=None,
-                print=lambda *_: None)
+                print=lambda *_: None,
+                shutdown_timeout=cfg.server.drain_timeout_s + DRAIN_GRACE_S)

@@ -482,5 +482,7 @@ def serve(cfg: SimConfig) -> None:
     import uvloop
 
     uvloop.install()
+    # handler_cancellation: a client that disconnects aborts its request,
+    # streamed or not, as vLLM's with_cancellation handlers do
     web.run_app(build_app(cfg), host=cfg.host, port=cfg.port, access_log=None,
-                print=lambda *_: None)
+                print=lambda *_: None, handler_cancellation=True)
