@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import psutil
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 MODEL = "toposerve/sim-model"
 
@@ -44,6 +45,12 @@ class Proc:
                 t = p.cpu_times()
                 total += t.user + t.system
         return total
+
+    def metric(self, name: str) -> float:
+        """The sum of the samples named ``name`` on its /metrics now."""
+        text = httpx.get(self.url + "/metrics").text
+        return sum(s.value for fam in text_string_to_metric_families(text)
+                   for s in fam.samples if s.name == name)
 
     def kill(self) -> None:
         if self.popen.poll() is None:

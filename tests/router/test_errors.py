@@ -11,7 +11,6 @@ import httpx
 import openai
 import orjson
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from bench.procs import MODEL, Procs
 
@@ -143,11 +142,6 @@ def test_truncated_body_and_slow_client(procs: Procs) -> None:
         assert slow.recv(4096).startswith(b"HTTP/1.1 200")
 
 
-def _gauge(url: str, name: str) -> float:
-    return sum(s.value for fam in text_string_to_metric_families(httpx.get(url + "/metrics").text)
-               for s in fam.samples if s.name == name)
-
-
 def test_client_hangup_frees_the_upstream(procs: Procs) -> None:
     """A client that hangs up mid-stream must not leave its generation
     running upstream (vLLM aborts a request whose connection closes), nor
@@ -159,11 +153,11 @@ def test_client_hangup_frees_the_upstream(procs: Procs) -> None:
     with httpx.stream("POST", router.url + "/v1/chat/completions", json=body) as r:
         lines = r.iter_lines()
         assert [next(lines) for _ in range(3)]
-        assert _gauge(sim.url, "vllm:num_requests_running") == 1
-        assert _gauge(router.url, "toposerve_router_endpoint_inflight") == 1
+        assert sim.metric("vllm:num_requests_running") == 1
+        assert router.metric("toposerve_router_endpoint_inflight") == 1
     deadline = time.monotonic() + 10
-    while (_gauge(sim.url, "vllm:num_requests_running")
-           or _gauge(router.url, "toposerve_router_endpoint_inflight")):
+    while (sim.metric("vllm:num_requests_running")
+           or router.metric("toposerve_router_endpoint_inflight")):
         assert time.monotonic() < deadline, "the upstream kept generating after the hang-up"
         time.sleep(0.1)
     assert httpx.post(router.url + "/v1/chat/completions", json=CHAT).status_code == 200

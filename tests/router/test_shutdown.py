@@ -11,16 +11,13 @@ import time
 import httpx
 import orjson
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from bench.procs import MODEL, Procs
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}]}
 
 
-def _running(url: str) -> float:
-    return sum(s.value for fam in text_string_to_metric_families(httpx.get(url + "/metrics").text)
-               for s in fam.samples if s.name == "vllm:num_requests_running")
+RUNNING = "vllm:num_requests_running"
 
 
 def test_sigterm_lets_in_flight_streams_finish(procs: Procs) -> None:
@@ -53,7 +50,7 @@ def test_drain_timeout_ends_answers_with_the_reason(procs: Procs) -> None:
                       json={**long, "stream": True}) as r:
         lines = r.iter_lines()
         assert next(lines).startswith("data: ")
-        while _running(sim.url) < 2:
+        while sim.metric(RUNNING) < 2:
             time.sleep(0.05)
         router.popen.send_signal(signal.SIGTERM)
         events = [line for line in lines if line.startswith("data: ")]
@@ -64,6 +61,6 @@ def test_drain_timeout_ends_answers_with_the_reason(procs: Procs) -> None:
     assert "drainTimeoutSeconds" in whole[0].json()["error"]["message"]
     assert router.popen.wait(10) == 0
     deadline = time.monotonic() + 10
-    while _running(sim.url):  # both generations were stopped upstream, not left running
+    while sim.metric(RUNNING):  # both generations were stopped upstream, not left running
         assert time.monotonic() < deadline
         time.sleep(0.1)
