@@ -327,4 +327,8 @@ def serve(cfg: RouterConfig) -> None:
     uvloop.install()
     web.run_app(build_app(cfg), host=cfg.server.host, port=cfg.server.port, access_log=None,
                 print=lambda *_: None,
-                shutdown_timeout=cfg.server.drain_timeout_s + DRAIN_GRACE_S)
+                shutdown_timeout=cfg.server.drain_timeout_s + DRAIN_GRACE_S,
+                # a client that goes away cancels its handler, which closes the
+                # upstream connection: the model server aborts the generation
+                # instead of running on for nobody (non-streamed requests too)
+                handler_cancellation=True)

@@ -142,18 +142,27 @@ def test_truncated_body_and_slow_client(procs: Procs) -> None:
         assert slow.recv(4096).startswith(b"HTTP/1.1 200")
 
 
-def test_client_hangup_frees_the_upstream(procs: Procs) -> None:
-    """A client that hangs up mid-stream must not leave its generation
-    running upstream (vLLM aborts a request whose connection closes), nor
-    its tokens counted against the endpoint."""
+@pytest.mark.parametrize("stream", [True, False])
+def test_client_hangup_frees_the_upstream(procs: Procs, stream: bool) -> None:
+    """A client that hangs up, mid-stream or while waiting for a whole
+    answer, must not leave its generation running upstream (vLLM aborts a
+    request whose connection closes), nor its tokens counted against the
+    endpoint."""
     sim = procs.sim()
     router = procs.router(endpoints=[sim.url])
     # about 100 s of decoding if nobody stops it
-    body = {**CHAT, "stream": True, "max_tokens": 100_000}
-    with httpx.stream("POST", router.url + "/v1/chat/completions", json=body) as r:
-        lines = r.iter_lines()
-        assert [next(lines) for _ in range(3)]
-        assert sim.metric("vllm:num_requests_running") == 1
+    body = orjson.dumps({**CHAT, "stream": stream, "max_tokens": 100_000})
+    host, port = router.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                  b"Content-Type: application/json\r\n"
+                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        if stream:
+            assert s.recv(4096).startswith(b"HTTP/1.1 200")
+        deadline = time.monotonic() + 10
+        while not sim.metric("vllm:num_requests_running"):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
         assert router.metric("toposerve_router_endpoint_inflight") == 1
     deadline = time.monotonic() + 10
     while (sim.metric("vllm:num_requests_running")
