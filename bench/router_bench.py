@@ -84,11 +84,15 @@ def ours_with(scorers: list[dict[str, Any]]) -> Callable[[Procs, list[str]], Pro
 ABLATIONS: dict[str, Callable[[Procs, list[str]], Proc]] = {
     "toposerve[prefix only]": ours_with([{"type": "prefix-approx", "weight": 1}]),
     "toposerve[prefill-cost only]": ours_with([{"type": "prefill-cost", "weight": 1}]),
-    "toposerve[no conversations: prefix 3, cost 1, room 1, session 2]": ours_with([
+    "toposerve[previous default: prefix 3, cost 1, room 1, conv 2, session 2]": ours_with([
         {"type": "prefix-approx", "weight": 3}, {"type": "prefill-cost", "weight": 1},
+        {"type": "cache-room", "weight": 1}, {"type": "conversations", "weight": 2},
+        {"type": "session", "weight": 2}]),
+    "toposerve[no conversations: prefix 4, cost 1, room 1, session 2]": ours_with([
+        {"type": "prefix-approx", "weight": 4}, {"type": "prefill-cost", "weight": 1},
         {"type": "cache-room", "weight": 1}, {"type": "session", "weight": 2}]),
-    "toposerve[no cache-room: prefix 3, cost 1, conv 2, session 2]": ours_with([
-        {"type": "prefix-approx", "weight": 3}, {"type": "prefill-cost", "weight": 1},
+    "toposerve[no cache-room: prefix 4, cost 1, conv 2, session 2]": ours_with([
+        {"type": "prefix-approx", "weight": 4}, {"type": "prefill-cost", "weight": 1},
         {"type": "conversations", "weight": 2}, {"type": "session", "weight": 2}]),
     "toposerve[llm-d-like: prefix 3, queue 1, kv 1]": ours_with([
         {"type": "prefix-approx", "weight": 3}, {"type": "queue", "weight": 1},

@@ -114,8 +114,10 @@ def _default_scorers() -> list[PluginConfig]:
     # Chosen by `make bench --ablation` over several agentic seeds and the
     # Mooncake trace (see README): prefix affinity first; new work where
     # prefill queues are short and caches have room; new conversations
-    # where fewest live, so requests even out as sessions return.
-    return [PluginConfig(type="prefix-approx", weight=3.0),
+    # where fewest live, so requests even out as sessions return. Prefix at
+    # 4 rather than 3 keeps Mooncake's captured reuse at 99-99.7% (3:
+    # 96.9-98.8%) at the same TTFT.
+    return [PluginConfig(type="prefix-approx", weight=4.0),
             PluginConfig(type="prefill-cost", weight=1.0),
             PluginConfig(type="cache-room", weight=1.0),
             PluginConfig(type="conversations", weight=2.0),
