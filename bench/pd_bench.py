@@ -28,9 +28,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-from prometheus_client.parser import text_string_to_metric_families
-
 from bench import report
 from bench.procs import Proc, Procs, free_port
 from bench.replay import replay_trace
@@ -156,10 +153,9 @@ class Row:
 
 def pulls_by_tier(sim: Proc) -> dict[str, float]:
     out: dict[str, float] = {}
-    for fam in text_string_to_metric_families(httpx.get(sim.url + "/metrics").text):
-        for s in fam.samples:
-            if s.name == "toposerve_sim_kv_pulls_total":
-                out[s.labels["tier"]] = out.get(s.labels["tier"], 0.0) + s.value
+    for s in sim.samples():
+        if s.name == "toposerve_sim_kv_pulls_total":
+            out[s.labels["tier"]] = out.get(s.labels["tier"], 0.0) + s.value
     return out
 
 

@@ -18,6 +18,7 @@ import httpx
 import psutil
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 MODEL = "toposerve/sim-model"
 
@@ -46,11 +47,14 @@ class Proc:
                 total += t.user + t.system
         return total
 
+    def samples(self) -> list[Sample]:
+        """Every sample on its /metrics now."""
+        text = httpx.get(self.url + "/metrics").text
+        return [s for fam in text_string_to_metric_families(text) for s in fam.samples]
+
     def metric(self, name: str) -> float:
         """The sum of the samples named ``name`` on its /metrics now."""
-        text = httpx.get(self.url + "/metrics").text
-        return sum(s.value for fam in text_string_to_metric_families(text)
-                   for s in fam.samples if s.name == name)
+        return sum(s.value for s in self.samples() if s.name == name)
 
     def kill(self) -> None:
         if self.popen.poll() is None:

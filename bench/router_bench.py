@@ -17,9 +17,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-from prometheus_client.parser import text_string_to_metric_families
-
 from bench import report
 from bench.procs import Proc, Procs, free_port
 from bench.replay import (
@@ -110,10 +107,9 @@ ROUTERS: dict[str, Callable[[Procs, list[str]], Proc]] = {
 
 def sim_counters(sim: Proc) -> dict[str, float]:
     out: dict[str, float] = {}
-    for fam in text_string_to_metric_families(httpx.get(sim.url + "/metrics").text):
-        for s in fam.samples:
-            if s.name.endswith(("_total", "_sum", "_count")):
-                out[s.name] = out.get(s.name, 0.0) + s.value
+    for s in sim.samples():
+        if s.name.endswith(("_total", "_sum", "_count")):
+            out[s.name] = out.get(s.name, 0.0) + s.value
     return out
 
 
