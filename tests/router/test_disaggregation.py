@@ -5,6 +5,8 @@ next to its prefill when it can; a failed prefill still gets an answer."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import httpx
@@ -336,9 +338,6 @@ def test_little_to_prefill_runs_whole_on_decode(procs: Procs) -> None:
 def test_prefill_chunks_stall_decode_when_asked(procs: Procs) -> None:
     """With --prefill-stalls-decode a sequence's decode waits while another
     request's prefill chunks run on the same server; without it, it does not."""
-    import asyncio
-    import time
-
     async def decode_time(sim: Proc) -> float:
         async with httpx.AsyncClient(timeout=30) as c:
             async def decode() -> float:
