@@ -19,6 +19,7 @@ from typing import Any
 
 from bench import report
 from bench.procs import Proc, Procs, free_port
+from bench.queue_model import model_ttfts_ms
 from bench.replay import (
     Result,
     Run,
@@ -28,7 +29,7 @@ from bench.replay import (
     replay_trace,
 )
 from bench.report import medians, pct
-from bench.workloads import agentic, mooncake
+from bench.workloads import TraceRequest, agentic, mooncake
 from router.prefix.hashing import byte_block_hashes
 from router.tokens import BYTES_PER_TOKEN
 
@@ -250,17 +251,37 @@ def table(rows: list[Row], over: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
-def floors(rows: list[Row]) -> str:
+def modelled(reqs: list[TraceRequest], cache_blocks: int) -> dict[str, dict[str, float]]:
+    """TTFT p50/p99 (wall ms) of round-robin and of a least-TTFT oracle in
+    the queueing model of these simulators (bench.queue_model)."""
+    out = {}
+    for policy in ("round-robin", "least-ttft"):
+        t = model_ttfts_ms(reqs, SIM, N_SIMS, cache_blocks, policy)
+        out[policy] = {"p50_ms": pct(t, 0.5), "p99_ms": pct(t, 0.99)}
+    return out
+
+
+def floors(rows: list[Row], models: dict[str, dict[str, dict[str, float]]]) -> str:
     """Per workload: the TTFT no router can beat on these simulators (every
-    reusable token a hit, no queueing), next to round-robin's."""
+    reusable token a hit, no queueing), next to round-robin's; for open-loop
+    workloads also the queueing model's round-robin and oracle."""
     lines = ["| workload | TTFT p50 floor ms | TTFT p99 floor ms | round-robin p50 ms | "
-             "floor p50 below round-robin |", "|---|---:|---:|---:|---:|"]
+             "floor p50 below round-robin | modelled round-robin p50 ms | "
+             "modelled oracle p50 / p99 ms | oracle p50 below round-robin (model) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for wl in dict.fromkeys(r.workload for r in rows):
         mine = [r for r in rows if r.workload == wl]
         p50 = statistics.median(r.floor_p50_ms for r in mine)
         p99 = statistics.median(r.floor_p99_ms for r in mine)
         rr = next((r.ttft_p50_ms for r in mine if r.router == "round-robin"), float("nan"))
-        lines.append(f"| {wl} | {p50:.0f} | {p99:.0f} | {rr:.0f} | {1 - p50 / rr:.0%} |")
+        line = f"| {wl} | {p50:.0f} | {p99:.0f} | {rr:.0f} | {1 - p50 / rr:.0%} |"
+        if m := models.get(wl):
+            mrr, oracle = m["round-robin"]["p50_ms"], m["least-ttft"]
+            line += (f" {mrr:.0f} | {oracle['p50_ms']:.0f} / {oracle['p99_ms']:.0f} | "
+                     f"{1 - oracle['p50_ms'] / mrr:.0%} |")
+        else:
+            line += " | | |"  # closed loop: arrivals hang on the answers, not modelled
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -339,9 +360,13 @@ def main(argv: list[str] | None = None) -> int:
         over = overheads(Path(tmp), args.routers, 50 if args.quick else 200,
                          5 if args.quick else 100, 195_000)
     rows = medians(runs, ("workload", "router"))
-    report.write(Path(args.out), "router_bench", table(rows, over) + "\n\n" + floors(rows), {
-        "sim": SIM, "sims": N_SIMS, "repeats": args.repeats, "rows": [asdict(r) for r in rows],
-        "runs": [asdict(r) for r in runs], "overheads": over}, lambda path: plot(rows, path))
+    models = {wl: modelled(payloads(wl, 0), CACHE_BLOCKS[wl]) for wl in names
+              if wl == "mooncake"}  # the open-loop one
+    report.write(Path(args.out), "router_bench",
+                 table(rows, over) + "\n\n" + floors(rows, models), {
+                     "sim": SIM, "sims": N_SIMS, "repeats": args.repeats,
+                     "rows": [asdict(r) for r in rows], "runs": [asdict(r) for r in runs],
+                     "overheads": over, "modelled": models}, lambda path: plot(rows, path))
     return 0
 
 

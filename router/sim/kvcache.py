@@ -49,12 +49,17 @@ class BlockCache:
 
     def cached_prefix(self, hashes: list[int]) -> int:
         """How many leading blocks are cached (and mark them recently used)."""
+        n = self.held_prefix(hashes)
+        self._touch(hashes[:n])
+        return n
+
+    def held_prefix(self, hashes: list[int]) -> int:
+        """How many leading blocks are cached, without marking them used."""
         n = 0
         for h in hashes:
             if h not in self._lru:
                 break
             n += 1
-        self._touch(hashes[:n])
         return n
 
     def _touch(self, hashes: list[int]) -> None:

@@ -28,7 +28,10 @@ def test_medians_per_router() -> None:
 def test_floor_table_against_round_robin() -> None:
     rows = [_row("round-robin", 100, 0), _row("ours", 20, 0)]
     # floors 25 and 5 ms (p50 / 4): their median 15 is 85% below round-robin's 100
-    assert "| agentic | 15 | 60 | 100 | 85% |" in floors(rows)
+    assert "| agentic | 15 | 60 | 100 | 85% | | | |" in floors(rows, {})
+    models = {"agentic": {"round-robin": {"p50_ms": 80.0, "p99_ms": 900.0},
+                          "least-ttft": {"p50_ms": 40.0, "p99_ms": 400.0}}}
+    assert "| agentic | 15 | 60 | 100 | 85% | 80 | 40 / 400 | 50% |" in floors(rows, models)
 
 
 def test_pd_table_compares_within_a_hand_over() -> None:
