@@ -77,9 +77,11 @@ class Router:
 
     async def start(self, app: web.Application) -> None:
         s = self.cfg.server
+        # one session serves every client: a cookie jar would hand one
+        # client's upstream cookies to the next
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
-            auto_decompress=False)
+            auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar())
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=s.connect_timeout_s,
                                         sock_read=s.upstream_timeout_s)
         self.proxy = Proxy(self.session, self.metrics, s.max_attempts, timeout,

@@ -1,0 +1,72 @@
+"""The router's upstream connections are shared by every client, so nothing
+an upstream says to one request may ride along on another's: a cookie set
+by an upstream (a load balancer in front of a model server sets one for
+stickiness) must not be sent back with other clients' requests."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from aiohttp import web
+
+from bench.procs import MODEL, Procs, free_port
+
+
+@pytest.fixture
+def cookie_upstream() -> Iterator[tuple[str, list[str | None]]]:
+    """A stand-in for an upstream behind a cookie-setting balancer: answers
+    chat completions with a Set-Cookie and records each request's Cookie."""
+    seen: list[str | None] = []
+
+    async def chat(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Cookie"))
+        resp = web.json_response({
+            "id": "x", "object": "chat.completion", "created": 0, "model": MODEL,
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": "hi"}}]})
+        resp.set_cookie("lb", f"client-{len(seen)}")
+        return resp
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/health", metrics)
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app)
+    port = free_port()
+    loop.run_until_complete(runner.setup())
+    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        # by name: aiohttp's default cookie jar ignores cookies of bare IPs
+        yield f"http://localhost:{port}", seen
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+
+
+def test_an_upstream_cookie_never_reaches_other_clients(
+        procs: Procs, cookie_upstream: tuple[str, list[str | None]]) -> None:
+    url, seen = cookie_upstream
+    router = procs.router(endpoints=[url])
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}]}
+    for _ in range(3):
+        r = httpx.post(router.url + "/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+    assert seen == [None, None, None]
+    # a client's own cookie still goes through, as any other header does
+    r = httpx.post(router.url + "/v1/chat/completions", json=body, headers={"Cookie": "mine=1"})
+    assert r.status_code == 200 and seen[-1] == "mine=1"
