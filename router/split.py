@@ -117,10 +117,14 @@ class Splitter:
         first = asyncio.create_task(self.proxy.fetch(
             [prefill], c.path, orjson.dumps({**c.doc, **boot, "stream": False}), c.headers,
             work(c.ctx)))
-        # one decode attempt: another would wait for the same room in vain
-        resp = await self.relay(c, Route(decode[:1], orjson.dumps({**c.doc, **boot}),
-                                         no_prefill(c.ctx, decode), prefill,
-                                         {PREFILL_HEADER: prefill.name}))
+        try:
+            # one decode attempt: another would wait for the same room in vain
+            resp = await self.relay(c, Route(decode[:1], orjson.dumps({**c.doc, **boot}),
+                                             no_prefill(c.ctx, decode), prefill,
+                                             {PREFILL_HEADER: prefill.name}))
+        except BaseException:
+            first.cancel()  # the client went away: the prefill is for nobody
+            raise
         # the prefill's answer says nothing the client needs: never wait for it here
         self._background.add(first)
         first.add_done_callback(self._background.discard)

@@ -11,11 +11,13 @@ from typing import Any
 
 import httpx
 import openai
+import orjson
 import pytest
 
 from bench.procs import MODEL, Proc, Procs, free_port
 from bench.router_bench import sim_counters
 from router.tokens import BYTES_PER_TOKEN
+from tests.router.hangup import hanging_client, wait_until
 from topology.model import DomainPath, Tier
 from topology.profiles import load_profile
 
@@ -179,13 +181,13 @@ RACKS = ({"node": "tray-a", "nvlink_domain": "r1", "rack": "r1", "block": "b", "
          {"node": "tray-b", "nvlink_domain": "r2", "rack": "r2", "block": "b", "zone": "z"})
 
 
-def sglang_router(procs: Procs, prefill_error_rate: float = 0.0) -> tuple[Proc, Proc, Proc]:
+def sglang_router(procs: Procs, time_scale: float = 0.01, bootstrap_timeout_s: float = 1.0,
+                  **prefill_flags: Any) -> tuple[Proc, Proc, Proc]:
     port = free_port()
-    prefill = procs.sim(dialect="sglang", disaggregation_mode="prefill", time_scale=0.01,
-                        disaggregation_bootstrap_port=port, error_rate=prefill_error_rate,
-                        **RACKS[0])
-    decode = procs.sim(dialect="sglang", disaggregation_mode="decode", time_scale=0.01,
-                       disaggregation_bootstrap_timeout_s=1.0, **RACKS[1])
+    prefill = procs.sim(dialect="sglang", disaggregation_mode="prefill", time_scale=time_scale,
+                        disaggregation_bootstrap_port=port, **prefill_flags, **RACKS[0])
+    decode = procs.sim(dialect="sglang", disaggregation_mode="decode", time_scale=time_scale,
+                       disaggregation_bootstrap_timeout_s=bootstrap_timeout_s, **RACKS[1])
     router = procs.router({
         "discovery": {"static": [{"url": prefill.url, "role": "prefill", "bootstrapPort": port},
                                  {"url": decode.url, "role": "decode"}]},
@@ -221,13 +223,30 @@ def test_sglang_bootstrap_split(procs: Procs) -> None:
 def test_sglang_failed_prefill_falls_back(procs: Procs) -> None:
     # the decode server waits for a room that never fills, gives up, and the
     # router has it prefill the prompt itself
-    router, _, decode = sglang_router(procs, prefill_error_rate=1.0)
+    router, _, decode = sglang_router(procs, error_rate=1.0)
     r = httpx.post(router.url + "/v1/completions", timeout=30, json={
         "model": MODEL, "prompt": "lonely", "max_tokens": 3})
     assert r.status_code == 200, r.text
     assert sim_counters(decode)["sglang:generation_tokens_total"] == 3
     metrics = httpx.get(router.url + "/metrics").text
     assert 'toposerve_router_disaggregation_total{outcome="prefill-failed"} 1.0' in metrics
+
+
+def test_sglang_split_hangup_stops_the_prefill_too(procs: Procs) -> None:
+    """Both halves of a split request run at once; a client that hangs up
+    while the decode half waits for its KV stops the prefill half as well,
+    which would otherwise prefill on for nobody."""
+    # 20,000 tokens at 1 ms each: 20 s of prefill if nobody stops it
+    router, prefill, decode = sglang_router(procs, time_scale=1.0, bootstrap_timeout_s=60,
+                                            prefill_s_per_token=0.001)
+    body = orjson.dumps({"model": MODEL, "prompt": "abcd" * 20_000, "max_tokens": 5})
+    with hanging_client(router.url, "/v1/completions", body, stream=False):
+        wait_until("the prefill never started",
+                   lambda: prefill.metric("sglang:num_running_reqs"))
+    wait_until("the prefill ran on after the client hung up",
+               lambda: not (prefill.metric("sglang:num_running_reqs")
+                            or router.metric("toposerve_router_endpoint_inflight")))
+    assert decode.metric("sglang:num_running_reqs") == 0
 
 
 def test_kv_pull_priced_by_topology_tier(procs: Procs) -> None:

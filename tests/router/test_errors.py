@@ -5,7 +5,6 @@ client's mistakes, retries before the first byte, and an SSE error event
 from __future__ import annotations
 
 import socket
-import time
 
 import httpx
 import openai
@@ -13,6 +12,7 @@ import orjson
 import pytest
 
 from bench.procs import MODEL, Procs
+from tests.router.hangup import hanging_client, wait_until
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 3}
 
@@ -152,21 +152,11 @@ def test_client_hangup_frees_the_upstream(procs: Procs, stream: bool) -> None:
     router = procs.router(endpoints=[sim.url])
     # about 100 s of decoding if nobody stops it
     body = orjson.dumps({**CHAT, "stream": stream, "max_tokens": 100_000})
-    host, port = router.url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=10) as s:
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-                  b"Content-Type: application/json\r\n"
-                  b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-        if stream:
-            assert s.recv(4096).startswith(b"HTTP/1.1 200")
-        deadline = time.monotonic() + 10
-        while not sim.metric("vllm:num_requests_running"):
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+    with hanging_client(router.url, "/v1/chat/completions", body, stream):
+        wait_until("the request never started upstream",
+                   lambda: sim.metric("vllm:num_requests_running"))
         assert router.metric("toposerve_router_endpoint_inflight") == 1
-    deadline = time.monotonic() + 10
-    while (sim.metric("vllm:num_requests_running")
-           or router.metric("toposerve_router_endpoint_inflight")):
-        assert time.monotonic() < deadline, "the upstream kept generating after the hang-up"
-        time.sleep(0.1)
+    wait_until("the upstream kept generating after the hang-up",
+               lambda: not (sim.metric("vllm:num_requests_running")
+                            or router.metric("toposerve_router_endpoint_inflight")))
     assert httpx.post(router.url + "/v1/chat/completions", json=CHAT).status_code == 200
