@@ -22,9 +22,11 @@ from router.scheduling.context import RequestContext
 
 log = structlog.get_logger("router.proxy")
 
-# hop-by-hop and length headers are the proxy's own business
-_DROP = {"host", "content-length", "transfer-encoding", "connection", "keep-alive",
-         "accept-encoding"}
+# hop-by-hop (RFC 9110 7.6.1) and length headers are the proxy's own
+# business; the router answered the client's Expect itself
+_DROP = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive",
+                   "accept-encoding", "te", "trailer", "upgrade", "proxy-connection",
+                   "proxy-authorization", "expect"})
 _RETRY_STATUSES = {500, 502, 503, 504}
 
 
@@ -63,7 +65,9 @@ def no_prefill(ctx: RequestContext, decode: list[Endpoint]) -> Work:
 def forward_headers(request: web.Request) -> dict[str, str]:
     """The client's headers for the upstream, with the client's X-Request-Id
     or a new one (every upstream call of the request carries the same)."""
-    out = {k: v for k, v in request.headers.items() if k.lower() not in _DROP}
+    # and what the client's Connection header names as hop-by-hop too
+    drop = _DROP | {t.strip().lower() for t in request.headers.get("Connection", "").split(",")}
+    out = {k: v for k, v in request.headers.items() if k.lower() not in drop}
     out["X-Request-Id"] = request.headers.get("X-Request-Id") or uuid.uuid4().hex
     return out
 

@@ -1,7 +1,8 @@
-"""The router's upstream connections are shared by every client, so nothing
-an upstream says to one request may ride along on another's: a cookie set
-by an upstream (a load balancer in front of a model server sets one for
-stickiness) must not be sent back with other clients' requests."""
+"""What reaches an upstream with a request: the client's own end-to-end
+headers, never its hop-by-hop ones, and nothing left over from another
+client. The router's upstream connections are shared by every client, so a
+cookie an upstream sets (a load balancer in front of a model server sets
+one for stickiness) must not be sent back with other clients' requests."""
 
 from __future__ import annotations
 
@@ -17,13 +18,14 @@ from bench.procs import MODEL, Procs, free_port
 
 
 @pytest.fixture
-def cookie_upstream() -> Iterator[tuple[str, list[str | None]]]:
+def upstream() -> Iterator[tuple[str, list[dict[str, str]]]]:
     """A stand-in for an upstream behind a cookie-setting balancer: answers
-    chat completions with a Set-Cookie and records each request's Cookie."""
-    seen: list[str | None] = []
+    chat completions with a Set-Cookie and records each request's headers
+    (lower-cased names)."""
+    seen: list[dict[str, str]] = []
 
     async def chat(request: web.Request) -> web.Response:
-        seen.append(request.headers.get("Cookie"))
+        seen.append({k.lower(): v for k, v in request.headers.items()})
         resp = web.json_response({
             "id": "x", "object": "chat.completion", "created": 0, "model": MODEL,
             "choices": [{"index": 0, "finish_reason": "stop",
@@ -58,15 +60,33 @@ def cookie_upstream() -> Iterator[tuple[str, list[str | None]]]:
         thread.join(10)
 
 
+BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}]}
+
+
 def test_an_upstream_cookie_never_reaches_other_clients(
-        procs: Procs, cookie_upstream: tuple[str, list[str | None]]) -> None:
-    url, seen = cookie_upstream
+        procs: Procs, upstream: tuple[str, list[dict[str, str]]]) -> None:
+    url, seen = upstream
     router = procs.router(endpoints=[url])
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}]}
     for _ in range(3):
-        r = httpx.post(router.url + "/v1/chat/completions", json=body)
+        r = httpx.post(router.url + "/v1/chat/completions", json=BODY)
         assert r.status_code == 200, r.text
-    assert seen == [None, None, None]
+    assert [h.get("cookie") for h in seen] == [None, None, None]
     # a client's own cookie still goes through, as any other header does
-    r = httpx.post(router.url + "/v1/chat/completions", json=body, headers={"Cookie": "mine=1"})
-    assert r.status_code == 200 and seen[-1] == "mine=1"
+    r = httpx.post(router.url + "/v1/chat/completions", json=BODY, headers={"Cookie": "mine=1"})
+    assert r.status_code == 200 and seen[-1].get("cookie") == "mine=1"
+
+
+def test_hop_by_hop_headers_stay_with_the_router(
+        procs: Procs, upstream: tuple[str, list[dict[str, str]]]) -> None:
+    url, seen = upstream
+    router = procs.router(endpoints=[url])
+    r = httpx.post(router.url + "/v1/chat/completions", json=BODY, headers={
+        "Connection": "keep-alive, X-Hop", "X-Hop": "1", "TE": "trailers",
+        "Proxy-Authorization": "Basic c2VjcmV0", "Expect": "100-continue",
+        "Authorization": "Bearer token", "X-Session-Id": "s1", "X-Request-Id": "r1"})
+    assert r.status_code == 200, r.text
+    got = seen[-1]
+    for name in ("x-hop", "te", "proxy-authorization", "expect"):
+        assert name not in got, f"{name} was forwarded"
+    assert got["authorization"] == "Bearer token" and got["x-session-id"] == "s1"
+    assert got["x-request-id"] == "r1"
