@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    model_validator,
+)
 
 
 class StreamOptions(BaseModel):
@@ -47,3 +55,26 @@ class ResponsesRequest(_Req):
     instructions: StrictStr | None = None
     max_output_tokens: StrictInt | None = Field(default=None, ge=0)
     store: StrictBool | None = None
+
+
+class TokenizeRequest(BaseModel):
+    """vLLM's /tokenize: a completion prompt or chat messages, one of them."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: StrictStr | None = None
+    prompt: StrictStr | None = None
+    messages: list[Message] | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give either prompt or messages")
+        return self
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: StrictStr | None = None
+    tokens: list[StrictInt]

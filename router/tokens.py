@@ -19,6 +19,8 @@ BYTES_PER_TOKEN = 4
 class Tokenizer(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
+    def decode(self, tokens: list[int]) -> str: ...
+
     def count(self, text: str) -> int: ...
 
 
@@ -30,6 +32,17 @@ class ByteTokenizer:
         if sys.byteorder != "little":
             words.byteswap()
         return words.tolist()
+
+    def decode(self, tokens: list[int]) -> str:
+        """The text again, trailing NUL bytes (the last word's padding)
+        dropped; an id that is not a 32-bit value is a ValueError."""
+        try:
+            words = array("I", tokens)
+        except OverflowError:
+            raise ValueError("token ids of the byte tokenizer are 32-bit") from None
+        if sys.byteorder != "little":
+            words.byteswap()
+        return words.tobytes().rstrip(b"\0").decode("utf-8", "replace")
 
     def count(self, text: str) -> int:
         return -(-len(text.encode("utf-8", "surrogatepass")) // BYTES_PER_TOKEN)
@@ -43,6 +56,12 @@ class HFTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, tokens: list[int]) -> str:
+        try:
+            return str(self._tok.decode(tokens, skip_special_tokens=False))
+        except OverflowError:
+            raise ValueError("token id out of range") from None
 
     def count(self, text: str) -> int:
         return len(self.encode(text))

@@ -31,18 +31,25 @@ class EventEncoding(StrEnum):
     MAP = "map"
 
 
+# fields the map encoding's vLLM added after the array encoding's six; every
+# one is written, null here (no LoRA, no extra hash keys, one KV cache group)
+# as vLLM writes them, and strict decoders want them all
+_MAP_ONLY_STORED = {"lora_name": None, "extra_keys": None, "group_idx": None}
+
+
 def encode_stored(s: Stored, block_size: int, enc: EventEncoding) -> Any:
     fields = {"block_hashes": s.block_hashes, "parent_block_hash": s.parent_block_hash,
               "token_ids": s.token_ids, "block_size": block_size, "lora_id": None,
               "medium": "GPU"}
     if enc == EventEncoding.MAP:
-        return {"type": "BlockStored", **fields}
+        return {"type": "BlockStored", **fields, **_MAP_ONLY_STORED}
     return ["BlockStored", *fields.values()]
 
 
 def encode_removed(hashes: list[int], enc: EventEncoding) -> Any:
     if enc == EventEncoding.MAP:
-        return {"type": "BlockRemoved", "block_hashes": hashes, "medium": "GPU"}
+        return {"type": "BlockRemoved", "block_hashes": hashes, "medium": "GPU",
+                "group_idx": None}
     return ["BlockRemoved", hashes, "GPU"]
 
 

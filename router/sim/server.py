@@ -20,7 +20,13 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from router.api_models import ChatRequest, CompletionRequest, ResponsesRequest
+from router.api_models import (
+    ChatRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    ResponsesRequest,
+    TokenizeRequest,
+)
 from router.errors import ApiError, error_response, from_validation
 from router.kv_transfer import REMOTE_PREFILL_FIELDS, SGLANG_BOOTSTRAP_PORT
 from router.prompt import chat_prompt, completion_prompt, responses_items
@@ -425,6 +431,24 @@ class SimServer:
              "permission": []} for n in self.cfg.names]
         return web.json_response({"object": "list", "data": data})
 
+    async def tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's /tokenize: the token ids a generation request with this
+        prompt (or these messages, through the same chat template) is
+        prefilled and cached with, so routers can key KV events by them."""
+        body = await self._body(request, TokenizeRequest)
+        text = (chat_prompt(body["messages"]) if body.get("messages") is not None
+                else body["prompt"])
+        tokens = self.tokenizer.encode(text)
+        return web.json_response({"count": len(tokens), "max_model_len": self.cfg.max_model_len,
+                                  "tokens": tokens, "token_strs": None})
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        body = await self._body(request, DetokenizeRequest)
+        try:
+            return web.json_response({"prompt": self.tokenizer.decode(body["tokens"])})
+        except ValueError as err:
+            raise ApiError(400, str(err), "tokens") from None
+
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(status=200 if self.ready() else 503)
 
@@ -450,6 +474,8 @@ def build_app(cfg: SimConfig) -> web.Application:
     app.router.add_post("/v1/responses", sim.create_response)
     app.router.add_get("/v1/responses/{id}", sim.get_response)
     app.router.add_get("/v1/models", sim.models)
+    app.router.add_post("/tokenize", sim.tokenize)
+    app.router.add_post("/detokenize", sim.detokenize)
     app.router.add_get("/health", sim.health)
     app.router.add_get("/metrics", sim.metrics_endpoint)
 
