@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import report
-from bench.procs import Proc, Procs, free_port
+from bench.procs import MODEL, Proc, Procs, free_port
 from bench.queue_model import model_ttfts_ms
 from bench.replay import (
     Result,
@@ -58,28 +58,45 @@ def launch_peer(procs: Procs, binary: str, args: list[str],
     return procs.command(argv, binary, f"http://127.0.0.1:{port}", ready_paths)
 
 
-def peer(binary: str, *args: str) -> Callable[[Procs, list[str]], Proc]:
-    def start(procs: Procs, urls: list[str]) -> Proc:
-        return launch_peer(procs, binary, [*args, "--worker-urls", *urls,
-                                           "--max-payload-size", str(512 * 2**20)],
-                           ("/health", "/v1/models"))
+def sim_with_events(procs: Procs, **flags: Any) -> Proc:
+    """A simulator that publishes its KV events as current vLLM does (the
+    map encoding), for the routers that read them."""
+    port = free_port()
+    sim = procs.sim(kv_events_port=port, kv_events_encoding="map", **flags)
+    sim.extra["kv_events"] = f"tcp://127.0.0.1:{port}"
+    return sim
+
+
+# how a contender starts, given the simulators it fronts
+Start = Callable[[Procs, list[Proc]], Proc]
+
+
+def peer(binary: str, *args: str, kv_events: bool = False) -> Start:
+    def start(procs: Procs, sims: list[Proc]) -> Proc:
+        argv = [*args, "--worker-urls", *(s.url for s in sims),
+                "--max-payload-size", str(512 * 2**20)]
+        if kv_events:  # vllm-router's kv_aware: events per worker, ids from its /tokenize
+            for s in sims:
+                argv += ["--kv-event-source", f"{s.url}={s.extra['kv_events']}"]
+            argv += ["--kv-event-model", MODEL, "--kv-event-block-size", str(SIM["block_size"])]
+        return launch_peer(procs, binary, argv, ("/health", "/v1/models"))
     return start
 
 
-def ours(procs: Procs, urls: list[str]) -> Proc:
+def ours(procs: Procs, sims: list[Proc]) -> Proc:
     # the default profile and scrape interval, as shipped
-    return procs.router({"scrape": {"intervalSeconds": 0.2}}, endpoints=urls)
+    return procs.router({"scrape": {"intervalSeconds": 0.2}}, endpoints=[s.url for s in sims])
 
 
-def ours_with(scorers: list[dict[str, Any]]) -> Callable[[Procs, list[str]], Proc]:
-    def start(procs: Procs, urls: list[str]) -> Proc:
+def ours_with(scorers: list[dict[str, Any]]) -> Start:
+    def start(procs: Procs, sims: list[Proc]) -> Proc:
         return procs.router({"scrape": {"intervalSeconds": 0.2},
-                             "profile": {"scorers": scorers}}, endpoints=urls)
+                             "profile": {"scorers": scorers}}, endpoints=[s.url for s in sims])
     return start
 
 
 # --ablation: other scorer sets, to show why the default is the default
-ABLATIONS: dict[str, Callable[[Procs, list[str]], Proc]] = {
+ABLATIONS: dict[str, Start] = {
     "toposerve[prefix only]": ours_with([{"type": "prefix-approx", "weight": 1}]),
     "toposerve[prefill-cost only]": ours_with([{"type": "prefill-cost", "weight": 1}]),
     "toposerve[previous default: prefix 3, cost 1, room 1, conv 2, session 2]": ours_with([
@@ -97,10 +114,11 @@ ABLATIONS: dict[str, Callable[[Procs, list[str]], Proc]] = {
         {"type": "kv-usage", "weight": 1}]),
 }
 
-ROUTERS: dict[str, Callable[[Procs, list[str]], Proc]] = {
+ROUTERS: dict[str, Start] = {
     "round-robin": peer("vllm-router", "--policy", "round_robin"),
     "toposerve": ours,
     "vllm-router cache_aware": peer("vllm-router", "--policy", "cache_aware"),
+    "vllm-router kv_aware": peer("vllm-router", "--policy", "kv_aware", kv_events=True),
     "vllm-router power_of_two": peer("vllm-router", "--policy", "power_of_two"),
     "sglang-router cache_aware": peer("sglang-router", "launch", "--policy", "cache_aware"),
 }
@@ -161,9 +179,9 @@ class Row:
 def run_one(tmp: Path, name: str, workload: str, payload: Any) -> Row:
     procs = Procs(tmp)
     try:
-        sims = [procs.sim(**{**SIM, "num_gpu_blocks": CACHE_BLOCKS[workload]})
+        sims = [sim_with_events(procs, **{**SIM, "num_gpu_blocks": CACHE_BLOCKS[workload]})
                 for _ in range(N_SIMS)]
-        router = ROUTERS[name](procs, [s.url for s in sims])
+        router = ROUTERS[name](procs, sims)
         time.sleep(0.5)
         cpu0 = router.cpu_seconds()
         if workload == "agentic":
@@ -209,8 +227,9 @@ def overheads(tmp: Path, names: list[str], n: int, big_n: int, big_tokens: int
     procs = Procs(tmp)
     try:
         # two servers: power_of_two refuses to start with one
-        sims = [procs.sim(time_scale=0.0001, max_model_len=4_000_000) for _ in range(2)]
-        routers = {name: ROUTERS[name](procs, [s.url for s in sims]) for name in names}
+        sims = [sim_with_events(procs, time_scale=0.0001, max_model_len=4_000_000)
+                for _ in range(2)]
+        routers = {name: ROUTERS[name](procs, sims) for name in names}
         time.sleep(0.5)
         urls = {k: r.url for k, r in routers.items()}
         added = added_latency(sims[0].url, urls, n)
