@@ -123,7 +123,7 @@ class Splitter:
                                              no_prefill(c.ctx, decode), prefill,
                                              {PREFILL_HEADER: prefill.name}))
         except BaseException:
-            first.cancel()  # the client went away: the prefill is for nobody
+            first.cancel()  # no answer goes out (the client left): the prefill is for nobody
             raise
         # the prefill's answer says nothing the client needs: never wait for it here
         self._background.add(first)
