@@ -28,12 +28,13 @@ class Server:
     free_at: float = 0.0  # wall second its queued prefills are done
 
 
-def first_token_at(s: Server, r: TraceRequest, keys: list[int], sim: dict[str, Any]) -> float:
-    """When ``r``'s first token would come on ``s``: after the prefills
-    queued there, its overhead and the tokens ``s`` does not hold."""
-    block = int(sim["block_size"])
-    uncached = max(0, len(r.prompt.encode()) // BYTES_PER_TOKEN - s.cache.held_prefix(keys) * block)
-    return max(r.at_s, s.free_at) + float(sim["time_scale"]) * (
+def first_token_at(s: Server, at_s: float, tokens: int, keys: list[int],
+                   sim: dict[str, Any]) -> float:
+    """When a prompt of ``tokens`` arriving at ``at_s`` would have its first
+    token on ``s``: after the prefills queued there, its overhead and the
+    tokens ``s`` does not hold."""
+    uncached = max(0, tokens - s.cache.held_prefix(keys) * int(sim["block_size"]))
+    return max(at_s, s.free_at) + float(sim["time_scale"]) * (
         float(sim["overhead_s"]) + uncached * float(sim["prefill_s_per_token"]))
 
 
@@ -50,13 +51,13 @@ def model_ttfts_ms(reqs: list[TraceRequest], sim: dict[str, Any], n_servers: int
                for _ in range(n_servers)]
     out = []
     for i, r in enumerate(sorted(reqs, key=lambda r: r.at_s)):
-        keys = byte_block_hashes(r.prompt.encode(), block_bytes)
-        if policy == "round-robin":
-            s = servers[i % n_servers]
-        else:
-            s = min(servers, key=lambda s: first_token_at(s, r, keys, sim))
-        s.free_at = first_token_at(s, r, keys, sim)
-        s.cache.cached_prefix(keys)  # refreshes the hits, as the simulator's lookup does
-        s.cache.store(keys, [])
-        out.append(1000 * (s.free_at - r.at_s))
+        prompt = r.prompt.encode()
+        keys = byte_block_hashes(prompt, block_bytes)
+        tokens = len(prompt) // BYTES_PER_TOKEN
+        candidates = [servers[i % n_servers]] if policy == "round-robin" else servers
+        s, first = min(((c, first_token_at(c, r.at_s, tokens, keys, sim))
+                        for c in candidates), key=lambda pair: pair[1])
+        s.free_at = first
+        s.cache.store(keys, [])  # refreshes the hits and adds the rest, as the simulator does
+        out.append(1000 * (first - r.at_s))
     return out
