@@ -4,9 +4,7 @@ places pods, kwok runs them on loopback IPs, and DRA allocates claims."""
 from __future__ import annotations
 
 import ipaddress
-import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -14,6 +12,7 @@ from kubernetes import client
 
 from localcluster.nodes import KWOK_TOLERATION
 from tests.conftest import Cluster
+from tests.waiting import wait_for
 from topology.labels import PRESETS, PROFILE_LABEL, DialectName, from_labels
 from topology.layout import plan_nodes
 from topology.profiles import load_profile
@@ -21,17 +20,6 @@ from topology.resourceslice import device_entry
 
 pytestmark = pytest.mark.cluster
 LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 60) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.3)
 
 
 def test_nodes_ready_with_topology(cluster: Cluster) -> None:
@@ -76,7 +64,7 @@ def test_pod_scheduled_and_running_on_loopback_ip(cluster: Cluster) -> None:
     try:
         pod = wait_for("pod Running", lambda: (
             p if (p := core.read_namespaced_pod(name, "default")).status.phase == "Running"
-            else None))
+            else None), timeout=60, interval=0.3)
         assert pod.spec.node_name.startswith("mi300x-")
         ip = ipaddress.ip_address(pod.status.pod_ip)
         assert ip in LOOPBACK
@@ -138,7 +126,7 @@ def test_dra_claim_allocated_by_real_scheduler(cluster: Cluster) -> None:
                     return c
             return None
 
-        c = wait_for("claim allocated", claim)
+        c = wait_for("claim allocated", claim, timeout=60, interval=0.3)
         results = {r.request: r for r in c.status.allocation.devices.results}
         assert set(results) == {"gpu", "nic"}
         assert results["gpu"].driver == gpu_drv and results["nic"].driver == nic_drv
@@ -147,7 +135,8 @@ def test_dra_claim_allocated_by_real_scheduler(cluster: Cluster) -> None:
         assert hw.place(results["nic"].device).root == gpu_root
         assert any(r.name == pod_name for r in c.status.reserved_for or [])
         pod = wait_for("DRA pod scheduled", lambda: (
-            p if (p := core.read_namespaced_pod(pod_name, "default")).spec.node_name else None))
+            p if (p := core.read_namespaced_pod(pod_name, "default")).spec.node_name else None),
+            timeout=60, interval=0.3)
         assert pod.spec.node_name == node
     finally:
         for kind, name in reversed(created):

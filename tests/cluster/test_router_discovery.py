@@ -11,7 +11,6 @@ import threading
 import time
 import uuid
 from collections import Counter
-from typing import Any
 
 import httpx
 import pytest
@@ -21,6 +20,7 @@ from bench.procs import MODEL, Proc, Procs
 from localcluster.cluster import kubeconfig_path
 from localcluster.pods import model_pod, wait_running
 from tests.conftest import Cluster
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 PORT = 8000
@@ -40,14 +40,6 @@ def endpoints(router: Proc) -> dict[str, float]:
     return out
 
 
-def wait_until(what: str, check: Any, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out: {what}")
-        time.sleep(0.1)
-
-
 def test_pods_added_and_removed_under_traffic(cluster: Cluster, procs: Procs) -> None:
     core = client.CoreV1Api(cluster.api)
     app = f"sim-{uuid.uuid4().hex[:6]}"
@@ -58,7 +50,7 @@ def test_pods_added_and_removed_under_traffic(cluster: Cluster, procs: Procs) ->
         "namespace": "default", "labelSelector": f"app={app}", "port": PORT,
         "kubeconfig": str(kubeconfig_path(cluster.name))}},
         "server": {"drainTimeoutSeconds": 10}})
-    wait_until("3 endpoints", lambda: sum(endpoints(router).values()) == 3)
+    wait_for("3 endpoints", lambda: sum(endpoints(router).values()) == 3, timeout=20)
 
     statuses: list[int] = []
     served: Counter[str] = Counter()
@@ -84,14 +76,14 @@ def test_pods_added_and_removed_under_traffic(cluster: Cluster, procs: Procs) ->
         new = f"{app}-3"
         ip = make_pod(core, new, app)
         sims[new] = procs.sim(host=ip, port=PORT)
-        wait_until("4 endpoints", lambda: sum(endpoints(router).values()) == 4)
+        wait_for("4 endpoints", lambda: sum(endpoints(router).values()) == 4, timeout=20)
         time.sleep(1)
         assert served[f"{ip}:{PORT}"] > 0
         # scale down: delete a pod; its server lives until the router lets go of it
         gone = names[0]
         gone_ep = f"{ips[gone]}:{PORT}"
         core.delete_namespaced_pod(gone, "default")
-        wait_until("drained", lambda: gone_ep not in endpoints(router))
+        wait_for("drained", lambda: gone_ep not in endpoints(router), timeout=20)
         before = served[gone_ep]
         sims[gone].stop()
         time.sleep(1)
@@ -124,7 +116,7 @@ def test_split_requests_decode_next_to_their_prefill(cluster: Cluster, procs: Pr
             "namespace": "default", "labelSelector": f"app={app}", "port": PORT,
             "kubeconfig": str(kubeconfig_path(cluster.name))}},
             "disaggregation": {"enabled": True}})
-        wait_until("4 endpoints", lambda: sum(endpoints(router).values()) == 4)
+        wait_for("4 endpoints", lambda: sum(endpoints(router).values()) == 4, timeout=20)
         used = set()
         for i in range(8):
             r = httpx.post(router.url + "/v1/completions", timeout=30, json={
@@ -166,7 +158,7 @@ def test_decode_stays_in_the_prefill_nvlink_domain(cluster: Cluster, procs: Proc
             "namespace": "default", "labelSelector": f"app={app}", "port": PORT,
             "kubeconfig": str(kubeconfig_path(cluster.name))}},
             "disaggregation": {"enabled": True}})
-        wait_until("3 endpoints", lambda: sum(endpoints(router).values()) == 3)
+        wait_for("3 endpoints", lambda: sum(endpoints(router).values()) == 3, timeout=20)
         for i in range(6):
             r = httpx.post(router.url + "/v1/completions", timeout=30, json={
                 "model": MODEL, "prompt": f"page {i} " * 100, "max_tokens": 2})

@@ -4,8 +4,7 @@ clients wait for the answer."""
 from __future__ import annotations
 
 import socket
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 
@@ -20,10 +19,3 @@ def hanging_client(url: str, path: str, body: bytes, stream: bool) -> Iterator[N
         if stream:
             assert s.recv(4096).startswith(b"HTTP/1.1 200")
         yield
-
-
-def wait_until(why: str, check: Callable[[], object], timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, why
-        time.sleep(0.05)

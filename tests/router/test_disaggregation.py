@@ -17,7 +17,8 @@ import pytest
 from bench.procs import MODEL, Proc, Procs, free_port
 from bench.router_bench import sim_counters
 from router.tokens import BYTES_PER_TOKEN
-from tests.router.hangup import hanging_client, wait_until
+from tests.router.hangup import hanging_client
+from tests.waiting import wait_for
 from topology.model import DomainPath, Tier
 from topology.profiles import load_profile
 
@@ -241,11 +242,10 @@ def test_sglang_split_hangup_stops_the_prefill_too(procs: Procs) -> None:
                                             prefill_s_per_token=0.001)
     body = orjson.dumps({"model": MODEL, "prompt": "abcd" * 20_000, "max_tokens": 5})
     with hanging_client(router.url, "/v1/completions", body, stream=False):
-        wait_until("the prefill never started",
-                   lambda: prefill.metric("sglang:num_running_reqs"))
-    wait_until("the prefill ran on after the client hung up",
-               lambda: not (prefill.metric("sglang:num_running_reqs")
-                            or router.metric("toposerve_router_endpoint_inflight")))
+        wait_for("the prefill to start", lambda: prefill.metric("sglang:num_running_reqs"))
+    wait_for("the prefill to stop after the client hung up",
+             lambda: not (prefill.metric("sglang:num_running_reqs")
+                          or router.metric("toposerve_router_endpoint_inflight")))
     assert decode.metric("sglang:num_running_reqs") == 0
 
 

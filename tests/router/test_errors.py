@@ -12,7 +12,8 @@ import orjson
 import pytest
 
 from bench.procs import MODEL, Procs
-from tests.router.hangup import hanging_client, wait_until
+from tests.router.hangup import hanging_client
+from tests.waiting import wait_for
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 3}
 
@@ -153,10 +154,10 @@ def test_client_hangup_frees_the_upstream(procs: Procs, stream: bool) -> None:
     # about 100 s of decoding if nobody stops it
     body = orjson.dumps({**CHAT, "stream": stream, "max_tokens": 100_000})
     with hanging_client(router.url, "/v1/chat/completions", body, stream):
-        wait_until("the request never started upstream",
-                   lambda: sim.metric("vllm:num_requests_running"))
+        wait_for("the request to start upstream",
+                 lambda: sim.metric("vllm:num_requests_running"))
         assert router.metric("toposerve_router_endpoint_inflight") == 1
-    wait_until("the upstream kept generating after the hang-up",
-               lambda: not (sim.metric("vllm:num_requests_running")
-                            or router.metric("toposerve_router_endpoint_inflight")))
+    wait_for("the upstream to stop generating after the hang-up",
+             lambda: not (sim.metric("vllm:num_requests_running")
+                          or router.metric("toposerve_router_endpoint_inflight")))
     assert httpx.post(router.url + "/v1/chat/completions", json=CHAT).status_code == 200

@@ -13,6 +13,7 @@ import orjson
 import pytest
 
 from bench.procs import MODEL, Procs
+from tests.waiting import wait_for
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}]}
 
@@ -60,7 +61,5 @@ def test_drain_timeout_ends_answers_with_the_reason(procs: Procs) -> None:
     assert whole[0].status_code == 503
     assert "drainTimeoutSeconds" in whole[0].json()["error"]["message"]
     assert router.popen.wait(10) == 0
-    deadline = time.monotonic() + 10
-    while sim.metric(RUNNING):  # both generations were stopped upstream, not left running
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    # both generations were stopped upstream, not left running
+    wait_for("both generations to stop upstream", lambda: not sim.metric(RUNNING))
