@@ -46,6 +46,16 @@ SIM: dict[str, Any] = {"time_scale": 0.2, "overhead_s": 0.01, "prefill_s_per_tok
 # hundred requests each for any router to find that reuse.
 CACHE_BLOCKS = {"agentic": 6250, "mooncake": 40000}
 N_SIMS = 4
+# the trace's clock runs this much faster in the replay (bench.load_sweep varies it)
+MOONCAKE_COMPRESSION = 16.0
+
+
+def mooncake_requests(compression: float = MOONCAKE_COMPRESSION, quick: bool = False
+                      ) -> list[TraceRequest]:
+    """The Mooncake replay's requests: the trace's first thousand (200 for
+    --quick), at a quarter of their length."""
+    return mooncake(MOONCAKE, limit=200 if quick else 1000, time_compression=compression,
+                    token_scale=0.25)
 
 
 def launch_peer(procs: Procs, binary: str, args: list[str],
@@ -357,8 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         if wl == "agentic":  # another seed each repeat: other sessions, same shape
             return agentic(sessions=6 if args.quick else args.sessions,
                            turns=4 if args.quick else 8, seed=repeat)
-        return mooncake(MOONCAKE, limit=200 if args.quick else 1000,
-                        time_compression=16, token_scale=0.25)
+        return mooncake_requests(quick=args.quick)
 
     names = list(args.workloads)
     if "mooncake" in names and not MOONCAKE.exists():

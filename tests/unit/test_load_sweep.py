@@ -1,0 +1,35 @@
+"""The load sweep's table: each router against round-robin at the same
+load, the model's oracle against the model's round-robin."""
+
+from __future__ import annotations
+
+import math
+
+from bench.load_sweep import Point, below, table
+
+
+def _points(c: float, rr: float, ours: float, model_rr: float, oracle: float,
+            failed: int = 0) -> list[Point]:
+    return [Point(c, 10 * c, "round-robin", rr, 4 * rr, 0.4),
+            Point(c, 10 * c, "toposerve", ours, 4 * ours, 0.99, failed),
+            Point(c, 10 * c, "model: round-robin", model_rr, 4 * model_rr),
+            Point(c, 10 * c, "model: least-ttft", oracle, 4 * oracle)]
+
+
+def test_below_round_robin_at_the_same_load() -> None:
+    pts = _points(8, 100, 25, 90, 45) + _points(16, 400, 40, 300, 60)
+    assert below(pts, 8, "toposerve") == 0.75
+    assert math.isclose(below(pts, 16, "toposerve"), 0.9)
+    assert below(pts, 16, "model: least-ttft", "model: round-robin") == 0.8
+    assert math.isnan(below(pts, 8, "sglang-router cache_aware"))  # not run
+
+
+def test_table_rows_per_load() -> None:
+    md = table(_points(8, 100, 25, 90, 45) + _points(16, 400, 40, 300, 60, failed=2))
+    lines = md.splitlines()
+    assert lines[0] == ("| compression | offered req/s | round-robin p50 / p99 ms | "
+                        "toposerve p50 / p99 ms | toposerve p50 below round-robin | "
+                        "model: round-robin p50 ms | model: oracle p50 ms | "
+                        "model: oracle p50 below round-robin | failed |")
+    assert lines[2] == "| x8 | 80.0 | 100 / 400 | 25 / 100 | 75% | 90 | 45 | 50% | 0 |"
+    assert lines[3] == "| x16 | 160.0 | 400 / 1600 | 40 / 160 | 90% | 300 | 60 | 80% | 2 |"
