@@ -49,6 +49,7 @@ $(PEERS)/.installed:
 bench: setup peers
 	$(PY) -m bench.http_stack
 	$(PY) -m bench.router_bench --ablation --repeats 3
+	$(PY) -m bench.load_sweep
 	$(PY) -m bench.pd_bench --repeats 3
 
 scale: setup

@@ -10,7 +10,7 @@ round-robin's capacity its queues grow and reuse saves the queueing too;
 past the fleet's capacity every router queues. Prints a table, writes JSON
 and a PNG plot.
 
-    python -m bench.load_sweep [--compressions 8 12 16 20 24] [--quick]
+    python -m bench.load_sweep [--compressions 8 12 16 20 24] [--quick] [--model-only]
 """
 
 from __future__ import annotations
@@ -88,20 +88,25 @@ def plot(points: list[Point], path: Path) -> None:
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
     loads = sorted({p.offered_rps for p in points})
-    for name in dict.fromkeys(p.router for p in points):
+    names = list(dict.fromkeys(p.router for p in points))
+    colours = dict(zip(names, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
+    for name in names:
         mine = sorted((p for p in points if p.router == name), key=lambda p: p.offered_rps)
-        style = "--" if name.startswith("model") else "-o"
-        left.plot([p.offered_rps for p in mine], [p.ttft_p50_ms for p in mine], style,
-                  label=name)
+        style = {"linestyle": "--"} if name.startswith("model") else {"marker": "o"}
+        left.plot([p.offered_rps for p in mine], [p.ttft_p50_ms for p in mine],
+                  color=colours.get(name), label=name, **style)
         base = "model: round-robin" if name.startswith("model") else ROUND_ROBIN
         if name not in (ROUND_ROBIN, "model: round-robin"):
             right.plot([p.offered_rps for p in mine],
-                       [100 * below(points, p.compression, name, base) for p in mine], style,
-                       label=name)
+                       [100 * below(points, p.compression, name, base) for p in mine],
+                       color=colours.get(name), label=f"{name} (against its round-robin)"
+                       if name.startswith("model") else name, **style)
     left.set_yscale("log")
     left.set_title("Mooncake replay: TTFT p50 (ms) against load")
     right.set_title("TTFT p50 below round-robin (%) against load")
     right.axhline(85, color="grey", linewidth=0.8, linestyle=":")
+    right.annotate("85%", (0, 85), xycoords=("axes fraction", "data"), fontsize=8,
+                   color="grey", va="bottom")
     for ax in (left, right):
         ax.set_xlabel("offered requests/s (4 simulators)")
         ax.set_xticks(loads, [f"{x:.0f}" for x in loads])
@@ -118,13 +123,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="how many times faster than the trace's clock to replay it")
     ap.add_argument("--routers", nargs="+", default=DEFAULT_ROUTERS, choices=list(ROUTERS))
     ap.add_argument("--quick", action="store_true", help="200 requests, for a smoke test")
+    ap.add_argument("--model-only", action="store_true",
+                    help="only the queueing model (seconds, no processes)")
     args = ap.parse_args(argv)
     if ROUND_ROBIN not in args.routers:
         ap.error("the sweep compares against round-robin: keep it in --routers")
     if not MOONCAKE.exists():
         print(f"error: the Mooncake trace is missing: {MOONCAKE}", file=sys.stderr)
         return 2
-    if not (PEERS / "vllm-router").exists():
+    if not args.model_only and not (PEERS / "vllm-router").exists():
         print("error: peer routers missing: run `make peers`", file=sys.stderr)
         return 2
     points: list[Point] = []
@@ -135,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             rps = len(reqs) / span if span > 0 else float("nan")
             for policy, m in modelled(reqs, CACHE_BLOCKS["mooncake"]).items():
                 points.append(Point(c, rps, f"model: {policy}", m["p50_ms"], m["p99_ms"]))
-            for name in args.routers:
+            for name in [] if args.model_only else args.routers:
                 t0 = time.monotonic()
                 row = run_one(Path(tmp), name, "mooncake", reqs)
                 points.append(Point(c, rps, name, row.ttft_p50_ms, row.ttft_p99_ms,
