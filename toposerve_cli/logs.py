@@ -1,4 +1,6 @@
-"""Structured logs: one JSON object a line on stderr, for every part."""
+"""Structured logs: one JSON object a line on stderr, for every part, and for
+the libraries under it (aiohttp, grpc, kubernetes) too: their records go
+through the same renderer, a traceback as one escaped field."""
 
 from __future__ import annotations
 
@@ -6,15 +8,53 @@ import logging
 import sys
 
 import structlog
+from aiohttp.http_exceptions import HttpProcessingError
+
+_SHARED: list[structlog.types.Processor] = [
+    structlog.processors.add_log_level,
+    structlog.processors.TimeStamper(fmt="iso", utc=True),
+]
+
+
+class ClientProtocolErrors(logging.Filter):
+    """aiohttp logs a client's malformed HTTP (an HTTP/2 preface sent to an
+    HTTP/1 port, a header line over the limit) with a full traceback at
+    ERROR. The client got its 400; for us it is one warning line, so a
+    stream of bad clients cannot flood the logs with tracebacks."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.msg, record.args = f"malformed HTTP: {record.getMessage()}", ()
+            record.exc_info, record.exc_text = None, None
+            record.__dict__["status"] = exc.code
+            record.__dict__["error"] = exc.message.strip().splitlines()[0] if exc.message else ""
+        return True
 
 
 def configure(level: str = "info") -> None:
-    logging.basicConfig(stream=sys.stderr, level=level.upper(), format="%(message)s")
+    lvl = logging.getLevelName(level.upper())
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[*_SHARED, structlog.stdlib.add_logger_name,
+                           structlog.stdlib.ExtraAdder(("status", "error"))],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                    structlog.processors.format_exc_info,
+                    structlog.processors.EventRenamer("msg"),
+                    structlog.processors.JSONRenderer()]))
+    handler.addFilter(ClientProtocolErrors())
+    root = logging.getLogger()
+    for h in [h for h in root.handlers if getattr(h, "toposerve", False)]:
+        root.removeHandler(h)  # configured before, in this process
+    handler.toposerve = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    root.setLevel(lvl)
     structlog.configure(
-        processors=[structlog.processors.add_log_level,
-                    structlog.processors.TimeStamper(fmt="iso", utc=True),
+        processors=[*_SHARED,
+                    structlog.processors.format_exc_info,
                     structlog.processors.EventRenamer("msg"),
                     structlog.processors.JSONRenderer()],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
+        wrapper_class=structlog.make_filtering_bound_logger(lvl),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
     )

@@ -1,0 +1,57 @@
+"""Logs are one JSON object a line, library records included: a client's
+malformed HTTP is a warning line, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import socket
+from functools import partial
+from pathlib import Path
+
+import httpx
+
+from bench.procs import Procs
+from tests.waiting import wait_for
+
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes.fromhex("000000040000000000")
+
+
+def _send_raw(url: str, data: bytes) -> bytes:
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        s.sendall(data)
+        return s.recv(4096)
+
+
+def _warnings(log: Path) -> list[dict[str, object]]:
+    recs = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    return [r for r in recs if str(r.get("msg", "")).startswith("malformed HTTP")]
+
+
+def _at_least_two_warnings(log: Path) -> list[dict[str, object]]:
+    w = _warnings(log)
+    return w if len(w) >= 2 else []
+
+
+def test_malformed_http_is_one_warning_line(procs: Procs) -> None:
+    sim = procs.sim()
+    router = procs.router(endpoints=[sim.url])
+    long_header = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20_000 + b"\r\n\r\n"
+    for target in (router, sim):
+        assert _send_raw(target.url, H2_PREFACE).split(b" ")[1] == b"400"
+        assert _send_raw(target.url, long_header).split(b" ")[1] in (b"400", b"431")
+        assert httpx.get(target.url + "/health").status_code == 200  # still serving
+
+        warned = wait_for("the two malformed requests logged",
+                          partial(_at_least_two_warnings, target.log))
+        assert all(r["level"] == "warning" and r["status"] in (400, 431) for r in warned)
+        assert any("PRI" in str(r["error"]) for r in warned)
+        text = target.log.read_text()
+        assert "Traceback" not in text
+        # every line is JSON, but the start-up banner on stdout ("router on
+        # http://...", merged into this log by the test's process runner)
+        others = [line for line in text.splitlines() if not line.startswith("{")]
+        assert len(others) == 1 and others[0].endswith(f" on {target.url}"), others
+        for line in text.splitlines():
+            if line.startswith("{"):
+                json.loads(line)
