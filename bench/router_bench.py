@@ -227,10 +227,11 @@ def run_one(tmp: Path, name: str, workload: str, payload: Any) -> Row:
                cpu_ms_per_request=1000 * cpu / max(1, len(run.results)))
 
 
-def overheads(tmp: Path, names: list[str], n: int, big_n: int, big_tokens: int
-              ) -> dict[str, dict[str, float]]:
-    """Latency each router adds to a direct call (p50), and its CPU per big
-    request. Every router stands in front of the same two simulators and the
+def overheads(tmp: Path, names: list[str], n: int, big_n: int, big_tokens: int,
+              idle_s: float) -> dict[str, dict[str, float]]:
+    """Latency each router adds to a direct call (p50), its CPU per big
+    request, and its CPU while no request comes (what watching the servers
+    costs). Every router stands in front of the same two simulators and the
     latency rounds interleave (direct, each router, again), so the machine's
     noise falls on all of them alike."""
     out: dict[str, dict[str, float]] = {}
@@ -240,7 +241,11 @@ def overheads(tmp: Path, names: list[str], n: int, big_n: int, big_tokens: int
         sims = [sim_with_events(procs, time_scale=0.0001, max_model_len=4_000_000)
                 for _ in range(2)]
         routers = {name: ROUTERS[name](procs, sims) for name in names}
-        time.sleep(0.5)
+        time.sleep(1.0)
+        idle0 = {name: r.cpu_seconds() for name, r in routers.items()}
+        time.sleep(idle_s)
+        idle = {name: 1000 * (r.cpu_seconds() - idle0[name]) / idle_s
+                for name, r in routers.items()}
         urls = {k: r.url for k, r in routers.items()}
         added = added_latency(sims[0].url, urls, n)
         added_ttft = added_latency(sims[0].url, urls, n, stream=True)
@@ -250,11 +255,12 @@ def overheads(tmp: Path, names: list[str], n: int, big_n: int, big_tokens: int
             cpu = router.cpu_seconds() - cpu0
             out[name] = {"added_p50_ms": 1000 * added[name],
                          "added_ttft_p50_ms": 1000 * added_ttft[name],
-                         "big_prompt_cpu_ms": 1000 * cpu / max(1, ok), "big_prompt_ok": ok}
+                         "big_prompt_cpu_ms": 1000 * cpu / max(1, ok), "big_prompt_ok": ok,
+                         "idle_cpu_ms_per_s": idle[name]}
             print(f"  overhead {name}: +{out[name]['added_p50_ms']:.2f} ms p50, "
                   f"+{out[name]['added_ttft_p50_ms']:.2f} ms TTFT p50 streamed, "
-                  f"{out[name]['big_prompt_cpu_ms']:.1f} ms CPU per {big_tokens}-token request",
-                  file=sys.stderr, flush=True)
+                  f"{out[name]['big_prompt_cpu_ms']:.1f} ms CPU per {big_tokens}-token request, "
+                  f"{idle[name]:.1f} ms CPU a second idle", file=sys.stderr, flush=True)
     finally:
         procs.close()
     return out
@@ -264,8 +270,8 @@ def table(rows: list[Row], over: dict[str, dict[str, float]]) -> str:
     head = ("| workload | router | hit rate | reuse captured | TTFT p50 ms | TTFT p99 ms | "
             "TTFT outside engine ms | req/s | max/mean requests | max/mean work | "
             "router CPU ms/req | added p50 ms | added TTFT p50 ms, streamed | "
-            "CPU ms per 195K req | failed |")
-    lines = [head, "|---|---|" + "---:|" * 13]
+            "CPU ms per 195K req | idle CPU ms/s, 2 servers | failed |")
+    lines = [head, "|---|---|" + "---:|" * 14]
     for r in rows:
         o = over.get(r.router, {})
         lines.append(
@@ -276,7 +282,8 @@ def table(rows: list[Row], over: dict[str, dict[str, float]]) -> str:
             f"{r.cpu_ms_per_request:.2f} | "
             f"{o.get('added_p50_ms', float('nan')):.2f} | "
             f"{o.get('added_ttft_p50_ms', float('nan')):.2f} | "
-            f"{o.get('big_prompt_cpu_ms', float('nan')):.1f} | {r.failed} |")
+            f"{o.get('big_prompt_cpu_ms', float('nan')):.1f} | "
+            f"{o.get('idle_cpu_ms_per_s', float('nan')):.1f} | {r.failed} |")
     return "\n".join(lines)
 
 
@@ -344,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.router_bench", description=__doc__)
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     ap.add_argument("--quick", action="store_true", help="a smaller run, for a smoke test")
-    ap.add_argument("--routers", nargs="*", default=list(ROUTERS),
+    ap.add_argument("--routers", nargs="+", default=list(ROUTERS),
                     choices=list(ROUTERS) + list(ABLATIONS))
     ap.add_argument("--ablation", action="store_true",
                     help="also run other scorer sets of our router")
@@ -352,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=1,
                     help="runs per workload and router (agentic: a new seed each); the "
                          "table shows medians, failures summed")
-    ap.add_argument("--workloads", nargs="*", default=["agentic", "mooncake"],
+    ap.add_argument("--workloads", nargs="+", default=["agentic", "mooncake"],
                     choices=["agentic", "mooncake"])
     args = ap.parse_args(argv)
     if args.ablation:
@@ -386,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"hit {row.hit_rate:6.1%}  failed {row.failed}  "
                           f"({time.monotonic() - t0:.0f}s)", file=sys.stderr, flush=True)
         over = overheads(Path(tmp), args.routers, 50 if args.quick else 200,
-                         5 if args.quick else 100, 195_000)
+                         5 if args.quick else 100, 195_000, 3.0 if args.quick else 10.0)
     rows = medians(runs, ("workload", "router"))
     models = {wl: modelled(payloads(wl, 0), CACHE_BLOCKS[wl]) for wl in names
               if wl == "mooncake"}  # the open-loop one

@@ -20,9 +20,10 @@ def test_medians_per_router() -> None:
     assert rows["a"].failed == 1 and rows["a"].requests == 30
     assert rows["b"].ttft_p50_ms == 50 and rows["b"].failed == 1
     md = table(list(rows.values()), {"a": {"added_p50_ms": 1.5, "added_ttft_p50_ms": 0.7,
-                                           "big_prompt_cpu_ms": 4.2}})
+                                           "big_prompt_cpu_ms": 4.2, "idle_cpu_ms_per_s": 6.5}})
     assert "| agentic | a | 50.0% | 90.0% | 20 | 200 | 2.0 |" in md
-    assert "| 1.50 | 0.70 | 4.2 | 1 |" in md
+    assert "| 1.50 | 0.70 | 4.2 | 6.5 | 1 |" in md
+    assert "| nan | nan | nan | nan | 1 |" in md  # b: no overhead run
 
 
 def test_floor_table_against_round_robin() -> None:
