@@ -11,6 +11,7 @@ past the fleet's capacity every router queues. Prints a table, writes JSON
 and a PNG plot.
 
     python -m bench.load_sweep [--compressions 8 12 16 20 24] [--quick] [--model-only]
+                               [--trace conversation_trace.jsonl]
 """
 
 from __future__ import annotations
@@ -125,11 +126,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="200 requests, for a smoke test")
     ap.add_argument("--model-only", action="store_true",
                     help="only the queueing model (seconds, no processes)")
+    ap.add_argument("--trace", type=Path, default=MOONCAKE,
+                    help="a trace in the Mooncake JSONL format (timestamp, input_length, "
+                         "output_length, hash_ids)")
     args = ap.parse_args(argv)
     if ROUND_ROBIN not in args.routers:
         ap.error("the sweep compares against round-robin: keep it in --routers")
-    if not MOONCAKE.exists():
-        print(f"error: the Mooncake trace is missing: {MOONCAKE}", file=sys.stderr)
+    if not args.trace.exists():
+        print(f"error: the trace is missing: {args.trace} (give one with --trace)",
+              file=sys.stderr)
         return 2
     if not args.model_only and not (PEERS / "vllm-router").exists():
         print("error: peer routers missing: run `make peers`", file=sys.stderr)
@@ -137,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     points: list[Point] = []
     with tempfile.TemporaryDirectory() as tmp:
         for c in args.compressions:
-            reqs = mooncake_requests(c, quick=args.quick)
+            reqs = mooncake_requests(c, quick=args.quick, trace=args.trace)
             span = max(r.at_s for r in reqs) - min(r.at_s for r in reqs)
             rps = len(reqs) / span if span > 0 else float("nan")
             for policy, m in modelled(reqs, CACHE_BLOCKS["mooncake"]).items():

@@ -50,11 +50,11 @@ N_SIMS = 4
 MOONCAKE_COMPRESSION = 16.0
 
 
-def mooncake_requests(compression: float = MOONCAKE_COMPRESSION, quick: bool = False
-                      ) -> list[TraceRequest]:
+def mooncake_requests(compression: float = MOONCAKE_COMPRESSION, quick: bool = False,
+                      trace: Path = MOONCAKE) -> list[TraceRequest]:
     """The Mooncake replay's requests: the trace's first thousand (200 for
     --quick), at a quarter of their length."""
-    return mooncake(MOONCAKE, limit=200 if quick else 1000, time_compression=compression,
+    return mooncake(trace, limit=200 if quick else 1000, time_compression=compression,
                     token_scale=0.25)
 
 

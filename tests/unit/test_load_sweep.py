@@ -37,18 +37,31 @@ def test_table_rows_per_load() -> None:
     assert lines[3] == "| x16 | 160.0 | 400 / 1600 | 40 / 160 | 90% | 300 | 60 | 80% | 2 |"
 
 
+def _trace(path: Path) -> Path:
+    """A small trace in the Mooncake format: 120 requests, three a second,
+    conversations of up to four turns whose prompts extend each other."""
+    with path.open("w") as f:
+        for i in range(120):
+            conv, turn = divmod(i, 4)
+            ids = [1000 * conv + k for k in range(2 + 2 * turn)]
+            f.write(json.dumps({"timestamp": 333 * i, "input_length": 512 * len(ids),
+                                "output_length": 40, "hash_ids": ids}) + "\n")
+    return path
+
+
 def test_model_only_sweep_writes_its_outputs(tmp_path: Path) -> None:
-    """The model alone over the trace's first 200 requests. Round-robin
-    places them alike at any load, so compressing their arrivals can only
-    lengthen its queues (Lindley's recursion). The greedy oracle has no such
-    guarantee (on this sample at x24 its p50 is above round-robin's)."""
+    """The model alone over a small trace. Round-robin places the requests
+    alike at any load, so compressing their arrivals can only lengthen its
+    queues (Lindley's recursion): at x1 they never meet (prefills of 5-22
+    ms, 333 ms apart), at x200 (1.7 ms apart) they queue."""
     from bench.load_sweep import main
 
-    assert main(["--model-only", "--quick", "--compressions", "4", "24",
+    trace = _trace(tmp_path / "trace.jsonl")
+    assert main(["--model-only", "--compressions", "1", "200", "--trace", str(trace),
                  "--out", str(tmp_path)]) == 0
     doc = json.loads((tmp_path / "load_sweep.json").read_text())
     p50 = {(p["compression"], p["router"]): p["ttft_p50_ms"] for p in doc["points"]}
-    assert set(p50) == {(c, f"model: {m}") for c in (4, 24) for m in ("round-robin",
-                                                                      "least-ttft")}
-    assert p50[24, "model: round-robin"] > p50[4, "model: round-robin"]
+    assert set(p50) == {(c, f"model: {m}") for c in (1, 200) for m in ("round-robin",
+                                                                       "least-ttft")}
+    assert p50[200, "model: round-robin"] > 2 * p50[1, "model: round-robin"]
     assert (tmp_path / "load_sweep.png").stat().st_size > 0
