@@ -28,11 +28,11 @@ from bench import report
 from bench.router_bench import (
     CACHE_BLOCKS,
     MOONCAKE,
-    PEERS,
     REPO,
     ROUTERS,
     modelled,
     mooncake_requests,
+    peers_missing,
     run_one,
 )
 
@@ -136,8 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: the trace is missing: {args.trace} (give one with --trace)",
               file=sys.stderr)
         return 2
-    if not args.model_only and not (PEERS / "vllm-router").exists():
-        print("error: peer routers missing: run `make peers`", file=sys.stderr)
+    if not args.model_only and (err := peers_missing()):
+        print(err, file=sys.stderr)
         return 2
     points: list[Point] = []
     with tempfile.TemporaryDirectory() as tmp:

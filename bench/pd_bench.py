@@ -35,10 +35,10 @@ from bench.report import medians, pct
 from bench.router_bench import (
     CACHE_BLOCKS,
     MOONCAKE,
-    PEERS,
     REPO,
     SIM,
     launch_peer,
+    peers_missing,
     sim_counters,
 )
 from bench.workloads import mooncake
@@ -259,9 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=1, help="runs per router; medians shown")
     ap.add_argument("--routers", nargs="*", default=list(ROUTERS), choices=list(ROUTERS))
     args = ap.parse_args(argv)
-    if any(n.endswith("pd cache_aware") for n in args.routers) and not all(
-            (PEERS / p).exists() for p in ("vllm-router", "sglang-router")):
-        print("error: peer routers missing: run `make peers`", file=sys.stderr)
+    if any(n.endswith("pd cache_aware") for n in args.routers) and (err := peers_missing()):
+        print(err, file=sys.stderr)
         return 2
     if not MOONCAKE.exists():
         print(f"error: the Mooncake trace is missing ({MOONCAKE})", file=sys.stderr)

@@ -58,6 +58,13 @@ def mooncake_requests(compression: float = MOONCAKE_COMPRESSION, quick: bool = F
                     token_scale=0.25)
 
 
+def peers_missing() -> str | None:
+    """The error to print when the Rust routers are not installed, else None."""
+    missing = [p for p in ("vllm-router", "sglang-router") if not (PEERS / p).exists()]
+    return (f"error: peer routers missing ({', '.join(missing)}): run `make peers`"
+            if missing else None)
+
+
 def launch_peer(procs: Procs, binary: str, args: list[str],
                 ready_paths: tuple[str, ...] = ("/health",)) -> Proc:
     """A Rust router from ``.venv-peers``, serving and exporting its metrics
@@ -365,10 +372,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.ablation:
         args.routers += [a for a in ABLATIONS if a not in args.routers]
     ROUTERS.update(ABLATIONS)
-    missing = [p for p in ("vllm-router", "sglang-router") if not (PEERS / p).exists()]
-    if missing:
-        print(f"error: peer routers missing ({', '.join(missing)}): run `make peers`",
-              file=sys.stderr)
+    if err := peers_missing():
+        print(err, file=sys.stderr)
         return 2
     def payloads(wl: str, repeat: int) -> Any:
         if wl == "agentic":  # another seed each repeat: other sessions, same shape
