@@ -10,9 +10,15 @@ import sys
 import structlog
 from aiohttp.http_exceptions import HttpProcessingError
 
-_SHARED: list[structlog.types.Processor] = [
+# ours and the libraries' records: stamped alike first, rendered alike last
+_STAMP: list[structlog.types.Processor] = [
     structlog.processors.add_log_level,
     structlog.processors.TimeStamper(fmt="iso", utc=True),
+]
+_RENDER: list[structlog.types.Processor] = [
+    structlog.processors.format_exc_info,
+    structlog.processors.EventRenamer("msg"),
+    structlog.processors.JSONRenderer(),
 ]
 
 
@@ -37,12 +43,9 @@ def configure(level: str = "info") -> None:
     lvl = logging.getLevelName(level.upper())
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(structlog.stdlib.ProcessorFormatter(
-        foreign_pre_chain=[*_SHARED, structlog.stdlib.add_logger_name,
+        foreign_pre_chain=[*_STAMP, structlog.stdlib.add_logger_name,
                            structlog.stdlib.ExtraAdder(("status", "error"))],
-        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                    structlog.processors.format_exc_info,
-                    structlog.processors.EventRenamer("msg"),
-                    structlog.processors.JSONRenderer()]))
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *_RENDER]))
     handler.addFilter(ClientProtocolErrors())
     root = logging.getLogger()
     for h in [h for h in root.handlers if getattr(h, "toposerve", False)]:
@@ -51,10 +54,7 @@ def configure(level: str = "info") -> None:
     root.addHandler(handler)
     root.setLevel(lvl)
     structlog.configure(
-        processors=[*_SHARED,
-                    structlog.processors.format_exc_info,
-                    structlog.processors.EventRenamer("msg"),
-                    structlog.processors.JSONRenderer()],
+        processors=[*_STAMP, *_RENDER],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
     )
