@@ -1,5 +1,5 @@
-"""A client that sends one request and hangs up: raw sockets, since HTTP
-clients wait for the answer."""
+"""Raw-socket clients, for what HTTP clients will not do: hang up before
+the answer, send a body in pieces, send something that is not HTTP/1.1."""
 
 from __future__ import annotations
 
@@ -8,12 +8,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 
+def connect(url: str, timeout: float) -> socket.socket:
+    """A TCP connection to the server of an ``http://host:port`` URL."""
+    host, port = url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=timeout)
+
+
 @contextmanager
 def hanging_client(url: str, path: str, body: bytes, stream: bool) -> Iterator[None]:
     """Sends ``body``; the connection closes when the block ends. Streamed,
     the answer's headers are awaited first."""
-    host, port = url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=10) as s:
+    with connect(url, 10) as s:
         s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                   f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
         if stream:

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from bench.procs import MODEL, Procs
-from tests.router.hangup import hanging_client
+from tests.router.hangup import connect, hanging_client
 from tests.waiting import wait_for
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 3}
@@ -123,8 +123,7 @@ def test_unknown_path_and_method(procs: Procs) -> None:
 def test_truncated_body_and_slow_client(procs: Procs) -> None:
     sim = procs.sim()
     router = procs.router(endpoints=[sim.url])
-    host, port = router.url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=5) as s:
+    with connect(router.url, 5) as s:
         s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
                   b"Content-Type: application/json\r\nContent-Length: 500\r\n\r\n{\"model\"")
         s.shutdown(socket.SHUT_WR)  # the client gives up mid-body
@@ -132,7 +131,7 @@ def test_truncated_body_and_slow_client(procs: Procs) -> None:
     assert reply == b"" or reply.startswith(b"HTTP/1.1 4")
     # a slow client trickles its body; good traffic is served meanwhile
     body = orjson.dumps(CHAT)
-    with socket.create_connection((host, int(port)), timeout=10) as slow:
+    with connect(router.url, 10) as slow:
         slow.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
                      b"Content-Type: application/json\r\n"
                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")

@@ -4,21 +4,20 @@ malformed HTTP is a warning line, never a traceback."""
 from __future__ import annotations
 
 import json
-import socket
 from functools import partial
 from pathlib import Path
 
 import httpx
 
 from bench.procs import Procs
+from tests.router.hangup import connect
 from tests.waiting import wait_for
 
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes.fromhex("000000040000000000")
 
 
 def _send_raw(url: str, data: bytes) -> bytes:
-    host, port = url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=5) as s:
+    with connect(url, 5) as s:
         s.sendall(data)
         return s.recv(4096)
 
