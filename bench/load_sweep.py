@@ -10,8 +10,9 @@ round-robin's capacity its queues grow and reuse saves the queueing too;
 past the fleet's capacity every router queues. Prints a table, writes JSON
 and a PNG plot.
 
-    python -m bench.load_sweep [--compressions 8 12 16 20 24] [--quick] [--model-only]
-                               [--trace conversation_trace.jsonl]
+    python -m bench.load_sweep [--compressions 8 12 16 18 20 22] [--quick] [--model-only]
+                               [--trace conversation_trace.jsonl] [--requests 3000]
+                               [--arrivals spread|tick]
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from bench import report
 from bench.router_bench import (
     CACHE_BLOCKS,
     MOONCAKE,
+    MOONCAKE_REQUESTS,
     REPO,
     ROUTERS,
     modelled,
@@ -120,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.load_sweep", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
-    ap.add_argument("--compressions", nargs="+", type=float, default=[8, 12, 16, 20, 24],
+    ap.add_argument("--compressions", nargs="+", type=float, default=[8, 12, 16, 18, 20, 22],
                     help="how many times faster than the trace's clock to replay it")
     ap.add_argument("--routers", nargs="+", default=DEFAULT_ROUTERS, choices=list(ROUTERS))
     ap.add_argument("--quick", action="store_true", help="200 requests, for a smoke test")
@@ -129,6 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace", type=Path, default=MOONCAKE,
                     help="a trace in the Mooncake JSONL format (timestamp, input_length, "
                          "output_length, hash_ids)")
+    ap.add_argument("--requests", type=int, default=MOONCAKE_REQUESTS,
+                    help="how many of the trace's first requests to replay")
+    ap.add_argument("--arrivals", choices=["spread", "tick"], default="spread",
+                    help="spread: each tick's requests spaced over the tick; tick: sent "
+                         "together, as stamped")
     args = ap.parse_args(argv)
     if ROUND_ROBIN not in args.routers:
         ap.error("the sweep compares against round-robin: keep it in --routers")
@@ -142,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     points: list[Point] = []
     with tempfile.TemporaryDirectory() as tmp:
         for c in args.compressions:
-            reqs = mooncake_requests(c, quick=args.quick, trace=args.trace)
+            reqs = mooncake_requests(c, quick=args.quick, trace=args.trace,
+                                     requests=args.requests, spread=args.arrivals == "spread")
             span = max(r.at_s for r in reqs) - min(r.at_s for r in reqs)
             rps = len(reqs) / span if span > 0 else float("nan")
             for policy, m in modelled(reqs, CACHE_BLOCKS["mooncake"]).items():
@@ -155,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  x{c:<4g} {name:26} TTFT p50 {row.ttft_p50_ms:7.0f} ms  "
                       f"failed {row.failed}  ({time.monotonic() - t0:.0f}s)",
                       file=sys.stderr, flush=True)
-    doc: dict[str, Any] = {"requests": len(reqs), "points": [asdict(p) for p in points]}
+    doc: dict[str, Any] = {"requests": len(reqs), "arrivals": args.arrivals,
+                           "points": [asdict(p) for p in points]}
     report.write(Path(args.out), "load_sweep", table(points), doc,
                  lambda path: plot(points, path))
     return 0

@@ -10,9 +10,11 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,26 +82,46 @@ class TraceRequest:
     max_tokens: int
 
 
+def spread_ticks(stamps_ms: list[float]) -> list[float]:
+    """Arrival times for a trace whose clock ticks coarsely (Mooncake's
+    conversation trace stamps about ten requests with each 3-second tick):
+    the requests of a tick spaced evenly, in trace order, until the next
+    tick; the last tick's as wide as the one before it."""
+    ticks = sorted(set(stamps_ms))
+    width = {t: nxt - t for t, nxt in itertools.pairwise(ticks)}
+    if ticks:
+        width[ticks[-1]] = width[ticks[-2]] if len(ticks) > 1 else 0.0
+    count = Counter(stamps_ms)
+    seen: dict[float, int] = {}
+    out = []
+    for t in stamps_ms:
+        k = seen[t] = seen.get(t, -1) + 1
+        out.append(t + k * width[t] / count[t])
+    return out
+
+
 def mooncake(path: Path, limit: int = 500, time_compression: float = 8.0,
-             token_scale: float = 0.5, output_scale: float = 0.1) -> list[TraceRequest]:
+             token_scale: float = 0.5, output_scale: float = 0.1,
+             spread: bool = False) -> list[TraceRequest]:
     """The first ``limit`` requests; block texts are shared by block id, so
-    shared ids become shared prefixes; the tail is unique per request."""
+    shared ids become shared prefixes; the tail is unique per request.
+    ``spread``: each tick's requests spaced over the tick (spread_ticks)
+    instead of sent together."""
     blocks: dict[int, str] = {}
     block_tokens = max(1, int(MOONCAKE_BLOCK_TOKENS * token_scale))
-    out = []
     with path.open() as f:
-        for i, line in enumerate(f):
-            if i >= limit:
-                break
-            rec = json.loads(line)
-            ids = rec["hash_ids"]
-            body = "".join(blocks.setdefault(h, text_tokens(block_tokens, f"mc-{h}"))
-                           for h in ids)
-            want = int(rec["input_length"] * token_scale)
-            have = len(body) // BYTES_PER_TOKEN
-            if want > have:
-                body += text_tokens(want - have, f"mc-tail-{i}")
-            out.append(TraceRequest(at_s=rec["timestamp"] / 1000 / time_compression,
-                                    prompt=body[: want * BYTES_PER_TOKEN] or body,
-                                    max_tokens=max(1, int(rec["output_length"] * output_scale))))
+        recs = [json.loads(line) for _, line in zip(range(limit), f, strict=False)]
+    stamps = [float(r["timestamp"]) for r in recs]
+    arrivals = spread_ticks(stamps) if spread else stamps
+    out = []
+    for i, (rec, at_ms) in enumerate(zip(recs, arrivals, strict=True)):
+        ids = rec["hash_ids"]
+        body = "".join(blocks.setdefault(h, text_tokens(block_tokens, f"mc-{h}")) for h in ids)
+        want = int(rec["input_length"] * token_scale)
+        have = len(body) // BYTES_PER_TOKEN
+        if want > have:
+            body += text_tokens(want - have, f"mc-tail-{i}")
+        out.append(TraceRequest(at_s=at_ms / 1000 / time_compression,
+                                prompt=body[: want * BYTES_PER_TOKEN] or body,
+                                max_tokens=max(1, int(rec["output_length"] * output_scale))))
     return out
