@@ -6,6 +6,8 @@ import argparse
 import sys
 from typing import Any
 
+import structlog
+
 from router.config import RouterConfig, load_router_config, quick_config
 from router.scheduling.registry import PluginError
 from topology.config_file import ConfigError
@@ -33,7 +35,8 @@ def _run(args: argparse.Namespace) -> int:
     except (ConfigError, PluginError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(f"router on http://{cfg.server.host}:{cfg.server.port}", file=sys.stderr, flush=True)
+    structlog.get_logger("toposerve.router").info(
+        "serving", url=f"http://{cfg.server.host}:{cfg.server.port}")
     serve(cfg)
     return 0
 

@@ -7,6 +7,7 @@ import sys
 from enum import StrEnum
 from typing import Any
 
+import structlog
 from pydantic import ValidationError
 
 from router.sim.config import SimConfig
@@ -30,8 +31,9 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     from router.sim.server import serve
 
-    print(f"simulated {cfg.dialect.value} server for {', '.join(cfg.names)} on "
-          f"http://{cfg.host}:{cfg.port}", file=sys.stderr, flush=True)
+    structlog.get_logger("toposerve.sim").info(
+        "serving", url=f"http://{cfg.host}:{cfg.port}", dialect=cfg.dialect.value,
+        models=list(cfg.names))
     serve(cfg)
     return 0
 
