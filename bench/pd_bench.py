@@ -33,7 +33,6 @@ from bench.procs import Proc, Procs, free_port
 from bench.replay import replay_trace
 from bench.report import medians, pct
 from bench.router_bench import (
-    CACHE_BLOCKS,
     MOONCAKE,
     REPO,
     SIM,
@@ -47,6 +46,10 @@ from router.sim.metrics import NAMES
 DOMAINS = ("nvl72-a", "nvl72-b")
 PER_DOMAIN = {"prefill": 2, "decode": 2}
 OUTER = {"zone": "zone-1", "block": "block-1"}
+# KV blocks a server caches (640K tokens; the 600 requests' distinct prompt
+# tokens, 1.8M, spread over four prefill servers fit). The router bench's
+# Mooncake caches are larger, for its 3,000 requests.
+CACHE_BLOCKS = 40_000
 
 
 @dataclass
@@ -79,7 +82,7 @@ def fleet(procs: Procs, protocol: str) -> list[Server]:
                     flags.update(dialect="sglang", disaggregation_mode=role)
                     if role == "prefill":
                         port = flags["disaggregation_bootstrap_port"] = free_port()
-                proc = procs.sim(**SIM, num_gpu_blocks=CACHE_BLOCKS["mooncake"], node=node,
+                proc = procs.sim(**SIM, num_gpu_blocks=CACHE_BLOCKS, node=node,
                                  nvlink_domain=d, rack=d, zone=OUTER["zone"],
                                  block=OUTER["block"], **flags)
                 out.append(Server(proc, role, node, d, port))
