@@ -44,7 +44,7 @@ SIM: dict[str, Any] = {"time_scale": 0.2, "overhead_s": 0.01, "prefill_s_per_tok
                        "decode_s_per_token": 0.02, "max_num_seqs": 32, "block_size": 16}
 # The Mooncake trace reuses prefixes minutes apart, and "available reuse"
 # counts a prefix shared with any earlier prompt: the four caches together
-# hold the replay's distinct prompt tokens (about 6M of its 3,000
+# hold the replay's distinct prompt tokens (about 7M of its 3,000
 # requests at a quarter of their length), so what a router captures is
 # its placement, not the cache size (at 40,000 blocks every router lost a
 # tenth of the reuse to evictions).
