@@ -30,6 +30,7 @@ from bench.replay import (
 )
 from bench.report import medians, pct
 from bench.workloads import TraceRequest, agentic, mooncake
+from router.config import ScrapeConfig
 from router.prefix.hashing import byte_block_hashes
 from router.tokens import BYTES_PER_TOKEN
 
@@ -112,16 +113,21 @@ def peer(binary: str, *args: str, kv_events: bool = False) -> Start:
     return start
 
 
-def ours(procs: Procs, sims: list[Proc]) -> Proc:
-    # the default profile and scrape interval, as shipped
-    return procs.router({"scrape": {"intervalSeconds": 0.2}}, endpoints=[s.url for s in sims])
+SCRAPE_S = ScrapeConfig().interval_s  # as shipped
 
 
-def ours_with(scorers: list[dict[str, Any]]) -> Start:
+def ours_with(scorers: list[dict[str, Any]] | None = None, scrape_s: float = SCRAPE_S) -> Start:
+    """Our router with other scorers (None: the default profile) or another
+    scrape interval."""
     def start(procs: Procs, sims: list[Proc]) -> Proc:
-        return procs.router({"scrape": {"intervalSeconds": 0.2},
-                             "profile": {"scorers": scorers}}, endpoints=[s.url for s in sims])
+        cfg: dict[str, Any] = {"scrape": {"intervalSeconds": scrape_s}}
+        if scorers is not None:
+            cfg["profile"] = {"scorers": scorers}
+        return procs.router(cfg, endpoints=[s.url for s in sims])
     return start
+
+
+ours = ours_with()  # the default profile and scrape interval, as shipped
 
 
 # --ablation: other scorer sets, to show why the default is the default
@@ -141,6 +147,8 @@ ABLATIONS: dict[str, Start] = {
     "toposerve[llm-d-like: prefix 3, queue 1, kv 1]": ours_with([
         {"type": "prefix-approx", "weight": 3}, {"type": "queue", "weight": 1},
         {"type": "kv-usage", "weight": 1}]),
+    # the default profile scores no scraped load: what the scrape's CPU buys
+    "toposerve[scrape every 1 s]": ours_with(scrape_s=1.0),
 }
 
 ROUTERS: dict[str, Start] = {
