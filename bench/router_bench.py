@@ -147,7 +147,8 @@ ABLATIONS: dict[str, Start] = {
     "toposerve[llm-d-like: prefix 3, queue 1, kv 1]": ours_with([
         {"type": "prefix-approx", "weight": 3}, {"type": "queue", "weight": 1},
         {"type": "kv-usage", "weight": 1}]),
-    # the default profile scores no scraped load: what the scrape's CPU buys
+    # the default profile reads scraped load only to tell saturation: what the
+    # scrape's CPU buys
     "toposerve[scrape every 1 s]": ours_with(scrape_s=1.0),
 }
 
