@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.procs import MODEL, Proc, Procs, free_port
+from tests.waiting import wait_for
 
 
 def chat(router: Proc, messages: list[dict[str, str]], session: str | None = None,
@@ -21,6 +23,17 @@ def chat(router: Proc, messages: list[dict[str, str]], session: str | None = Non
                    json={"model": MODEL, "messages": messages, "max_tokens": max_tokens})
     assert r.status_code == 200, r.text
     return r.headers["x-toposerve-endpoint"], r.json()
+
+
+def router_waiting(router: Proc, endpoint: str) -> float:
+    """Waiting requests at ``endpoint`` as the router last scraped them."""
+    text = httpx.get(router.url + "/metrics").text
+    for family in text_string_to_metric_families(text):
+        if family.name == "toposerve_router_endpoint_waiting":
+            for sample in family.samples:
+                if sample.labels.get("endpoint") == endpoint:
+                    return sample.value
+    return 0.0
 
 
 def turn_messages(session: int, turns: int) -> list[dict[str, str]]:
@@ -52,14 +65,9 @@ def test_sessions_stick_until_saturated(procs: Procs) -> None:
                                       "timeout": 60}) for i in range(6)]
     for t in flood:
         t.start()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        metrics = httpx.get(busy.url + "/metrics").text
-        line = next(x for x in metrics.splitlines() if x.startswith("vllm:num_requests_waiting"))
-        if float(line.split()[-1]) >= 2:
-            break
-        time.sleep(0.05)
-    time.sleep(0.3)  # a few router scrapes
+    # until the router's own view (its last scrape) shows the queue
+    wait_for(f"the router to see {home} saturated",
+             lambda: router_waiting(router, home) >= 2, timeout=15, interval=0.05)
     ep, _ = chat(router, turn_messages(0, 6), session="s0")
     assert ep != home  # saturated: the session moves on
     for t in flood:

@@ -219,6 +219,9 @@ def _cfg(tmp_path: Path, doc: dict) -> Path:  # type: ignore[type-arg]
     ({"discovery": {"static": [{"url": "http://a:1"}]},
       "disaggregation": {"protocol": "sglang", "minPrefillTokens": 100}},
      "disaggregation: Value error, minPrefillTokens needs protocol: nixl"),
+    ({"discovery": {"static": [{"url": "http://a:1"}]}, "scrape": {"intervalSeconds": 5}},
+     "scrape: Value error, staleAfterSeconds (3) must exceed intervalSeconds + "
+     "timeoutSeconds (6); raise staleAfterSeconds above 6"),
 ])
 def test_router_config_errors_name_the_field(tmp_path: Path, doc: dict,  # type: ignore[type-arg]
                                              fragment: str) -> None:
