@@ -362,13 +362,13 @@ def plot(rows: list[Row], path: Path) -> None:
     metrics = [("ttft_p50_ms", "TTFT p50 (ms)"), ("ttft_p99_ms", "TTFT p99 (ms)"),
                ("captured", "share of available reuse captured")]
     width = 0.8 / len(names)
-    colors = plt.get_cmap("tab20").colors  # tab10 repeats after ten routers
+    colors = matplotlib.colormaps["tab20"]  # tab10 repeats after ten routers
     for ax, (field, label) in zip(axes, metrics, strict=True):
         for i, name in enumerate(names):
             vals = [next((getattr(r, field) for r in rows
                           if r.workload == w and r.router == name), 0) for w in workloads]
             ax.bar([x + i * width for x in range(len(workloads))], vals, width, label=name,
-                   color=colors[i % len(colors)],
+                   color=colors(i % colors.N),
                    hatch="//" if name.startswith("toposerve[") else None)  # ablations
         ax.set_xticks([x + 0.4 - width / 2 for x in range(len(workloads))], workloads)
         ax.set_title(label)

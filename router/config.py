@@ -96,7 +96,8 @@ class ScrapeConfig(Section):
                                           "the server a metrics render and the router "
                                           "about a millisecond of CPU. The default "
                                           "profile reads scraped load only to tell "
-                                          "saturation; 1 s beat 0.2 s in the benchmark "
+                                          "saturation; 1 s cost less CPU than 0.2 s at "
+                                          "the same or better TTFT in the benchmark "
                                           "(README, Benchmark)")
     health_interval_s: float = Field(default=1.0, alias="healthIntervalSeconds", gt=0,
                                      description="how often /health is read (always while "
