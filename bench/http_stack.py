@@ -30,6 +30,10 @@ from bench.replay import added_latency, big_prompts
 REPO = Path(__file__).resolve().parents[1]
 STACKS = ("aiohttp", "granian+aiohttp-client", "starlette+uvicorn+httpx")
 UPSTREAM_ENV = "HTTP_STACK_UPSTREAM"
+# per-event cost: at time scale 0.1 a 20 ms token takes 2 ms of wall time, as
+# long as the simulator's coalescing window, so each token is its own write
+EVENT_SIM: dict[str, Any] = {"time_scale": 0.1, "decode_s_per_token": 0.02}
+EVENT_STREAM_TOKENS = 200
 
 
 def serve_aiohttp(port: int, upstream: str) -> None:
@@ -152,6 +156,22 @@ async def concurrent(url: str, n: int, width: int) -> float:
     return n / (time.monotonic() - t0)
 
 
+async def long_streams(url: str, n: int, width: int) -> int:
+    """``n`` streamed completions of EVENT_STREAM_TOKENS tokens, ``width`` at a
+    time; the SSE events received (one a token from a simulator whose tokens
+    come slower than it coalesces)."""
+    sem = asyncio.Semaphore(width)
+    body = orjson.dumps({"model": "toposerve/sim-model", "prompt": "hello " * 50,
+                         "max_tokens": EVENT_STREAM_TOKENS, "stream": True})
+
+    async def one(session: aiohttp.ClientSession) -> int:
+        async with sem, session.post(url + "/v1/completions", data=body) as r:
+            return len([1 async for line in r.content if line.startswith(b"data: {")])
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+        return sum(await asyncio.gather(*(one(s) for _ in range(n))))
+
+
 def start_stack(procs: Procs, stack: str, upstream: str) -> Proc:
     port = free_port()
     argv = [sys.executable, "-m", "bench.http_stack", "serve", "--stack", stack, "--port",
@@ -177,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             sim = procs.sim(time_scale=0.0001, max_model_len=4_000_000)
             stacks = {stack: start_stack(procs, stack, sim.url) for stack in STACKS}
+            paced = procs.sim(**EVENT_SIM)
+            event_stacks = {stack: start_stack(procs, stack, paced.url) for stack in STACKS}
             added = added_latency(sim.url, {k: p.url for k, p in stacks.items()}, 200)
             for stack, p in stacks.items():
                 cpu0 = p.cpu_seconds()
@@ -185,18 +207,25 @@ def main(argv: list[str] | None = None) -> int:
                 cpu0 = p.cpu_seconds()
                 rps = asyncio.run(concurrent(p.url, 600, 32))
                 small_cpu = (p.cpu_seconds() - cpu0) / 600
+                ep = event_stacks[stack]
+                cpu0 = ep.cpu_seconds()
+                events = asyncio.run(long_streams(ep.url, 64, 32))
+                event_cpu = (ep.cpu_seconds() - cpu0) / max(events, 1)
                 rows.append({"stack": stack, "added_p50_ms": round(added[stack] * 1000, 3),
                              "cpu_ms_per_195k_request": round(big_cpu * 1000, 2),
                              "cpu_ms_per_small_stream": round(small_cpu * 1000, 3),
+                             "cpu_us_per_sse_event": round(event_cpu * 1e6, 1),
                              "streams_per_s_at_32": round(rps, 1)})
         finally:
             procs.close()
     print("| stack | added p50 ms | CPU ms per 195K-token request | CPU ms per small stream "
+          f"| CPU us per SSE event ({EVENT_STREAM_TOKENS}-token streams) "
           "| streams/s at concurrency 32 |")
-    print("|---|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['stack']} | {r['added_p50_ms']:.2f} | {r['cpu_ms_per_195k_request']:.1f} | "
-              f"{r['cpu_ms_per_small_stream']:.2f} | {r['streams_per_s_at_32']:.0f} |")
+              f"{r['cpu_ms_per_small_stream']:.2f} | {r['cpu_us_per_sse_event']:.0f} | "
+              f"{r['streams_per_s_at_32']:.0f} |")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "http_stack.json").write_text(json.dumps(rows, indent=2))
