@@ -165,7 +165,10 @@ async def long_streams(url: str, n: int, width: int) -> int:
                          "max_tokens": EVENT_STREAM_TOKENS, "stream": True})
 
     async def one(session: aiohttp.ClientSession) -> int:
-        async with sem, session.post(url + "/v1/completions", data=body) as r:
+        async with sem, session.post(url + "/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"}) as r:
+            if r.status != 200:
+                raise RuntimeError(f"{url}: HTTP {r.status}: {(await r.read())[:200]!r}")
             return len([1 async for line in r.content if line.startswith(b"data: {")])
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
