@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from bench.procs import MODEL, Proc, Procs, free_port
 from tests.waiting import wait_for
@@ -27,13 +26,9 @@ def chat(router: Proc, messages: list[dict[str, str]], session: str | None = Non
 
 def router_waiting(router: Proc, endpoint: str) -> float:
     """Waiting requests at ``endpoint`` as the router last scraped them."""
-    text = httpx.get(router.url + "/metrics").text
-    for family in text_string_to_metric_families(text):
-        if family.name == "toposerve_router_endpoint_waiting":
-            for sample in family.samples:
-                if sample.labels.get("endpoint") == endpoint:
-                    return sample.value
-    return 0.0
+    return sum(s.value for s in router.samples()
+               if s.name == "toposerve_router_endpoint_waiting"
+               and s.labels.get("endpoint") == endpoint)
 
 
 def turn_messages(session: int, turns: int) -> list[dict[str, str]]:
