@@ -114,7 +114,8 @@ def peer(binary: str, *args: str, kv_events: bool = False) -> Start:
     return start
 
 
-SCRAPE_S = ScrapeConfig().interval_s  # as shipped
+# as shipped; said explicitly, since Procs.router gives tests a 0.05 s scrape
+SCRAPE_S = ScrapeConfig().interval_s
 
 
 def ours_with(scorers: list[dict[str, Any]] | None = None, scrape_s: float = SCRAPE_S) -> Start:
