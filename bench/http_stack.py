@@ -139,30 +139,12 @@ SERVERS = {"aiohttp": serve_aiohttp, "granian+aiohttp-client": serve_granian,
            "starlette+uvicorn+httpx": serve_starlette}
 
 
-async def concurrent(url: str, n: int, width: int) -> float:
-    """Requests per second for ``n`` small streamed completions, ``width`` at a time."""
+async def streams(url: str, n: int, width: int, max_tokens: int) -> int:
+    """``n`` streamed completions of ``max_tokens`` tokens, ``width`` at a
+    time; the SSE events received."""
     sem = asyncio.Semaphore(width)
     body = orjson.dumps({"model": "toposerve/sim-model", "prompt": "hello " * 50,
-                         "max_tokens": 16, "stream": True})
-
-    async def one(session: aiohttp.ClientSession) -> None:
-        async with sem, session.post(url + "/v1/completions", data=body) as r:
-            async for _ in r.content.iter_any():
-                pass
-
-    t0 = time.monotonic()
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
-        await asyncio.gather(*(one(s) for _ in range(n)))
-    return n / (time.monotonic() - t0)
-
-
-async def long_streams(url: str, n: int, width: int) -> int:
-    """``n`` streamed completions of EVENT_STREAM_TOKENS tokens, ``width`` at a
-    time; the SSE events received (one a token from a simulator whose tokens
-    come slower than it coalesces)."""
-    sem = asyncio.Semaphore(width)
-    body = orjson.dumps({"model": "toposerve/sim-model", "prompt": "hello " * 50,
-                         "max_tokens": EVENT_STREAM_TOKENS, "stream": True})
+                         "max_tokens": max_tokens, "stream": True})
 
     async def one(session: aiohttp.ClientSession) -> int:
         async with sem, session.post(url + "/v1/completions", data=body,
@@ -173,6 +155,13 @@ async def long_streams(url: str, n: int, width: int) -> int:
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
         return sum(await asyncio.gather(*(one(s) for _ in range(n))))
+
+
+async def concurrent(url: str, n: int, width: int) -> float:
+    """Requests per second for ``n`` small streamed completions, ``width`` at a time."""
+    t0 = time.monotonic()
+    await streams(url, n, width, 16)
+    return n / (time.monotonic() - t0)
 
 
 def start_stack(procs: Procs, stack: str, upstream: str) -> Proc:
@@ -212,7 +201,9 @@ def main(argv: list[str] | None = None) -> int:
                 small_cpu = (p.cpu_seconds() - cpu0) / 600
                 ep = event_stacks[stack]
                 cpu0 = ep.cpu_seconds()
-                events = asyncio.run(long_streams(ep.url, 64, 32))
+                # one event a token from a simulator whose tokens come
+                # slower than it coalesces them
+                events = asyncio.run(streams(ep.url, 64, 32, EVENT_STREAM_TOKENS))
                 event_cpu = (ep.cpu_seconds() - cpu0) / max(events, 1)
                 rows.append({"stack": stack, "added_p50_ms": round(added[stack] * 1000, 3),
                              "cpu_ms_per_195k_request": round(big_cpu * 1000, 2),
