@@ -48,6 +48,7 @@ $(PEERS)/.installed:
 
 bench: setup peers
 	$(PY) -m bench.http_stack
+	$(PY) -m bench.router_cpu
 	$(PY) -m bench.router_bench --ablation --repeats 3
 	$(PY) -m bench.load_sweep
 	$(PY) -m bench.pd_bench --repeats 3
