@@ -42,13 +42,16 @@ def medians(runs: list[T], keys: tuple[str, ...],
 
 
 def write(out: Path, name: str, md: str, doc: dict[str, Any],
-          plot: Callable[[Path], None]) -> None:
+          plot: Callable[[Path], None] | None = None) -> None:
     """Prints ``md`` and writes ``name``.md, .json (``doc`` with a time
-    stamp) and .png into ``out``."""
+    stamp) and, given a ``plot``, .png into ``out``."""
     print(md)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps(
         {"when": time.strftime("%Y%m%dT%H%M%S"), **doc}, indent=2))
     (out / f"{name}.md").write_text(md + "\n")
+    if plot is None:
+        print(f"wrote {out / name}.json and .md", file=sys.stderr)
+        return
     plot(out / f"{name}.png")
     print(f"wrote {out / name}.json, .md and .png", file=sys.stderr)

@@ -1,7 +1,7 @@
 """Where a router's CPU goes: per request and per relayed SSE event, ours
 against the Rust routers, each in front of its own fresh simulators.
 
-    python -m bench.router_cpu            # table + bench/results/router_cpu.json
+    python -m bench.router_cpu            # table + bench/results/router_cpu.{json,md}
 
 Per request: one-token streamed completions (one event each). Per event:
 200-token streams from a simulator paced so each token is its own write
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 
 from bench.http_stack import EVENT_SIM, EVENT_STREAM_TOKENS, streams
 from bench.procs import Procs
+from bench.report import write
 from bench.router_bench import REPO, ROUTERS, peers_missing
 
 NAMES = ("toposerve", "sglang-router cache_aware", "round-robin")
@@ -52,14 +52,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with tempfile.TemporaryDirectory() as tmp:
         rows = [measure(Path(tmp), name) for name in NAMES]
-    print("| router | CPU ms per one-token request | CPU us per further SSE event |")
-    print("|---|---:|---:|")
-    for r in rows:
-        print(f"| {r['router']} | {r['cpu_ms_per_request']:.2f} | "
-              f"{r['cpu_us_per_sse_event']:.0f} |")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "router_cpu.json").write_text(json.dumps(rows, indent=2))
+    md = "\n".join([
+        "| router | CPU ms per one-token request | CPU us per further SSE event |",
+        "|---|---:|---:|",
+        *(f"| {r['router']} | {r['cpu_ms_per_request']:.2f} | "
+          f"{r['cpu_us_per_sse_event']:.0f} |" for r in rows)])
+    write(Path(args.out), "router_cpu", md, {"rows": rows})
     return 0
 
 
