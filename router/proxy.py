@@ -5,8 +5,8 @@ breaks after its first byte with an SSE error event, never silently."""
 from __future__ import annotations
 
 import asyncio
+import random
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -66,10 +66,17 @@ def forward_headers(request: web.Request) -> dict[str, str]:
     """The client's headers for the upstream, with the client's X-Request-Id
     or a new one (every upstream call of the request carries the same)."""
     # and what the client's Connection header names as hop-by-hop too
-    drop = _DROP | {t.strip().lower() for t in request.headers.get("Connection", "").split(",")}
+    conn = request.headers.get("Connection")
+    drop = _DROP if conn is None else _DROP | {t.strip().lower() for t in conn.split(",")}
     out = {k: v for k, v in request.headers.items() if k.lower() not in drop}
-    out["X-Request-Id"] = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+    out["X-Request-Id"] = request.headers.get("X-Request-Id") or request_id()
     return out
+
+
+def request_id() -> str:
+    """32 random hex digits, as uuid4().hex gives, for a fifth of its cost
+    (no system call): an id for logs, not a secret."""
+    return f"{random.getrandbits(128):032x}"
 
 
 class StreamTap(Protocol):

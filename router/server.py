@@ -183,12 +183,14 @@ class Router:
 
     # --- handlers ------------------------------------------------------------
     async def _generate(self, request: web.Request, path: str,
-                        model: type[BaseModel], prompt_of: Callable[[Any], str]
+                        model: type[BaseModel], prompt_of: Callable[[dict[str, Any]], str]
                         ) -> web.StreamResponse:
+        """``prompt_of`` reads the validated document, not the model: dumping
+        the messages back to dicts cost as much as validating them."""
         started = time.monotonic()
         body, doc, req = await self._json(request, model)
         self._check_model(req.model)
-        ctx = self._context(request, req.model, prompt_of(req))
+        ctx = self._context(request, req.model, prompt_of(doc))
         headers = forward_headers(request)
         call = Call(request, path, body, doc, ctx, headers, started)
         if self.split is not None and self.split.splits(call):
@@ -199,12 +201,11 @@ class Router:
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(
-            request, "/v1/chat/completions", ChatRequest,
-            lambda r: chat_prompt([m.model_dump() for m in r.messages]))
+            request, "/v1/chat/completions", ChatRequest, lambda d: chat_prompt(d["messages"]))
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, "/v1/completions", CompletionRequest,
-                                    lambda r: completion_prompt(r.prompt))
+                                    lambda d: completion_prompt(d["prompt"]))
 
     async def create_response(self, request: web.Request) -> web.StreamResponse:
         """The router keeps the conversation, so any endpoint can continue a
