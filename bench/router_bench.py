@@ -118,11 +118,14 @@ def peer(binary: str, *args: str, kv_events: bool = False) -> Start:
 SCRAPE_S = ScrapeConfig().interval_s
 
 
-def ours_with(scorers: list[dict[str, Any]] | None = None, scrape_s: float = SCRAPE_S) -> Start:
-    """Our router with other scorers (None: the default profile) or another
-    scrape interval."""
+def ours_with(scorers: list[dict[str, Any]] | None = None, scrape_s: float = SCRAPE_S,
+              health_s: float | None = None) -> Start:
+    """Our router with other scorers (None: the default profile), another
+    scrape interval or another health-check interval (None: as shipped)."""
     def start(procs: Procs, sims: list[Proc]) -> Proc:
         cfg: dict[str, Any] = {"scrape": {"intervalSeconds": scrape_s}}
+        if health_s is not None:
+            cfg["scrape"]["healthIntervalSeconds"] = health_s
         if scorers is not None:
             cfg["profile"] = {"scorers": scorers}
         return procs.router(cfg, endpoints=[s.url for s in sims])

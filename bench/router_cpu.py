@@ -1,8 +1,10 @@
-"""Where a router's CPU goes: per request and per relayed SSE event, ours
-against the Rust routers, each in front of its own fresh simulators.
+"""Where a router's CPU goes: watching idle servers, per request and per
+relayed SSE event, ours against the Rust routers, each in front of its own
+four fresh simulators.
 
     python -m bench.router_cpu            # table + bench/results/router_cpu.{json,md}
 
+Idle: CPU a second while no request comes (health checks, scrapes).
 Per request: one-token streamed completions (one event each). Per event:
 200-token streams from a simulator paced so each token is its own write
 (as in the agentic benchmark); the per-request share is subtracted.
@@ -14,23 +16,33 @@ import argparse
 import asyncio
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 from bench.http_stack import EVENT_SIM, EVENT_STREAM_TOKENS, streams
 from bench.procs import Procs
 from bench.report import write
-from bench.router_bench import REPO, ROUTERS, peers_missing
+from bench.router_bench import REPO, ROUTERS, Start, ours_with, peers_missing
 
-NAMES = ("toposerve", "sglang-router cache_aware", "round-robin")
-REQUESTS, STREAMS, WIDTH = 1000, 64, 32
+CONTENDERS: dict[str, Start] = {
+    **{name: ROUTERS[name] for name in ("toposerve", "sglang-router cache_aware",
+                                        "round-robin")},
+    # what the shipped 5 s health interval saves
+    "toposerve[previous health check: every 1 s]": ours_with(health_s=1.0),
+}
+SIMS, IDLE_S, REQUESTS, STREAMS, WIDTH = 4, 10.0, 1000, 64, 32
 
 
 def measure(tmp: Path, name: str) -> dict[str, Any]:
     procs = Procs(tmp)
     try:
-        router = ROUTERS[name](procs, [procs.sim(**EVENT_SIM)])
+        router = CONTENDERS[name](procs, [procs.sim(**EVENT_SIM) for _ in range(SIMS)])
         asyncio.run(streams(router.url, 16, 8, 1))  # connections made, code warm
+        time.sleep(1.0)
+        cpu0 = router.cpu_seconds()
+        time.sleep(IDLE_S)
+        idle = (router.cpu_seconds() - cpu0) / IDLE_S
         cpu0 = router.cpu_seconds()
         asyncio.run(streams(router.url, REQUESTS, WIDTH, 1))
         per_request = (router.cpu_seconds() - cpu0) / REQUESTS
@@ -39,7 +51,8 @@ def measure(tmp: Path, name: str) -> dict[str, Any]:
         per_event = (router.cpu_seconds() - cpu0 - STREAMS * per_request) / (events - STREAMS)
     finally:
         procs.close()
-    return {"router": name, "cpu_ms_per_request": round(per_request * 1e3, 3),
+    return {"router": name, "idle_cpu_ms_per_s": round(idle * 1e3, 2),
+            "cpu_ms_per_request": round(per_request * 1e3, 3),
             "cpu_us_per_sse_event": round(per_event * 1e6, 1)}
 
 
@@ -51,11 +64,12 @@ def main(argv: list[str] | None = None) -> int:
         print(err, file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory() as tmp:
-        rows = [measure(Path(tmp), name) for name in NAMES]
+        rows = [measure(Path(tmp), name) for name in CONTENDERS]
     md = "\n".join([
-        "| router | CPU ms per one-token request | CPU us per further SSE event |",
-        "|---|---:|---:|",
-        *(f"| {r['router']} | {r['cpu_ms_per_request']:.2f} | "
+        f"| router | idle CPU ms a second, {SIMS} servers | CPU ms per one-token request | "
+        "CPU us per further SSE event |",
+        "|---|---:|---:|---:|",
+        *(f"| {r['router']} | {r['idle_cpu_ms_per_s']:.1f} | {r['cpu_ms_per_request']:.2f} | "
           f"{r['cpu_us_per_sse_event']:.0f} |" for r in rows)])
     write(Path(args.out), "router_cpu", md, {"rows": rows})
     return 0
