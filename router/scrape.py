@@ -24,6 +24,12 @@ WAITING = {"vllm:num_requests_waiting", "sglang:num_queue_reqs"}
 RUNNING = {"vllm:num_requests_running", "sglang:num_running_reqs"}
 KV_USAGE = {"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage"}
 CACHE_INFO = "vllm:cache_config_info"
+# vLLM and SGLang serve /metrics with prometheus_client, which then renders
+# only the series named in name[]: a fraction of the server's CPU and bytes
+# (a real vLLM exposes hundreds of lines). A server that ignores the query
+# sends everything, which parse_load reads just the same.
+_LOAD_QUERY = [("name[]", n) for n in sorted(WAITING | RUNNING | KV_USAGE)]
+_LOAD_AND_CACHE_QUERY = [*_LOAD_QUERY, ("name[]", CACHE_INFO)]
 
 
 def _series(text: str, name: str) -> Iterator[str]:
@@ -84,13 +90,15 @@ async def scrape(session: aiohttp.ClientSession, ep: Endpoint, timeout_s: float,
                         log.warning("endpoint not ready", endpoint=ep.name, status=r.status)
                     ep.healthy = False
                     return
+        # the cache config is re-read with /health: a server may restart reconfigured
+        cache_info = health or ep.num_gpu_blocks is None
         async with session.get(f"{ep.url}/metrics",
+                               params=_LOAD_AND_CACHE_QUERY if cache_info else _LOAD_QUERY,
                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
             if r.status != 200:
                 raise aiohttp.ClientResponseError(r.request_info, (), status=r.status)
             text = await r.text()
-        # the cache config is re-read with /health: a server may restart reconfigured
-        load, bs, nb = parse_load(text, cache_info=health or ep.num_gpu_blocks is None)
+        load, bs, nb = parse_load(text, cache_info=cache_info)
     except (aiohttp.ClientError, TimeoutError, ValueError) as err:
         ep.scrape_failures += 1
         if ep.scrape_failures >= UNHEALTHY_AFTER and ep.healthy:

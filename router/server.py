@@ -78,10 +78,14 @@ class Router:
     async def start(self, app: web.Application) -> None:
         s = self.cfg.server
         # one session serves every client: a cookie jar would hand one
-        # client's upstream cookies to the next
+        # client's upstream cookies to the next. Bodies pass through as they
+        # come (no decompression), so the router asks for them uncompressed:
+        # aiohttp's default Accept-Encoding would get a gzipped /metrics from
+        # vLLM (prometheus_client compresses when asked)
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
-            auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar())
+            auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar(),
+            headers={"Accept-Encoding": "identity"})
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=s.connect_timeout_s,
                                         sock_read=s.upstream_timeout_s)
         self.proxy = Proxy(self.session, self.metrics, s.max_attempts, timeout,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import httpx
 import pytest
@@ -17,12 +18,19 @@ from aiohttp import web
 from bench.procs import MODEL, Procs, free_port
 
 
+@dataclass
+class Scrape:
+    accept_encoding: str | None
+    names: set[str]
+
+
 @pytest.fixture
-def upstream() -> Iterator[tuple[str, list[dict[str, str]]]]:
+def upstream() -> Iterator[tuple[str, list[dict[str, str]], list[Scrape]]]:
     """A stand-in for an upstream behind a cookie-setting balancer: answers
     chat completions with a Set-Cookie and records each request's headers
-    (lower-cased names)."""
+    (lower-cased names), and each /metrics request."""
     seen: list[dict[str, str]] = []
+    scrapes: list[Scrape] = []
 
     async def chat(request: web.Request) -> web.Response:
         seen.append({k.lower(): v for k, v in request.headers.items()})
@@ -36,14 +44,19 @@ def upstream() -> Iterator[tuple[str, list[dict[str, str]]]]:
     async def models(request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
 
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(text="")
+
     async def metrics(request: web.Request) -> web.Response:
+        scrapes.append(Scrape(request.headers.get("Accept-Encoding"),
+                              set(request.query.getall("name[]", []))))
         return web.Response(text="")
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/metrics", metrics)
-    app.router.add_get("/health", metrics)
+    app.router.add_get("/health", health)
     loop = asyncio.new_event_loop()
     runner = web.AppRunner(app)
     port = free_port()
@@ -53,7 +66,7 @@ def upstream() -> Iterator[tuple[str, list[dict[str, str]]]]:
     thread.start()
     try:
         # by name: aiohttp's default cookie jar ignores cookies of bare IPs
-        yield f"http://localhost:{port}", seen
+        yield f"http://localhost:{port}", seen, scrapes
     finally:
         asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)
@@ -64,8 +77,8 @@ BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}]}
 
 
 def test_an_upstream_cookie_never_reaches_other_clients(
-        procs: Procs, upstream: tuple[str, list[dict[str, str]]]) -> None:
-    url, seen = upstream
+        procs: Procs, upstream: tuple[str, list[dict[str, str]], list[Scrape]]) -> None:
+    url, seen, _ = upstream
     router = procs.router(endpoints=[url])
     for _ in range(3):
         r = httpx.post(router.url + "/v1/chat/completions", json=BODY)
@@ -77,8 +90,8 @@ def test_an_upstream_cookie_never_reaches_other_clients(
 
 
 def test_hop_by_hop_headers_stay_with_the_router(
-        procs: Procs, upstream: tuple[str, list[dict[str, str]]]) -> None:
-    url, seen = upstream
+        procs: Procs, upstream: tuple[str, list[dict[str, str]], list[Scrape]]) -> None:
+    url, seen, _ = upstream
     router = procs.router(endpoints=[url])
     r = httpx.post(router.url + "/v1/chat/completions", json=BODY, headers={
         "Connection": "keep-alive, X-Hop", "X-Hop": "1", "TE": "trailers",
@@ -90,3 +103,22 @@ def test_hop_by_hop_headers_stay_with_the_router(
         assert name not in got, f"{name} was forwarded"
     assert got["authorization"] == "Bearer token" and got["x-session-id"] == "s1"
     assert got["x-request-id"] == "r1"
+
+
+def test_bodies_come_uncompressed_and_scrapes_name_the_load_series(
+        procs: Procs, upstream: tuple[str, list[dict[str, str]], list[Scrape]]) -> None:
+    """The router relays bodies as they come, so it must not let aiohttp ask
+    for gzip (vLLM's /metrics would come compressed); and it names the
+    series it reads, so a prometheus_client server renders only those."""
+    url, seen, scrapes = upstream
+    router = procs.router(endpoints=[url])
+    r = httpx.post(router.url + "/v1/chat/completions", json=BODY,
+                   headers={"Accept-Encoding": "gzip"})
+    assert r.status_code == 200, r.text
+    assert seen[-1]["accept-encoding"] == "identity"
+    assert scrapes and all(s.accept_encoding == "identity" for s in scrapes)
+    named = scrapes[-1].names
+    assert {"vllm:num_requests_waiting", "vllm:num_requests_running",
+            "vllm:kv_cache_usage_perc", "sglang:num_queue_reqs"} <= named
+    # the cache config is asked for until it is known (the stand-in has none)
+    assert "vllm:cache_config_info" in named
