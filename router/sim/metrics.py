@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import gzip
+from collections.abc import Callable, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import choose_encoder, gzip_accepted
 
 from router.sim.config import Dialect, SimConfig
 from router.sim.engine import Engine
@@ -77,5 +79,15 @@ class SimMetrics:
                   registry=r).labels(**lab).set_function(
                 lambda: s.prefix_hits / s.prefix_queries if s.prefix_queries else 0.0)
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, names: Sequence[str] = (), accept: str = "",
+               accept_encoding: str = "") -> tuple[bytes, dict[str, str]]:
+        """Body and headers as vLLM's and SGLang's /metrics (prometheus_client's
+        ASGI app) answer: only the series in ``names`` (the ``name[]`` query)
+        when given, the format the Accept header asks for, and gzip when the
+        client accepts it."""
+        registry = self.registry.restricted_registry(names) if names else self.registry
+        encoder, content_type = choose_encoder(accept)
+        body, headers = encoder(registry), {"Content-Type": content_type}
+        if gzip_accepted(accept_encoding):
+            body, headers["Content-Encoding"] = gzip.compress(body), "gzip"
+        return body, headers

@@ -453,8 +453,10 @@ class SimServer:
         return web.Response(status=200 if self.ready() else 503)
 
     async def metrics_endpoint(self, request: web.Request) -> web.Response:
-        return web.Response(body=self.metrics.render(),
-                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+        body, headers = self.metrics.render(request.query.getall("name[]", []),
+                                            request.headers.get("Accept", ""),
+                                            request.headers.get("Accept-Encoding", ""))
+        return web.Response(body=body, headers=headers)
 
 
 @web.middleware
