@@ -342,8 +342,10 @@ def floors(rows: list[Row], models: dict[str, dict[str, dict[str, float]]]) -> s
         mine = [r for r in rows if r.workload == wl]
         p50 = statistics.median(r.floor_p50_ms for r in mine)
         p99 = statistics.median(r.floor_p99_ms for r in mine)
-        rr = next((r.ttft_p50_ms for r in mine if r.router == "round-robin"), float("nan"))
-        line = f"| {wl} | {p50:.0f} | {p99:.0f} | {rr:.0f} | {1 - p50 / rr:.0%} |"
+        rr = next((r.ttft_p50_ms for r in mine if r.router == "round-robin"), None)
+        # blank when round-robin was not run (--routers without it)
+        vs_rr = " | |" if rr is None else f" {rr:.0f} | {1 - p50 / rr:.0%} |"
+        line = f"| {wl} | {p50:.0f} | {p99:.0f} |{vs_rr}"
         if m := models.get(wl):
             mrr, oracle = m["round-robin"]["p50_ms"], m["least-ttft"]
             line += (f" {mrr:.0f} | {oracle['p50_ms']:.0f} / {oracle['p99_ms']:.0f} | "

@@ -33,6 +33,8 @@ def test_floor_table_against_round_robin() -> None:
     models = {"agentic": {"round-robin": {"p50_ms": 80.0, "p99_ms": 900.0},
                           "least-ttft": {"p50_ms": 40.0, "p99_ms": 400.0}}}
     assert "| agentic | 15 | 60 | 100 | 85% | 80 | 40 / 400 | 50% |" in floors(rows, models)
+    # without round-robin in the run (--routers): those two cells blank, not nan
+    assert "| agentic | 5 | 20 | | | | | |" in floors([_row("ours", 20, 0)], {})
 
 
 def test_pd_table_compares_within_a_hand_over() -> None:
