@@ -50,8 +50,6 @@ def write(out: Path, name: str, md: str, doc: dict[str, Any],
     (out / f"{name}.json").write_text(json.dumps(
         {"when": time.strftime("%Y%m%dT%H%M%S"), **doc}, indent=2))
     (out / f"{name}.md").write_text(md + "\n")
-    if plot is None:
-        print(f"wrote {out / name}.json and .md", file=sys.stderr)
-        return
-    plot(out / f"{name}.png")
-    print(f"wrote {out / name}.json, .md and .png", file=sys.stderr)
+    if plot is not None:
+        plot(out / f"{name}.png")
+    print(f"wrote {out / name}.json, .md" + (" and .png" if plot else ""), file=sys.stderr)

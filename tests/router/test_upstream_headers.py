@@ -16,6 +16,7 @@ import pytest
 from aiohttp import web
 
 from bench.procs import MODEL, Procs, free_port
+from router.scrape import KV_USAGE, RUNNING, WAITING
 
 
 @dataclass
@@ -118,6 +119,7 @@ def test_bodies_come_uncompressed_and_scrapes_name_the_load_series(
     assert seen[-1]["accept-encoding"] == "identity"
     assert scrapes and all(s.accept_encoding == "identity" for s in scrapes)
     named = scrapes[-1].names
+    assert named >= WAITING | RUNNING | KV_USAGE
     assert {"vllm:num_requests_waiting", "vllm:num_requests_running",
             "vllm:kv_cache_usage_perc", "sglang:num_queue_reqs"} <= named
     # the cache config is asked for until it is known (the stand-in has none)
