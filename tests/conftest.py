@@ -3,6 +3,7 @@ kube-controller-manager, kube-scheduler, kwok) for the whole session."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -15,7 +16,8 @@ import pytest
 from bench.procs import Procs
 from localcluster.cluster import ClusterSpec, api_client, down, running_clusters, up
 
-TEST_CLUSTER = "toposerve-test"
+# Overridable so that two test runs on one machine do not tear down each other's cluster.
+TEST_CLUSTER = os.environ.get("TOPOSERVE_TEST_CLUSTER", "toposerve-test")
 TEST_GROUPS = [("hgx-h100", 4), ("gb200-nvl72", 18), ("mi300x", 2)]
 
 
