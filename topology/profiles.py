@@ -35,6 +35,43 @@ class Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
 
 
+class PartitionProfile(Spec):
+    """One kind of partition (MIG-like): what it takes of the whole GPU, and
+    where it may start, in memory slices."""
+
+    name: str = Field(pattern=r"^[0-9]+g\.[0-9]+gb$", description="e.g. 1g.10gb")
+    memory: str
+    multiprocessors: int = Field(gt=0)
+    memory_slices: int = Field(alias="memorySlices", gt=0)
+    placements: list[int] = Field(min_length=1, description="first memory slice of each")
+
+
+class PartitionLayout(Spec):
+    """How a GPU may be cut: the whole GPU's memory slices and
+    multiprocessors are shared counters that its partitions consume, so the
+    scheduler never hands out the GPU and a partition of it at once."""
+
+    type: str = Field(default="mig", pattern=r"^[a-z][a-z0-9]*$",
+                      description="the partitions' `type` attribute")
+    memory_slices: int = Field(alias="memorySlices", gt=0, le=16)
+    multiprocessors: int = Field(gt=0)
+    profiles: list[PartitionProfile] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _fits(self) -> PartitionLayout:
+        for p in self.profiles:
+            if p.multiprocessors > self.multiprocessors:
+                raise ValueError(f"partition {p.name}: {p.multiprocessors} multiprocessors, "
+                                 f"the GPU has {self.multiprocessors}")
+            for start in p.placements:
+                if start < 0 or start + p.memory_slices > self.memory_slices:
+                    raise ValueError(f"partition {p.name}: placement {start} + "
+                                     f"{p.memory_slices} slices passes memorySlices "
+                                     f"{self.memory_slices}")
+            parse_quantity(p.memory)
+        return self
+
+
 class DeviceModel(Spec):
     """A kind of device as a catalog entry: what PCI ids mean."""
 
@@ -47,6 +84,14 @@ class DeviceModel(Spec):
     speed_mbps: int | None = Field(default=None, alias="speedMbps", gt=0)
     mtu: int | None = Field(default=None, ge=68)
     rdma_prefix: str | None = Field(default=None, alias="rdmaPrefix")
+    # What a GPU driver reports beside the PCI ids (NVIDIA's attribute names).
+    product_name: str | None = Field(default=None, alias="productName", max_length=64)
+    brand: str | None = Field(default=None, max_length=64)
+    architecture: str | None = Field(default=None, max_length=64)
+    compute_capability: str | None = Field(default=None, alias="computeCapability",
+                                           pattern=r"^[0-9]+\.[0-9]+$",
+                                           description="CUDA compute capability, e.g. 9.0")
+    partitions: PartitionLayout | None = None
 
     @model_validator(mode="after")
     def _kind_fields(self) -> DeviceModel:
@@ -54,8 +99,14 @@ class DeviceModel(Spec):
             raise ValueError("a gpu model needs memory (e.g. memory: 80Gi)")
         if self.kind == DeviceKind.NIC and self.speed_mbps is None:
             raise ValueError("a nic model needs speedMbps (e.g. speedMbps: 400000)")
+        if self.kind == DeviceKind.NIC and self.partitions is not None:
+            raise ValueError("partitions are for gpu models")
         if self.memory is not None:
-            parse_quantity(self.memory)
+            total = parse_quantity(self.memory)
+            for p in self.partitions.profiles if self.partitions else ():
+                if parse_quantity(p.memory) > total:
+                    raise ValueError(f"partition {p.name}: memory {p.memory} is more than the "
+                                     f"GPU's {self.memory}")
         return self
 
 

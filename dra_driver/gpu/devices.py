@@ -1,0 +1,144 @@
+"""GPU devices of one node as ResourceSlice JSON, from the topology model.
+
+Whole GPUs are ``gpu-<index>`` with the attribute names NVIDIA's DRA
+driver uses where they exist (``type``, ``uuid``, ``productName``,
+``brand``, ``architecture``, ``cudaComputeCapability``, ``driverVersion``,
+``cudaDriverVersion``, ``index``, ``minor``), memory as capacity, and the
+shared placement vocabulary (``topology.resourceslice``).
+
+A GPU whose model declares partitions (MIG-like, in the profile) is
+published with its partitions ``gpu-<index>-<profile>-<start>`` through
+shared counters (DRAPartitionableDevices): one counter set per GPU holding
+its memory slices, multiprocessors and memory; the whole GPU consumes all
+of it, each partition its part, so the scheduler never hands out a GPU and
+one of its partitions, nor two partitions that overlap.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from dra_driver.framework.publisher import Pool
+from topology.config_file import ConfigError
+from topology.model import DeviceKind, DevicePlace, NodeTopology
+from topology.profiles import DeviceModel, PartitionLayout, PartitionProfile, catalog, load_profile
+from topology.quantity import format_bytes, parse_quantity
+from topology.resourceslice import check_entry, device_entry, integer, quantity, string, version
+
+DRIVER = "gpu.toposerve.io"
+NVIDIA = "0x10de"
+DEFAULT_DRIVER_VERSION = "570.124.06"
+DEFAULT_CUDA_DRIVER_VERSION = "12.8"
+# A stable namespace for the UUIDs of simulated GPUs (no NVML to ask).
+_UUIDS = uuid.UUID("5f0c2a8e-1c0b-4f59-9d57-2f7a8f3d6b10")
+
+
+def _model(node: NodeTopology, vendor: str, device: str) -> DeviceModel | None:
+    """The device's catalog entry: the node's own profile first (two
+    profiles may describe one PCI id differently), then every profile."""
+    try:
+        for m in load_profile(node.profile).spec.models.values():
+            if (m.vendor_id, m.device_id) == (vendor, device):
+                return m
+    except ConfigError:
+        pass  # a discovered node's profile name need not be a profile we ship
+    return catalog().get((vendor, device))
+
+
+def gpu_uuid(node_name: str, pci_bus_id: str) -> str:
+    """What stands in for NVML's UUID: stable per node and PCI address."""
+    return f"GPU-{uuid.uuid5(_UUIDS, f'{node_name}/{pci_bus_id}')}"
+
+
+def _index(place: DevicePlace) -> int:
+    return int(place.device.name.rsplit("-", 1)[1])
+
+
+def _vendor_attributes(m: DeviceModel | None, nvidia: bool, driver_version: str,
+                       cuda_driver_version: str) -> dict[str, Any]:
+    attrs: dict[str, Any] = {"driverVersion": version(driver_version)}
+    if m is not None:
+        for key, value in (("productName", m.product_name), ("brand", m.brand),
+                           ("architecture", m.architecture)):
+            if value:
+                attrs[key] = string(value)
+        if nvidia and m.compute_capability:
+            attrs["cudaComputeCapability"] = version(m.compute_capability)
+    if nvidia:
+        attrs["cudaDriverVersion"] = version(cuda_driver_version)
+    return attrs
+
+
+def counter_set_name(index: int) -> str:
+    return f"gpu-{index}-counters"
+
+
+def _counters(memory: str, multiprocessors: int, slices: range) -> dict[str, Any]:
+    out = {"memory": quantity(memory), "multiprocessors": quantity(str(multiprocessors))}
+    out.update({f"memory-slice-{i}": quantity("1") for i in slices})
+    return out
+
+
+def partition_name(index: int, profile: PartitionProfile, start: int) -> str:
+    return f"gpu-{index}-{profile.name.replace('.', '')}-{start}"
+
+
+def _partitions(index: int, whole: dict[str, Any], layout: PartitionLayout,
+                uuid_: str) -> list[dict[str, Any]]:
+    out = []
+    shared = {k: v for k, v in whole["attributes"].items()
+              if k not in ("type", "uuid", "minor")}
+    for p in layout.profiles:
+        for start in p.placements:
+            memory = format_bytes(parse_quantity(p.memory))
+            entry = {
+                "name": partition_name(index, p, start),
+                "attributes": {**shared, "type": string(layout.type),
+                               "parentUUID": string(uuid_), "profile": string(p.name),
+                               "placementStart": integer(start)},
+                "capacity": {"memory": quantity(memory),
+                             "multiprocessors": quantity(str(p.multiprocessors))},
+                "consumesCounters": [{
+                    "counterSet": counter_set_name(index),
+                    "counters": _counters(memory, p.multiprocessors,
+                                          range(start, start + p.memory_slices))}],
+            }
+            check_entry(entry)
+            out.append(entry)
+    return out
+
+
+def gpu_pool(node: NodeTopology, *, driver_version: str = DEFAULT_DRIVER_VERSION,
+             cuda_driver_version: str = DEFAULT_CUDA_DRIVER_VERSION, node_uid: str = "") -> Pool:
+    """The node's GPUs (and their partitions) as one pool named for the node."""
+    places = sorted((p for p in node.hardware.places() if p.device.kind == DeviceKind.GPU),
+                    key=_index)
+    wholes: list[dict[str, Any]] = []
+    parts: list[dict[str, Any]] = []
+    counter_sets: list[dict[str, Any]] = []
+    for place in places:
+        d, i = place.device, _index(place)
+        m = _model(node, d.vendor_id, d.device_id)
+        nvidia = d.vendor_id == NVIDIA
+        entry = device_entry(place, node.path)
+        uuid_ = gpu_uuid(node.name, d.pci_bus_id)
+        entry["attributes"].update({
+            "type": string("gpu"), "uuid": string(uuid_), "index": integer(i),
+            "minor": integer(i),
+            **_vendor_attributes(m, nvidia, driver_version, cuda_driver_version)})
+        layout = m.partitions if m is not None else None
+        if layout is not None and d.memory_bytes is not None:
+            memory = format_bytes(d.memory_bytes)
+            entry["capacity"]["multiprocessors"] = quantity(str(layout.multiprocessors))
+            everything = _counters(memory, layout.multiprocessors, range(layout.memory_slices))
+            counter_sets.append({"name": counter_set_name(i), "counters": everything})
+            entry["consumesCounters"] = [{"counterSet": counter_set_name(i),
+                                          "counters": everything}]
+            parts += _partitions(i, entry, layout, uuid_)
+        check_entry(entry)
+        wholes.append(entry)
+    # whole GPUs first, then partitions by GPU, smallest first: the
+    # allocator takes the first device that fits
+    return Pool(name=node.name, node_name=node.name, devices=(*wholes, *parts),
+                shared_counters=tuple(counter_sets), node_uid=node_uid)

@@ -1,0 +1,1 @@
+"""The network driver ``net.toposerve.io`` (DRANET-style): NIC devices."""
