@@ -1,0 +1,351 @@
+"""The extender's decisions as pure functions over a ``View``.
+
+- The first member of a group to be filtered picks a domain at the asked
+  level that has room for the *whole* group (members placed, pending, and
+  not yet created); the group is then held there, and the capacity it still
+  needs is promised to it (other groups see it as taken) until the promise
+  expires unused.
+- Among domains that fit: fewest NVLink domains, then least left over
+  (best fit), so big domains stay free for big groups.
+- A preferred level climbs one level at a time when nothing fits; a
+  required level never does.
+- Decode members score nodes by modelled KV-transfer time from their
+  slice's prefill members (``topology.distance``).
+- Pods outside any group are not touched: every node passes, scores are
+  neutral.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from functools import cache
+
+from scheduler_ext.placement import pack
+from scheduler_ext.placement.levels import (
+    Domain,
+    climb,
+    contains,
+    display,
+    domain_of,
+    level_name,
+)
+from scheduler_ext.placement.model import DECODE, PREFILL, Decision, Group, Shape, View
+from topology.distance import kv_transfer_seconds, node_tier, transfer_seconds
+from topology.model import DomainPath, Tier, TierLink
+
+MAX_SCORE = 10
+
+
+@dataclass(frozen=True)
+class Policy:
+    promise_ttl_s: float = 120.0
+    default_preferred: Tier = Tier.NVLINK
+    kv_bytes: int = 8 * 2**30  # one request's KV cache, for the transfer-cost model
+    links: Callable[[str | None], dict[Tier, TierLink]] | None = None  # profile -> tier costs
+
+
+class Outcome(StrEnum):
+    """Why a filter call ended as it did (the metrics' reason label)."""
+
+    PASS_THROUGH = "pass-through"  # not in a group
+    HELD = "held"  # a member of a group that has its domain
+    DECIDED = "decided"  # this call chose the group's domain
+    CLIMBED = "climbed"  # the preferred level was full; one level up
+    NO_FIT = "no-fit"  # the whole group fits no domain
+    BAD_METADATA = "bad-metadata"  # the group's labels cannot be read
+
+
+@dataclass
+class FilterResult:
+    passed: list[str]
+    failed: dict[str, str] = field(default_factory=dict)
+    decision: Decision | None = None  # the group's decision after this call (new or renewed)
+    outcome: Outcome = Outcome.PASS_THROUGH
+
+
+def _subdomain(view: View, node: str) -> str:
+    return _nvlink_name(view.nodes[node].path)
+
+
+@cache
+def _nvlink_name(path: DomainPath) -> str:
+    key = domain_of(path, Tier.NVLINK)
+    return "/".join(str(v) for v in key) if key is not None else path.host
+
+
+def _nodes(view: View, tier: Tier, domain: Domain, profiles: Iterable[str]) -> list[str]:
+    allowed = set(profiles)
+    return [n for n in view.in_domain(tier, domain)
+            if not allowed or (view.nodes[n].profile or "") in allowed]
+
+
+def reservations(view: View, now: float, exclude: str | None = None) -> dict[str, int]:
+    """Accelerators promised, per node, to the pending members of every
+    live decision but ``exclude``'s. Older promises are laid out first, so
+    a newer one never takes what an older one holds."""
+    key = ("reserved", exclude, now // 1)
+    memo = view.memo.get(key)
+    if isinstance(memo, dict):
+        return memo
+    reserved: dict[str, int] = defaultdict(int)
+    for d in sorted(view.decisions.values(), key=lambda d: (d.decided_at, d.group)):
+        group = view.groups.get(d.group)
+        if d.group == exclude or group is None or not d.live(now):
+            continue
+        names = _nodes(view, d.tier, d.domain, d.profiles)
+        free = {n: max(0, view.nodes[n].free - reserved[n]) for n in names}
+        placed = pack.plan(group.pending(), free, {n: _subdomain(view, n) for n in names},
+                           _bound_subdomains(view, group))
+        # a promise that no longer fits whole still holds what it can
+        assignment = placed.assignment if placed else _greedy(group.pending(), free)
+        for d_, n in assignment:
+            if n is not None:
+                reserved[n] += d_
+    view.memo[key] = out = dict(reserved)
+    return out
+
+
+def _greedy(demands: list[int], free: dict[str, int]) -> pack.Assignment:
+    left = dict(free)
+    out: pack.Assignment = []
+    for d in sorted(demands, reverse=True):
+        fit = pack.best_fit([d], left)
+        if fit:
+            node = fit[0][1]
+            if node is not None:
+                left[node] -= d
+            out.append(fit[0])
+    return out
+
+
+def _bound_subdomains(view: View, group: Group) -> frozenset[str]:
+    return frozenset(_subdomain(view, m.node) for m in group.bound() if m.node in view.nodes)
+
+
+def _free(view: View, names: Iterable[str], reserved: dict[str, int]) -> dict[str, int]:
+    return {n: max(0, view.nodes[n].free - reserved.get(n, 0)) for n in names if n in view.nodes}
+
+
+@dataclass(frozen=True)
+class _Pick:
+    tier: Tier
+    domain: Domain
+    plan: pack.Plan
+
+
+def _choose(view: View, group: Group, eligible: list[str], reserved: dict[str, int],
+            levels: list[Tier], inside: Domain | None, profiles: tuple[str, ...]) -> _Pick | None:
+    """The best domain for the whole group: the first level of ``levels``
+    where one fits; at that level fewest NVLink domains, then least left
+    over, then name. ``inside``: the new domain must contain this one."""
+    bound = [m.node for m in group.bound() if m.node in view.nodes]
+    pending = group.pending()
+    prefer = _bound_subdomains(view, group)
+    for tier in levels:
+        pins = {view.nodes[b].domain(tier) for b in bound}
+        if None in pins or len(pins) > 1:
+            continue  # the placed members share no domain at this level
+        domains: set[Domain] = set()
+        for n in eligible:
+            d = view.nodes[n].domain(tier) if n in view.nodes else None
+            if d is None or (inside is not None and not contains(d, inside)):
+                continue
+            if not pins or d in pins:
+                domains.add(d)
+        best: tuple[tuple[int, int, str], _Pick] | None = None
+        for dom in domains:
+            names = _nodes(view, tier, dom, profiles)
+            free = _free(view, names, reserved)
+            got = pack.plan(pending, free, {n: _subdomain(view, n) for n in free}, prefer)
+            if got is None:
+                continue
+            rank = (len(got.subdomains), got.leftover, str(dom))
+            if best is None or rank < best[0]:
+                best = (rank, _Pick(tier, dom, got))
+        if best is not None:
+            return best[1]
+    return None
+
+
+def _largest_free(view: View, group: Group, tier: Tier, reserved: dict[str, int],
+                  profiles: tuple[str, ...]) -> int:
+    sums: dict[Domain, int] = defaultdict(int)
+    allowed = set(profiles)
+    for n in view.nodes.values():
+        d = n.domain(tier)
+        if d is not None and (not allowed or (n.profile or "") in allowed):
+            sums[d] += max(0, n.free - reserved.get(n.name, 0))
+    return max(sums.values(), default=0)
+
+
+def _levels(group: Group, policy: Policy) -> list[Tier]:
+    if group.required is not None:
+        return [group.required]
+    return climb(group.preferred if group.preferred is not None else policy.default_preferred)
+
+
+def _no_fit_reason(view: View, group: Group, reserved: dict[str, int], levels: list[Tier],
+                   profiles: tuple[str, ...]) -> str:
+    pods = len(group.pending())
+    need = sum(group.pending())
+    where = level_name(levels[0]) if len(levels) == 1 else \
+        f"{level_name(levels[0])} (nor any wider domain)"
+    most = _largest_free(view, group, levels[0], reserved, profiles)
+    return (f"group {group.key} needs {need} accelerators for {pods} pods in one {where}; "
+            f"the most free in one {level_name(levels[0])} is {most}: waiting, no pod placed "
+            "until the whole group fits")
+
+
+def filter_member(view: View, group: Group, uid: str, candidates: list[str], policy: Policy,
+                  now: float) -> FilterResult:
+    """Which candidate nodes member ``uid`` of ``group`` may go to."""
+    member = group.member(uid)
+    assert member is not None, "the pod being placed must be a member of its group"
+    reserved = reservations(view, now, exclude=group.key)
+    profiles = tuple(sorted({view.nodes[n].profile or "" for n in candidates if n in view.nodes}
+                            | {view.nodes[m.node].profile or "" for m in group.bound()
+                               if m.node in view.nodes}))
+    decision = view.decisions.get(group.key)
+    outcome = Outcome.HELD
+    if decision is None or not decision.live(now):
+        levels = _levels(group, policy)
+        eligible = [*candidates, *(m.node for m in group.bound() if m.node)]
+        pick = _choose(view, group, eligible, reserved, levels, None, profiles)
+        if pick is None:
+            reason = _no_fit_reason(view, group, reserved, levels, profiles)
+            return FilterResult([], dict.fromkeys(candidates, reason), None, Outcome.NO_FIT)
+        decision = Decision(group.key, pick.tier, pick.domain, now, now + policy.promise_ttl_s,
+                            required=group.required is not None, profiles=profiles)
+        outcome = Outcome.DECIDED
+    else:
+        decision = replace(decision, expires_at=now + policy.promise_ttl_s,
+                           profiles=tuple(sorted(set(decision.profiles) | set(profiles))))
+    while True:
+        passed, failed = _check(view, group, member.uid, member.demand, candidates, decision,
+                                reserved)
+        if passed or decision.required or decision.tier >= Tier.BEYOND:
+            break
+        pick = _choose(view, group, [*candidates, *(m.node for m in group.bound() if m.node)],
+                       reserved, climb(Tier(decision.tier + 1)), decision.domain,
+                       decision.profiles)
+        if pick is None:
+            break
+        decision = replace(decision, tier=pick.tier, domain=pick.domain)
+        outcome = Outcome.CLIMBED
+    return FilterResult(passed, failed, decision, outcome)
+
+
+def _check(view: View, group: Group, uid: str, demand: int, candidates: list[str],
+           decision: Decision, reserved: dict[str, int]) -> tuple[list[str], dict[str, str]]:
+    names = _nodes(view, decision.tier, decision.domain, decision.profiles)
+    inside = set(names)
+    base = _free(view, names, reserved)
+    rest = group.pending(without=uid)
+    where = display(decision.domain, decision.tier)
+    outside = f"group {group.key} is held to {where}, where the whole group fits"
+    promised = "the free accelerators here are promised to another group"
+    crowded = (f"group {group.key}: a member here would leave too little room in {where} "
+               f"for the other {len(rest)} pending members")
+    passed: list[str] = []
+    failed: dict[str, str] = {}
+    memo: dict[int, bool] = {}
+    for c in candidates:
+        if c not in inside:
+            failed[c] = outside
+            continue
+        f = base.get(c, 0)
+        if f < demand:
+            failed[c] = promised
+            continue
+        if demand <= 0:
+            passed.append(c)
+            continue
+        if f not in memo:
+            trial = dict(base)
+            trial[c] = f - demand
+            memo[f] = pack.fits(rest, trial)
+        if memo[f]:
+            passed.append(c)
+        else:
+            failed[c] = crowded
+    return passed, failed
+
+
+def neutral(candidates: list[str]) -> dict[str, int]:
+    return dict.fromkeys(candidates, 0)
+
+
+def prioritize_member(view: View, group: Group, uid: str, candidates: list[str],
+                      policy: Policy, now: float) -> dict[str, int]:
+    """Scores 0..10: for P/D members with placed peers of the other role,
+    by modelled KV-transfer time from the nearest peer; otherwise toward
+    the NVLink domains the group already uses or is planned into."""
+    decision = view.decisions.get(group.key)
+    member = group.member(uid)
+    if decision is None or member is None or not decision.live(now):
+        return neutral(candidates)
+    names = _nodes(view, decision.tier, decision.domain, decision.profiles)
+    inside = set(names)
+    if group.shape == Shape.PD and member.role in (PREFILL, DECODE) and policy.links:
+        other = DECODE if member.role == PREFILL else PREFILL
+        peers = [m.node for m in group.members if m.role == other and m.node in view.nodes]
+        if peers:
+            return _kv_scores(view, peers, candidates, inside, policy)
+    reserved = reservations(view, now, exclude=group.key)
+    free = _free(view, names, reserved)
+    used = set(_bound_subdomains(view, group))
+    planned = pack.plan(group.pending(), free, {n: _subdomain(view, n) for n in free},
+                        frozenset(used))
+    targets = set(planned.nodes()) if planned else set()
+    used |= set(planned.subdomains) if planned else set()
+    scores: dict[str, int] = {}
+    for c in candidates:
+        if c not in inside or c not in view.nodes:
+            scores[c] = 0
+        elif _subdomain(view, c) in used:
+            scores[c] = MAX_SCORE if c in targets else 7
+        else:
+            scores[c] = 3
+    return scores
+
+
+def _kv_scores(view: View, peers: list[str], candidates: list[str], inside: set[str],
+               policy: Policy) -> dict[str, int]:
+    assert policy.links is not None
+    cost: dict[str, float] = {}
+    for c in candidates:
+        if c not in view.nodes:
+            continue
+        dst = view.nodes[c]
+        # the tier's cost even on the peer's own node, so that ratios stay finite
+        cost[c] = min(transfer_seconds(policy.kv_bytes, policy.links(view.nodes[p].profile)[
+            node_tier(view.nodes[p].path, dst.path)]) for p in peers)
+    best = min((v for c, v in cost.items() if c in inside), default=None)
+    out: dict[str, int] = {}
+    for c in candidates:
+        if c not in cost or c not in inside or best is None:
+            out[c] = 0
+        elif cost[c] <= 0:
+            out[c] = MAX_SCORE
+        else:
+            out[c] = max(1, round(MAX_SCORE * best / cost[c]))
+    return out
+
+
+def modelled_kv_seconds(view: View, group: Group, policy: Policy) -> float | None:
+    """Mean over the group's decode members of the KV-transfer time from
+    their nearest prefill member, as the cost model gives it (for the
+    benchmark and the demo)."""
+    if policy.links is None:
+        return None
+    pre = [m.node for m in group.members if m.role == PREFILL and m.node in view.nodes]
+    dec = [m.node for m in group.members if m.role == DECODE and m.node in view.nodes]
+    if not pre or not dec:
+        return None
+    times = [min(kv_transfer_seconds(policy.kv_bytes, view.nodes[p].path, view.nodes[d].path,
+                                     policy.links(view.nodes[p].profile)) for p in pre)
+             for d in dec]
+    return sum(times) / len(times)

@@ -1,0 +1,147 @@
+"""Which group a pod belongs to, read from the labels and fields the real
+controllers write (DESIGN §6): our own ``toposerve.io/*`` labels, in-tree
+PodGroups (``spec.schedulingGroup.podGroupName``), DisaggregatedSet slices,
+LeaderWorkerSet groups. Pods of none of these are not grouped."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler_ext.placement.levels import UnknownLevel, parse_level
+from scheduler_ext.placement.model import Source
+from topology.labels import Dialect
+from topology.model import Tier
+
+# ours
+GROUP = "toposerve.io/group"
+GROUP_SIZE = "toposerve.io/group-size"
+ROLE = "toposerve.io/role"
+LEVEL = "toposerve.io/topology-level"
+PREFERRED_LEVEL = "toposerve.io/preferred-topology-level"
+# llm-d
+LLMD_ROLE = "llm-d.ai/role"
+# LeaderWorkerSet
+LWS = "leaderworkerset.sigs.k8s.io"
+LWS_NAME = f"{LWS}/name"
+LWS_GROUP_KEY = f"{LWS}/group-key"
+LWS_GROUP_INDEX = f"{LWS}/group-index"
+LWS_WORKER_INDEX = f"{LWS}/worker-index"
+LWS_REVISION = f"{LWS}/template-revision-hash"
+LWS_SIZE = f"{LWS}/size"
+LWS_REPLICAS = f"{LWS}/replicas"
+LWS_EXCLUSIVE = f"{LWS}/exclusive-topology"
+LWS_SUBGROUP_KEY = f"{LWS}/subgroup-key"
+LWS_SUBGROUP_SIZE = f"{LWS}/subgroup-size"
+LWS_SUBGROUP_EXCLUSIVE = f"{LWS}/subgroup-exclusive-topology"
+# DisaggregatedSet (LWS API disaggregatedset.x-k8s.io/v1)
+DS = "disaggregatedset.x-k8s.io"
+DS_NAME, DS_ROLE, DS_SLICE, DS_REVISION = f"{DS}/name", f"{DS}/role", f"{DS}/slice", \
+    f"{DS}/revision"
+
+
+@dataclass(frozen=True)
+class GroupRef:
+    """A pod's group as its own metadata says. ``size`` is ``None`` when
+    only other objects know it (a PodGroup's ``minCount``; a
+    DisaggregatedSet slice's roles seen so far); ``role_pods``: how many
+    pods the pod's role brings to the group, when its labels say."""
+
+    key: str
+    source: Source
+    size: int | None = None
+    required: Tier | None = None
+    preferred: Tier | None = None
+    role: str | None = None
+    role_pods: int | None = None
+    pod_group: tuple[str, str] | None = None  # (namespace, name) of an in-tree PodGroup
+    problem: str | None = None  # metadata the extender could not read, for the filter reason
+
+
+def _meta(pod: dict[str, Any]) -> tuple[dict[str, str], dict[str, str], str]:
+    md = pod.get("metadata") or {}
+    return md.get("labels") or {}, md.get("annotations") or {}, md.get("namespace") or "default"
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def _level(text: str | None, dialect: Dialect, what: str) -> tuple[Tier | None, str | None]:
+    if not text:
+        return None, None
+    try:
+        return parse_level(text, dialect), None
+    except UnknownLevel as err:
+        return None, f"{what}: {err}"
+
+
+def identify(pod: dict[str, Any], dialect: Dialect) -> GroupRef | None:
+    labels, notes, ns = _meta(pod)
+
+    def get(key: str) -> str | None:
+        return labels.get(key) or notes.get(key)
+
+    role = get(ROLE) or labels.get(LLMD_ROLE)
+    required, bad_req = _level(get(LEVEL), dialect, LEVEL)
+    preferred, bad_pref = _level(get(PREFERRED_LEVEL), dialect, PREFERRED_LEVEL)
+    problem = bad_req or bad_pref
+
+    if (name := labels.get(GROUP)) is not None:
+        size = _int(get(GROUP_SIZE))
+        if get(GROUP_SIZE) is not None and (size is None or size < 1):
+            problem = problem or f"{GROUP_SIZE}: {get(GROUP_SIZE)!r} is not a whole number >= 1"
+        return GroupRef(f"toposerve/{ns}/{name}", Source.TOPOSERVE, size, required, preferred,
+                        role, problem=problem)
+
+    spec = pod.get("spec") or {}
+    if (pg := (spec.get("schedulingGroup") or {}).get("podGroupName")):
+        return GroupRef(f"podgroup/{ns}/{pg}", Source.POD_GROUP, None, required, preferred,
+                        role, pod_group=(ns, pg), problem=problem)
+
+    if (ds := labels.get(DS_NAME)) is not None:
+        ds_role = labels.get(DS_ROLE) or role
+        replicas, lws_size = _int(notes.get(LWS_REPLICAS)), _int(notes.get(LWS_SIZE))
+        role_pods = replicas * (lws_size or 1) if replicas is not None else None
+        key = f"disaggregatedset/{ns}/{ds}/{labels.get(DS_SLICE, '0')}/" \
+              f"{labels.get(DS_REVISION, '')}"
+        return GroupRef(key, Source.DISAGGREGATED_SET, None, required, preferred, ds_role,
+                        role_pods=role_pods, problem=problem)
+
+    if (lws := labels.get(LWS_NAME)) is not None:
+        group = labels.get(LWS_GROUP_KEY) or labels.get(LWS_GROUP_INDEX, "0")
+        rev = labels.get(LWS_REVISION, "")
+        size = _int(notes.get(LWS_SIZE))
+        exclusive = notes.get(LWS_EXCLUSIVE)
+        sub_exclusive = notes.get(LWS_SUBGROUP_EXCLUSIVE)
+        key = f"lws/{ns}/{lws}/{group}/{rev}"
+        if sub_exclusive and not exclusive and labels.get(LWS_SUBGROUP_KEY):
+            # only the subgroups must each share a domain: each is a group of its own
+            key += f"/{labels[LWS_SUBGROUP_KEY]}"
+            size, exclusive = _int(notes.get(LWS_SUBGROUP_SIZE)), sub_exclusive
+        lws_req, bad = _level(exclusive, dialect, LWS_EXCLUSIVE)
+        return GroupRef(key, Source.LWS, size, required or lws_req, preferred, role,
+                        problem=problem or bad)
+    return None
+
+
+def is_active(pod: dict[str, Any]) -> bool:
+    """A pod that holds or will hold resources: not finished, not being deleted."""
+    md = pod.get("metadata") or {}
+    phase = (pod.get("status") or {}).get("phase")
+    return md.get("deletionTimestamp") is None and phase not in ("Succeeded", "Failed")
+
+
+def pod_group_spec(obj: dict[str, Any], dialect: Dialect) -> tuple[int | None, Tier | None,
+                                                                  str | None]:
+    """(minCount, required level, problem) of a ``scheduling.k8s.io/v1beta1`` PodGroup."""
+    spec = obj.get("spec") or {}
+    gang = (spec.get("schedulingPolicy") or {}).get("gang") or {}
+    size = gang.get("minCount")
+    topo = (spec.get("schedulingConstraints") or {}).get("topology") or []
+    key = topo[0].get("key") if topo else None
+    level, problem = _level(key, dialect, "PodGroup schedulingConstraints.topology")
+    return (size if isinstance(size, int) else None), level, problem

@@ -1,0 +1,314 @@
+"""Placement as pure functions: domains, packing, look-ahead, promises,
+preferred-level climbing, P/D scoring, and whole runs of a toy scheduler
+over interleaved groups in any arrival order."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler_ext.placement import pack
+from scheduler_ext.placement.decide import (
+    Outcome,
+    Policy,
+    filter_member,
+    modelled_kv_seconds,
+    prioritize_member,
+    reservations,
+)
+from scheduler_ext.placement.levels import (
+    UnknownLevel,
+    climb,
+    contains,
+    display,
+    domain_of,
+    parse_level,
+)
+from scheduler_ext.placement.model import View
+from tests.extender.sim import Sim, cluster, gang
+from topology.labels import PRESETS, DialectName
+from topology.model import DomainPath, Tier, TierLink
+from topology.profiles import load_profile
+
+TOPO = PRESETS[DialectName.TOPOSERVE]
+
+
+def links(profile: str | None) -> dict[Tier, TierLink]:
+    return load_profile(profile or "gb200-nvl72").links()
+
+
+POLICY = Policy(promise_ttl_s=30, links=links)
+
+
+def rack_of(view: View, node: str) -> str | None:
+    return view.nodes[node].path.rack
+
+
+# --- levels ---------------------------------------------------------------
+
+def test_levels_by_name_and_by_label_key() -> None:
+    assert parse_level("rack", TOPO) == Tier.RACK
+    assert parse_level("NVLink-Domain", TOPO) == Tier.NVLINK
+    assert parse_level("topology.toposerve.io/rack", TOPO) == Tier.RACK
+    assert parse_level("kubernetes.io/hostname", TOPO) == Tier.SAME_NODE
+    gke = PRESETS[DialectName.GKE]
+    assert parse_level("cloud.google.com/gce-topology-subblock", gke) == Tier.RACK
+    with pytest.raises(UnknownLevel, match="unknown topology level 'shelf'"):
+        parse_level("shelf", TOPO)
+
+
+def test_domains_are_path_prefixes_and_gaps_share_nothing() -> None:
+    p = DomainPath(zone="z", block="b", rack="r", nvlink="n", host="h")
+    assert domain_of(p, Tier.RACK) == ("z", "b", "r")
+    assert domain_of(p, Tier.BEYOND) == ()
+    assert contains(("z", "b"), domain_of(p, Tier.NVLINK) or ())
+    assert domain_of(DomainPath(zone="z", rack="r", host="h"), Tier.RACK) is None
+    assert display(("z", "b", "r"), Tier.RACK) == "rack r"
+    assert climb(Tier.RACK) == [Tier.RACK, Tier.BLOCK, Tier.ZONE, Tier.BEYOND]
+
+
+# --- packing ----------------------------------------------------------------
+
+def test_best_fit_takes_the_tightest_node() -> None:
+    got = pack.best_fit([4, 2], {"a": 8, "b": 4, "c": 2})
+    assert got == [(4, "b"), (2, "c")]
+    assert pack.best_fit([4, 4, 4], {"a": 8, "b": 3}) is None
+    assert pack.best_fit([0], {}) == [(0, None)]
+
+
+@given(st.lists(st.integers(1, 8), max_size=12),
+       st.dictionaries(st.sampled_from("abcdefgh"), st.integers(0, 8), max_size=8))
+def test_best_fit_never_overfills(demands: list[int], free: dict[str, int]) -> None:
+    got = pack.best_fit(demands, free)
+    if got is None:
+        assert not pack.fits(demands, free)
+        return
+    used = Counter[str]()
+    for d, n in got:
+        assert n is not None
+        used[n] += d
+    assert all(used[n] <= free[n] for n in used)
+    assert sorted(d for d, _ in got) == sorted(demands)
+
+
+def test_plan_uses_one_nvlink_domain_when_one_fits_and_the_tightest() -> None:
+    free = {"a1": 4, "a2": 4, "b1": 4, "c1": 4, "c2": 4, "c3": 4}
+    sub = {"a1": "A", "a2": "A", "b1": "B", "c1": "C", "c2": "C", "c3": "C"}
+    p = pack.plan([4, 4], free, sub)
+    assert p is not None and p.subdomains == ("A",)
+    p = pack.plan([4, 4, 4, 4], free, sub)  # needs two: C (3) + the smallest that completes, B
+    assert p is not None and sorted(p.subdomains) == ["B", "C"]
+    assert pack.plan([4] * 7, free, sub) is None
+
+
+# --- groups on a cluster of GB200 racks and HGX blocks ---------------------------
+
+def test_first_member_picks_the_best_fit_rack_and_the_rest_are_held_there() -> None:
+    view = View(cluster(("gb200-nvl72", 54)))  # three racks of 18 trays, 72 GPUs each
+    # rack r0 is half used, so a 32-GPU group fits it most tightly
+    for n in sorted(view.nodes)[:9]:
+        view.nodes[n] = view.nodes[n].__class__(**{**view.nodes[n].__dict__, "used": 4})
+    g = gang("ep", 8, 4, required=Tier.RACK)
+    view.groups[g.key] = g
+    sim = Sim(view, POLICY)
+    first = sim.attempt(g.key, "ep-3")
+    assert first is not None and rack_of(view, first) == "gb200-nvl72-b0-r0"
+    sim.run([(g.key, f"ep-{i}") for i in (0, 1, 2, 4, 5, 6, 7)])
+    assert {rack_of(view, n) for n in sim.placed(g.key)} == {"gb200-nvl72-b0-r0"}
+    assert len(sim.placed(g.key)) == 8
+
+
+def test_outside_nodes_get_a_reason_naming_the_domain() -> None:
+    view = View(cluster(("gb200-nvl72", 36)))
+    g = gang("ep", 4, 4, required=Tier.RACK)
+    view.groups[g.key] = g
+    sim = Sim(view, POLICY)
+    node = sim.attempt(g.key, "ep-0")
+    assert node is not None
+    res = filter_member(view, view.groups[g.key], "ep-1", sorted(view.nodes), POLICY, 1.0)
+    assert res.outcome == Outcome.HELD
+    outside = [n for n in view.nodes if rack_of(view, n) != rack_of(view, node)]
+    assert set(outside) <= set(res.failed)
+    assert f"is held to rack {rack_of(view, node)}" in res.failed[outside[0]]
+
+
+def test_a_group_that_fits_nowhere_places_nothing_and_says_why() -> None:
+    view = View(cluster(("gb200-nvl72", 36)))
+    g = gang("huge", 19, 4, required=Tier.RACK)  # 76 GPUs > 72 in a rack
+    view.groups[g.key] = g
+    sim = Sim(view, POLICY)
+    sim.run([(g.key, f"huge-{i}") for i in range(19)])
+    assert sim.placed(g.key) == []
+    assert g.key not in view.decisions
+    reason = next(iter((sim.reasons or {}).values()))
+    assert "needs 76 accelerators for 19 pods in one rack" in reason
+    assert "the most free in one rack is 72" in reason
+
+
+def test_promised_capacity_is_not_handed_to_another_group() -> None:
+    view = View(cluster(("gb200-nvl72", 36)))
+    a = gang("a", 18, 4, required=Tier.RACK)  # a whole rack
+    b = gang("b", 18, 4, required=Tier.RACK)
+    view.groups.update({a.key: a, b.key: b})
+    sim = Sim(view, POLICY)
+    assert sim.attempt("a", "a-0") is not None  # a promised the best rack
+    assert sum(reservations(view, sim.now, exclude="b").values()) == 17 * 4
+    # b's first pod must take the other rack though a has only one pod bound
+    got = sim.attempt("b", "b-0")
+    assert got is not None and rack_of(view, got) != rack_of(view, sim.placed("a")[0])
+
+
+def test_an_unused_promise_expires() -> None:
+    view = View(cluster(("gb200-nvl72", 18)))
+    a = gang("a", 18, 4, required=Tier.RACK)
+    b = gang("b", 4, 4, required=Tier.RACK)
+    view.groups.update({a.key: a, b.key: b})
+    sim = Sim(view, POLICY)
+    assert sim.attempt("a", "a-0") is not None
+    assert sim.attempt("b", "b-0") is None  # the rack is promised to a
+    sim.now = POLICY.promise_ttl_s + 1  # a's other pods never came
+    assert sim.attempt("b", "b-0") is not None
+
+
+def test_preferred_level_climbs_one_level_at_a_time() -> None:
+    view = View(cluster(("hgx-h100", 8)))  # NVLink domain = one node of 8 GPUs; racks of 4
+    g = gang("tp16", 2, 8, preferred=Tier.NVLINK)
+    view.groups[g.key] = g
+    sim = Sim(view, POLICY)
+    sim.run([(g.key, "tp16-0"), (g.key, "tp16-1")])
+    assert view.decisions[g.key].tier == Tier.RACK  # not block: one level up was enough
+    assert len({rack_of(view, n) for n in sim.placed(g.key)}) == 1
+
+
+def test_a_required_level_never_climbs() -> None:
+    view = View(cluster(("hgx-h100", 8)))
+    g = gang("tp16", 2, 8, required=Tier.NVLINK)
+    view.groups[g.key] = g
+    sim = Sim(view, POLICY)
+    sim.run([(g.key, "tp16-0"), (g.key, "tp16-1")])
+    assert sim.placed(g.key) == []
+    assert "in one NVLink domain;" in next(iter((sim.reasons or {}).values()))
+
+
+def test_a_held_group_climbs_when_its_domain_fills_unexpectedly() -> None:
+    view = View(cluster(("hgx-h100", 8)))
+    g = gang("pair", 2, 4, preferred=Tier.NVLINK)
+    view.groups[g.key] = g
+    sim = Sim(view, POLICY)
+    first = sim.attempt(g.key, "pair-0")
+    assert first is not None and view.decisions[g.key].tier == Tier.NVLINK
+    # someone outside any group takes the rest of that node
+    n = view.nodes[first]
+    view.nodes[first] = n.__class__(**{**n.__dict__, "used": 8})
+    view.memo.clear()
+    res = filter_member(view, view.groups[g.key], "pair-1", sorted(view.nodes), POLICY, 1.0)
+    assert res.outcome == Outcome.CLIMBED and res.decision is not None
+    assert res.decision.tier == Tier.RACK
+    assert {rack_of(view, x) for x in res.passed} == {rack_of(view, first)}
+
+
+def test_wide_ep_over_racks_uses_fewest_nvlink_domains() -> None:
+    view = View(cluster(("hgx-h100", 8)))
+    for name in sorted(view.nodes)[:3]:  # three nodes half used
+        n = view.nodes[name]
+        view.nodes[name] = n.__class__(**{**n.__dict__, "used": 4})
+    g = gang("ep", 4, 4, required=Tier.BLOCK)  # 16 GPUs: two whole nodes, not four halves
+    view.groups[g.key] = g
+    sim = Sim(view, POLICY)
+    sim.run([(g.key, f"ep-{i}") for i in range(4)])
+    assert len(set(sim.placed(g.key))) == 2
+
+
+def test_decode_scores_follow_the_kv_cost_model() -> None:
+    view = View(cluster(("gb200-nvl72", 36)))  # two racks (one NVLink domain each)
+    g = gang("pd", 3, 4, preferred=Tier.BLOCK, roles=["prefill", "prefill", "decode"])
+    view.groups[g.key] = g
+    sim = Sim(view, POLICY)
+    sim.run([(g.key, "pd-0"), (g.key, "pd-1")])
+    prefill_rack = rack_of(view, sim.placed(g.key)[0])
+    scores = prioritize_member(view, view.groups[g.key], "pd-2", sorted(view.nodes), POLICY,
+                               sim.now)
+    near = [n for n in view.nodes if rack_of(view, n) == prefill_rack]
+    far = [n for n in view.nodes if rack_of(view, n) != prefill_rack]
+    assert min(scores[n] for n in near) == 10 and max(scores[n] for n in far) <= 1
+    sim.run([(g.key, "pd-2")])
+    seconds = modelled_kv_seconds(view, view.groups[g.key], POLICY)
+    assert seconds is not None and seconds < 0.02  # NVLink, not the 50 GB/s between racks
+
+
+def test_pd_slice_lands_in_one_nvlink_domain_when_it_fits() -> None:
+    view = View(cluster(("gb200-nvl72", 36)))
+    g = gang("pd", 6, 4, roles=["prefill"] * 4 + ["decode"] * 2)  # default preferred: NVLink
+    view.groups[g.key] = g
+    sim = Sim(view, POLICY)
+    sim.run([(g.key, f"pd-{i}") for i in (5, 0, 4, 1, 2, 3)])  # decode first
+    assert len({view.nodes[n].path.nvlink for n in sim.placed(g.key)}) == 1
+
+
+def test_a_pod_of_a_group_with_unknown_members_counts_them() -> None:
+    # an LWS leader of a size-8 group arrives alone (workers come after it lands)
+    view = View(cluster(("gb200-nvl72", 36)))
+    full = gang("lws", 8, 4, required=Tier.RACK)
+    leader_only = full.__class__(**{**full.__dict__, "members": full.members[:1]})
+    view.groups[leader_only.key] = leader_only
+    assert leader_only.pending() == [4] * 8
+    sim = Sim(view, POLICY)
+    assert sim.attempt(leader_only.key, "lws-0") is not None
+    assert sum(reservations(view, sim.now, exclude=None).values()) == 7 * 4
+
+
+# --- many groups, any order --------------------------------------------------
+
+# 54 pods of 4 GPUs: exactly three racks; whole and half racks, so best fit
+# always finds room online, whatever the order
+MIX = [("a", 18, 4), ("b", 9, 4), ("c", 9, 4), ("d", 9, 4), ("e", 9, 4)]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.randoms(use_true_random=False))
+def test_interleaved_groups_each_land_whole_in_one_rack(rnd: object) -> None:
+    import random
+
+    assert isinstance(rnd, random.Random)
+    view = View(cluster(("gb200-nvl72", 54)))  # 3 racks x 72 GPUs = exactly the mix's need
+    for key, pods, demand in MIX:
+        g = gang(key, pods, demand, required=Tier.RACK)
+        view.groups[g.key] = g
+    order = [(k, f"{k}-{i}") for k, pods, _ in MIX for i in range(pods)]
+    rnd.shuffle(order)
+    sim = Sim(view, POLICY)
+    sim.run(order)
+    for key, pods, _ in MIX:
+        placed = sim.placed(key)
+        # whole or nothing, and in one rack
+        assert len(placed) in (0, pods)
+        assert len({rack_of(view, n) for n in placed}) <= 1
+    # best fit packs the mix into the three racks: nobody is left out
+    assert all(len(sim.placed(k)) == p for k, p, _ in MIX)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 20), st.sampled_from([2, 4])), min_size=1,
+                max_size=6), st.randoms(use_true_random=False))
+def test_no_group_is_ever_split_or_stranded(shapes: list[tuple[int, int]], rnd: object) -> None:
+    import random
+
+    assert isinstance(rnd, random.Random)
+    view = View(cluster(("gb200-nvl72", 36)))
+    keys = []
+    for i, (pods, demand) in enumerate(shapes):
+        g = gang(f"g{i}", pods, demand, required=Tier.RACK)
+        view.groups[g.key] = g
+        keys.append((g.key, pods))
+    order = [(k, f"{k}-{j}") for k, pods in keys for j in range(pods)]
+    rnd.shuffle(order)
+    sim = Sim(view, POLICY)
+    sim.run(order)
+    for key, pods in keys:
+        placed = sim.placed(key)
+        assert len(placed) in (0, pods), f"{key} stranded {len(placed)}/{pods}"
+        assert len({rack_of(view, n) for n in placed}) <= 1
+    assert all(n.used <= n.capacity for n in view.nodes.values())
