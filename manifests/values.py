@@ -1,0 +1,331 @@
+"""What an install is rendered from (``kind: InstallValues``). These models
+are the schema and the reference (``docs/install.md`` is generated from
+them): every field says what it does, and a bad file or ``--set`` names the
+field it got wrong."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from difflib import get_close_matches
+from ipaddress import ip_address
+from pathlib import Path
+from typing import Annotated, Any, Literal, get_args
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic.alias_generators import to_camel
+
+from localcluster.tools import versions
+from topology.config_file import API_VERSION, ConfigError, parse_document
+
+KIND = "InstallValues"
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+# a DeviceClass name is a DNS subdomain
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+HOSTNAME = re.compile(DNS_SUBDOMAIN)
+
+AbsPath = Annotated[str, Field(pattern=r"^/\S*$")]
+Label = Annotated[str, Field(pattern=DNS_LABEL, max_length=63)]
+Repository = Annotated[str, Field(min_length=1, pattern=r"^\S+$")]
+Tag = Annotated[str, Field(pattern=r"^\w[\w.-]{0,127}$")]
+Component = Literal["gpu-driver", "admission-policy", "device-classes", "extender", "scheduler"]
+COMPONENTS: tuple[Component, ...] = ("gpu-driver", "admission-policy", "device-classes",
+                                     "extender", "scheduler")
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True,
+                              alias_generator=to_camel)
+
+
+class Image(Section):
+    """A container image."""
+
+    repository: Repository = Field(description="image name without tag")
+    tag: Tag = Field(description="image tag")
+    pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        default="IfNotPresent", description="imagePullPolicy; `Never` for images imported "
+                                            "into the node's runtime by hand")
+
+    @property
+    def ref(self) -> str:
+        return f"{self.repository}:{self.tag}"
+
+
+def _version() -> str:
+    from importlib.metadata import version
+
+    return version("toposerve")
+
+
+class ToposerveImage(Image):
+    """The toposerve image (the driver and the extender run it)."""
+
+    repository: Repository = Field(default="localhost/toposerve",
+                                   description="image name without tag")
+    tag: Tag = Field(default_factory=_version,
+                     description="image tag (default: the installed toposerve's version)")
+
+
+class SchedulerImage(Image):
+    """The kube-scheduler image."""
+
+    repository: Repository = Field(default="registry.k8s.io/kube-scheduler",
+                                   description="image name without tag")
+    tag: Tag = Field(default_factory=lambda: versions()["K8S_VERSION"],
+                     description="image tag (default: the Kubernetes version toposerve targets)")
+
+
+class ApiServer(Section):
+    """The address every toposerve pod uses for the Kubernetes API. Pods run
+    with host networking and never use the in-cluster service address
+    (`KUBERNETES_SERVICE_HOST`), which on a machine that must not dial the
+    service range is the one address they cannot use."""
+
+    host: str = Field(description="IP address or DNS name of the API server as seen from a "
+                                  "node, e.g. 127.0.0.1 on a single-node cluster")
+    port: int = Field(default=6443, ge=1, le=65535, description="its secure port")
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, v: str) -> str:
+        try:
+            ip_address(v)
+        except ValueError:
+            if not HOSTNAME.match(v):
+                raise ValueError("give an IP address or a DNS name, without scheme or "
+                                 "port (the port is apiServer.port)") from None
+        return v
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"https://{host}:{self.port}"
+
+
+class Toleration(Section):
+    """A pod toleration, as in the pod spec."""
+
+    key: str | None = Field(default=None, description="taint key; none with `Exists` "
+                                                      "tolerates every taint")
+    operator: Literal["Exists", "Equal"] = Field(default="Equal", description="Exists or Equal")
+    value: str | None = Field(default=None, description="taint value for `Equal`")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="taint effect; none matches every effect")
+    toleration_seconds: int | None = Field(default=None, ge=0,
+                                           description="for NoExecute: how long to stay")
+
+
+class Resources(Section):
+    """Container resource requests and limits (quantities as strings)."""
+
+    requests: dict[str, str] = Field(default_factory=dict, description="e.g. {cpu: 50m}")
+    limits: dict[str, str] = Field(default_factory=dict, description="e.g. {memory: 256Mi}")
+
+
+class Placement(Section):
+    """Where a component's pods run and what they may use."""
+
+    node_selector: dict[str, str] = Field(default_factory=dict,
+                                          description="node labels the pods require")
+    tolerations: list[Toleration] = Field(default_factory=list,
+                                          description="taints the pods tolerate")
+    resources: Resources = Field(default_factory=Resources,
+                                 description="requests and limits of the main container")
+
+
+class GpuDriver(Placement):
+    """The accelerator DRA driver `gpu.toposerve.io`: a DaemonSet of
+    `toposerve driver gpu`, its service account and RBAC."""
+
+    enabled: bool = Field(default=True, description="render this component")
+    kubelet_dir: AbsPath = Field(default="/var/lib/kubelet",
+                                 description="the kubelet's root: its `plugins_registry` and "
+                                             "`plugins` folders are mounted from here")
+    cdi_root: AbsPath = Field(default="/var/run/cdi",
+                              description="where the container runtime reads CDI specs")
+    sysfs_root: AbsPath = Field(default="/sys", description="sysfs to discover GPUs in, "
+                                                            "mounted read-only")
+    priority_class_name: str = Field(default="system-node-critical",
+                                     description="keeps the driver on a node under pressure")
+    http_port: int = Field(
+        default=0, ge=0, le=65535,
+        description="/metrics and /healthz on 127.0.0.1 of the node; 0: a free port, so the "
+                    "old and new pod of a rolling update can overlap. A fixed port makes the "
+                    "update replace pods one at a time, old first (no overlap)")
+    extra_args: list[str] = Field(default_factory=list,
+                                  description="more flags for `toposerve driver gpu`")
+
+
+class AdmissionPolicy(Section):
+    """The ValidatingAdmissionPolicy that lets a node's driver write only the
+    ResourceSlices of its own node (`spec.nodeName` equal to the node name in
+    its service-account token)."""
+
+    enabled: bool = Field(default=True, description="render this component")
+    include_net_driver: bool = Field(
+        default=False, description="also restrict the NIC driver's service account "
+                                   "(`<namePrefix>-net-driver`, issue 18)")
+
+
+class DeviceClasses(Section):
+    """The DeviceClasses claims name: GPU, NIC and RDMA-capable NIC."""
+
+    enabled: bool = Field(default=True, description="render this component")
+    gpu: str = Field(default="gpu.toposerve.io", pattern=DNS_SUBDOMAIN, max_length=253,
+                     description="class of every `gpu.toposerve.io` device")
+    nic: str = Field(default="nic.toposerve.io", pattern=DNS_SUBDOMAIN, max_length=253,
+                     description="class of every `net.toposerve.io` device")
+    rdma_nic: str = Field(default="rdma-nic.toposerve.io", pattern=DNS_SUBDOMAIN,
+                          max_length=253, description="NICs whose `rdma` attribute is true")
+
+
+class Extender(Placement):
+    """The scheduler extender (`toposerve extender`): Deployment, Service,
+    RBAC and its `ExtenderConfig`."""
+
+    enabled: bool = Field(default=True, description="render this component")
+    replicas: int = Field(default=1, ge=1, description="extender pods")
+    port: int = Field(default=8888, ge=1, le=65535, description="HTTP port on the node")
+    config: dict[str, Any] = Field(
+        default_factory=dict, description="the `ExtenderConfig` body (without apiVersion and "
+                                          "kind), see docs/extender.md")
+
+
+class Scheduler(Placement):
+    """A second kube-scheduler with the extender wired in; workloads choose
+    it with `spec.schedulerName`."""
+
+    enabled: bool = Field(default=True, description="render this component")
+    scheduler_name: Label = Field(default="toposerve-scheduler",
+                                  description="the `spec.schedulerName` workloads select")
+    image: SchedulerImage = Field(default_factory=SchedulerImage,
+                                  description="kube-scheduler image")
+    replicas: int = Field(default=1, ge=1, description="scheduler pods (one leads)")
+    secure_port: int = Field(default=10269, ge=1, le=65535,
+                             description="its HTTPS port on the node (not the default "
+                                         "scheduler's 10259)")
+    extender_url: str | None = Field(
+        default=None, alias="extenderURL", pattern=r"^https?://[^/\s]+(/\S*)?$",
+        description="URL prefix the scheduler calls; default http://127.0.0.1:(extender.port), "
+                    "and the scheduler pod then runs on a node with an extender pod")
+    extender_weight: int = Field(default=1, ge=1, description="weight of its priorities")
+    extender_timeout_seconds: float = Field(default=5.0, gt=0,
+                                            description="per call; past it the call is ignored")
+
+
+class InstallValues(Section):
+    """Values that `toposerve manifests render` turns into Kubernetes objects."""
+
+    api_version: Literal["toposerve.io/v1"] = Field(default="toposerve.io/v1")
+    kind: Literal["InstallValues"] = Field(default="InstallValues",
+                                           description="always InstallValues")
+    namespace: Label = Field(default="toposerve-system",
+                             description="namespace of every namespaced object")
+    name_prefix: Label = Field(default="toposerve", max_length=40,
+                               description="prefix of every object name")
+    api_server: ApiServer = Field(description="how pods reach the API server")
+    image: ToposerveImage = Field(default_factory=ToposerveImage,
+                                  description="the toposerve image (driver and extender)")
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        default="info", description="log level of toposerve's components")
+    gpu_driver: GpuDriver = Field(default_factory=GpuDriver)
+    admission_policy: AdmissionPolicy = Field(default_factory=AdmissionPolicy)
+    device_classes: DeviceClasses = Field(default_factory=DeviceClasses)
+    extender: Extender = Field(default_factory=Extender)
+    scheduler: Scheduler = Field(default_factory=Scheduler)
+
+    def enabled(self) -> list[Component]:
+        on = {"gpu-driver": self.gpu_driver.enabled,
+              "admission-policy": self.admission_policy.enabled,
+              "device-classes": self.device_classes.enabled,
+              "extender": self.extender.enabled, "scheduler": self.scheduler.enabled}
+        return [c for c in COMPONENTS if on[c]]
+
+
+def _scalar(text: str) -> Any:
+    """A --set value as YAML reads it (true, 3, [a, b], {k: v}); anything
+    YAML cannot read stays the string it was."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def apply_sets(doc: dict[str, Any], sets: Sequence[str]) -> dict[str, Any]:
+    """``key.sub=value`` assignments over a values document (camelCase keys)."""
+    out = dict(doc)
+    for item in sets:
+        key, eq, value = item.partition("=")
+        path = key.strip().split(".")
+        if not eq or not all(path):
+            raise ConfigError(f"--set {item!r}: expected key.path=value, "
+                              f"e.g. apiServer.host=127.0.0.1")
+        node = out
+        for i, part in enumerate(path[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = {}
+            elif not isinstance(child, dict):
+                raise ConfigError(f"--set {item!r}: {'.'.join(path[:i + 1])} is not a "
+                                  f"mapping, so it has no field {path[i + 1]!r}")
+            node[part] = child = dict(child)
+            node = child
+        node[path[-1]] = _scalar(value)
+    return out
+
+
+def load_values(path: str | Path | None = None, sets: Sequence[str] = ()) -> InstallValues:
+    """The values file (or none: every default) with ``--set`` over it."""
+    doc: Any = {"apiVersion": API_VERSION, "kind": KIND}
+    source = "values"
+    if path is not None:
+        source = str(path)
+        try:
+            doc = yaml.safe_load(Path(path).read_text())
+        except OSError as err:
+            raise ConfigError(f"{path}: cannot read: {err.strerror}") from None
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{path}: not valid YAML: {err}") from None
+        if not isinstance(doc, dict):
+            raise ConfigError(f"{path}: expected a YAML mapping with apiVersion and kind")
+    if sets:
+        source += " with --set " + " ".join(sets)
+    doc = apply_sets(doc, sets)
+    try:
+        return parse_document(doc, InstallValues, KIND, source)
+    except ConfigError as err:
+        text = str(err)
+        for where, name in _misspelt(doc):
+            # the unknown field's line says which known field it is close to
+            text = re.sub(rf"(?m)^(  {re.escape(where)}: .*)\(unknown field: [^)]*\)$",
+                          rf"\1(unknown field: did you mean {name}?)", text)
+        raise ConfigError(text) from None
+
+
+def _models(annotation: Any) -> list[type[BaseModel]]:
+    """The models a field holds (itself, a list's items, an optional's value)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models(arg)]
+
+
+def _misspelt(doc: Any, model: type[BaseModel] = InstallValues,
+              where: str = "") -> list[tuple[str, str]]:
+    """(path, closest field name) for every unknown key close to a real one."""
+    if not isinstance(doc, dict):
+        return []
+    fields = {f.alias or n: f for n, f in model.model_fields.items()}
+    out = []
+    for key, value in doc.items():
+        path = f"{where}.{key}" if where else str(key)
+        if key not in fields:
+            close = get_close_matches(str(key), list(fields), n=1, cutoff=0.6)
+            out += [(path, close[0])] if close else []
+            continue
+        for sub in _models(fields[key].annotation):
+            items = value if isinstance(value, list) else [value]
+            for i, item in enumerate(items):
+                out += _misspelt(item, sub, f"{path}.{i}" if isinstance(value, list) else path)
+    return out

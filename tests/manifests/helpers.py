@@ -1,0 +1,22 @@
+"""Rendering with test values, and lookups in the rendered objects."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from manifests.render import render_objects
+from manifests.values import Component, load_values
+
+Obj = dict[str, Any]
+
+
+def objects(*sets: str, only: Sequence[Component] = ()) -> list[Obj]:
+    return render_objects(load_values(None, ["apiServer.host=127.0.0.1", *sets]), only)
+
+
+def one(objs: list[Obj], kind: str, name: str | None = None) -> Obj:
+    found = [o for o in objs if o["kind"] == kind
+             and (name is None or o["metadata"]["name"] == name)]
+    assert len(found) == 1, f"{len(found)} objects of kind {kind} named {name}"
+    return found[0]

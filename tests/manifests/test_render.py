@@ -1,0 +1,202 @@
+"""What the templates render: valid, deterministic YAML; components
+selectable; the driver's DaemonSet, RBAC, admission policy, device classes
+and the scheduler wiring as the install needs them."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Any
+
+import pytest
+import yaml
+
+from manifests.render import RenderError, _parse, render, to_yaml
+from manifests.values import COMPONENTS, load_values
+from tests.manifests.helpers import Obj, objects, one
+from toposerve_cli.main import main
+
+
+def test_output_is_valid_yaml_and_deterministic() -> None:
+    values = load_values(None, ["apiServer.host=127.0.0.1"])
+    text = render(values)
+    assert text == render(load_values(None, ["apiServer.host=127.0.0.1"]))
+    docs = list(yaml.safe_load_all(text))
+    # dumping what was parsed gives the same text: nothing lost, nothing ambiguous
+    assert to_yaml(docs) == text
+    kinds = [d["kind"] for d in docs]
+    assert kinds[:2] == ["Namespace", "ConfigMap"]
+    assert {"DaemonSet", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+            "DeviceClass", "Deployment", "Service"} <= set(kinds)
+
+
+def test_no_address_outside_loopback_is_rendered() -> None:
+    """The network rule: nothing in a pod is pointed at a non-loopback address."""
+    text = render(load_values(None, ["apiServer.host=127.0.0.1"]))
+    for literal in re.findall(r"\b\d{1,3}(?:\.\d{1,3}){3}\b", text):
+        addr = ipaddress.ip_address(literal)
+        assert addr.is_loopback or addr.is_unspecified, literal
+
+
+def test_components_are_selectable() -> None:
+    for c in COMPONENTS:
+        kinds = [o["kind"] for o in objects(only=[c])]
+        namespaced = c in ("gpu-driver", "extender", "scheduler")
+        assert ("Namespace" in kinds) == namespaced, c
+    assert {o["kind"] for o in objects(only=["device-classes"])} == {"DeviceClass"}
+    # disabled in the values: not rendered unless asked for by name
+    kinds = [o["kind"] for o in objects("extender.enabled=false", "scheduler.enabled=false")]
+    assert "Deployment" not in kinds and "DaemonSet" in kinds
+
+
+def test_cli_prints_the_documents(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["manifests", "render", "--set", "apiServer.host=127.0.0.1",
+                 "--component", "device-classes"]) == 0
+    docs = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert [d["metadata"]["name"] for d in docs] == [
+        "gpu.toposerve.io", "nic.toposerve.io", "rdma-nic.toposerve.io"]
+
+
+def test_bad_template_output_is_reported() -> None:
+    with pytest.raises(RenderError, match=r"x\.j2: a document without apiVersion"):
+        _parse("apiVersion: v1\nkind: ConfigMap\n", "x.j2")
+    with pytest.raises(RenderError, match=r"x\.j2: rendered text is not YAML"):
+        _parse("a: [", "x.j2")
+
+
+def _container(obj: Obj) -> dict[str, Any]:
+    c: dict[str, Any] = obj["spec"]["template"]["spec"]["containers"][0]
+    return c
+
+
+def test_gpu_driver_daemonset() -> None:
+    ds = one(objects("gpuDriver.kubeletDir=/var/lib/k", "gpuDriver.cdiRoot=/run/cdi",
+                     "gpuDriver.extraArgs=[--x=1]", "apiServer.port=7443"), "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "Default"
+    assert ds["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    c = _container(ds)
+    assert c["command"][:4] == ["toposerve", "--log-level=info", "driver", "gpu"]
+    for flag in ("--node-name=$(NODE_NAME)", "--pod-uid=$(POD_UID)",
+                 "--registry-dir=/var/lib/k/plugins_registry",
+                 "--plugin-dir=/var/lib/k/plugins/gpu.toposerve.io", "--cdi-root=/run/cdi",
+                 "--sysfs-root=/sys", "--kubeconfig=/etc/toposerve/kubeconfig/kubeconfig"):
+        assert flag in c["command"]
+    assert c["command"][-1] == "--x=1"
+    env = {e["name"]: e for e in c["env"]}
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env["POD_UID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+    assert env["KUBERNETES_SERVICE_HOST"]["value"] == "127.0.0.1"
+    assert env["KUBERNETES_SERVICE_PORT"]["value"] == "7443"
+    assert "livenessProbe" in c
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    for path in ("/var/lib/k/plugins_registry", "/var/lib/k/plugins/gpu.toposerve.io",
+                 "/run/cdi", "/sys"):
+        m = mounts[path]
+        assert volumes[m["name"]]["hostPath"]["path"] == path
+    assert mounts["/sys"]["readOnly"] is True
+    assert not any(m.get("readOnly") for p, m in mounts.items()
+                   if p.startswith(("/var/lib/k", "/run/cdi")))
+
+
+def test_kubeconfig_names_the_values_api_server() -> None:
+    cm = one(objects("apiServer.host=api.example.test", "apiServer.port=443"), "ConfigMap",
+             "toposerve-kubeconfig")
+    kc = yaml.safe_load(cm["data"]["kubeconfig"])
+    assert kc["clusters"][0]["cluster"]["server"] == "https://api.example.test:443"
+    assert kc["users"][0]["user"] == {
+        "tokenFile": "/var/run/secrets/kubernetes.io/serviceaccount/token"}
+
+
+def test_gpu_driver_rbac_is_exactly_the_listed_rules() -> None:
+    role = one(objects(only=["gpu-driver"]), "ClusterRole")
+    rules = {(tuple(r["apiGroups"]), tuple(r["resources"]), tuple(r.get("resourceNames", ())),
+              tuple(sorted(r["verbs"]))) for r in role["rules"]}
+    assert rules == {
+        (("resource.k8s.io",), ("resourceslices",), (),
+         ("create", "delete", "list", "update", "watch")),
+        (("resource.k8s.io",), ("resourceclaims",), (), ("get",)),
+        (("resource.k8s.io",), ("resourceclaims/status",), (), ("patch", "update")),
+        (("resource.k8s.io",), ("resourceclaims/driver",), ("gpu.toposerve.io",),
+         ("associated-node:patch", "associated-node:update")),
+        (("",), ("nodes",), (), ("get",)),
+    }
+
+
+def test_admission_policy_covers_the_net_driver_when_asked() -> None:
+    def users(*sets: str) -> str:
+        vap = one(objects(*sets, only=["admission-policy"]), "ValidatingAdmissionPolicy")
+        expr: str = vap["spec"]["matchConditions"][0]["expression"]
+        return expr
+
+    assert users() == ('request.userInfo.username in '
+                       '["system:serviceaccount:toposerve-system:toposerve-gpu-driver"]')
+    assert users("admissionPolicy.includeNetDriver=true", "namespace=ts", "namePrefix=p") == (
+        'request.userInfo.username in ["system:serviceaccount:ts:p-gpu-driver", '
+        '"system:serviceaccount:ts:p-net-driver"]')
+    binding = one(objects(only=["admission-policy"]), "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"] == {"policyName": "toposerve-resourceslices-own-node",
+                               "validationActions": ["Deny"]}
+
+
+def test_device_classes() -> None:
+    classes = {o["metadata"]["name"]: [s["cel"]["expression"] for s in o["spec"]["selectors"]]
+               for o in objects(only=["device-classes"])}
+    assert classes == {
+        "gpu.toposerve.io": ["device.driver == 'gpu.toposerve.io'"],
+        "nic.toposerve.io": ["device.driver == 'net.toposerve.io'"],
+        "rdma-nic.toposerve.io": [
+            "device.driver == 'net.toposerve.io'",
+            "'rdma' in device.attributes['net.toposerve.io'] && "
+            "device.attributes['net.toposerve.io'].rdma == true"],
+    }
+
+
+def _scheduler_config(*sets: str) -> dict[str, Any]:
+    cm = one(objects(*sets, only=["scheduler"]), "ConfigMap", "toposerve-scheduler")
+    cfg: dict[str, Any] = yaml.safe_load(cm["data"]["config.yaml"])
+    return cfg
+
+
+def test_second_scheduler_wires_the_extender() -> None:
+    cfg = _scheduler_config()
+    assert cfg["kind"] == "KubeSchedulerConfiguration"
+    assert cfg["percentageOfNodesToScore"] == 100
+    assert cfg["profiles"] == [{"schedulerName": "toposerve-scheduler"}]
+    assert cfg["extenders"] == [{
+        "urlPrefix": "http://127.0.0.1:8888", "filterVerb": "filter",
+        "prioritizeVerb": "prioritize", "preemptVerb": "preempt", "weight": 1,
+        "nodeCacheCapable": True, "managedResources": [], "ignorable": True,
+        "httpTimeout": "5.0s"}]
+    objs = objects(only=["scheduler"])
+    aff = one(objs, "Deployment")["spec"]["template"]["spec"]["affinity"]
+    # loopback URL: the scheduler runs beside an extender pod
+    assert aff["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0][
+        "labelSelector"]["matchLabels"]["app.kubernetes.io/component"] == "extender"
+    url = "http://toposerve-extender.toposerve-system.svc:8888"
+    assert _scheduler_config(f"scheduler.extenderURL={url}")["extenders"][0]["urlPrefix"] == url
+    aff = one(objects(f"scheduler.extenderURL={url}", only=["scheduler"]),
+              "Deployment")["spec"]["template"]["spec"]["affinity"]
+    assert "podAffinity" not in aff
+
+
+def test_extender_deployment_and_config() -> None:
+    objs = objects("extender.port=9000", "extender.config={logLevel: debug}",
+                   only=["extender"])
+    cfg = yaml.safe_load(one(objs, "ConfigMap", "toposerve-extender")["data"]["config.yaml"])
+    assert cfg == {"apiVersion": "toposerve.io/v1", "kind": "ExtenderConfig",
+                   "logLevel": "debug"}
+    dep = one(objs, "Deployment")
+    c = _container(dep)
+    assert c["command"][2:] == ["extender", "--config=/etc/toposerve/extender/config.yaml",
+                                "--kubeconfig=/etc/toposerve/kubeconfig/kubeconfig",
+                                "--host=0.0.0.0", "--port=9000"]
+    assert one(objs, "Service")["spec"]["ports"][0]["port"] == 9000
+    # a changed config rolls the pods
+    other = one(objects("extender.config={logLevel: info}", only=["extender"]), "Deployment")
+    ann = "toposerve.io/config-hash"
+    assert (dep["spec"]["template"]["metadata"]["annotations"][ann]
+            != other["spec"]["template"]["metadata"]["annotations"][ann])

@@ -1,0 +1,137 @@
+"""Values: every default is usable, and bad input is one clear error that
+names the field and the fix, from a file and from --set alike."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel
+
+from manifests.values import InstallValues, apply_sets, load_values
+from topology.config_file import ConfigError
+from toposerve_cli.main import main
+
+
+def test_defaults_need_only_the_api_server() -> None:
+    v = load_values(None, ["apiServer.host=127.0.0.1"])
+    assert v.api_server.url == "https://127.0.0.1:6443"
+    assert v.enabled() == ["gpu-driver", "admission-policy", "device-classes", "extender",
+                           "scheduler"]
+    assert v.scheduler.image.ref == "registry.k8s.io/kube-scheduler:v1.37.2"
+    with pytest.raises(ConfigError, match=r"apiServer: Field required \(required: add it\)"):
+        load_values()
+
+
+def test_file_and_sets_merge(tmp_path: Path) -> None:
+    f = tmp_path / "values.yaml"
+    f.write_text("apiVersion: toposerve.io/v1\nkind: InstallValues\n"
+                 "apiServer: {host: api.example.test, port: 443}\n"
+                 "gpuDriver: {cdiRoot: /run/cdi, nodeSelector: {gpu: 'yes'}}\n")
+    v = load_values(f, ["gpuDriver.enabled=false", "image.tag=v9", "apiServer.port=8443",
+                        "gpuDriver.tolerations=[{operator: Exists}]", "scheduler.extenderURL="
+                        "http://127.0.0.1:9999"])
+    assert v.api_server.url == "https://api.example.test:8443"
+    assert v.gpu_driver.cdi_root == "/run/cdi" and not v.gpu_driver.enabled
+    assert v.gpu_driver.node_selector == {"gpu": "yes"}
+    assert v.gpu_driver.tolerations[0].operator == "Exists"
+    assert v.image.ref == "localhost/toposerve:v9"
+    assert v.scheduler.extender_url == "http://127.0.0.1:9999"
+
+
+def test_ipv6_api_server_url() -> None:
+    assert load_values(None, ["apiServer.host=::1"]).api_server.url == "https://[::1]:6443"
+
+
+@pytest.mark.parametrize("sets, message", [
+    (["gpuDriver.cdiRot=/x"],
+     "gpuDriver.cdiRot: Extra inputs are not permitted (unknown field: did you mean cdiRoot?)"),
+    (["apiserver.port=1"], "apiserver: Extra inputs are not permitted (unknown field: did you "
+                           "mean apiServer?)"),
+    (["scheduler.tolerations=[{keyy: a}]"], "scheduler.tolerations.0.keyy: Extra inputs are "
+                                            "not permitted (unknown field: did you mean key?)"),
+    (["zzz=1"], "zzz: Extra inputs are not permitted (unknown field: remove it or check its "
+                "spelling)"),
+    (["extender.replicas=0"], "extender.replicas: Input should be greater than or equal to 1"),
+    (["extender.port=http"], "extender.port: Input should be a valid integer"),
+    (["apiServer.host=https://10.0.0.1"], "apiServer.host: Value error, give an IP address or a "
+                                          "DNS name, without scheme or port"),
+    (["gpuDriver.cdiRoot=run/cdi"], "gpuDriver.cdiRoot: String should match pattern"),
+    (["image.pullPolicy=Sometimes"], "image.pullPolicy: Input should be 'Always', "
+                                     "'IfNotPresent' or 'Never'"),
+    (["namespace=Toposerve"], "namespace: String should match pattern"),
+    (["kind=Values"], "kind: expected 'InstallValues', got 'Values'"),
+    (["gpuDriver=on"], "gpuDriver: Input should be a valid dictionary or instance of GpuDriver"),
+])
+def test_bad_values_name_the_field(sets: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_values(None, ["apiServer.host=127.0.0.1", *sets])
+    assert message in str(err.value)
+    # nothing but that one problem is reported
+    assert len(str(err.value).splitlines()) <= 2
+
+
+@pytest.mark.parametrize("item, message", [
+    ("apiServer.host", "expected key.path=value"),
+    ("a..b=1", "expected key.path=value"),
+    ("logLevel.x=1", "logLevel is not a mapping, so it has no field 'x'"),
+])
+def test_bad_set_syntax(item: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        apply_sets({"logLevel": "info"}, [item])
+
+
+def test_set_does_not_touch_the_file_document() -> None:
+    doc = {"gpuDriver": {"cdiRoot": "/a"}}
+    apply_sets(doc, ["gpuDriver.cdiRoot=/b"])
+    assert doc == {"gpuDriver": {"cdiRoot": "/a"}}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("apiVersion: toposerve.io/v2\nkind: InstallValues\n",
+     "apiVersion: expected 'toposerve.io/v1', got 'toposerve.io/v2'"),
+    ("- a\n- b\n", "expected a YAML mapping with apiVersion and kind"),
+    ("a: [\n", "not valid YAML"),
+])
+def test_bad_file(tmp_path: Path, text: str, message: str) -> None:
+    f = tmp_path / "values.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_values(f, ["apiServer.host=127.0.0.1"])
+
+
+def test_cli_bad_values_exit_2_with_the_error(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "values.yaml"
+    f.write_text("apiVersion: toposerve.io/v1\nkind: InstallValues\n"
+                 "apiServer: {host: 127.0.0.1}\ngpuDriver: {kubeletDirectory: /x}\n")
+    assert main(["manifests", "render", "-f", str(f)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.splitlines() == [
+        f"error: {f}: invalid configuration",
+        "  gpuDriver.kubeletDirectory: Extra inputs are not permitted (unknown field: did you "
+        "mean kubeletDir?)"]
+    assert main(["manifests", "render", "-f", str(tmp_path / "none.yaml")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+
+
+def test_every_field_is_documented() -> None:
+    def walk(model: type[BaseModel]) -> list[str]:
+        missing = []
+        for name, f in model.model_fields.items():
+            sub = f.annotation
+            if isinstance(sub, type) and issubclass(sub, BaseModel):
+                missing += walk(sub)
+            elif not f.description and name != "api_version":
+                missing.append(f"{model.__name__}.{name}")
+        return missing
+
+    assert walk(InstallValues) == []
+
+
+def test_install_page_reference_is_current() -> None:
+    from manifests.values_docs import PAGE, page
+
+    current = PAGE.read_text()
+    assert page(current) == current, "run: python -m manifests.values_docs"
