@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml 2>/dev/null | sha256sum | cut -c1-12)
 PYTEST := $(PY) -m pytest
 
-.PHONY: setup venv tools sysdeps peers lint test demo bench scale clean
+.PHONY: setup venv tools sysdeps peers lint test demo bench scale clean protos
 
 setup: venv tools sysdeps
 
@@ -25,6 +25,10 @@ $(STAMP): pyproject.toml
 
 tools:
 	bash hack/build-cluster-tools.sh
+
+# gRPC stubs for the kubelet protos (committed; tests/dra/test_protos.py checks they are current)
+protos: venv
+	$(PY) -m dra_driver.protos.generate
 
 lint: venv
 	$(VENV)/bin/ruff check .

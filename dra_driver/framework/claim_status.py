@@ -1,0 +1,89 @@
+"""``status.devices[]`` of a claim, written by server-side apply with the
+driver name as field manager: each apply states the whole of what this
+driver says about the claim, so applying an empty list takes back exactly
+our entries and leaves other drivers' alone.
+
+RBAC (1.37, DRAResourceClaimGranularStatusAuthorization on): ``patch`` on
+``resourceclaims/status`` plus ``associated-node:patch`` on the synthetic
+``resourceclaims/driver`` with ``resourceNames: [<driver>]`` for a driver
+pod on the claim's node (``arbitrary-node:patch`` for any other caller).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes.client import ApiClient, ResourceV1Api
+from kubernetes.client.exceptions import ApiException
+
+from dra_driver.framework.claims import read_claim
+from dra_driver.framework.device_kind import ClaimRef
+
+APPLY = "application/apply-patch+yaml"  # JSON is YAML, so the body is JSON
+
+
+@dataclass(frozen=True)
+class DeviceStatus:
+    pool: str
+    device: str
+    ready: bool = True
+    reason: str = "Prepared"
+    message: str = ""
+    data: Mapping[str, Any] = field(default_factory=dict)
+    share_id: str | None = None
+
+
+def apply_body(driver: str, claim: ClaimRef, devices: Sequence[DeviceStatus],
+               now: dt.datetime) -> dict[str, Any]:
+    stamp = now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    entries = []
+    for d in devices:
+        entry: dict[str, Any] = {
+            "driver": driver, "pool": d.pool, "device": d.device,
+            "conditions": [{"type": "Ready", "status": "True" if d.ready else "False",
+                            "reason": d.reason, "message": d.message,
+                            "lastTransitionTime": stamp}],
+        }
+        if d.data:
+            entry["data"] = dict(d.data)
+        if d.share_id is not None:
+            entry["shareID"] = d.share_id
+        entries.append(entry)
+    # metadata.uid makes the apply a precondition: a recreated claim of the
+    # same name is refused (409) instead of getting this claim's status.
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": claim.name, "namespace": claim.namespace, "uid": claim.uid},
+            "status": {"devices": entries}}
+
+
+def apply_device_status(api: ApiClient, driver: str, claim: ClaimRef,
+                        devices: Sequence[DeviceStatus], now: dt.datetime | None = None) -> bool:
+    """Apply this driver's entries; False when the claim is gone (deleted,
+    or replaced by one with another UID). Other API errors raise."""
+    body = apply_body(driver, claim, devices, now or dt.datetime.now(dt.UTC))
+    try:
+        ResourceV1Api(api).patch_namespaced_resource_claim_status(
+            claim.name, claim.namespace, body, field_manager=driver, force=True,
+            _content_type=APPLY, _preload_content=False, _request_timeout=20)
+    except ApiException as err:
+        if err.status in (404, 409):
+            return False
+        raise
+    return True
+
+
+def clear_device_status(api: ApiClient, driver: str, claim: ClaimRef) -> bool:
+    """Take back this driver's entries, if the claim still has any; False
+    when there was nothing to do. A deallocated claim has no node a driver
+    pod is associated with, so only an apply that changes something is sent."""
+    doc = read_claim(api, claim)
+    if doc is None:
+        return False
+    if (doc.get("metadata") or {}).get("uid") != claim.uid:
+        return False
+    if not any(d.get("driver") == driver for d in (doc.get("status") or {}).get("devices") or []):
+        return False
+    return apply_device_status(api, driver, claim, [])

@@ -1,0 +1,82 @@
+"""Liveness through the real sockets (what a kubelet does: ``GetInfo`` on
+the registration socket, an empty ``NodePrepareResources`` on the DRA
+socket, which also proves the serialization lock is not wedged), and the
+HTTP endpoints ``/healthz`` and ``/metrics``."""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import grpc
+import prometheus_client
+import structlog
+
+from dra_driver._generated import dra_v1_pb2, dra_v1_pb2_grpc
+from dra_driver._generated import pluginregistration_pb2 as reg_pb2
+from dra_driver._generated import pluginregistration_pb2_grpc as reg_grpc
+from dra_driver.framework.sockets import unix_address
+
+log = structlog.get_logger("dra.liveness")
+
+
+def probe(registration_socket: Path, driver: str, timeout_s: float = 10) -> str | None:
+    """None when both sockets answer as they should, else what is wrong."""
+    try:
+        with grpc.insecure_channel(unix_address(registration_socket)) as ch:
+            info = reg_grpc.RegistrationStub(ch).GetInfo(reg_pb2.InfoRequest(), timeout=timeout_s)
+        if info.name != driver:
+            return f"registration socket serves driver {info.name!r}, not {driver!r}"
+        with grpc.insecure_channel(unix_address(Path(info.endpoint))) as ch:
+            dra_v1_pb2_grpc.DRAPluginStub(ch).NodePrepareResources(
+                dra_v1_pb2.NodePrepareResourcesRequest(), timeout=timeout_s)
+    except grpc.RpcError as err:
+        return f"{err.code().name}: {err.details()}"
+    return None
+
+
+class HttpEndpoints:
+    """``/healthz`` (the probe above) and ``/metrics`` on one address."""
+
+    def __init__(self, host: str, port: int, registration_socket: Path, driver: str) -> None:
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path == "/healthz":
+                    problem = probe(outer.registration_socket, outer.driver)
+                    code, body = (200, b"ok\n") if problem is None else (
+                        503, f"{problem}\n".encode())
+                    ctype = "text/plain"
+                elif self.path == "/metrics":
+                    code, body = 200, prometheus_client.generate_latest()
+                    ctype = prometheus_client.CONTENT_TYPE_LATEST
+                else:
+                    code, body, ctype = 404, b"not found\n", "text/plain"
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass  # probes every few seconds would flood the log
+
+        self.registration_socket = registration_socket
+        self.driver = driver
+        self._server = ThreadingHTTPServer((host, port), Handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="dra-http",
+                                        daemon=True)
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    def start(self) -> None:
+        self._thread.start()
+        log.info("serving /healthz and /metrics", port=self.port)
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

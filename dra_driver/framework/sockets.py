@@ -1,0 +1,99 @@
+"""Where the plugin's unix sockets and lock file live, and listening on them.
+
+Defaults are the kubelet's: registration sockets in
+``/var/lib/kubelet/plugins_registry``, the DRA service socket in
+``/var/lib/kubelet/plugins/<driver>``. In rolling-update mode two plugin pods
+run side by side, so both socket names carry the pod UID; a registration
+path that would not fit AF_UNIX's 108 bytes falls back to hashed names,
+preferring ones that still show the driver name.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+KUBELET_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
+KUBELET_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
+UNIX_PATH_MAX = 108
+UID_HASH_BYTES = 8  # enough for node-local uniqueness of two overlapping pods
+DRIVER_UID_HASH_BYTES = 16
+
+
+def _b64_sha256(data: str, n: int) -> str:
+    return base64.urlsafe_b64encode(hashlib.sha256(data.encode()).digest()[:n]).decode().rstrip("=")
+
+
+def registration_socket_name(registry_dir: Path, driver: str, pod_uid: str | None) -> str:
+    """``<driver>-reg.sock``; with a pod UID the first of
+    ``<driver>-<uid>-reg.sock``, ``<driver>-<hash(uid)>-reg.sock`` and
+    ``dra-<hash(driver, uid)>-reg.sock`` whose full path fits."""
+    if not pod_uid:
+        return f"{driver}-reg.sock"
+    candidates = [
+        f"{driver}-{pod_uid}-reg.sock",
+        f"{driver}-{_b64_sha256(pod_uid, UID_HASH_BYTES)}-reg.sock",
+        f"dra-{_b64_sha256(driver + chr(0) + pod_uid, DRIVER_UID_HASH_BYTES)}-reg.sock",
+    ]
+    for name in candidates:
+        if len(str(registry_dir / name)) <= UNIX_PATH_MAX:
+            return name
+    return candidates[-1]
+
+
+@dataclass(frozen=True)
+class PluginPaths:
+    driver: str
+    registry_dir: Path = KUBELET_REGISTRY_DIR
+    plugin_dir: Path | None = None  # default: KUBELET_PLUGINS_DIR / driver
+    pod_uid: str | None = None      # rolling-update mode when set
+
+    @property
+    def data_dir(self) -> Path:
+        return self.plugin_dir or KUBELET_PLUGINS_DIR / self.driver
+
+    @property
+    def registration_socket(self) -> Path:
+        return self.registry_dir / registration_socket_name(self.registry_dir, self.driver,
+                                                            self.pod_uid)
+
+    @property
+    def dra_socket(self) -> Path:
+        # The directory is the driver's own, so only rolling updates need the UID.
+        return self.data_dir / (f"dra-{self.pod_uid}.sock" if self.pod_uid else "dra.sock")
+
+    @property
+    def lock_file(self) -> Path:
+        """Serializes prepare/unprepare across every plugin process of this driver."""
+        return self.data_dir / "serialize.lock"
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.data_dir / "checkpoint.json"
+
+    def check(self) -> None:
+        for sock in (self.registration_socket, self.dra_socket):
+            if len(str(sock)) > UNIX_PATH_MAX:
+                raise ValueError(f"socket path {sock} is longer than {UNIX_PATH_MAX} bytes: "
+                                 "use a shorter --plugin-dir")
+
+
+def remove_stale_socket(path: Path) -> bool:
+    """Remove a socket left by an earlier process (listening would fail).
+    Anything that is not a socket is left alone and reported."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISSOCK(st.st_mode):
+        raise FileExistsError(f"{path} exists and is not a socket; not removing it")
+    path.unlink()
+    return True
+
+
+def unix_address(path: Path) -> str:
+    return f"unix://{os.fspath(path)}"

@@ -1,0 +1,1 @@
+"""The GPU DRA driver ``gpu.toposerve.io`` on the framework (``dra_driver.framework``)."""

@@ -1,0 +1,86 @@
+"""What the kubelet does to a DRA plugin, as a gRPC client built from our
+protos: find it through its registration socket, then call it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from dra_driver._generated import (
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    dra_v1beta1_pb2,
+    dra_v1beta1_pb2_grpc,
+    health_v1_pb2,
+    health_v1_pb2_grpc,
+    health_v1alpha1_pb2,
+    health_v1alpha1_pb2_grpc,
+    pluginregistration_pb2,
+    pluginregistration_pb2_grpc,
+)
+
+DRA = {"v1": (dra_v1_pb2, dra_v1_pb2_grpc), "v1beta1": (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc)}
+HEALTH = {"v1": (health_v1_pb2, health_v1_pb2_grpc),
+          "v1alpha1": (health_v1alpha1_pb2, health_v1alpha1_pb2_grpc)}
+
+
+@dataclass(frozen=True)
+class Claim:
+    namespace: str
+    name: str
+    uid: str
+
+
+class Kubelet:
+    def __init__(self, registration_socket: Path, timeout: float = 45) -> None:
+        self.registration_socket = registration_socket
+        self.timeout = timeout  # the kubelet's own limit for a DRA call
+
+    def _channel(self, path: str | Path) -> grpc.Channel:
+        return grpc.insecure_channel(f"unix://{path}")
+
+    def get_info(self) -> Any:
+        with self._channel(self.registration_socket) as ch:
+            return pluginregistration_pb2_grpc.RegistrationStub(ch).GetInfo(
+                pluginregistration_pb2.InfoRequest(), timeout=self.timeout)
+
+    def notify(self, registered: bool, error: str = "") -> Any:
+        with self._channel(self.registration_socket) as ch:
+            return pluginregistration_pb2_grpc.RegistrationStub(ch).NotifyRegistrationStatus(
+                pluginregistration_pb2.RegistrationStatus(plugin_registered=registered,
+                                                          error=error), timeout=self.timeout)
+
+    def _dra(self, version: str) -> tuple[Any, grpc.Channel, Any]:
+        pb2, stubs = DRA[version]
+        ch = self._channel(self.get_info().endpoint)
+        return pb2, ch, stubs.DRAPluginStub(ch)
+
+    def prepare(self, claims: list[Claim], version: str = "v1",
+                timeout: float | None = None) -> dict[str, Any]:
+        pb2, ch, stub = self._dra(version)
+        with ch:
+            resp = stub.NodePrepareResources(pb2.NodePrepareResourcesRequest(claims=[
+                pb2.Claim(namespace=c.namespace, name=c.name, uid=c.uid) for c in claims]),
+                timeout=timeout or self.timeout)
+        return dict(resp.claims)
+
+    def unprepare(self, claims: list[Claim], version: str = "v1") -> dict[str, str]:
+        pb2, ch, stub = self._dra(version)
+        with ch:
+            resp = stub.NodeUnprepareResources(pb2.NodeUnprepareResourcesRequest(claims=[
+                pb2.Claim(namespace=c.namespace, name=c.name, uid=c.uid) for c in claims]),
+                timeout=self.timeout)
+        return {uid: r.error for uid, r in resp.claims.items()}
+
+    def watch_health(self, version: str = "v1") -> Iterator[list[tuple[str, str, int, str]]]:
+        """(pool, device, health, message) of every device, message by message."""
+        pb2, stubs = HEALTH[version]
+        with self._channel(self.get_info().endpoint) as ch:
+            for msg in stubs.DRAResourceHealthStub(ch).NodeWatchResources(
+                    pb2.NodeWatchResourcesRequest(), timeout=self.timeout):
+                yield [(d.device.pool_name, d.device.device_name, d.health, d.message)
+                       for d in msg.devices]

@@ -1,0 +1,189 @@
+"""The framework's sockets through real gRPC, as the kubelet uses them:
+registration, empty prepare, health stream, liveness, stale sockets,
+rolling-update overlap and shutdown. (Claims need a cluster:
+test_prepare_cluster.py.)"""
+
+from __future__ import annotations
+
+import fcntl
+import socket
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from dra_driver.framework.cdi import CdiSpecs, ContainerEdits
+from dra_driver.framework.checkpoint import CorruptCheckpoint
+from dra_driver.framework.device_kind import AllocatedDevice, ClaimRef, PreparedEdits
+from dra_driver.framework.kubelet_plugin import KubeletPlugin, PluginConfig
+from dra_driver.framework.liveness import HttpEndpoints, probe
+from dra_driver.framework.publisher import Pool
+from dra_driver.framework.sockets import PluginPaths
+from tests.dra.kubelet import Kubelet
+
+DRIVER = "fake.toposerve.io"
+
+
+class FakeKind:
+    driver = DRIVER
+
+    def enumerate(self) -> Sequence[Pool]:
+        return [Pool(name="node-a", node_name="node-a",
+                     devices=tuple({"name": f"dev-{i}"} for i in range(3)))]
+
+    def validate_config(self, parameters: Mapping[str, Any]) -> Any:
+        return dict(parameters)
+
+    def prepare(self, claim: ClaimRef, devices: Sequence[AllocatedDevice]) -> PreparedEdits:
+        return PreparedEdits(devices={d.device: ContainerEdits(env={"X": "1"}) for d in devices})
+
+    def unprepare(self, claim: ClaimRef, devices: Sequence[str]) -> None:
+        pass
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.pools: list[Sequence[Pool]] = []
+
+    def set_pools(self, pools: Sequence[Pool]) -> None:
+        self.pools.append(pools)
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+def _plugin(tmp: Path, pod_uid: str | None = None, sink: Sink | None = None) -> KubeletPlugin:
+    paths = PluginPaths(driver=DRIVER, registry_dir=tmp / "registry", plugin_dir=tmp / "plugin",
+                        pod_uid=pod_uid)
+    cfg = PluginConfig(driver=DRIVER, node_name="node-a", paths=paths,
+                       cdi=CdiSpecs(tmp / "cdi", "k8s.fake.toposerve.io", "dev"),
+                       boot_id="boot-1", grace_s=1)
+    return KubeletPlugin(cfg, FakeKind(), api=None, publisher=sink)
+
+
+@pytest.fixture
+def plugin(tmp_path: Path) -> Iterator[KubeletPlugin]:
+    p = _plugin(tmp_path, sink=Sink())
+    p.start()
+    try:
+        yield p
+    finally:
+        p.stop()
+
+
+def test_registration(plugin: KubeletPlugin) -> None:
+    kubelet = Kubelet(plugin.cfg.paths.registration_socket)
+    info = kubelet.get_info()
+    assert (info.type, info.name, info.endpoint) == (
+        "DRAPlugin", DRIVER, str(plugin.cfg.paths.dra_socket))
+    assert list(info.supported_versions) == [
+        "v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"]
+    kubelet.notify(True)
+    assert plugin.wait_registered(1)
+    with pytest.raises(grpc.RpcError) as err:
+        kubelet.notify(False, "version mismatch")
+    assert "version mismatch" in str(err.value.details())
+    assert not plugin.registration.registered and plugin.registration.error == "version mismatch"
+
+
+@pytest.mark.parametrize("version", ["v1", "v1beta1"])
+def test_empty_prepare_and_unprepare(plugin: KubeletPlugin, version: str) -> None:
+    kubelet = Kubelet(plugin.cfg.paths.registration_socket)
+    assert kubelet.prepare([], version) == {}
+    assert kubelet.unprepare([], version) == {}
+
+
+def test_liveness_and_metrics(plugin: KubeletPlugin) -> None:
+    assert probe(plugin.cfg.paths.registration_socket, DRIVER) is None
+    assert "not 'other'" in (probe(plugin.cfg.paths.registration_socket, "other") or "")
+    http = HttpEndpoints("127.0.0.1", 0, plugin.cfg.paths.registration_socket, DRIVER)
+    http.start()
+    try:
+        base = f"http://127.0.0.1:{http.port}"
+        with urllib.request.urlopen(f"{base}/healthz", timeout=10) as r:
+            assert r.status == 200
+        with urllib.request.urlopen(f"{base}/metrics", timeout=10) as r:
+            body = r.read().decode()
+        assert "toposerve_dra_prepare_seconds" in body
+        assert "toposerve_dra_background_errors_total" in body
+    finally:
+        http.stop()
+    plugin.stop()
+    assert probe(plugin.cfg.paths.registration_socket, DRIVER, timeout_s=1) is not None
+
+
+@pytest.mark.parametrize("version", ["v1", "v1alpha1"])
+def test_health_stream_and_taints(plugin: KubeletPlugin, version: str) -> None:
+    sink = plugin.publisher
+    assert isinstance(sink, Sink)
+    stream = Kubelet(plugin.cfg.paths.registration_socket, timeout=10).watch_health(version)
+    first = next(stream)
+    assert [(p, d, h) for p, d, h, _ in first] == [("node-a", f"dev-{i}", 0) for i in range(3)]
+    plugin.health.report("node-a", "dev-1", False, "fell off the bus")
+    second = next(stream)
+    assert len(second) == 3  # every message lists every device
+    assert ("node-a", "dev-1", 2, "fell off the bus") in second
+    taints = {d["name"]: d.get("taints") for d in sink.pools[-1][0].devices}
+    assert taints == {"dev-0": None, "dev-2": None, "dev-1": [
+        {"key": f"{DRIVER}/unhealthy", "effect": "NoSchedule"}]}
+    plugin.health.report("node-a", "dev-1", True)
+    assert ("node-a", "dev-1", 1, "") in next(stream)
+    assert all(not d.get("taints") for d in sink.pools[-1][0].devices)
+
+
+def _stale_socket(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(path))
+    s.close()  # the file stays, as after a crash
+
+
+def test_stale_sockets_replaced_and_removed_on_stop(tmp_path: Path) -> None:
+    p = _plugin(tmp_path)
+    for sock in (p.cfg.paths.registration_socket, p.cfg.paths.dra_socket):
+        _stale_socket(sock)
+    p.start()
+    assert Kubelet(p.cfg.paths.registration_socket).prepare([]) == {}
+    p.stop()
+    assert not p.cfg.paths.registration_socket.exists()
+    assert not p.cfg.paths.dra_socket.exists()
+
+
+def test_rolling_update_overlap_is_serialized(tmp_path: Path) -> None:
+    old, new = _plugin(tmp_path, pod_uid="uid-old"), _plugin(tmp_path, pod_uid="uid-new")
+    old.start()
+    new.start()
+    try:
+        assert old.cfg.paths.registration_socket != new.cfg.paths.registration_socket
+        kubelets = [Kubelet(p.cfg.paths.registration_socket, timeout=1) for p in (old, new)]
+        assert [k.get_info().endpoint for k in kubelets] == [
+            str(old.cfg.paths.dra_socket), str(new.cfg.paths.dra_socket)]
+        # Another process holding the shared lock stops both from working.
+        with open(old.cfg.paths.lock_file, "a+b") as f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            for k in kubelets:
+                with pytest.raises(grpc.RpcError) as err:
+                    k.prepare([])
+                assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        for k in kubelets:
+            assert k.prepare([]) == {}
+    finally:
+        old.stop()
+        new.stop()
+    assert not any((tmp_path / "registry").iterdir())
+
+
+def test_corrupt_checkpoint_refuses_to_start(tmp_path: Path) -> None:
+    p = _plugin(tmp_path)
+    p.cfg.paths.data_dir.mkdir(parents=True)
+    p.cfg.paths.checkpoint.write_text("{garbage")
+    with pytest.raises(CorruptCheckpoint, match="left in place"):
+        p.start()
+    assert not p.cfg.paths.registration_socket.exists()
+    assert p.cfg.paths.checkpoint.read_text() == "{garbage"
