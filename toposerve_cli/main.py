@@ -6,7 +6,15 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from toposerve_cli import cluster_cmd, driver_cmd, logs, router_cmd, sim_cmd, topology_cmd
+from toposerve_cli import (
+    cluster_cmd,
+    driver_cmd,
+    logs,
+    manifests_cmd,
+    router_cmd,
+    sim_cmd,
+    topology_cmd,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     cluster_cmd.register(sub)
     sim_cmd.register(sub)
     router_cmd.register(sub)
+    manifests_cmd.register(sub)
     driver_cmd.register(sub)
     return parser
 
