@@ -14,6 +14,7 @@ extender and router use, so "same switch" or "same NVLink domain" is a
 from __future__ import annotations
 
 import re
+from functools import cache
 from typing import Any
 
 from topology.model import DeviceKind, DevicePlace, DomainPath
@@ -114,6 +115,11 @@ def device_entry(place: DevicePlace, path: DomainPath | None = None) -> dict[str
     return entry
 
 
+@cache
+def _valid_name(key: str) -> bool:
+    return ATTRIBUTE_NAME.match(key) is not None
+
+
 def check_entry(entry: dict[str, Any]) -> None:
     """The API's rules for one device entry; a ``ValueError`` naming what broke."""
     name = entry.get("name", "?")
@@ -122,7 +128,7 @@ def check_entry(entry: dict[str, Any]) -> None:
         raise ValueError(f"device {name}: {len(attrs) + len(capacity)} attributes and "
                          f"capacities, the API allows {MAX_ATTRIBUTES}")
     for key in (*attrs, *capacity):
-        if not ATTRIBUTE_NAME.match(key):
+        if not _valid_name(key):
             raise ValueError(f"device {name}: {key!r} is not a valid attribute name")
     for key, value in attrs.items():
         if len(value) != 1 or next(iter(value)) not in ("int", "bool", "string", "version"):

@@ -20,7 +20,6 @@ What to write is decided in ``slice_plan`` (pure functions).
 from __future__ import annotations
 
 import heapq
-import logging
 import random
 import threading
 import time
@@ -30,15 +29,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+import structlog
 import urllib3
 from prometheus_client import Counter, Gauge
 
 from dra_driver.framework import slice_plan
 from dra_driver.framework.slice_plan import DesiredPool, Observed, Pool, Write
 
-__all__ = ["ApiError", "Pool", "ReconcileStats", "SlicePublisher"]
+__all__ = ["ApiError", "JsonApi", "Pool", "ReconcileStats", "Reflector", "SlicePublisher"]
 
-log = logging.getLogger("toposerve.dra.publisher")
+log = structlog.get_logger("toposerve.dra.publisher")
 
 SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
 
@@ -77,7 +77,7 @@ class ReconcileStats:
         self.deletes += other.deletes
 
 
-class _Rest:
+class JsonApi:
     """Raw JSON against the apiserver through the kubernetes client's
     connection pool and auth: the typed models are too slow to (de)serialize
     thousands of slices, and they would hide fields the server dropped."""
@@ -85,17 +85,17 @@ class _Rest:
     def __init__(self, api: Any) -> None:
         self._api = api
 
-    def _url(self, method: str, path: str, query: Sequence[tuple[str, Any]]
-             ) -> tuple[str, dict[str, str]]:
+    def _url(self, method: str, path: str, query: Sequence[tuple[str, Any]],
+             accept: str = "application/json") -> tuple[str, dict[str, str]]:
         _, url, headers, _, _ = self._api.param_serialize(
             method, path, query_params=list(query),
-            header_params={"Accept": "application/json", "Content-Type": "application/json"},
+            header_params={"Accept": accept, "Content-Type": "application/json"},
             auth_settings=["BearerToken"])
         return url, headers
 
     def request(self, method: str, path: str, query: Sequence[tuple[str, Any]] = (),
-                body: Any = None, timeout: float = 30) -> Any:
-        url, headers = self._url(method, path, query)
+                body: Any = None, timeout: float = 30, accept: str = "application/json") -> Any:
+        url, headers = self._url(method, path, query, accept)
         try:
             r = self._api.rest_client.pool_manager.request(
                 method, url, headers=headers, retries=False,
@@ -133,6 +133,104 @@ class _Rest:
             raise ApiError(0, f"watch {path}: {type(err).__name__}: {err}") from None
         finally:
             r.release_conn()
+
+
+def backoff(failures: int, cap: float) -> float:
+    """Exponential from 0.25 s to ``cap``, jittered so retries spread out."""
+    base: float = min(cap, 0.25 * 2 ** min(max(failures, 1) - 1, 16))
+    return base * (0.5 + random.random() / 2)
+
+
+class Reflector:
+    """LIST, then WATCH from the list's resourceVersion: a watch that ends
+    (server timeout, dropped connection) resumes from the last version
+    seen, with bookmarks keeping it fresh; only 410 Gone relists. Errors
+    back off, forever: an apiserver outage is waited out."""
+
+    def __init__(self, rest: JsonApi, path: str, query: Sequence[tuple[str, Any]],
+                 on_list: Callable[[list[dict[str, Any]], int], None],
+                 on_event: Callable[[str, dict[str, Any]], None],
+                 on_error: Callable[[Exception], None], *, timeout: int = 300,
+                 max_backoff: float = 30.0) -> None:
+        self._rest = rest
+        self._path = path
+        self._query = list(query)
+        self._on_list = on_list
+        self._on_event = on_event
+        self._on_error = on_error
+        self._timeout = timeout
+        self._max_backoff = max_backoff
+        self._resp: Any = None
+        self._rv = ""
+        self._stopping = threading.Event()
+        self.watching = False
+        self.lists = 0      # LISTs made: one, and one more per 410 Gone
+        self.watches = 0    # watch requests made (each resumes from the last version)
+
+    def list(self) -> tuple[list[dict[str, Any]], int]:
+        items: list[dict[str, Any]] = []
+        cont = ""
+        while True:
+            q = [*self._query, ("limit", 500)] + ([("continue", cont)] if cont else [])
+            data = self._rest.request("GET", self._path, q, timeout=60)
+            items += data.get("items") or ()
+            cont = data.get("metadata", {}).get("continue", "")
+            if not cont:
+                return items, int(data.get("metadata", {}).get("resourceVersion") or 0)
+
+    def relist(self) -> None:
+        items, rv = self.list()
+        self.lists += 1
+        self._rv = str(rv)
+        self._on_list(items, rv)
+
+    def run(self) -> None:
+        failures = 0
+        while not self._stopping.is_set():
+            try:
+                if not self._rv:
+                    self.relist()
+                self._watch()
+                failures = 0
+            except ApiError as err:
+                self.watching = False
+                if self._stopping.is_set():
+                    break
+                if err.status == 410:
+                    log.info("watch expired; relisting", path=self._path)
+                    self._rv = ""
+                    continue
+                failures += 1
+                self._on_error(err)
+                self._stopping.wait(backoff(failures, self._max_backoff))
+        self.watching = False
+
+    def stop(self) -> None:
+        self._stopping.set()
+        resp = self._resp
+        if resp is not None:
+            resp.shutdown()
+
+    def _watch(self) -> None:
+        q = [*self._query, ("watch", "true"), ("allowWatchBookmarks", "true"),
+             ("resourceVersion", self._rv), ("timeoutSeconds", self._timeout)]
+
+        def opened(resp: Any) -> None:
+            self._resp = resp
+            if self._stopping.is_set():
+                resp.shutdown()
+
+        self.watching = True
+        self.watches += 1
+        for ev in self._rest.stream(self._path, q, self._timeout + 30, opened):
+            kind, obj = str(ev.get("type")), ev.get("object") or {}
+            if kind == "ERROR":
+                raise ApiError(int(obj.get("code") or 0), obj.get("message", "watch error"))
+            rv = (obj.get("metadata") or {}).get("resourceVersion")
+            if rv:
+                self._rv = rv
+            if kind != "BOOKMARK":
+                self._on_event(kind, obj)
 
 
 class _Store:
@@ -308,7 +406,7 @@ class SlicePublisher:
                  watch_timeout: int = 300, max_backoff: float = 30.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.driver = driver
-        self._rest = _Rest(api)
+        self._rest = JsonApi(api)
         self._node_name = node_name
         self._labels = dict(labels or {})
         self._workers_n = workers
@@ -327,11 +425,18 @@ class SlicePublisher:
         self._dropped: dict[str, list[tuple[str, str]]] = {}
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
-        self._watch_resp: Any = None
-        self._rv = ""
+        self._reflector = self._new_reflector()
         self.stats = ReconcileStats()
-        self.watching = False
         self.last_error = ""
+
+    def _new_reflector(self) -> Reflector:
+        return Reflector(self._rest, SLICES_PATH, self._selectors(), self._on_list,
+                         self._on_event, lambda err: self._error("watch", err),
+                         timeout=self._watch_timeout, max_backoff=self._max_backoff)
+
+    @property
+    def watching(self) -> bool:
+        return self._reflector.watching
 
     # -- desired state ------------------------------------------------------
 
@@ -372,7 +477,8 @@ class SlicePublisher:
         if self._threads:
             return
         self._stopping.clear()
-        t = threading.Thread(target=self._watch_loop, name=f"slices-watch-{self.driver}",
+        self._reflector = self._new_reflector()
+        t = threading.Thread(target=self._reflector.run, name=f"slices-watch-{self.driver}",
                              daemon=True)
         self._threads.append(t)
         for i in range(self._workers_n):
@@ -384,14 +490,12 @@ class SlicePublisher:
     def stop(self) -> None:
         self._stopping.set()
         self._queue.close()
-        resp = self._watch_resp
-        if resp is not None:
-            resp.shutdown()
+        self._reflector.stop()
         for t in self._threads:
             t.join(timeout=10)
         self._threads = []
         self._queue = _Queue(self._clock)
-        self.watching = False
+        self._reflector = self._new_reflector()
 
     def wait_synced(self, timeout: float = 30) -> bool:
         """True once the first LIST has filled the store."""
@@ -459,74 +563,29 @@ class SlicePublisher:
         return q
 
     def _list(self) -> tuple[list[Observed], int]:
-        items: list[Observed] = []
-        cont = ""
-        while True:
-            q = [*self._selectors(), ("limit", 500)] + ([("continue", cont)] if cont else [])
-            data = self._rest.request("GET", SLICES_PATH, q, timeout=60)
-            items += [slice_plan.observe(o) for o in data.get("items") or ()]
-            cont = data.get("metadata", {}).get("continue", "")
-            if not cont:
-                return items, int(data.get("metadata", {}).get("resourceVersion") or 0)
+        items, rv = self._reflector.list()
+        return [slice_plan.observe(o) for o in items], rv
 
     def _relist(self) -> None:
-        items, rv = self._list()
-        self._rv = str(rv)
-        changed = self._store.replace(items, rv)
+        self._reflector.relist()
+
+    def _on_list(self, items: list[dict[str, Any]], rv: int) -> None:
+        changed = self._store.replace([slice_plan.observe(o) for o in items], rv)
         SLICES.labels(self.driver).set(self._store.count())
         with self._lock:
             wanted = set(self._desired)
         for pool in changed | wanted:
             self._queue.add(pool)
 
-    def _watch_loop(self) -> None:
-        failures = 0
-        while not self._stopping.is_set():
-            try:
-                if not self._rv:
-                    self._relist()
-                self._watch_once()
-                failures = 0
-            except ApiError as err:
-                if self._stopping.is_set():
-                    break
-                if err.status == 410:
-                    log.info("slice watch expired; relisting", extra={"status": 410})
-                    self._rv = ""
-                    continue
-                self.watching = False
-                failures += 1
-                self._error("watch", err)
-                self._stopping.wait(self._backoff(failures))
-        self.watching = False
-
-    def _watch_once(self) -> None:
-        q = [*self._selectors(), ("watch", "true"), ("allowWatchBookmarks", "true"),
-             ("resourceVersion", self._rv), ("timeoutSeconds", self._watch_timeout)]
-
-        def opened(resp: Any) -> None:
-            self._watch_resp = resp
-            if self._stopping.is_set():
-                resp.shutdown()
-
-        self.watching = True
-        for ev in self._rest.stream(SLICES_PATH, q, self._watch_timeout + 30, opened):
-            kind, obj = ev.get("type"), ev.get("object") or {}
-            if kind == "ERROR":
-                raise ApiError(int(obj.get("code") or 0), obj.get("message", "watch error"))
-            rv = (obj.get("metadata") or {}).get("resourceVersion")
-            if rv:
-                self._rv = rv
-            if kind == "BOOKMARK":
-                continue
-            obs = slice_plan.observe(obj)
-            for pool in self._store.event(str(kind), obs):
-                self._queue.add(pool, self._sync_delay)
-            if kind == "DELETED" and obs.node_name:
-                # an owner the garbage collector acted on may have a new UID
-                with self._lock:
-                    self._node_uids.pop(obs.node_name, None)
-            SLICES.labels(self.driver).set(self._store.count())
+    def _on_event(self, kind: str, obj: dict[str, Any]) -> None:
+        obs = slice_plan.observe(obj)
+        for pool in self._store.event(kind, obs):
+            self._queue.add(pool, self._sync_delay)
+        if kind == "DELETED" and obs.node_name:
+            # an owner the garbage collector acted on may have a new UID
+            with self._lock:
+                self._node_uids.pop(obs.node_name, None)
+        SLICES.labels(self.driver).set(self._store.count())
 
     # -- the workers --------------------------------------------------------
 
@@ -543,15 +602,11 @@ class SlicePublisher:
             finally:
                 self._queue.done(pool)
 
-    def _backoff(self, failures: int) -> float:
-        base: float = min(self._max_backoff, 0.25 * 2 ** min(failures - 1, 16))
-        return base * (0.5 + random.random() / 2)
-
     def _error(self, kind: str, err: Exception) -> None:
         ERRORS.labels(self.driver, kind).inc()
         self.last_error = str(err)
-        log.warning("resourceslice %s failed; retrying", kind,
-                    extra={"error": str(err)[:300]})
+        log.warning("resourceslice API call failed; retrying", driver=self.driver, during=kind,
+                    error=str(err)[:300])
 
     def _sync(self, pool: str) -> ReconcileStats:
         with self._lock:
@@ -564,7 +619,7 @@ class SlicePublisher:
                     n = self._failures[pool] = self._failures.get(pool, 0) + 1
                 self._error("sync", err)
                 if not self._stopping.is_set() and not self._queue.closed:
-                    self._queue.add(pool, self._backoff(n))
+                    self._queue.add(pool, backoff(n, self._max_backoff))
                 return ReconcileStats()
             with self._lock:
                 self._failures.pop(pool, None)
@@ -647,11 +702,9 @@ class SlicePublisher:
         for g in gates:
             DROPPED.labels(self.driver, g).inc()
         if first:
-            log.warning("the apiserver dropped fields of a ResourceSlice; enable these feature "
-                        "gates or stop using the fields", extra={
-                            "error": f"slice {w.name}: {', '.join(p for p, _ in lost[:5])}"
-                                     f"{' ...' if len(lost) > 5 else ''} "
-                                     f"(feature gates: {', '.join(gates)})"})
+            log.warning("the apiserver dropped fields of a ResourceSlice: enable these "
+                        "feature gates or stop using the fields", driver=self.driver,
+                        slice=w.name, gates=gates, fields=[p for p, _ in lost[:8]])
 
     def _delete(self, obs: Observed) -> bool:
         body = {"kind": "DeleteOptions", "apiVersion": "v1",

@@ -27,7 +27,7 @@ def _observed(want: sp.DesiredPool, generation: int, rv: int = 1,
                "spec": {"driver": DRIVER, "nodeName": want.node_name,
                         "pool": {"name": want.pool, "generation": generation,
                                  "resourceSliceCount": len(want.slices)},
-                        d.key: orjson.loads(d.items)}}
+                        d.key: orjson.loads(d.items())}}
         if mutate:
             mutate(i, obj)
         out.append(sp.observe(obj))
