@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from toposerve_cli import (
     cluster_cmd,
     driver_cmd,
+    extender_cmd,
     logs,
     manifests_cmd,
     router_cmd,
@@ -28,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     cluster_cmd.register(sub)
     sim_cmd.register(sub)
     router_cmd.register(sub)
+    extender_cmd.register(sub)
     manifests_cmd.register(sub)
     driver_cmd.register(sub)
     return parser

@@ -1,0 +1,53 @@
+"""The ``KubeSchedulerConfiguration`` that wires the extender into a
+kube-scheduler (``toposerve extender scheduler-config``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+
+def scheduler_config(url: str, *, weight: int = 1, timeout_s: float = 5.0,
+                     scheduler_name: str | None = None, qps: int | None = None,
+                     kubeconfig: str | None = None) -> dict[str, Any]:
+    """``url``: the extender's URL prefix (``http://127.0.0.1:8888``); the
+    scheduler posts to ``<url>/filter``, ``/prioritize`` and ``/preempt``.
+    ``qps``: the scheduler's own client rate limit (the local cluster's
+    benchmarks raise it, DESIGN §8)."""
+    extender = {
+        "urlPrefix": url.rstrip("/"),
+        "filterVerb": "filter",
+        "prioritizeVerb": "prioritize",
+        "preemptVerb": "preempt",
+        "weight": weight,
+        "enableHTTPS": url.startswith("https://"),
+        # names only: the extender keeps its own node cache from watches
+        "nodeCacheCapable": True,
+        # claims, not container resources, carry the accelerators: every pod is sent
+        "managedResources": [],
+        # an extender that is down or slow never stops ordinary pods
+        "ignorable": True,
+        "httpTimeout": f"{timeout_s:g}s",
+    }
+    cfg: dict[str, Any] = {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        # a topology extender must see every feasible node, not a sample
+        "percentageOfNodesToScore": 100,
+        "extenders": [extender],
+    }
+    if scheduler_name:
+        cfg["profiles"] = [{"schedulerName": scheduler_name}]
+    conn: dict[str, Any] = {}
+    if kubeconfig:
+        conn["kubeconfig"] = kubeconfig
+    if qps:
+        conn.update(qps=qps, burst=qps)
+    if conn:
+        cfg["clientConnection"] = conn
+    return cfg
+
+
+def render(cfg: dict[str, Any]) -> str:
+    return yaml.safe_dump(cfg, sort_keys=False)

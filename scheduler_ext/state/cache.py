@@ -1,0 +1,380 @@
+"""The extender's picture of the cluster, kept from watch events (never
+read from the API per call) and turned into the placement ``View``:
+
+- Nodes -> their place in the shared topology model (``topology.labels``);
+- ResourceSlices (the newest generation of each pool) -> accelerator units
+  per node;
+- ResourceClaims -> units allocated, and what each claim asks for;
+- Pods -> groups, roles, members placed and pending, what each needs
+  (its claims or templates) and the placement decisions written on them.
+
+Events mark the nodes and groups they touch; ``view()`` rebuilds only
+those, so a call after a bind costs a few records, not the cluster."""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from scheduler_ext.config import ExtenderConfig
+from scheduler_ext.placement.groups import pod_group_spec
+from scheduler_ext.placement.model import (
+    DECODE,
+    PREFILL,
+    Decision,
+    Group,
+    Member,
+    NodeState,
+    Shape,
+    Source,
+    View,
+)
+from scheduler_ext.state.facts import (
+    ClaimFacts,
+    DeviceId,
+    NodeFacts,
+    PodFacts,
+    SliceFacts,
+    claim_facts,
+    node_facts,
+    pod_facts,
+    slice_facts,
+    template_demand,
+)
+from topology.model import Tier
+
+Key = tuple[str, str]
+KINDS = ("nodes", "pods", "slices", "claims", "templates", "podgroups")
+
+
+def _ident(kind: str, obj: dict[str, Any]) -> str:
+    md = obj.get("metadata") or {}
+    if kind == "pods":
+        return str(md.get("uid", ""))
+    if kind in ("nodes", "slices"):
+        return str(md.get("name", ""))
+    return f"{md.get('namespace', 'default')}/{md.get('name', '')}"
+
+
+def _stub(kind: str, ident: str) -> dict[str, Any]:
+    """Enough of a vanished object for its DELETED handler."""
+    if kind == "pods":
+        return {"metadata": {"uid": ident}}
+    if kind in ("nodes", "slices"):
+        return {"metadata": {"name": ident}}
+    ns, _, name = ident.partition("/")
+    return {"metadata": {"namespace": ns, "name": name}}
+
+
+class ClusterState:
+    """Thread-safe: watches write from their threads, the server reads."""
+
+    def __init__(self, cfg: ExtenderConfig) -> None:
+        self.cfg = cfg
+        self.dialect = cfg.dialect()
+        self._classes = set(cfg.accelerators.device_classes)
+        self._drivers = set(cfg.accelerators.drivers)
+        self._extended = list(cfg.accelerators.extended_resources)
+        self.lock = threading.RLock()
+        self.view = View(nodes={})
+        self._nodes: dict[str, NodeFacts] = {}
+        self._slices: dict[str, SliceFacts] = {}
+        self._claims: dict[Key, ClaimFacts] = {}
+        self._templates: dict[Key, int] = {}
+        self._pods: dict[str, PodFacts] = {}
+        self._pod_groups: dict[Key, tuple[int | None, Tier | None, str | None]] = {}
+        # indexes
+        self._slices_of: dict[str, set[str]] = defaultdict(set)  # node -> slice names
+        self._device: dict[DeviceId, tuple[str, str]] = {}  # -> (node, unit)
+        self._pods_on: dict[str, set[str]] = defaultdict(set)  # node -> pod uids
+        self._claims_on: dict[str, set[Key]] = defaultdict(set)  # node -> allocated claims
+        self._claim_at: dict[Key, str] = {}  # allocated claim -> its node
+        self._claims_of_pool: dict[tuple[str, str], set[Key]] = defaultdict(set)
+        self._pods_of_claim: dict[Key, set[str]] = defaultdict(set)
+        self._members: dict[str, set[str]] = defaultdict(set)  # group key -> pod uids
+        self._dirty_nodes: set[str] = set()
+        self._dirty_groups: set[str] = set()
+        self.synced: set[str] = set()  # kinds whose first list arrived
+        self._handlers: dict[str, Callable[[str, dict[str, Any]], None]] = {
+            "nodes": self.node, "pods": self.pod, "slices": self.resource_slice,
+            "claims": self.resource_claim, "templates": self.claim_template,
+            "podgroups": self.pod_group}
+
+    def handler(self, kind: str) -> Callable[[str, dict[str, Any]], None]:
+        return self._handlers[kind]
+
+    # --- events -----------------------------------------------------------------
+
+    def _claim_node(self, c: ClaimFacts) -> str | None:
+        for dev in c.devices:
+            if dev in self._device:
+                return self._device[dev][0]
+        return None
+
+    def node(self, kind: str, obj: dict[str, Any]) -> None:
+        name = (obj.get("metadata") or {}).get("name", "")
+        with self.lock:
+            if kind == "DELETED":
+                self._nodes.pop(name, None)
+            else:
+                self._nodes[name] = node_facts(obj, self.dialect, self._extended)
+            self._dirty_nodes.add(name)
+            self.view.memo.clear()
+
+    def resource_slice(self, kind: str, obj: dict[str, Any]) -> None:
+        with self.lock:
+            new = slice_facts(obj)
+            old = self._slices.pop(new.name, None)
+            if old is not None:
+                self._slices_of[old.node or ""].discard(old.name)
+            if kind != "DELETED" and new.driver in self._drivers:
+                self._slices[new.name] = new
+                self._slices_of[new.node or ""].add(new.name)
+            for s in (old, new):
+                if s is not None:
+                    self._reindex_pool(s.driver, s.pool)
+
+    def _reindex_pool(self, driver: str, pool: str) -> None:
+        slices = [s for s in self._slices.values() if s.driver == driver and s.pool == pool]
+        newest = max((s.generation for s in slices), default=0)
+        for dev in [d for d in self._device if d[:2] == (driver, pool)]:
+            self._dirty_nodes.add(self._device.pop(dev)[0])
+        for s in slices:
+            if s.generation == newest and s.node:
+                for device, unit in s.units:
+                    self._device[(driver, pool, device)] = (s.node, unit)
+                self._dirty_nodes.add(s.node)
+        # claims allocated from this pool may now map to (other) nodes
+        for key in list(self._claims_of_pool.get((driver, pool), ())):
+            self._place_claim(key, self._claims.get(key))
+
+    def _place_claim(self, key: Key, c: ClaimFacts | None) -> None:
+        if (old := self._claim_at.pop(key, None)) is not None:
+            self._claims_on[old].discard(key)
+            self._dirty_nodes.add(old)
+        for pool in {d[:2] for d in (self._claims[key].devices if key in self._claims else ())}:
+            self._claims_of_pool[pool].discard(key)
+        if c is None:
+            return
+        for dev in c.devices:
+            self._claims_of_pool[dev[:2]].add(key)
+        if (node := self._claim_node(c)) is not None:
+            self._claim_at[key] = node
+            self._claims_on[node].add(key)
+            self._dirty_nodes.add(node)
+
+    def resource_claim(self, kind: str, obj: dict[str, Any]) -> None:
+        with self.lock:
+            new = claim_facts(obj, self._classes)
+            deleted = kind == "DELETED"
+            self._place_claim(new.key, None if deleted else new)  # reads the old record
+            if deleted:
+                self._claims.pop(new.key, None)
+            else:
+                self._claims[new.key] = new
+            self._touch_pods(self._pods_of_claim.get(new.key, set()))
+
+    def claim_template(self, kind: str, obj: dict[str, Any]) -> None:
+        with self.lock:
+            key, demand = template_demand(obj, self._classes)
+            if kind == "DELETED":
+                self._templates.pop(key, None)
+            else:
+                self._templates[key] = demand
+            self._touch_pods(uid for uid, p in self._pods.items()
+                             if p.namespace == key[0] and key[1] in p.templates)
+
+    def pod_group(self, kind: str, obj: dict[str, Any]) -> None:
+        md = obj.get("metadata") or {}
+        key = (md.get("namespace", "default"), md.get("name", ""))
+        with self.lock:
+            if kind == "DELETED":
+                self._pod_groups.pop(key, None)
+            else:
+                self._pod_groups[key] = pod_group_spec(obj, self.dialect)
+            self._dirty_groups.add(f"podgroup/{key[0]}/{key[1]}")
+            self.view.memo.clear()
+
+    def _touch_pods(self, uids: Iterable[str]) -> None:
+        for uid in list(uids):
+            p = self._pods.get(uid)
+            if p is not None:
+                if p.node:
+                    self._dirty_nodes.add(p.node)
+                if p.ref:
+                    self._dirty_groups.add(p.ref.key)
+        self.view.memo.clear()
+
+    def pod(self, kind: str, obj: dict[str, Any]) -> None:
+        with self.lock:
+            self._set_pod(pod_facts(obj, self.dialect, self._extended), kind == "DELETED")
+
+    def observe(self, obj: dict[str, Any]) -> PodFacts:
+        """The pod of a scheduler request: its watched record when the
+        watch has shown it, else this copy (the watch is behind)."""
+        facts = pod_facts(obj, self.dialect, self._extended)
+        with self.lock:
+            known = self._pods.get(facts.uid)
+            if known is not None:
+                return known
+            self._set_pod(facts, False)
+            return facts
+
+    def _set_pod(self, new: PodFacts, deleted: bool) -> None:
+        old = self._pods.pop(new.uid, None)
+        if old is not None:
+            self._unindex(old)
+        if not deleted and new.active:
+            self._pods[new.uid] = new
+            if new.node:
+                self._pods_on[new.node].add(new.uid)
+            for c in new.claims:
+                self._pods_of_claim[(new.namespace, c)].add(new.uid)
+            if new.ref:
+                self._members[new.ref.key].add(new.uid)
+                self._dirty_groups.add(new.ref.key)
+                if new.decision is not None and new.decision.group == new.ref.key:
+                    self._adopt(new.decision)
+            if new.node:
+                self._dirty_nodes.add(new.node)
+        self.view.memo.clear()
+
+    def _unindex(self, p: PodFacts) -> None:
+        if p.node:
+            self._pods_on[p.node].discard(p.uid)
+            self._dirty_nodes.add(p.node)
+        for c in p.claims:
+            self._pods_of_claim[(p.namespace, c)].discard(p.uid)
+        if p.ref:
+            self._members[p.ref.key].discard(p.uid)
+            self._dirty_groups.add(p.ref.key)
+
+    def _adopt(self, d: Decision) -> None:
+        """A decision read from a pod: the oldest decision for a group wins,
+        so two replicas that raced end up agreeing."""
+        mine = self.view.decisions.get(d.group)
+        if mine is None or (d.decided_at, d.domain) < (mine.decided_at, mine.domain) or \
+                (d.decided_at == mine.decided_at and d.expires_at > mine.expires_at):
+            self.view.decisions[d.group] = d
+
+    def relist(self, kind: str, items: list[dict[str, Any]]) -> None:
+        """A fresh LIST of ``kind``: every item applied, and what the list
+        no longer has deleted."""
+        apply = self._handlers[kind]
+        with self.lock:
+            seen = {_ident(kind, o) for o in items}
+            for gone in self.names(kind) - seen:
+                apply("DELETED", _stub(kind, gone))
+            for o in items:
+                apply("ADDED", o)
+            self.synced.add(kind)
+
+    # --- decisions -----------------------------------------------------------------
+
+    def decide(self, d: Decision) -> bool:
+        """Record our decision for a group; True if its domain changed (to persist)."""
+        with self.lock:
+            old = self.view.decisions.get(d.group)
+            self.view.decisions[d.group] = d
+            self.view.memo.clear()
+            return old is None or (old.tier, old.domain) != (d.tier, d.domain)
+
+    # --- the view ------------------------------------------------------------------
+
+    def _node_state(self, name: str) -> NodeState | None:
+        f = self._nodes.get(name)
+        if f is None:
+            return None
+        units: set[str] = set()
+        for s in self._slices_of.get(name, ()):
+            sl = self._slices[s]
+            units |= {u for d, u in sl.units if self._device.get((sl.driver, sl.pool, d),
+                                                                  ("", ""))[0] == name}
+        used_units: set[str] = set()
+        for key in self._claims_on.get(name, ()):
+            c = self._claims.get(key)
+            for dev in c.devices if c else ():
+                where = self._device.get(dev)
+                if where is not None and where[0] == name:
+                    used_units.add(where[1])
+        extra = 0
+        for uid in self._pods_on.get(name, ()):
+            p = self._pods[uid]
+            allocated = sum(1 for c in p.claims if (p.namespace, c) in self._claims
+                            for d in self._claims[(p.namespace, c)].devices if d in self._device)
+            extra += max(0, self._demand(p) - p.extended - allocated) + p.extended
+        return NodeState(name, f.path, capacity=len(units) + f.extended,
+                         used=len(used_units) + extra, profile=f.profile)
+
+    def _demand(self, p: PodFacts) -> int:
+        total = p.extended
+        for c in p.claims:
+            claim = self._claims.get((p.namespace, c))
+            total += claim.demand if claim else 0
+        for t in p.templates:
+            total += self._templates.get((p.namespace, t), 0)
+        return total
+
+    def demand(self, p: PodFacts) -> int:
+        with self.lock:
+            return self._demand(p)
+
+    def _group(self, key: str) -> Group | None:
+        pods = [self._pods[u] for u in sorted(self._members.get(key, ())) if u in self._pods]
+        refs = [p.ref for p in pods if p.ref is not None]
+        if not refs:
+            return None
+        first = refs[0]
+        members = tuple(Member(p.uid, f"{p.namespace}/{p.name}", self._demand(p),
+                               p.ref.role if p.ref else None, p.node) for p in pods)
+        size = max((r.size for r in refs if r.size is not None), default=None)
+        required = next((r.required for r in refs if r.required is not None), None)
+        preferred = next((r.preferred for r in refs if r.preferred is not None), None)
+        if first.pod_group is not None and first.pod_group in self._pod_groups:
+            pg_size, pg_level, _ = self._pod_groups[first.pod_group]
+            size, required = pg_size or size, required or pg_level
+        if first.source == Source.DISAGGREGATED_SET:
+            per_role: dict[str, int] = {}
+            for r in refs:
+                if r.role_pods is not None:
+                    per_role[r.role or ""] = max(per_role.get(r.role or "", 0), r.role_pods)
+            size = sum(per_role.values()) or None
+        roles = {m.role for m in members}
+        shape = Shape.PD if roles & {PREFILL, DECODE} else Shape.WIDE_EP
+        return Group(key, first.source, max(size or 0, len(members)), members, required,
+                     preferred, shape)
+
+    def snapshot(self) -> View:
+        """The view, with what changed since the last call rebuilt. Call
+        and use it under ``lock``."""
+        with self.lock:
+            for name in self._dirty_nodes:
+                ns = self._node_state(name)
+                if ns is None:
+                    self.view.nodes.pop(name, None)
+                else:
+                    self.view.nodes[name] = ns
+            for key in self._dirty_groups:
+                g = self._group(key)
+                if g is None:
+                    self.view.groups.pop(key, None)
+                    self.view.decisions.pop(key, None)
+                else:
+                    self.view.groups[key] = g
+            if self._dirty_nodes or self._dirty_groups:
+                self.view.memo.clear()
+            self._dirty_nodes.clear()
+            self._dirty_groups.clear()
+            return self.view
+
+    # for list replacement
+    def names(self, kind: str) -> set[str]:
+        with self.lock:
+            return {"nodes": lambda: set(self._nodes), "slices": lambda: set(self._slices),
+                    "pods": lambda: set(self._pods),
+                    "claims": lambda: {f"{k[0]}/{k[1]}" for k in self._claims},
+                    "templates": lambda: {f"{k[0]}/{k[1]}" for k in self._templates},
+                    "podgroups": lambda: {f"{k[0]}/{k[1]}" for k in self._pod_groups},
+                    }[kind]()

@@ -1,0 +1,164 @@
+"""What the extender keeps of each watched object: small frozen records
+parsed from the API's JSON, so the cache never holds whole objects."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from scheduler_ext.placement.groups import GroupRef, identify, is_active
+from scheduler_ext.placement.levels import config_name, parse_level
+from scheduler_ext.placement.model import Decision
+from topology.labels import PROFILE_LABEL, Dialect, from_labels
+from topology.model import DomainPath
+from topology.quantity import parse_quantity
+
+PLACEMENT_ANNOTATION = "toposerve.io/placement"
+
+DeviceId = tuple[str, str, str]  # (driver, pool, device)
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    name: str
+    path: DomainPath
+    profile: str | None
+    extended: int  # accelerators as extended resources in allocatable
+
+
+@dataclass(frozen=True)
+class SliceFacts:
+    name: str
+    driver: str
+    pool: str
+    generation: int
+    node: str | None
+    units: tuple[tuple[str, str], ...]  # (device, unit): devices sharing a counter set share a unit
+
+
+@dataclass(frozen=True)
+class ClaimFacts:
+    key: tuple[str, str]  # (namespace, name)
+    demand: int
+    devices: tuple[DeviceId, ...]  # allocation results; () while unallocated
+    reserved_for: tuple[str, ...]  # pod uids
+
+
+@dataclass(frozen=True)
+class PodFacts:
+    uid: str
+    namespace: str
+    name: str
+    node: str | None
+    active: bool
+    ref: GroupRef | None
+    claims: tuple[str, ...]  # names of its ResourceClaims, where known
+    templates: tuple[str, ...]  # templates of claims not created yet
+    extended: int  # accelerators as extended resources in container requests
+    decision: Decision | None  # from the placement annotation
+
+
+def _int(q: Any) -> int:
+    try:
+        return parse_quantity(str(q))
+    except ValueError:
+        return 0
+
+
+def node_facts(obj: dict[str, Any], dialect: Dialect, extended: list[str]) -> NodeFacts:
+    md = obj.get("metadata") or {}
+    labels = md.get("labels") or {}
+    alloc = (obj.get("status") or {}).get("allocatable") or {}
+    return NodeFacts(md["name"], from_labels(md["name"], labels, dialect),
+                     labels.get(PROFILE_LABEL), sum(_int(alloc[r]) for r in extended
+                                                    if r in alloc))
+
+
+def slice_facts(obj: dict[str, Any]) -> SliceFacts:
+    spec = obj.get("spec") or {}
+    pool = spec.get("pool") or {}
+    units = []
+    for d in spec.get("devices") or []:
+        sets = [c.get("counterSet") for c in d.get("consumesCounters") or [] if
+                c.get("counterSet")]
+        units.append((d["name"], f"counters/{sets[0]}" if sets else d["name"]))
+    return SliceFacts((obj.get("metadata") or {})["name"], spec.get("driver", ""),
+                      pool.get("name", ""), int(pool.get("generation") or 0),
+                      spec.get("nodeName"), tuple(units))
+
+
+def requests_demand(requests: list[dict[str, Any]], classes: set[str]) -> int:
+    """Accelerators asked for by a claim's device requests (the first
+    alternative of a prioritized list)."""
+    total = 0
+    for r in requests:
+        spec = r.get("exactly") or (r.get("firstAvailable") or [None])[0] or r
+        if spec.get("deviceClassName") in classes and spec.get("allocationMode",
+                                                               "ExactCount") == "ExactCount":
+            total += int(spec.get("count") or 1)
+    return total
+
+
+def claim_facts(obj: dict[str, Any], classes: set[str]) -> ClaimFacts:
+    md = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
+    return ClaimFacts(
+        (md.get("namespace", "default"), md["name"]),
+        requests_demand((spec.get("devices") or {}).get("requests") or [], classes),
+        tuple((r.get("driver", ""), r.get("pool", ""), r.get("device", "")) for r in results),
+        tuple(r.get("uid", "") for r in status.get("reservedFor") or []))
+
+
+def template_demand(obj: dict[str, Any], classes: set[str]) -> tuple[tuple[str, str], int]:
+    md = obj.get("metadata") or {}
+    inner = (obj.get("spec") or {}).get("spec") or {}
+    return ((md.get("namespace", "default"), md["name"]),
+            requests_demand((inner.get("devices") or {}).get("requests") or [], classes))
+
+
+def decision_annotation(d: Decision) -> str:
+    return orjson.dumps({"group": d.group, "level": config_name(d.tier), "domain": d.domain,
+                         "decidedAt": d.decided_at, "expiresAt": d.expires_at,
+                         "required": d.required, "profiles": d.profiles}).decode()
+
+
+def parse_decision(text: str, dialect: Dialect) -> Decision | None:
+    try:
+        raw = orjson.loads(text)
+        return Decision(str(raw["group"]), parse_level(str(raw["level"]), dialect),
+                        tuple(raw["domain"]), float(raw["decidedAt"]),
+                        float(raw["expiresAt"]), bool(raw.get("required", False)),
+                        tuple(str(p) for p in raw.get("profiles") or ()))
+    except (ValueError, KeyError, TypeError):
+        return None  # not ours to trust: decided afresh
+
+
+def pod_facts(obj: dict[str, Any], dialect: Dialect, extended: list[str]) -> PodFacts:
+    md = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = obj.get("status") or {}
+    made = {s.get("name"): s.get("resourceClaimName")
+            for s in status.get("resourceClaimStatuses") or []}
+    claims: list[str] = []
+    templates: list[str] = []
+    for rc in spec.get("resourceClaims") or []:
+        if rc.get("resourceClaimName"):
+            claims.append(rc["resourceClaimName"])
+        elif made.get(rc.get("name")):
+            claims.append(made[rc.get("name")])
+        elif rc.get("resourceClaimTemplateName"):
+            templates.append(rc["resourceClaimTemplateName"])
+    ext = 0
+    for c in spec.get("containers") or []:
+        req = ((c.get("resources") or {}).get("requests") or {}) or \
+            ((c.get("resources") or {}).get("limits") or {})
+        ext += sum(_int(req[r]) for r in extended if r in req)
+    note = (md.get("annotations") or {}).get(PLACEMENT_ANNOTATION)
+    return PodFacts(md.get("uid", ""), md.get("namespace", "default"), md.get("name", ""),
+                    spec.get("nodeName") or None, is_active(obj), identify(obj, dialect),
+                    tuple(claims), tuple(templates), ext,
+                    parse_decision(note, dialect) if note else None)

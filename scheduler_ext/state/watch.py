@@ -1,0 +1,89 @@
+"""The watches that feed ``ClusterState``: one reflector (LIST, then WATCH
+resumed from the last resourceVersion; relist only on 410 Gone) per kind,
+each on its own thread, through the raw-JSON client the DRA publisher uses.
+And the one write the extender makes: its decision onto a group's pod."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import structlog
+
+from dra_driver.framework.publisher import ApiError, JsonApi, Reflector
+from scheduler_ext.placement.model import Decision
+from scheduler_ext.state.cache import ClusterState
+from scheduler_ext.state.facts import PLACEMENT_ANNOTATION, decision_annotation
+
+log = structlog.get_logger("toposerve.extender.watch")
+
+PATHS = {
+    "nodes": ("/api/v1/nodes", []),
+    # finished pods hold nothing: the server leaves them out
+    "pods": ("/api/v1/pods", [("fieldSelector",
+                               "status.phase!=Succeeded,status.phase!=Failed")]),
+    "slices": ("/apis/resource.k8s.io/v1/resourceslices", []),
+    "claims": ("/apis/resource.k8s.io/v1/resourceclaims", []),
+    "templates": ("/apis/resource.k8s.io/v1/resourceclaimtemplates", []),
+    "podgroups": ("/apis/scheduling.k8s.io/v1beta1/podgroups", []),
+}
+OPTIONAL = {"podgroups"}  # served only with scheduling.k8s.io/v1beta1 enabled
+
+
+class Watches:
+    def __init__(self, api: Any, state: ClusterState) -> None:
+        self.api = api
+        self.rest = JsonApi(api)
+        self.state = state
+        self.errors: dict[str, int] = dict.fromkeys(PATHS, 0)
+        self._threads: list[threading.Thread] = []
+        self.reflectors = {kind: self._reflector(kind) for kind in PATHS}
+
+    def _reflector(self, kind: str) -> Reflector:
+        path, query = PATHS[kind]
+
+        def on_error(err: Exception) -> None:
+            self.errors[kind] += 1
+            if kind in OPTIONAL and isinstance(err, ApiError) and err.status == 404:
+                log.info("API not served; not watching it", kind=kind, path=path)
+                with self.state.lock:
+                    self.state.synced.add(kind)
+                self.reflectors[kind].stop()
+                return
+            log.warning("watch failed; retrying", kind=kind, error=str(err))
+
+        return Reflector(self.rest, path, query,
+                         on_list=lambda items, _rv: self.state.relist(kind, items),
+                         on_event=self.state.handler(kind), on_error=on_error)
+
+    def start(self) -> None:
+        for kind, r in self.reflectors.items():
+            t = threading.Thread(target=r.run, name=f"watch-{kind}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self) -> None:
+        for r in self.reflectors.values():
+            r.stop()
+        for t in self._threads:
+            t.join(timeout=5)
+
+    def missing(self) -> list[str]:
+        """Kinds whose first list has not arrived (not ready until none)."""
+        with self.state.lock:
+            return [k for k in PATHS if k not in self.state.synced]
+
+    def persist(self, namespace: str, pod: str, decision: Decision) -> None:
+        """Write the group's decision on one of its pods (merge patch), so
+        that a restarted or second extender finds it in its pod watch."""
+        body = {"metadata": {"annotations": {PLACEMENT_ANNOTATION:
+                                             decision_annotation(decision)}}}
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            client.CoreV1Api(self.api).patch_namespaced_pod(
+                pod, namespace, body, _content_type="application/merge-patch+json")
+        except ApiException as err:
+            log.warning("could not record the group's placement on its pod", pod=pod,
+                        group=decision.group, status=err.status, error=str(err.reason))

@@ -1,0 +1,204 @@
+"""The HTTP face over a hand-fed state: Go field names, both payload
+modes, 400 on bad JSON, health/ready/metrics, HTTPS, the config file and
+the printed scheduler configuration."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import ssl
+import subprocess
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import yaml
+from aiohttp import ClientSession, web
+from aiohttp.test_utils import TestClient, TestServer
+
+from scheduler_ext.config import ExtenderConfig, load_extender_config
+from scheduler_ext.placement.model import Decision
+from scheduler_ext.scheduler_config import scheduler_config
+from scheduler_ext.server import Extender
+from scheduler_ext.state.cache import ClusterState
+from tests.extender import objects as k
+from topology.config_file import ConfigError
+from toposerve_cli.main import main
+
+NODES = k.planned(("gb200-nvl72", 36), ("hgx-h100", 4))
+NAMES = [n.name for n in NODES]
+
+
+def extender(now: float = 1000.0, **cfg: Any) -> tuple[Extender, list[tuple[str, Decision]]]:
+    state = ClusterState(ExtenderConfig(**cfg))
+    state.relist("nodes", [k.node(n) for n in NODES])
+    state.relist("slices", [k.gpu_slice(n) for n in NODES])
+    state.relist("templates", [k.template("gpu4", 4)])
+    written: list[tuple[str, Decision]] = []
+    ext = Extender(ExtenderConfig(**cfg), state, clock=lambda: now,
+                   persist=lambda ns, pod, d: written.append((f"{ns}/{pod}", d)),
+                   missing=lambda: sorted({"nodes", "pods"} - state.synced))
+    return ext, written
+
+
+def run(ext: Extender, fn: Callable[[TestClient[Any, Any]], Awaitable[None]]) -> None:
+    async def go() -> None:
+        async with TestClient(TestServer(ext.app())) as client:
+            await fn(client)
+            await asyncio.gather(*ext._writes)
+    asyncio.run(go())
+
+
+async def post(client: TestClient[Any, Any], verb: str, body: Any) -> tuple[int, Any]:
+    data = body if isinstance(body, bytes) else orjson.dumps(body)
+    r = await client.post(f"/{verb}", data=data)
+    return r.status, orjson.loads(await r.read())
+
+
+def test_bad_json_is_400_with_a_json_error() -> None:
+    ext, _ = extender()
+
+    async def check(c: TestClient[Any, Any]) -> None:
+        status, body = await post(c, "filter", b"{not json")
+        assert status == 400 and "bad filter request" in body["Error"]
+        status, body = await post(c, "prioritize", {"NodeNames": ["a"]})
+        assert status == 400 and "Pod" in body["Error"]
+        status, body = await post(c, "filter", {"Pod": k.pod("p")})
+        assert status == 400 and "NodeNames" in body["Error"]
+    run(ext, check)
+
+
+def test_pods_outside_groups_pass_through_with_neutral_scores() -> None:
+    ext, written = extender()
+    plain = k.pod("web", labels={"app": "web", "llm-d.ai/role": "decode"}, uid="u-web")
+
+    async def check(c: TestClient[Any, Any]) -> None:
+        status, body = await post(c, "filter", {"Pod": plain, "NodeNames": NAMES})
+        assert status == 200
+        assert body == {"NodeNames": NAMES, "FailedNodes": {}, "Error": ""}
+        status, scores = await post(c, "prioritize", {"Pod": plain, "NodeNames": NAMES})
+        assert status == 200 and scores == [{"Host": n, "Score": 0} for n in NAMES]
+        # full payload mode: Nodes in, the same Node objects out
+        items = [k.node(n) for n in NODES[:3]]
+        status, body = await post(c, "filter", {"Pod": plain, "Nodes": {"items": items}})
+        assert status == 200 and body["Nodes"]["items"] == items and "NodeNames" not in body
+    run(ext, check)
+    assert written == []
+
+
+def test_a_group_is_held_to_one_rack_and_its_decision_is_written_once() -> None:
+    ext, written = extender()
+    pods = k.toposerve_pods("ep", 6, claim_template="gpu4", level="rack", uid_prefix="ep")
+
+    async def check(c: TestClient[Any, Any]) -> None:
+        status, body = await post(c, "filter", {"Pod": pods[0], "NodeNames": NAMES})
+        assert status == 200
+        racks = {n.path.rack for n in NODES if n.name in body["NodeNames"]}
+        assert len(racks) == 1
+        hgx = [n.name for n in NODES if n.profile == "hgx-h100"]
+        assert set(hgx) <= set(body["FailedNodes"])
+        assert "is held to rack" in body["FailedNodes"][hgx[0]]
+        status, scores = await post(c, "prioritize", {"Pod": pods[1], "NodeNames": NAMES})
+        assert {s["Host"] for s in scores if s["Score"] > 0} == set(body["NodeNames"])
+        await post(c, "filter", {"Pod": pods[1], "NodeNames": NAMES})
+        status, pre = await post(c, "preempt", {
+            "Pod": pods[2], "NodeNameToMetaVictims": {
+                n: {"Pods": [{"UID": "v"}], "NumPDBViolations": 0} for n in NAMES}})
+        assert status == 200 and set(pre["NodeNameToMetaVictims"]) == set(body["NodeNames"])
+    run(ext, check)
+    assert [w for w, _ in written] == ["default/ep-0"]  # renewals are not rewritten
+
+
+def test_an_unplaceable_group_fails_every_node_with_one_reason() -> None:
+    ext, written = extender()
+    pods = k.toposerve_pods("big", 19, claim_template="gpu4", level="rack", uid_prefix="b")
+
+    async def check(c: TestClient[Any, Any]) -> None:
+        _, body = await post(c, "filter", {"Pod": pods[0], "NodeNames": NAMES})
+        assert body["NodeNames"] == []
+        assert len(set(body["FailedNodes"].values())) == 1
+        assert "needs 76 accelerators for 19 pods in one rack" in body["FailedNodes"][NAMES[0]]
+    run(ext, check)
+    assert written == []
+
+
+def test_health_ready_and_metrics() -> None:
+    ext, _ = extender()
+
+    async def check(c: TestClient[Any, Any]) -> None:
+        assert (await c.get("/health")).status == 200
+        r = await c.get("/ready")
+        assert r.status == 503 and (await r.json())["waitingFor"] == ["pods"]
+        ext.state.relist("pods", [])
+        assert (await c.get("/ready")).status == 200
+        pod = k.toposerve_pods("m", 2, claim_template="gpu4", level="rack", uid_prefix="m")[0]
+        await post(c, "filter", {"Pod": pod, "NodeNames": NAMES})
+        await post(c, "filter", {"Pod": pod, "NodeNames": "x"})
+        text = await (await c.get("/metrics")).text()
+        assert 'toposerve_extender_calls_total{code="200",verb="filter"} 1.0' in text
+        assert 'toposerve_extender_calls_total{code="400",verb="filter"} 1.0' in text
+        assert 'toposerve_extender_decisions_total{reason="decided"} 1.0' in text
+        assert "toposerve_extender_groups_held 1.0" in text
+        assert 'toposerve_extender_call_seconds_count{verb="filter"} 2.0' in text
+    run(ext, check)
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_https_given_a_certificate(tmp_path: Path) -> None:
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    from scheduler_ext.server import ssl_context
+
+    cfg = ExtenderConfig(server={"certFile": str(cert), "keyFile": str(key)})
+    ext, _ = extender()
+    server_ctx = ssl_context(cfg)
+    assert server_ctx is not None
+
+    async def go() -> None:
+        runner = web.AppRunner(ext.app())
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_ctx)
+        await site.start()
+        port = runner.addresses[0][1]
+        client_ctx = ssl.create_default_context(cafile=str(cert))
+        try:
+            async with ClientSession() as s:
+                r = await s.get(f"https://127.0.0.1:{port}/health", ssl=client_ctx)
+                assert r.status == 200
+        finally:
+            await runner.cleanup()
+    asyncio.run(go())
+
+
+def test_config_file_errors_name_the_field(tmp_path: Path) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump({
+        "apiVersion": "toposerve.io/v1", "kind": "ExtenderConfig",
+        "placement": {"kvSizePerRequest": "2Gi", "promiseTTLSeconds": 30,
+                      "defaultPreferredLevel": "rack"}}))
+    cfg = load_extender_config(good)
+    assert cfg.policy().kv_bytes == 2 * 2**30 and cfg.policy().promise_ttl_s == 30
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({
+        "apiVersion": "toposerve.io/v1", "kind": "ExtenderConfig",
+        "placement": {"defaultPreferredLevel": "shelf", "promiseTTL": 3}}))
+    with pytest.raises(ConfigError) as err:
+        load_extender_config(bad)
+    text = str(err.value)
+    assert "placement.defaultPreferredLevel" in text and "unknown level 'shelf'" in text
+    assert "placement.promiseTTL" in text and "unknown field" in text
+
+
+def test_scheduler_config_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["extender", "scheduler-config", "--url", "http://127.0.0.1:9999"]) == 0
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    assert cfg == scheduler_config("http://127.0.0.1:9999")
+    assert cfg["percentageOfNodesToScore"] == 100
+    (ext,) = cfg["extenders"]
+    assert ext["nodeCacheCapable"] is True and ext["managedResources"] == []
+    assert ext["ignorable"] is True and ext["httpTimeout"] == "5s"
+    assert main(["extender", "scheduler-config", "--url", "127.0.0.1:9999"]) == 2

@@ -1,0 +1,155 @@
+"""The watch-fed cache: free accelerators from slices, claims and bound
+pods; groups as each controller labels them; decisions read back from pods."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scheduler_ext.config import ExtenderConfig
+from scheduler_ext.placement.groups import identify
+from scheduler_ext.placement.model import Decision, Shape, Source
+from scheduler_ext.state.cache import ClusterState
+from scheduler_ext.state.facts import PLACEMENT_ANNOTATION, decision_annotation
+from tests.extender import objects as k
+from topology.labels import PRESETS, DialectName
+from topology.layout import PlannedNode
+from topology.model import Tier
+
+TOPO = PRESETS[DialectName.TOPOSERVE]
+
+
+def state_with(*groups: tuple[str, int]) -> tuple[ClusterState, list[PlannedNode]]:
+    st = ClusterState(ExtenderConfig())
+    nodes = k.planned(*groups)
+    st.relist("nodes", [k.node(n) for n in nodes])
+    slices = [k.gpu_slice(n) for n in nodes]
+    slices += [s for n in nodes if (s := k.counter_slice(n)) is not None]
+    st.relist("slices", slices)
+    st.relist("templates", [k.template("gpu4", 4), k.template("gpu8", 8)])
+    return st, nodes
+
+
+def bound(p: dict[str, Any], node: str, uid: str) -> dict[str, Any]:
+    p["metadata"]["uid"] = uid
+    p["spec"]["nodeName"] = node
+    p["status"] = {"phase": "Running"}
+    return p
+
+
+def test_capacity_counts_each_gpu_once_even_with_partitions() -> None:
+    st, nodes = state_with(("hgx-h100", 2), ("gb200-nvl72", 1))
+    view = st.snapshot()
+    hgx, gb = nodes[0].name, nodes[2].name
+    assert view.nodes[hgx].capacity == 8  # partitions share their GPU's counter set
+    assert view.nodes[gb].capacity == 4
+    assert view.nodes[hgx].path.rack == nodes[0].path.rack
+
+
+def test_only_the_newest_generation_of_a_pool_counts() -> None:
+    st, nodes = state_with(("gb200-nvl72", 1))
+    old = k.gpu_slice(nodes[0], generation=1)
+    new = k.gpu_slice(nodes[0], generation=2)
+    new["metadata"]["name"] += "-v2"
+    new["spec"]["devices"] = new["spec"]["devices"][:2]
+    st.resource_slice("ADDED", new)
+    assert st.snapshot().nodes[nodes[0].name].capacity == 2
+    st.resource_slice("DELETED", new)
+    st.resource_slice("MODIFIED", old)
+    assert st.snapshot().nodes[nodes[0].name].capacity == 4
+
+
+def test_used_counts_allocated_claims_and_bound_pods_not_yet_allocated() -> None:
+    st, nodes = state_with(("gb200-nvl72", 1))
+    name = nodes[0].name
+    p = bound(k.pod("w", claim_template="gpu4"), name, "u1")
+    st.pod("ADDED", p)
+    assert st.snapshot().nodes[name].used == 4  # bound, claim not made yet: its demand
+    claim = {"metadata": {"name": "w-gpu-abc", "namespace": "default"},
+             "spec": {"devices": {"requests": [
+                 {"name": "gpu", "exactly": {"deviceClassName": k.GPU_CLASS, "count": 4}}]}},
+             "status": {"allocation": {"devices": {"results": [
+                 {"request": "gpu", "driver": "gpu.toposerve.io", "pool": name,
+                  "device": f"gpu-{i}"} for i in range(4)]}},
+                 "reservedFor": [{"resource": "pods", "name": "w", "uid": "u1"}]}}
+    st.resource_claim("ADDED", claim)
+    p["status"]["resourceClaimStatuses"] = [{"name": "gpu", "resourceClaimName": "w-gpu-abc"}]
+    st.pod("MODIFIED", p)
+    view = st.snapshot()
+    assert view.nodes[name].used == 4 and view.nodes[name].free == 0  # not 8
+    st.pod("DELETED", p)
+    st.resource_claim("DELETED", claim)
+    assert st.snapshot().nodes[name].used == 0
+
+
+def test_a_relist_drops_what_is_gone() -> None:
+    st, nodes = state_with(("gb200-nvl72", 2))
+    st.relist("nodes", [k.node(nodes[0])])
+    assert set(st.snapshot().nodes) == {nodes[0].name}
+
+
+def test_lws_group_as_lws_labels_it() -> None:
+    st, _ = state_with(("gb200-nvl72", 18))
+    leader, *workers = k.lws_pods("ep", 0, 9, claim_template="gpu4", uid_prefix="ep")
+    st.pod("ADDED", leader)  # the workers do not exist until the leader is placed
+    ref = identify(leader, TOPO)
+    assert ref is not None and ref.required == Tier.RACK
+    g = st.snapshot().groups[ref.key]
+    assert g.source == Source.LWS and g.size == 9 and len(g.members) == 1
+    assert g.pending() == [4] * 9
+    for w in workers:
+        st.pod("ADDED", w)
+    assert len(st.snapshot().groups[ref.key].members) == 9
+
+
+def test_disaggregated_slice_is_one_pd_group_per_revision() -> None:
+    st, _ = state_with(("gb200-nvl72", 18))
+    pods = k.disaggregated_pods("inf", 0, {"prefill": (4, 1), "decode": (1, 2)},
+                                claim_template="gpu4", uid_prefix="s0")
+    for p in pods[:1]:  # only the first prefill pod so far
+        st.pod("ADDED", p)
+    ref = identify(pods[0], TOPO)
+    assert ref is not None
+    g = st.snapshot().groups[ref.key]
+    assert g.size == 4  # the prefill role's 4x1 pods; decode not seen yet
+    for p in pods[1:]:
+        st.pod("ADDED", p)
+    g = st.snapshot().groups[ref.key]
+    assert g.size == 6 and g.shape == Shape.PD
+    assert g.roles() == {"prefill": 4, "decode": 2}
+    other = k.disaggregated_pods("inf", 0, {"prefill": (1, 1)}, claim_template="gpu4",
+                                 revision="newrev00", uid_prefix="s0new")
+    assert identify(other[0], TOPO) != ref  # a new revision is a group of its own
+
+
+def test_pod_group_size_and_level_come_from_the_pod_group() -> None:
+    st, _ = state_with(("gb200-nvl72", 18))
+    st.relist("podgroups", [k.pod_group("gang", 6)])
+    for p in k.pod_group_pods("gang", 2, claim_template="gpu4", uid_prefix="pg"):
+        st.pod("ADDED", p)
+    g = st.snapshot().groups["podgroup/default/gang"]
+    assert (g.size, g.required, g.source) == (6, Tier.RACK, Source.POD_GROUP)
+
+
+def test_toposerve_labels_and_a_bad_level() -> None:
+    good = k.toposerve_pods("g", 2, claim_template="gpu4", preferred="nvlink")[0]
+    ref = identify(good, TOPO)
+    assert ref is not None and ref.preferred == Tier.NVLINK and ref.size == 2
+    bad = k.toposerve_pods("g", 2, claim_template="gpu4", level="shelf")[0]
+    ref = identify(bad, TOPO)
+    assert ref is not None and ref.problem is not None and "shelf" in ref.problem
+    assert identify(k.pod("plain", labels={"llm-d.ai/role": "decode"}), TOPO) is None
+
+
+def test_a_decision_written_on_a_pod_is_found_again_and_the_oldest_wins() -> None:
+    st, nodes = state_with(("gb200-nvl72", 18))
+    p = k.toposerve_pods("g", 3, claim_template="gpu4", uid_prefix="g")
+    ref = identify(p[0], TOPO)
+    assert ref is not None
+    rack = (nodes[0].path.zone, nodes[0].path.block, nodes[0].path.rack)
+    older = Decision(ref.key, Tier.RACK, rack, 100.0, 200.0)
+    newer = Decision(ref.key, Tier.RACK, ("z", "b", "other"), 150.0, 250.0)
+    p[0]["metadata"]["annotations"][PLACEMENT_ANNOTATION] = decision_annotation(newer)
+    p[1]["metadata"]["annotations"][PLACEMENT_ANNOTATION] = decision_annotation(older)
+    st.pod("ADDED", p[0])
+    st.pod("ADDED", p[1])
+    assert st.snapshot().decisions[ref.key] == older

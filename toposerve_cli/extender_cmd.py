@@ -1,0 +1,70 @@
+"""``toposerve extender``: the kube-scheduler extender, and the scheduler
+configuration that calls it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import structlog
+
+from topology.config_file import ConfigError
+
+
+def _run(args: argparse.Namespace) -> int:
+    from scheduler_ext.config import ExtenderConfig, ServerConfig, load_extender_config
+
+    try:
+        cfg = load_extender_config(args.config) if args.config else ExtenderConfig()
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    server = cfg.server.model_dump(by_alias=True)
+    if args.host is not None:
+        server["host"] = args.host
+    if args.port is not None:
+        server["port"] = args.port
+    cfg = cfg.model_copy(update={"server": ServerConfig.model_validate(server)})
+    from scheduler_ext.server import serve
+
+    scheme = "https" if cfg.server.cert_file else "http"
+    structlog.get_logger("toposerve.extender").info(
+        "serving", url=f"{scheme}://{cfg.server.host}:{cfg.server.port}",
+        kubeconfig=args.kubeconfig or "(in-cluster)")
+    serve(cfg, args.kubeconfig)
+    return 0
+
+
+def _scheduler_config(args: argparse.Namespace) -> int:
+    from scheduler_ext.scheduler_config import render, scheduler_config
+
+    if not args.url.startswith(("http://", "https://")):
+        print("error: --url: give the extender's URL prefix, e.g. http://127.0.0.1:8888",
+              file=sys.stderr)
+        return 2
+    print(render(scheduler_config(args.url, weight=args.weight, timeout_s=args.timeout,
+                                  scheduler_name=args.scheduler_name, qps=args.qps,
+                                  kubeconfig=args.kubeconfig)), end="")
+    return 0
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("extender", help="run the topology-aware kube-scheduler extender")
+    p.add_argument("--config", help="an ExtenderConfig YAML file (see docs/extender.md)")
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config)")
+    p.add_argument("--host", help="address to listen on (default: the config's, 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port to listen on (default: the config's, 8888)")
+    p.set_defaults(handler=_run)
+    inner = p.add_subparsers(dest="extender_command", metavar="COMMAND")
+    sc = inner.add_parser("scheduler-config",
+                          help="print the KubeSchedulerConfiguration that calls the extender")
+    sc.add_argument("--url", required=True, help="the extender's URL prefix")
+    sc.add_argument("--weight", type=int, default=1, help="weight of its scores (default 1)")
+    sc.add_argument("--timeout", type=float, default=5.0,
+                    help="seconds per call before the scheduler ignores it (default 5)")
+    sc.add_argument("--scheduler-name", help="profile schedulerName (default: the default "
+                                             "scheduler's profile)")
+    sc.add_argument("--qps", type=int, help="the scheduler's client QPS and burst")
+    sc.add_argument("--kubeconfig", help="clientConnection.kubeconfig of the scheduler")
+    sc.set_defaults(handler=_scheduler_config)
