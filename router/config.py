@@ -66,6 +66,10 @@ class KubernetesDiscovery(Section):
                                 description="pod label carrying the revision")
     kv_events_port: int | None = Field(default=None, alias="kvEventsPort", ge=1, le=65535,
                                        description="pods publish KV events on this port")
+    watch_timeout_s: int = Field(default=300, alias="watchTimeoutSeconds", ge=1,
+                                 description="how long one pod watch request lasts before "
+                                             "it is renewed from the last resourceVersion "
+                                             "(a LIST only after 410 Gone)")
     topology_labels: DialectName = Field(
         default=DialectName.TOPOSERVE, alias="topologyLabels",
         description="node-label dialect of the topology (toposerve, gke, kubernetes): "
@@ -92,20 +96,14 @@ class ScrapeConfig(Section):
     """Reading each server's health and load."""
 
     interval_s: float = Field(default=1.0, alias="intervalSeconds", gt=0,
-                              description="how often /metrics is read; each read costs "
-                                          "the server a metrics render and the router "
-                                          "about a millisecond of CPU. The default "
-                                          "profile reads scraped load only to tell "
-                                          "saturation; 1 s cost less CPU than 0.2 s at "
-                                          "the same or better TTFT in the benchmark "
-                                          "(README, Benchmark)")
+                              description="how often each endpoint's /metrics is read for "
+                                          "its load; each read costs the server a metrics "
+                                          "render and the router a parse")
     health_interval_s: float = Field(default=5.0, alias="healthIntervalSeconds", gt=0,
-                                     description="how often /health is read (always while "
-                                                 "an endpoint is unhealthy). A server that "
-                                                 "stops answering fails its scrapes sooner; "
-                                                 "one that answers 5xx is retried elsewhere "
-                                                 "meanwhile. Every 1 s cost the router half "
-                                                 "again the idle CPU of 5 s (README)")
+                                     description="how often /health is read (and the cache "
+                                                 "config with it); every scrape while an "
+                                                 "endpoint is unhealthy, so it comes back "
+                                                 "at once")
     stale_after_s: float = Field(default=3.0, alias="staleAfterSeconds", gt=0,
                                  description="older metrics count as saturated; must "
                                              "exceed intervalSeconds + timeoutSeconds")
@@ -133,7 +131,7 @@ class PluginConfig(Section):
 
 def _default_scorers() -> list[PluginConfig]:
     # Chosen by `make bench --ablation` over several agentic seeds and the
-    # Mooncake trace (see README): prefix affinity first; new work where
+    # Mooncake trace (docs/benchmarks.md): prefix affinity first; new work where
     # prefill queues are short and caches have room; new conversations
     # where fewest live, so requests even out as sessions return. Prefix at
     # 4 rather than 3 keeps Mooncake's captured reuse at 99.1-99.7% (3:
@@ -156,6 +154,18 @@ class ProfileConfig(Section):
                                         description="weighted scores in [0, 1], summed")
     picker: PluginConfig = Field(default_factory=lambda: PluginConfig(type="max-score"),
                                  description="orders endpoints; the rest are retry fallbacks")
+
+    @model_validator(mode="after")
+    def _one_scorer_a_type(self) -> ProfileConfig:
+        # a score is kept per type: a second entry would silently replace the first
+        first: dict[str, int] = {}
+        for i, s in enumerate(self.scorers):
+            if s.type in first:
+                raise ValueError(f"scorers[{i}].type: {s.type!r} is already scorers"
+                                 f"[{first[s.type]}]; give each scorer type one entry "
+                                 "(add the weights together)")
+            first[s.type] = i
+        return self
 
 
 def _decode_profile() -> ProfileConfig:

@@ -20,6 +20,7 @@ from router.endpoints import Endpoint
 from router.kv_transfer import PREFILL_REQUEST, REMOTE_PREFILL_FIELDS
 from router.prefix.kv_index import KVIndex
 from router.scheduling.context import RequestContext
+from router.scheduling.cycle import CycleState
 from router.scheduling.filters import RoleFilter
 from router.scheduling.profile import Decision, Scheduler
 from router.scheduling.scorers import APPROX_BLOCK_BYTES, approx_match
@@ -84,7 +85,10 @@ class Disaggregation:
         decode endpoint's own prefill."""
         if not self.min_prefill_tokens:
             return True
-        frac = approx_match(self.state, ctx, self.prefill.candidates(ctx), APPROX_BLOCK_BYTES)
+        # a cycle of its own: the prefill stage scores its candidates after
+        # admission, when the pool may have changed
+        frac = approx_match(self.state, ctx, CycleState(), self.prefill.candidates(ctx),
+                            APPROX_BLOCK_BYTES)
         uncached = ctx.token_estimate * (1 - max(frac.values(), default=0.0))
         return uncached >= self.min_prefill_tokens
 

@@ -93,6 +93,10 @@ class RouterMetrics:
                                     buckets=LATENCY_BUCKETS, registry=r)
         self.queued = Gauge("toposerve_router_queued_requests",
                             "Requests waiting in the router's queue.", registry=r)
+        self.discovery = Counter("toposerve_router_discovery_requests",
+                                 "Requests the Kubernetes pod discovery sent to the apiserver: "
+                                 "list (at start and after 410 Gone) and watch.", ["verb"],
+                                 registry=r)
         r.register(_PoolCollector(state))
 
     def render(self) -> bytes:

@@ -18,7 +18,6 @@ from aiohttp import web
 from router.endpoints import Endpoint
 from router.errors import error_response, sse_error
 from router.metrics import RouterMetrics
-from router.scheduling.context import RequestContext
 
 log = structlog.get_logger("router.proxy")
 
@@ -33,10 +32,12 @@ _RETRY_STATUSES = {500, 502, 503, 504}
 @dataclass
 class Work:
     """How much a request weighs on an endpoint: its prompt tokens, and how
-    many of them that endpoint must prefill (it may hold the rest)."""
+    many of them that endpoint must prefill (it may hold the rest); and
+    whom to tell which endpoint answered (the scheduler's decision)."""
 
     tokens: int
     uncached: dict[str, int]
+    answered: Callable[[Endpoint], None] | None = None
 
     def prefill(self, ep: Endpoint) -> int:
         return self.uncached.get(ep.url, self.tokens)
@@ -50,16 +51,6 @@ class Upstream:
     status: int
     body: bytes
     content_type: str
-
-
-def work(ctx: RequestContext) -> Work:
-    """The request's weight per endpoint, from what the prefix scorers found."""
-    return Work(ctx.token_estimate, ctx.extra.get("uncached", {}))
-
-
-def no_prefill(ctx: RequestContext, decode: list[Endpoint]) -> Work:
-    """A decode endpoint's weight: the request's tokens, none of them to prefill."""
-    return Work(ctx.token_estimate, dict.fromkeys((e.url for e in decode), 0))
 
 
 def forward_headers(request: web.Request) -> dict[str, str]:
@@ -155,6 +146,8 @@ class Proxy:
                 self.metrics.retries.inc()
                 continue
             self._answering.add(resp)
+            if resp.status < 400 and work.answered is not None:
+                work.answered(ep)  # where the prompt is cached now, not where it was meant to go
             return ep, resp
         return None, last_error
 

@@ -26,11 +26,11 @@ from router.errors import ApiError, error_response, from_validation
 from router.metrics import RouterMetrics
 from router.prefix.kv_index import KVIndex
 from router.prompt import chat_prompt, completion_prompt, responses_items
-from router.proxy import Proxy, Upstream, forward_headers, work
+from router.proxy import Proxy, Upstream, forward_headers
 from router.responses_relay import ResponsesTap, output_text
 from router.responses_store import ResponsesStore, make_store
 from router.scheduling.context import RequestContext
-from router.scheduling.profile import Scheduler
+from router.scheduling.profile import Decision, Scheduler
 from router.scrape import scrape_loop
 from router.split import Call, Route, Splitter
 from router.state import RouterState
@@ -97,7 +97,9 @@ class Router:
         if self.cfg.discovery.kubernetes is not None:
             self.watcher = KubernetesWatcher(self.cfg.discovery.kubernetes, self.state.pool,
                                              s.drain_timeout_s, on_add=self._watch_events,
-                                             on_remove=self._forget)
+                                             on_remove=self._forget,
+                                             requests=lambda verb: self.metrics.discovery
+                                             .labels(verb).inc())
             self.watcher.start()
         sc = self.cfg.scrape
         self._tasks.append(asyncio.create_task(
@@ -170,7 +172,7 @@ class Router:
                               session=session)
 
     async def _schedule(self, request: web.Request, ctx: RequestContext,
-                        scheduler: Scheduler | None = None) -> list[Endpoint]:
+                        scheduler: Scheduler | None = None) -> Decision:
         sched = scheduler or self.scheduler
         await self.admission.admit(self.admission.classify(request.headers),
                                    lambda: sched.candidates(ctx))
@@ -180,10 +182,9 @@ class Router:
         if not d.ranked:
             raise ApiError(503, "no ready endpoint serves this request")
         self.metrics.decisions.labels(d.reason).inc()
-        matched, blocks = ctx.extra.get("prefix_matched"), ctx.extra.get("prefix_blocks")
-        if matched is not None and blocks:
-            self.metrics.prefix_match.observe(matched.get(d.ranked[0].url, 0) / blocks)
-        return d.ranked
+        if (p := d.cycle.prefix) is not None and p.blocks:
+            self.metrics.prefix_match.observe(p.matched.get(d.ranked[0].url, 0) / p.blocks)
+        return d
 
     # --- handlers ------------------------------------------------------------
     async def _generate(self, request: web.Request, path: str,
@@ -199,9 +200,9 @@ class Router:
         call = Call(request, path, body, doc, ctx, headers, started)
         if self.split is not None and self.split.splits(call):
             return await self.split.serve(call)
-        ranked = await self._schedule(request, ctx)
+        d = await self._schedule(request, ctx)
         assert self.proxy is not None
-        return await self.proxy.relay(request, ranked, path, body, headers, work(ctx), started)
+        return await self.proxy.relay(request, d.ranked, path, body, headers, d.work(), started)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(
@@ -242,7 +243,8 @@ class Router:
             if isinstance(route, web.Response):
                 return route
         else:
-            route = Route(await self._schedule(request, ctx), body, work(ctx))
+            d = await self._schedule(request, ctx)
+            route = Route(d.ranked, body, d.work())
         assert self.proxy is not None
 
         async def keep(ep: Endpoint, resp: dict[str, Any], text: str) -> None:
@@ -308,6 +310,13 @@ def build_app(cfg: RouterConfig) -> web.Application:
             resp = error_response(err.status, err.message, err.param)
         except web.HTTPException as err:
             resp = error_response(err.status, err.reason)
+        except (ConnectionResetError, asyncio.CancelledError):
+            raise  # the client went away: nobody to answer
+        except Exception as err:
+            # a bug, not a refusal: the client still gets OpenAI's error
+            # shape, and the log gets the traceback, once
+            log.exception("request failed", path=path, error=repr(err))
+            resp = error_response(500, f"internal error in the router ({type(err).__name__})")
         router.metrics.requests.labels(path, str(resp.status)).inc()
         router.metrics.duration.labels(path).observe(time.monotonic() - started)
         return resp

@@ -23,15 +23,15 @@ from router.disaggregation import (
 from router.endpoints import Endpoint
 from router.errors import ApiError
 from router.metrics import RouterMetrics
-from router.proxy import Proxy, Upstream, Work, no_prefill, work
+from router.proxy import Proxy, Upstream, Work
 from router.scheduling.context import RequestContext
-from router.scheduling.profile import Scheduler
+from router.scheduling.profile import Decision, Scheduler
 from topology.distance import node_tier
 
 log = structlog.get_logger("router.split")
 PREFILL_HEADER = "X-Toposerve-Prefill-Endpoint"
 # admits the request and ranks the endpoints of one stage (the router's own)
-Schedule = Callable[[web.Request, RequestContext, Scheduler], Awaitable[list[Endpoint]]]
+Schedule = Callable[[web.Request, RequestContext, Scheduler], Awaitable[Decision]]
 
 
 @dataclass
@@ -90,11 +90,11 @@ class Splitter:
         Too little to prefill: the request runs whole on a decode endpoint."""
         if not self.pd.worth_splitting(c.ctx):
             self.metrics.disaggregation.labels("whole").inc()
-            return Route(await self.schedule(c.request, c.ctx, self.pd.decode), c.body,
-                         work(c.ctx))
-        ranked = await self.schedule(c.request, c.ctx, self.pd.prefill)
-        up = await self.proxy.fetch(ranked, c.path, prefill_body(c.doc, c.path), c.headers,
-                                    work(c.ctx))
+            d = await self.schedule(c.request, c.ctx, self.pd.decode)
+            return Route(d.ranked, c.body, d.work())
+        pre = await self.schedule(c.request, c.ctx, self.pd.prefill)
+        up = await self.proxy.fetch(pre.ranked, c.path, prefill_body(c.doc, c.path), c.headers,
+                                    pre.work())
         if isinstance(up, Upstream) and 400 <= up.status < 500:
             # the prompt itself is refused (too long, say): a decode endpoint would refuse it too
             self.metrics.disaggregation.labels("refused").inc()
@@ -105,22 +105,23 @@ class Splitter:
         decode = self._decode_for(c.ctx, prefill)
         if params is None or prefill is None:  # no KV to hand over
             return self._local_prefill(c, decode, up)
-        self._split(prefill, decode[0])
-        return Route(decode, decode_body(c.doc, params), no_prefill(c.ctx, decode), prefill,
+        self._split(prefill, decode.ranked[0])
+        return Route(decode.ranked, decode_body(c.doc, params), decode.no_prefill(), prefill,
                      {PREFILL_HEADER: prefill.name})
 
     async def _sglang(self, c: Call) -> web.StreamResponse:
         """Both halves at once; the decode endpoint waits for the KV itself."""
-        prefill = (await self.schedule(c.request, c.ctx, self.pd.prefill))[0]
+        pre = await self.schedule(c.request, c.ctx, self.pd.prefill)
+        prefill = pre.ranked[0]
         decode = self._decode_for(c.ctx, prefill)
         boot = self.pd.bootstrap(prefill)
         first = asyncio.create_task(self.proxy.fetch(
             [prefill], c.path, orjson.dumps({**c.doc, **boot, "stream": False}), c.headers,
-            work(c.ctx)))
+            pre.work()))
         try:
             # one decode attempt: another would wait for the same room in vain
-            resp = await self.relay(c, Route(decode[:1], orjson.dumps({**c.doc, **boot}),
-                                             no_prefill(c.ctx, decode), prefill,
+            resp = await self.relay(c, Route(decode.ranked[:1], orjson.dumps({**c.doc, **boot}),
+                                             decode.no_prefill(), prefill,
                                              {PREFILL_HEADER: prefill.name}))
         except BaseException:
             first.cancel()  # no answer goes out (the client left): the prefill is for nobody
@@ -131,7 +132,7 @@ class Splitter:
         if not resp.prepared and resp.status == 502:  # the decode endpoint got no KV
             why = first.result() if first.done() else "prefill still running"
             return await self.relay(c, self._local_prefill(c, decode, why))
-        self._split(prefill, decode[0])
+        self._split(prefill, decode.ranked[0])
         return resp
 
     def _split(self, prefill: Endpoint, decode: Endpoint) -> None:
@@ -140,18 +141,18 @@ class Splitter:
                 else node_tier(prefill.path, decode.path).name.lower())
         self.metrics.pd_pairs.labels(tier).inc()
 
-    def _decode_for(self, ctx: RequestContext, prefill: Endpoint | None) -> list[Endpoint]:
+    def _decode_for(self, ctx: RequestContext, prefill: Endpoint | None) -> Decision:
         d = self.pd.pick_decode(ctx, prefill)
         if not d.ranked:
             raise ApiError(503, "no ready decode endpoint serves this request")
         self.metrics.decisions.labels(d.reason).inc()
-        return d.ranked
+        return d
 
-    def _local_prefill(self, c: Call, decode: list[Endpoint], prefill: Upstream | str) -> Route:
+    def _local_prefill(self, c: Call, decode: Decision, prefill: Upstream | str) -> Route:
         """The split failed before the decode endpoint had its KV: it gets
         the request whole and prefills the prompt itself."""
         log.warning("prefill failed; decoding with a local prefill",
                     request_id=c.headers["X-Request-Id"],
                     prefill=prefill if isinstance(prefill, str) else f"HTTP {prefill.status}")
         self.metrics.disaggregation.labels("prefill-failed").inc()
-        return Route(decode, c.body, Work(c.ctx.token_estimate, {}))
+        return Route(decode.ranked, c.body, decode.whole())

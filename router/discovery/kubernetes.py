@@ -5,7 +5,10 @@ IP; models from the server's own /v1/models, since a model name such as
 request goes to it and the ones in flight finish.
 
 The watch runs on the synchronous ``kubernetes`` client in a thread and
-hands pod states to the event loop."""
+hands pod states to the event loop. It lists once, then watches from the
+list's resourceVersion; each watch the server ends is resumed from the last
+version seen (bookmarks keep it current while nothing changes), so a quiet
+namespace costs one watch request per ``watchTimeoutSeconds``, not a LIST."""
 
 from __future__ import annotations
 
@@ -48,9 +51,11 @@ def pod_view(pod: Any, cfg: KubernetesDiscovery, path: DomainPath | None = None)
 class KubernetesWatcher:
     def __init__(self, cfg: KubernetesDiscovery, pool: Pool, drain_timeout_s: float,
                  on_add: Callable[[Endpoint], None] | None = None,
-                 on_remove: Callable[[str], None] | None = None) -> None:
+                 on_remove: Callable[[str], None] | None = None,
+                 requests: Callable[[str], None] = lambda verb: None) -> None:
+        """``requests`` is told of each LIST and WATCH sent (for metrics)."""
         self.cfg, self.pool, self.drain_timeout_s = cfg, pool, drain_timeout_s
-        self.on_add, self.on_remove = on_add, on_remove
+        self.on_add, self.on_remove, self.requests = on_add, on_remove, requests
         self._by_pod: dict[str, str] = {}  # pod name -> url
         self._stop = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -128,8 +133,7 @@ class KubernetesWatcher:
         return pod_view(pod, self.cfg, self._paths.get(node) if node else None)
 
     def _run(self) -> None:
-        from kubernetes import client, config, watch
-        from kubernetes.client.exceptions import ApiException
+        from kubernetes import client, config
 
         if self.cfg.kubeconfig:
             api_client = config.new_client_from_config(config_file=self.cfg.kubeconfig)
@@ -137,30 +141,51 @@ class KubernetesWatcher:
             config.load_incluster_config()
             api_client = client.ApiClient()
         core = client.CoreV1Api(api_client)
+        rv: str | None = None  # where the next watch resumes; None: list first
         while not self._stop.is_set():
-            try:
+            rv = self._cycle(core, rv)
+
+    def _cycle(self, core: Any, rv: str | None) -> str | None:
+        """One LIST (only when there is no resourceVersion to resume from)
+        and one WATCH until the server ends it; returns where the next watch
+        resumes. A watch that ends, as each does after watchTimeoutSeconds,
+        resumes; only 410 Gone (the version was compacted away) relists."""
+        from kubernetes import watch
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            if rv is None:
+                self.requests("list")
                 pods: Any = core.list_namespaced_pod(self.cfg.namespace,
-                                                label_selector=self.cfg.label_selector)
+                                                     label_selector=self.cfg.label_selector)
                 for p in pods.items:
                     self._call(self._apply, self._view(core, p))
                 self._call(self._resync, {p.metadata.name for p in pods.items})
-                w = watch.Watch()
-                for ev in w.stream(core.list_namespaced_pod, self.cfg.namespace,
-                                   label_selector=self.cfg.label_selector,
-                                   resource_version=pods.metadata.resource_version,
-                                   timeout_seconds=30):
-                    if self._stop.is_set():
-                        w.stop()
-                        break
-                    pod = ev["object"]
-                    if ev["type"] == "DELETED":
-                        self._call(self._deleted, pod.metadata.name)
-                    else:
-                        self._call(self._apply, self._view(core, pod))
-            except ApiException as err:
-                if err.status != 410:  # 410: our resourceVersion is too old; relist
-                    log.warning("pod watch failed", status=err.status)
-                    self._stop.wait(1.0)
-            except Exception as err:  # keep watching through transient faults
-                log.warning("pod watch error", error=repr(err))
-                self._stop.wait(1.0)
+                rv = pods.metadata.resource_version
+            w = watch.Watch()
+            self.requests("watch")
+            for ev in w.stream(core.list_namespaced_pod, self.cfg.namespace,
+                               label_selector=self.cfg.label_selector, resource_version=rv,
+                               allow_watch_bookmarks=True,
+                               timeout_seconds=self.cfg.watch_timeout_s):
+                # the client tracks the version of every event, bookmarks included
+                rv = w.resource_version or rv
+                if self._stop.is_set():
+                    w.stop()
+                    break
+                if ev["type"] == "BOOKMARK":
+                    continue
+                pod = ev["object"]
+                if ev["type"] == "DELETED":
+                    self._call(self._deleted, pod.metadata.name)
+                else:
+                    self._call(self._apply, self._view(core, pod))
+            return rv
+        except ApiException as err:
+            if err.status == 410:  # our resourceVersion is too old: relist
+                return None
+            log.warning("pod watch failed", status=err.status)
+        except Exception as err:  # keep watching through transient faults
+            log.warning("pod watch error", error=repr(err))
+        self._stop.wait(1.0)
+        return rv

@@ -68,11 +68,10 @@ class KVIndex:
                 emap.clear()
 
     def request_keys(self, ctx: RequestContext) -> list[int]:
-        keys: list[int] | None = ctx.extra.get("kv_keys")
-        if keys is None:
+        if ctx.token_keys is None:
             tokens = self.tokenizer.encode(ctx.prompt.decode("utf-8", "replace"))
-            keys = ctx.extra["kv_keys"] = token_block_hashes(tokens, self.block_size)
-        return keys
+            ctx.token_keys = token_block_hashes(tokens, self.block_size)
+        return ctx.token_keys
 
     # --- subscribing -------------------------------------------------------
     def watch(self, url: str, pub: str, replay: str | None) -> None:

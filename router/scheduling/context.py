@@ -1,10 +1,11 @@
-"""What the scheduler knows of one request. Work several plugins need
-(hashing a long prompt) is done once here and cached, never per scorer."""
+"""What the scheduler knows of one request. Work that depends on the
+prompt alone (its block hashes, its token keys) is done once here and
+cached for every stage and plugin; work that depends on the candidates
+belongs to a scheduling cycle (``router.scheduling.cycle``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from router.endpoints import Endpoint
 from router.prefix.hashing import byte_block_hashes
@@ -19,8 +20,9 @@ class RequestContext:
     affinity_url: str | None = None  # endpoint that served the previous response
     prefill: Endpoint | None = None  # a split request's prefill endpoint, once picked
     _byte_blocks: dict[int, list[int]] = field(default_factory=dict)
-    _tokens: list[int] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    # the prompt's token-block keys for the precise index (one tokenizer and
+    # block size per router), set by router.prefix.kv_index
+    token_keys: list[int] | None = None
 
     @property
     def token_estimate(self) -> int:

@@ -1,5 +1,7 @@
 """The shapes of scheduling plugins. A profile runs filters, then weighted
-scorers (each score in [0, 1]), then one picker."""
+scorers (each score in [0, 1]), then one picker. Scorers of one run share
+work through its ``CycleState``; each is told, after the request is
+answered, which endpoint answered it."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from typing import ClassVar, Protocol
 
 from router.endpoints import Endpoint
 from router.scheduling.context import RequestContext
+from router.scheduling.cycle import CycleState
 
 
 class Filter(Protocol):
@@ -16,10 +19,12 @@ class Filter(Protocol):
 class Scorer(Protocol):
     name: ClassVar[str]
 
-    def score(self, ctx: RequestContext, eps: list[Endpoint]) -> dict[Endpoint, float]: ...
+    def score(self, ctx: RequestContext, cycle: CycleState, eps: list[Endpoint]
+              ) -> dict[Endpoint, float]: ...
 
-    def picked(self, ctx: RequestContext, ep: Endpoint) -> None:
-        """Told the final choice (e.g. to remember where a prefix went)."""
+    def picked(self, ctx: RequestContext, cycle: CycleState, ep: Endpoint) -> None:
+        """Told the endpoint that answered, after any failover (e.g. to
+        remember where a prefix went)."""
 
 
 class Picker(Protocol):

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from router.config import ProfileConfig
 from router.endpoints import Endpoint
 from router.prefix.kv_index import KVIndex
+from router.proxy import Work
 from router.scheduling import registry
 from router.scheduling.context import RequestContext
+from router.scheduling.cycle import CycleState
 from router.scheduling.plugins import Filter, Picker, Scorer
 from router.scheduling.scoring import decisive, weighted_total
 from router.state import RouterState
@@ -17,9 +19,35 @@ from router.state import RouterState
 
 @dataclass
 class Decision:
+    """One profile run's answer for one request."""
+
+    ctx: RequestContext
     ranked: list[Endpoint]  # best first; the rest are fallbacks for retries
     reason: str
     scores: dict[str, dict[Endpoint, float]]
+    cycle: CycleState = field(default_factory=CycleState)
+    scorers: Sequence[Scorer] = ()
+
+    def answered(self, ep: Endpoint) -> None:
+        """The request went to ``ep`` (the endpoint that answered, after
+        any failover): the scorers that keep state record it there."""
+        for s in self.scorers:
+            s.picked(self.ctx, self.cycle, ep)
+
+    def work(self) -> Work:
+        """What the request weighs on each ranked endpoint: its prompt
+        tokens, and those the endpoint does not hold (to prefill)."""
+        p = self.cycle.prefix
+        return Work(self.ctx.token_estimate, p.uncached if p is not None else {}, self.answered)
+
+    def no_prefill(self) -> Work:
+        """A decode endpoint's weight: the request's tokens, none to prefill."""
+        return Work(self.ctx.token_estimate, dict.fromkeys((e.url for e in self.ranked), 0),
+                    self.answered)
+
+    def whole(self) -> Work:
+        """The request whole, prefilled wherever it goes."""
+        return Work(self.ctx.token_estimate, {}, self.answered)
 
 
 class Scheduler:
@@ -39,6 +67,7 @@ class Scheduler:
         self.picker: Picker = registry.lookup(registry.PICKERS, "picker", cfg.picker.type,
                                               f"{where}.picker")(cfg.picker.params,
                                                                  f"{where}.picker")
+        # one entry per type (ProfileConfig refuses a second), so names are keys
         self.weights = {s.name: w for s, w in self.scorers}
 
     def candidates(self, ctx: RequestContext) -> list[Endpoint]:
@@ -48,16 +77,18 @@ class Scheduler:
         return eps
 
     def schedule(self, ctx: RequestContext) -> Decision:
+        """Rank the candidates in a new cycle. Nothing is recorded yet: the
+        proxy calls ``Decision.answered`` with the endpoint that answers."""
+        cycle = CycleState()
+        scorers = [s for s, _ in self.scorers]
         eps = self.candidates(ctx)
         if not eps:
-            return Decision([], "no-endpoint", {})
+            return Decision(ctx, [], "no-endpoint", {}, cycle, scorers)
         if len(eps) == 1:
             per: dict[str, dict[Endpoint, float]] = {}
         else:
-            per = {s.name: s.score(ctx, eps) for s, _ in self.scorers}
-        total = weighted_total(per, self.weights) if per else {eps[0]: 0.0}
-        ranked = self.picker.pick(total)
+            per = {s.name: s.score(ctx, cycle, eps) for s in scorers}
+        total = weighted_total(per, self.weights)
+        ranked = self.picker.pick({e: total.get(e, 0.0) for e in eps})
         reason = decisive(per, self.weights, ranked[0], ranked[1] if len(ranked) > 1 else None)
-        for s, _ in self.scorers:
-            s.picked(ctx, ranked[0])
-        return Decision(ranked, reason, per)
+        return Decision(ctx, ranked, reason, per, cycle, scorers)

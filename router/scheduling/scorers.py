@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -12,6 +13,7 @@ from router.endpoints import Endpoint
 from router.prefix.index import PrefixIndex
 from router.prefix.kv_index import KVIndex
 from router.scheduling.context import RequestContext
+from router.scheduling.cycle import CycleState, PrefixMatch, StateKey, candidates_key
 from router.scheduling.scoring import lower_is_better
 from router.state import RouterState
 from router.tokens import BYTES_PER_TOKEN
@@ -22,49 +24,50 @@ from topology.model import Tier
 class Stateless:
     """A scorer that reads state but records nothing about the choice."""
 
-    def picked(self, ctx: RequestContext, ep: Endpoint) -> None:
+    def picked(self, ctx: RequestContext, cycle: CycleState, ep: Endpoint) -> None:
         return None
 
 
-def match_shares(index: PrefixIndex, ctx: RequestContext, eps: list[Endpoint],
-                 keys: list[int]) -> dict[Endpoint, float]:
+def match_shares(index: PrefixIndex, ctx: RequestContext, cycle: CycleState,
+                 eps: list[Endpoint], keys: list[int]) -> dict[Endpoint, float]:
     """Share of the prompt's leading blocks each endpoint holds in ``index``;
-    leaves what the proxy and metrics read (matched blocks, and the uncached
-    tokens each endpoint would prefill) in ``ctx.extra``."""
+    the whole match (with the uncached tokens each endpoint would prefill)
+    becomes the cycle's ``prefix``, which the proxy and metrics read."""
     if keys:
         matched = index.match(keys, (e.url for e in eps))
         frac = {e: matched.get(e.url, 0) / len(keys) for e in eps}
-        ctx.extra["prefix_matched"], ctx.extra["prefix_blocks"] = matched, len(keys)
     else:
-        frac = dict.fromkeys(eps, 0.0)
-    ctx.extra["uncached"] = {e.url: int(ctx.token_estimate * (1 - f)) for e, f in frac.items()}
+        matched, frac = {}, dict.fromkeys(eps, 0.0)
+    cycle.prefix = PrefixMatch(
+        frac, matched, len(keys),
+        {e.url: int(ctx.token_estimate * (1 - f)) for e, f in frac.items()})
     return frac
 
 
 # block size of the approximate prefix index unless a scorer says otherwise
 APPROX_BLOCK_BYTES = 1024
+# the approximate match, per (block size, candidates)
+APPROX_MATCH: StateKey[dict[Endpoint, float]] = StateKey("approx-match")
+# the approximate index has been told where the prompt went, per (block size, endpoint)
+APPROX_REMEMBERED: StateKey[bool] = StateKey("approx-remembered")
 
 
-def approx_match(state: RouterState, ctx: RequestContext, eps: list[Endpoint],
-                 block_bytes: int) -> dict[Endpoint, float]:
-    """Share of the prompt each endpoint probably holds (computed once per
-    request and block size, whichever scorer asks first), and the uncached
-    tokens each would have to prefill, left in ``ctx.extra["uncached"]``."""
-    memo: dict[int, dict[Endpoint, float]] = ctx.extra.setdefault("approx_match", {})
-    if block_bytes in memo:
-        return memo[block_bytes]
-    frac = memo[block_bytes] = match_shares(state.approx, ctx, eps,
-                                            ctx.byte_blocks(block_bytes))
-    return frac
+def approx_match(state: RouterState, ctx: RequestContext, cycle: CycleState,
+                 eps: list[Endpoint], block_bytes: int) -> dict[Endpoint, float]:
+    """Share of the prompt each endpoint probably holds: computed once per
+    cycle, block size and candidate set, whichever scorer asks first."""
+    return cycle.memo(APPROX_MATCH, (block_bytes, candidates_key(eps)),
+                      lambda: match_shares(state.approx, ctx, cycle, eps,
+                                           ctx.byte_blocks(block_bytes)))
 
 
-def remember(state: RouterState, ctx: RequestContext, ep: Endpoint, block_bytes: int) -> None:
-    """Record that the prompt went to ``ep`` (once per request and block size,
+def remember(state: RouterState, ctx: RequestContext, cycle: CycleState, ep: Endpoint,
+             block_bytes: int) -> None:
+    """Record that the prompt went to ``ep`` (once per cycle and block size,
     however many scorers read the approximate index)."""
-    done: set[int] = ctx.extra.setdefault("remembered", set())
-    if block_bytes in done:
+    if cycle.get(APPROX_REMEMBERED, (block_bytes, ep.url)):
         return
-    done.add(block_bytes)
+    cycle.put(APPROX_REMEMBERED, (block_bytes, ep.url), True)
     if ep.num_gpu_blocks and ep.block_size:
         tokens = ep.num_gpu_blocks * ep.block_size
         state.approx.set_capacity(ep.url, tokens * BYTES_PER_TOKEN // block_bytes)
@@ -80,11 +83,12 @@ class ApproxPrefixScorer:
     block_bytes: int = APPROX_BLOCK_BYTES
     name: ClassVar[str] = "prefix-approx"
 
-    def score(self, ctx: RequestContext, eps: list[Endpoint]) -> dict[Endpoint, float]:
-        return approx_match(self.state, ctx, eps, self.block_bytes)
+    def score(self, ctx: RequestContext, cycle: CycleState, eps: list[Endpoint]
+              ) -> dict[Endpoint, float]:
+        return approx_match(self.state, ctx, cycle, eps, self.block_bytes)
 
-    def picked(self, ctx: RequestContext, ep: Endpoint) -> None:
-        remember(self.state, ctx, ep, self.block_bytes)
+    def picked(self, ctx: RequestContext, cycle: CycleState, ep: Endpoint) -> None:
+        remember(self.state, ctx, cycle, ep, self.block_bytes)
 
 
 # Tokens of prefill below which differences between endpoints hardly matter.
@@ -102,15 +106,16 @@ class PrefillCostScorer:
     block_bytes: int = APPROX_BLOCK_BYTES
     name: ClassVar[str] = "prefill-cost"
 
-    def score(self, ctx: RequestContext, eps: list[Endpoint]) -> dict[Endpoint, float]:
-        frac = approx_match(self.state, ctx, eps, self.block_bytes)
+    def score(self, ctx: RequestContext, cycle: CycleState, eps: list[Endpoint]
+              ) -> dict[Endpoint, float]:
+        frac = approx_match(self.state, ctx, cycle, eps, self.block_bytes)
         cost = {e: e.prefill_tokens + ctx.token_estimate * (1 - frac[e]) for e in eps}
         best = min(cost.values())
         return {e: (best + PREFILL_SLACK_TOKENS) / (c + PREFILL_SLACK_TOKENS)
                 for e, c in cost.items()}
 
-    def picked(self, ctx: RequestContext, ep: Endpoint) -> None:
-        remember(self.state, ctx, ep, self.block_bytes)
+    def picked(self, ctx: RequestContext, cycle: CycleState, ep: Endpoint) -> None:
+        remember(self.state, ctx, cycle, ep, self.block_bytes)
 
 
 @dataclass
@@ -124,14 +129,15 @@ class PrecisePrefixScorer:
     fallback: ApproxPrefixScorer
     name: ClassVar[str] = "prefix-precise"
 
-    def score(self, ctx: RequestContext, eps: list[Endpoint]) -> dict[Endpoint, float]:
+    def score(self, ctx: RequestContext, cycle: CycleState, eps: list[Endpoint]
+              ) -> dict[Endpoint, float]:
         if self.kv is None:
-            return self.fallback.score(ctx, eps)
-        return match_shares(self.state.precise, ctx, eps, self.kv.request_keys(ctx))
+            return self.fallback.score(ctx, cycle, eps)
+        return match_shares(self.state.precise, ctx, cycle, eps, self.kv.request_keys(ctx))
 
-    def picked(self, ctx: RequestContext, ep: Endpoint) -> None:
+    def picked(self, ctx: RequestContext, cycle: CycleState, ep: Endpoint) -> None:
         if self.kv is None:
-            self.fallback.picked(ctx, ep)
+            self.fallback.picked(ctx, cycle, ep)
 
 
 @dataclass
@@ -141,7 +147,8 @@ class QueueScorer(Stateless):
     state: RouterState
     name: ClassVar[str] = "queue"
 
-    def score(self, ctx: RequestContext, eps: list[Endpoint]) -> dict[Endpoint, float]:
+    def score(self, ctx: RequestContext, cycle: CycleState, eps: list[Endpoint]
+              ) -> dict[Endpoint, float]:
         stale_after = self.state.config.scrape.stale_after_s
         fresh = {e: e.load.waiting + 0.1 * e.load.running + e.inflight
                  for e in eps if not e.stale(stale_after)}
@@ -154,7 +161,8 @@ class KVUsageScorer(Stateless):
     state: RouterState
     name: ClassVar[str] = "kv-usage"
 
-    def score(self, ctx: RequestContext, eps: list[Endpoint]) -> dict[Endpoint, float]:
+    def score(self, ctx: RequestContext, cycle: CycleState, eps: list[Endpoint]
+              ) -> dict[Endpoint, float]:
         stale_after = self.state.config.scrape.stale_after_s
         return {e: 0.0 if e.stale(stale_after) else max(0.0, 1.0 - e.load.kv_usage)
                 for e in eps}
@@ -168,7 +176,8 @@ class InflightTokensScorer(Stateless):
     state: RouterState
     name: ClassVar[str] = "inflight-tokens"
 
-    def score(self, ctx: RequestContext, eps: list[Endpoint]) -> dict[Endpoint, float]:
+    def score(self, ctx: RequestContext, cycle: CycleState, eps: list[Endpoint]
+              ) -> dict[Endpoint, float]:
         return lower_is_better({e: float(e.inflight_tokens) for e in eps})
 
 
@@ -181,7 +190,8 @@ class CacheRoomScorer(Stateless):
     state: RouterState
     name: ClassVar[str] = "cache-room"
 
-    def score(self, ctx: RequestContext, eps: list[Endpoint]) -> dict[Endpoint, float]:
+    def score(self, ctx: RequestContext, cycle: CycleState, eps: list[Endpoint]
+              ) -> dict[Endpoint, float]:
         return lower_is_better({e: float(self.state.approx.held(e.url)) for e in eps})
 
 
@@ -195,7 +205,8 @@ class NearPrefillScorer(Stateless):
     state: RouterState
     name: ClassVar[str] = "near-prefill"
 
-    def score(self, ctx: RequestContext, eps: list[Endpoint]) -> dict[Endpoint, float]:
+    def score(self, ctx: RequestContext, cycle: CycleState, eps: list[Endpoint]
+              ) -> dict[Endpoint, float]:
         src = ctx.prefill.path if ctx.prefill is not None else None
         return {e: 0.0 if src is None or e.path is None
                 else (Tier.BEYOND - node_tier(src, e.path)) / Tier.BEYOND for e in eps}
@@ -218,6 +229,7 @@ class ConversationsScorer:
     state: RouterState
     window_s: float = 300.0
     block_bytes: int = APPROX_BLOCK_BYTES
+    clock: Callable[[], float] = time.monotonic
     name: ClassVar[str] = "conversations"
     _seen: dict[str, OrderedDict[int, float]] = field(default_factory=dict)
 
@@ -236,9 +248,10 @@ class ConversationsScorer:
         seen = self._seen.get(url)
         return seen.get(key, -math.inf) if seen else -math.inf
 
-    def score(self, ctx: RequestContext, eps: list[Endpoint]) -> dict[Endpoint, float]:
+    def score(self, ctx: RequestContext, cycle: CycleState, eps: list[Endpoint]
+              ) -> dict[Endpoint, float]:
         keys = ctx.byte_blocks(self.block_bytes)
-        now = time.monotonic()
+        now = self.clock()
         if keys and any(now - self._last_seen(e.url, keys[0]) <= self.window_s for e in eps):
             return dict.fromkeys(eps, 1.0)  # a live conversation: placed already
         # a ratio, not min-max: 3 against 4 conversations is a small
@@ -247,11 +260,11 @@ class ConversationsScorer:
         lo = min(live.values())
         return {e: (lo + 1) / (n + 1) for e, n in live.items()}
 
-    def picked(self, ctx: RequestContext, ep: Endpoint) -> None:
+    def picked(self, ctx: RequestContext, cycle: CycleState, ep: Endpoint) -> None:
         keys = ctx.byte_blocks(self.block_bytes)
         if keys:
             seen = self._seen.setdefault(ep.url, OrderedDict())
-            seen[keys[0]] = time.monotonic()
+            seen[keys[0]] = self.clock()
             seen.move_to_end(keys[0])
 
 
@@ -263,7 +276,8 @@ class SessionScorer:
     state: RouterState
     name: ClassVar[str] = "session"
 
-    def score(self, ctx: RequestContext, eps: list[Endpoint]) -> dict[Endpoint, float]:
+    def score(self, ctx: RequestContext, cycle: CycleState, eps: list[Endpoint]
+              ) -> dict[Endpoint, float]:
         url = ctx.affinity_url or (self.state.sessions.get(ctx.session) if ctx.session else None)
         out = dict.fromkeys(eps, 0.0)
         for e in eps:
@@ -271,6 +285,6 @@ class SessionScorer:
                 out[e] = 1.0
         return out
 
-    def picked(self, ctx: RequestContext, ep: Endpoint) -> None:
+    def picked(self, ctx: RequestContext, cycle: CycleState, ep: Endpoint) -> None:
         if ctx.session:
             self.state.remember_session(ctx.session, ep.url)

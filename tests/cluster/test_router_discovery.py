@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 import uuid
 from collections import Counter
 
@@ -71,22 +70,21 @@ def test_pods_added_and_removed_under_traffic(cluster: Cluster, procs: Procs) ->
     for t in threads:
         t.start()
     try:
-        time.sleep(1)
+        wait_for("traffic", lambda: len(statuses) >= 20, timeout=20)
         # scale up: a fourth pod and its server
         new = f"{app}-3"
         ip = make_pod(core, new, app)
         sims[new] = procs.sim(host=ip, port=PORT)
         wait_for("4 endpoints", lambda: sum(endpoints(router).values()) == 4, timeout=20)
-        time.sleep(1)
-        assert served[f"{ip}:{PORT}"] > 0
+        wait_for("traffic on the new endpoint", lambda: served[f"{ip}:{PORT}"] > 0, timeout=20)
         # scale down: delete a pod; its server lives until the router lets go of it
         gone = names[0]
         gone_ep = f"{ips[gone]}:{PORT}"
         core.delete_namespaced_pod(gone, "default")
         wait_for("drained", lambda: gone_ep not in endpoints(router), timeout=20)
-        before = served[gone_ep]
+        before, sent = served[gone_ep], len(statuses)
         sims[gone].stop()
-        time.sleep(1)
+        wait_for("more traffic", lambda: len(statuses) >= sent + 40, timeout=20)
         assert served[gone_ep] == before
     finally:
         stop.set()
@@ -165,6 +163,40 @@ def test_decode_stays_in_the_prefill_nvlink_domain(cluster: Cluster, procs: Proc
             assert r.status_code == 200, r.text
             assert r.headers["x-toposerve-prefill-endpoint"] == endpoint_of["prefill-0"]
             assert r.headers["x-toposerve-endpoint"] == endpoint_of["decode-nvl"]
+    finally:
+        for pod in core.list_namespaced_pod("default", label_selector=f"app={app}").items:
+            with contextlib.suppress(client.exceptions.ApiException):
+                core.delete_namespaced_pod(pod.metadata.name, "default",
+                                           grace_period_seconds=0)
+
+
+def discovery_requests(router: Proc, verb: str) -> float:
+    return sum(s.value for s in router.samples()
+               if s.name == "toposerve_router_discovery_requests_total"
+               and s.labels.get("verb") == verb)
+
+
+def test_watch_resumes_without_relisting(cluster: Cluster, procs: Procs) -> None:
+    """Each watch lasts a second here, so many end during the test: every
+    one is resumed from the last resourceVersion, and the namespace is
+    listed once, at start (a LIST per renewal is a load generator at scale)."""
+    core = client.CoreV1Api(cluster.api)
+    app = f"rv-{uuid.uuid4().hex[:6]}"
+    try:
+        procs.sim(host=make_pod(core, f"{app}-0", app), port=PORT)
+        router = procs.router({"discovery": {"kubernetes": {
+            "namespace": "default", "labelSelector": f"app={app}", "port": PORT,
+            "kubeconfig": str(kubeconfig_path(cluster.name)), "watchTimeoutSeconds": 1}}})
+        wait_for("1 endpoint", lambda: sum(endpoints(router).values()) == 1, timeout=20)
+        wait_for("five watches", lambda: discovery_requests(router, "watch") >= 5, timeout=30)
+        # a pod that comes after several renewals is still seen, and one that goes
+        ip = make_pod(core, f"{app}-1", app)
+        procs.sim(host=ip, port=PORT)
+        wait_for("2 endpoints", lambda: sum(endpoints(router).values()) == 2, timeout=20)
+        core.delete_namespaced_pod(f"{app}-0", "default", grace_period_seconds=0)
+        wait_for("1 endpoint left", lambda: list(endpoints(router)) == [f"{ip}:{PORT}"],
+                 timeout=40)
+        assert discovery_requests(router, "list") == 1
     finally:
         for pod in core.list_namespaced_pod("default", label_selector=f"app={app}").items:
             with contextlib.suppress(client.exceptions.ApiException):

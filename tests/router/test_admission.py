@@ -8,12 +8,25 @@ import time
 
 import httpx
 
-from bench.procs import MODEL, Procs
+from bench.procs import MODEL, Proc, Procs
+from tests.waiting import wait_for
 
 
 def _post(url: str, max_tokens: int, **headers: str) -> httpx.Response:
     return httpx.post(url + "/v1/completions", headers=headers, timeout=30, json={
         "model": MODEL, "prompt": "hello", "max_tokens": max_tokens})
+
+
+def saturate(sim: Proc, router: Proc, max_tokens: int) -> list[threading.Thread]:
+    """Two long requests through the router to a one-sequence server: one
+    runs, one waits there; returns when the router's scrape has seen that."""
+    busy = [threading.Thread(target=_post, args=(router.url, max_tokens)) for _ in range(2)]
+    busy[0].start()
+    wait_for("the first to run", lambda: sim.metric("vllm:num_requests_running") >= 1)
+    busy[1].start()
+    wait_for("the router to see one waiting",
+             lambda: router.metric("toposerve_router_endpoint_waiting") >= 1)
+    return busy
 
 
 def test_shedding_queueing_and_ttl(procs: Procs) -> None:
@@ -26,11 +39,7 @@ def test_shedding_queueing_and_ttl(procs: Procs) -> None:
     # with room, a sheddable request is served
     assert _post(router.url, 1, **{"x-llm-d-inference-objective": "batch"}).status_code == 200
     # one request runs, one waits on the server: saturated
-    busy = [threading.Thread(target=_post, args=(router.url, 30)) for _ in range(2)]
-    for t in busy:
-        t.start()
-        time.sleep(0.2)
-    time.sleep(0.3)
+    busy = saturate(sim, router, 30)
     shed = _post(router.url, 1, **{"x-llm-d-inference-objective": "batch"})
     assert shed.status_code == 429, shed.text
     assert "sheddable" in shed.json()["error"]["message"]
@@ -53,11 +62,7 @@ def test_shedding_queueing_and_ttl(procs: Procs) -> None:
 def test_flow_control_off_sends_anyway(procs: Procs) -> None:
     sim = procs.sim(max_num_seqs=1, time_scale=1.0, decode_s_per_token=0.05)
     router = procs.router({"saturation": {"queueThreshold": 1}}, endpoints=[sim.url])
-    busy = [threading.Thread(target=_post, args=(router.url, 20)) for _ in range(2)]
-    for t in busy:
-        t.start()
-        time.sleep(0.2)
-    time.sleep(0.3)
+    busy = saturate(sim, router, 20)
     # not sheddable, no flow control: goes to the saturated server and is served
     assert _post(router.url, 1).status_code == 200
     assert _post(router.url, 1, **{"x-llm-d-inference-objective": "unknown"}

@@ -367,7 +367,9 @@ def test_prefill_chunks_stall_decode_when_asked(procs: Procs) -> None:
                 return time.monotonic() - t0
 
             async def prefill() -> None:
-                await asyncio.sleep(0.05)  # once the first request decodes
+                await asyncio.to_thread(  # once the first request decodes
+                    wait_for, "the first request to decode",
+                    lambda: sim.metric("vllm:num_requests_running") >= 1, 10, 0.005)
                 r = await c.post(sim.url + "/v1/completions", json={
                     "model": MODEL, "prompt": "x" * 4 * 8000, "max_tokens": 1})
                 assert r.status_code == 200, r.text

@@ -73,8 +73,8 @@ def test_failing_endpoint_is_retried(procs: Procs) -> None:
         raw = c.chat.completions.with_raw_response.create(
             model=MODEL, messages=[{"role": "user", "content": f"q{i}"}], max_tokens=2)
         assert raw.headers["x-toposerve-endpoint"] == good.url.removeprefix("http://")
-    metrics = httpx.get(router.url + "/metrics").text
-    assert "toposerve_router_retries_total" in metrics
+    # ties between the two break at random: some requests tried the bad one first
+    assert router.metric("toposerve_router_retries_total") >= 1
 
 
 def test_connection_refused_is_retried(procs: Procs) -> None:

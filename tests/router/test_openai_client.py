@@ -128,4 +128,4 @@ def test_health_ready_metrics(procs: Procs) -> None:
     text = httpx.get(router.url + "/metrics").text
     assert 'toposerve_router_requests_total{code="200",path="/v1/completions"} 1.0' in text
     assert "toposerve_router_endpoint_inflight{" in text
-    assert "toposerve_router_decisions_total" in text
+    assert 'toposerve_router_decisions_total{reason="only-candidate"} 1.0' in text

@@ -5,13 +5,14 @@ approximate path make the same decisions on a controlled workload."""
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from bench.procs import MODEL, Proc, Procs, free_port
+from router.prompt import chat_prompt
+from router.tokens import ByteTokenizer
 from tests.waiting import wait_for
 
 
@@ -92,14 +93,26 @@ def _workload() -> list[list[dict[str, str]]]:
     return reqs
 
 
-def _run(router: Proc, sims: list[Proc]) -> tuple[list[int], int]:
+def precise_blocks(router: Proc) -> float:
+    return sum(s.value for s in router.samples()
+               if s.name == "toposerve_router_prefix_index_blocks"
+               and s.labels.get("index") == "precise")
+
+
+def _run(router: Proc, sims: list[Proc], precise: bool) -> tuple[list[int], int]:
     index = {s.url.removeprefix("http://"): i for i, s in enumerate(sims)}
     decisions, cached = [], 0
+    held: list[set[tuple[int, ...]]] = [set() for _ in sims]  # block chains each sim holds
     for msgs in _workload():
         ep, body = chat(router, msgs, max_tokens=1)
         decisions.append(index[ep])
         cached += body["usage"]["prompt_tokens_details"]["cached_tokens"]
-        time.sleep(0.05)  # let KV events reach the precise index
+        if precise:  # the next decision needs this one's KV events in the index
+            tokens = ByteTokenizer().encode(chat_prompt(msgs))
+            held[index[ep]] |= {tuple(tokens[:k]) for k in range(16, len(tokens) + 1, 16)}
+            want = sum(len(h) for h in held)
+            wait_for(f"{want} blocks in the precise index",
+                     lambda: precise_blocks(router) >= want)  # noqa: B023
     return decisions, cached
 
 
@@ -115,7 +128,7 @@ def test_precise_and_approx_agree(procs: Procs) -> None:
                "discovery": {"static": [{"url": s.url, "kvEvents": pub, "kvEventsReplay": rep}
                                         for s, pub, rep in sims]}}
         router = procs.router(cfg)
-        results[kind] = _run(router, [s for s, _, _ in sims])
+        results[kind] = _run(router, [s for s, _, _ in sims], kind == "precise")
     (d_approx, c_approx), (d_precise, c_precise) = results["approx"], results["precise"]
     assert d_approx == d_precise
     assert c_approx == c_precise > 0
@@ -133,14 +146,12 @@ def test_precise_index_replays_history(procs: Procs) -> None:
         "kvEvents": {"tokenizer": "bytes"},
         "discovery": {"static": [{"url": s.url, "kvEvents": pub, "kvEventsReplay": rep}
                                  for s, pub, rep in sims]}})
-    time.sleep(0.5)
+    wait_for("the replayed blocks", lambda: precise_blocks(router) > 0)
     for _ in range(5):
         ep, body = chat(router, msgs, max_tokens=1)
         assert ep == warm.url.removeprefix("http://")
         assert body["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
-    blocks = next(x for x in httpx.get(router.url + "/metrics").text.splitlines()
-                  if x.startswith('toposerve_router_prefix_index_blocks{index="precise"}'))
-    assert float(blocks.split()[-1]) > 0
+    assert precise_blocks(router) > 0
 
 
 def test_precise_with_a_hugging_face_tokenizer(procs: Procs, tmp_path: Path) -> None:
@@ -169,7 +180,7 @@ def test_precise_with_a_hugging_face_tokenizer(procs: Procs, tmp_path: Path) -> 
     warm = sims[1][0]
     r = httpx.post(warm.url + "/v1/completions", json={"prompt": text, "max_tokens": 1})
     assert r.json()["usage"]["prompt_tokens"] == 400  # real tokens, not bytes
-    time.sleep(0.5)
+    wait_for("the warm server's blocks", lambda: precise_blocks(router) >= 400 // 16)
     for i in range(4):
         r = httpx.post(router.url + "/v1/completions",
                        json={"prompt": text + f" w{i}", "max_tokens": 1})

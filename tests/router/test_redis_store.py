@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 import redis
 
 from bench.procs import MODEL, Procs, free_port
+from tests.waiting import wait_for
 
 
 @pytest.fixture
@@ -25,15 +25,14 @@ def redis_url(tmp_path: Path) -> Iterator[str]:
                           "--appendonly", "no", "--dir", str(tmp_path)],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"redis://127.0.0.1:{port}/0"
-    deadline = time.monotonic() + 10
-    while True:
+
+    def answers() -> bool:
         try:
-            redis.Redis.from_url(url).ping()
-            break
+            return bool(redis.Redis.from_url(url).ping())
         except redis.ConnectionError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+            return False
+
+    wait_for("redis to answer", answers, interval=0.05)
     try:
         yield url
     finally:

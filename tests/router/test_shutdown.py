@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 
 import httpx
 import orjson
-import pytest
 
 from bench.procs import MODEL, Procs
 from tests.waiting import wait_for
@@ -30,9 +28,16 @@ def test_sigterm_lets_in_flight_streams_finish(procs: Procs) -> None:
         lines = r.iter_lines()
         assert next(lines).startswith("data: ")
         router.popen.send_signal(signal.SIGTERM)
-        time.sleep(0.3)
-        with pytest.raises(httpx.ConnectError):  # the listener is closed at once
-            httpx.get(router.url + "/health")
+
+        def refused() -> bool:
+            try:
+                httpx.get(router.url + "/health")
+            except httpx.ConnectError:
+                return True
+            return False
+
+        # the listener is closed at once
+        wait_for("new connections to be refused", refused, timeout=2, interval=0.02)
         rest = [line for line in lines if line.startswith("data: ")]
     assert rest[-1] == "data: [DONE]" and len(rest) > 100
     assert router.popen.wait(10) == 0
@@ -51,8 +56,7 @@ def test_drain_timeout_ends_answers_with_the_reason(procs: Procs) -> None:
                       json={**long, "stream": True}) as r:
         lines = r.iter_lines()
         assert next(lines).startswith("data: ")
-        while sim.metric(RUNNING) < 2:
-            time.sleep(0.05)
+        wait_for("both generations running", lambda: sim.metric(RUNNING) >= 2, interval=0.05)
         router.popen.send_signal(signal.SIGTERM)
         events = [line for line in lines if line.startswith("data: ")]
     last = orjson.loads(events[-1].removeprefix("data: "))

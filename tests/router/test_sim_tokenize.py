@@ -5,14 +5,14 @@ their index by."""
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import msgpack
 import pytest
 import zmq
 
 from bench.procs import MODEL, Procs, free_port
+from router.tokens import ByteTokenizer
+from tests.waiting import wait_for
 
 MESSAGES = [{"role": "system", "content": "You are terse. " * 40},
             {"role": "user", "content": "Name three primes."}]
@@ -25,16 +25,28 @@ def test_tokenize_gives_the_ids_the_kv_events_carry(procs: Procs) -> None:
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     sub.setsockopt(zmq.RCVTIMEO, 5000)
     sub.connect(f"tcp://127.0.0.1:{pub}")
+    probes = iter(range(1000))
+
+    def subscribed() -> bool:
+        # a PUB socket drops what it sends before the subscription reaches
+        # it: prompts of their own until one's events come through
+        httpx.post(sim.url + "/v1/completions", timeout=30, json={
+            "model": MODEL, "prompt": f"probe {next(probes)} " * 20, "max_tokens": 1})
+        return bool(sub.poll(100))
+
     try:
-        time.sleep(0.3)  # the subscription reaches the publisher first
+        wait_for("the subscription to reach the publisher", subscribed)
         r = httpx.post(sim.url + "/v1/chat/completions", timeout=30,
                        json={"model": MODEL, "messages": MESSAGES, "max_tokens": 1})
         assert r.status_code == 200, r.text
-        _, _, payload = sub.recv_multipart()
+        while True:  # past the probes' batches, to this request's
+            _, _, payload = sub.recv_multipart()
+            _, events, _ = msgpack.unpackb(payload)
+            stored = [e for e in events if e["type"] == "BlockStored"]
+            if stored and "probe" not in ByteTokenizer().decode(stored[0]["token_ids"]):
+                break
     finally:
         sub.close(linger=0)
-    _, events, _ = msgpack.unpackb(payload)
-    stored = [e for e in events if e["type"] == "BlockStored"]
     # every field of current vLLM's map encoding is there, as strict decoders want
     assert set(stored[0]) == {"type", "block_hashes", "parent_block_hash", "token_ids",
                               "block_size", "lora_id", "medium", "lora_name", "extra_keys",

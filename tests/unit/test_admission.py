@@ -54,8 +54,7 @@ def test_order_is_priority_then_flows_in_turn() -> None:
                        ("b1", {"x_llm_d_inference_fairness_id": "b"}),
                        ("hi", {"x_llm_d_inference_objective": "chat"})]:
             tasks.append(asyncio.create_task(request(tag, **h)))
-            await asyncio.sleep(0)
-        await asyncio.sleep(0.01)
+            await asyncio.sleep(0)  # it runs up to its wait, in the queue
         assert adm.queued == 5 and not done
         _saturate(ep, False)
         for _ in range(5):
@@ -73,7 +72,8 @@ def test_no_release_without_room() -> None:
         adm, ep = _admission()
         _saturate(ep, True)
         t = asyncio.create_task(adm.admit(adm.classify(_headers()), lambda: [ep]))
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0)  # it runs up to its wait, in the queue
+        assert adm.queued == 1
         assert adm.release(10) == 0 and not t.done()
         _saturate(ep, False)
         assert adm.release(10) == 1
@@ -99,8 +99,9 @@ def test_sheddable_refused_and_waiting_bounded() -> None:
         assert c.max_wait_s == pytest.approx(0.02)
         eps = [ep]
 
-        async def vanish() -> None:
-            await asyncio.sleep(0.01)
+        async def vanish() -> None:  # the last endpoint goes while the request waits
+            while not adm.queued:
+                await asyncio.sleep(0)
             eps.clear()
 
         gone = asyncio.create_task(vanish())

@@ -219,6 +219,12 @@ def _cfg(tmp_path: Path, doc: dict) -> Path:  # type: ignore[type-arg]
     ({"discovery": {"static": [{"url": "http://a:1"}]},
       "disaggregation": {"protocol": "sglang", "minPrefillTokens": 100}},
      "disaggregation: Value error, minPrefillTokens needs protocol: nixl"),
+    ({"discovery": {"static": [{"url": "http://a:1"}]}, "profile": {"scorers": [
+        {"type": "queue"}, {"type": "session"}, {"type": "queue", "weight": 2}]}},
+     "profile: Value error, scorers[2].type: 'queue' is already scorers[0]"),
+    ({"discovery": {"static": [{"url": "http://a:1"}]}, "disaggregation": {"decode": {
+        "scorers": [{"type": "near-prefill"}, {"type": "near-prefill"}]}}},
+     "disaggregation.decode: Value error, scorers[1].type: 'near-prefill' is already"),
     ({"discovery": {"static": [{"url": "http://a:1"}]}, "scrape": {"intervalSeconds": 5}},
      "scrape: Value error, staleAfterSeconds (3) must exceed intervalSeconds + "
      "timeoutSeconds (6); raise staleAfterSeconds above 6"),

@@ -9,7 +9,8 @@ import pytest
 from router.config import RouterConfig
 from router.endpoints import Endpoint, LoadSample
 from router.scheduling.context import RequestContext
-from router.scheduling.profile import Scheduler
+from router.scheduling.cycle import CycleState
+from router.scheduling.profile import Decision, Scheduler
 from router.state import RouterState
 
 
@@ -33,6 +34,14 @@ def ctx(prompt: str) -> RequestContext:
 LONG = "shared system prompt " * 2000
 
 
+def route(sched: Scheduler, c: RequestContext) -> Decision:
+    """Schedule, and answer from the first-ranked endpoint, as the proxy
+    does when it answers."""
+    d = sched.schedule(c)
+    d.answered(d.ranked[0])
+    return d
+
+
 @pytest.mark.parametrize("scorers", [
     None,  # the default profile
     [{"type": "prefix-approx", "weight": 1}],
@@ -41,9 +50,9 @@ LONG = "shared system prompt " * 2000
 def test_same_prefix_same_endpoint(scorers: list[dict[str, object]] | None) -> None:
     state = make_state(scorers)
     sched = Scheduler(state, state.config.profile, None)
-    first = sched.schedule(ctx(LONG + "turn 1")).ranked[0]
+    first = route(sched, ctx(LONG + "turn 1")).ranked[0]
     for turn in range(2, 6):
-        d = sched.schedule(ctx(LONG + f"turn {turn}"))
+        d = route(sched, ctx(LONG + f"turn {turn}"))
         assert d.ranked[0] is first
         assert d.reason in ("prefix-approx", "prefill-cost")
     assert state.approx.held(first.url) > 0
@@ -52,16 +61,16 @@ def test_same_prefix_same_endpoint(scorers: list[dict[str, object]] | None) -> N
 def test_new_work_spreads_by_cache_room() -> None:
     state = make_state()
     sched = Scheduler(state, state.config.profile, None)
-    chosen = {sched.schedule(ctx(f"session {i} " * 3000)).ranked[0].url for i in range(4)}
+    chosen = {route(sched, ctx(f"session {i} " * 3000)).ranked[0].url for i in range(4)}
     assert len(chosen) == 4  # four unrelated sessions, four endpoints
 
 
 def test_prefill_backlog_moves_work() -> None:
     state = make_state([{"type": "prefill-cost", "weight": 1}])
     sched = Scheduler(state, state.config.profile, None)
-    home = sched.schedule(ctx(LONG + "a")).ranked[0]
+    home = route(sched, ctx(LONG + "a")).ranked[0]
     home.prefill_tokens = 10_000_000  # a huge backlog of prefill on the warm endpoint
-    assert sched.schedule(ctx(LONG + "b")).ranked[0] is not home
+    assert route(sched, ctx(LONG + "b")).ranked[0] is not home
 
 
 def test_saturated_and_unhealthy_are_filtered() -> None:
@@ -79,30 +88,40 @@ def test_saturated_and_unhealthy_are_filtered() -> None:
 
 
 def test_conversations_spread_new_ones_and_expire() -> None:
-    state = make_state([{"type": "conversations", "weight": 1,
-                         "params": {"windowSeconds": 0.3}}])
-    sched = Scheduler(state, state.config.profile, None)
+    from router.scheduling.scorers import ConversationsScorer
+
+    now = [1000.0]
+    state = make_state()
+    scorer = ConversationsScorer(state, window_s=300, clock=lambda: now[0])
+    eps = state.pool.routable()
+
+    def place(c: RequestContext) -> str:
+        scores = scorer.score(c, CycleState(), eps)
+        best = max(eps, key=lambda e: (scores[e], -eps.index(e)))
+        scorer.picked(c, CycleState(), best)
+        return best.url
+
     system = [f"system prompt of agent {i} " * 60 for i in range(5)]
     # four new conversations land on four endpoints
-    first = [sched.schedule(ctx(system[i] + "task")).ranked[0].url for i in range(4)]
+    first = [place(ctx(system[i] + "task")) for i in range(4)]
     assert len(set(first)) == 4
-    scorer = sched.scorers[0][0]
     e0, e1 = (state.pool.get(u) for u in first[:2])
     assert e0 is not None and e1 is not None
     # more turns (and sub-agents) of one conversation are still one conversation
     for turn in range(5):
-        scorer.picked(ctx(system[0] + f"task, turn {turn}"), e0)
-    eps = state.pool.routable()
-    assert len(set(scorer.score(ctx("y"), eps).values())) == 1
-    scorer.picked(ctx(system[4] + "task"), e1)  # a fifth conversation
-    assert scorer.score(ctx("y"), eps)[e1] == 2 / 3  # two against one
+        scorer.picked(ctx(system[0] + f"task, turn {turn}"), CycleState(), e0)
+    assert len(set(scorer.score(ctx("y"), CycleState(), eps).values())) == 1
+    scorer.picked(ctx(system[4] + "task"), CycleState(), e1)  # a fifth conversation
+    assert scorer.score(ctx("y"), CycleState(), eps)[e1] == 2 / 3  # two against one
     # a known conversation is never pulled away from where it lives
-    assert set(scorer.score(ctx(system[4] + "next turn"), eps).values()) == {1.0}
-    time.sleep(0.35)  # past the window: all forgotten
-    scorer.picked(ctx(system[0] + "task, again"), e0)
+    assert set(scorer.score(ctx(system[4] + "next turn"), CycleState(), eps).values()) == {1.0}
+    now[0] += 299  # inside the window: still live
+    assert scorer.score(ctx("y"), CycleState(), eps)[e1] == 2 / 3
+    now[0] += 2  # past the window: all forgotten
+    scorer.picked(ctx(system[0] + "task, again"), CycleState(), e0)
     # an idle conversation past the window is new again, pruned or not
-    assert scorer.score(ctx(system[4] + "next turn"), eps)[e0] == 0.5
-    scores = scorer.score(ctx("y"), eps)
+    assert scorer.score(ctx(system[4] + "next turn"), CycleState(), eps)[e0] == 0.5
+    scores = scorer.score(ctx("y"), CycleState(), eps)
     assert scores[e0] == 0.5 and scores[e1] == 1.0  # one against none
 
 
@@ -122,8 +141,43 @@ def test_near_prefill_scores_by_topology_tier() -> None:
     eps = {name: Endpoint(url=f"http://{name}:1", path=path) for name, path in decode.items()}
     c = ctx("x")
     c.prefill = prefill
-    scores = NearPrefillScorer(state).score(c, list(eps.values()))
+    scores = NearPrefillScorer(state).score(c, CycleState(), list(eps.values()))
     assert {n: scores[e] for n, e in eps.items()} == {
         "same-node": 1.0, "nvlink": 0.8, "rack": 0.6, "other-block": 0.2, "unknown": 0.0}
     c.prefill = None  # not a split request: no preference
-    assert set(NearPrefillScorer(state).score(c, list(eps.values())).values()) == {0.0}
+    assert set(NearPrefillScorer(state).score(c, CycleState(), list(eps.values())).values()
+               ) == {0.0}
+
+
+def _split_state(min_prefill_tokens: int, scorers: list[dict[str, object]]) -> RouterState:
+    state = RouterState(RouterConfig.model_validate({
+        "apiVersion": "toposerve.io/v1", "kind": "RouterConfig",
+        "discovery": {"static": [{"url": "http://e:1"}]},
+        "profile": {"scorers": scorers},
+        "disaggregation": {"enabled": True, "minPrefillTokens": min_prefill_tokens}}))
+    for i, role in enumerate(["prefill", "prefill", "decode", "decode"]):
+        add_endpoint(state, f"http://{role}{i}:8000", role)
+    return state
+
+
+def add_endpoint(state: RouterState, url: str, role: str | None = None) -> Endpoint:
+    ep = state.pool.upsert(Endpoint(url=url, role=role, models=frozenset({"m"})))
+    ep.healthy = True
+    ep.load = LoadSample(at=time.monotonic())
+    return ep
+
+
+@pytest.mark.parametrize("scorer", ["prefix-approx", "prefill-cost"])
+def test_pool_change_while_waiting_is_scored_afresh(scorer: str) -> None:
+    """What the split check computed before admission is not what the
+    prefill stage scores after it: an endpoint that joined meanwhile is
+    scored like the others (no KeyError, no missing score)."""
+    from router.disaggregation import Disaggregation
+
+    state = _split_state(1, [{"type": scorer, "weight": 1}])
+    pd = Disaggregation(state, state.config, None)
+    c = ctx(LONG)
+    assert pd.worth_splitting(c)  # reads the prefix index over two prefill endpoints
+    new = add_endpoint(state, "http://prefill9:8000", "prefill")  # joins during admission
+    d = pd.prefill.schedule(c)
+    assert new in d.ranked and set(d.scores[scorer]) == set(d.ranked)

@@ -1,0 +1,64 @@
+"""The state of one scheduling cycle: one profile run over one candidate
+set for one request (llm-d's CycleState). Work a stage shares with later
+plugins of the same run (the prompt's prefix match, say) is stored under a
+typed key together with what it was computed for (the block size, the
+candidates), so a reader gets it only when it holds for what the reader
+asks about. A new cycle starts with every profile run: the decode stage of
+a split request, or a run after the pool changed while the request waited
+in admission, never reads the prefill stage's numbers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar, cast
+
+from router.endpoints import Endpoint
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class StateKey(Generic[T]):
+    """A typed slot of the cycle state; ``T`` is what it holds."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class PrefixMatch:
+    """What an index holds of the prompt on each candidate: the share of
+    its leading blocks, the blocks matched (by URL), the prompt's block
+    count, and the tokens each endpoint would still have to prefill."""
+
+    shares: dict[Endpoint, float]
+    matched: dict[str, int]
+    blocks: int
+    uncached: dict[str, int]
+
+
+@dataclass
+class CycleState:
+    _slots: dict[tuple[StateKey[Any], Hashable], Any] = field(default_factory=dict)
+    # the prefix match computed last in this cycle: the proxy weighs the
+    # request by its uncached tokens, the metrics read the chosen one's match
+    prefix: PrefixMatch | None = None
+
+    def get(self, key: StateKey[T], of: Hashable) -> T | None:
+        return cast("T | None", self._slots.get((key, of)))
+
+    def put(self, key: StateKey[T], of: Hashable, value: T) -> None:
+        self._slots[(key, of)] = value
+
+    def memo(self, key: StateKey[T], of: Hashable, compute: Callable[[], T]) -> T:
+        """The value stored for ``of``, computed (and stored) on first use."""
+        slot = (key, of)
+        if slot in self._slots:
+            return cast("T", self._slots[slot])
+        value = self._slots[slot] = compute()
+        return value
+
+
+def candidates_key(eps: list[Endpoint]) -> tuple[str, ...]:
+    """What a per-candidate result was computed for."""
+    return tuple(e.url for e in eps)
