@@ -16,12 +16,14 @@ import yaml
 from pydantic import BaseModel
 
 from manifests.values import COMPONENTS, Component, InstallValues
-from topology.config_file import API_VERSION
+from scheduler_ext.config import ExtenderConfig
+from scheduler_ext.scheduler_config import scheduler_config
 
 GPU_DRIVER = "gpu.toposerve.io"
 NET_DRIVER = "net.toposerve.io"
 # where every pod finds the rendered kubeconfig and its own service-account token
 KUBECONFIG_DIR = "/etc/toposerve/kubeconfig"
+KUBECONFIG_FILE = f"{KUBECONFIG_DIR}/kubeconfig"
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 # the driver's exec liveness probe: the framework's own probe (GetInfo, then an
 # empty NodePrepareResources) on the registration socket its pod UID names;
@@ -51,33 +53,21 @@ class RenderError(ValueError):
 
 @dataclass(frozen=True)
 class Names:
-    """Every object name, in one place, from the values' prefix."""
+    """Every object name, in one place: the values' prefix and a suffix each."""
 
-    prefix: str
+    gpu_driver: str
+    net_driver: str
+    slice_policy: str
+    extender: str
+    scheduler: str
+    kubeconfig: str
 
-    @property
-    def gpu_driver(self) -> str:
-        return f"{self.prefix}-gpu-driver"
-
-    @property
-    def net_driver(self) -> str:
-        return f"{self.prefix}-net-driver"
-
-    @property
-    def slice_policy(self) -> str:
-        return f"{self.prefix}-resourceslices-own-node"
-
-    @property
-    def extender(self) -> str:
-        return f"{self.prefix}-extender"
-
-    @property
-    def scheduler(self) -> str:
-        return f"{self.prefix}-scheduler"
-
-    @property
-    def kubeconfig(self) -> str:
-        return f"{self.prefix}-kubeconfig"
+    @classmethod
+    def of(cls, prefix: str) -> Names:
+        suffixes = {"gpu_driver": "gpu-driver", "net_driver": "net-driver",
+                    "slice_policy": "resourceslices-own-node", "extender": "extender",
+                    "scheduler": "scheduler", "kubeconfig": "kubeconfig"}
+        return cls(**{k: f"{prefix}-{v}" for k, v in suffixes.items()})
 
 
 def service_account_user(namespace: str, name: str) -> str:
@@ -109,14 +99,43 @@ _ENV.filters["q"] = _q
 _ENV.filters["sha256"] = _sha256
 
 
-def extender_config(values: InstallValues) -> str:
-    """The extender's ``ExtenderConfig`` file, as the ConfigMap carries it."""
-    doc = {"apiVersion": API_VERSION, "kind": "ExtenderConfig", **values.extender.config}
-    return yaml.safe_dump(doc, sort_keys=False)
+def extender_config(values: InstallValues) -> ExtenderConfig:
+    """The extender's configuration as its pods get it: listening where the
+    scheduler calls it (loopback, unless the scheduler is given a URL that
+    reaches it from elsewhere)."""
+    cfg = values.extender.config
+    host = "0.0.0.0" if values.scheduler.extender_url else "127.0.0.1"
+    update: dict[str, Any] = {
+        "server": cfg.server.model_copy(update={"host": host, "port": values.extender.port})}
+    if "accelerators" not in cfg.model_fields_set:
+        # claims name the GPU class this install creates
+        update["accelerators"] = cfg.accelerators.model_copy(
+            update={"device_classes": [values.device_classes.gpu]})
+    return cfg.model_copy(update=update)
+
+
+def _extender_writes(cfg: ExtenderConfig) -> list[dict[str, Any]]:
+    """RBAC for what the extender persists: each group's decision as an
+    annotation on one of its pods."""
+    if not cfg.persist_decisions:
+        return []
+    return [{"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}]
+
+
+def second_scheduler_config(values: InstallValues, url: str) -> dict[str, Any]:
+    """The extender's KubeSchedulerConfiguration for a scheduler of its own,
+    with its own leader-election lease."""
+    s = values.scheduler
+    cfg = scheduler_config(url, weight=s.extender_weight, timeout_s=s.extender_timeout_seconds,
+                           scheduler_name=s.scheduler_name,
+                           kubeconfig=KUBECONFIG_FILE)
+    cfg["leaderElection"] = {"leaderElect": True, "resourceNamespace": values.namespace,
+                             "resourceName": s.scheduler_name}
+    return cfg
 
 
 def _context(values: InstallValues) -> dict[str, Any]:
-    names = Names(values.name_prefix)
+    names = Names.of(values.name_prefix)
     restricted = [service_account_user(values.namespace, names.gpu_driver)]
     if values.admission_policy.include_net_driver:
         restricted.append(service_account_user(values.namespace, names.net_driver))
@@ -130,16 +149,19 @@ def _context(values: InstallValues) -> dict[str, Any]:
                 "app.kubernetes.io/instance": values.name_prefix,
                 "app.kubernetes.io/component": component}
 
+    ext = extender_config(values)
+    url = values.scheduler.extender_url or f"http://127.0.0.1:{values.extender.port}"
     return {
         "v": values, "names": names, "labels": labels, "selector": selector,
         "gpu_driver": GPU_DRIVER, "net_driver": NET_DRIVER, "liveness_script": LIVENESS_SCRIPT,
         "restricted_users": restricted,
-        "kubeconfig_dir": KUBECONFIG_DIR, "kubeconfig_file": f"{KUBECONFIG_DIR}/kubeconfig",
+        "kubeconfig_dir": KUBECONFIG_DIR, "kubeconfig_file": KUBECONFIG_FILE,
         "sa_dir": SA_DIR,
-        "extender_config": extender_config(values),
-        "extender_url": values.scheduler.extender_url
-        or f"http://127.0.0.1:{values.extender.port}",
-        "extender_write_rules": [],
+        "extender_config": yaml.safe_dump(
+            ext.model_dump(by_alias=True, mode="json", exclude_none=True), sort_keys=False),
+        "scheduler_config": yaml.safe_dump(second_scheduler_config(values, url),
+                                           sort_keys=False),
+        "extender_write_rules": _extender_writes(ext),
     }
 
 

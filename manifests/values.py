@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 from localcluster.tools import versions
+from scheduler_ext.config import ExtenderConfig
 from topology.config_file import API_VERSION, ConfigError, parse_document
 
 KIND = "InstallValues"
@@ -188,9 +189,11 @@ class Extender(Placement):
     enabled: bool = Field(default=True, description="render this component")
     replicas: int = Field(default=1, ge=1, description="extender pods")
     port: int = Field(default=8888, ge=1, le=65535, description="HTTP port on the node")
-    config: dict[str, Any] = Field(
-        default_factory=dict, description="the `ExtenderConfig` body (without apiVersion and "
-                                          "kind), see docs/extender.md")
+    config: ExtenderConfig = Field(
+        default_factory=ExtenderConfig,
+        description="its `ExtenderConfig` (docs/extender.md); `server` is set by the install: "
+                    "`port` above, on 127.0.0.1, or on every address when "
+                    "`scheduler.extenderURL` is given")
 
 
 class Scheduler(Placement):

@@ -14,6 +14,7 @@ import yaml
 from manifests.render import RenderError, _parse, render, to_yaml
 from manifests.values import COMPONENTS, load_values
 from tests.manifests.helpers import Obj, objects, one
+from topology.config_file import ConfigError
 from toposerve_cli.main import main
 
 
@@ -169,8 +170,10 @@ def test_second_scheduler_wires_the_extender() -> None:
     assert cfg["extenders"] == [{
         "urlPrefix": "http://127.0.0.1:8888", "filterVerb": "filter",
         "prioritizeVerb": "prioritize", "preemptVerb": "preempt", "weight": 1,
-        "nodeCacheCapable": True, "managedResources": [], "ignorable": True,
-        "httpTimeout": "5.0s"}]
+        "enableHTTPS": False, "nodeCacheCapable": True, "managedResources": [],
+        "ignorable": True, "httpTimeout": "5s"}]
+    assert cfg["leaderElection"] == {"leaderElect": True, "resourceNamespace": "toposerve-system",
+                                     "resourceName": "toposerve-scheduler"}
     objs = objects(only=["scheduler"])
     aff = one(objs, "Deployment")["spec"]["template"]["spec"]["affinity"]
     # loopback URL: the scheduler runs beside an extender pod
@@ -184,19 +187,41 @@ def test_second_scheduler_wires_the_extender() -> None:
 
 
 def test_extender_deployment_and_config() -> None:
-    objs = objects("extender.port=9000", "extender.config={logLevel: debug}",
-                   only=["extender"])
+    objs = objects("extender.port=9000", "extender.config={placement: {promiseTTLSeconds: 30}}",
+                   "deviceClasses.gpu=accel.example.test", only=["extender"])
     cfg = yaml.safe_load(one(objs, "ConfigMap", "toposerve-extender")["data"]["config.yaml"])
-    assert cfg == {"apiVersion": "toposerve.io/v1", "kind": "ExtenderConfig",
-                   "logLevel": "debug"}
+    assert cfg["kind"] == "ExtenderConfig"
+    assert cfg["placement"]["promiseTTLSeconds"] == 30
+    # it listens where the scheduler calls it, and counts the class this install creates
+    assert cfg["server"] == {"host": "127.0.0.1", "port": 9000}
+    assert cfg["accelerators"]["deviceClasses"] == ["accel.example.test"]
     dep = one(objs, "Deployment")
     c = _container(dep)
     assert c["command"][2:] == ["extender", "--config=/etc/toposerve/extender/config.yaml",
-                                "--kubeconfig=/etc/toposerve/kubeconfig/kubeconfig",
-                                "--host=0.0.0.0", "--port=9000"]
+                                "--kubeconfig=/etc/toposerve/kubeconfig/kubeconfig"]
     assert one(objs, "Service")["spec"]["ports"][0]["port"] == 9000
     # a changed config rolls the pods
-    other = one(objects("extender.config={logLevel: info}", only=["extender"]), "Deployment")
+    other = one(objects("extender.port=9001", only=["extender"]), "Deployment")
     ann = "toposerve.io/config-hash"
     assert (dep["spec"]["template"]["metadata"]["annotations"][ann]
             != other["spec"]["template"]["metadata"]["annotations"][ann])
+    # reached through a URL: it listens on every address
+    url = "scheduler.extenderURL=http://toposerve-extender.toposerve-system.svc:8888"
+    cm = one(objects(url, only=["extender"]), "ConfigMap", "toposerve-extender")
+    assert yaml.safe_load(cm["data"]["config.yaml"])["server"]["host"] == "0.0.0.0"
+
+
+def test_extender_rbac_follows_what_it_persists() -> None:
+    def rules(*sets: str) -> list[Any]:
+        r: list[Any] = one(objects(*sets, only=["extender"]), "ClusterRole")["rules"]
+        return r
+
+    writes = [r for r in rules() if set(r["verbs"]) - {"list", "watch"}]
+    assert writes == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}]
+    assert all(set(r["verbs"]) == {"list", "watch"}
+               for r in rules("extender.config={persistDecisions: false}"))
+
+
+def test_bad_extender_config_names_the_field() -> None:
+    with pytest.raises(ConfigError, match=r"extender\.config\.placement\.kvSizePerRequest"):
+        objects("extender.config={placement: {kvSizePerRequest: lots}}")

@@ -1,0 +1,315 @@
+"""The install against the real apiserver: every rendered object passes a
+server-side dry run with strict field validation; the driver's RBAC is
+exactly what docs/install.md lists and is enough for its writes; and the
+admission policy lets a node's driver write only its own node's slices,
+checked by impersonating the driver's service account with the node name
+a pod's token carries."""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic import DynamicClient
+
+from localcluster.cluster import kubeconfig_path
+from localcluster.tools import find_tools
+from manifests.render import GPU_DRIVER, NET_DRIVER, Names, render_objects
+from manifests.values import InstallValues, load_values
+from tests.conftest import Cluster
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.cluster
+NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
+FIELD_MANAGER = "toposerve-manifests-test"
+# applied for real (the rest only dry-run): what the policy and RBAC tests need
+APPLIED = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
+           "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+COMPONENT = "app.kubernetes.io/component"
+
+
+@dataclass
+class Install:
+    values: InstallValues
+    objects: list[dict[str, Any]]
+    names: Names
+    driver_user: str
+    nodes: list[str]
+
+
+def _apply(dyn: Any, obj: dict[str, Any], dry_run: bool) -> Any:
+    resource = dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+    return dyn.server_side_apply(
+        resource, body=obj, field_manager=FIELD_MANAGER, force_conflicts=True,
+        dry_run="All" if dry_run else None,
+        # an unknown or misspelt field is an error, not a silently dropped warning
+        query_params=[("fieldValidation", "Strict")])
+
+
+@pytest.fixture(scope="module")
+def install(cluster: Cluster) -> Iterator[Install]:
+    # a namespace and name prefix of its own: nothing clashes with other tests' objects
+    tag = f"tsm-{uuid.uuid4().hex[:6]}"
+    url = urlparse(cluster.api.configuration.host)
+    values = load_values(None, [f"apiServer.host={url.hostname}", f"apiServer.port={url.port}",
+                                f"namespace={tag}", f"namePrefix={tag}",
+                                "admissionPolicy.includeNetDriver=true"])
+    objects = render_objects(values)
+    dyn: Any = DynamicClient(cluster.api)  # type: ignore[no-untyped-call]
+    applied = [o for o in objects if o["kind"] in APPLIED
+               and o["metadata"].get("labels", {}).get(COMPONENT) in
+               (None, "gpu-driver", "admission-policy")]
+    names = Names.of(tag)
+    core: Any = client.CoreV1Api(cluster.api)
+    try:
+        for obj in applied:
+            _apply(dyn, obj, dry_run=False)
+        nodes = sorted(n.metadata.name for n in core.list_node().items)
+        yield Install(values, objects, names,
+                      f"system:serviceaccount:{tag}:{names.gpu_driver}", nodes[:2])
+    finally:
+        for obj in reversed(applied):
+            if obj["kind"] == "Namespace":
+                continue  # last, without waiting for it
+            resource = dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+            try:
+                dyn.delete(resource, name=obj["metadata"]["name"],
+                           namespace=obj["metadata"].get("namespace"))
+            except ApiException as err:
+                if err.status != 404:
+                    raise
+        core.delete_namespace(tag)
+
+
+def test_every_object_accepted_by_server_side_dry_run(cluster: Cluster,
+                                                      install: Install) -> None:
+    dyn: Any = DynamicClient(cluster.api)  # type: ignore[no-untyped-call]
+    kinds = set()
+    for obj in install.objects:
+        got = _apply(dyn, obj, dry_run=True)
+        assert got.metadata.name == obj["metadata"]["name"]
+        kinds.add(obj["kind"])
+    assert {"DaemonSet", "Deployment", "Service", "ConfigMap", "DeviceClass", "Role",
+            "RoleBinding", "ValidatingAdmissionPolicy"} <= kinds
+    # nothing was created by the dry run
+    apps: Any = client.AppsV1Api(cluster.api)
+    with pytest.raises(ApiException) as err:
+        apps.read_namespaced_daemon_set(
+            install.names.gpu_driver, install.values.namespace)
+    assert err.value.status == 404
+
+
+def test_admission_policy_expressions_type_check(cluster: Cluster, install: Install) -> None:
+    """The apiserver type-checks a policy's CEL against the ResourceSlice
+    schema after creating it; a mistyped expression shows up here."""
+    api: Any = client.AdmissionregistrationV1Api(cluster.api)
+    policy: Any = wait_for("policy type-checked", lambda: (
+        p if (p := api.read_validating_admission_policy(install.names.slice_policy))
+        .status and p.status.type_checking else None), timeout=30)
+    assert not policy.status.type_checking.expression_warnings
+
+
+def _as(cluster: Cluster, user: str, node: str | None) -> Any:
+    """A client that acts as ``user``, with a pod token's node name when given.
+    An extra's key goes in the header name with '/' percent-encoded; the
+    apiserver lower-cases and unescapes it."""
+    api: Any = client.ApiClient(cluster.api.configuration)
+    api.set_default_header("Impersonate-User", user)
+    if node is not None:
+        api.set_default_header(
+            "Impersonate-Extra-" + NODE_NAME_EXTRA.replace("/", "%2F"), node)
+    return api
+
+
+def _slice(name: str, node: str | None, driver: str = GPU_DRIVER) -> dict[str, Any]:
+    spec: dict[str, Any] = {"driver": driver,
+                            "pool": {"name": node or "cluster", "generation": 1,
+                                     "resourceSliceCount": 1},
+                            "devices": [{"name": "gpu-0"}]}
+    spec.update({"nodeName": node} if node else {"allNodes": True})
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": name}, "spec": spec}
+
+
+def _denied(call: Any, *args: Any, status: int = 403) -> str:
+    with pytest.raises(ApiException) as err:
+        call(*args)
+    assert err.value.status == status, err.value.body
+    return str(err.value.body)
+
+
+def test_driver_writes_only_its_own_nodes_slices(cluster: Cluster, install: Install) -> None:
+    own, other = install.nodes
+    tag = install.values.namespace
+    admin: Any = client.ResourceV1Api(cluster.api)
+    driver: Any = client.ResourceV1Api(_as(cluster, install.driver_user, own))
+    others_slice = f"{tag}-{other}"
+    admin.create_resource_slice(_slice(others_slice, other))  # the policy binds drivers only
+    created = [others_slice]
+    try:
+        # the policy takes a moment to reach the apiserver's admission chain
+        msg: Any = wait_for("policy enforced", lambda: _rejection(
+            driver, admin, _slice(f"{tag}-probe", other)), timeout=30)
+        assert (f"the driver on node {own} may write only ResourceSlices with spec.nodeName "
+                f"{own}, not {other}") in msg
+        mine = f"{tag}-{own}"
+        driver.create_resource_slice(_slice(mine, own))
+        created.append(mine)
+        s = driver.list_resource_slice(field_selector=f"spec.nodeName={own}").items
+        assert [x.metadata.name for x in s if x.metadata.name == mine] == [mine]
+        # update own: allowed; another node's: denied, before and after alike
+        body = admin.read_resource_slice(mine)
+        body.spec.pool.generation = 2
+        driver.replace_resource_slice(mine, body)
+        theirs = admin.read_resource_slice(others_slice)
+        theirs.spec.pool.generation = 2
+        assert "not " + other in _denied(driver.replace_resource_slice, others_slice, theirs)
+        assert "not " + other in _denied(driver.delete_resource_slice, others_slice)
+        # a slice for no node (allNodes) is no node's own
+        assert "not (no node)" in _denied(driver.create_resource_slice,
+                                          _slice(f"{tag}-all", None))
+        # a token that names no node (not a pod's) may write nothing
+        tokenless: Any = client.ResourceV1Api(_as(cluster, install.driver_user, None))
+        assert "its token names no node" in _denied(
+            tokenless.create_resource_slice, _slice(f"{tag}-x", own))
+        # the NIC driver's account is held to the same rule (admissionPolicy.includeNetDriver);
+        # its RBAC comes with its own component later, so here it borrows the GPU driver's
+        rbac: Any = client.RbacAuthorizationV1Api(cluster.api)
+        rbac.create_cluster_role_binding({
+            "metadata": {"name": install.names.net_driver},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": install.names.gpu_driver},
+            "subjects": [{"kind": "ServiceAccount", "name": install.names.net_driver,
+                          "namespace": tag}]})
+        try:
+            net_user = f"system:serviceaccount:{tag}:{install.names.net_driver}"
+            net: Any = client.ResourceV1Api(_as(cluster, net_user, own))
+            assert "not " + other in _denied(net.create_resource_slice,
+                                             _slice(f"{tag}-n", other, NET_DRIVER))
+        finally:
+            rbac.delete_cluster_role_binding(install.names.net_driver)
+        driver.delete_resource_slice(mine)
+        created.remove(mine)
+    finally:
+        for name in created:
+            admin.delete_resource_slice(name)
+
+
+def _rejection(driver: Any, admin: Any, body: dict[str, Any]) -> str | None:
+    try:
+        driver.create_resource_slice(body)
+    except ApiException as err:
+        if err.status == 403 and "ValidatingAdmissionPolicy" in str(err.body):
+            return str(err.body)
+        raise
+    # not enforced yet: the slice got through, so take it back and try again
+    admin.delete_resource_slice(body["metadata"]["name"])
+    return None
+
+
+def _rules(cluster: Cluster, user: str, namespace: str) -> set[tuple[str, str, str, str]]:
+    """(verb, group, resource, name) the user may do in the namespace, as the
+    apiserver itself lists them."""
+    api: Any = client.AuthorizationV1Api(_as(cluster, user, None))
+    review = api.create_self_subject_rules_review(
+        {"spec": {"namespace": namespace}})
+    return {(verb, group, res, name)
+            for rule in review.status.resource_rules
+            for verb in rule.verbs for group in rule.api_groups for res in rule.resources
+            for name in (rule.resource_names or [""])}
+
+
+def test_driver_rbac_is_exactly_the_listed_rules(cluster: Cluster, install: Install) -> None:
+    ns = install.values.namespace
+    granted = _rules(cluster, install.driver_user, ns)
+    # what any service account of the namespace may do anyway
+    baseline = _rules(cluster, f"system:serviceaccount:{ns}:nobody", ns)
+    g = "resource.k8s.io"
+    assert granted - baseline == {
+        *((v, g, "resourceslices", "") for v in ("list", "watch", "create", "update",
+                                                 "delete")),
+        ("get", g, "resourceclaims", ""),
+        ("update", g, "resourceclaims/status", ""), ("patch", g, "resourceclaims/status", ""),
+        ("associated-node:update", g, "resourceclaims/driver", GPU_DRIVER),
+        ("associated-node:patch", g, "resourceclaims/driver", GPU_DRIVER),
+        ("get", "", "nodes", ""),
+    }
+
+
+def _claim(name: str) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [
+                {"name": "gpu", "exactly": {"deviceClassName": "gpu.toposerve.io"}}]}}}
+
+
+def test_driver_writes_claim_status_only_on_its_node(cluster: Cluster,
+                                                     install: Install) -> None:
+    """status.devices under DRAResourceClaimGranularStatusAuthorization: the
+    `associated-node` verbs pass only for a claim allocated on the node the
+    driver's token names, and only for its own driver name."""
+    own, other = install.nodes
+    ns = install.values.namespace
+    admin: Any = client.ResourceV1Api(cluster.api)
+    name = f"claim-{uuid.uuid4().hex[:6]}"
+    admin.create_namespaced_resource_claim(ns, _claim(name))
+    claim = admin.read_namespaced_resource_claim(name, ns)
+    claim.status = client.V1ResourceClaimStatus(allocation={
+        "devices": {"results": [{"request": "gpu", "driver": GPU_DRIVER, "pool": own,
+                                 "device": "gpu-0"}]},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [own]}]}]}})
+    admin.replace_namespaced_resource_claim_status(name, ns, claim)
+
+    def write(node: str, driver_name: str) -> None:
+        api: Any = client.ResourceV1Api(_as(cluster, install.driver_user, node))
+        c = api.read_namespaced_resource_claim(name, ns)
+        c.status.devices = [{"driver": driver_name, "pool": own, "device": "gpu-0",
+                             "conditions": [{"type": "Ready", "status": "True",
+                                             "reason": "Prepared", "message": f"by {node}",
+                                             "lastTransitionTime": "2026-01-01T00:00:00Z"}]}]
+        api.replace_namespaced_resource_claim_status(name, ns, c)
+
+    write(own, GPU_DRIVER)
+    got = admin.read_namespaced_resource_claim(name, ns).status.devices
+    assert [(d.driver, d.device) for d in got] == [(GPU_DRIVER, "gpu-0")]
+    # the status strategy reports a refused driver check as a field error (422)
+    # from another node's driver pod: the claim is not allocated there
+    assert "arbitrary-node:update" in _denied(write, other, GPU_DRIVER, status=422)
+    # another driver's entry: not this account's driver name
+    assert 'requires resource=\\"resourceclaims/driver\\"' in _denied(
+        write, own, NET_DRIVER, status=422)
+
+
+def test_scheduler_config_loads_in_kube_scheduler(cluster: Cluster, install: Install,
+                                                  tmp_path: Path) -> None:
+    """The real kube-scheduler reads the rendered configuration strictly and
+    builds its profile and extender from it (--write-config-to exits there)."""
+    cm = next(o for o in install.objects if o["kind"] == "ConfigMap"
+              and o["metadata"]["name"] == install.names.scheduler)
+    cfg = yaml.safe_load(cm["data"]["config.yaml"])
+    cfg["clientConnection"]["kubeconfig"] = str(kubeconfig_path(cluster.name))
+    cfg["leaderElection"]["leaderElect"] = False
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
+    proc = subprocess.run(
+        [str(find_tools().kube_scheduler), f"--config={tmp_path / 'config.yaml'}",
+         f"--write-config-to={tmp_path / 'out.yaml'}", "--secure-port=0",
+         f"--authentication-kubeconfig={kubeconfig_path(cluster.name)}",
+         f"--authorization-kubeconfig={kubeconfig_path(cluster.name)}"],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = yaml.safe_load((tmp_path / "out.yaml").read_text())
+    assert out["percentageOfNodesToScore"] == 100
+    assert [p["schedulerName"] for p in out["profiles"]] == ["toposerve-scheduler"]
+    (ext,) = out["extenders"]
+    assert ext["nodeCacheCapable"] is True and ext["ignorable"] is True
+    assert ext["urlPrefix"] == "http://127.0.0.1:8888"
