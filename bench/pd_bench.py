@@ -41,7 +41,7 @@ from bench.router_bench import (
     sim_counters,
 )
 from bench.workloads import mooncake
-from router.sim.metrics import NAMES
+from simulator.metrics import NAMES
 
 DOMAINS = ("nvl72-a", "nvl72-b")
 PER_DOMAIN = {"prefill": 2, "decode": 2}

@@ -18,8 +18,8 @@ from typing import Any
 
 from bench.workloads import TraceRequest
 from router.prefix.hashing import byte_block_hashes
-from router.sim.kvcache import BlockCache
 from router.tokens import BYTES_PER_TOKEN
+from simulator.kvcache import BlockCache
 
 
 @dataclass

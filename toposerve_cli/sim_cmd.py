@@ -10,7 +10,7 @@ from typing import Any
 import structlog
 from pydantic import ValidationError
 
-from router.sim.config import SimConfig
+from simulator.config import SimConfig
 from topology.config_file import explain
 
 # flag -> SimConfig field; every field gets a flag with its default and help
@@ -29,7 +29,7 @@ def _run(args: argparse.Namespace) -> int:
         print(explain(err, "toposerve sim").replace("  ", "  --", 1)
               .replace("--(top level): ", ""), file=sys.stderr)
         return 2
-    from router.sim.server import serve
+    from simulator.server import serve
 
     structlog.get_logger("toposerve.sim").info(
         "serving", url=f"http://{cfg.host}:{cfg.port}", dialect=cfg.dialect.value,

@@ -18,8 +18,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from router.config import RouterConfig
 from router.scheduling.context import RequestContext
 from router.server import Router, build_app
-from router.sim.config import SimConfig
-from router.sim.server import build_app as build_sim
+from simulator.config import SimConfig
+from simulator.server import build_app as build_sim
 
 MODEL = "toposerve/sim-model"
 LONG = "a system prompt long enough to fill several prefix blocks. " * 100

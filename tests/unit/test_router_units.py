@@ -26,9 +26,9 @@ from router.prefix.kv_index import KVIndex
 from router.prompt import chat_prompt
 from router.scheduling.scoring import decisive, lower_is_better, weighted_total
 from router.scrape import KV_USAGE, RUNNING, WAITING, parse_load
-from router.sim.kv_events import EventEncoding, encode_cleared, encode_removed, encode_stored
-from router.sim.kvcache import BlockCache, Stored, block_hashes
 from router.tokens import ByteTokenizer
+from simulator.kv_events import EventEncoding, encode_cleared, encode_removed, encode_stored
+from simulator.kvcache import BlockCache, Stored, block_hashes
 from topology.config_file import ConfigError
 
 

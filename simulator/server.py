@@ -30,18 +30,18 @@ from router.api_models import (
 from router.errors import ApiError, error_response, from_validation
 from router.kv_transfer import REMOTE_PREFILL_FIELDS, SGLANG_BOOTSTRAP_PORT
 from router.prompt import chat_prompt, completion_prompt, responses_items
-from router.sim.bootstrap import ROUTE, Rooms, pull
-from router.sim.config import DisaggregationMode, SimConfig
-from router.sim.engine import Engine, Job
-from router.sim.kv_events import (
+from router.tokens import load_tokenizer
+from simulator.bootstrap import ROUTE, Rooms, pull
+from simulator.config import DisaggregationMode, SimConfig
+from simulator.engine import Engine, Job
+from simulator.kv_events import (
     KVEventPublisher,
     encode_removed,
     encode_stored,
 )
-from router.sim.kvcache import BlockCache, Stored
-from router.sim.metrics import SimMetrics
-from router.sim.responses_stream import ResponseEvents
-from router.tokens import load_tokenizer
+from simulator.kvcache import BlockCache, Stored
+from simulator.metrics import SimMetrics
+from simulator.responses_stream import ResponseEvents
 from topology.distance import node_tier
 from topology.model import DomainPath
 

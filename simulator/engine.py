@@ -17,8 +17,8 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
-from router.sim.config import SimConfig
-from router.sim.kvcache import BlockCache, block_hashes
+from simulator.config import SimConfig
+from simulator.kvcache import BlockCache, block_hashes
 from topology.distance import transfer_seconds
 from topology.model import Tier
 

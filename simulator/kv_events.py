@@ -21,7 +21,7 @@ import msgpack
 import zmq
 import zmq.asyncio
 
-from router.sim.kvcache import Stored
+from simulator.kvcache import Stored
 
 END_OF_REPLAY = (-1).to_bytes(8, "big", signed=True)
 

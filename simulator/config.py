@@ -8,7 +8,7 @@ from typing import ClassVar
 from pydantic import ConfigDict, Field, model_validator
 
 from router.kv_transfer import SGLANG_BOOTSTRAP_PORT
-from router.sim.kv_events import EventEncoding
+from simulator.kv_events import EventEncoding
 from topology.config_file import ConfigError
 from topology.model import Tier, TierLink
 from topology.place import NodePlace
