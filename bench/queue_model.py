@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.workloads import TraceRequest
-from router.prefix.hashing import byte_block_hashes
-from router.tokens import BYTES_PER_TOKEN
 from simulator.kvcache import BlockCache
+from wire.hashing import byte_block_hashes
+from wire.tokens import BYTES_PER_TOKEN
 
 
 @dataclass

@@ -105,7 +105,7 @@ class _post:
 
 
 def _messages_prompt(msgs: list[dict[str, str]]) -> bytes:
-    from router.prompt import chat_prompt
+    from wire.prompt import chat_prompt
 
     return chat_prompt(msgs).encode()
 

@@ -32,8 +32,8 @@ from bench.replay import (
 from bench.report import medians, pct
 from bench.workloads import TraceRequest, agentic, mooncake
 from router.config import ScrapeConfig
-from router.prefix.hashing import byte_block_hashes
-from router.tokens import BYTES_PER_TOKEN
+from wire.hashing import byte_block_hashes
+from wire.tokens import BYTES_PER_TOKEN
 
 REPO = Path(__file__).resolve().parents[1]
 PEERS = REPO / ".venv-peers" / "bin"

@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from router.tokens import BYTES_PER_TOKEN
+from wire.tokens import BYTES_PER_TOKEN
 
 MOONCAKE_BLOCK_TOKENS = 512
 _ALPHABET = "abcdefghijklmnopqrstuvwxyz      ,.\n"

@@ -23,9 +23,9 @@ from multidict import CIMultiDictProxy
 
 from router.config import AdmissionConfig
 from router.endpoints import Endpoint
-from router.errors import ApiError
 from router.metrics import RouterMetrics
 from router.state import RouterState
+from wire.errors import ApiError
 
 OBJECTIVE_HEADER = "x-llm-d-inference-objective"
 FAIRNESS_HEADER = "x-llm-d-inference-fairness-id"

@@ -7,10 +7,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from router.kv_transfer import SGLANG_BOOTSTRAP_PORT
 from topology.config_file import load_file
 from topology.labels import DialectName
 from topology.place import NodePlace
+from wire.kv_transfer import SGLANG_BOOTSTRAP_PORT
 
 
 class Section(BaseModel):

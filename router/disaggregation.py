@@ -17,7 +17,6 @@ import orjson
 
 from router.config import RouterConfig
 from router.endpoints import Endpoint
-from router.kv_transfer import PREFILL_REQUEST, REMOTE_PREFILL_FIELDS
 from router.prefix.kv_index import KVIndex
 from router.scheduling.context import RequestContext
 from router.scheduling.cycle import CycleState
@@ -25,6 +24,7 @@ from router.scheduling.filters import RoleFilter
 from router.scheduling.profile import Decision, Scheduler
 from router.scheduling.scorers import APPROX_BLOCK_BYTES, approx_match
 from router.state import RouterState
+from wire.kv_transfer import PREFILL_REQUEST, REMOTE_PREFILL_FIELDS
 
 RESPONSES_PATH = "/v1/responses"
 # the token-limit fields of each generation API; a prefill sets them to one

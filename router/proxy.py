@@ -16,8 +16,8 @@ import structlog
 from aiohttp import web
 
 from router.endpoints import Endpoint
-from router.errors import error_response, sse_error
 from router.metrics import RouterMetrics
+from wire.errors import error_response, sse_error
 
 log = structlog.get_logger("router.proxy")
 

@@ -16,16 +16,13 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from router.admission import Admission
-from router.api_models import ChatRequest, CompletionRequest, ResponsesRequest
 from router.config import RouterConfig
 from router.disaggregation import RESPONSES_PATH, Disaggregation
 from router.discovery.kubernetes import KubernetesWatcher
 from router.discovery.static import load_static
 from router.endpoints import Endpoint
-from router.errors import ApiError, error_response, from_validation
 from router.metrics import RouterMetrics
 from router.prefix.kv_index import KVIndex
-from router.prompt import chat_prompt, completion_prompt, responses_items
 from router.proxy import Proxy, Upstream, forward_headers
 from router.responses_relay import ResponsesTap, output_text
 from router.responses_store import ResponsesStore, make_store
@@ -34,7 +31,10 @@ from router.scheduling.profile import Decision, Scheduler
 from router.scrape import scrape_loop
 from router.split import Call, Route, Splitter
 from router.state import RouterState
-from router.tokens import load_tokenizer
+from wire.errors import ApiError, error_response, from_validation
+from wire.openai import ChatRequest, CompletionRequest, ResponsesRequest
+from wire.prompt import chat_prompt, completion_prompt, responses_items
+from wire.tokens import load_tokenizer
 
 log = structlog.get_logger("router")
 SESSION_HEADERS = ("x-session-id", "x-llm-d-session-id")

@@ -21,12 +21,12 @@ from router.disaggregation import (
     prefill_body,
 )
 from router.endpoints import Endpoint
-from router.errors import ApiError
 from router.metrics import RouterMetrics
 from router.proxy import Proxy, Upstream, Work
 from router.scheduling.context import RequestContext
 from router.scheduling.profile import Decision, Scheduler
 from topology.distance import node_tier
+from wire.errors import ApiError
 
 log = structlog.get_logger("router.split")
 PREFILL_HEADER = "X-Toposerve-Prefill-Endpoint"

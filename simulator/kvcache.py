@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import xxhash
 
-from router.prefix.hashing import token_bytes
+from wire.hashing import token_bytes
 
 ROOT_HASH = 0x5EED
 

@@ -20,17 +20,6 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from router.api_models import (
-    ChatRequest,
-    CompletionRequest,
-    DetokenizeRequest,
-    ResponsesRequest,
-    TokenizeRequest,
-)
-from router.errors import ApiError, error_response, from_validation
-from router.kv_transfer import REMOTE_PREFILL_FIELDS, SGLANG_BOOTSTRAP_PORT
-from router.prompt import chat_prompt, completion_prompt, responses_items
-from router.tokens import load_tokenizer
 from simulator.bootstrap import ROUTE, Rooms, pull
 from simulator.config import DisaggregationMode, SimConfig
 from simulator.engine import Engine, Job
@@ -44,6 +33,17 @@ from simulator.metrics import SimMetrics
 from simulator.responses_stream import ResponseEvents
 from topology.distance import node_tier
 from topology.model import DomainPath
+from wire.errors import ApiError, error_response, from_validation
+from wire.kv_transfer import REMOTE_PREFILL_FIELDS, SGLANG_BOOTSTRAP_PORT
+from wire.openai import (
+    ChatRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    ResponsesRequest,
+    TokenizeRequest,
+)
+from wire.prompt import chat_prompt, completion_prompt, responses_items
+from wire.tokens import load_tokenizer
 
 WORDS = (" the", " kv ", " and", " for", " GPU", " one", " two", " ten")
 MAX_STORED_RESPONSES = 10_000

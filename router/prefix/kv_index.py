@@ -17,9 +17,10 @@ import structlog
 import zmq
 import zmq.asyncio
 
-from router.prefix.hashing import SEED, token_block_hashes
 from router.prefix.index import PrefixIndex
-from router.prefix.kv_events import (
+from router.scheduling.context import RequestContext
+from wire.hashing import SEED, token_block_hashes
+from wire.kv_events import (
     AllBlocksCleared,
     BadEvent,
     BlockRemoved,
@@ -27,8 +28,7 @@ from router.prefix.kv_events import (
     Event,
     decode_batch,
 )
-from router.scheduling.context import RequestContext
-from router.tokens import Tokenizer
+from wire.tokens import Tokenizer
 
 log = structlog.get_logger("router.kv_events")
 REPLAY_TIMEOUT_S = 2.0

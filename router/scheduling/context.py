@@ -8,14 +8,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from router.endpoints import Endpoint
-from router.prefix.hashing import byte_block_hashes
-from router.tokens import BYTES_PER_TOKEN
+from wire.hashing import byte_block_hashes
+from wire.tokens import BYTES_PER_TOKEN
 
 
 @dataclass
 class RequestContext:
     model: str | None
-    prompt: bytes  # canonical prompt bytes (see router.prompt)
+    prompt: bytes  # canonical prompt bytes (see wire.prompt)
     session: str | None = None
     affinity_url: str | None = None  # endpoint that served the previous response
     prefill: Endpoint | None = None  # a split request's prefill endpoint, once picked

@@ -16,9 +16,9 @@ from router.scheduling.context import RequestContext
 from router.scheduling.cycle import CycleState, PrefixMatch, StateKey, candidates_key
 from router.scheduling.scoring import lower_is_better
 from router.state import RouterState
-from router.tokens import BYTES_PER_TOKEN
 from topology.distance import node_tier
 from topology.model import Tier
+from wire.tokens import BYTES_PER_TOKEN
 
 
 class Stateless:

@@ -16,11 +16,11 @@ import pytest
 
 from bench.procs import MODEL, Proc, Procs, free_port
 from bench.router_bench import sim_counters
-from router.tokens import BYTES_PER_TOKEN
 from tests.router.hangup import hanging_client
 from tests.waiting import wait_for
 from topology.model import DomainPath, Tier
 from topology.profiles import load_profile
+from wire.tokens import BYTES_PER_TOKEN
 
 
 def pd_router(procs: Procs, prefill: list[Proc], decode: list[Proc],

@@ -11,9 +11,9 @@ from typing import Any
 import httpx
 
 from bench.procs import MODEL, Proc, Procs, free_port
-from router.prompt import chat_prompt
-from router.tokens import ByteTokenizer
 from tests.waiting import wait_for
+from wire.prompt import chat_prompt
+from wire.tokens import ByteTokenizer
 
 
 def chat(router: Proc, messages: list[dict[str, str]], session: str | None = None,

@@ -11,8 +11,8 @@ import pytest
 import zmq
 
 from bench.procs import MODEL, Procs, free_port
-from router.tokens import ByteTokenizer
 from tests.waiting import wait_for
+from wire.tokens import ByteTokenizer
 
 MESSAGES = [{"role": "system", "content": "You are terse. " * 40},
             {"role": "user", "content": "Name three primes."}]

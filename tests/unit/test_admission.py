@@ -12,9 +12,9 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from router.admission import Admission
 from router.config import RouterConfig
 from router.endpoints import Endpoint, LoadSample
-from router.errors import ApiError
 from router.metrics import RouterMetrics
 from router.state import RouterState
+from wire.errors import ApiError
 
 
 def _admission(ttl: float = 5.0) -> tuple[Admission, Endpoint]:

@@ -13,23 +13,23 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from router.config import load_router_config
-from router.prefix.hashing import byte_block_hashes, token_block_hashes
 from router.prefix.index import PrefixIndex
-from router.prefix.kv_events import (
+from router.prefix.kv_index import KVIndex
+from router.scheduling.scoring import decisive, lower_is_better, weighted_total
+from router.scrape import KV_USAGE, RUNNING, WAITING, parse_load
+from simulator.kv_events import EventEncoding, encode_cleared, encode_removed, encode_stored
+from simulator.kvcache import BlockCache, Stored, block_hashes
+from topology.config_file import ConfigError
+from wire.hashing import byte_block_hashes, token_block_hashes
+from wire.kv_events import (
     AllBlocksCleared,
     BadEvent,
     BlockRemoved,
     BlockStored,
     decode_batch,
 )
-from router.prefix.kv_index import KVIndex
-from router.prompt import chat_prompt
-from router.scheduling.scoring import decisive, lower_is_better, weighted_total
-from router.scrape import KV_USAGE, RUNNING, WAITING, parse_load
-from router.tokens import ByteTokenizer
-from simulator.kv_events import EventEncoding, encode_cleared, encode_removed, encode_stored
-from simulator.kvcache import BlockCache, Stored, block_hashes
-from topology.config_file import ConfigError
+from wire.prompt import chat_prompt
+from wire.tokens import ByteTokenizer
 
 
 @pytest.mark.parametrize("enc", list(EventEncoding))

@@ -1,5 +1,6 @@
-"""The parts of OpenAI request bodies the router reads, validated; every
-other field passes through to the model server untouched."""
+"""The parts of OpenAI request bodies the router and the simulator read,
+validated alike on both sides; every other field passes through (the
+router hands it to the model server untouched)."""
 
 from __future__ import annotations
 
