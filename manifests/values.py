@@ -304,6 +304,9 @@ def load_values(path: str | Path | None = None, sets: Sequence[str] = ()) -> Ins
             # the unknown field's line says which known field it is close to
             text = re.sub(rf"(?m)^(  {re.escape(where)}: .*)\(unknown field: [^)]*\)$",
                           rf"\1(unknown field: did you mean {name}?)", text)
+        text = text.replace("  apiServer: Field required (required: add it)",
+                            "  apiServer: Field required (required: add it, e.g. --set "
+                            "apiServer.host=ADDRESS; pods use no in-cluster address)")
         raise ConfigError(text) from None
 
 

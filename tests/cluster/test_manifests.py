@@ -235,7 +235,7 @@ def test_driver_rbac_is_exactly_the_listed_rules(cluster: Cluster, install: Inst
     baseline = _rules(cluster, f"system:serviceaccount:{ns}:nobody", ns)
     g = "resource.k8s.io"
     assert granted - baseline == {
-        *((v, g, "resourceslices", "") for v in ("list", "watch", "create", "update",
+        *((v, g, "resourceslices", "") for v in ("get", "list", "watch", "create", "update",
                                                  "delete")),
         ("get", g, "resourceclaims", ""),
         ("update", g, "resourceclaims/status", ""), ("patch", g, "resourceclaims/status", ""),
@@ -313,3 +313,40 @@ def test_scheduler_config_loads_in_kube_scheduler(cluster: Cluster, install: Ins
     (ext,) = out["extenders"]
     assert ext["nodeCacheCapable"] is True and ext["ignorable"] is True
     assert ext["urlPrefix"] == "http://127.0.0.1:8888"
+
+
+def test_rbac_is_enough_for_the_real_publisher(cluster: Cluster, install: Install) -> None:
+    """The driver's own publisher, acting as its service account from a pod on
+    one node: it publishes, updates and uninstalls that node's pool; a pool
+    for another node is refused by the policy and reported."""
+    from dra_driver.framework.publisher import SlicePublisher
+    from dra_driver.framework.slice_plan import Pool
+
+    own, other = install.nodes
+    admin: Any = client.ResourceV1Api(cluster.api)
+    pub = SlicePublisher(_as(cluster, install.driver_user, own), GPU_DRIVER, node_name=own)
+
+    def mine() -> list[Any]:
+        return [s for s in admin.list_resource_slice(
+            field_selector=f"spec.nodeName={own},spec.driver={GPU_DRIVER}").items]
+
+    devices = tuple({"name": f"gpu-{i}"} for i in range(4))
+    try:
+        pub.set_pools([Pool(name=own, node_name=own, devices=devices)])
+        assert pub.reconcile_once().creates == 1
+        (s,) = mine()
+        assert s.metadata.owner_references[0].name == own  # read the Node's UID: nodes get
+        pub.set_pools([Pool(name=own, node_name=own, devices=devices[:2])])
+        assert pub.reconcile_once().updates == 1
+        assert pub.reconcile_once().writes == 0
+        pub.set_pools([Pool(name=own, node_name=own, devices=devices),
+                       Pool(name=other, node_name=other, devices=devices)])
+        pub.reconcile_once()
+        assert f"may write only ResourceSlices with spec.nodeName {own}" in pub.last_error
+        assert not admin.list_resource_slice(field_selector=f"spec.nodeName={other},"
+                                                            f"spec.driver={GPU_DRIVER}").items
+        assert pub.uninstall() == 1
+        assert mine() == []
+    finally:
+        for s in mine():
+            admin.delete_resource_slice(s.metadata.name)

@@ -118,7 +118,7 @@ def test_gpu_driver_rbac_is_exactly_the_listed_rules() -> None:
               tuple(sorted(r["verbs"]))) for r in role["rules"]}
     assert rules == {
         (("resource.k8s.io",), ("resourceslices",), (),
-         ("create", "delete", "list", "update", "watch")),
+         ("create", "delete", "get", "list", "update", "watch")),
         (("resource.k8s.io",), ("resourceclaims",), (), ("get",)),
         (("resource.k8s.io",), ("resourceclaims/status",), (), ("patch", "update")),
         (("resource.k8s.io",), ("resourceclaims/driver",), ("gpu.toposerve.io",),

@@ -20,7 +20,8 @@ def test_defaults_need_only_the_api_server() -> None:
     assert v.enabled() == ["gpu-driver", "admission-policy", "device-classes", "extender",
                            "scheduler"]
     assert v.scheduler.image.ref == "registry.k8s.io/kube-scheduler:v1.37.2"
-    with pytest.raises(ConfigError, match=r"apiServer: Field required \(required: add it\)"):
+    with pytest.raises(ConfigError, match=r"apiServer: Field required \(required: add it, "
+                                          r"e\.g\. --set apiServer\.host=ADDRESS"):
         load_values()
 
 
