@@ -148,6 +148,10 @@ class GpuDriver(Placement):
                               description="where the container runtime reads CDI specs")
     sysfs_root: AbsPath = Field(default="/sys", description="sysfs to discover GPUs in, "
                                                             "mounted read-only")
+    dev_root: AbsPath = Field(default="/dev",
+                              description="the GPUs' device nodes on the host, mounted "
+                                          "read-only at the same path: the driver checks "
+                                          "them and names them in CDI specs")
     priority_class_name: str = Field(default="system-node-critical",
                                      description="keeps the driver on a node under pressure")
     http_port: int = Field(

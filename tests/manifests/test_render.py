@@ -83,7 +83,8 @@ def test_gpu_driver_daemonset() -> None:
     for flag in ("--node-name=$(NODE_NAME)", "--pod-uid=$(POD_UID)",
                  "--registry-dir=/var/lib/k/plugins_registry",
                  "--plugin-dir=/var/lib/k/plugins/gpu.toposerve.io", "--cdi-root=/run/cdi",
-                 "--sysfs-root=/sys", "--kubeconfig=/etc/toposerve/kubeconfig/kubeconfig"):
+                 "--sysfs-root=/sys", "--dev-root=/dev",
+                 "--kubeconfig=/etc/toposerve/kubeconfig/kubeconfig"):
         assert flag in c["command"]
     assert c["command"][-1] == "--x=1"
     env = {e["name"]: e for e in c["env"]}
@@ -95,10 +96,10 @@ def test_gpu_driver_daemonset() -> None:
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
     for path in ("/var/lib/k/plugins_registry", "/var/lib/k/plugins/gpu.toposerve.io",
-                 "/run/cdi", "/sys"):
+                 "/run/cdi", "/sys", "/dev"):
         m = mounts[path]
         assert volumes[m["name"]]["hostPath"]["path"] == path
-    assert mounts["/sys"]["readOnly"] is True
+    assert mounts["/sys"]["readOnly"] is True and mounts["/dev"]["readOnly"] is True
     assert not any(m.get("readOnly") for p, m in mounts.items()
                    if p.startswith(("/var/lib/k", "/run/cdi")))
 
