@@ -15,18 +15,16 @@ from concurrent import futures
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
+from dra_driver._generated import dra_v1_pb2 as dra_pb2
+from dra_driver._generated import dra_v1_pb2_grpc as dra_grpc
+from dra_driver.framework import registration, sockets
 from tests.manifests.helpers import objects, one
 
-grpc = pytest.importorskip("grpc")
-sockets = pytest.importorskip("dra_driver.framework.sockets")
-registration = pytest.importorskip("dra_driver.framework.registration")
-dra_pb2 = pytest.importorskip("dra_driver._generated.dra_v1_pb2")
-dra_grpc = pytest.importorskip("dra_driver._generated.dra_v1_pb2_grpc")
 
-
-class EmptyPrepare(dra_grpc.DRAPluginServicer):  # type: ignore[misc,name-defined]
+class EmptyPrepare(dra_grpc.DRAPluginServicer):  # type: ignore[misc]
     def NodePrepareResources(self, request: Any, context: Any) -> Any:
         return dra_pb2.NodePrepareResourcesResponse()
 
