@@ -7,11 +7,11 @@ from typing import ClassVar
 
 from pydantic import ConfigDict, Field, model_validator
 
-from simulator.kv_events import EventEncoding
 from topology.config_file import ConfigError
 from topology.model import Tier, TierLink
 from topology.place import NodePlace
 from topology.profiles import load_profile
+from wire.kv_events import EventEncoding
 from wire.kv_transfer import SGLANG_BOOTSTRAP_PORT
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import xxhash
 
 from wire.hashing import token_bytes
+from wire.kv_events import BlockStored
 
 ROOT_HASH = 0x5EED
 
@@ -27,16 +27,9 @@ def block_hashes(tokens: list[int], block_size: int) -> list[int]:
     return out
 
 
-@dataclass
-class Stored:
-    block_hashes: list[int]
-    parent_block_hash: int | None
-    token_ids: list[int]
-
-
 class BlockCache:
     def __init__(self, num_blocks: int, block_size: int,
-                 on_stored: Callable[[Stored], None] | None = None,
+                 on_stored: Callable[[BlockStored], None] | None = None,
                  on_removed: Callable[[list[int]], None] | None = None) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -74,10 +67,10 @@ class BlockCache:
         self._touch(hashes)
         if new_from is not None and self._on_stored:
             bs = self.block_size
-            self._on_stored(Stored(
+            self._on_stored(BlockStored(
                 block_hashes=hashes[new_from:],
                 parent_block_hash=hashes[new_from - 1] if new_from else None,
-                token_ids=tokens[new_from * bs:len(hashes) * bs]))
+                token_ids=tokens[new_from * bs:len(hashes) * bs], block_size=bs))
         evicted = []
         while len(self._lru) > self.num_blocks:
             evicted.append(self._lru.popitem(last=False)[0])

@@ -23,17 +23,14 @@ from pydantic import BaseModel, ValidationError
 from simulator.bootstrap import ROUTE, Rooms, pull
 from simulator.config import DisaggregationMode, SimConfig
 from simulator.engine import Engine, Job
-from simulator.kv_events import (
-    KVEventPublisher,
-    encode_removed,
-    encode_stored,
-)
-from simulator.kvcache import BlockCache, Stored
+from simulator.kv_publisher import KVEventPublisher
+from simulator.kvcache import BlockCache
 from simulator.metrics import SimMetrics
 from simulator.responses_stream import ResponseEvents
 from topology.distance import node_tier
 from topology.model import DomainPath
 from wire.errors import ApiError, error_response, from_validation
+from wire.kv_events import BlockStored, encode_removed, encode_stored
 from wire.kv_transfer import REMOTE_PREFILL_FIELDS, SGLANG_BOOTSTRAP_PORT
 from wire.openai import (
     ChatRequest,
@@ -77,9 +74,9 @@ class SimServer:
         self.client: aiohttp.ClientSession | None = None  # decode mode: pulls KV
 
     # --- KV events -------------------------------------------------------
-    def _stored(self, s: Stored) -> None:
+    def _stored(self, s: BlockStored) -> None:
         if self.publisher:
-            self.publisher.add(encode_stored(s, self.cfg.block_size, self.publisher.encoding))
+            self.publisher.add(encode_stored(s, self.publisher.encoding))
 
     def _removed(self, hashes: list[int]) -> None:
         if self.publisher:

@@ -1,11 +1,13 @@
-"""Decoding vLLM KV-cache event batches, in both encodings: older vLLM
-sends each event as a positional array with its tag first, newer vLLM as
-a map with a ``"type"`` key. Block hashes may be ints or bytes; we keep
+"""vLLM KV-cache events, encoded (by the simulator) and decoded (by the
+router's precise prefix index) here, in both encodings: older vLLM sends
+each event as a positional array with its tag first, newer vLLM as a map
+with a ``"type"`` key. Decoded block hashes may be ints or bytes; we keep
 their low 64 bits."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 import msgpack
@@ -85,3 +87,35 @@ def decode_batch(payload: bytes) -> list[Event]:
     if not isinstance(batch, list | tuple) or len(batch) < 2:
         raise BadEvent("batch is not [ts, events, ...]")
     return [e for e in (decode_event(r) for r in batch[1]) if e is not None]
+
+
+# --- encoding ---------------------------------------------------------------
+class EventEncoding(StrEnum):
+    ARRAY = "array"
+    MAP = "map"
+
+
+# fields the map encoding's vLLM added after the array encoding's six; every
+# one is written, null here (no LoRA, no extra hash keys, one KV cache group)
+# as vLLM writes them, and strict decoders want them all
+_MAP_ONLY_STORED = {"lora_name": None, "extra_keys": None, "group_idx": None}
+
+
+def encode_stored(s: BlockStored, enc: EventEncoding) -> Any:
+    # the decoder's field order is the array encoding's positions
+    fields = {k: getattr(s, k) for k in _FIELDS["BlockStored"]} | {"lora_id": None,
+                                                                   "medium": "GPU"}
+    if enc == EventEncoding.MAP:
+        return {"type": "BlockStored", **fields, **_MAP_ONLY_STORED}
+    return ["BlockStored", *fields.values()]
+
+
+def encode_removed(hashes: list[int], enc: EventEncoding) -> Any:
+    fields = dict(zip(_FIELDS["BlockRemoved"], [hashes], strict=True)) | {"medium": "GPU"}
+    if enc == EventEncoding.MAP:
+        return {"type": "BlockRemoved", **fields, "group_idx": None}
+    return ["BlockRemoved", *fields.values()]
+
+
+def encode_cleared(enc: EventEncoding) -> Any:
+    return {"type": "AllBlocksCleared"} if enc == EventEncoding.MAP else ["AllBlocksCleared"]

@@ -17,8 +17,7 @@ from router.prefix.index import PrefixIndex
 from router.prefix.kv_index import KVIndex
 from router.scheduling.scoring import decisive, lower_is_better, weighted_total
 from router.scrape import KV_USAGE, RUNNING, WAITING, parse_load
-from simulator.kv_events import EventEncoding, encode_cleared, encode_removed, encode_stored
-from simulator.kvcache import BlockCache, Stored, block_hashes
+from simulator.kvcache import BlockCache, block_hashes
 from topology.config_file import ConfigError
 from wire.hashing import byte_block_hashes, token_block_hashes
 from wire.kv_events import (
@@ -26,7 +25,11 @@ from wire.kv_events import (
     BadEvent,
     BlockRemoved,
     BlockStored,
+    EventEncoding,
     decode_batch,
+    encode_cleared,
+    encode_removed,
+    encode_stored,
 )
 from wire.prompt import chat_prompt
 from wire.tokens import ByteTokenizer
@@ -34,12 +37,10 @@ from wire.tokens import ByteTokenizer
 
 @pytest.mark.parametrize("enc", list(EventEncoding))
 def test_event_roundtrip_both_encodings(enc: EventEncoding) -> None:
-    s = Stored(block_hashes=[1, 2], parent_block_hash=None, token_ids=list(range(32)))
-    payload = msgpack.packb([1.5, [encode_stored(s, 16, enc), encode_removed([2], enc),
+    stored = BlockStored([1, 2], None, list(range(32)), 16)
+    payload = msgpack.packb([1.5, [encode_stored(stored, enc), encode_removed([2], enc),
                                    encode_cleared(enc)], 0])
-    events = decode_batch(payload)
-    assert events == [BlockStored([1, 2], None, list(range(32)), 16), BlockRemoved([2]),
-                      AllBlocksCleared()]
+    assert decode_batch(payload) == [stored, BlockRemoved([2]), AllBlocksCleared()]
 
 
 def test_event_bytes_hashes_and_short_arrays() -> None:
@@ -80,9 +81,8 @@ def test_sim_cache_events_match_router_keys() -> None:
     idx = PrefixIndex()
     kv = KVIndex(idx, ByteTokenizer(), 16)
     got: list[object] = []
-    cache = BlockCache(8, 16, on_stored=lambda s: got.append(
-        BlockStored(s.block_hashes, s.parent_block_hash, s.token_ids, 16)),
-        on_removed=lambda hs: got.append(BlockRemoved(hs)))
+    cache = BlockCache(8, 16, on_stored=got.append,
+                       on_removed=lambda hs: got.append(BlockRemoved(hs)))
     a, b = list(range(100)), list(range(48)) + [7] * 80
     for toks in (a, b):
         cache.store(block_hashes(toks, 16), toks)

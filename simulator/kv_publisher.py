@@ -3,9 +3,9 @@
 that replays buffered batches from a requested sequence number, ending
 with sequence -1 and an empty payload.
 
-A batch is ``[ts, events, data_parallel_rank]``. Each event is either a
-positional array with its tag first (older vLLM) or a map with a
-``"type"`` key (newer vLLM); ``encoding`` picks which.
+A batch is ``[ts, events, data_parallel_rank]``; the events are encoded by
+``wire.kv_events`` (the router decodes them there too), in the array or the
+map encoding as ``encoding`` says.
 """
 
 from __future__ import annotations
@@ -14,47 +14,15 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from enum import StrEnum
 from typing import Any
 
 import msgpack
 import zmq
 import zmq.asyncio
 
-from simulator.kvcache import Stored
+from wire.kv_events import EventEncoding
 
 END_OF_REPLAY = (-1).to_bytes(8, "big", signed=True)
-
-
-class EventEncoding(StrEnum):
-    ARRAY = "array"
-    MAP = "map"
-
-
-# fields the map encoding's vLLM added after the array encoding's six; every
-# one is written, null here (no LoRA, no extra hash keys, one KV cache group)
-# as vLLM writes them, and strict decoders want them all
-_MAP_ONLY_STORED = {"lora_name": None, "extra_keys": None, "group_idx": None}
-
-
-def encode_stored(s: Stored, block_size: int, enc: EventEncoding) -> Any:
-    fields = {"block_hashes": s.block_hashes, "parent_block_hash": s.parent_block_hash,
-              "token_ids": s.token_ids, "block_size": block_size, "lora_id": None,
-              "medium": "GPU"}
-    if enc == EventEncoding.MAP:
-        return {"type": "BlockStored", **fields, **_MAP_ONLY_STORED}
-    return ["BlockStored", *fields.values()]
-
-
-def encode_removed(hashes: list[int], enc: EventEncoding) -> Any:
-    if enc == EventEncoding.MAP:
-        return {"type": "BlockRemoved", "block_hashes": hashes, "medium": "GPU",
-                "group_idx": None}
-    return ["BlockRemoved", hashes, "GPU"]
-
-
-def encode_cleared(enc: EventEncoding) -> Any:
-    return {"type": "AllBlocksCleared"} if enc == EventEncoding.MAP else ["AllBlocksCleared"]
 
 
 class KVEventPublisher:
