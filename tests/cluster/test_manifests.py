@@ -7,7 +7,12 @@ a pod's token carries."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
 import subprocess
+import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -350,3 +355,58 @@ def test_rbac_is_enough_for_the_real_publisher(cluster: Cluster, install: Instal
     finally:
         for s in mine():
             admin.delete_resource_slice(s.metadata.name)
+
+
+def _expand(arg: str, env: dict[str, str]) -> str:
+    """The kubelet's $(VAR) expansion of a container's command."""
+    for k, v in env.items():
+        arg = arg.replace(f"$({k})", v)
+    return arg
+
+
+def test_daemonset_command_runs_the_driver_and_its_probe(cluster: Cluster) -> None:
+    """The DaemonSet's command and liveness probe, as the kubelet would run
+    them, on the host against a fake sysfs: the real driver accepts every
+    flag, publishes its node's slices, and the probe passes on its sockets."""
+    from topology.profiles import load_profile
+    from topology.sysfs import write_profile_sysfs
+
+    node = "mi300x-0001"
+    tmp = Path(tempfile.mkdtemp(prefix="tsm-", dir="/tmp"))  # short: unix socket paths
+    write_profile_sysfs(load_profile("mi300x"), tmp / "sys")
+    (tmp / "dev").mkdir()
+    (tmp / "kubelet/plugins_registry").mkdir(parents=True)
+    values = load_values(None, ["apiServer.host=127.0.0.1", f"gpuDriver.kubeletDir={tmp}/kubelet",
+                                f"gpuDriver.cdiRoot={tmp}/cdi", f"gpuDriver.sysfsRoot={tmp}/sys",
+                                f"gpuDriver.devRoot={tmp}/dev"])
+    ds = next(o for o in render_objects(values, ["gpu-driver"]) if o["kind"] == "DaemonSet")
+    container = ds["spec"]["template"]["spec"]["containers"][0]
+    env = {"NODE_NAME": node, "POD_UID": str(uuid.uuid4())}
+    # the host has no pod token: the cluster's own kubeconfig in place of the rendered one
+    cmd = [_expand(a, env) for a in container["command"]]
+    cmd = [f"--kubeconfig={kubeconfig_path(cluster.name)}" if a.startswith("--kubeconfig=")
+           else a for a in cmd]
+    cmd[:1] = [sys.executable, "-m", "toposerve_cli.main"]  # the `toposerve` of this tree
+    probe = [sys.executable, *container["livenessProbe"]["exec"]["command"][1:]]
+    res: Any = client.ResourceV1Api(cluster.api)
+    selector = f"spec.nodeName={node},spec.driver={GPU_DRIVER}"
+    proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for("driver's slices", lambda: proc.poll() is not None or res.list_resource_slice(
+            field_selector=selector).items, timeout=30)
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        ok = wait_for("probe passing", lambda: subprocess.run(
+            probe, env={**os.environ, **env}, capture_output=True, timeout=30,
+            check=False).returncode == 0, timeout=30, interval=0.5)
+        assert ok
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, proc.stderr.read() if proc.stderr else ""
+        assert not list((tmp / "kubelet/plugins_registry").iterdir())  # its socket is gone
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for s in res.list_resource_slice(field_selector=selector).items:
+            res.delete_resource_slice(s.metadata.name)
+        shutil.rmtree(tmp)
