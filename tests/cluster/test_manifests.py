@@ -410,3 +410,43 @@ def test_daemonset_command_runs_the_driver_and_its_probe(cluster: Cluster) -> No
         for s in res.list_resource_slice(field_selector=selector).items:
             res.delete_resource_slice(s.metadata.name)
         shutil.rmtree(tmp)
+
+
+def test_extender_deployment_command_serves(cluster: Cluster, tmp_path: Path) -> None:
+    """The extender's Deployment command with its rendered ExtenderConfig, on
+    the host: it loads the config, syncs its watches and answers /ready on
+    the port the scheduler is configured to call."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    objs = render_objects(load_values(None, ["apiServer.host=127.0.0.1",
+                                             f"extender.port={port}"]), ["extender"])
+    cm = next(o for o in objs if o["kind"] == "ConfigMap"
+              and o["metadata"]["name"].endswith("-extender"))
+    (tmp_path / "config.yaml").write_text(cm["data"]["config.yaml"])
+    dep = next(o for o in objs if o["kind"] == "Deployment")
+    cmd = dep["spec"]["template"]["spec"]["containers"][0]["command"]
+    cmd = [f"--config={tmp_path / 'config.yaml'}" if a.startswith("--config=")
+           else f"--kubeconfig={kubeconfig_path(cluster.name)}" if a.startswith("--kubeconfig=")
+           else a for a in cmd]
+    cmd[:1] = [sys.executable, "-m", "toposerve_cli.main"]
+
+    def ready() -> bool:
+        if proc.poll() is not None:
+            return True
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for("extender ready", ready, timeout=30, interval=0.3)
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
