@@ -7,6 +7,7 @@ from typing import Any
 
 from manifests.render import render_objects
 from manifests.values import Component, load_values
+from toposerve_cli.main import build_parser
 
 Obj = dict[str, Any]
 
@@ -20,3 +21,11 @@ def one(objs: list[Obj], kind: str, name: str | None = None) -> Obj:
              and (name is None or o["metadata"]["name"] == name)]
     assert len(found) == 1, f"{len(found)} objects of kind {kind} named {name}"
     return found[0]
+
+
+def cli(argv: list[str]) -> int:
+    """``toposerve ARGV`` in this process, without ``main``'s logging setup
+    (it would bind the logs to this test's captured, soon closed, stderr)."""
+    args = build_parser().parse_args(argv)
+    rc: int = args.handler(args)
+    return rc

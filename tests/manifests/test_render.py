@@ -13,9 +13,8 @@ import yaml
 
 from manifests.render import RenderError, _parse, render, to_yaml
 from manifests.values import COMPONENTS, load_values
-from tests.manifests.helpers import Obj, objects, one
+from tests.manifests.helpers import Obj, cli, objects, one
 from topology.config_file import ConfigError
-from toposerve_cli.main import main
 
 
 def test_output_is_valid_yaml_and_deterministic() -> None:
@@ -51,7 +50,7 @@ def test_components_are_selectable() -> None:
 
 
 def test_cli_prints_the_documents(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["manifests", "render", "--set", "apiServer.host=127.0.0.1",
+    assert cli(["manifests", "render", "--set", "apiServer.host=127.0.0.1",
                  "--component", "device-classes"]) == 0
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
     assert [d["metadata"]["name"] for d in docs] == [

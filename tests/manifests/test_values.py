@@ -10,8 +10,8 @@ from pydantic import BaseModel
 
 from manifests.values import InstallValues, apply_sets, load_values
 from scheduler_ext.config import ExtenderConfig
+from tests.manifests.helpers import cli
 from topology.config_file import ConfigError
-from toposerve_cli.main import main
 
 
 def test_defaults_need_only_the_api_server() -> None:
@@ -107,14 +107,14 @@ def test_cli_bad_values_exit_2_with_the_error(tmp_path: Path,
     f = tmp_path / "values.yaml"
     f.write_text("apiVersion: toposerve.io/v1\nkind: InstallValues\n"
                  "apiServer: {host: 127.0.0.1}\ngpuDriver: {kubeletDirectory: /x}\n")
-    assert main(["manifests", "render", "-f", str(f)]) == 2
+    assert cli(["manifests", "render", "-f", str(f)]) == 2
     out, err = capsys.readouterr()
     assert out == ""
     assert err.splitlines() == [
         f"error: {f}: invalid configuration",
         "  gpuDriver.kubeletDirectory: Extra inputs are not permitted (unknown field: did you "
         "mean kubeletDir?)"]
-    assert main(["manifests", "render", "-f", str(tmp_path / "none.yaml")]) == 2
+    assert cli(["manifests", "render", "-f", str(tmp_path / "none.yaml")]) == 2
     assert "cannot read" in capsys.readouterr().err
 
 
