@@ -7,12 +7,14 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import structlog
 
 from topology.labels import DialectName
+from toposerve_cli import logs
 
 log = structlog.get_logger("toposerve.driver")
 
@@ -47,7 +49,7 @@ def _address(value: str) -> tuple[str, int]:
 
 def _gpu(args: argparse.Namespace) -> int:
     from dra_driver.framework.checkpoint import CorruptCheckpoint
-    from dra_driver.framework.liveness import HttpEndpoints
+    from dra_driver.framework.liveness import HttpEndpoints, healthz_route, metrics_route
     from dra_driver.gpu.driver import GpuDriver, GpuDriverOptions
 
     if not args.node_name:
@@ -76,8 +78,10 @@ def _gpu(args: argparse.Namespace) -> int:
     http = None
     if args.http_address:
         host, port = args.http_address
-        http = HttpEndpoints(host, port, driver.plugin.cfg.paths.registration_socket,
-                             driver.kind.driver)
+        http = HttpEndpoints(host, port, {
+            "/healthz": healthz_route(driver.plugin.cfg.paths.registration_socket,
+                                      driver.kind.driver),
+            "/metrics": metrics_route})
         http.start()
     stop.wait()
     log.info("shutting down", driver=driver.kind.driver)
@@ -158,3 +162,21 @@ def register(sub: Any) -> None:
     s.add_argument("--uninstall", action="store_true",
                    help="delete every simulated ResourceSlice and exit")
     s.set_defaults(handler=_simulate)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m toposerve_cli.driver_cmd driver gpu ...``: the same
+    command line as ``toposerve``, without loading the other parts' modules
+    (a driver is restarted often; each start should be quick)."""
+    parser = argparse.ArgumentParser(prog="toposerve")
+    parser.add_argument("--log-level", default="info",
+                        choices=["debug", "info", "warning", "error"])
+    register(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
+    args = parser.parse_args(argv)
+    logs.configure(args.log_level)
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    return handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -66,14 +66,21 @@ class HealthBoard:
             self._on_change(self.snapshot())
 
     def report(self, pool: str, device: str, healthy: bool, message: str = "") -> bool:
-        """Record a check's outcome; True when the device's health changed."""
-        status = Health.HEALTHY if healthy else Health.UNHEALTHY
+        """Record one check's outcome; True when the device's health changed."""
+        return self.update([(pool, device, healthy, message)])
+
+    def update(self, results: Iterable[tuple[str, str, bool, str]]) -> bool:
+        """Record a round of checks (pool, device, healthy, message) at once,
+        so the stream never shows half a round; True when any health changed."""
+        changed = False
         with self._cond:
-            key = (pool, device)
-            old = self._devices.get(key, DeviceHealth(pool=pool, device=device))
-            self._devices[key] = replace(old, health=status, message=message,
-                                         updated=self._clock())
-            changed = old.health != status
+            now = self._clock()
+            for pool, device, healthy, message in results:
+                status = Health.HEALTHY if healthy else Health.UNHEALTHY
+                old = self._devices.get((pool, device), DeviceHealth(pool=pool, device=device))
+                self._devices[(pool, device)] = replace(old, health=status, message=message,
+                                                        updated=now)
+                changed |= old.health != status
             self._version += 1
             self._cond.notify_all()
         if changed and self._on_change:

@@ -6,6 +6,7 @@ HTTP endpoints ``/healthz`` and ``/metrics``."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -36,24 +37,29 @@ def probe(registration_socket: Path, driver: str, timeout_s: float = 10) -> str 
     return None
 
 
+Route = Callable[[], tuple[int, bytes, str]]  # -> (status, body, content type)
+
+
+def metrics_route() -> tuple[int, bytes, str]:
+    return 200, prometheus_client.generate_latest(), prometheus_client.CONTENT_TYPE_LATEST
+
+
+def healthz_route(registration_socket: Path, driver: str) -> Route:
+    def route() -> tuple[int, bytes, str]:
+        problem = probe(registration_socket, driver)
+        return (200, b"ok\n", "text/plain") if problem is None else (
+            503, f"{problem}\n".encode(), "text/plain")
+    return route
+
+
 class HttpEndpoints:
-    """``/healthz`` (the probe above) and ``/metrics`` on one address."""
+    """A few GET routes on one address (``/healthz``, ``/metrics``, ...)."""
 
-    def __init__(self, host: str, port: int, registration_socket: Path, driver: str) -> None:
-        outer = self
-
+    def __init__(self, host: str, port: int, routes: Mapping[str, Route]) -> None:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                if self.path == "/healthz":
-                    problem = probe(outer.registration_socket, outer.driver)
-                    code, body = (200, b"ok\n") if problem is None else (
-                        503, f"{problem}\n".encode())
-                    ctype = "text/plain"
-                elif self.path == "/metrics":
-                    code, body = 200, prometheus_client.generate_latest()
-                    ctype = prometheus_client.CONTENT_TYPE_LATEST
-                else:
-                    code, body, ctype = 404, b"not found\n", "text/plain"
+                route = routes.get(self.path.split("?", 1)[0])
+                code, body, ctype = route() if route else (404, b"not found\n", "text/plain")
                 self.send_response(code)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
@@ -63,8 +69,6 @@ class HttpEndpoints:
             def log_message(self, format: str, *args: object) -> None:
                 pass  # probes every few seconds would flood the log
 
-        self.registration_socket = registration_socket
-        self.driver = driver
         self._server = ThreadingHTTPServer((host, port), Handler)
         self._thread = threading.Thread(target=self._server.serve_forever, name="dra-http",
                                         daemon=True)
@@ -75,7 +79,7 @@ class HttpEndpoints:
 
     def start(self) -> None:
         self._thread.start()
-        log.info("serving /healthz and /metrics", port=self.port)
+        log.info("serving http", port=self.port)
 
     def stop(self) -> None:
         self._server.shutdown()

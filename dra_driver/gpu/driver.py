@@ -113,12 +113,14 @@ class GpuKind:
         too); it recovers when the function is back."""
         found = self.current()
         pci = self.opts.sysfs_root / "bus/pci/devices"
+        results = []
         for name, dev in found.devices.items():
             index = (dev.get("attributes") or {}).get("index", {}).get("int")
-            place = found.node.hardware.place(f"gpu-{index}")
-            present = (pci / place.device.pci_bus_id).exists()
-            board.report(found.pool.name, name, present,
-                         "" if present else f"PCI device {place.device.pci_bus_id} is gone")
+            bdf = found.node.hardware.place(f"gpu-{index}").device.pci_bus_id
+            present = (pci / bdf).exists()
+            results.append((found.pool.name, name, present,
+                            "" if present else f"PCI device {bdf} is gone"))
+        board.update(results)
 
 
 class GpuDriver:

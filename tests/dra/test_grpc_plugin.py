@@ -19,7 +19,7 @@ from dra_driver.framework.cdi import CdiSpecs, ContainerEdits
 from dra_driver.framework.checkpoint import CorruptCheckpoint
 from dra_driver.framework.device_kind import AllocatedDevice, ClaimRef, PreparedEdits
 from dra_driver.framework.kubelet_plugin import KubeletPlugin, PluginConfig
-from dra_driver.framework.liveness import HttpEndpoints, probe
+from dra_driver.framework.liveness import HttpEndpoints, healthz_route, metrics_route, probe
 from dra_driver.framework.publisher import Pool
 from dra_driver.framework.sockets import PluginPaths
 from tests.dra.kubelet import Kubelet
@@ -102,7 +102,9 @@ def test_empty_prepare_and_unprepare(plugin: KubeletPlugin, version: str) -> Non
 def test_liveness_and_metrics(plugin: KubeletPlugin) -> None:
     assert probe(plugin.cfg.paths.registration_socket, DRIVER) is None
     assert "not 'other'" in (probe(plugin.cfg.paths.registration_socket, "other") or "")
-    http = HttpEndpoints("127.0.0.1", 0, plugin.cfg.paths.registration_socket, DRIVER)
+    http = HttpEndpoints("127.0.0.1", 0, {
+        "/healthz": healthz_route(plugin.cfg.paths.registration_socket, DRIVER),
+        "/metrics": metrics_route})
     http.start()
     try:
         base = f"http://127.0.0.1:{http.port}"

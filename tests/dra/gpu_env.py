@@ -1,0 +1,310 @@
+"""What the cluster tests of the GPU driver stand on: a kwok node of our
+own with a fake sysfs tree of its profile, the driver's service account
+with the least RBAC (its token bound to a driver pod on that node, so it
+carries the node-name extra), the driver as a real subprocess, and claims
+allocated by the real scheduler."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from dra_driver.framework.cdi import CdiSpecs
+from dra_driver.framework.checkpoint import Checkpoint, ClaimState, read_boot_id
+from dra_driver.gpu.driver import CDI_CLASS, CDI_VENDOR
+from localcluster.cluster import kubeconfig_path
+from localcluster.nodes import KWOK_TOLERATION, node_manifest
+from tests.dra.kubelet import Claim, Kubelet
+from tests.waiting import wait_for
+from topology.labels import PRESETS, DialectName
+from topology.layout import PlannedNode
+from topology.model import DomainPath
+from topology.profiles import load_profile
+from topology.sysfs import write_profile_sysfs
+
+DRIVER = "gpu.toposerve.io"
+NAMESPACE = "dra-gpu-test"
+NODE = "dra-gpu-node-0"
+PROFILE = "hgx-h100"
+CLASS = "dra-test-gpu"
+SERVICE_ACCOUNT = "gpu-driver"
+# The driver's least RBAC (DESIGN §4); the manifests carry the same rules.
+RULES: list[dict[str, Any]] = [
+    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/status"],
+     "verbs": ["patch", "update"]},
+    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/driver"],
+     "resourceNames": [DRIVER], "verbs": ["associated-node:patch", "associated-node:update"]},
+    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
+     "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+]
+
+
+@dataclass
+class GpuEnv:
+    api: Any                  # the admin's client
+    kubeconfig: Path          # the driver's own (service-account token)
+    sysfs: Path
+    dev: Path
+    node: str = NODE
+
+    def place(self, device: str) -> Any:
+        return load_profile(PROFILE).hardware().place(device)
+
+
+def _apply(fn: Any, *args: Any) -> None:
+    with contextlib.suppress(ApiException):
+        fn(*args)
+
+
+def _dev_root(dev: Path) -> None:
+    names = [f"nvidia{i}" for i in range(8)] + ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]
+    dev.mkdir(parents=True)
+    for n in names:
+        (dev / n).touch()  # stand-ins: nothing here opens them
+
+
+def _token_kubeconfig(cluster_name: str, token: str, out: Path) -> Path:
+    admin = yaml.safe_load(kubeconfig_path(cluster_name).read_text())
+    ctx = next(c for c in admin["contexts"] if c["name"] == admin["current-context"])["context"]
+    cluster = next(c for c in admin["clusters"] if c["name"] == ctx["cluster"])
+    doc = {"apiVersion": "v1", "kind": "Config", "current-context": "driver",
+           "clusters": [cluster],
+           "users": [{"name": "driver", "user": {"token": token}}],
+           "contexts": [{"name": "driver", "context": {"cluster": cluster["name"],
+                                                       "user": "driver"}}]}
+    out.write_text(yaml.safe_dump(doc))
+    return out
+
+
+def setup_env(cluster_name: str, api: Any, tmp: Path) -> GpuEnv:
+    core: Any = client.CoreV1Api(api)
+    rbac: Any = client.RbacAuthorizationV1Api(api)
+    profile = load_profile(PROFILE)
+    path = DomainPath(zone="zone-9", block="dra-b0", rack="dra-b0-r0", nvlink="dra-b0-r0-n0",
+                      host=NODE)
+    node = node_manifest(PlannedNode(name=NODE, profile=PROFILE, path=path, index=61000),
+                         profile, PRESETS[DialectName.TOPOSERVE])
+    # Not a `cluster up` node (no profile label): `driver simulate` leaves it to us.
+    node["metadata"]["labels"] = {k: v for k, v in node["metadata"]["labels"].items()
+                                  if not k.startswith("topology.toposerve.io/profile")}
+    _apply(core.create_node, node)
+    _apply(core.create_namespace, {"metadata": {"name": NAMESPACE}})
+    _apply(client.ResourceV1Api(api).create_device_class, {
+        "metadata": {"name": CLASS},
+        "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}'"}}]}})
+    _apply(core.create_namespaced_service_account, NAMESPACE,
+           {"metadata": {"name": SERVICE_ACCOUNT}})
+    _apply(rbac.create_cluster_role, {"metadata": {"name": "dra-test-gpu-driver"},
+                                      "rules": RULES})
+    _apply(rbac.create_cluster_role_binding, {
+        "metadata": {"name": "dra-test-gpu-driver"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": "dra-test-gpu-driver"},
+        "subjects": [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT,
+                      "namespace": NAMESPACE}]})
+    pod = _pod("gpu-driver", {"serviceAccountName": SERVICE_ACCOUNT, "nodeName": NODE})
+    _apply(core.create_namespaced_pod, NAMESPACE, pod)
+    driver_pod = core.read_namespaced_pod("gpu-driver", NAMESPACE)
+    token = core.create_namespaced_service_account_token(SERVICE_ACCOUNT, NAMESPACE, {
+        "spec": {"expirationSeconds": 3600, "boundObjectRef": {
+            "kind": "Pod", "apiVersion": "v1", "name": "gpu-driver",
+            "uid": driver_pod.metadata.uid}}}).status.token
+    sysfs = write_profile_sysfs(profile, tmp / "sysfs")
+    _dev_root(tmp / "dev")
+    return GpuEnv(api=api, kubeconfig=_token_kubeconfig(cluster_name, token, tmp / "sa.yaml"),
+                  sysfs=sysfs, dev=tmp / "dev")
+
+
+def teardown_env(api: Any) -> None:
+    core: Any = client.CoreV1Api(api)
+    rbac: Any = client.RbacAuthorizationV1Api(api)
+    _apply(core.delete_namespace, NAMESPACE)
+    _apply(core.delete_node, NODE)  # its slices go with it (owner reference)
+    _apply(client.ResourceV1Api(api).delete_device_class, CLASS)
+    _apply(rbac.delete_cluster_role_binding, "dra-test-gpu-driver")
+    _apply(rbac.delete_cluster_role, "dra-test-gpu-driver")
+
+
+def _pod(name: str, extra: Mapping[str, Any]) -> dict[str, Any]:
+    return {"metadata": {"name": name},
+            "spec": {"containers": [{"name": "c", "image": "pause"}],
+                     "tolerations": [KWOK_TOLERATION], **extra}}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class DriverProc:
+    """``toposerve driver gpu`` as the real-node engineer will start it."""
+
+    env: GpuEnv
+    root: Path
+    proc: subprocess.Popen[bytes] | None = None
+    port: int = field(default_factory=_free_port)
+
+    @property
+    def plugin_dir(self) -> Path:
+        return self.root / "plugin"
+
+    @property
+    def registration_socket(self) -> Path:
+        return self.root / "registry" / f"{DRIVER}-reg.sock"
+
+    @property
+    def cdi(self) -> CdiSpecs:
+        return CdiSpecs(self.root / "cdi", CDI_VENDOR, CDI_CLASS)
+
+    @property
+    def kubelet(self) -> Kubelet:
+        return Kubelet(self.registration_socket, timeout=30)
+
+    def start(self, crash_at: str | None = None, health_interval: float = 0.2,
+              console_script: bool = False) -> None:
+        """``console_script``: through ``toposerve`` itself; else the same
+        command line through ``toposerve_cli.driver_cmd``, which starts
+        quicker (it does not load the other parts)."""
+        entry = [str(Path(sys.executable).with_name("toposerve"))] if console_script else [
+            sys.executable, "-m", "toposerve_cli.driver_cmd"]
+        argv = [*entry, "--log-level", "warning", "driver", "gpu", "--node-name", self.env.node,
+                "--kubeconfig", str(self.env.kubeconfig),
+                "--plugin-dir", str(self.plugin_dir), "--registry-dir", str(self.root / "registry"),
+                "--cdi-root", str(self.root / "cdi"), "--sysfs-root", str(self.env.sysfs),
+                "--dev-root", str(self.env.dev), "--http-address", f"127.0.0.1:{self.port}",
+                "--health-interval", str(health_interval)]
+        env = {k: v for k, v in os.environ.items() if k != "TOPOSERVE_DRA_CRASH_AT"}
+        if crash_at:
+            env["TOPOSERVE_DRA_CRASH_AT"] = crash_at
+        log = open(self.root / "driver.log", "ab")  # noqa: SIM115 (the child keeps it)
+        self.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=log)
+        log.close()
+
+        def up() -> bool:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"driver exited {self.proc.returncode}: {self.log_tail()}")
+            try:
+                self.kubelet.get_info()
+            except Exception:
+                return False
+            return True
+
+        wait_for("the driver's registration socket", up, timeout=30)
+
+    def log_tail(self) -> str:
+        return (self.root / "driver.log").read_text()[-2000:]
+
+    def stop(self) -> int:
+        """SIGTERM, as the kubelet's pod teardown does; the exit code."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        rc = self.proc.wait(timeout=30)
+        self.proc = None
+        return rc
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=30)
+            self.proc = None
+
+    def wait_exit(self) -> int:
+        assert self.proc is not None
+        rc = self.proc.wait(timeout=30)
+        self.proc = None
+        return rc
+
+    def checkpoint_claims(self) -> dict[str, ClaimState]:
+        data, _ = Checkpoint(self.plugin_dir / "checkpoint.json", read_boot_id()).load()
+        return {uid: e.state for uid, e in data.claims.items()}
+
+
+@contextlib.contextmanager
+def running(env: GpuEnv, root: Path) -> Iterator[DriverProc]:
+    d = DriverProc(env, root)
+    d.start()
+    try:
+        yield d
+    finally:
+        d.kill()
+
+
+def wait_slices(api: Any, node: str = NODE, count: int = 8) -> None:
+    def whole_gpus() -> bool:
+        slices = client.ResourceV1Api(api).list_resource_slice(
+            field_selector=f"spec.nodeName={node},spec.driver={DRIVER}").items
+        return sum(1 for s in slices for d in s.spec.devices or []
+                   if "parentUUID" not in (d.attributes or {})) >= count
+    wait_for(f"{count} GPUs published for {node}", whole_gpus, timeout=30)
+
+
+def create_claim(api: Any, name: str, *, allocate: bool = True,
+                 parameters: Mapping[str, Any] | None = None, count: int = 1) -> Claim:
+    """A claim for ``count`` whole GPUs of our node, allocated by the real
+    scheduler for a pod (when ``allocate``)."""
+    exactly: dict[str, Any] = {"deviceClassName": CLASS, "count": count,
+                               "selectors": [{"cel": {"expression":
+                                              f"device.attributes['{DRIVER}'].type == 'gpu'"}}]}
+    spec: dict[str, Any] = {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}
+    if parameters is not None:
+        spec["devices"]["config"] = [{"requests": ["gpu"], "opaque": {
+            "driver": DRIVER, "parameters": dict(parameters)}}]
+    res: Any = client.ResourceV1Api(api)
+    created = res.create_namespaced_resource_claim(NAMESPACE, {"metadata": {"name": name},
+                                                               "spec": spec})
+    if allocate:
+        core: Any = client.CoreV1Api(api)
+        core.create_namespaced_pod(NAMESPACE, _pod(f"{name}-pod", {
+            "nodeSelector": {"kubernetes.io/hostname": NODE},
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+            "containers": [{"name": "c", "image": "pause",
+                            "resources": {"claims": [{"name": "gpu"}]}}]}))
+        wait_for(f"claim {name} allocated",
+                 lambda: res.read_namespaced_resource_claim(name, NAMESPACE).status.allocation,
+                 timeout=30)
+    return Claim(namespace=NAMESPACE, name=name, uid=created.metadata.uid)
+
+
+def delete_claim(api: Any, claim: Claim) -> None:
+    core, res = client.CoreV1Api(api), client.ResourceV1Api(api)
+    with contextlib.suppress(ApiException):
+        core.delete_namespaced_pod(f"{claim.name}-pod", NAMESPACE, grace_period_seconds=0)
+    with contextlib.suppress(ApiException):
+        res.delete_namespaced_resource_claim(claim.name, NAMESPACE)
+
+
+def our_status(api: Any, claim: Claim) -> list[dict[str, Any]]:
+    """The claim's status.devices entries of our driver (JSON)."""
+    try:
+        res: Any = client.ResourceV1Api(api)
+        resp = res.read_namespaced_resource_claim(claim.name, NAMESPACE, _preload_content=False)
+    except ApiException as err:
+        if err.status == 404:
+            return []
+        raise
+    doc = json.loads(resp.data)
+    return [d for d in (doc.get("status") or {}).get("devices") or [] if d["driver"] == DRIVER]
+
+
+def random_uid() -> str:
+    return str(uuid.uuid4())
