@@ -24,7 +24,7 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,11 +148,13 @@ class Reflector:
     back off, forever: an apiserver outage is waited out."""
 
     def __init__(self, rest: JsonApi, path: str, query: Sequence[tuple[str, Any]],
-                 on_list: Callable[[list[dict[str, Any]], int], None],
+                 on_list: Callable[[list[Any], int], None],
                  on_event: Callable[[str, dict[str, Any]], None],
                  on_error: Callable[[Exception], None], *, timeout: int = 300,
-                 max_backoff: float = 30.0) -> None:
+                 max_backoff: float = 30.0,
+                 keep: Callable[[dict[str, Any]], Any] = lambda obj: obj) -> None:
         self._rest = rest
+        self._keep = keep  # what of each listed object to keep, page by page
         self._path = path
         self._query = list(query)
         self._on_list = on_list
@@ -167,13 +169,13 @@ class Reflector:
         self.lists = 0      # LISTs made: one, and one more per 410 Gone
         self.watches = 0    # watch requests made (each resumes from the last version)
 
-    def list(self) -> tuple[list[dict[str, Any]], int]:
-        items: list[dict[str, Any]] = []
+    def list(self) -> tuple[list[Any], int]:
+        items: list[Any] = []
         cont = ""
         while True:
             q = [*self._query, ("limit", 500)] + ([("continue", cont)] if cont else [])
             data = self._rest.request("GET", self._path, q, timeout=60)
-            items += data.get("items") or ()
+            items += [self._keep(o) for o in data.get("items") or ()]
             cont = data.get("metadata", {}).get("continue", "")
             if not cont:
                 return items, int(data.get("metadata", {}).get("resourceVersion") or 0)
@@ -425,6 +427,7 @@ class SlicePublisher:
         self._dropped: dict[str, list[tuple[str, str]]] = {}
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
+        self._desired_known = threading.Event()
         self._reflector = self._new_reflector()
         self.stats = ReconcileStats()
         self.last_error = ""
@@ -432,7 +435,8 @@ class SlicePublisher:
     def _new_reflector(self) -> Reflector:
         return Reflector(self._rest, SLICES_PATH, self._selectors(), self._on_list,
                          self._on_event, lambda err: self._error("watch", err),
-                         timeout=self._watch_timeout, max_backoff=self._max_backoff)
+                         timeout=self._watch_timeout, max_backoff=self._max_backoff,
+                         keep=slice_plan.observe)
 
     @property
     def watching(self) -> bool:
@@ -440,14 +444,17 @@ class SlicePublisher:
 
     # -- desired state ------------------------------------------------------
 
-    def set_pools(self, pools: Sequence[Pool]) -> None:
+    def set_pools(self, pools: Iterable[Pool]) -> None:
         """Desired state: exactly these pools for this driver (pools not
-        named are deleted). Thread-safe; wakes the reconcile loop."""
+        named are deleted). Thread-safe; wakes the reconcile loop. The loop
+        writes nothing before the first call: a restarted driver must not
+        delete the slices it is about to publish again."""
         built = {p.name: slice_plan.desired_pool(self.driver, p) for p in pools}
         with self._lock:
             gone = set(self._desired) - set(built)
             changed = {n for n, d in built.items() if self._desired.get(n) != d}
             self._desired = built
+        self._desired_known.set()
         POOLS.labels(self.driver).set(len(built))
         for name in sorted(gone | changed):
             self._queue.add(name)
@@ -563,14 +570,13 @@ class SlicePublisher:
         return q
 
     def _list(self) -> tuple[list[Observed], int]:
-        items, rv = self._reflector.list()
-        return [slice_plan.observe(o) for o in items], rv
+        return self._reflector.list()
 
     def _relist(self) -> None:
         self._reflector.relist()
 
-    def _on_list(self, items: list[dict[str, Any]], rv: int) -> None:
-        changed = self._store.replace([slice_plan.observe(o) for o in items], rv)
+    def _on_list(self, items: list[Observed], rv: int) -> None:
+        changed = self._store.replace(items, rv)
         SLICES.labels(self.driver).set(self._store.count())
         with self._lock:
             wanted = set(self._desired)
@@ -595,7 +601,7 @@ class SlicePublisher:
             if pool is None:
                 return
             try:
-                if self._store.synced:
+                if self._store.synced and self._desired_known.is_set():
                     self._sync(pool)
                 else:
                     self._queue.add(pool, 0.2)
@@ -639,8 +645,8 @@ class SlicePublisher:
         for obs in p.deletes:
             if self._delete(obs):
                 done.deletes += 1
-        if p.writes and want is not None and not want.node_uid \
-                and any(w.create for w in p.writes):
+        if p.writes and want is not None and not want.node_uid:
+            # the owner reference needs the Node's UID (cached per node)
             uid = self._node_uid(want.node_name)
             p = slice_plan.plan(self.driver, DesiredPool(
                 pool=want.pool, node_name=want.node_name, node_uid=uid, slices=want.slices),

@@ -3,11 +3,13 @@ generations, what counts as unchanged, dropped-field reports."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
 
 from dra_driver.framework import slice_plan as sp
+from dra_driver.framework.publisher import Reflector
 from dra_driver.framework.slice_plan import Pool
 
 DRIVER = "gpu.toposerve.io"
@@ -146,3 +148,43 @@ def test_dropped_fields_named_by_gate() -> None:
     assert sp.dropped_fields({"sharedCounters": [{"name": "c"}]}, {}) == [
         ("spec.sharedCounters", "DRAPartitionableDevices")]
     assert sp.dropped_fields({"x": 1}, {"x": 1}) == []
+
+
+class _Apiserver:
+    """Answers a Reflector as an apiserver does: a LIST, watches from the
+    version asked for (events, a bookmark), and 410 Gone for one too old."""
+
+    def __init__(self) -> None:
+        self.lists = 0
+        self.watched_from: list[str] = []
+        self.reflector: Reflector | None = None
+
+    def request(self, method: str, path: str, query: Any = (), body: Any = None,
+                timeout: float = 30, accept: str = "") -> Any:
+        self.lists += 1
+        return {"items": [], "metadata": {"resourceVersion": str(10 * self.lists)}}
+
+    def stream(self, path: str, query: Any, read_timeout: float,
+               opened: Any) -> Iterator[dict[str, Any]]:
+        self.watched_from.append(dict(query)["resourceVersion"])
+        n = len(self.watched_from)
+        if n == 1:
+            yield {"type": "ADDED", "object": {"metadata": {"name": "a", "resourceVersion": "11"}}}
+            yield {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "15"}}}
+        elif n == 2:  # the server timed the watch out; then compaction passed version 15
+            yield {"type": "ERROR", "object": {"code": 410, "message": "too old"}}
+        else:
+            assert self.reflector is not None
+            self.reflector.stop()
+
+
+def test_reflector_resumes_and_relists_only_on_gone() -> None:
+    server = _Apiserver()
+    events: list[str] = []
+    r = Reflector(server, "/x", [], lambda items, rv: events.append(f"list@{rv}"),  # type: ignore[arg-type]
+                  lambda kind, obj: events.append(kind), lambda err: events.append(str(err)))
+    server.reflector = r
+    r.run()
+    assert server.watched_from == ["10", "15", "20"]
+    assert events == ["list@10", "ADDED", "list@20"]
+    assert (r.lists, r.watches) == (2, 3)
