@@ -26,6 +26,7 @@ from scheduler_ext.placement.decide import (
     filter_member,
     neutral,
     prioritize_member,
+    top,
 )
 from scheduler_ext.placement.levels import contains
 from scheduler_ext.placement.model import Decision, Group
@@ -97,6 +98,8 @@ class Extender:
         pod = _pod(args)
         cands = _candidates(args)
         with self.state.lock:
+            # asked again: the scheduler did not place it where we scored it
+            self.state.unassume(str((pod.get("metadata") or {}).get("uid", "")))
             facts, group = self._member(pod)
             changed: Decision | None = None
             if facts.ref is not None and facts.ref.problem:
@@ -137,6 +140,8 @@ class Extender:
             else:
                 scores = prioritize_member(self.state.view, group, facts.uid, cands.names,
                                            self.policy, self.clock())
+                if (best := top(scores)) is not None:
+                    self.state.assume(facts.uid, best)
         return [{"Host": n, "Score": scores.get(n, 0)} for n in cands.names]
 
     def preempt(self, args: Any) -> dict[str, Any]:

@@ -278,22 +278,46 @@ def neutral(candidates: list[str]) -> dict[str, int]:
     return dict.fromkeys(candidates, 0)
 
 
+KV_WEIGHT = 0.7  # P/D members: KV-transfer cost first, packing breaks its ties
+
+
 def prioritize_member(view: View, group: Group, uid: str, candidates: list[str],
                       policy: Policy, now: float) -> dict[str, int]:
-    """Scores 0..10: for P/D members with placed peers of the other role,
-    by modelled KV-transfer time from the nearest peer; otherwise toward
-    the NVLink domains the group already uses or is planned into."""
+    """Scores 0..10 toward the nodes the group's plan packs it into (the
+    NVLink domains it already uses first); for P/D members with placed
+    peers of the other role, mostly by modelled KV-transfer time from the
+    nearest peer. Exactly one node scores 10 (the member's own place in
+    the plan), so the scheduler's pick is predictable (see ``top``)."""
     decision = view.decisions.get(group.key)
     member = group.member(uid)
     if decision is None or member is None or not decision.live(now):
         return neutral(candidates)
     names = _nodes(view, decision.tier, decision.domain, decision.profiles)
-    inside = set(names)
+    raw, own = _pack_scores(view, group, member.demand, names, candidates, now)
     if group.shape == Shape.PD and member.role in (PREFILL, DECODE) and policy.links:
         other = DECODE if member.role == PREFILL else PREFILL
         peers = [m.node for m in group.members if m.role == other and m.node in view.nodes]
         if peers:
-            return _kv_scores(view, peers, candidates, inside, policy)
+            kv = _kv_scores(view, peers, candidates, set(names), policy)
+            raw = {c: KV_WEIGHT * kv[c] + (1 - KV_WEIGHT) * raw[c] for c in candidates}
+    if not candidates:
+        return {}
+    best = max(candidates, key=lambda c: (raw[c], c == own))
+    scores = {c: min(MAX_SCORE - 1, round(raw[c])) for c in candidates}
+    if raw[best] > 0:
+        scores[best] = MAX_SCORE
+    return scores
+
+
+def top(scores: dict[str, int]) -> str | None:
+    """The one node that scored 10, if any."""
+    best = [n for n, s in scores.items() if s == MAX_SCORE]
+    return best[0] if len(best) == 1 else None
+
+
+def _pack_scores(view: View, group: Group, demand: int, names: list[str],
+                 candidates: list[str], now: float) -> tuple[dict[str, float], str | None]:
+    inside = set(names)
     reserved = reservations(view, now, exclude=group.key)
     free = _free(view, names, reserved)
     used = set(_bound_subdomains(view, group))
@@ -301,15 +325,22 @@ def prioritize_member(view: View, group: Group, uid: str, candidates: list[str],
                         frozenset(used))
     targets = set(planned.nodes()) if planned else set()
     used |= set(planned.subdomains) if planned else set()
-    scores: dict[str, int] = {}
+    allowed = set(candidates)
+    own = next((n for d, n in planned.assignment if d == demand and n in allowed),
+               None) if planned else None
+    scores: dict[str, float] = {}
     for c in candidates:
         if c not in inside or c not in view.nodes:
             scores[c] = 0
+        elif c == own:
+            scores[c] = MAX_SCORE
+        elif c in targets:
+            scores[c] = MAX_SCORE - 1
         elif _subdomain(view, c) in used:
-            scores[c] = MAX_SCORE if c in targets else 7
+            scores[c] = 7
         else:
             scores[c] = 3
-    return scores
+    return scores, own
 
 
 def _kv_scores(view: View, peers: list[str], candidates: list[str], inside: set[str],

@@ -14,6 +14,7 @@ those, so a call after a bind costs a few records, not the cluster."""
 from __future__ import annotations
 
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -46,6 +47,7 @@ from scheduler_ext.state.facts import (
 from topology.model import Tier
 
 Key = tuple[str, str]
+ASSUME_TTL_S = 30.0  # a pod scheduled where we scored it binds well within this
 KINDS = ("nodes", "pods", "slices", "claims", "templates", "podgroups")
 
 
@@ -71,8 +73,11 @@ def _stub(kind: str, ident: str) -> dict[str, Any]:
 class ClusterState:
     """Thread-safe: watches write from their threads, the server reads."""
 
-    def __init__(self, cfg: ExtenderConfig) -> None:
+    def __init__(self, cfg: ExtenderConfig, clock: Callable[[], float] = time.monotonic,
+                 assume_ttl_s: float = ASSUME_TTL_S) -> None:
         self.cfg = cfg
+        self.clock = clock
+        self.assume_ttl_s = assume_ttl_s
         self.dialect = cfg.dialect()
         self._classes = set(cfg.accelerators.device_classes)
         self._drivers = set(cfg.accelerators.drivers)
@@ -94,6 +99,10 @@ class ClusterState:
         self._claims_of_pool: dict[tuple[str, str], set[Key]] = defaultdict(set)
         self._pods_of_claim: dict[Key, set[str]] = defaultdict(set)
         self._members: dict[str, set[str]] = defaultdict(set)  # group key -> pod uids
+        # pod uid -> (node, until): where we told the scheduler to put a
+        # group member and it has not shown up bound yet (its scheduling
+        # cycle is over, its binding not), like the scheduler's assume cache
+        self._assumed: dict[str, tuple[str, float]] = {}
         self._dirty_nodes: set[str] = set()
         self._dirty_groups: set[str] = set()
         self.synced: set[str] = set()  # kinds whose first list arrived
@@ -222,7 +231,30 @@ class ClusterState:
             self._set_pod(facts, False)
             return facts
 
+    def assume(self, uid: str, node: str) -> None:
+        """The group member ``uid`` is (probably) going to ``node``."""
+        with self.lock:
+            p = self._pods.get(uid)
+            if p is None or p.node:
+                return
+            self.unassume(uid)
+            self._assumed[uid] = (node, self.clock() + self.assume_ttl_s)
+            self._dirty_nodes.add(node)
+            if p.ref:
+                self._dirty_groups.add(p.ref.key)
+
+    def unassume(self, uid: str) -> None:
+        with self.lock:
+            gone = self._assumed.pop(uid, None)
+            if gone is not None:
+                self._dirty_nodes.add(gone[0])
+                p = self._pods.get(uid)
+                if p is not None and p.ref:
+                    self._dirty_groups.add(p.ref.key)
+
     def _set_pod(self, new: PodFacts, deleted: bool) -> None:
+        if deleted or new.node or not new.active:
+            self.unassume(new.uid)
         old = self._pods.pop(new.uid, None)
         if old is not None:
             self._unindex(old)
@@ -305,6 +337,8 @@ class ClusterState:
             allocated = sum(1 for c in p.claims if (p.namespace, c) in self._claims
                             for d in self._claims[(p.namespace, c)].devices if d in self._device)
             extra += max(0, self._demand(p) - p.extended - allocated) + p.extended
+        extra += sum(self._demand(self._pods[uid]) for uid, (n, _) in self._assumed.items()
+                     if n == name and uid in self._pods)
         return NodeState(name, f.path, capacity=len(units) + f.extended,
                          used=len(used_units) + extra, profile=f.profile)
 
@@ -328,7 +362,9 @@ class ClusterState:
             return None
         first = refs[0]
         members = tuple(Member(p.uid, f"{p.namespace}/{p.name}", self._demand(p),
-                               p.ref.role if p.ref else None, p.node) for p in pods)
+                               p.ref.role if p.ref else None,
+                               p.node or self._assumed.get(p.uid, (None, 0.0))[0])
+                        for p in pods)
         size = max((r.size for r in refs if r.size is not None), default=None)
         required = next((r.required for r in refs if r.required is not None), None)
         preferred = next((r.preferred for r in refs if r.preferred is not None), None)
@@ -350,6 +386,9 @@ class ClusterState:
         """The view, with what changed since the last call rebuilt. Call
         and use it under ``lock``."""
         with self.lock:
+            now = self.clock()
+            for uid in [u for u, (_, until) in self._assumed.items() if until <= now]:
+                self.unassume(uid)
             for name in self._dirty_nodes:
                 ns = self._node_state(name)
                 if ns is None:

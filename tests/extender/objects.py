@@ -83,9 +83,11 @@ def pod(name: str, *, labels: dict[str, str] | None = None,
 
 def lws_pods(name: str, group: int, size: int, *, claim_template: str,
              exclusive: str | None = "topology.toposerve.io/rack", revision: str = "5d8f9c7b6",
-             uid_prefix: str | None = None) -> list[dict[str, Any]]:
+             uid_prefix: str | None = None, owners: bool = True) -> list[dict[str, Any]]:
     """A LeaderWorkerSet group as LWS writes it: the leader (a StatefulSet
-    pod of the LWS) and its workers (pods of the per-group worker StatefulSet)."""
+    pod of the LWS) and its workers (pods of the per-group worker StatefulSet).
+    ``owners=False`` leaves the owner references out: on a real cluster the
+    garbage collector deletes pods whose StatefulSets do not exist."""
     key = f"{name}-{group}-groupkey"
     base = {"leaderworkerset.sigs.k8s.io/name": name,
             "leaderworkerset.sigs.k8s.io/group-index": str(group),
@@ -106,14 +108,14 @@ def lws_pods(name: str, group: int, size: int, *, claim_template: str,
                   "apps.kubernetes.io/pod-index": str(group if w == 0 else w)}
         extra = {} if w == 0 else {"leaderworkerset.sigs.k8s.io/leader-name": leader}
         out.append(pod(pod_name, labels=labels, annotations={**notes, **extra},
-                       claim_template=claim_template, owner=owner,
+                       claim_template=claim_template, owner=owner if owners else None,
                        uid=f"{uid_prefix}-{w}" if uid_prefix else None))
     return out
 
 
 def disaggregated_pods(name: str, slice_: int, roles: dict[str, tuple[int, int]], *,
                        claim_template: str, revision: str = "7f9b8c1d",
-                       uid_prefix: str | None = None) -> list[dict[str, Any]]:
+                       uid_prefix: str | None = None, owners: bool = True) -> list[dict[str, Any]]:
     """A DisaggregatedSet slice: one child LWS per role (``replicas`` groups
     of ``size`` pods), every pod labelled with the set's name, role, slice
     and revision as its controller does."""
@@ -122,7 +124,8 @@ def disaggregated_pods(name: str, slice_: int, roles: dict[str, tuple[int, int]]
         lws = f"{name}-{slice_}-{revision}-{role}"
         for g in range(replicas):
             for p in lws_pods(lws, g, size, claim_template=claim_template, exclusive=None,
-                              uid_prefix=f"{uid_prefix}-{role}-{g}" if uid_prefix else None):
+                              uid_prefix=f"{uid_prefix}-{role}-{g}" if uid_prefix else None,
+                              owners=owners):
                 p["metadata"]["labels"].update({
                     "app": f"{name}-{slice_}-{role}",
                     "disaggregatedset.x-k8s.io/name": name,

@@ -153,3 +153,25 @@ def test_a_decision_written_on_a_pod_is_found_again_and_the_oldest_wins() -> Non
     st.pod("ADDED", p[0])
     st.pod("ADDED", p[1])
     assert st.snapshot().decisions[ref.key] == older
+
+
+def test_an_assumed_member_counts_where_it_was_scored_until_it_binds_or_expires() -> None:
+    clock = [0.0]
+    st = ClusterState(ExtenderConfig(), clock=lambda: clock[0], assume_ttl_s=10)
+    nodes = k.planned(("gb200-nvl72", 2))
+    st.relist("nodes", [k.node(n) for n in nodes])
+    st.relist("slices", [k.gpu_slice(n) for n in nodes])
+    st.relist("templates", [k.template("gpu4", 4)])
+    p = k.toposerve_pods("g", 2, claim_template="gpu4", uid_prefix="g")
+    for x in p:
+        st.pod("ADDED", x)
+    a, b = nodes[0].name, nodes[1].name
+    st.assume("g-0", a)
+    view = st.snapshot()
+    assert view.nodes[a].used == 4 and view.groups["toposerve/default/g"].bound()[0].node == a
+    st.pod("MODIFIED", bound(p[0], b, "g-0"))  # the scheduler put it elsewhere after all
+    view = st.snapshot()
+    assert view.nodes[a].used == 0 and view.nodes[b].used == 4
+    st.assume("g-1", a)
+    clock[0] = 11
+    assert st.snapshot().nodes[a].used == 0

@@ -1,0 +1,236 @@
+"""A local cluster whose real kube-scheduler calls a real extender process:
+kwok nodes from GB200 NVL72 racks and HGX H100 blocks, GPU ResourceSlices
+published by the DRA publisher from the same topology model, a GPU
+DeviceClass and claim templates. For the extender's cluster tests and its
+benchmark."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import urllib3
+import yaml
+
+from dra_driver.framework.publisher import ApiError, JsonApi, SlicePublisher
+from dra_driver.gpu.devices import DRIVER, gpu_pool
+from localcluster.cluster import ClusterSpec, api_client, down, running_clusters, up
+from scheduler_ext.scheduler_config import render, scheduler_config
+from tests.extender.objects import GPU_CLASS, template
+from tests.waiting import wait_for
+from topology.labels import PRESETS, PROFILE_LABEL, DialectName, from_labels
+from topology.model import DomainPath, NodeTopology
+from topology.profiles import load_profile
+
+WORKLOAD_GATES = "GenericWorkload=true,TopologyAwareWorkloadScheduling=true"
+WORKLOAD_API = "scheduling.k8s.io/v1beta1=true"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class ExtenderProc:
+    """``toposerve extender`` as a subprocess, restartable on its port."""
+
+    kubeconfig: Path
+    port: int
+    workdir: Path
+    config: dict[str, Any] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        cfg = self.workdir / "extender.yaml"
+        cfg.write_text(yaml.safe_dump({"apiVersion": "toposerve.io/v1",
+                                       "kind": "ExtenderConfig", **self.config}))
+        self.starts += 1
+        log = (self.workdir / f"extender-{self.starts}.log").open("wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "toposerve_cli.main", "extender", "--config", str(cfg),
+             "--kubeconfig", str(self.kubeconfig), "--port", str(self.port)],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        http = urllib3.PoolManager()
+
+        def ready() -> bool:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"extender exited: {self.log_tail()}")
+            try:
+                return http.request("GET", f"{self.url}/ready", timeout=1,
+                                    retries=False).status == 200
+            except urllib3.exceptions.HTTPError:
+                return False
+        wait_for("the extender to be ready", ready, timeout=60, interval=0.2)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def log_tail(self, lines: int = 20) -> str:
+        path = self.workdir / f"extender-{self.starts}.log"
+        return "\n".join(path.read_text().splitlines()[-lines:]) if path.exists() else ""
+
+    def metrics(self) -> str:
+        r = urllib3.PoolManager().request("GET", f"{self.url}/metrics", timeout=5)
+        return str(r.data.decode())
+
+
+@dataclass
+class GpuCluster:
+    name: str
+    api: Any
+    kubeconfig: Path
+    paths: dict[str, DomainPath]  # node -> its place
+    extender: ExtenderProc | None
+
+
+def rest(api: Any) -> JsonApi:
+    return JsonApi(api)
+
+
+def publish_gpu_slices(api: Any) -> int:
+    """GPU slices for every node, from its profile label, by the publisher
+    the real driver uses (standing in for ``toposerve driver simulate``)."""
+    pools = []
+    for n in rest(api).request("GET", "/api/v1/nodes")["items"]:
+        md = n["metadata"]
+        profile = (md.get("labels") or {}).get(PROFILE_LABEL)
+        if not profile:
+            continue
+        topo = NodeTopology(name=md["name"], profile=profile,
+                            path=from_labels(md["name"], md.get("labels") or {},
+                                             PRESETS[DialectName.TOPOSERVE]),
+                            hardware=load_profile(profile).hardware())
+        pools.append(gpu_pool(topo, node_uid=md["uid"]))
+    pub = SlicePublisher(api, DRIVER)
+    pub.set_pools(pools)
+    pub.reconcile_once()
+    return len(pools)
+
+
+def create(api: Any, path: str, obj: dict[str, Any]) -> None:
+    """POST, tolerating an object that is already there."""
+    try:
+        rest(api).request("POST", path, body=obj)
+    except ApiError as err:
+        if err.status != 409:
+            raise
+
+
+def create_classes_and_templates(api: Any, gpus: list[int], namespace: str = "default") -> None:
+    create(api, "/apis/resource.k8s.io/v1/deviceclasses", {
+        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+        "metadata": {"name": GPU_CLASS},
+        "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}'"}}]}})
+    for g in gpus:
+        create(api, f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates",
+               template(f"gpu{g}", g, namespace))
+
+
+@contextmanager
+def gpu_cluster(name: str, groups: list[tuple[str, int]], workdir: Path, *,
+                extender: bool = True, workload_gates: bool = False, qps: int = 1000,
+                extender_config: dict[str, Any] | None = None, cm_qps: int | None = None,
+                progress: Any = None) -> Iterator[GpuCluster]:
+    """Up, with the extender wired into the scheduler (or not), slices
+    published; torn down on exit whatever happened. ``qps``: the
+    scheduler's client limits; ``cm_qps``: the controller-manager's (kwokctl
+    0.8.0 panics on that flag next to the kwok-controller's three)."""
+    port = free_port()
+    sched = workdir / f"{name}-scheduler.yaml"
+    cfg = scheduler_config(f"http://127.0.0.1:{port}", qps=qps)
+    if not extender:
+        del cfg["extenders"]
+    sched.write_text(render(cfg))
+    if name in running_clusters():
+        down(name)
+    say = progress or (lambda m: print(f"[{name}] {m}", file=sys.stderr))
+    spec = ClusterSpec(name=name, groups=groups, scheduler_config=sched,
+                       controller_manager_qps=cm_qps,
+                       feature_gates=WORKLOAD_GATES if workload_gates else "",
+                       runtime_config=WORKLOAD_API if workload_gates else "")
+    kubeconfig = up(spec, progress=say)
+    proc: ExtenderProc | None = None
+    try:
+        api = api_client(name)
+        publish_gpu_slices(api)
+        create_classes_and_templates(api, [1, 2, 4, 8])
+        paths = {n["metadata"]["name"]: from_labels(n["metadata"]["name"],
+                                                    n["metadata"].get("labels") or {},
+                                                    PRESETS[DialectName.TOPOSERVE])
+                 for n in rest(api).request("GET", "/api/v1/nodes")["items"]}
+        if extender:
+            proc = ExtenderProc(kubeconfig, port, workdir, dict(extender_config or {}))
+            proc.start()
+        yield GpuCluster(name, api, kubeconfig, paths, proc)
+    finally:
+        if proc is not None:
+            proc.stop()
+        down(name, progress=say)
+
+
+def pods(api: Any, selector: str = "", namespace: str = "default") -> list[dict[str, Any]]:
+    query = [("labelSelector", selector)] if selector else []
+    items: list[dict[str, Any]] = rest(api).request(
+        "GET", f"/api/v1/namespaces/{namespace}/pods", query)["items"]
+    return items
+
+
+def bound_nodes(api: Any, selector: str, namespace: str = "default") -> dict[str, str | None]:
+    """pod name -> node (None while pending) for pods matching ``selector``."""
+    return {p["metadata"]["name"]: p["spec"].get("nodeName")
+            for p in pods(api, selector, namespace)}
+
+
+def wait_bound(api: Any, selector: str, count: int, timeout: float = 90) -> dict[str, str]:
+    def check() -> dict[str, str]:
+        got = bound_nodes(api, selector)
+        if len(got) == count and all(got.values()):
+            return {k: v for k, v in got.items() if v}
+        return {}
+    return wait_for(f"{count} pods of {selector} bound", check, timeout=timeout, interval=0.3)
+
+
+def create_pods(api: Any, items: list[dict[str, Any]], namespace: str = "default") -> None:
+    for p in items:
+        rest(api).request("POST", f"/api/v1/namespaces/{namespace}/pods", body=p)
+
+
+def scheduling_events(api: Any, pod: str, namespace: str = "default") -> list[str]:
+    evs = rest(api).request("GET", f"/api/v1/namespaces/{namespace}/events",
+                            [("fieldSelector", f"involvedObject.name={pod}")])["items"]
+    return [str(e.get("message") or "") for e in evs if e.get("reason") == "FailedScheduling"]
+
+
+def delete_all(api: Any, namespace: str = "default") -> None:
+    """Every pod of the namespace, at once; back when their claims are gone too."""
+    r = rest(api)
+    r.request("DELETE", f"/api/v1/namespaces/{namespace}/pods",
+              [("gracePeriodSeconds", 0)])
+
+    def gone() -> bool:
+        claims = r.request("GET", f"/apis/resource.k8s.io/v1/namespaces/{namespace}/"
+                                  "resourceclaims")["items"]
+        return not pods(api, namespace=namespace) and not claims
+    wait_for("pods and their claims gone", gone, timeout=60, interval=0.3)

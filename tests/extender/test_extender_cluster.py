@@ -1,0 +1,163 @@
+"""The extender under the real kube-scheduler (v1.37.2) on a kwok cluster of
+three GB200 NVL72 racks and two HGX H100 racks, with GPU ResourceSlices and
+claims allocated by the scheduler's DRA plugin; pods shaped like the real
+controllers' output."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pytest
+import urllib3
+
+from tests.extender import objects as k
+from tests.extender.cluster import (
+    GpuCluster,
+    bound_nodes,
+    create_pods,
+    delete_all,
+    gpu_cluster,
+    pods,
+    rest,
+    scheduling_events,
+    wait_bound,
+)
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.cluster
+
+NAME = (os.environ.get("TOPOSERVE_TEST_CLUSTER", "toposerve-test") + "-ext")[:32]
+GROUPS = [("gb200-nvl72", 54), ("hgx-h100", 8)]
+
+
+@pytest.fixture(scope="module")
+def gc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GpuCluster]:
+    with gpu_cluster(NAME, GROUPS, tmp_path_factory.mktemp("ext"), workload_gates=True,
+                     extender_config={"placement": {"promiseTTLSeconds": 60}}) as c:
+        yield c
+
+
+@pytest.fixture
+def clean(gc: GpuCluster) -> Iterator[GpuCluster]:
+    yield gc
+    delete_all(gc.api)
+
+
+def racks(gc: GpuCluster, nodes: dict[str, str]) -> set[str | None]:
+    return {gc.paths[n].rack for n in nodes.values()}
+
+
+def test_wide_ep_groups_land_whole_in_one_rack_in_any_interleaving(clean: GpuCluster) -> None:
+    gc = clean
+    rnd = random.Random(16)
+    # a whole rack; no owner references (the garbage collector would delete
+    # pods whose StatefulSets do not exist), labels and annotations as LWS's
+    leader, *workers = k.lws_pods("lws-a", 0, 18, claim_template="gpu4", owners=False)
+    b = k.toposerve_pods("ep-b", 9, claim_template="gpu4", level="rack")
+    c = k.toposerve_pods("ep-c", 9, claim_template="gpu4", level="rack")
+    plain = [k.pod(f"web-{i}", labels={"app": "web"}) for i in range(4)]
+    first = [leader, *b, *c, *plain]
+    rnd.shuffle(first)
+    create_pods(gc.api, first)
+    # LeaderWorkerSet creates the workers only once the leader is placed
+    wait_bound(gc.api, "leaderworkerset.sigs.k8s.io/worker-index=0", 1)
+    create_pods(gc.api, workers)
+    placed = {g: wait_bound(gc.api, sel, n) for g, sel, n in (
+        ("lws-a", "leaderworkerset.sigs.k8s.io/name=lws-a", 18),
+        ("ep-b", "toposerve.io/group=ep-b", 9), ("ep-c", "toposerve.io/group=ep-c", 9))}
+    wait_bound(gc.api, "app=web", 4)
+    for group, nodes in placed.items():
+        assert len(racks(gc, nodes)) == 1, f"{group} split over {racks(gc, nodes)}"
+    # b and c share a rack (best fit) and the LWS group has one of its own
+    assert racks(gc, placed["ep-b"]) == racks(gc, placed["ep-c"])
+    assert racks(gc, placed["lws-a"]) != racks(gc, placed["ep-b"])
+
+
+def test_a_group_that_fits_nowhere_waits_whole_with_a_reason(clean: GpuCluster) -> None:
+    gc = clean
+    huge = k.toposerve_pods("huge", 19, claim_template="gpu4", level="rack")  # 76 GPUs > 72
+    create_pods(gc.api, huge)
+    reason = wait_for("a FailedScheduling event naming the group",
+                      lambda: next((m for m in scheduling_events(gc.api, "huge-0")
+                                    if "group toposerve/default/huge needs 76" in m), ""),
+                      timeout=30)
+    assert "in one rack" in reason
+    assert not any(bound_nodes(gc.api, "toposerve.io/group=huge").values())
+
+
+def test_pd_slices_keep_decode_beside_prefill_and_fall_back_one_level(
+        clean: GpuCluster) -> None:
+    gc = clean
+    # GB200: a slice of 4 prefill + 2 decode fits one NVLink domain (the rack)
+    s0 = k.disaggregated_pods("inf", 0, {"prefill": (4, 1), "decode": (1, 2)},
+                              claim_template="gpu4", owners=False)
+    # HGX: one node is an NVLink domain (8 GPUs); 16 GPUs fall back to the rack
+    s1 = k.disaggregated_pods("hgx", 0, {"prefill": (2, 1), "decode": (1, 2)},
+                              claim_template="gpu4", owners=False)
+    for p in s1:
+        p["spec"]["nodeSelector"] = {"topology.toposerve.io/profile": "hgx-h100"}
+    mixed = [*s0, *s1]
+    random.Random(3).shuffle(mixed)
+    create_pods(gc.api, mixed)
+    gb = wait_bound(gc.api, "disaggregatedset.x-k8s.io/name=inf", 6)
+    hgx = wait_bound(gc.api, "disaggregatedset.x-k8s.io/name=hgx", 4)
+    assert len({gc.paths[n].nvlink for n in gb.values()}) == 1
+    assert len(racks(gc, hgx)) == 1 and len(set(hgx.values())) == 2
+
+
+def test_in_tree_pod_group_pods_are_a_group(clean: GpuCluster) -> None:
+    gc = clean
+    groups = "/apis/scheduling.k8s.io/v1beta1/namespaces/default/podgroups"
+    rest(gc.api).request("POST", groups, body=k.pod_group("pg", 9))
+    members = k.pod_group_pods("pg", 9, claim_template="gpu4")
+    for p in members:
+        p["metadata"]["labels"]["test"] = "pg"
+    create_pods(gc.api, members)
+    (got,) = [p for p in pods(gc.api, "test=pg") if p["metadata"]["name"] == "pg-0"]
+    # the gate let the field through
+    assert got["spec"]["schedulingGroup"] == {"podGroupName": "pg"}
+    placed = wait_bound(gc.api, "test=pg", 9)
+    assert len(racks(gc, placed)) == 1
+    rest(gc.api).request("DELETE", f"{groups}/pg")
+
+
+def test_restart_mid_group_keeps_it_in_one_domain_and_plain_pods_never_wait(
+        clean: GpuCluster) -> None:
+    gc = clean
+    assert gc.extender is not None
+    members = k.toposerve_pods("rs", 12, claim_template="gpu4", level="rack")
+    create_pods(gc.api, members[:5])
+    first = wait_bound(gc.api, "toposerve.io/group=rs", 5)
+    notes = [p["metadata"].get("annotations") or {} for p in pods(gc.api, "toposerve.io/group=rs")
+             if p["metadata"]["name"] in first]
+    assert any("toposerve.io/placement" in n for n in notes)
+    gc.extender.stop()
+    # the extender is down: an ordinary pod is still scheduled (ignorable)
+    create_pods(gc.api, [k.pod("lonely", labels={"app": "lonely"})])
+    wait_bound(gc.api, "app=lonely", 1, timeout=30)
+    gc.extender.start()
+    create_pods(gc.api, members[5:])
+    placed = wait_bound(gc.api, "toposerve.io/group=rs", 12)
+    assert len(racks(gc, placed)) == 1
+
+
+def test_the_live_extender_answers_bad_json_and_unknown_pods(gc: GpuCluster) -> None:
+    assert gc.extender is not None
+    http = urllib3.PoolManager()
+    r = http.request("POST", f"{gc.extender.url}/filter", body=b"{", timeout=5)
+    assert r.status == 400 and "Error" in orjson.loads(r.data)
+    names = sorted(gc.paths)
+    stranger: dict[str, Any] = k.pod("stranger", uid="never-seen")
+    r = http.request("POST", f"{gc.extender.url}/filter", timeout=5,
+                     body=orjson.dumps({"Pod": stranger, "NodeNames": names}))
+    assert r.status == 200 and orjson.loads(r.data)["NodeNames"] == names
+    text = gc.extender.metrics()
+    assert 'toposerve_extender_decisions_total{reason="pass-through"}' in text
+    # this process (restarted above) picked up the group it found half placed
+    assert re.search(r'toposerve_extender_decisions_total\{reason="(held|decided)"\} [1-9]',
+                     text)
