@@ -52,6 +52,11 @@ class ClusterSpec:
     scheduler_config: Path | None = None
     dialect: DialectName = DialectName.TOPOSERVE
     ready_timeout_s: float | None = None  # default: 60 s + 0.2 s a node
+    # Kubernetes feature gates and built-in APIs for every component, e.g. the
+    # in-tree workload scheduling: "GenericWorkload=true,TopologyAwareWorkloadScheduling=true"
+    # and "scheduling.k8s.io/v1beta1=true" (DESIGN §6)
+    feature_gates: str = ""
+    runtime_config: str = ""
 
 
 def kwok_workdir() -> Path:
@@ -236,6 +241,10 @@ def up(spec: ClusterSpec, progress: Progress = _stderr) -> Path:
                 "--wait", "2m", *KWOK_ARGS]
         if spec.scheduler_config:
             args += ["--kube-scheduler-config", str(spec.scheduler_config.resolve())]
+        if spec.feature_gates:
+            args += ["--kube-feature-gates", spec.feature_gates]
+        if spec.runtime_config:
+            args += ["--kube-runtime-config", spec.runtime_config]
         try:
             _kwokctl(tools, *args)
             progress(f"control plane up in {time.monotonic() - started:.1f}s")
