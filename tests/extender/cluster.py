@@ -151,12 +151,11 @@ def create_classes_and_templates(api: Any, gpus: list[int], namespace: str = "de
 @contextmanager
 def gpu_cluster(name: str, groups: list[tuple[str, int]], workdir: Path, *,
                 extender: bool = True, workload_gates: bool = False, qps: int = 1000,
-                extender_config: dict[str, Any] | None = None, cm_qps: int | None = None,
+                extender_config: dict[str, Any] | None = None,
                 progress: Any = None) -> Iterator[GpuCluster]:
     """Up, with the extender wired into the scheduler (or not), slices
     published; torn down on exit whatever happened. ``qps``: the
-    scheduler's client limits; ``cm_qps``: the controller-manager's (kwokctl
-    0.8.0 panics on that flag next to the kwok-controller's three)."""
+    scheduler's client limits (the controller-manager keeps its defaults)."""
     port = free_port()
     sched = workdir / f"{name}-scheduler.yaml"
     cfg = scheduler_config(f"http://127.0.0.1:{port}", qps=qps)
@@ -167,7 +166,6 @@ def gpu_cluster(name: str, groups: list[tuple[str, int]], workdir: Path, *,
         down(name)
     say = progress or (lambda m: print(f"[{name}] {m}", file=sys.stderr))
     spec = ClusterSpec(name=name, groups=groups, scheduler_config=sched,
-                       controller_manager_qps=cm_qps,
                        feature_gates=WORKLOAD_GATES if workload_gates else "",
                        runtime_config=WORKLOAD_API if workload_gates else "")
     kubeconfig = up(spec, progress=say)
