@@ -7,7 +7,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from router.config import RouterConfig
-from router.endpoints import Endpoint, Pool
+from router.pool.endpoints import Endpoint, Pool
 from router.prefix.index import PrefixIndex
 
 MAX_SESSIONS = 200_000

@@ -27,7 +27,7 @@ def _load(args: argparse.Namespace) -> RouterConfig:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from router.server import Router, serve
+    from router.http.server import Router, serve
 
     try:
         cfg = _load(args)

@@ -30,7 +30,7 @@ from wire.kv_events import (
 )
 from wire.tokens import Tokenizer
 
-log = structlog.get_logger("router.kv_events")
+log = structlog.get_logger("router.prefix.kv_index")
 REPLAY_TIMEOUT_S = 2.0
 
 

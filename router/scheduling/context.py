@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from router.endpoints import Endpoint
+from router.pool.endpoints import Endpoint
 from wire.hashing import byte_block_hashes
 from wire.tokens import BYTES_PER_TOKEN
 

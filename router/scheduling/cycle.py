@@ -13,7 +13,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, cast
 
-from router.endpoints import Endpoint
+from router.pool.endpoints import Endpoint
 
 T = TypeVar("T")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from router.endpoints import Endpoint
+from router.pool.endpoints import Endpoint
 from router.scheduling.context import RequestContext
 from router.state import RouterState
 

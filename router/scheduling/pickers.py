@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from router.endpoints import Endpoint
+from router.pool.endpoints import Endpoint
 
 TIE = 1e-9
 

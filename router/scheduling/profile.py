@@ -6,9 +6,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from router.config import ProfileConfig
-from router.endpoints import Endpoint
+from router.http.proxy import Work
+from router.pool.endpoints import Endpoint
 from router.prefix.kv_index import KVIndex
-from router.proxy import Work
 from router.scheduling import registry
 from router.scheduling.context import RequestContext
 from router.scheduling.cycle import CycleState

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from router.endpoints import Endpoint
+from router.pool.endpoints import Endpoint
 from router.prefix.index import PrefixIndex
 from router.prefix.kv_index import KVIndex
 from router.scheduling.context import RequestContext

@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 
 from bench.procs import MODEL, Procs, free_port
-from router.scrape import KV_USAGE, RUNNING, WAITING
+from router.pool.scrape import KV_USAGE, RUNNING, WAITING
 
 
 @dataclass

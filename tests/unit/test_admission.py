@@ -9,10 +9,10 @@ import time
 import pytest
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from router.admission import Admission
+from router.admission.flow_control import Admission
 from router.config import RouterConfig
-from router.endpoints import Endpoint, LoadSample
 from router.metrics import RouterMetrics
+from router.pool.endpoints import Endpoint, LoadSample
 from router.state import RouterState
 from wire.errors import ApiError
 

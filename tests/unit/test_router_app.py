@@ -6,7 +6,7 @@ handler looks like to the client, the metrics and the log."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine, MutableMapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -16,8 +16,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from router.config import RouterConfig
+from router.http.server import Router, build_app
 from router.scheduling.context import RequestContext
-from router.server import Router, build_app
+from router.scheduling.profile import Decision
 from simulator.config import SimConfig
 from simulator.server import build_app as build_sim
 
@@ -30,7 +31,7 @@ class Stack:
     client: TestClient[web.Request, web.Application]
     router: Router
     sims: list[str]  # their URLs, in the order given
-    logs: list[dict[str, Any]]  # what the router and the simulators logged
+    logs: list[MutableMapping[str, Any]]  # what the router and the simulators logged
 
 
 async def _wait(what: str, check: Callable[[], bool], timeout: float = 10) -> None:
@@ -74,7 +75,7 @@ async def stack(sims: list[dict[str, Any]], config: dict[str, Any]) -> AsyncIter
                 await server.close()
 
 
-def run(test: Callable[[], Awaitable[None]]) -> None:
+def run(test: Callable[[], Coroutine[Any, Any, None]]) -> None:
     asyncio.run(test())
 
 
@@ -128,7 +129,7 @@ def test_decode_profile_with_prefix_scorers_ranks_decode_endpoints() -> None:
 def test_unexpected_error_is_an_openai_500_counted_and_logged_once() -> None:
     async def go() -> None:
         async with stack([{}], {}) as s:
-            def broken(*_: Any) -> Any:
+            def broken(ctx: RequestContext) -> Decision:
                 raise RuntimeError("a bug in a scorer")
 
             s.router.scheduler.schedule = broken  # type: ignore[method-assign]

@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from router.config import load_router_config
+from router.pool.scrape import KV_USAGE, RUNNING, WAITING, parse_load
 from router.prefix.index import PrefixIndex
 from router.prefix.kv_index import KVIndex
 from router.scheduling.scoring import decisive, lower_is_better, weighted_total
-from router.scrape import KV_USAGE, RUNNING, WAITING, parse_load
 from simulator.kvcache import BlockCache, block_hashes
 from topology.config_file import ConfigError
 from wire.hashing import byte_block_hashes, token_block_hashes
@@ -254,7 +254,7 @@ def test_unknown_plugin_named(tmp_path: Path) -> None:
 
 
 def test_decode_profile_errors_name_their_section(tmp_path: Path) -> None:
-    from router.disaggregation import Disaggregation
+    from router.disaggregation.pairing import Disaggregation
     from router.scheduling.registry import PluginError
     from router.state import RouterState
 
@@ -267,14 +267,14 @@ def test_decode_profile_errors_name_their_section(tmp_path: Path) -> None:
 
 
 def test_config_reference_is_current() -> None:
-    from router.config_docs import render
+    from router.docgen.config import render
 
     committed = (Path(__file__).parents[2] / "docs" / "router-config.md").read_text()
-    assert committed == render(), "run: python -m router.config_docs > docs/router-config.md"
+    assert committed == render(), "run: python -m router.docgen.config > docs/router-config.md"
 
 
 def test_metrics_reference_is_current() -> None:
-    from router.metrics_docs import render
+    from router.docgen.metrics import render
 
     committed = (Path(__file__).parents[2] / "docs" / "router-metrics.md").read_text()
-    assert committed == render(), "run: python -m router.metrics_docs > docs/router-metrics.md"
+    assert committed == render(), "run: python -m router.docgen.metrics > docs/router-metrics.md"

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from router.config import RouterConfig
-from router.endpoints import Endpoint, LoadSample
+from router.pool.endpoints import Endpoint, LoadSample
 from router.scheduling.context import RequestContext
 from router.scheduling.cycle import CycleState
 from router.scheduling.profile import Decision, Scheduler
@@ -172,7 +172,7 @@ def test_pool_change_while_waiting_is_scored_afresh(scorer: str) -> None:
     """What the split check computed before admission is not what the
     prefill stage scores after it: an endpoint that joined meanwhile is
     scored like the others (no KeyError, no missing score)."""
-    from router.disaggregation import Disaggregation
+    from router.disaggregation.pairing import Disaggregation
 
     state = _split_state(1, [{"type": scorer, "weight": 1}])
     pd = Disaggregation(state, state.config, None)

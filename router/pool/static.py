@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from router.config import StaticEndpoint
-from router.endpoints import Endpoint, Pool
+from router.pool.endpoints import Endpoint, Pool
 
 
 def load_static(pool: Pool, entries: list[StaticEndpoint]) -> list[Endpoint]:

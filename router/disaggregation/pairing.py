@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 import orjson
 
 from router.config import RouterConfig
-from router.endpoints import Endpoint
+from router.pool.endpoints import Endpoint
 from router.prefix.kv_index import KVIndex
 from router.scheduling.context import RequestContext
 from router.scheduling.cycle import CycleState

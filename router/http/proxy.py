@@ -15,11 +15,11 @@ import aiohttp
 import structlog
 from aiohttp import web
 
-from router.endpoints import Endpoint
 from router.metrics import RouterMetrics
+from router.pool.endpoints import Endpoint
 from wire.errors import error_response, sse_error
 
-log = structlog.get_logger("router.proxy")
+log = structlog.get_logger("router.http.proxy")
 
 # hop-by-hop (RFC 9110 7.6.1) and length headers are the proxy's own
 # business; the router answered the client's Expect itself

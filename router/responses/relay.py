@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from router.endpoints import Endpoint
+from router.pool.endpoints import Endpoint
 
 _WHOLE = (b"response.created", b"response.in_progress", b"response.completed",
           b"response.failed", b"response.incomplete")

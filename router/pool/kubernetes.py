@@ -21,11 +21,11 @@ from typing import Any
 import structlog
 
 from router.config import KubernetesDiscovery
-from router.endpoints import Endpoint, Pool
+from router.pool.endpoints import Endpoint, Pool
 from topology.labels import PRESETS, from_labels
 from topology.model import DomainPath
 
-log = structlog.get_logger("router.discovery")
+log = structlog.get_logger("router.pool.kubernetes")
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """Serving one request split between a prefill and a decode endpoint: the
-two protocols of ``router.disaggregation`` played over the proxy, and the
+two protocols of ``router.disaggregation.pairing`` played over the proxy, and the
 fallback when the hand-over fails (the decode endpoint prefills itself)."""
 
 from __future__ import annotations
@@ -13,22 +13,22 @@ import orjson
 import structlog
 from aiohttp import web
 
-from router.disaggregation import (
+from router.disaggregation.pairing import (
     RESPONSES_PATH,
     Disaggregation,
     decode_body,
     kv_params_of,
     prefill_body,
 )
-from router.endpoints import Endpoint
+from router.http.proxy import Proxy, Upstream, Work
 from router.metrics import RouterMetrics
-from router.proxy import Proxy, Upstream, Work
+from router.pool.endpoints import Endpoint
 from router.scheduling.context import RequestContext
 from router.scheduling.profile import Decision, Scheduler
 from topology.distance import node_tier
 from wire.errors import ApiError
 
-log = structlog.get_logger("router.split")
+log = structlog.get_logger("router.disaggregation.split")
 PREFILL_HEADER = "X-Toposerve-Prefill-Endpoint"
 # admits the request and ranks the endpoints of one stage (the router's own)
 Schedule = Callable[[web.Request, RequestContext, Scheduler], Awaitable[Decision]]

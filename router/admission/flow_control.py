@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from multidict import CIMultiDictProxy
 
 from router.config import AdmissionConfig
-from router.endpoints import Endpoint
 from router.metrics import RouterMetrics
+from router.pool.endpoints import Endpoint
 from router.state import RouterState
 from wire.errors import ApiError
 

@@ -1,5 +1,5 @@
 """The router config reference, generated from the pydantic models so it
-cannot drift from them: ``python -m router.config_docs > docs/router-config.md``
+cannot drift from them: ``python -m router.docgen.config > docs/router-config.md``
 (a unit test checks the committed file is current)."""
 
 from __future__ import annotations

@@ -15,9 +15,9 @@ import orjson
 import structlog
 from prometheus_client.parser import text_string_to_metric_families
 
-from router.endpoints import Endpoint, LoadSample
+from router.pool.endpoints import Endpoint, LoadSample
 
-log = structlog.get_logger("router.scrape")
+log = structlog.get_logger("router.pool.scrape")
 UNHEALTHY_AFTER = 3
 
 WAITING = {"vllm:num_requests_waiting", "sglang:num_queue_reqs"}

@@ -15,21 +15,21 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from router.admission import Admission
+from router.admission.flow_control import Admission
 from router.config import RouterConfig
-from router.disaggregation import RESPONSES_PATH, Disaggregation
-from router.discovery.kubernetes import KubernetesWatcher
-from router.discovery.static import load_static
-from router.endpoints import Endpoint
+from router.disaggregation.pairing import RESPONSES_PATH, Disaggregation
+from router.disaggregation.split import Call, Route, Splitter
+from router.http.proxy import Proxy, Upstream, forward_headers
 from router.metrics import RouterMetrics
+from router.pool.endpoints import Endpoint
+from router.pool.kubernetes import KubernetesWatcher
+from router.pool.scrape import scrape_loop
+from router.pool.static import load_static
 from router.prefix.kv_index import KVIndex
-from router.proxy import Proxy, Upstream, forward_headers
-from router.responses_relay import ResponsesTap, output_text
-from router.responses_store import ResponsesStore, make_store
+from router.responses.relay import ResponsesTap, output_text
+from router.responses.store import ResponsesStore, make_store
 from router.scheduling.context import RequestContext
 from router.scheduling.profile import Decision, Scheduler
-from router.scrape import scrape_loop
-from router.split import Call, Route, Splitter
 from router.state import RouterState
 from wire.errors import ApiError, error_response, from_validation
 from wire.openai import ChatRequest, CompletionRequest, ResponsesRequest

@@ -1,0 +1,4 @@
+"""The HTTP front: the aiohttp app with the OpenAI-compatible handlers,
+/health, /ready and /metrics, and the error middleware (``server``); and
+forwarding one request upstream with failover before the first byte and a
+chunk-by-chunk SSE relay after it (``proxy``)."""
