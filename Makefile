@@ -7,9 +7,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml 2>/dev/null | sha256sum | cut -c1-12)
 PYTEST := $(PY) -m pytest
 
-.PHONY: setup venv tools sysdeps peers lint test demo bench scale clean protos
+.PHONY: setup venv tools node-tools sysdeps peers lint test demo bench scale clean protos
 
-setup: venv tools sysdeps
+setup: venv tools node-tools sysdeps
 
 sysdeps:
 	bash hack/install-system-deps.sh
@@ -25,6 +25,11 @@ $(STAMP): pyproject.toml
 
 tools:
 	bash hack/build-cluster-tools.sh
+
+# kubelet, containerd and our pause binary for the real node (kubelet is built
+# from the cluster tools' wrapper module, so after them)
+node-tools: tools
+	bash hack/build-node-tools.sh
 
 # gRPC stubs for the kubelet protos (committed; tests/dra/test_protos.py checks they are current)
 protos: venv

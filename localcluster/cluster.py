@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from localcluster.nodes import MAX_NODES, node_manifest
+from localcluster.nodes import KWOK_ANNOTATION, MAX_NODES, node_manifest
 from localcluster.processes import commands_under, end_processes
 from localcluster.tools import Tools, ToolsMissing, find_tools, state_dir
 from topology.config_file import ConfigError
@@ -31,7 +31,11 @@ from topology.profiles import load_profile
 
 # kwok gives each pod an IP from its node's podCIDR (127.x, see nodes.py);
 # a node without one falls back to this range, which is loopback too.
-KWOK_ARGS = ["--extra-args", "kwok-controller=cidr=127.15.0.0/16"]
+KWOK_ARGS = ["--extra-args", "kwok-controller=cidr=127.15.0.0/16",
+             # only the fake nodes: a real kubelet node (localcluster.realnode) is left alone
+             "--extra-args", "kwok-controller=manage-all-nodes=false",
+             "--extra-args",
+             f"kwok-controller=manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake"]
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?$")
 META_FILE = "toposerve.json"
 Progress = Callable[[str], None]
@@ -52,6 +56,8 @@ class ClusterSpec:
     scheduler_config: Path | None = None
     dialect: DialectName = DialectName.TOPOSERVE
     ready_timeout_s: float | None = None  # default: 60 s + 0.2 s a node
+    # the controller-manager's client QPS and burst (its default limits claim creation)
+    controller_manager_qps: int | None = None
     # Kubernetes feature gates and built-in APIs for every component, e.g. the
     # in-tree workload scheduling: "GenericWorkload=true,TopologyAwareWorkloadScheduling=true"
     # and "scheduling.k8s.io/v1beta1=true" (DESIGN §6)
@@ -245,6 +251,10 @@ def up(spec: ClusterSpec, progress: Progress = _stderr) -> Path:
             args += ["--kube-feature-gates", spec.feature_gates]
         if spec.runtime_config:
             args += ["--kube-runtime-config", spec.runtime_config]
+        if spec.controller_manager_qps:
+            q = spec.controller_manager_qps
+            args += ["--extra-args", f"kube-controller-manager=kube-api-qps={q}",
+                     "--extra-args", f"kube-controller-manager=kube-api-burst={q}"]
         try:
             _kwokctl(tools, *args)
             progress(f"control plane up in {time.monotonic() - started:.1f}s")
@@ -267,11 +277,16 @@ def up(spec: ClusterSpec, progress: Progress = _stderr) -> Path:
 
 
 def _delete(tools: Tools, name: str) -> None:
-    _kwokctl(tools, "--name", name, "delete", "cluster", check=False, timeout=120)
-    # kwokctl signals the components and returns; make sure they are gone,
-    # and that no workdir is left behind when it could not stop cleanly.
-    end_processes(cluster_dir(name))
-    shutil.rmtree(cluster_dir(name), ignore_errors=True)
+    from localcluster.realnode.node import stop as stop_real_node
+
+    try:
+        stop_real_node(name)  # first: it drains its pods through the API server
+    finally:
+        _kwokctl(tools, "--name", name, "delete", "cluster", check=False, timeout=120)
+        # kwokctl signals the components and returns; make sure they are gone,
+        # and that no workdir is left behind when it could not stop cleanly.
+        end_processes(cluster_dir(name))
+        shutil.rmtree(cluster_dir(name), ignore_errors=True)
 
 
 def down(name: str, progress: Progress = _stderr) -> None:
@@ -290,6 +305,7 @@ class ClusterStatus:
     nodes_total: int | None
     groups: list[tuple[str, int]]
     error: str | None = None
+    real_nodes: list[str] = field(default_factory=list)  # kubelet nodes, not kwok's
 
 
 def status() -> list[ClusterStatus]:
@@ -306,6 +322,8 @@ def status() -> list[ClusterStatus]:
             nodes = client.CoreV1Api(api_client(name)).list_node(_request_timeout=5).items
             st.nodes_total = len(nodes)
             st.nodes_ready = sum(1 for n in nodes if _ready(n))
+            st.real_nodes = [str(n.metadata.name) for n in nodes if n.metadata
+                             and KWOK_ANNOTATION not in (n.metadata.annotations or {})]
         except Exception as err:  # report, don't crash: status is for diagnosis
             st.error = f"apiserver not answering: {type(err).__name__}"
         out.append(st)

@@ -16,6 +16,9 @@ from localcluster.cluster import (
     status,
     up,
 )
+from localcluster.realnode.node import RealNodeError
+from localcluster.realnode.node import start as start_real_node
+from localcluster.realnode.tools import find_node_tools
 from localcluster.tools import ToolsMissing
 from topology.labels import DialectName
 
@@ -50,8 +53,17 @@ def _up(args: argparse.Namespace) -> int:
                            scheduler_config=Path(args.scheduler_config)
                            if args.scheduler_config else None,
                            dialect=DialectName(args.dialect))
-        print(up(spec))
-    except (ClusterError, ToolsMissing) as err:
+        if args.real_node:
+            find_node_tools()  # fail before the cluster starts, not after
+        kubeconfig = up(spec)
+        if args.real_node:
+            try:
+                start_real_node(spec.name)
+            except BaseException:
+                down(spec.name)  # all or nothing, like `up` itself
+                raise
+        print(kubeconfig)
+    except (ClusterError, ToolsMissing, RealNodeError) as err:
         return _fail(str(err))
     return 0
 
@@ -59,7 +71,7 @@ def _up(args: argparse.Namespace) -> int:
 def _down(args: argparse.Namespace) -> int:
     try:
         down(args.name)
-    except (ClusterError, ToolsMissing) as err:
+    except (ClusterError, ToolsMissing, RealNodeError) as err:
         return _fail(str(err))
     return 0
 
@@ -75,7 +87,8 @@ def _status(args: argparse.Namespace) -> int:
         nodes = (f"{c.nodes_ready}/{c.nodes_total} nodes Ready" if c.nodes_total is not None
                  else c.error)
         groups = ", ".join(f"{p}={n}" for p, n in c.groups) or "-"
-        print(f"{c.name}: {nodes}; profiles {groups}; kubeconfig {c.kubeconfig}")
+        real = "".join(f"; real node {n} (kubelet)" for n in c.real_nodes)
+        print(f"{c.name}: {nodes}; profiles {groups}{real}; kubeconfig {c.kubeconfig}")
     return 0
 
 
@@ -102,6 +115,8 @@ def register(sub: Any) -> None:
     s.add_argument("--scheduler-config", help="a KubeSchedulerConfiguration file")
     s.add_argument("--dialect", default="toposerve", choices=[d.value for d in DialectName],
                    help="which node labels carry the domain tree")
+    s.add_argument("--real-node", action="store_true",
+                   help="also run one real kubelet node (containerd + runc; root, one per machine)")
     s.set_defaults(handler=_up)
 
     s = csub.add_parser("down", help="stop a cluster and every process it started")

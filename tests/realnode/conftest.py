@@ -1,0 +1,90 @@
+"""The real node (a real kubelet + containerd + runc, DESIGN §10) on the
+session's control plane: added for this package's tests, then removed, so
+the kwok tests elsewhere never see it."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from localcluster.realnode import node as realnode
+from localcluster.realnode.paths import NODE_NAME, Layout, default_layout
+from tests.conftest import Cluster
+from tests.waiting import wait_for
+
+
+@dataclass
+class RealNode:
+    cluster: Cluster
+    core: Any  # CoreV1Api; takes manifests as plain dicts
+    name: str
+    layout: Layout
+
+
+@pytest.fixture(scope="package")
+def real_node_cluster(cluster: Cluster) -> Iterator[Cluster]:
+    try:
+        yield cluster
+    finally:
+        realnode.stop(cluster.name)
+
+
+@pytest.fixture
+def real_node(real_node_cluster: Cluster) -> RealNode:
+    """The node, started if it is not running (a teardown test stops it)."""
+    if realnode.running_owner() is None:
+        realnode.start(real_node_cluster.name)
+    return RealNode(cluster=real_node_cluster, core=client.CoreV1Api(real_node_cluster.api),
+                    name=NODE_NAME, layout=default_layout())
+
+
+PodMaker = Callable[[dict[str, Any]], str]
+
+
+@pytest.fixture
+def make_pod(real_node: RealNode) -> Iterator[PodMaker]:
+    """Creates pods in ``default``; deletes them (and waits) after the test."""
+    made: list[str] = []
+
+    def make(manifest: dict[str, Any]) -> str:
+        real_node.core.create_namespaced_pod("default", manifest)
+        made.append(manifest["metadata"]["name"])
+        return str(manifest["metadata"]["name"])
+
+    yield make
+    for name in made:
+        with contextlib.suppress(ApiException):
+            real_node.core.delete_namespaced_pod(name, "default", grace_period_seconds=1)
+
+    def gone() -> bool:
+        left = {p.metadata.name for p in real_node.core.list_namespaced_pod("default").items
+                if p.metadata}
+        return not left & set(made)
+
+    if realnode.running_owner() is not None:
+        wait_for("test pods deleted", gone, timeout=30)
+
+
+def wait_phase(core: Any, name: str, phases: set[str], timeout: float = 60) -> Any:
+    def check() -> Any:
+        pod = core.read_namespaced_pod(name, "default")
+        if pod.status and pod.status.phase in {"Failed"} - phases:
+            raise AssertionError(f"pod {name} failed: {pod.status}")
+        return pod if pod.status and pod.status.phase in phases else None
+
+    try:
+        return wait_for(f"pod {name} {'/'.join(sorted(phases))}", check, timeout=timeout,
+                        interval=0.2)
+    except AssertionError as err:
+        pod = core.read_namespaced_pod(name, "default")
+        events = core.list_namespaced_event("default",
+                                            field_selector=f"involvedObject.name={name}").items
+        raise AssertionError(f"{err}: node {pod.spec and pod.spec.node_name}, status "
+                             f"{pod.status}, events {[(e.reason, e.message) for e in events]}"
+                             ) from None
