@@ -16,7 +16,7 @@ import structlog
 from aiohttp import web
 
 from router.metrics import RouterMetrics
-from router.pool.endpoints import Endpoint
+from router.pool.endpoints import Endpoint, Work
 from wire.errors import error_response, sse_error
 
 log = structlog.get_logger("router.http.proxy")
@@ -27,20 +27,6 @@ _DROP = frozenset({"host", "content-length", "transfer-encoding", "connection", 
                    "accept-encoding", "te", "trailer", "upgrade", "proxy-connection",
                    "proxy-authorization", "expect"})
 _RETRY_STATUSES = {500, 502, 503, 504}
-
-
-@dataclass
-class Work:
-    """How much a request weighs on an endpoint: its prompt tokens, and how
-    many of them that endpoint must prefill (it may hold the rest); and
-    whom to tell which endpoint answered (the scheduler's decision)."""
-
-    tokens: int
-    uncached: dict[str, int]
-    answered: Callable[[Endpoint], None] | None = None
-
-    def prefill(self, ep: Endpoint) -> int:
-        return self.uncached.get(ep.url, self.tokens)
 
 
 @dataclass

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from topology.model import DomainPath
@@ -71,6 +71,20 @@ class Endpoint:
     def stale(self, stale_after_s: float, now: float | None = None) -> bool:
         now = time.monotonic() if now is None else now
         return self.load.at == 0 or now - self.load.at > stale_after_s
+
+
+@dataclass
+class Work:
+    """How much a request weighs on an endpoint: its prompt tokens, and how
+    many of them that endpoint must prefill (it may hold the rest); and
+    whom to tell which endpoint answered (the scheduler's decision)."""
+
+    tokens: int
+    uncached: dict[str, int]
+    answered: Callable[[Endpoint], None] | None = None
+
+    def prefill(self, ep: Endpoint) -> int:
+        return self.uncached.get(ep.url, self.tokens)
 
 
 class Pool:

@@ -6,8 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from router.config import ProfileConfig
-from router.http.proxy import Work
-from router.pool.endpoints import Endpoint
+from router.pool.endpoints import Endpoint, Work
 from router.prefix.kv_index import KVIndex
 from router.scheduling import registry
 from router.scheduling.context import RequestContext
