@@ -202,3 +202,21 @@ def test_scheduler_config_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert ext["nodeCacheCapable"] is True and ext["managedResources"] == []
     assert ext["ignorable"] is True and ext["httpTimeout"] == "5s"
     assert main(["extender", "scheduler-config", "--url", "127.0.0.1:9999"]) == 2
+
+
+def test_every_config_field_is_documented() -> None:
+    from pydantic import BaseModel
+
+    page = (Path(__file__).parents[2] / "docs" / "extender.md").read_text()
+
+    def fields(model: type[BaseModel], prefix: str = "") -> list[str]:
+        out = []
+        for name, f in model.model_fields.items():
+            key = prefix + (f.alias or name)
+            if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel):
+                out += fields(f.annotation, key + ".")
+            elif key not in ("apiVersion", "kind"):
+                out.append(key)
+        return out
+    missing = [f for f in fields(ExtenderConfig) if f"| `{f}` |" not in page]
+    assert not missing, f"docs/extender.md does not describe {missing}"
