@@ -24,8 +24,8 @@ import aiohttp
 import httpx
 import orjson
 
-from bench.procs import Proc, Procs, free_port
 from bench.replay import added_latency, big_prompts
+from harness.procs import Proc, Procs, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 STACKS = ("aiohttp", "granian+aiohttp-client", "starlette+uvicorn+httpx")

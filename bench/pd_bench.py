@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 from bench import report
-from bench.procs import Proc, Procs, free_port
 from bench.replay import replay_trace
 from bench.report import medians, pct
 from bench.router_bench import (
@@ -38,9 +37,9 @@ from bench.router_bench import (
     SIM,
     launch_peer,
     peers_missing,
-    sim_counters,
 )
 from bench.workloads import mooncake
+from harness.procs import Proc, Procs, free_port
 from simulator.metrics import NAMES
 
 DOMAINS = ("nvl72-a", "nvl72-b")
@@ -170,8 +169,8 @@ def run_one(tmp: Path, name: str, reqs: list[Any]) -> Row:
         router = contender.start(procs, servers)
         time.sleep(0.5)
         run = asyncio.run(replay_trace(router.url, reqs, 1.0))
-        decode = [sim_counters(s.proc) for s in servers if s.role == "decode"]
-        prefill = [sim_counters(s.proc) for s in servers if s.role == "prefill"]
+        decode = [s.proc.counters() for s in servers if s.role == "decode"]
+        prefill = [s.proc.counters() for s in servers if s.role == "prefill"]
         tiers: dict[str, float] = {}
         for s in servers:
             if s.role == "decode":

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from bench import report
-from bench.procs import MODEL, Proc, Procs, free_port
 from bench.queue_model import model_ttfts_ms
 from bench.replay import (
     Result,
@@ -31,6 +30,7 @@ from bench.replay import (
 )
 from bench.report import medians, pct
 from bench.workloads import TraceRequest, agentic, mooncake
+from harness.procs import MODEL, Proc, Procs, free_port
 from router.config import ScrapeConfig
 from wire.hashing import byte_block_hashes
 from wire.tokens import BYTES_PER_TOKEN
@@ -167,14 +167,6 @@ ROUTERS: dict[str, Start] = {
 }
 
 
-def sim_counters(sim: Proc) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for s in sim.samples():
-        if s.name.endswith(("_total", "_sum", "_count")):
-            out[s.name] = out.get(s.name, 0.0) + s.value
-    return out
-
-
 def reusable_tokens(run: Run) -> list[tuple[Result, int]]:
     """Each request with its prompt tokens shared with any earlier prompt, at
     the simulator's block size, in arrival order."""
@@ -232,7 +224,7 @@ def run_one(tmp: Path, name: str, workload: str, payload: Any) -> Row:
         else:
             run = asyncio.run(replay_trace(router.url, payload, 1.0))
         cpu = router.cpu_seconds() - cpu0
-        counters = [sim_counters(s) for s in sims]
+        counters = [s.counters() for s in sims]
     finally:
         procs.close()
     hits = sum(c.get("vllm:prefix_cache_hits_total", 0) for c in counters)

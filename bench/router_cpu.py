@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.http_stack import EVENT_SIM, EVENT_STREAM_TOKENS, streams
-from bench.procs import Procs
 from bench.report import write
 from bench.router_bench import REPO, ROUTERS, Start, ours_with, peers_missing
+from harness.procs import Procs
 
 CONTENDERS: dict[str, Start] = {
     **{name: ROUTERS[name] for name in ("toposerve", "sglang-router cache_aware",

@@ -22,8 +22,7 @@ from pathlib import Path
 import httpx
 from kubernetes import client
 
-from bench.procs import MODEL, Procs
-from bench.router_bench import sim_counters
+from harness.procs import MODEL, Procs
 from localcluster.cluster import (
     ClusterSpec,
     api_client,
@@ -119,7 +118,7 @@ def main() -> int:
             pre, dec = r.headers["x-toposerve-prefill-endpoint"], r.headers["x-toposerve-endpoint"]
             print(f"   {doc}: prefill on {pre} ({where[pre]})\n"
                   f"   {' ' * len(doc)}  decode  on {dec} ({where[dec]})")
-        pulled = [sim_counters(s) for s in decode_sims]
+        pulled = [s.counters() for s in decode_sims]
         gb = sum(c.get("vllm:nixl_bytes_transferred_sum", 0.0) for c in pulled) / 1e9
         ms = 1000 * sum(c.get("vllm:nixl_xfer_time_seconds_sum", 0.0) for c in pulled)
         pairs = [x for x in httpx.get(split.url + "/metrics").text.splitlines()

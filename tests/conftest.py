@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from bench.procs import Procs
+from harness.procs import Procs
 from localcluster.cluster import ClusterSpec, api_client, down, running_clusters, up
 
 # Overridable so that two test runs on one machine do not tear down each other's cluster.

@@ -10,12 +10,13 @@ import contextlib
 import threading
 import uuid
 from collections import Counter
+from typing import Any
 
 import httpx
 import pytest
 from kubernetes import client
 
-from bench.procs import MODEL, Proc, Procs
+from harness.procs import MODEL, Proc, Procs
 from localcluster.cluster import kubeconfig_path
 from localcluster.pods import model_pod, wait_running
 from tests.conftest import Cluster
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.cluster
 PORT = 8000
 
 
-def make_pod(core: client.CoreV1Api, name: str, app: str, role: str = "decode",
+def make_pod(core: Any, name: str, app: str, role: str = "decode",
              node: str | None = None) -> str:
     core.create_namespaced_pod("default", model_pod(name, app, role, node))
     return wait_running(core, [name])[name][0]
@@ -40,7 +41,7 @@ def endpoints(router: Proc) -> dict[str, float]:
 
 
 def test_pods_added_and_removed_under_traffic(cluster: Cluster, procs: Procs) -> None:
-    core = client.CoreV1Api(cluster.api)
+    core: Any = client.CoreV1Api(cluster.api)
     app = f"sim-{uuid.uuid4().hex[:6]}"
     names = [f"{app}-{i}" for i in range(3)]
     ips = {n: make_pod(core, n, app) for n in names}
@@ -98,7 +99,7 @@ def test_pods_added_and_removed_under_traffic(cluster: Cluster, procs: Procs) ->
 
 
 def test_split_requests_decode_next_to_their_prefill(cluster: Cluster, procs: Procs) -> None:
-    core = client.CoreV1Api(cluster.api)
+    core: Any = client.CoreV1Api(cluster.api)
     nodes = sorted(n.metadata.name for n in core.list_node(
         label_selector="topology.toposerve.io/profile=hgx-h100").items)[:2]
     assert len(nodes) == 2
@@ -136,7 +137,7 @@ def test_decode_stays_in_the_prefill_nvlink_domain(cluster: Cluster, procs: Proc
     # one prefill pod on a GB200 tray; decode pods on another tray of the
     # same NVL72 domain and on an HGX node: the router reads the nodes'
     # topology labels and keeps the KV on NVLink
-    core = client.CoreV1Api(cluster.api)
+    core: Any = client.CoreV1Api(cluster.api)
 
     def nodes(profile: str) -> list[str]:
         return sorted(n.metadata.name for n in core.list_node(
@@ -180,7 +181,7 @@ def test_watch_resumes_without_relisting(cluster: Cluster, procs: Procs) -> None
     """Each watch lasts a second here, so many end during the test: every
     one is resumed from the last resourceVersion, and the namespace is
     listed once, at start (a LIST per renewal is a load generator at scale)."""
-    core = client.CoreV1Api(cluster.api)
+    core: Any = client.CoreV1Api(cluster.api)
     app = f"rv-{uuid.uuid4().hex[:6]}"
     try:
         procs.sim(host=make_pod(core, f"{app}-0", app), port=PORT)

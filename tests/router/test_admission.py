@@ -8,7 +8,7 @@ import time
 
 import httpx
 
-from bench.procs import MODEL, Proc, Procs
+from harness.procs import MODEL, Proc, Procs
 from tests.waiting import wait_for
 
 

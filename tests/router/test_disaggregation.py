@@ -14,8 +14,7 @@ import openai
 import orjson
 import pytest
 
-from bench.procs import MODEL, Proc, Procs, free_port
-from bench.router_bench import sim_counters
+from harness.procs import MODEL, Proc, Procs, free_port
 from tests.router.hangup import hanging_client
 from tests.waiting import wait_for
 from topology.model import DomainPath, Tier
@@ -55,8 +54,8 @@ def test_split_through_openai_client(procs: Procs) -> None:
     stream = client.completions.create(model=MODEL, prompt="stream me " * 50, max_tokens=7,
                                        stream=True)
     assert "".join(c.choices[0].text for c in stream if c.choices)
-    pre = [sim_counters(s) for s in prefill]
-    dec = [sim_counters(s) for s in decode]
+    pre = [s.counters() for s in prefill]
+    dec = [s.counters() for s in decode]
     # each request: one token on a prefill endpoint, the rest on a decode endpoint
     assert sum(c["vllm:request_success_total"] for c in pre) == n + 1
     assert sum(c["vllm:generation_tokens_total"] for c in pre) == n + 1
@@ -100,7 +99,7 @@ def test_failed_prefill_still_answers(procs: Procs) -> None:
             "model": MODEL, "prompt": f"try {i}", "max_tokens": 3})
         assert r.status_code == 200, r.text
         assert "x-toposerve-prefill-endpoint" not in r.headers
-    dec = sim_counters(decode[0])
+    dec = decode[0].counters()
     assert dec["vllm:generation_tokens_total"] == 9  # decoded with a local prefill
     metrics = httpx.get(router.url + "/metrics").text
     assert 'toposerve_router_disaggregation_total{outcome="prefill-failed"} 3.0' in metrics
@@ -116,7 +115,7 @@ def test_prompt_refused_by_prefill_is_passed_on(procs: Procs, path: str,
     router = pd_router(procs, prefill, decode)
     r = httpx.post(router.url + path, timeout=30, json={"model": MODEL, **body})
     assert r.status_code == 400 and "maximum context length" in r.json()["error"]["message"]
-    assert sim_counters(decode[0]).get("vllm:request_success_total", 0) == 0
+    assert decode[0].counters().get("vllm:request_success_total", 0) == 0
 
 
 def test_without_decode_endpoints_requests_run_whole(procs: Procs) -> None:
@@ -146,7 +145,8 @@ def test_responses_chain_split(procs: Procs) -> None:
         prefilled_on.add(raw.headers["x-toposerve-prefill-endpoint"])
         assert raw.headers["x-toposerve-endpoint"] in {s.url[7:] for s in decode}
         if turn % 2:
-            *_, done = raw.parse()
+            events: Any = raw.parse()  # a stream of events when streamed
+            *_, done = events
             assert done.type == "response.completed"
             r = done.response
         else:
@@ -156,8 +156,8 @@ def test_responses_chain_split(procs: Procs) -> None:
         assert r.usage.input_tokens > last_input  # the whole conversation, every turn
         last_input, prev = r.usage.input_tokens, r.id
     assert len(prefilled_on) == 1  # the chain's prefill endpoint holds its prefix
-    pre = [sim_counters(s) for s in prefill]
-    dec = [sim_counters(s) for s in decode]
+    pre = [s.counters() for s in prefill]
+    dec = [s.counters() for s in decode]
     assert sum(c.get("vllm:generation_tokens_total", 0) for c in pre) == turns
     assert sum(c.get("vllm:prefix_cache_hits_total", 0) for c in pre) > 0
     assert sum(c.get("vllm:generation_tokens_total", 0) for c in dec) == 5 * turns
@@ -178,8 +178,9 @@ def test_decode_refuses_incomplete_kv_params(procs: Procs) -> None:
 
 
 # two GB200 trays in different NVL72 racks of one block
-RACKS = ({"node": "tray-a", "nvlink_domain": "r1", "rack": "r1", "block": "b", "zone": "z"},
-         {"node": "tray-b", "nvlink_domain": "r2", "rack": "r2", "block": "b", "zone": "z"})
+RACKS: tuple[dict[str, Any], ...] = (
+    {"node": "tray-a", "nvlink_domain": "r1", "rack": "r1", "block": "b", "zone": "z"},
+    {"node": "tray-b", "nvlink_domain": "r2", "rack": "r2", "block": "b", "zone": "z"})
 
 
 def sglang_router(procs: Procs, time_scale: float = 0.01, bootstrap_timeout_s: float = 1.0,
@@ -205,7 +206,7 @@ def test_sglang_bootstrap_split(procs: Procs) -> None:
     stream = client.completions.create(model=MODEL, prompt="more " * 80, max_tokens=4,
                                        stream=True)
     assert "".join(c.choices[0].text for c in stream if c.choices)
-    pre, dec = sim_counters(prefill), sim_counters(decode)
+    pre, dec = prefill.counters(), decode.counters()
     assert pre["sglang:generation_tokens_total"] == 2  # one token each: it only prefills
     assert dec["sglang:generation_tokens_total"] == 10
     # the decode server learnt at the bootstrap where the prefill ran: across racks
@@ -228,7 +229,7 @@ def test_sglang_failed_prefill_falls_back(procs: Procs) -> None:
     r = httpx.post(router.url + "/v1/completions", timeout=30, json={
         "model": MODEL, "prompt": "lonely", "max_tokens": 3})
     assert r.status_code == 200, r.text
-    assert sim_counters(decode)["sglang:generation_tokens_total"] == 3
+    assert decode.counters()["sglang:generation_tokens_total"] == 3
     metrics = httpx.get(router.url + "/metrics").text
     assert 'toposerve_router_disaggregation_total{outcome="prefill-failed"} 1.0' in metrics
 
@@ -253,7 +254,7 @@ def test_kv_pull_priced_by_topology_tier(procs: Procs) -> None:
     """A decode server pulls a remote prefill's KV in the time the shared
     topology model gives for the tier the two nodes share: NVLink within a
     GB200 NVL72 domain, the zone's network across blocks."""
-    here = {"zone": "z1", "block": "b1", "rack": "r1", "nvlink_domain": "nvl1"}
+    here: dict[str, Any] = {"zone": "z1", "block": "b1", "rack": "r1", "nvlink_domain": "nvl1"}
     prefill = procs.sim(time_scale=1.0, node="tray-1", **here)
     near = procs.sim(time_scale=1.0, node="tray-2", **here)
     far = procs.sim(time_scale=1.0, node="tray-9", zone="z1", block="b2", rack="r7",
@@ -273,7 +274,7 @@ def test_kv_pull_priced_by_topology_tier(procs: Procs) -> None:
         r = httpx.post(sim.url + "/v1/completions", timeout=30, json={
             "model": MODEL, "prompt": prompt, "max_tokens": 2, "kv_transfer_params": params})
         assert r.status_code == 200, r.text
-        c = sim_counters(sim)
+        c = sim.counters()
         assert c["vllm:nixl_bytes_transferred_sum"] == n_bytes
         assert (f'toposerve_sim_kv_pulls_total{{tier="{tier.name.lower()}"}} 1.0'
                 in httpx.get(sim.url + "/metrics").text)
@@ -287,8 +288,8 @@ def test_kv_pull_priced_by_topology_tier(procs: Procs) -> None:
     r = httpx.post(far.url + "/v1/completions", timeout=30, json={
         "model": MODEL, "prompt": prompt, "max_tokens": 2, "kv_transfer_params": params})
     assert r.status_code == 200, r.text
-    assert sim_counters(far)["vllm:nixl_bytes_transferred_sum"] == n_bytes
-    ttft_near, ttft_far = (sim_counters(s)["vllm:time_to_first_token_seconds_sum"]
+    assert far.counters()["vllm:nixl_bytes_transferred_sum"] == n_bytes
+    ttft_near, ttft_far = (s.counters()["vllm:time_to_first_token_seconds_sum"]
                            for s in (near, far))
     assert ttft_far - ttft_near > 0.8 * (expected[Tier.ZONE] - expected[Tier.NVLINK])
     r = httpx.post(near.url + "/v1/completions", timeout=30, json={
@@ -301,7 +302,7 @@ def test_decode_pairs_within_nvlink_domain(procs: Procs) -> None:
     """Static endpoints placed in two NVLink domains: every split request
     decodes in its prefill's domain, and its KV moves over NVLink."""
     domains = ("nvl1", "nvl2")
-    outer = {"zone": "z1", "block": "b1"}
+    outer: dict[str, Any] = {"zone": "z1", "block": "b1"}
     prefill = [procs.sim(time_scale=0.01, node=f"p-{d}", nvlink_domain=d, rack=d, **outer)
                for d in domains]
     decode = [procs.sim(time_scale=0.01, node=f"d-{d}", nvlink_domain=d, rack=d, **outer)
@@ -317,7 +318,7 @@ def test_decode_pairs_within_nvlink_domain(procs: Procs) -> None:
     assert 'toposerve_router_pd_pairs_total{tier="nvlink"} 10.0' in metrics
     nvlink = load_profile("gb200-nvl72").links()[Tier.NVLINK]
     for s in decode:
-        c = sim_counters(s)
+        c = s.counters()
         pulls = c["vllm:nixl_xfer_time_seconds_count"]
         assert pulls > 0
         # every pull at NVLink speed (scaled): none crossed between domains
@@ -351,7 +352,7 @@ def test_little_to_prefill_runs_whole_on_decode(procs: Procs) -> None:
     assert 'toposerve_router_disaggregation_total{outcome="whole"} 2.0' in metrics
     assert 'toposerve_router_disaggregation_total{outcome="split"} 1.0' in metrics
     # the prefill endpoint saw the one split request only
-    assert sim_counters(prefill[0])["vllm:request_success_total"] == 1
+    assert prefill[0].counters()["vllm:request_success_total"] == 1
 
 
 def test_prefill_chunks_stall_decode_when_asked(procs: Procs) -> None:
@@ -378,8 +379,9 @@ def test_prefill_chunks_stall_decode_when_asked(procs: Procs) -> None:
             return took
 
     # 20 decode steps of 20 ms, against one 8,000-token prefill of 0.4 s
-    flags = {"time_scale": 1.0, "decode_s_per_token": 0.02, "decode_slowdown_per_seq": 0.0,
-             "prefill_s_per_token": 0.00005, "overhead_s": 0.0}
+    flags: dict[str, Any] = {"time_scale": 1.0, "decode_s_per_token": 0.02,
+                             "decode_slowdown_per_seq": 0.0, "prefill_s_per_token": 0.00005,
+                             "overhead_s": 0.0}
     free = asyncio.run(decode_time(procs.sim(**flags)))
     stalled = asyncio.run(decode_time(procs.sim(**flags, prefill_stalls_decode=True)))
     assert free < 0.55  # 0.4 s of decode, not held up

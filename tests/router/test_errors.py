@@ -5,13 +5,14 @@ client's mistakes, retries before the first byte, and an SSE error event
 from __future__ import annotations
 
 import socket
+from collections.abc import Iterator
 
 import httpx
 import openai
 import orjson
 import pytest
 
-from bench.procs import MODEL, Procs
+from harness.procs import MODEL, Procs
 from tests.router.hangup import connect, hanging_client
 from tests.waiting import wait_for
 
@@ -48,7 +49,7 @@ def test_oversized_body_413(procs: Procs) -> None:
     r = httpx.post(router.url + "/v1/chat/completions", json=big)
     assert r.status_code == 413 and "maxBodyBytes" in r.json()["error"]["message"]
     # the same without a Content-Length: chunked upload, cut off at the limit
-    def chunks():  # type: ignore[no-untyped-def]
+    def chunks() -> Iterator[bytes]:
         data = orjson.dumps(big)
         for i in range(0, len(data), 1000):
             yield data[i:i + 1000]

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench.procs import MODEL, Proc, Procs
+from harness.procs import MODEL, Proc, Procs
 
 PATHS = ["/v1/chat/completions", "/v1/completions", "/v1/responses"]
 VALID = {

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.procs import Procs
+from harness.procs import Procs
 from tests.router.hangup import connect
 from tests.waiting import wait_for
 

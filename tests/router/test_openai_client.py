@@ -6,7 +6,7 @@ import httpx
 import openai
 import pytest
 
-from bench.procs import MODEL, Procs
+from harness.procs import MODEL, Procs
 
 
 @pytest.fixture
@@ -83,6 +83,7 @@ def test_responses_chain_survives_endpoint_loss(procs: Procs) -> None:
         prev = r.id
     assert served[0] == served[1]  # the chain prefers its warm endpoint
     assert served[1] not in served[2:]  # and moved on once it was gone
+    assert prev is not None
     fetched = c.responses.retrieve(prev)
     assert fetched.id == prev and fetched.output_text
     with pytest.raises(openai.NotFoundError):

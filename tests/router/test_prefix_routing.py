@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from bench.procs import MODEL, Proc, Procs, free_port
+from harness.procs import MODEL, Proc, Procs, free_port
 from tests.waiting import wait_for
 from wire.prompt import chat_prompt
 from wire.tokens import ByteTokenizer

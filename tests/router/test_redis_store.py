@@ -12,7 +12,7 @@ import openai
 import pytest
 import redis
 
-from bench.procs import MODEL, Procs, free_port
+from harness.procs import MODEL, Procs, free_port
 from tests.waiting import wait_for
 
 

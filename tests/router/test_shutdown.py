@@ -10,7 +10,7 @@ import threading
 import httpx
 import orjson
 
-from bench.procs import MODEL, Procs
+from harness.procs import MODEL, Procs
 from tests.waiting import wait_for
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}]}

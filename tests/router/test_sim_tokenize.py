@@ -10,7 +10,7 @@ import msgpack
 import pytest
 import zmq
 
-from bench.procs import MODEL, Procs, free_port
+from harness.procs import MODEL, Procs, free_port
 from tests.waiting import wait_for
 from wire.tokens import ByteTokenizer
 
@@ -21,7 +21,7 @@ MESSAGES = [{"role": "system", "content": "You are terse. " * 40},
 def test_tokenize_gives_the_ids_the_kv_events_carry(procs: Procs) -> None:
     pub = free_port()
     sim = procs.sim(kv_events_port=pub, kv_events_encoding="map", time_scale=0.01)
-    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     sub.setsockopt(zmq.RCVTIMEO, 5000)
     sub.connect(f"tcp://127.0.0.1:{pub}")

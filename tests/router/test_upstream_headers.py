@@ -15,7 +15,7 @@ import httpx
 import pytest
 from aiohttp import web
 
-from bench.procs import MODEL, Procs, free_port
+from harness.procs import MODEL, Procs, free_port
 from router.pool.scrape import KV_USAGE, RUNNING, WAITING
 
 
