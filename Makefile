@@ -37,7 +37,12 @@ protos: venv
 
 lint: venv
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy topology localcluster toposerve_cli router dra_driver scheduler_ext manifests bench hack
+	$(VENV)/bin/mypy topology localcluster toposerve_cli router simulator wire harness dra_driver scheduler_ext manifests bench hack tests
+
+# the tests that need no cluster and no subprocess: well under a minute
+.PHONY: unit
+unit: venv
+	$(PYTEST) tests/unit; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # pytest exits 5 when it collects nothing: that must fail, not pass.
 test: setup lint
@@ -56,6 +61,7 @@ $(PEERS)/.installed:
 	@touch $@
 
 bench: setup peers
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) -m bench.http_stack
 	$(PY) -m bench.router_cpu
 	$(PY) -m bench.router_bench --ablation --repeats 3

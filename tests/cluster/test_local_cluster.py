@@ -19,11 +19,11 @@ from topology.profiles import load_profile
 from topology.resourceslice import device_entry
 
 pytestmark = pytest.mark.cluster
-LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
+LOOPBACK = ipaddress.IPv4Network("127.0.0.0/8")
 
 
 def test_nodes_ready_with_topology(cluster: Cluster) -> None:
-    core = client.CoreV1Api(cluster.api)
+    core: Any = client.CoreV1Api(cluster.api)
     nodes = {n.metadata.name: n for n in core.list_node().items}
     planned = plan_nodes([(load_profile(p), c) for p, c in cluster.groups])
     assert set(nodes) == {p.name for p in planned}
@@ -37,7 +37,7 @@ def test_nodes_ready_with_topology(cluster: Cluster) -> None:
         assert n.status.allocatable["cpu"] == load_profile(p.profile).spec.allocatable["cpu"]
         assert n.metadata.annotations["kwok.x-k8s.io/node"] == "fake"
         assert any(t.key == "kwok.x-k8s.io/node" for t in n.spec.taints)
-        assert ipaddress.ip_network(n.spec.pod_cidr).subnet_of(LOOPBACK)
+        assert ipaddress.IPv4Network(n.spec.pod_cidr).subnet_of(LOOPBACK)
         assert all(ipaddress.ip_address(a.address) in LOOPBACK
                    for a in n.status.addresses if a.type == "InternalIP")
     # one NVLink domain holds all 18 GB200 trays
@@ -58,11 +58,11 @@ def _pod(name: str, node_selector: dict[str, str], claims: list[dict[str, str]] 
 
 
 def test_pod_scheduled_and_running_on_loopback_ip(cluster: Cluster) -> None:
-    core = client.CoreV1Api(cluster.api)
+    core: Any = client.CoreV1Api(cluster.api)
     name = f"plain-{uuid.uuid4().hex[:6]}"
     core.create_namespaced_pod("default", _pod(name, {PROFILE_LABEL: "mi300x"}))
     try:
-        pod = wait_for("pod Running", lambda: (
+        pod: Any = wait_for("pod Running", lambda: (
             p if (p := core.read_namespaced_pod(name, "default")).status.phase == "Running"
             else None), timeout=60, interval=0.3)
         assert pod.spec.node_name.startswith("mi300x-")
@@ -80,8 +80,8 @@ def test_pod_scheduled_and_running_on_loopback_ip(cluster: Cluster) -> None:
 def test_dra_claim_allocated_by_real_scheduler(cluster: Cluster) -> None:
     """DeviceClasses, hand-made ResourceSlices for one HGX node, and a claim
     template asking for a GPU and a NIC on the same PCIe root."""
-    res = client.ResourceV1Api(cluster.api)
-    core = client.CoreV1Api(cluster.api)
+    res: Any = client.ResourceV1Api(cluster.api)
+    core: Any = client.CoreV1Api(cluster.api)
     tag = uuid.uuid4().hex[:6]
     gpu_drv, nic_drv = f"gpu-{tag}.toposerve.io", f"net-{tag}.toposerve.io"
     node = "hgx-h100-0002"
@@ -134,7 +134,7 @@ def test_dra_claim_allocated_by_real_scheduler(cluster: Cluster) -> None:
         gpu_root = hw.place(results["gpu"].device).root
         assert hw.place(results["nic"].device).root == gpu_root
         assert any(r.name == pod_name for r in c.status.reserved_for or [])
-        pod = wait_for("DRA pod scheduled", lambda: (
+        pod: Any = wait_for("DRA pod scheduled", lambda: (
             p if (p := core.read_namespaced_pod(pod_name, "default")).spec.node_name else None),
             timeout=60, interval=0.3)
         assert pod.spec.node_name == node

@@ -3,6 +3,8 @@ Slow, so it runs under ``make scale``, not ``make test``."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from kubernetes import client
 
@@ -17,7 +19,7 @@ def test_thousand_nodes() -> None:
         down(name)
     up(ClusterSpec(name=name, groups=[("gb200-nvl72", 720), ("hgx-h100", 280)]))
     try:
-        nodes = client.CoreV1Api(api_client(name)).list_node().items
+        nodes: list[Any] = client.CoreV1Api(api_client(name)).list_node().items
         assert len(nodes) == 1000
         racks = {n.metadata.labels["topology.toposerve.io/rack"] for n in nodes}
         assert len(racks) == 40 + 70  # 720 / 18 NVL72 racks, 280 / 4 HGX racks

@@ -1,4 +1,5 @@
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -51,12 +52,13 @@ def test_device_names_and_buses_unique() -> None:
         assert len(set(ifaces)) == len(ifaces)
 
 
-def _profile_doc(name: str = "hgx-h100") -> dict:
+def _profile_doc(name: str = "hgx-h100") -> dict[str, Any]:
     text = (Path(__file__).parents[2] / "topology/profiles" / f"{name}.yaml").read_text()
-    return yaml.safe_load(text)
+    doc: dict[str, Any] = yaml.safe_load(text)
+    return doc
 
 
-def _write(tmp_path: Path, doc: dict) -> Path:
+def _write(tmp_path: Path, doc: dict[str, Any]) -> Path:
     f = tmp_path / "p.yaml"
     f.write_text(yaml.safe_dump(doc))
     return f
