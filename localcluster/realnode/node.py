@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,9 +121,9 @@ def _run(cmd: list[str], what: str, timeout: float = 60) -> str:
     return proc.stdout
 
 
-def _spawn(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
+def _spawn(cmd: list[str], log: Path, append: bool = False) -> subprocess.Popen[bytes]:
     """Start a daemon in its own session, logging to ``log``; it outlives us."""
-    with open(log, "wb") as out:
+    with open(log, "ab" if append else "wb") as out:
         return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -156,8 +157,9 @@ def _node_credentials(layout: Layout, pki: Path) -> tuple[Path, Path]:
 
 
 def _write_configs(layout: Layout, tools: NodeTools, cluster_kubeconfig: Path,
-                   pki: Path) -> tuple[Path, Path, Path]:
-    """containerd.toml, the CNI config and plugin, kubelet.yaml and its kubeconfig."""
+                   pki: Path) -> Path:
+    """containerd.toml, the CNI config and plugin, kubelet.yaml and its
+    kubeconfig (where ``_kubelet_command`` expects them); returns containerd's."""
     for d in (layout.config, layout.logs, layout.cni_bin, layout.cni_conf, layout.run,
               layout.containerd_root):
         d.mkdir(parents=True, exist_ok=True)
@@ -178,7 +180,47 @@ def _write_configs(layout: Layout, tools: NodeTools, cluster_kubeconfig: Path,
         server, pki / "ca.crt", crt, key, user=f"system:node:{NODE_NAME}")))
     kubelet_yaml = layout.config / "kubelet.yaml"
     kubelet_yaml.write_text(yaml.safe_dump(config.kubelet_config(layout, pki / "ca.crt", resolv)))
-    return ctd, kubelet_yaml, kubeconfig
+    return ctd
+
+
+def _kubelet_command(layout: Layout, tools: NodeTools) -> list[str]:
+    c = layout.config
+    return [str(tools.kubelet), f"--config={c / 'kubelet.yaml'}",
+            f"--kubeconfig={c / 'kubelet.kubeconfig'}", f"--hostname-override={NODE_NAME}",
+            f"--node-labels={REAL_NODE_LABEL}=real", "--v=2"]
+
+
+def _write_owner(layout: Layout, owner: Owner) -> None:
+    layout.owner_file.write_text(json.dumps(vars(owner)))
+
+
+def _kubelet_healthy() -> bool:
+    try:
+        with urllib.request.urlopen(  # loopback only: the kubelet's healthz address
+                f"http://127.0.0.1:{KUBELET_HEALTHZ_PORT}/healthz", timeout=2) as r:
+            return bool(r.read() == b"ok")
+    except OSError:
+        return False
+
+
+def restart_kubelet(progress: Progress = _stderr, timeout_s: float = 60,
+                    layout: Layout | None = None) -> None:
+    """Stop the kubelet (SIGTERM) and start it again, containers left running,
+    as an upgrade or a crash-restart would; returns once it is healthy."""
+    layout = layout or default_layout()
+    tools = find_node_tools()
+    with machine_lock(layout):
+        owner = running_owner(layout)
+        if owner is None or not teardown.alive(owner.kubelet_pid):
+            raise RealNodeError("no running real node to restart the kubelet of")
+        teardown.signal_and_wait([owner.kubelet_pid], grace_s=10)
+        log = layout.logs / "kubelet.log"
+        with open(log, "ab") as out:
+            out.write(b"---- kubelet restarted ----\n")
+        kubelet = _spawn(_kubelet_command(layout, tools), log, append=True)
+        _write_owner(layout, Owner(**{**vars(owner), "kubelet_pid": kubelet.pid}))
+        _wait("kubelet healthy after restart", _kubelet_healthy, timeout_s, kubelet, log)
+    progress(f"kubelet of {NODE_NAME} restarted")
 
 
 def _import_images(layout: Layout, tools: NodeTools) -> None:
@@ -231,7 +273,7 @@ def start(cluster: str, progress: Progress = _stderr, ready_timeout_s: float = 9
         _check_ports()
         started = time.monotonic()
         try:
-            ctd_conf, kubelet_yaml, kubeconfig = _write_configs(
+            ctd_conf = _write_configs(
                 layout, tools, kubeconfig_path(cluster), cluster_dir(cluster) / "pki")
             ctd_log = layout.logs / "containerd.log"
             ctd = _spawn([str(tools.containerd), "--config", str(ctd_conf)], ctd_log)
@@ -242,13 +284,9 @@ def start(cluster: str, progress: Progress = _stderr, ready_timeout_s: float = 9
             _import_images(layout, tools)
             progress(f"containerd up, images imported in {time.monotonic() - started:.1f}s")
             kubelet_log = layout.logs / "kubelet.log"
-            kubelet = _spawn([
-                str(tools.kubelet), f"--config={kubelet_yaml}", f"--kubeconfig={kubeconfig}",
-                f"--hostname-override={NODE_NAME}", f"--node-labels={REAL_NODE_LABEL}=real",
-                "--v=2"], kubelet_log)
-            layout.owner_file.write_text(json.dumps(vars(Owner(
-                cluster=cluster, node=NODE_NAME, kubelet_pid=kubelet.pid,
-                containerd_pid=ctd.pid))))
+            kubelet = _spawn(_kubelet_command(layout, tools), kubelet_log)
+            _write_owner(layout, Owner(cluster=cluster, node=NODE_NAME, kubelet_pid=kubelet.pid,
+                                       containerd_pid=ctd.pid))
             _wait(f"node {NODE_NAME} Ready", lambda: _node_ready(api), ready_timeout_s,
                   kubelet, kubelet_log)
         except BaseException:

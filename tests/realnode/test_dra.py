@@ -1,0 +1,252 @@
+"""The GPU driver (``toposerve driver gpu``) on the real node, with a fake
+sysfs tree for the hardware: the real kubelet registers it, prepares a
+claim when a pod starts (the container's environment shows the CDI edits),
+unprepares when the pod goes, and both stay consistent when the driver or
+the kubelet restarts; slices come back after a restarting kubelet wipes
+them."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from dra_driver.framework.cdi import CdiSpecs
+from dra_driver.framework.checkpoint import Checkpoint, ClaimState, read_boot_id
+from dra_driver.gpu.driver import CDI_CLASS, CDI_VENDOR
+from localcluster.cluster import kubeconfig_path
+from localcluster.realnode import node as realnode
+from localcluster.realnode.paths import NODE_NAME, default_layout
+from localcluster.realnode.pods import busybox_pod
+from tests.conftest import Cluster
+from tests.realnode.conftest import PodMaker, wait_phase
+from tests.waiting import wait_for
+from topology.profiles import load_profile
+from topology.sysfs import write_profile_sysfs
+
+pytestmark = [pytest.mark.cluster, pytest.mark.realnode]
+
+DRIVER = "gpu.toposerve.io"
+CLASS = "realnode-gpu"
+TEMPLATE = "realnode-one-gpu"
+PLUGIN_DIR = Path("/var/lib/kubelet/plugins") / DRIVER  # the driver's defaults: the kubelet's
+CDI_ROOT = Path("/var/run/cdi")  # read by the real node's containerd
+GPU_NODES = [f"nvidia{i}" for i in range(8)] + ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]
+
+
+def _dev_root(dev: Path) -> Path:
+    """Stand-in GPU device nodes: character devices with /dev/null's numbers,
+    so a container given them gets real (harmless) device nodes."""
+    dev.mkdir()
+    for name in GPU_NODES:
+        os.mknod(dev / name, 0o666 | 0o020000, os.makedev(1, 3))
+    return dev
+
+
+@dataclass
+class Driver:
+    """``toposerve driver gpu`` as a host process (a kubeconfig, no in-cluster
+    config: the network rule), on the kubelet's own plugin paths."""
+
+    argv: list[str]
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def registrations(self) -> int:
+        text = self.log.read_text() if self.log.exists() else ""
+        return text.count("registered with the kubelet")
+
+    def start(self) -> None:
+        before = self.registrations()
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=out)
+
+        def registered() -> bool:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"driver exited {self.proc.returncode}: "
+                                     f"{self.log.read_text()[-1500:]}")
+            return self.registrations() > before
+
+        wait_for("the kubelet to register the driver", registered, timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGTERM)
+            assert self.proc.wait(timeout=30) == 0
+            self.proc = None
+
+
+@dataclass
+class Env:
+    cluster: Cluster
+    core: Any
+    res: Any
+    driver: Driver
+    cdi: CdiSpecs
+
+
+@pytest.fixture(scope="module")
+def env(real_node_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    if realnode.running_owner() is None:
+        realnode.start(real_node_cluster.name)
+    tmp = tmp_path_factory.mktemp("realnode-dra")
+    sysfs = write_profile_sysfs(load_profile("hgx-h100"), tmp / "sysfs")
+    argv = [sys.executable, "-m", "toposerve_cli.driver_cmd", "--log-level", "info",
+            "driver", "gpu", "--node-name", NODE_NAME,
+            "--kubeconfig", str(kubeconfig_path(real_node_cluster.name)),
+            "--sysfs-root", str(sysfs), "--dev-root", str(_dev_root(tmp / "dev")),
+            "--cdi-root", str(CDI_ROOT), "--http-address", "127.0.0.1:0"]
+    core: Any = client.CoreV1Api(real_node_cluster.api)
+    res: Any = client.ResourceV1Api(real_node_cluster.api)
+    res.create_device_class({"metadata": {"name": CLASS}, "spec": {"selectors": [{"cel": {
+        "expression": f"device.driver == '{DRIVER}' && "
+                      f"device.attributes['{DRIVER}'].type == 'gpu'"}}]}})
+    res.create_namespaced_resource_claim_template("default", {
+        "metadata": {"name": TEMPLATE},
+        "spec": {"spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": CLASS}}]}}}})
+    driver = Driver(argv=argv, log=tmp / "driver.log")
+    driver.start()
+    try:
+        yield Env(cluster=real_node_cluster, core=core, res=res, driver=driver,
+                  cdi=CdiSpecs(CDI_ROOT, CDI_VENDOR, CDI_CLASS))
+    finally:
+        driver.stop()
+        with contextlib.suppress(ApiException):
+            res.delete_namespaced_resource_claim_template(TEMPLATE, "default")
+        with contextlib.suppress(ApiException):
+            res.delete_device_class(CLASS)
+
+
+def _attr(device: Any, name: str) -> Any:
+    """An attribute of the driver's own domain (a slice may name it short)."""
+    attrs = device.attributes or {}
+    got = attrs.get(name) or attrs.get(f"{DRIVER}/{name}")
+    return got.string if got is not None else None
+
+
+def _gpus(env: Env) -> dict[str, str]:
+    """Published whole GPUs of the real node: device name -> UUID."""
+    slices = env.res.list_resource_slice(
+        field_selector=f"spec.nodeName={NODE_NAME},spec.driver={DRIVER}").items
+    return {d.name: _attr(d, "uuid") for s in slices for d in s.spec.devices or []
+            if _attr(d, "type") == "gpu"}
+
+
+def _slice_uids(env: Env) -> set[str]:
+    return {s.metadata.uid for s in env.res.list_resource_slice(
+        field_selector=f"spec.nodeName={NODE_NAME},spec.driver={DRIVER}").items}
+
+
+def _checkpoint() -> dict[str, ClaimState]:
+    data, _ = Checkpoint(PLUGIN_DIR / "checkpoint.json", read_boot_id()).load()
+    return {uid: e.state for uid, e in data.claims.items()}
+
+
+@dataclass
+class GpuPod:
+    name: str
+    claim_uid: str
+    device: str
+
+
+def _gpu_pod(env: Env, make_pod: PodMaker, name: str) -> GpuPod:
+    make_pod(busybox_pod(name, "env; ls /dev; sleep 3600",
+                         claims=[{"name": "gpu", "resourceClaimTemplateName": TEMPLATE}]))
+    pod = wait_phase(env.core, name, {"Running"})
+    claim_name = pod.status.resource_claim_statuses[0].resource_claim_name
+    claim = env.res.read_namespaced_resource_claim(claim_name, "default")
+    return GpuPod(name=name, claim_uid=claim.metadata.uid,
+                  device=claim.status.allocation.devices.results[0].device)
+
+
+def _log_shows(env: Env, pod: str, *lines: str) -> bool:
+    got = set(env.core.read_namespaced_pod_log(pod, "default").splitlines())
+    return all(line in got for line in lines)
+
+
+def _delete_and_wait_unprepared(env: Env, p: GpuPod) -> None:
+    env.core.delete_namespaced_pod(p.name, "default", grace_period_seconds=1)
+    wait_for(f"pod {p.name} gone", lambda: not env.core.list_namespaced_pod(
+        "default", field_selector=f"metadata.name={p.name}").items, timeout=60)
+    assert not env.cdi.path(p.claim_uid).exists()
+    assert p.claim_uid not in _checkpoint()
+
+
+def test_kubelet_registers_the_driver(env: Env) -> None:
+    assert env.driver.registrations() >= 1
+    kubelet_log = (default_layout().logs / "kubelet.log").read_text()
+    assert f'driverName="{DRIVER}"' in kubelet_log and "connected=true" in kubelet_log
+    wait_for("8 GPUs published for the real node", lambda: len(_gpus(env)) == 8, timeout=30)
+    assert sorted(_gpus(env)) == [f"gpu-{i}" for i in range(8)]
+
+
+def test_pod_with_a_claim_sees_the_cdi_edits_and_unprepares(env: Env, make_pod: PodMaker) -> None:
+    p = _gpu_pod(env, make_pod, "rn-gpu")
+    uuid = _gpus(env)[p.device]
+    index = p.device.removeprefix("gpu-")
+    wait_for("the container's env and devices in its log", lambda: _log_shows(
+        env, p.name, f"NVIDIA_VISIBLE_DEVICES={uuid}", f"CUDA_VISIBLE_DEVICES={uuid}",
+        f"nvidia{index}", "nvidiactl"))
+    log = env.core.read_namespaced_pod_log(p.name, "default")
+    assert any(x.startswith("TOPOSERVE_GPU_NUMA_NODES=") for x in log.splitlines())
+    assert env.cdi.path(p.claim_uid).exists()
+    assert _checkpoint()[p.claim_uid] == ClaimState.PREPARE_COMPLETED
+    _delete_and_wait_unprepared(env, p)
+
+
+def test_driver_restarted_between_prepare_and_unprepare(env: Env, make_pod: PodMaker) -> None:
+    p = _gpu_pod(env, make_pod, "rn-gpu-drv")
+    env.driver.stop()
+    try:
+        env.core.delete_namespaced_pod(p.name, "default", grace_period_seconds=1)
+
+        def container_gone() -> bool:
+            pod = env.core.read_namespaced_pod(p.name, "default")
+            return all(s.state.terminated for s in pod.status.container_statuses or [])
+
+        wait_for("the container stopped", container_gone, timeout=30)
+        # nobody to unprepare: the claim stays prepared, the pod waits for it
+        assert env.cdi.path(p.claim_uid).exists()
+        assert _checkpoint()[p.claim_uid] == ClaimState.PREPARE_COMPLETED
+    finally:
+        env.driver.start()
+    _delete_and_wait_unprepared(env, p)
+
+
+def test_kubelet_restarted_under_a_running_pod(env: Env, make_pod: PodMaker) -> None:
+    p = _gpu_pod(env, make_pod, "rn-gpu-kubelet")
+    before = env.core.read_namespaced_pod(p.name, "default").status.container_statuses[0]
+    registrations = env.driver.registrations()
+    realnode.restart_kubelet()
+    wait_for("the new kubelet to register the driver",
+             lambda: env.driver.registrations() > registrations, timeout=30)
+    wait_for("the node Ready again", lambda: any(
+        c.type == "Ready" and c.status == "True"
+        for c in env.core.read_node(NODE_NAME).status.conditions), timeout=30)
+    after = env.core.read_namespaced_pod(p.name, "default")
+    status = after.status.container_statuses[0]
+    assert after.status.phase == "Running"
+    assert status.container_id == before.container_id and status.restart_count == 0
+    assert _checkpoint()[p.claim_uid] == ClaimState.PREPARE_COMPLETED
+    assert env.cdi.path(p.claim_uid).exists()
+    _delete_and_wait_unprepared(env, p)
+
+
+def test_slices_come_back_after_the_kubelet_wipes_them(env: Env) -> None:
+    wait_for("8 GPUs published", lambda: len(_gpus(env)) == 8, timeout=30)
+    old = _slice_uids(env)
+    realnode.restart_kubelet()  # a starting kubelet deletes every slice of its node
+    wait_for("the slices republished after the wipe", lambda: len(_gpus(env)) == 8 and
+             not _slice_uids(env) & old, timeout=60)
