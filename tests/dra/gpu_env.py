@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kubernetes import client
+from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from dra_driver.framework.cdi import CdiSpecs
@@ -57,6 +57,7 @@ RULES: list[dict[str, Any]] = [
 
 @dataclass
 class GpuEnv:
+    cluster_name: str
     api: Any                  # the admin's client
     kubeconfig: Path          # the driver's own (service-account token)
     sysfs: Path
@@ -79,7 +80,7 @@ def _dev_root(dev: Path) -> None:
         (dev / n).touch()  # stand-ins: nothing here opens them
 
 
-def _token_kubeconfig(cluster_name: str, token: str, out: Path) -> Path:
+def token_kubeconfig(cluster_name: str, token: str, out: Path) -> Path:
     admin = yaml.safe_load(kubeconfig_path(cluster_name).read_text())
     ctx = next(c for c in admin["contexts"] if c["name"] == admin["current-context"])["context"]
     cluster = next(c for c in admin["clusters"] if c["name"] == ctx["cluster"])
@@ -127,7 +128,8 @@ def setup_env(cluster_name: str, api: Any, tmp: Path) -> GpuEnv:
             "uid": driver_pod.metadata.uid}}}).status.token
     sysfs = write_profile_sysfs(profile, tmp / "sysfs")
     _dev_root(tmp / "dev")
-    return GpuEnv(api=api, kubeconfig=_token_kubeconfig(cluster_name, token, tmp / "sa.yaml"),
+    return GpuEnv(cluster_name=cluster_name, api=api,
+                  kubeconfig=token_kubeconfig(cluster_name, token, tmp / "sa.yaml"),
                   sysfs=sysfs, dev=tmp / "dev")
 
 
@@ -308,3 +310,17 @@ def our_status(api: Any, claim: Claim) -> list[dict[str, Any]]:
 
 def random_uid() -> str:
     return str(uuid.uuid4())
+
+
+def api_for(kubeconfig: Path) -> Any:
+    cfg = client.Configuration()
+    config.load_kube_config(  # type: ignore[no-untyped-call]
+        config_file=str(kubeconfig), client_configuration=cfg)
+    return client.ApiClient(cfg)
+
+
+def allocated_device(api: Any, claim: Claim) -> str:
+    res: Any = client.ResourceV1Api(api)
+    got = res.read_namespaced_resource_claim(claim.name, NAMESPACE)
+    name: str = got.status.allocation.devices.results[0].device
+    return name

@@ -7,23 +7,30 @@ from __future__ import annotations
 
 import json
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from dra_driver.framework.checkpoint import ClaimState
+from dra_driver.framework.checkpoint import Checkpoint, ClaimState
+from dra_driver.framework.claim_status import DeviceStatus, apply_device_status
+from dra_driver.framework.device_kind import ClaimRef
 from tests.dra.gpu_env import (
     DRIVER,
     NAMESPACE,
     NODE,
+    SERVICE_ACCOUNT,
     DriverProc,
     GpuEnv,
+    allocated_device,
+    api_for,
     create_claim,
     delete_claim,
     our_status,
     random_uid,
+    token_kubeconfig,
 )
 from tests.dra.kubelet import Claim
 from tests.waiting import wait_for
@@ -115,10 +122,7 @@ def test_per_claim_errors(gpu_env: GpuEnv, gpu_driver: DriverProc) -> None:
 
 
 def test_least_privilege_identity(gpu_env: GpuEnv) -> None:
-    cfg = client.Configuration()
-    config.load_kube_config(  # type: ignore[no-untyped-call]
-        config_file=str(gpu_env.kubeconfig), client_configuration=cfg)
-    with client.ApiClient(cfg) as api, pytest.raises(ApiException) as err:
+    with api_for(gpu_env.kubeconfig) as api, pytest.raises(ApiException) as err:
         client.CoreV1Api(api).list_namespaced_pod(NAMESPACE)
     assert err.value.status == 403
 
@@ -167,3 +171,75 @@ def test_unhealthy_gpu_is_tainted_and_recovers(gpu_env: GpuEnv, gpu_driver: Driv
         if moved.exists() or moved.is_symlink():
             moved.rename(link)
     wait_for("gpu-3 taint gone", lambda: not _taints(gpu_env.api, "gpu-3"))
+
+
+def test_unprepare_after_the_claim_is_gone(gpu_env: GpuEnv, gpu_driver: DriverProc) -> None:
+    claim = create_claim(gpu_env.api, "deleted-first")
+    assert gpu_driver.kubelet.prepare([claim])[claim.uid].error == ""
+    delete_claim(gpu_env.api, claim)
+    wait_for("claim gone", lambda: not _exists(gpu_env.api, claim))
+    assert gpu_driver.kubelet.unprepare([claim]) == {claim.uid: ""}
+    assert gpu_driver.cdi.claims() == set() and gpu_driver.checkpoint_claims() == {}
+
+
+def _exists(api: Any, claim: Claim) -> bool:
+    try:
+        client.ResourceV1Api(api).read_namespaced_resource_claim(claim.name, NAMESPACE)
+    except ApiException as err:
+        if err.status == 404:
+            return False
+        raise
+    return True
+
+
+def test_checkpoint_of_an_earlier_boot_is_undone(gpu_env: GpuEnv,
+                                                 gpu_driver: DriverProc) -> None:
+    claim = create_claim(gpu_env.api, "before-reboot")
+    try:
+        assert gpu_driver.kubelet.prepare([claim])[claim.uid].error == ""
+        assert gpu_driver.stop() == 0
+        path = gpu_driver.plugin_dir / "checkpoint.json"
+        data, _ = Checkpoint(path, "").load()
+        Checkpoint(path, "an-earlier-boot").save(data)  # valid checksum, other boot
+        gpu_driver.start()
+        assert gpu_driver.checkpoint_claims() == {}
+        assert gpu_driver.cdi.claims() == set() and our_status(gpu_env.api, claim) == []
+        assert gpu_driver.kubelet.prepare([claim])[claim.uid].error == ""  # afresh
+        assert gpu_driver.kubelet.unprepare([claim]) == {claim.uid: ""}
+    finally:
+        delete_claim(gpu_env.api, claim)
+
+
+def test_status_needs_a_token_of_the_claims_node(gpu_env: GpuEnv, gpu_driver: DriverProc,
+                                                 tmp_path: Path) -> None:
+    """The same service account without the node-name extra (a token bound
+    to no pod) may not write the claim's status: associated-node only."""
+    claim = create_claim(gpu_env.api, "granular-status")
+    try:
+        core: Any = client.CoreV1Api(gpu_env.api)
+        token = core.create_namespaced_service_account_token(
+            SERVICE_ACCOUNT, NAMESPACE, {"spec": {"expirationSeconds": 600}}).status.token
+        unbound = token_kubeconfig(gpu_env.cluster_name, token, tmp_path / "unbound.yaml")
+        ref = ClaimRef(namespace=claim.namespace, name=claim.name, uid=claim.uid)
+        device = DeviceStatus(pool=NODE, device=allocated_device(gpu_env.api, claim))
+        with api_for(unbound) as api, pytest.raises(ApiException) as err:
+            apply_device_status(api, DRIVER, ref, [device])
+        # the apiserver answers 422 (status.devices: Forbidden), naming the verb it wanted
+        assert err.value.status == 422 and "arbitrary-node:patch" in str(err.value.body)
+        with api_for(gpu_env.kubeconfig) as api:  # bound to the driver pod on the node
+            assert apply_device_status(api, DRIVER, ref, [device])
+        assert [s["device"] for s in our_status(gpu_env.api, claim)] == [device.device]
+    finally:
+        delete_claim(gpu_env.api, claim)
+
+
+def test_slices_carry_the_nodes_domain_path(gpu_env: GpuEnv, gpu_driver: DriverProc) -> None:
+    res: Any = client.ResourceV1Api(gpu_env.api)
+    slices = res.list_resource_slice(
+        field_selector=f"spec.nodeName={NODE},spec.driver={DRIVER}").items
+    gpu0 = next(d for s in slices for d in s.spec.devices or [] if d.name == "gpu-0")
+    attrs = {k: v.string for k, v in gpu0.attributes.items() if v.string is not None}
+    assert (attrs["rack"], attrs["nvlinkDomain"]) == ("dra-b0-r0", "dra-b0-r0-n0")
+    assert attrs["resource.kubernetes.io/pciBusID"] == gpu_env.place("gpu-0").device.pci_bus_id
+    assert all(s.spec.pool.name == NODE for s in slices)
+    assert {o.kind for s in slices for o in s.metadata.owner_references} == {"Node"}
