@@ -347,6 +347,13 @@ def _clean(layout: Layout, tools: NodeTools, progress: Progress, api: Any | None
     teardown.clean_host(layout, tools.runc, progress)
 
 
+def _ours_present(layout: Layout) -> bool:
+    """An owner record, a process or a directory of ours (the kubelet's fixed
+    paths alone are not a sign of ours)."""
+    return (layout.owner_file.exists() or bool(teardown.our_processes(layout))
+            or any(p.exists() for p in (layout.run, layout.config, layout.containerd_root)))
+
+
 def stop(cluster: str | None = None, progress: Progress = _stderr,
          layout: Layout | None = None) -> bool:
     """Tear the real node down (only if it belongs to ``cluster``, when one is
@@ -354,13 +361,14 @@ def stop(cluster: str | None = None, progress: Progress = _stderr,
     from localcluster.cluster import ClusterError, api_client
 
     layout = layout or default_layout()
-    with machine_lock(layout):  # decided under the lock: a start may be half-way
+    if not _ours_present(layout):
+        return False  # no lock taken: `cluster down` works without root and a real node
+    with machine_lock(layout):  # decided again under the lock: a start may be half-way
         owner = read_owner(layout)
         if cluster is not None and owner is not None and owner.cluster != cluster:
             return False
-        if owner is None and not teardown.our_processes(layout) and not any(
-                p.exists() for p in (layout.run, layout.config, layout.containerd_root)):
-            return False  # (the kubelet's fixed paths alone are not a sign of ours)
+        if owner is None and not _ours_present(layout):
+            return False
         api = None
         if owner is not None:
             with contextlib.suppress(ClusterError):
