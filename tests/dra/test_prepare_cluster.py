@@ -6,6 +6,8 @@ under the driver's own service account."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -243,3 +245,15 @@ def test_slices_carry_the_nodes_domain_path(gpu_env: GpuEnv, gpu_driver: DriverP
     assert attrs["resource.kubernetes.io/pciBusID"] == gpu_env.place("gpu-0").device.pci_bus_id
     assert all(s.spec.pool.name == NODE for s in slices)
     assert {o.kind for s in slices for o in s.metadata.owner_references} == {"Node"}
+
+
+def test_uninstall_deletes_the_nodes_slices(gpu_env: GpuEnv, gpu_driver: DriverProc) -> None:
+    assert gpu_driver.stop() == 0  # else it would publish them again
+    out = subprocess.run(
+        [sys.executable, "-m", "toposerve_cli.driver_cmd", "--log-level", "warning", "driver",
+         "gpu", "--node-name", NODE, "--kubeconfig", str(gpu_env.kubeconfig),
+         "--sysfs-root", str(gpu_env.sysfs), "--plugin-dir", str(gpu_driver.plugin_dir),
+         "--uninstall"], capture_output=True, text=True, timeout=60, check=True).stdout
+    res: Any = client.ResourceV1Api(gpu_env.api)
+    left = res.list_resource_slice(field_selector=f"spec.nodeName={NODE},spec.driver={DRIVER}")
+    assert out.startswith("deleted ") and int(out.split()[1]) > 0 and not left.items
