@@ -94,7 +94,7 @@ def running_clusters(tools: Tools | None = None) -> list[str]:
     return [line.strip() for line in out.splitlines() if line.strip()]
 
 
-def _config_documents() -> str:
+def _config_documents(controller_manager_qps: int | None = None) -> str:
     # Bind every component to loopback. (kwok's pod range is set by flag in
     # KWOK_ARGS: a KwokConfiguration document here would replace kwok's
     # defaults rather than amend them.)
@@ -103,6 +103,11 @@ def _config_documents() -> str:
          "options": {"runtime": "binary", "bindAddress": "127.0.0.1",
                      "kubeAuthorization": True, "kubeAdmission": True}},
     ]
+    if controller_manager_qps:
+        # here, not as --extra-args: kwokctl 0.8.0 panics on five of those
+        q = str(controller_manager_qps)
+        docs[0]["componentsPatches"] = [{"name": "kube-controller-manager", "extraArgs": [
+            {"key": "kube-api-qps", "value": q}, {"key": "kube-api-burst", "value": q}]}]
     return yaml.safe_dump_all(docs)
 
 
@@ -236,7 +241,7 @@ def up(spec: ClusterSpec, progress: Progress = _stderr) -> Path:
              f"for cluster {spec.name!r}")
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "kwok.yaml"
-        cfg.write_text(_config_documents())
+        cfg.write_text(_config_documents(spec.controller_manager_qps))
         args = ["--name", spec.name, "--config", str(cfg), "create", "cluster",
                 "--runtime", "binary", "--kubeconfig", "",
                 "--kube-apiserver-binary", str(tools.kube_apiserver),
@@ -251,10 +256,6 @@ def up(spec: ClusterSpec, progress: Progress = _stderr) -> Path:
             args += ["--kube-feature-gates", spec.feature_gates]
         if spec.runtime_config:
             args += ["--kube-runtime-config", spec.runtime_config]
-        if spec.controller_manager_qps:
-            q = spec.controller_manager_qps
-            args += ["--extra-args", f"kube-controller-manager=kube-api-qps={q}",
-                     "--extra-args", f"kube-controller-manager=kube-api-burst={q}"]
         try:
             _kwokctl(tools, *args)
             progress(f"control plane up in {time.monotonic() - started:.1f}s")
