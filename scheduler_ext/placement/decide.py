@@ -21,7 +21,6 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from functools import cache
 
 from scheduler_ext.placement import pack
 from scheduler_ext.placement.levels import (
@@ -29,12 +28,11 @@ from scheduler_ext.placement.levels import (
     climb,
     contains,
     display,
-    domain_of,
     level_name,
 )
 from scheduler_ext.placement.model import DECODE, PREFILL, Decision, Group, Shape, View
 from topology.distance import kv_transfer_seconds, node_tier, transfer_seconds
-from topology.model import DomainPath, Tier, TierLink
+from topology.model import Tier, TierLink
 
 MAX_SCORE = 10
 
@@ -67,13 +65,7 @@ class FilterResult:
 
 
 def _subdomain(view: View, node: str) -> str:
-    return _nvlink_name(view.nodes[node].path)
-
-
-@cache
-def _nvlink_name(path: DomainPath) -> str:
-    key = domain_of(path, Tier.NVLINK)
-    return "/".join(str(v) for v in key) if key is not None else path.host
+    return view.subdomain(node)
 
 
 def _nodes(view: View, tier: Tier, domain: Domain, profiles: Iterable[str]) -> list[str]:
@@ -84,16 +76,28 @@ def _nodes(view: View, tier: Tier, domain: Domain, profiles: Iterable[str]) -> l
 
 def reservations(view: View, now: float, exclude: str | None = None) -> dict[str, int]:
     """Accelerators promised, per node, to the pending members of every
-    live decision but ``exclude``'s. Older promises are laid out first, so
-    a newer one never takes what an older one holds."""
-    key = ("reserved", exclude, now // 1)
+    live decision but ``exclude``'s."""
+    out: dict[str, int] = defaultdict(int)
+    for group, nodes in _promised(view, now).items():
+        if group != exclude:
+            for n, d in nodes.items():
+                out[n] += d
+    return dict(out)
+
+
+def _promised(view: View, now: float) -> dict[str, dict[str, int]]:
+    """Per live decision, where its pending members are laid out. Older
+    promises are laid out first, so a newer one never takes what an older
+    one holds. Memoized until the view changes (or the second turns)."""
+    key = ("promised", now // 1)
     memo = view.memo.get(key)
     if isinstance(memo, dict):
         return memo
     reserved: dict[str, int] = defaultdict(int)
+    out: dict[str, dict[str, int]] = {}
     for d in sorted(view.decisions.values(), key=lambda d: (d.decided_at, d.group)):
         group = view.groups.get(d.group)
-        if d.group == exclude or group is None or not d.live(now):
+        if group is None or not d.live(now):
             continue
         names = _nodes(view, d.tier, d.domain, d.profiles)
         free = {n: max(0, view.nodes[n].free - reserved[n]) for n in names}
@@ -101,10 +105,13 @@ def reservations(view: View, now: float, exclude: str | None = None) -> dict[str
                            _bound_subdomains(view, group))
         # a promise that no longer fits whole still holds what it can
         assignment = placed.assignment if placed else _greedy(group.pending(), free)
+        mine: dict[str, int] = defaultdict(int)
         for d_, n in assignment:
             if n is not None:
                 reserved[n] += d_
-    view.memo[key] = out = dict(reserved)
+                mine[n] += d_
+        out[d.group] = dict(mine)
+    view.memo[key] = out
     return out
 
 
@@ -170,6 +177,11 @@ def _choose(view: View, group: Group, eligible: list[str], reserved: dict[str, i
     return None
 
 
+def _profiles(view: View, names: Iterable[str]) -> tuple[str, ...]:
+    nodes = view.nodes
+    return tuple(sorted({nodes[n].profile or "" for n in names if n in nodes}))
+
+
 def _largest_free(view: View, group: Group, tier: Tier, reserved: dict[str, int],
                   profiles: tuple[str, ...]) -> int:
     sums: dict[Domain, int] = defaultdict(int)
@@ -205,12 +217,10 @@ def filter_member(view: View, group: Group, uid: str, candidates: list[str], pol
     member = group.member(uid)
     assert member is not None, "the pod being placed must be a member of its group"
     reserved = reservations(view, now, exclude=group.key)
-    profiles = tuple(sorted({view.nodes[n].profile or "" for n in candidates if n in view.nodes}
-                            | {view.nodes[m.node].profile or "" for m in group.bound()
-                               if m.node in view.nodes}))
     decision = view.decisions.get(group.key)
     outcome = Outcome.HELD
     if decision is None or not decision.live(now):
+        profiles = _profiles(view, [*candidates, *(m.node for m in group.bound() if m.node)])
         levels = _levels(group, policy)
         eligible = [*candidates, *(m.node for m in group.bound() if m.node)]
         pick = _choose(view, group, eligible, reserved, levels, None, profiles)
@@ -221,8 +231,7 @@ def filter_member(view: View, group: Group, uid: str, candidates: list[str], pol
                             required=group.required is not None, profiles=profiles)
         outcome = Outcome.DECIDED
     else:
-        decision = replace(decision, expires_at=now + policy.promise_ttl_s,
-                           profiles=tuple(sorted(set(decision.profiles) | set(profiles))))
+        decision = replace(decision, expires_at=now + policy.promise_ttl_s)
     while True:
         passed, failed = _check(view, group, member.uid, member.demand, candidates, decision,
                                 reserved)
@@ -241,7 +250,6 @@ def filter_member(view: View, group: Group, uid: str, candidates: list[str], pol
 def _check(view: View, group: Group, uid: str, demand: int, candidates: list[str],
            decision: Decision, reserved: dict[str, int]) -> tuple[list[str], dict[str, str]]:
     names = _nodes(view, decision.tier, decision.domain, decision.profiles)
-    inside = set(names)
     base = _free(view, names, reserved)
     rest = group.pending(without=uid)
     where = display(decision.domain, decision.tier)
@@ -249,33 +257,34 @@ def _check(view: View, group: Group, uid: str, demand: int, candidates: list[str
     promised = "the free accelerators here are promised to another group"
     crowded = (f"group {group.key}: a member here would leave too little room in {where} "
                f"for the other {len(rest)} pending members")
+    offered = set(candidates)
+    # every offered node fails as outside the domain, then the few inside are looked at
+    failed = dict.fromkeys(candidates, outside)
     passed: list[str] = []
-    failed: dict[str, str] = {}
     memo: dict[int, bool] = {}
-    for c in candidates:
-        if c not in inside:
-            failed[c] = outside
+    for c in names:
+        if c not in offered:
             continue
         f = base.get(c, 0)
         if f < demand:
             failed[c] = promised
             continue
-        if demand <= 0:
-            passed.append(c)
-            continue
-        if f not in memo:
-            trial = dict(base)
-            trial[c] = f - demand
-            memo[f] = pack.fits(rest, trial)
-        if memo[f]:
-            passed.append(c)
-        else:
-            failed[c] = crowded
+        if demand > 0:
+            if f not in memo:
+                trial = dict(base)
+                trial[c] = f - demand
+                memo[f] = pack.fits(rest, trial)
+            if not memo[f]:
+                failed[c] = crowded
+                continue
+        del failed[c]
+        passed.append(c)
     return passed, failed
 
 
-def neutral(candidates: list[str]) -> dict[str, int]:
-    return dict.fromkeys(candidates, 0)
+def neutral() -> dict[str, int]:
+    """No opinion: every node scores 0 (nodes left out of a score map score 0)."""
+    return {}
 
 
 KV_WEIGHT = 0.7  # P/D members: KV-transfer cost first, packing breaks its ties
@@ -291,8 +300,10 @@ def prioritize_member(view: View, group: Group, uid: str, candidates: list[str],
     decision = view.decisions.get(group.key)
     member = group.member(uid)
     if decision is None or member is None or not decision.live(now):
-        return neutral(candidates)
+        return neutral()
     names = _nodes(view, decision.tier, decision.domain, decision.profiles)
+    offered = set(candidates)
+    candidates = [n for n in names if n in offered]  # outside the domain: 0
     raw, own = _pack_scores(view, group, member.demand, names, candidates, now)
     if group.shape == Shape.PD and member.role in (PREFILL, DECODE) and policy.links:
         other = DECODE if member.role == PREFILL else PREFILL
@@ -303,7 +314,7 @@ def prioritize_member(view: View, group: Group, uid: str, candidates: list[str],
     if not candidates:
         return {}
     best = max(candidates, key=lambda c: (raw[c], c == own))
-    scores = {c: min(MAX_SCORE - 1, round(raw[c])) for c in candidates}
+    scores = {c: min(MAX_SCORE - 1, round(raw[c])) for c in candidates if raw[c] > 0}
     if raw[best] > 0:
         scores[best] = MAX_SCORE
     return scores

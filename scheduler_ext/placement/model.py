@@ -126,20 +126,35 @@ class View:
     nodes: dict[str, NodeState]
     groups: dict[str, Group] = field(default_factory=dict)
     decisions: dict[str, Decision] = field(default_factory=dict)
-    # memo of derived facts (domain indexes, reservations); whoever changes
-    # the dicts above clears it
+    # derived facts, cleared by whoever changes what they derive from:
+    # ``memo`` (reservations) on any change, ``index`` (nodes by domain) when
+    # a node comes, goes or moves
     memo: dict[object, object] = field(default_factory=dict)
+    index: dict[Tier, dict[Domain, list[str]]] = field(default_factory=dict)
+    nvlink: dict[str, str] = field(default_factory=dict)  # node -> its NVLink domain's name
+
+    def forget_places(self) -> None:
+        """Nodes came, went or moved: drop what was derived from their paths."""
+        self.index.clear()
+        self.nvlink.clear()
+
+    def subdomain(self, node: str) -> str:
+        """The node's NVLink domain as one name (the node itself when unknown)."""
+        name = self.nvlink.get(node)
+        if name is None:
+            n = self.nodes[node]
+            key = n.domain(Tier.NVLINK)
+            name = "/".join(str(v) for v in key) if key is not None else n.name
+            self.nvlink[node] = name
+        return name
 
     def in_domain(self, tier: Tier, domain: Domain) -> list[str]:
         """Names of the nodes in ``domain`` at ``tier``."""
-        key = ("index", tier)
-        index = self.memo.get(key)
+        index = self.index.get(tier)
         if index is None:
-            built: dict[Domain, list[str]] = {}
-            for n in sorted(self.nodes.values(), key=lambda n: n.name):
-                if (d := n.domain(tier)) is not None:
-                    built.setdefault(d, []).append(n.name)
-            self.memo[key] = index = built
-        assert isinstance(index, dict)
-        out: list[str] = index.get(domain, [])
-        return out
+            index = {}
+            for name in sorted(self.nodes):
+                if (d := self.nodes[name].domain(tier)) is not None:
+                    index.setdefault(d, []).append(name)
+            self.index[tier] = index
+        return index.get(domain, [])

@@ -105,6 +105,7 @@ class ClusterState:
         self._assumed: dict[str, tuple[str, float]] = {}
         self._dirty_nodes: set[str] = set()
         self._dirty_groups: set[str] = set()
+        self._moved = False  # a node came, went or changed labels: domain indexes are stale
         self.synced: set[str] = set()  # kinds whose first list arrived
         self._handlers: dict[str, Callable[[str, dict[str, Any]], None]] = {
             "nodes": self.node, "pods": self.pod, "slices": self.resource_slice,
@@ -130,7 +131,7 @@ class ClusterState:
             else:
                 self._nodes[name] = node_facts(obj, self.dialect, self._extended)
             self._dirty_nodes.add(name)
-            self.view.memo.clear()
+            self._moved = True
 
     def resource_slice(self, kind: str, obj: dict[str, Any]) -> None:
         with self.lock:
@@ -204,7 +205,6 @@ class ClusterState:
             else:
                 self._pod_groups[key] = pod_group_spec(obj, self.dialect)
             self._dirty_groups.add(f"podgroup/{key[0]}/{key[1]}")
-            self.view.memo.clear()
 
     def _touch_pods(self, uids: Iterable[str]) -> None:
         for uid in list(uids):
@@ -214,7 +214,6 @@ class ClusterState:
                     self._dirty_nodes.add(p.node)
                 if p.ref:
                     self._dirty_groups.add(p.ref.key)
-        self.view.memo.clear()
 
     def pod(self, kind: str, obj: dict[str, Any]) -> None:
         with self.lock:
@@ -271,7 +270,6 @@ class ClusterState:
                     self._adopt(new.decision)
             if new.node:
                 self._dirty_nodes.add(new.node)
-        self.view.memo.clear()
 
     def _unindex(self, p: PodFacts) -> None:
         if p.node:
@@ -310,8 +308,10 @@ class ClusterState:
         with self.lock:
             old = self.view.decisions.get(d.group)
             self.view.decisions[d.group] = d
-            self.view.memo.clear()
-            return old is None or (old.tier, old.domain) != (d.tier, d.domain)
+            moved = old is None or (old.tier, old.domain) != (d.tier, d.domain)
+            if moved or (old is not None and not old.live(d.decided_at)):
+                self.view.memo.clear()  # a renewal alone changes no layout
+            return moved
 
     # --- the view ------------------------------------------------------------------
 
@@ -404,6 +404,9 @@ class ClusterState:
                     self.view.groups[key] = g
             if self._dirty_nodes or self._dirty_groups:
                 self.view.memo.clear()
+            if self._moved:
+                self.view.forget_places()
+                self._moved = False
             self._dirty_nodes.clear()
             self._dirty_groups.clear()
             return self.view

@@ -64,7 +64,7 @@ class Sim:
             return None
         scores = prioritize_member(self.view, self.view.groups[key], uid, res.passed,
                                    self.policy, self.now)
-        best = max(res.passed, key=lambda n: (scores[n], -res.passed.index(n)))
+        best = max(res.passed, key=lambda n: (scores.get(n, 0), -res.passed.index(n)))
         self.bind(self.view.groups[key], uid, best)
         return best
 
