@@ -254,45 +254,63 @@ def _pods_on_node(core: Any) -> list[tuple[str, str]]:
 
 
 def start(cluster: str, progress: Progress = _stderr, ready_timeout_s: float = 90,
-          layout: Layout | None = None) -> str:
+          wait_s: float = 0, layout: Layout | None = None) -> str:
     """Add the real node to ``cluster``; returns the node name once it is
-    Ready. A failed start tears down whatever it had started."""
-    from localcluster.cluster import api_client, cluster_dir, kubeconfig_path
+    Ready. While another cluster has the machine's real node, waits up to
+    ``wait_s`` for it to be released (another test run, say). A failed start
+    tears down whatever it had started."""
+    from localcluster.cluster import api_client, kubeconfig_path
 
     layout = layout or default_layout()
     tools = find_node_tools()
     api = api_client(cluster)
-    with machine_lock(layout):
-        owner = running_owner(layout)
-        if owner is not None:
-            raise RealNodeError(f"the real node already runs for cluster {owner.cluster!r} (one "
-                                f"per machine): `toposerve cluster down --name {owner.cluster}`")
-        if not teardown.our_processes(layout):
-            _check_ports()  # before touching the kubelet's paths: is another kubelet here?
-        _clean(layout, tools, progress, api=None)  # whatever a crashed run left behind
-        _check_ports()
-        started = time.monotonic()
-        try:
-            ctd_conf = _write_configs(
-                layout, tools, kubeconfig_path(cluster), cluster_dir(cluster) / "pki")
-            ctd_log = layout.logs / "containerd.log"
-            ctd = _spawn([str(tools.containerd), "--config", str(ctd_conf)], ctd_log)
-            _wait("containerd answering", lambda: subprocess.run(
-                [str(tools.ctr), "--address", str(layout.containerd_socket), "version"],
-                capture_output=True, check=False, timeout=10).returncode == 0,
-                30, ctd, ctd_log)
-            _import_images(layout, tools)
-            progress(f"containerd up, images imported in {time.monotonic() - started:.1f}s")
-            kubelet_log = layout.logs / "kubelet.log"
-            kubelet = _spawn(_kubelet_command(layout, tools), kubelet_log)
-            _write_owner(layout, Owner(cluster=cluster, node=NODE_NAME, kubelet_pid=kubelet.pid,
-                                       containerd_pid=ctd.pid))
-            _wait(f"node {NODE_NAME} Ready", lambda: _node_ready(api), ready_timeout_s,
-                  kubelet, kubelet_log)
-        except BaseException:
-            progress("the real node failed to start; removing what was started")
-            _clean(layout, tools, progress, api=api)
-            raise
+    deadline = time.monotonic() + wait_s
+    while True:
+        with machine_lock(layout):
+            owner = running_owner(layout)
+            if owner is not None and not kubeconfig_path(owner.cluster).exists():
+                progress(f"removing the real node left running by deleted cluster "
+                         f"{owner.cluster!r}")
+                owner = None  # cleaned up by the start below
+            if owner is None:
+                return _start_locked(cluster, api, tools, layout, progress, ready_timeout_s)
+            if owner.cluster == cluster or time.monotonic() > deadline:
+                raise RealNodeError(
+                    f"the real node already runs for cluster {owner.cluster!r} (one per "
+                    f"machine): `toposerve cluster down --name {owner.cluster}`")
+        time.sleep(1)
+
+
+def _start_locked(cluster: str, api: Any, tools: NodeTools, layout: Layout,
+                  progress: Progress, ready_timeout_s: float) -> str:
+    from localcluster.cluster import cluster_dir, kubeconfig_path
+
+    if not teardown.our_processes(layout):
+        _check_ports()  # before touching the kubelet's paths: is another kubelet here?
+    _clean(layout, tools, progress, api=None)  # whatever a crashed run left behind
+    _check_ports()
+    started = time.monotonic()
+    try:
+        ctd_conf = _write_configs(
+            layout, tools, kubeconfig_path(cluster), cluster_dir(cluster) / "pki")
+        ctd_log = layout.logs / "containerd.log"
+        ctd = _spawn([str(tools.containerd), "--config", str(ctd_conf)], ctd_log)
+        _wait("containerd answering", lambda: subprocess.run(
+            [str(tools.ctr), "--address", str(layout.containerd_socket), "version"],
+            capture_output=True, check=False, timeout=10).returncode == 0,
+            30, ctd, ctd_log)
+        _import_images(layout, tools)
+        progress(f"containerd up, images imported in {time.monotonic() - started:.1f}s")
+        kubelet_log = layout.logs / "kubelet.log"
+        kubelet = _spawn(_kubelet_command(layout, tools), kubelet_log)
+        _write_owner(layout, Owner(cluster=cluster, node=NODE_NAME, kubelet_pid=kubelet.pid,
+                                   containerd_pid=ctd.pid))
+        _wait(f"node {NODE_NAME} Ready", lambda: _node_ready(api), ready_timeout_s,
+              kubelet, kubelet_log)
+    except BaseException:
+        progress("the real node failed to start; removing what was started")
+        _clean(layout, tools, progress, api=api)
+        raise
     progress(f"real node {NODE_NAME} Ready in {time.monotonic() - started:.1f}s")
     return NODE_NAME
 

@@ -35,11 +35,21 @@ def real_node_cluster(cluster: Cluster) -> Iterator[Cluster]:
         realnode.stop(cluster.name)
 
 
+# One real node per machine: another test run on this machine may hold it for
+# a few minutes; wait for it rather than fail.
+MACHINE_WAIT_S = 420  # within pytest-timeout's 600 s a test
+
+
+def ensure_started(cluster: Cluster) -> None:
+    owner = realnode.running_owner()
+    if owner is None or owner.cluster != cluster.name:
+        realnode.start(cluster.name, wait_s=MACHINE_WAIT_S)
+
+
 @pytest.fixture
 def real_node(real_node_cluster: Cluster) -> RealNode:
     """The node, started if it is not running (a teardown test stops it)."""
-    if realnode.running_owner() is None:
-        realnode.start(real_node_cluster.name)
+    ensure_started(real_node_cluster)
     return RealNode(cluster=real_node_cluster, core=client.CoreV1Api(real_node_cluster.api),
                     name=NODE_NAME, layout=default_layout())
 

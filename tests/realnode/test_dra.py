@@ -29,7 +29,7 @@ from localcluster.realnode import node as realnode
 from localcluster.realnode.paths import NODE_NAME, default_layout
 from localcluster.realnode.pods import busybox_pod
 from tests.conftest import Cluster
-from tests.realnode.conftest import PodMaker, wait_phase
+from tests.realnode.conftest import PodMaker, ensure_started, wait_phase
 from tests.waiting import wait_for
 from topology.profiles import load_profile
 from topology.sysfs import write_profile_sysfs
@@ -98,8 +98,7 @@ class Env:
 
 @pytest.fixture(scope="module")
 def env(real_node_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
-    if realnode.running_owner() is None:
-        realnode.start(real_node_cluster.name)
+    ensure_started(real_node_cluster)
     tmp = tmp_path_factory.mktemp("realnode-dra")
     sysfs = write_profile_sysfs(load_profile("hgx-h100"), tmp / "sysfs")
     argv = [sys.executable, "-m", "toposerve_cli.driver_cmd", "--log-level", "info",

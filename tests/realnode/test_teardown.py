@@ -15,7 +15,7 @@ from localcluster.realnode.paths import default_layout
 from localcluster.realnode.pods import busybox_pod
 from localcluster.realnode.teardown import alive, container_states, leftovers, our_processes
 from tests.conftest import Cluster
-from tests.realnode.conftest import PodMaker, RealNode, wait_phase
+from tests.realnode.conftest import MACHINE_WAIT_S, PodMaker, RealNode, wait_phase
 from tests.waiting import wait_for
 from toposerve_cli.main import main
 
@@ -54,7 +54,7 @@ def test_stop_leaves_nothing(real_node: RealNode, make_pod: PodMaker) -> None:
 def test_failed_start_leaves_nothing(real_node_cluster: Cluster) -> None:
     realnode.stop(real_node_cluster.name)
     with pytest.raises(realnode.RealNodeError, match="Ready"):
-        realnode.start(real_node_cluster.name, ready_timeout_s=0)
+        realnode.start(real_node_cluster.name, ready_timeout_s=0, wait_s=MACHINE_WAIT_S)
     assert leftovers(default_layout()) == []
 
 
@@ -86,6 +86,8 @@ def test_one_real_node_per_machine(real_node: RealNode) -> None:
 def test_cli_up_with_real_node_and_down(real_node_cluster: Cluster,
                                         capsys: pytest.CaptureFixture[str]) -> None:
     realnode.stop(real_node_cluster.name)  # the machine's one real node is needed here
+    wait_for("the machine's real node free (another test run may hold it)",
+             lambda: realnode.running_owner() is None, timeout=MACHINE_WAIT_S, interval=1)
     name = f"{real_node_cluster.name}-rn"[:32]
     try:
         assert main(["cluster", "up", "--name", name, "--profile", "hgx-h100=1",
