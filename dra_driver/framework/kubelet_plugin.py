@@ -49,7 +49,7 @@ from dra_driver.framework.health import DeviceHealth, HealthBoard, add_health_se
 from dra_driver.framework.plugin_server import add_dra_services
 from dra_driver.framework.publisher import Pool
 from dra_driver.framework.registration import RegistrationServicer, add_registration_service
-from dra_driver.framework.sockets import PluginPaths, remove_stale_socket, unix_address
+from dra_driver.framework.sockets import PluginPaths, grpc_target, remove_stale_socket
 
 log = structlog.get_logger("dra.plugin")
 
@@ -192,7 +192,8 @@ class KubeletPlugin:
     def _listen(self, server: grpc.Server, socket: Path) -> None:
         if remove_stale_socket(socket):
             log.info("removed stale socket", socket=str(socket))
-        server.add_insecure_port(unix_address(socket))
+        with grpc_target(socket) as target:
+            server.add_insecure_port(target)
         server.start()
         self._servers.append(_Server(server, socket, socket.lstat().st_ino))
 
@@ -279,10 +280,16 @@ class KubeletPlugin:
             except ClaimError as err:
                 out[ref.uid] = PrepareResult(error=str(err))
         if ready or not claims:
-            with self._serialized():
-                data = self._recover()
-                for ref, devices in ready:
-                    out[ref.uid] = self._prepare_one(data, ref, devices)
+            try:
+                with self._serialized():
+                    data = self._recover()
+                    for ref, devices in ready:
+                        out[ref.uid] = self._prepare_one(data, ref, devices)
+            except Exception as err:
+                if not claims:
+                    raise  # the liveness probe's empty call: fail it, loudly
+                for ref, _ in ready:  # e.g. the checkpoint turned corrupt: say so per claim
+                    out.setdefault(ref.uid, PrepareResult(error=f"prepare claim {ref}: {err}"))
         for ref in claims:
             res = out[ref.uid]
             result = "error" if res.error else "ok"
@@ -300,7 +307,12 @@ class KubeletPlugin:
             return PrepareResult(devices=tuple(entry.devices))  # idempotent
         entry = ClaimEntry(namespace=ref.namespace, name=ref.name,
                            state=ClaimState.PREPARE_STARTED, devices=_group(devices))
-        self._save(data, ref.uid, entry)
+        try:
+            self._save(data, ref.uid, entry)
+        except OSError as err:  # nothing done yet, nothing to undo
+            data.claims.pop(ref.uid, None)
+            return PrepareResult(error=f"prepare claim {ref.namespace}/{ref.name}: "
+                                       f"cannot write the checkpoint: {err}")
         crashpoint("prepare-started")
         try:
             edits = self.kind.prepare(ref, devices)
@@ -335,17 +347,27 @@ class KubeletPlugin:
 
     def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str | None]:
         out: dict[str, str | None] = {}
-        with self._serialized():
-            data = self._recover()
+        try:
+            with self._serialized():
+                data = self._recover()
+                for ref in claims:
+                    t0 = time.monotonic()
+                    out[ref.uid] = self._unprepare_one(data, ref)
+                    self._observe_unprepare(ref, out[ref.uid], time.monotonic() - t0)
+        except Exception as err:
+            if not claims:
+                raise
             for ref in claims:
-                t0 = time.monotonic()
-                out[ref.uid] = self._unprepare_one(data, ref)
-                result = "error" if out[ref.uid] else "ok"
-                elapsed = time.monotonic() - t0
-                metrics.UNPREPARE_SECONDS.labels(self.cfg.driver, result).observe(elapsed)
-                log.info("unprepare", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid,
-                         result=result, error=out[ref.uid], seconds=round(elapsed, 4))
+                if ref.uid not in out:
+                    out[ref.uid] = f"unprepare claim {ref}: {err}"
+                    self._observe_unprepare(ref, out[ref.uid], 0.0)
         return out
+
+    def _observe_unprepare(self, ref: ClaimRef, error: str | None, elapsed: float) -> None:
+        result = "error" if error else "ok"
+        metrics.UNPREPARE_SECONDS.labels(self.cfg.driver, result).observe(elapsed)
+        log.info("unprepare", claim=f"{ref.namespace}/{ref.name}", uid=ref.uid, result=result,
+                 error=error, seconds=round(elapsed, 4))
 
     def _unprepare_one(self, data: CheckpointData, ref: ClaimRef) -> str | None:
         entry = data.claims.get(ref.uid)

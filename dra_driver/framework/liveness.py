@@ -17,7 +17,7 @@ import structlog
 from dra_driver._generated import dra_v1_pb2, dra_v1_pb2_grpc
 from dra_driver._generated import pluginregistration_pb2 as reg_pb2
 from dra_driver._generated import pluginregistration_pb2_grpc as reg_grpc
-from dra_driver.framework.sockets import unix_address
+from dra_driver.framework.sockets import grpc_target
 
 log = structlog.get_logger("dra.liveness")
 
@@ -25,11 +25,11 @@ log = structlog.get_logger("dra.liveness")
 def probe(registration_socket: Path, driver: str, timeout_s: float = 10) -> str | None:
     """None when both sockets answer as they should, else what is wrong."""
     try:
-        with grpc.insecure_channel(unix_address(registration_socket)) as ch:
+        with grpc_target(registration_socket) as target, grpc.insecure_channel(target) as ch:
             info = reg_grpc.RegistrationStub(ch).GetInfo(reg_pb2.InfoRequest(), timeout=timeout_s)
         if info.name != driver:
             return f"registration socket serves driver {info.name!r}, not {driver!r}"
-        with grpc.insecure_channel(unix_address(Path(info.endpoint))) as ch:
+        with grpc_target(Path(info.endpoint)) as target, grpc.insecure_channel(target) as ch:
             dra_v1_pb2_grpc.DRAPluginStub(ch).NodePrepareResources(
                 dra_v1_pb2.NodePrepareResourcesRequest(), timeout=timeout_s)
     except grpc.RpcError as err:

@@ -11,9 +11,11 @@ preferring ones that still show the driver name.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import os
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,3 +99,23 @@ def remove_stale_socket(path: Path) -> bool:
 
 def unix_address(path: Path) -> str:
     return f"unix://{os.fspath(path)}"
+
+
+# gRPC's C core binds and dials at most this long a unix path, shorter than
+# AF_UNIX allows (the kubelet, in Go, dials up to 108 bytes).
+GRPC_PATH_MAX = 105
+
+
+@contextlib.contextmanager
+def grpc_target(path: Path) -> Iterator[str]:
+    """A ``unix://`` target for ``path``, valid inside the ``with``. A path
+    too long for gRPC goes through ``/proc/self/fd/<dir fd>/<name>``: the
+    kernel resolves it, so the socket is still exactly at ``path``."""
+    if len(str(path)) <= GRPC_PATH_MAX:
+        yield unix_address(path)
+        return
+    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        yield f"unix:///proc/self/fd/{fd}/{path.name}"
+    finally:
+        os.close(fd)

@@ -3,6 +3,7 @@ protos: find it through its registration socket, then call it."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from dra_driver._generated import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
+from dra_driver.framework.sockets import grpc_target
 
 DRA = {"v1": (dra_v1_pb2, dra_v1_pb2_grpc), "v1beta1": (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc)}
 HEALTH = {"v1": (health_v1_pb2, health_v1_pb2_grpc),
@@ -40,8 +42,11 @@ class Kubelet:
         self.registration_socket = registration_socket
         self.timeout = timeout  # the kubelet's own limit for a DRA call
 
-    def _channel(self, path: str | Path) -> grpc.Channel:
-        return grpc.insecure_channel(f"unix://{path}")
+    @contextlib.contextmanager
+    def _channel(self, path: str | Path) -> Iterator[grpc.Channel]:
+        # Go's kubelet dials any AF_UNIX path; gRPC in Python needs help with long ones.
+        with grpc_target(Path(path)) as target, grpc.insecure_channel(target) as ch:
+            yield ch
 
     def get_info(self) -> Any:
         with self._channel(self.registration_socket) as ch:
@@ -54,23 +59,22 @@ class Kubelet:
                 pluginregistration_pb2.RegistrationStatus(plugin_registered=registered,
                                                           error=error), timeout=self.timeout)
 
-    def _dra(self, version: str) -> tuple[Any, grpc.Channel, Any]:
+    @contextlib.contextmanager
+    def _dra(self, version: str) -> Iterator[tuple[Any, Any]]:
         pb2, stubs = DRA[version]
-        ch = self._channel(self.get_info().endpoint)
-        return pb2, ch, stubs.DRAPluginStub(ch)
+        with self._channel(self.get_info().endpoint) as ch:
+            yield pb2, stubs.DRAPluginStub(ch)
 
     def prepare(self, claims: list[Claim], version: str = "v1",
                 timeout: float | None = None) -> dict[str, Any]:
-        pb2, ch, stub = self._dra(version)
-        with ch:
+        with self._dra(version) as (pb2, stub):
             resp = stub.NodePrepareResources(pb2.NodePrepareResourcesRequest(claims=[
                 pb2.Claim(namespace=c.namespace, name=c.name, uid=c.uid) for c in claims]),
                 timeout=timeout or self.timeout)
         return dict(resp.claims)
 
     def unprepare(self, claims: list[Claim], version: str = "v1") -> dict[str, str]:
-        pb2, ch, stub = self._dra(version)
-        with ch:
+        with self._dra(version) as (pb2, stub):
             resp = stub.NodeUnprepareResources(pb2.NodeUnprepareResourcesRequest(claims=[
                 pb2.Claim(namespace=c.namespace, name=c.name, uid=c.uid) for c in claims]),
                 timeout=self.timeout)

@@ -21,7 +21,7 @@ from dra_driver.framework.device_kind import AllocatedDevice, ClaimRef, Prepared
 from dra_driver.framework.kubelet_plugin import KubeletPlugin, PluginConfig
 from dra_driver.framework.liveness import HttpEndpoints, healthz_route, metrics_route, probe
 from dra_driver.framework.publisher import Pool
-from dra_driver.framework.sockets import PluginPaths
+from dra_driver.framework.sockets import GRPC_PATH_MAX, PluginPaths
 from tests.dra.kubelet import Kubelet
 
 DRIVER = "fake.toposerve.io"
@@ -189,3 +189,27 @@ def test_corrupt_checkpoint_refuses_to_start(tmp_path: Path) -> None:
         p.start()
     assert not p.cfg.paths.registration_socket.exists()
     assert p.cfg.paths.checkpoint.read_text() == "{garbage"
+
+
+def test_checkpoint_corrupted_while_running_fails_liveness(plugin: KubeletPlugin) -> None:
+    plugin.cfg.paths.checkpoint.write_text("{garbage")
+    problem = probe(plugin.cfg.paths.registration_socket, DRIVER, timeout_s=5)
+    assert problem is not None and "is corrupt" in problem
+    assert plugin.cfg.paths.checkpoint.read_text() == "{garbage"
+
+
+def test_socket_paths_longer_than_grpc_binds(tmp_path: Path) -> None:
+    """AF_UNIX takes 108 bytes, gRPC's C core 105: the plugin still listens
+    exactly where the kubelet looks."""
+    deep = tmp_path / ("d" * (107 - len(str(tmp_path)) - len("/registry/") - len(
+        f"{DRIVER}-uid-long-reg.sock") - 1))
+    p = _plugin(deep, pod_uid="uid-long")
+    assert len(str(p.cfg.paths.registration_socket)) == 107 > GRPC_PATH_MAX
+    p.start()
+    try:
+        assert p.cfg.paths.registration_socket.is_socket()
+        assert Kubelet(p.cfg.paths.registration_socket).get_info().name == DRIVER
+        assert probe(p.cfg.paths.registration_socket, DRIVER) is None
+    finally:
+        p.stop()
+    assert not p.cfg.paths.registration_socket.exists()

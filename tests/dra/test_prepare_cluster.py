@@ -257,3 +257,19 @@ def test_uninstall_deletes_the_nodes_slices(gpu_env: GpuEnv, gpu_driver: DriverP
     res: Any = client.ResourceV1Api(gpu_env.api)
     left = res.list_resource_slice(field_selector=f"spec.nodeName={NODE},spec.driver={DRIVER}")
     assert out.startswith("deleted ") and int(out.split()[1]) > 0 and not left.items
+
+
+def test_corrupt_checkpoint_while_running_is_a_per_claim_error(
+        gpu_env: GpuEnv, gpu_driver: DriverProc) -> None:
+    claim = create_claim(gpu_env.api, "corrupt-checkpoint")
+    path = gpu_driver.plugin_dir / "checkpoint.json"
+    try:
+        path.write_text('{"version": 1}')
+        err = gpu_driver.kubelet.prepare([claim])[claim.uid].error
+        assert f"checkpoint {path} is corrupt" in err
+        assert gpu_driver.kubelet.unprepare([claim])[claim.uid].startswith(
+            f"unprepare claim {claim.namespace}/{claim.name}")
+        assert path.read_text() == '{"version": 1}' and gpu_driver.cdi.claims() == set()
+    finally:
+        path.unlink()
+        delete_claim(gpu_env.api, claim)
