@@ -8,13 +8,8 @@ them."""
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,65 +21,17 @@ from dra_driver.framework.checkpoint import Checkpoint, ClaimState, read_boot_id
 from dra_driver.gpu.driver import CDI_CLASS, CDI_VENDOR
 from localcluster.cluster import kubeconfig_path
 from localcluster.realnode import node as realnode
+from localcluster.realnode.gpu_driver import CDI_ROOT, DRIVER, PLUGIN_DIR, GpuDriver
 from localcluster.realnode.paths import NODE_NAME, default_layout
 from localcluster.realnode.pods import busybox_pod
 from tests.conftest import Cluster
 from tests.realnode.conftest import PodMaker, ensure_started, wait_phase
 from tests.waiting import wait_for
-from topology.profiles import load_profile
-from topology.sysfs import write_profile_sysfs
 
 pytestmark = [pytest.mark.cluster, pytest.mark.realnode]
 
-DRIVER = "gpu.toposerve.io"
 CLASS = "realnode-gpu"
 TEMPLATE = "realnode-one-gpu"
-PLUGIN_DIR = Path("/var/lib/kubelet/plugins") / DRIVER  # the driver's defaults: the kubelet's
-CDI_ROOT = Path("/var/run/cdi")  # read by the real node's containerd
-GPU_NODES = [f"nvidia{i}" for i in range(8)] + ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]
-
-
-def _dev_root(dev: Path) -> Path:
-    """Stand-in GPU device nodes: character devices with /dev/null's numbers,
-    so a container given them gets real (harmless) device nodes."""
-    dev.mkdir()
-    for name in GPU_NODES:
-        os.mknod(dev / name, 0o666 | 0o020000, os.makedev(1, 3))
-    return dev
-
-
-@dataclass
-class Driver:
-    """``toposerve driver gpu`` as a host process (a kubeconfig, no in-cluster
-    config: the network rule), on the kubelet's own plugin paths."""
-
-    argv: list[str]
-    log: Path
-    proc: subprocess.Popen[bytes] | None = None
-
-    def registrations(self) -> int:
-        text = self.log.read_text() if self.log.exists() else ""
-        return text.count("registered with the kubelet")
-
-    def start(self) -> None:
-        before = self.registrations()
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=out)
-
-        def registered() -> bool:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise AssertionError(f"driver exited {self.proc.returncode}: "
-                                     f"{self.log.read_text()[-1500:]}")
-            return self.registrations() > before
-
-        wait_for("the kubelet to register the driver", registered, timeout=30)
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.send_signal(signal.SIGTERM)
-            assert self.proc.wait(timeout=30) == 0
-            self.proc = None
 
 
 @dataclass
@@ -92,20 +39,13 @@ class Env:
     cluster: Cluster
     core: Any
     res: Any
-    driver: Driver
+    driver: GpuDriver
     cdi: CdiSpecs
 
 
 @pytest.fixture(scope="module")
 def env(real_node_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     ensure_started(real_node_cluster)
-    tmp = tmp_path_factory.mktemp("realnode-dra")
-    sysfs = write_profile_sysfs(load_profile("hgx-h100"), tmp / "sysfs")
-    argv = [sys.executable, "-m", "toposerve_cli.driver_cmd", "--log-level", "info",
-            "driver", "gpu", "--node-name", NODE_NAME,
-            "--kubeconfig", str(kubeconfig_path(real_node_cluster.name)),
-            "--sysfs-root", str(sysfs), "--dev-root", str(_dev_root(tmp / "dev")),
-            "--cdi-root", str(CDI_ROOT), "--http-address", "127.0.0.1:0"]
     core: Any = client.CoreV1Api(real_node_cluster.api)
     res: Any = client.ResourceV1Api(real_node_cluster.api)
     res.create_device_class({"metadata": {"name": CLASS}, "spec": {"selectors": [{"cel": {
@@ -115,17 +55,19 @@ def env(real_node_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) ->
         "metadata": {"name": TEMPLATE},
         "spec": {"spec": {"devices": {"requests": [
             {"name": "gpu", "exactly": {"deviceClassName": CLASS}}]}}}})
-    driver = Driver(argv=argv, log=tmp / "driver.log")
+    driver = GpuDriver(kubeconfig_path(real_node_cluster.name),
+                       tmp_path_factory.mktemp("realnode-dra"))
     driver.start()
     try:
         yield Env(cluster=real_node_cluster, core=core, res=res, driver=driver,
                   cdi=CdiSpecs(CDI_ROOT, CDI_VENDOR, CDI_CLASS))
     finally:
-        driver.stop()
+        rc = driver.stop()
         with contextlib.suppress(ApiException):
             res.delete_namespaced_resource_claim_template(TEMPLATE, "default")
         with contextlib.suppress(ApiException):
             res.delete_device_class(CLASS)
+        assert rc == 0, driver.log.read_text()[-1500:]
 
 
 def _attr(device: Any, name: str) -> Any:
@@ -207,7 +149,7 @@ def test_pod_with_a_claim_sees_the_cdi_edits_and_unprepares(env: Env, make_pod: 
 
 def test_driver_restarted_between_prepare_and_unprepare(env: Env, make_pod: PodMaker) -> None:
     p = _gpu_pod(env, make_pod, "rn-gpu-drv")
-    env.driver.stop()
+    assert env.driver.stop() == 0
     try:
         env.core.delete_namespaced_pod(p.name, "default", grace_period_seconds=1)
 
