@@ -67,6 +67,7 @@ bench: setup peers
 	$(PY) -m bench.router_bench --ablation --repeats 3
 	$(PY) -m bench.load_sweep
 	$(PY) -m bench.pd_bench --repeats 3
+	$(PY) -m bench.dra_prepare
 
 scale: setup
 	$(PY) -m bench.cluster_up --nodes 100 1000

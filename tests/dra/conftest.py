@@ -1,4 +1,4 @@
-"""Fixtures of the GPU driver's cluster tests (see gpu_env.py)."""
+"""Fixtures of the GPU driver's cluster tests (see harness/dra_gpu.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.dra_gpu import DriverProc, GpuEnv, running, setup_env, teardown_env, wait_slices
 from tests.conftest import Cluster
-from tests.dra.gpu_env import DriverProc, GpuEnv, running, setup_env, teardown_env, wait_slices
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ import pytest
 
 from dra_driver.framework.checkpoint import ClaimState
 from dra_driver.framework.kubelet_plugin import POINTS
-from tests.dra.gpu_env import (
+from harness.dra_gpu import (
     DriverProc,
     GpuEnv,
     create_claim,
@@ -22,7 +22,7 @@ from tests.dra.gpu_env import (
     our_status,
     wait_slices,
 )
-from tests.dra.kubelet import Claim
+from harness.dra_kubelet import Claim
 
 pytestmark = pytest.mark.cluster
 

@@ -22,7 +22,7 @@ from dra_driver.framework.kubelet_plugin import KubeletPlugin, PluginConfig
 from dra_driver.framework.liveness import HttpEndpoints, healthz_route, metrics_route, probe
 from dra_driver.framework.publisher import Pool
 from dra_driver.framework.sockets import GRPC_PATH_MAX, PluginPaths
-from tests.dra.kubelet import Kubelet
+from harness.dra_kubelet import Kubelet
 
 DRIVER = "fake.toposerve.io"
 

@@ -19,7 +19,7 @@ from kubernetes.client.exceptions import ApiException
 from dra_driver.framework.checkpoint import Checkpoint, ClaimState
 from dra_driver.framework.claim_status import DeviceStatus, apply_device_status
 from dra_driver.framework.device_kind import ClaimRef
-from tests.dra.gpu_env import (
+from harness.dra_gpu import (
     DRIVER,
     NAMESPACE,
     NODE,
@@ -34,7 +34,7 @@ from tests.dra.gpu_env import (
     random_uid,
     token_kubeconfig,
 )
-from tests.dra.kubelet import Claim
+from harness.dra_kubelet import Claim
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster

@@ -1,4 +1,4 @@
-"""What the cluster tests of the GPU driver stand on: a kwok node of our
+"""What the GPU driver's cluster tests and benchmarks stand on: a kwok node of our
 own with a fake sysfs tree of its profile, the driver's service account
 with the least RBAC (its token bound to a driver pod on that node, so it
 carries the node-name extra), the driver as a real subprocess, and claims
@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import uuid
@@ -26,9 +25,10 @@ from kubernetes.client.exceptions import ApiException
 from dra_driver.framework.cdi import CdiSpecs
 from dra_driver.framework.checkpoint import Checkpoint, ClaimState, read_boot_id
 from dra_driver.gpu.driver import CDI_CLASS, CDI_VENDOR
+from harness.dra_kubelet import Claim, Kubelet
+from harness.procs import free_port
 from localcluster.cluster import kubeconfig_path
 from localcluster.nodes import KWOK_TOLERATION, node_manifest
-from tests.dra.kubelet import Claim, Kubelet
 from tests.waiting import wait_for
 from topology.labels import PRESETS, DialectName
 from topology.layout import PlannedNode
@@ -149,13 +149,6 @@ def _pod(name: str, extra: Mapping[str, Any]) -> dict[str, Any]:
                      "tolerations": [KWOK_TOLERATION], **extra}}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @dataclass
 class DriverProc:
     """``toposerve driver gpu`` as the real-node engineer will start it."""
@@ -163,7 +156,7 @@ class DriverProc:
     env: GpuEnv
     root: Path
     proc: subprocess.Popen[bytes] | None = None
-    port: int = field(default_factory=_free_port)
+    port: int = field(default_factory=free_port)
 
     @property
     def plugin_dir(self) -> Path:
@@ -261,8 +254,9 @@ def wait_slices(api: Any, node: str = NODE, count: int = 8) -> None:
 
 
 def create_claim(api: Any, name: str, *, allocate: bool = True,
-                 parameters: Mapping[str, Any] | None = None, count: int = 1) -> Claim:
-    """A claim for ``count`` whole GPUs of our node, allocated by the real
+                 parameters: Mapping[str, Any] | None = None, count: int = 1,
+                 node: str = NODE) -> Claim:
+    """A claim for ``count`` whole GPUs of ``node``, allocated by the real
     scheduler for a pod (when ``allocate``)."""
     exactly: dict[str, Any] = {"deviceClassName": CLASS, "count": count,
                                "selectors": [{"cel": {"expression":
@@ -277,7 +271,7 @@ def create_claim(api: Any, name: str, *, allocate: bool = True,
     if allocate:
         core: Any = client.CoreV1Api(api)
         core.create_namespaced_pod(NAMESPACE, _pod(f"{name}-pod", {
-            "nodeSelector": {"kubernetes.io/hostname": NODE},
+            "nodeSelector": {"kubernetes.io/hostname": node},
             "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
             "containers": [{"name": "c", "image": "pause",
                             "resources": {"claims": [{"name": "gpu"}]}}]}))
