@@ -9,7 +9,14 @@
    each request between them, the decode half in the prefill half's NVLink
    domain (read from the nodes' topology labels), its KV pulled at NVLink
    speed;
-5. everything torn down.
+5. ``toposerve driver simulate`` publishing every node's GPU and NIC slices,
+   the shipped DeviceClasses, and a GPU+NIC claim on one PCIe root allocated
+   by kube-scheduler (hack/demo_dra.py);
+6. a wide-EP group and a P/D set placed by a second kube-scheduler that calls
+   the extender, next to kube-scheduler alone (hack/demo_placement.py);
+7. a pod on a real kubelet node with the devices ``toposerve driver gpu``
+   injected, where the machine can run one (hack/demo_realnode.py);
+8. everything torn down.
 """
 
 from __future__ import annotations
@@ -20,6 +27,9 @@ import tempfile
 from pathlib import Path
 
 import httpx
+from demo_dra import dra_slices
+from demo_placement import placement
+from demo_realnode import real_node_pod
 from kubernetes import client
 
 from harness.procs import MODEL, Procs
@@ -127,8 +137,12 @@ def main() -> int:
         print(f"   KV pulled by the decode pods: {gb:.1f} GB in {ms:.1f} ms of wall time, "
               f"{gb / model_s:.0f} GB/s in model time\n   pairs by tier:\n     "
               + "\n     ".join(pairs))
+
+        with dra_slices(NAME, say):  # the slices stay published for the placement step
+            placement(NAME, say)
+        real_node_pod(NAME, say)
     finally:
-        say("5. tear down")
+        say("8. tear down")
         procs.close()
         down(NAME)
     return 0
