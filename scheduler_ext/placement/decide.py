@@ -17,7 +17,7 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -304,7 +304,11 @@ def prioritize_member(view: View, group: Group, uid: str, candidates: list[str],
     names = _nodes(view, decision.tier, decision.domain, decision.profiles)
     offered = set(candidates)
     candidates = [n for n in names if n in offered]  # outside the domain: 0
-    raw, own = _pack_scores(view, group, member.demand, names, candidates, now)
+    # P/D: a member goes where its role is scarce, so the other role can
+    # land beside it (prefill and decode on one node move KV over NVLink)
+    crowd: Counter[str] = Counter(m.node for m in group.members if m.node and m.uid != uid
+                                  and group.shape == Shape.PD and m.role == member.role)
+    raw, own = _pack_scores(view, group, member.demand, names, candidates, now, crowd)
     if group.shape == Shape.PD and member.role in (PREFILL, DECODE) and policy.links:
         other = DECODE if member.role == PREFILL else PREFILL
         peers = [m.node for m in group.members if m.role == other and m.node in view.nodes]
@@ -327,7 +331,8 @@ def top(scores: dict[str, int]) -> str | None:
 
 
 def _pack_scores(view: View, group: Group, demand: int, names: list[str],
-                 candidates: list[str], now: float) -> tuple[dict[str, float], str | None]:
+                 candidates: list[str], now: float,
+                 crowd: Counter[str]) -> tuple[dict[str, float], str | None]:
     inside = set(names)
     reserved = reservations(view, now, exclude=group.key)
     free = _free(view, names, reserved)
@@ -337,8 +342,9 @@ def _pack_scores(view: View, group: Group, demand: int, names: list[str],
     targets = set(planned.nodes()) if planned else set()
     used |= set(planned.subdomains) if planned else set()
     allowed = set(candidates)
-    own = next((n for d, n in planned.assignment if d == demand and n in allowed),
-               None) if planned else None
+    slots = [n for d, n in planned.assignment if d == demand and n in allowed] \
+        if planned else []
+    own = min(slots, key=lambda n: (crowd[n], slots.index(n))) if slots else None
     scores: dict[str, float] = {}
     for c in candidates:
         if c not in inside or c not in view.nodes:

@@ -312,3 +312,18 @@ def test_no_group_is_ever_split_or_stranded(shapes: list[tuple[int, int]], rnd: 
         assert len(placed) in (0, pods), f"{key} stranded {len(placed)}/{pods}"
         assert len({rack_of(view, n) for n in placed}) <= 1
     assert all(n.used <= n.capacity for n in view.nodes.values())
+
+
+def test_pd_roles_pair_up_on_nodes_when_a_slice_spans_nodes() -> None:
+    view = View(cluster(("hgx-h100", 8)))  # 8 GPUs a node, its own NVLink domain
+    g = gang("pd", 4, 4, roles=["prefill", "prefill", "decode", "decode"])
+    view.groups[g.key] = g
+    sim = Sim(view, POLICY)
+    sim.run([(g.key, f"pd-{i}") for i in range(4)])  # both prefills first
+    placed = view.groups[g.key]
+    by_node: dict[str, set[str | None]] = {}
+    for m in placed.members:
+        assert m.node is not None
+        by_node.setdefault(m.node, set()).add(m.role)
+    assert list(by_node.values()) == [{"prefill", "decode"}] * 2
+    assert modelled_kv_seconds(view, placed, POLICY) == 0.0  # each decode beside a prefill

@@ -1,0 +1,337 @@
+"""Group placement side by side on the same kwok cluster and the same
+interleaved mix of wide-EP groups, P/D slices and ordinary pods: the default
+kube-scheduler alone; the in-tree 1.37.2 workload scheduling with its gates on
+(a PodGroup per group, one hard topology level); and the toposerve extender.
+Then the extender's own call latency, names-only, at 1,000 and 5,000 nodes.
+
+    python -m bench.extender_bench [--racks 4] [--hgx 16] [--nodes 1000 5000]
+
+Writes bench/results/extender_bench.{md,json,png}. The local cluster's
+controller-manager keeps its default client QPS (claim creation is the
+bottleneck of pods/s here, DESIGN §8); the scheduler's is 1,000.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.report import pct, write
+from scheduler_ext.config import ExtenderConfig
+from scheduler_ext.server import Extender
+from scheduler_ext.state.cache import ClusterState
+from tests.extender import objects as k
+from tests.extender.cluster import GpuCluster, create_pods, gpu_cluster, pods, rest
+from tests.waiting import wait_for
+from topology.distance import kv_transfer_seconds
+from topology.model import DomainPath
+from topology.profiles import load_profile
+
+MODES = ("default", "in-tree", "toposerve")
+GROUP_LABEL = "bench.toposerve.io/group"
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    name: str
+    pods: int
+    gpus: int  # per pod
+    profile: str
+    roles: tuple[str, ...] = ()  # P/D: the role of each pod
+
+    @property
+    def demand(self) -> int:
+        return self.pods * self.gpus
+
+
+def mix(racks: int, hgx_racks: int) -> list[GroupSpec]:
+    """Wide-EP groups that fill the GB200 racks exactly when packed well
+    (whole, half, quarter racks), P/D slices for the HGX racks."""
+    out: list[GroupSpec] = []
+    # trays (4 GPUs each) per group: 63 of 4 racks x 18, so each group has a rack
+    # whatever the order (whole, half, two-thirds and one-third racks)
+    sizes = [18, 9, 9, 12, 6, 9, 18, 9, 12, 6]
+    left, i = racks * 18 * 7 // 8, 0
+    for s in sizes:
+        if s <= left:
+            out.append(GroupSpec(f"ep-{i}", s, 4, "gb200-nvl72"))
+            left, i = left - s, i + 1
+    for j in range(hgx_racks):  # a slice: 2 prefill + 2 decode of 4 GPUs; 16 of a rack's 32
+        out.append(GroupSpec(f"pd-{j}", 4, 4, "hgx-h100",
+                             ("prefill", "prefill", "decode", "decode")))
+    return out
+
+
+def manifests(groups: list[GroupSpec], mode: str, plain: int,
+              seed: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(PodGroups, pods in arrival order) for ``mode``: the same pods, labelled
+    for our extender (toposerve.io/*) or joined to in-tree PodGroups."""
+    pod_groups = []
+    out = []
+    for g in groups:
+        level = "rack"
+        if mode == "in-tree":
+            pod_groups.append(k.pod_group(g.name, g.pods, "topology.toposerve.io/rack"))
+        for i in range(g.pods):
+            labels = {GROUP_LABEL: g.name}
+            if g.roles:
+                labels["llm-d.ai/role"] = g.roles[i]
+            spec: dict[str, Any] = {}
+            if mode == "toposerve":
+                labels.update({"toposerve.io/group": g.name,
+                               "toposerve.io/group-size": str(g.pods)})
+                labels["toposerve.io/preferred-topology-level" if g.roles else
+                       "toposerve.io/topology-level"] = "nvlink" if g.roles else level
+            if mode == "in-tree":
+                spec = {"schedulingGroup": {"podGroupName": g.name}}
+            out.append(k.pod(f"{g.name}-{i}", labels=labels, claim_template=f"gpu{g.gpus}",
+                             profile=g.profile, spec=spec))
+    out += [k.pod(f"web-{i}", labels={GROUP_LABEL: "plain"}) for i in range(plain)]
+    random.Random(seed).shuffle(out)
+    return pod_groups, out
+
+
+@dataclass
+class Placement:
+    mode: str
+    groups: int
+    single_domain: int  # groups wholly bound inside one rack
+    could: int  # groups that fit a single rack at submission
+    stranded: int  # pods bound for groups that are not wholly bound
+    pending: int  # pods of groups never bound
+    kv_ms: float  # modelled KV transfer per request, P/D slices, mean
+    largest_free_rack: int  # GPUs, after the run
+    pods_per_s: float
+    seconds: float
+
+
+def _gpus(profile: str) -> int:
+    return len([d for d in load_profile(profile).hardware().devices() if d.kind == "gpu"])
+
+
+def measure(gc: GpuCluster, groups: list[GroupSpec], mode: str, plain: int, seed: int,
+            timeout: float) -> tuple[Placement, dict[str, dict[str, str]]]:
+    pgs, arrivals = manifests(groups, mode, plain, seed)
+    for pg in pgs:
+        rest(gc.api).request("POST", "/apis/scheduling.k8s.io/v1beta1/namespaces/default/"
+                                     "podgroups", body=pg)
+    total = len(arrivals)
+    started = time.monotonic()
+    create_pods(gc.api, arrivals)
+    last = [0, started]
+
+    def settled() -> bool:
+        bound = sum(1 for p in pods(gc.api, GROUP_LABEL) if p["spec"].get("nodeName"))
+        if bound != last[0]:
+            last[:] = [bound, time.monotonic()]
+        # all bound, or nothing new for 15 s (the rest waits for good)
+        return bound == total or time.monotonic() - last[1] > 15
+    wait_for(f"{mode}: pods settled", settled, timeout=timeout, interval=0.5)
+    where: dict[str, dict[str, str]] = defaultdict(dict)
+    for p in pods(gc.api, GROUP_LABEL):
+        g = p["metadata"]["labels"][GROUP_LABEL]
+        if p["spec"].get("nodeName") and g != "plain":
+            where[g][p["metadata"]["name"]] = p["spec"]["nodeName"]
+    single = stranded = pending = 0
+    kv: list[float] = []
+    for g in groups:
+        nodes = where.get(g.name, {})
+        racks = {gc.paths[n].rack for n in nodes.values()}
+        if len(nodes) == g.pods and len(racks) == 1:
+            single += 1
+        if 0 < len(nodes) < g.pods:
+            stranded += len(nodes)
+        pending += g.pods - len(nodes)
+        if g.roles and len(nodes) == g.pods:
+            kv.append(_kv(gc.paths, g, nodes))
+    used: dict[str | None, int] = defaultdict(int)
+    cap: dict[str | None, int] = defaultdict(int)
+    for path in gc.paths.values():
+        if path.host.startswith("gb200"):
+            cap[path.rack] += _gpus("gb200-nvl72")
+    for g in groups:
+        for n in where.get(g.name, {}).values():
+            used[gc.paths[n].rack] += g.gpus
+    bound_pods = last[0]
+    span = max(1e-9, last[1] - started)
+    return Placement(mode, len(groups), single, sum(1 for g in groups if g.demand <=
+                                                    (72 if not g.roles else 32)),
+                     stranded, pending, 1000 * sum(kv) / len(kv) if kv else float("nan"),
+                     max((cap[r] - used[r] for r in cap), default=0), bound_pods / span,
+                     span), dict(where)
+
+
+def _kv(paths: dict[str, DomainPath], g: GroupSpec, nodes: dict[str, str]) -> float:
+    links = load_profile(g.profile).links()
+    pre = [paths[nodes[f"{g.name}-{i}"]] for i, r in enumerate(g.roles) if r == "prefill"]
+    dec = [paths[nodes[f"{g.name}-{i}"]] for i, r in enumerate(g.roles) if r == "decode"]
+    kv_bytes = 8 * 2**30
+    return sum(min(kv_transfer_seconds(kv_bytes, p, d, links) for p in pre)
+               for d in dec) / len(dec)
+
+
+def placement_runs(args: argparse.Namespace, workdir: Path) -> tuple[list[Placement],
+                                                                       dict[str, Any]]:
+    groups = mix(args.racks, args.hgx // 4)
+    shape = [("gb200-nvl72", args.racks * 18), ("hgx-h100", args.hgx)]
+    rows: list[Placement] = []
+    landed: dict[str, Any] = {}
+    for mode in MODES:
+        with gpu_cluster(f"extbench-{mode}", shape, workdir, extender=mode == "toposerve",
+                         workload_gates=mode == "in-tree",
+                         progress=lambda m, mode=mode: print(f"[{mode}] {m}",
+                                                             file=sys.stderr)) as gc:
+            row, where = measure(gc, groups, mode, args.plain, args.seed, args.timeout)
+            rows.append(row)
+            landed[mode] = {g: sorted({str(gc.paths[n].rack) for n in w.values()})
+                            for g, w in where.items()}
+            landed[mode + "/gpus"] = _rack_use(gc, groups, where)
+            print(f"[{mode}] {row}", file=sys.stderr)
+    return rows, landed
+
+
+def _rack_use(gc: GpuCluster, groups: list[GroupSpec],
+              where: dict[str, dict[str, str]]) -> dict[str, dict[str, int]]:
+    """rack -> group -> GPUs, for the picture."""
+    out: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for g in groups:
+        for n in where.get(g.name, {}).values():
+            out[str(gc.paths[n].rack)][g.name] += g.gpus
+    return {r: dict(v) for r, v in sorted(out.items())}
+
+
+# --- extender call latency, in process over loopback HTTP ---------------------------
+
+@dataclass
+class Latency:
+    nodes: int
+    kind: str  # ordinary | group
+    calls: int
+    filter_p50_ms: float
+    filter_p99_ms: float
+    prioritize_p50_ms: float
+    prioritize_p99_ms: float
+
+
+def latency(nodes: int, calls: int) -> list[Latency]:
+    from aiohttp import ClientSession
+    from aiohttp.test_utils import TestServer
+
+    planned = k.planned(("gb200-nvl72", nodes))
+    state = ClusterState(ExtenderConfig())
+    state.relist("nodes", [k.node(n) for n in planned])
+    state.relist("slices", [k.gpu_slice(n) for n in planned])
+    state.relist("templates", [k.template("gpu4", 4)])
+    ext = Extender(ExtenderConfig(), state)
+    names = [n.name for n in planned]
+    groups = [k.toposerve_pods(f"g{i}", 18, claim_template="gpu4", level="rack",
+                               uid_prefix=f"g{i}") for i in range(8)]
+    for g in groups:
+        for p in g:
+            state.pod("ADDED", p)
+    ordinary = [k.pod(f"o{i}", uid=f"o{i}") for i in range(calls)]
+    body = {"ordinary": [{"Pod": p, "NodeNames": names} for p in ordinary],
+            "group": [{"Pod": groups[i % len(groups)][i // len(groups) % 18],
+                       "NodeNames": names} for i in range(calls)]}
+
+    async def go() -> list[Latency]:
+        import orjson
+
+        out = []
+        async with TestServer(ext.app()) as server, ClientSession() as s:
+            for kind, reqs in body.items():
+                times: dict[str, list[float]] = {"filter": [], "prioritize": []}
+                for r in reqs:
+                    data = orjson.dumps(r)
+                    for verb in times:
+                        t0 = time.perf_counter()
+                        async with s.post(server.make_url(f"/{verb}"), data=data) as resp:
+                            await resp.read()
+                            assert resp.status == 200
+                        times[verb].append(1000 * (time.perf_counter() - t0))
+                f, p = times["filter"], times["prioritize"]
+                out.append(Latency(nodes, kind, len(reqs), pct(f, 0.5), pct(f, 0.99),
+                                   pct(p, 0.5), pct(p, 0.99)))
+        return out
+    return asyncio.run(go())
+
+
+def table(rows: list[Placement], lat: list[Latency]) -> str:
+    base = next((r.pods_per_s for r in rows if r.mode == "default"), float("nan"))
+    lines = ["| scheduler | groups in one rack | of those that could | pods stranded | "
+             "pods never placed | KV ms/request (P/D) | largest free GB200 rack (GPUs) | "
+             "pods/s | vs default |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.mode} | {r.single_domain}/{r.groups} | "
+                     f"{100 * r.single_domain / max(1, r.could):.0f}% | {r.stranded} | "
+                     f"{r.pending} | {r.kv_ms:.1f} | {r.largest_free_rack} | "
+                     f"{r.pods_per_s:.1f} | {r.pods_per_s / base:.0%} |")
+    lines += ["", "| nodes | pod | calls | filter p50 ms | filter p99 ms | prioritize p50 ms "
+                  "| prioritize p99 ms |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {x.nodes} | {x.kind} | {x.calls} | {x.filter_p50_ms:.2f} | "
+              f"{x.filter_p99_ms:.2f} | {x.prioritize_p50_ms:.2f} | {x.prioritize_p99_ms:.2f} |"
+              for x in lat]
+    return "\n".join(lines)
+
+
+def plot(landed: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(MODES), figsize=(5 * len(MODES), 4), sharey=True)
+    names = sorted({g for m in MODES for r in landed[m + "/gpus"].values() for g in r})
+    colours = {g: matplotlib.colormaps["tab20"](i % 20) for i, g in enumerate(names)}
+    for ax, mode in zip(axes, MODES, strict=True):
+        use = landed[mode + "/gpus"]
+        racks = sorted(use)
+        bottom = [0] * len(racks)
+        for g in names:
+            vals = [use[r].get(g, 0) for r in racks]
+            ax.bar(range(len(racks)), vals, bottom=bottom, color=colours[g], label=g,
+                   edgecolor="white", linewidth=0.5)
+            bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+        ax.set_xticks(range(len(racks)), [r.split("-")[-1] if "gb200" not in r else
+                                          "gb" + r.split("-")[-1] for r in racks],
+                      rotation=45, fontsize=7)
+        ax.set_title(mode)
+        ax.set_xlabel("rack")
+    axes[0].set_ylabel("GPUs of each group")
+    axes[-1].legend(fontsize=6, ncol=2, loc="upper right")
+    fig.suptitle("where each group's pods landed (one colour a group)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="bench.extender_bench", description=__doc__)
+    ap.add_argument("--racks", type=int, default=4, help="GB200 NVL72 racks (18 nodes each)")
+    ap.add_argument("--hgx", type=int, default=16, help="HGX H100 nodes (racks of 4)")
+    ap.add_argument("--plain", type=int, default=20, help="ordinary pods in the mix")
+    ap.add_argument("--seed", type=int, default=16)
+    ap.add_argument("--timeout", type=float, default=240)
+    ap.add_argument("--nodes", type=int, nargs="*", default=[1000, 5000],
+                    help="node counts for the extender's call latency")
+    ap.add_argument("--calls", type=int, default=300, help="calls per latency row")
+    ap.add_argument("--out", default="bench/results")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        rows, landed = placement_runs(args, Path(tmp))
+    lat = [x for n in args.nodes for x in latency(n, args.calls)]
+    write(Path(args.out), "extender_bench", table(rows, lat),
+          {"placement": [asdict(r) for r in rows], "latency": [asdict(x) for x in lat],
+           "landed": landed, "args": vars(args)}, lambda p: plot(landed, p))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
