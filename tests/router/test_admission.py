@@ -39,7 +39,7 @@ def test_shedding_queueing_and_ttl(procs: Procs) -> None:
     # with room, a sheddable request is served
     assert _post(router.url, 1, **{"x-llm-d-inference-objective": "batch"}).status_code == 200
     # one request runs, one waits on the server: saturated
-    busy = saturate(sim, router, 30)
+    busy = saturate(sim, router, 100)  # 5 s each: the checks below fit inside
     shed = _post(router.url, 1, **{"x-llm-d-inference-objective": "batch"})
     assert shed.status_code == 429, shed.text
     assert "sheddable" in shed.json()["error"]["message"]
@@ -62,7 +62,7 @@ def test_shedding_queueing_and_ttl(procs: Procs) -> None:
 def test_flow_control_off_sends_anyway(procs: Procs) -> None:
     sim = procs.sim(max_num_seqs=1, time_scale=1.0, decode_s_per_token=0.05)
     router = procs.router({"saturation": {"queueThreshold": 1}}, endpoints=[sim.url])
-    busy = saturate(sim, router, 20)
+    busy = saturate(sim, router, 100)
     # not sheddable, no flow control: goes to the saturated server and is served
     assert _post(router.url, 1).status_code == 200
     assert _post(router.url, 1, **{"x-llm-d-inference-objective": "unknown"}
