@@ -289,9 +289,9 @@ def _report(runs: list[tuple[str, Placed]], paths: dict[str, DomainPath]) -> Non
             for line in _why(g, placed, paths, scheduler == SCHEDULER):
                 print(f"     {'':9} {line}")
     print("   side by side:")
-    print(f"     {'group':9} {RUNS[0][0]:45} {RUNS[1][0]}")
+    print(f"     {'group':9} {RUNS[0][0]:48} {RUNS[1][0]}")
     for g in GROUPS:
-        print(f"     {g.name:9} {_summary(g, runs[0][1], paths):45} "
+        print(f"     {g.name:9} {_summary(g, runs[0][1], paths):48} "
               f"{_summary(g, runs[1][1], paths)}")
 
 
