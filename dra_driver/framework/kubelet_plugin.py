@@ -279,6 +279,8 @@ class KubeletPlugin:
                                                      self.kind.validate_config)))
             except ClaimError as err:
                 out[ref.uid] = PrepareResult(error=str(err))
+            except Exception as err:  # a bug in a kind's validation fails its claim alone
+                out[ref.uid] = PrepareResult(error=f"prepare claim {ref}: {err!r}")
         if ready or not claims:
             try:
                 with self._serialized():
