@@ -68,6 +68,7 @@ bench: setup peers
 	$(PY) -m bench.load_sweep
 	$(PY) -m bench.pd_bench --repeats 3
 	$(PY) -m bench.dra_prepare
+	$(PY) -m bench.realnode_prepare
 	$(PY) -m bench.extender_bench
 
 scale: setup
