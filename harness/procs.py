@@ -79,7 +79,9 @@ class Proc:
                 self.kill()
 
 
-def wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 20) -> None:
+def wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60) -> None:
+    """Until ``url`` answers 200 (a loaded machine may take a while to start
+    a Python server and, for a router, to find its endpoints)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
