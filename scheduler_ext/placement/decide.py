@@ -235,7 +235,10 @@ def filter_member(view: View, group: Group, uid: str, candidates: list[str], pol
     while True:
         passed, failed = _check(view, group, member.uid, member.demand, candidates, decision,
                                 reserved)
-        if passed or decision.required or decision.tier >= Tier.BEYOND:
+        # members still in flight make the free counts unsure: wait for their
+        # bindings (the scheduler retries) rather than widen the group for nothing
+        settled = not any(m.assumed for m in group.members)
+        if passed or decision.required or decision.tier >= Tier.BEYOND or not settled:
             break
         pick = _choose(view, group, [*candidates, *(m.node for m in group.bound() if m.node)],
                        reserved, climb(Tier(decision.tier + 1)), decision.domain,
@@ -318,7 +321,9 @@ def prioritize_member(view: View, group: Group, uid: str, candidates: list[str],
     if not candidates:
         return {}
     best = max(candidates, key=lambda c: (raw[c], c == own))
-    scores = {c: min(MAX_SCORE - 1, round(raw[c])) for c in candidates if raw[c] > 0}
+    # the member's own slot stands well above the rest, so that the
+    # scheduler's other scores rarely outvote it and the assumption holds
+    scores = {c: min(MAX_SCORE - 4, round(raw[c])) for c in candidates if raw[c] > 0}
     if raw[best] > 0:
         scores[best] = MAX_SCORE
     return scores
@@ -352,11 +357,11 @@ def _pack_scores(view: View, group: Group, demand: int, names: list[str],
         elif c == own:
             scores[c] = MAX_SCORE
         elif c in targets:
-            scores[c] = MAX_SCORE - 1
+            scores[c] = 6
         elif _subdomain(view, c) in used:
-            scores[c] = 7
+            scores[c] = 4
         else:
-            scores[c] = 3
+            scores[c] = 2
     return scores, own
 
 

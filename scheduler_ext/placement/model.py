@@ -57,7 +57,8 @@ class Member:
     name: str  # namespace/name
     demand: int  # accelerators it needs, on one node
     role: str | None = None
-    node: str | None = None  # bound (spec.nodeName)
+    node: str | None = None  # bound (spec.nodeName), or assumed there
+    assumed: bool = False  # ``node`` is where we scored it best, not yet its binding
 
 
 @dataclass(frozen=True)

@@ -363,7 +363,8 @@ class ClusterState:
         first = refs[0]
         members = tuple(Member(p.uid, f"{p.namespace}/{p.name}", self._demand(p),
                                p.ref.role if p.ref else None,
-                               p.node or self._assumed.get(p.uid, (None, 0.0))[0])
+                               p.node or self._assumed.get(p.uid, (None, 0.0))[0],
+                               assumed=not p.node and p.uid in self._assumed)
                         for p in pods)
         size = max((r.size for r in refs if r.size is not None), default=None)
         required = next((r.required for r in refs if r.required is not None), None)
