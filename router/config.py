@@ -151,7 +151,8 @@ class ProfileConfig(Section):
                                  PluginConfig(type="not-saturated")],
         description="run in order; each drops endpoints")
     scorers: list[PluginConfig] = Field(default_factory=_default_scorers,
-                                        description="weighted scores in [0, 1], summed")
+                                        description="weighted scores in [0, 1], summed; "
+                                                    "one entry per scorer type")
     picker: PluginConfig = Field(default_factory=lambda: PluginConfig(type="max-score"),
                                  description="orders endpoints; the rest are retry fallbacks")
 

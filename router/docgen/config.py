@@ -15,7 +15,8 @@ from router.scheduling import registry
 
 # params of the plugins that take any; the names come from the registry
 PARAMS = {"role": "role, exact", "prefix-approx": "blockBytes", "prefix-precise": "blockBytes",
-          "prefill-cost": "blockBytes", "max-score": "seed"}
+          "prefill-cost": "blockBytes", "conversations": "windowSeconds, blockBytes",
+          "max-score": "seed"}
 
 
 def _plugins(names: list[str]) -> str:
