@@ -287,7 +287,10 @@ def _start_locked(cluster: str, api: Any, tools: NodeTools, layout: Layout,
 
     if not teardown.our_processes(layout):
         _check_ports()  # before touching the kubelet's paths: is another kubelet here?
-    _clean(layout, tools, progress, api=None)  # whatever a crashed run left behind
+    try:
+        _clean(layout, tools, progress, api=None)  # whatever a crashed run left behind
+    except teardown.TeardownError as err:
+        raise RealNodeError(f"could not remove a previous real node: {err}") from None
     _check_ports()
     started = time.monotonic()
     try:
@@ -309,7 +312,10 @@ def _start_locked(cluster: str, api: Any, tools: NodeTools, layout: Layout,
               kubelet, kubelet_log)
     except BaseException:
         progress("the real node failed to start; removing what was started")
-        _clean(layout, tools, progress, api=api)
+        try:
+            _clean(layout, tools, progress, api=api)
+        except teardown.TeardownError as err:  # said, but the start's own error is the news
+            progress(f"real node teardown incomplete: {err}")
         raise
     progress(f"real node {NODE_NAME} Ready in {time.monotonic() - started:.1f}s")
     return NODE_NAME
