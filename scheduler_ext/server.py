@@ -123,7 +123,10 @@ class Extender:
                      level=d.tier.name.lower() if d else None,
                      domain="/".join(str(x) for x in d.domain) if d else None,
                      reason=next(iter(res.failed.values()), None) if not res.passed else None)
-        out: dict[str, Any] = {"FailedNodes": res.failed, "Error": ""}
+        out: dict[str, Any] = {"FailedNodes": {} if res.unresolvable else res.failed,
+                               "Error": ""}
+        if res.unresolvable:  # the scheduler then tries no preemption for it
+            out["FailedAndUnresolvableNodes"] = res.failed
         if cands.nodes is None:
             out["NodeNames"] = res.passed
         else:

@@ -62,6 +62,8 @@ class FilterResult:
     failed: dict[str, str] = field(default_factory=dict)
     decision: Decision | None = None  # the group's decision after this call (new or renewed)
     outcome: Outcome = Outcome.PASS_THROUGH
+    # no domain could hold the group even empty: preempting pods would not help
+    unresolvable: bool = False
 
 
 def _subdomain(view: View, node: str) -> str:
@@ -182,14 +184,17 @@ def _profiles(view: View, names: Iterable[str]) -> tuple[str, ...]:
     return tuple(sorted({nodes[n].profile or "" for n in names if n in nodes}))
 
 
-def _largest_free(view: View, group: Group, tier: Tier, reserved: dict[str, int],
-                  profiles: tuple[str, ...]) -> int:
+def _largest(view: View, tier: Tier, reserved: dict[str, int] | None,
+             profiles: tuple[str, ...]) -> int:
+    """The most accelerators one domain of ``tier`` has free (after
+    ``reserved``), or has at all (``reserved`` None)."""
     sums: dict[Domain, int] = defaultdict(int)
     allowed = set(profiles)
     for n in view.nodes.values():
         d = n.domain(tier)
         if d is not None and (not allowed or (n.profile or "") in allowed):
-            sums[d] += max(0, n.free - reserved.get(n.name, 0))
+            sums[d] += n.capacity if reserved is None else \
+                max(0, n.free - reserved.get(n.name, 0))
     return max(sums.values(), default=0)
 
 
@@ -205,7 +210,7 @@ def _no_fit_reason(view: View, group: Group, reserved: dict[str, int], levels: l
     need = sum(group.pending())
     where = level_name(levels[0]) if len(levels) == 1 else \
         f"{level_name(levels[0])} (nor any wider domain)"
-    most = _largest_free(view, group, levels[0], reserved, profiles)
+    most = _largest(view, levels[0], reserved, profiles)
     return (f"group {group.key} needs {need} accelerators for {pods} pods in one {where}; "
             f"the most free in one {level_name(levels[0])} is {most}: waiting, no pod placed "
             "until the whole group fits")
@@ -226,7 +231,9 @@ def filter_member(view: View, group: Group, uid: str, candidates: list[str], pol
         pick = _choose(view, group, eligible, reserved, levels, None, profiles)
         if pick is None:
             reason = _no_fit_reason(view, group, reserved, levels, profiles)
-            return FilterResult([], dict.fromkeys(candidates, reason), None, Outcome.NO_FIT)
+            never = group.total_demand() > _largest(view, levels[-1], None, profiles)
+            return FilterResult([], dict.fromkeys(candidates, reason), None, Outcome.NO_FIT,
+                                unresolvable=never)
         decision = Decision(group.key, pick.tier, pick.domain, now, now + policy.promise_ttl_s,
                             required=group.required is not None, profiles=profiles)
         outcome = Outcome.DECIDED

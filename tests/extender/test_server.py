@@ -43,6 +43,13 @@ def extender(now: float = 1000.0, **cfg: Any) -> tuple[Extender, list[tuple[str,
     return ext, written
 
 
+def bound(p: dict[str, Any], node: str) -> dict[str, Any]:
+    p["metadata"]["uid"] = f"uid-{p['metadata']['name']}"
+    p["spec"]["nodeName"] = node
+    p["status"] = {"phase": "Running"}
+    return p
+
+
 def run(ext: Extender, fn: Callable[[TestClient[Any, Any]], Awaitable[None]]) -> None:
     async def go() -> None:
         async with TestClient(TestServer(ext.app())) as client:
@@ -118,8 +125,19 @@ def test_an_unplaceable_group_fails_every_node_with_one_reason() -> None:
     async def check(c: TestClient[Any, Any]) -> None:
         _, body = await post(c, "filter", {"Pod": pods[0], "NodeNames": NAMES})
         assert body["NodeNames"] == []
-        assert len(set(body["FailedNodes"].values())) == 1
-        assert "needs 76 accelerators for 19 pods in one rack" in body["FailedNodes"][NAMES[0]]
+        # no rack holds 76 GPUs even empty: preemption would not help
+        failed = body["FailedAndUnresolvableNodes"]
+        assert body["FailedNodes"] == {} and len(set(failed.values())) == 1
+        assert "needs 76 accelerators for 19 pods in one rack" in failed[NAMES[0]]
+        # one that fits an empty rack but not what is free: preemption may help
+        ext.state.pod("ADDED", bound(k.pod("hog", claim_template="gpu4"), NODES[0].name))
+        small = k.toposerve_pods("mid", 18, claim_template="gpu4", level="rack",
+                                 uid_prefix="mid", profile="gb200-nvl72")
+        for i in range(1, 36):  # every GB200 tray but the first holds a 4-GPU pod
+            ext.state.pod("ADDED", bound(k.pod(f"h{i}", claim_template="gpu4"),
+                                         NODES[i].name))
+        _, body = await post(c, "filter", {"Pod": small[0], "NodeNames": NAMES[:36]})
+        assert "FailedAndUnresolvableNodes" not in body and body["FailedNodes"]
     run(ext, check)
     assert written == []
 
