@@ -39,9 +39,22 @@ class ClientProtocolErrors(logging.Filter):
         return True
 
 
+class _CurrentStderr:
+    """Whatever ``sys.stderr`` is when a line is written, not when logging
+    was configured: a process that configures logs in-process (tests calling
+    ``main``) would otherwise keep writing to a stream since closed."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure(level: str = "info") -> None:
     lvl = logging.getLevelName(level.upper())
-    handler = logging.StreamHandler(sys.stderr)
+    stderr = _CurrentStderr()
+    handler = logging.StreamHandler(stderr)
     handler.setFormatter(structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=[*_STAMP, structlog.stdlib.add_logger_name,
                            structlog.stdlib.ExtraAdder(("status", "error"))],
@@ -56,5 +69,5 @@ def configure(level: str = "info") -> None:
     structlog.configure(
         processors=[*_STAMP, *_RENDER],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(stderr),  # type: ignore[arg-type]
     )
