@@ -70,9 +70,11 @@ bench: setup peers
 	$(PY) -m bench.dra_prepare
 	$(PY) -m bench.realnode_prepare
 	$(PY) -m bench.extender_bench
+	$(PY) -m bench.dra_sched
 
 scale: setup
 	$(PY) -m bench.cluster_up --nodes 100 1000
+	$(PY) -m bench.dra_publish --nodes 1000
 	$(PYTEST) -m scale tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 clean:

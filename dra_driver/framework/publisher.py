@@ -342,29 +342,30 @@ class _Queue:
         self._clock = clock
         self.closed = False
 
+    def _push(self, pool: str) -> None:
+        """Ready now, or again once its worker is done (the lock is held)."""
+        if pool in self._busy:
+            self._again.add(pool)
+        elif pool not in self._queued:
+            self._queued.add(pool)
+            self._ready.append(pool)
+            self._cv.notify()
+
     def add(self, pool: str, delay: float = 0) -> None:
         with self._cv:
             if delay > 0:
                 self._seq += 1
                 heapq.heappush(self._later, (self._clock() + delay, self._seq, pool))
-            elif pool in self._busy:
-                self._again.add(pool)
-            elif pool not in self._queued:
-                self._queued.add(pool)
-                self._ready.append(pool)
-            self._cv.notify()
+                self._cv.notify()
+            else:
+                self._push(pool)
 
     def get(self) -> str | None:
         with self._cv:
             while not self.closed:
                 now = self._clock()
                 while self._later and self._later[0][0] <= now:
-                    _, _, pool = heapq.heappop(self._later)
-                    if pool in self._busy:
-                        self._again.add(pool)
-                    elif pool not in self._queued:
-                        self._queued.add(pool)
-                        self._ready.append(pool)
+                    self._push(heapq.heappop(self._later)[2])
                 if self._ready:
                     pool = self._ready.popleft()
                     self._queued.discard(pool)
@@ -379,10 +380,7 @@ class _Queue:
             self._busy.discard(pool)
             if pool in self._again:
                 self._again.discard(pool)
-                if pool not in self._queued:
-                    self._queued.add(pool)
-                    self._ready.append(pool)
-                    self._cv.notify()
+                self._push(pool)
 
     def depth(self) -> int:
         with self._cv:

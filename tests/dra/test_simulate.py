@@ -4,10 +4,12 @@ on SIGTERM, and ``--uninstall``."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,20 @@ def _simulate(cluster: Cluster, tmp: Path, *extra: str) -> tuple[subprocess.Pope
     return p, f"http://127.0.0.1:{port}"
 
 
+@contextlib.contextmanager
+def _running(cluster: Cluster, tmp: Path) -> Iterator[str]:
+    """The command until the block stops it, which must end it with SIGTERM."""
+    proc, url = _simulate(cluster, tmp)
+    try:
+        yield url
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def _code(url: str) -> int:
     try:
         return httpx.get(url, timeout=2).status_code
@@ -78,29 +94,23 @@ def test_sim_node_reads_profile_and_place() -> None:
 def test_simulate_command(cluster: Cluster, tmp_path: Path) -> None:
     rest = JsonApi(cluster.api)
     nodes = sum(c for _, c in cluster.groups)
-    proc, url = _simulate(cluster, tmp_path)
     extra = "mi300x-0099"
     try:
-        wait_for("ready", lambda: _code(url + "/readyz") == 200, timeout=120, interval=0.3)
-        assert _code(url + "/healthz") == 200
-        assert len({o["spec"]["nodeName"] for o in _slices(rest)}) == nodes
-        assert _writes(url) == len(_slices(rest))  # one create each, nothing more
-        # a node joins: its slices follow; it leaves: they go
-        profile = load_profile("mi300x")
-        (planned,) = [n for n in plan_nodes([(profile, 100)]) if n.name == extra]
-        rest.request("POST", "/api/v1/nodes",
-                     body=node_manifest(planned, profile, PRESETS[DialectName.TOPOSERVE]))
-        joined = wait_for("slices of the new node", lambda: len(_slices(rest, extra)) == 2,
-                          timeout=60)
-        assert joined
-        rest.request("DELETE", f"/api/v1/nodes/{extra}")
-        wait_for("slices of the node gone", lambda: not _slices(rest, extra), timeout=60)
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=20) == 0
+        with _running(cluster, tmp_path) as url:
+            wait_for("ready", lambda: _code(url + "/readyz") == 200, timeout=120, interval=0.3)
+            assert _code(url + "/healthz") == 200
+            assert len({o["spec"]["nodeName"] for o in _slices(rest)}) == nodes
+            assert _writes(url) == len(_slices(rest))  # one create each, nothing more
+            # a node joins: its slices follow; it leaves: they go
+            profile = load_profile("mi300x")
+            (planned,) = [n for n in plan_nodes([(profile, 100)]) if n.name == extra]
+            rest.request("POST", "/api/v1/nodes",
+                         body=node_manifest(planned, profile, PRESETS[DialectName.TOPOSERVE]))
+            wait_for("slices of the new node", lambda: len(_slices(rest, extra)) == 2,
+                     timeout=60)
+            rest.request("DELETE", f"/api/v1/nodes/{extra}")
+            wait_for("slices of the node gone", lambda: not _slices(rest, extra), timeout=60)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
         try:
             rest.request("DELETE", f"/api/v1/nodes/{extra}")
         except ApiError as err:
@@ -108,19 +118,12 @@ def test_simulate_command(cluster: Cluster, tmp_path: Path) -> None:
     # the slices stay when the process stops; a restarted one writes nothing
     before = {o["metadata"]["name"]: o["metadata"]["resourceVersion"] for o in _slices(rest)}
     assert len({o["spec"]["nodeName"] for o in _slices(rest)}) == nodes
-    proc, url = _simulate(cluster, tmp_path)
-    try:
+    with _running(cluster, tmp_path) as url:
         wait_for("ready again", lambda: _code(url + "/readyz") == 200, timeout=120,
                  interval=0.3)
         assert _writes(url) == 0
         assert {o["metadata"]["name"]: o["metadata"]["resourceVersion"]
                 for o in _slices(rest)} == before
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=20) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     # --uninstall takes them away
     p, _ = _simulate(cluster, tmp_path, "--uninstall")
     assert p.wait(timeout=60) == 0

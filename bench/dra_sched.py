@@ -1,0 +1,202 @@
+"""``make bench``: DRA scheduling throughput with ``driver simulate``'s
+slices, side by side with plain pods, in one run on one cluster.
+
+Shaped like upstream scheduler_perf's ``SchedulingWithResourceClaimTemplate``:
+N nodes with DRA devices, one DeviceClass, one ResourceClaimTemplate asking
+for one device, a batch of pods scheduled first (not measured), then the
+measured batch; throughput is measured pods over the time from the first
+measured create to the last bind. The same two batches without claims run
+first for the plain figure.
+
+Client rate limits decide throughput here (DESIGN §8): by default the
+scheduler runs with ``clientConnection: {qps: 1000, burst: 1000}`` and the
+controller-manager (which makes the claims from the template) with
+``--kube-api-qps/--kube-api-burst 1000``; ``--qps 0`` keeps the components'
+defaults. The test client creates pods from 32 threads without a limit.
+
+    python -m bench.dra_sched --nodes 500 --init-pods 1000 --measure-pods 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench import report
+from dra_driver.framework.publisher import ApiError, JsonApi, Reflector
+from dra_driver.simulate import Simulator
+from localcluster.cluster import ClusterSpec, api_client, down, running_clusters, up
+from localcluster.nodes import KWOK_TOLERATION
+
+REPO = Path(__file__).resolve().parents[1]
+RES = "/apis/resource.k8s.io/v1"
+CLASS = "bench-gpu"
+
+
+class Binds:
+    """When each pod of a namespace was first seen bound, from one watch."""
+
+    def __init__(self, rest: JsonApi, ns: str) -> None:
+        self.at: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._r = Reflector(rest, f"/api/v1/namespaces/{ns}/pods", [], self._list,
+                            self._event, lambda err: print(f"  watch: {err}", file=sys.stderr))
+        self._t = threading.Thread(target=self._r.run, daemon=True)
+        self._t.start()
+
+    def _seen(self, obj: dict[str, Any]) -> None:
+        if obj.get("spec", {}).get("nodeName"):
+            with self._lock:
+                self.at.setdefault(obj["metadata"]["name"], time.monotonic())
+
+    def _list(self, items: list[dict[str, Any]], rv: int) -> None:
+        for o in items:
+            self._seen(o)
+
+    def _event(self, kind: str, obj: dict[str, Any]) -> None:
+        if kind != "DELETED":
+            self._seen(obj)
+
+    def count(self, names: set[str]) -> int:
+        with self._lock:
+            return len(names & set(self.at))
+
+    def stop(self) -> None:
+        self._r.stop()
+        self._t.join(10)
+
+
+def _pod(name: str, claims: bool) -> dict[str, Any]:
+    container: dict[str, Any] = {"name": "main", "image": "registry.invalid/sim:0"}
+    spec: dict[str, Any] = {"containers": [container], "tolerations": [KWOK_TOLERATION]}
+    if claims:
+        spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]
+        container["resources"] = {"claims": [{"name": "gpu"}]}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+def _batch(rest: JsonApi, pool: ThreadPoolExecutor, binds: Binds, ns: str, prefix: str,
+           n: int, claims: bool, timeout: float) -> tuple[float, float]:
+    """Create n pods, wait until all are bound: (first create, last bind)."""
+    names = {f"{prefix}-{i}" for i in range(n)}
+    t0 = time.monotonic()
+    list(pool.map(lambda p: rest.request("POST", f"/api/v1/namespaces/{ns}/pods",
+                                         body=_pod(p, claims)), sorted(names)))
+    while binds.count(names) < n:
+        if time.monotonic() - t0 > timeout:
+            raise RuntimeError(f"{prefix}: {binds.count(names)}/{n} bound after {timeout:.0f}s")
+        time.sleep(0.1)
+    return t0, max(binds.at[p] for p in names)
+
+
+def _namespace(rest: JsonApi, ns: str) -> None:
+    rest.request("POST", "/api/v1/namespaces", body={
+        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            rest.request("GET", f"/api/v1/namespaces/{ns}/serviceaccounts/default")
+            return
+        except ApiError as err:
+            if err.status != 404 or time.monotonic() > deadline:
+                raise
+        time.sleep(0.2)
+
+
+def run(nodes: int, profile: str, init: int, measure: int, qps: int, tmp: Path
+        ) -> list[dict[str, Any]]:
+    name = f"dra-sched-{nodes}"
+    sched_cfg = None
+    if qps:
+        sched_cfg = tmp / "scheduler.yaml"
+        sched_cfg.write_text(yaml.safe_dump({
+            "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+            "clientConnection": {"qps": qps, "burst": qps}}))
+    if name in running_clusters():
+        down(name)
+    up(ClusterSpec(name=name, groups=[(profile, nodes)], scheduler_config=sched_cfg,
+                   controller_manager_qps=qps or None),
+       progress=lambda m: print(f"  [{name}] {m}", file=sys.stderr, flush=True))
+    api = api_client(name)
+    rest = JsonApi(api)
+    sim = Simulator(api)
+    rows = []
+    try:
+        sim.start()
+        t0 = time.monotonic()
+        while not (sim.ready() and len(sim.nodes()) == nodes):
+            if time.monotonic() - t0 > 600:
+                raise RuntimeError("slices not published in 600 s")
+            time.sleep(0.5)
+        print(f"  slices for {nodes} nodes published in {time.monotonic() - t0:.1f}s",
+              file=sys.stderr)
+        rest.request("POST", f"{RES}/deviceclasses", body={
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+            "metadata": {"name": CLASS}, "spec": {"selectors": [{"cel": {"expression":
+                "device.driver == 'gpu.toposerve.io' && "
+                "device.attributes['gpu.toposerve.io'].type == 'gpu'"}}]}})
+        with ThreadPoolExecutor(max_workers=32) as pool:
+            for mode in ("plain", "claims"):
+                ns = f"bench-{mode}"
+                _namespace(rest, ns)
+                if mode == "claims":
+                    rest.request("POST", f"{RES}/namespaces/{ns}/resourceclaimtemplates", body={
+                        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                        "metadata": {"name": "one-gpu"},
+                        "spec": {"spec": {"devices": {"requests": [
+                            {"name": "gpu", "exactly": {"deviceClassName": CLASS}}]}}}})
+                binds = Binds(rest, ns)
+                try:
+                    _batch(rest, pool, binds, ns, "init", init, mode == "claims", 900)
+                    first, last = _batch(rest, pool, binds, ns, "measure", measure,
+                                         mode == "claims", 900)
+                finally:
+                    binds.stop()
+                rows.append({"mode": mode, "nodes": nodes, "profile": profile,
+                             "init_pods": init, "measured_pods": measure,
+                             "seconds": round(last - first, 1),
+                             "pods_per_s": round(measure / (last - first), 1),
+                             "client_qps": qps or "defaults"})
+                print(f"  {mode}: {rows[-1]['pods_per_s']} pods/s", file=sys.stderr)
+    finally:
+        sim.stop()
+        down(name, progress=lambda m: None)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.dra_sched", description=__doc__)
+    ap.add_argument("--nodes", type=int, default=500)
+    ap.add_argument("--profile", default="mi300x",
+                    help="8 GPUs a node without partitions, like upstream's simple devices")
+    ap.add_argument("--init-pods", type=int, default=1000)
+    ap.add_argument("--measure-pods", type=int, default=1000)
+    ap.add_argument("--qps", type=int, default=1000,
+                    help="scheduler and controller-manager client QPS and burst (0: defaults)")
+    ap.add_argument("--out", default=str(REPO / "bench" / "results"))
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = run(args.nodes, args.profile, args.init_pods, args.measure_pods, args.qps,
+                   Path(tmp))
+    md = "\n".join([
+        "| pods | nodes | profile | measured pods (after init) | seconds | pods/s | client QPS |",
+        "|---|---:|---|---:|---:|---:|---|",
+        *(f"| {r['mode']} | {r['nodes']} | {r['profile']} | {r['measured_pods']} "
+          f"(+{r['init_pods']}) | {r['seconds']} | {r['pods_per_s']} | {r['client_qps']} |"
+          for r in rows)])
+    ratio = rows[1]["pods_per_s"] / rows[0]["pods_per_s"]
+    md += f"\n\nwith one GPU claim each: {ratio:.2f}x the plain pods' throughput"
+    report.write(Path(args.out), "dra_sched", md, {"rows": rows, "claims_over_plain": ratio})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
