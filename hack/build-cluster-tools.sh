@@ -4,22 +4,9 @@
 # Idempotent: a tool already in the cache is not rebuilt.
 set -euo pipefail
 
-# shellcheck source=../localcluster/versions.env
-source "$(dirname "$0")/../localcluster/versions.env"
-CACHE="${TOPOSERVE_CACHE:-$HOME/.cache/toposerve}"
-BIN="$CACHE/bin"
-SRC="$CACHE/src"
-
-say() { printf '[build-cluster-tools] %s\n' "$*" >&2; }
-die() { say "error: $*"; exit 1; }
-
-command -v go >/dev/null 2>&1 || die "Go is not installed (need go >= 1.26 on PATH; see https://go.dev/doc/install)"
-export GOFLAGS=-mod=mod CGO_ENABLED=0
-# k8s.io/kubernetes asks for the machine's Go; fall back to the one newer
-# toolchain the module proxy offers if a module needs more.
-export GOTOOLCHAIN="${GOTOOLCHAIN:-auto}"
-
-mkdir -p "$BIN" "$SRC"
+TOOL_LOG_NAME=build-cluster-tools
+# shellcheck source=go-build-env.sh
+source "$(dirname "$0")/go-build-env.sh"
 
 proxy_check() {
   go list -m -json "k8s.io/kubernetes@$K8S_VERSION" >/dev/null 2>&1 \

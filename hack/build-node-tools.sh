@@ -9,19 +9,9 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
-# shellcheck source=../localcluster/versions.env
-source "$HERE/../localcluster/versions.env"
-CACHE="${TOPOSERVE_CACHE:-$HOME/.cache/toposerve}"
-BIN="$CACHE/bin"
-SRC="$CACHE/src"
-
-say() { printf '[build-node-tools] %s\n' "$*" >&2; }
-die() { say "error: $*"; exit 1; }
-
-command -v go >/dev/null 2>&1 || die "Go is not installed (need go >= 1.26 on PATH; see https://go.dev/doc/install)"
-export GOFLAGS=-mod=mod CGO_ENABLED=0
-export GOTOOLCHAIN="${GOTOOLCHAIN:-auto}"
-mkdir -p "$BIN" "$SRC"
+TOOL_LOG_NAME=build-node-tools
+# shellcheck source=go-build-env.sh
+source "$HERE/go-build-env.sh"
 
 build_containerd() {
   local dir="$BIN/containerd-$CONTAINERD_VERSION"
