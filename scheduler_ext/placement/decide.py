@@ -138,6 +138,21 @@ def _free(view: View, names: Iterable[str], reserved: dict[str, int]) -> dict[st
     return {n: max(0, view.nodes[n].free - reserved.get(n, 0)) for n in names if n in view.nodes}
 
 
+def _rooms(view: View, tier: Tier, profiles: tuple[str, ...],
+           reserved: dict[str, int]) -> dict[Domain, int]:
+    """Per domain of ``tier``, ``sum(_free(view, _nodes(...), reserved).values())``
+    without a pass over every node: the room kept per domain, less what the
+    reserved nodes lose (``max(0, f - r) == f - min(f, r)``)."""
+    rooms = dict(view.room(tier, profiles))
+    place = view.place(tier)
+    for n, r in reserved.items():
+        ns = view.nodes.get(n)
+        if r > 0 and ns is not None and (d := place.get(n)) is not None and \
+                (not profiles or (ns.profile or "") in profiles):
+            rooms[d] -= min(ns.free, r)
+    return rooms
+
+
 @dataclass(frozen=True)
 class _Pick:
     tier: Tier
@@ -152,28 +167,32 @@ def _choose(view: View, group: Group, eligible: list[str], reserved: dict[str, i
     over, then name. ``inside``: the new domain must contain this one."""
     bound = [m.node for m in group.bound() if m.node in view.nodes]
     pending = group.pending()
+    need = sum(pending)
     prefer = _bound_subdomains(view, group)
     for tier in levels:
-        pins = {view.nodes[b].domain(tier) for b in bound}
+        place = view.place(tier)
+        pins = {place.get(b) for b in bound}
         if None in pins or len(pins) > 1:
             continue  # the placed members share no domain at this level
-        domains: set[Domain] = set()
-        for n in eligible:
-            d = view.nodes[n].domain(tier) if n in view.nodes else None
-            if d is None or (inside is not None and not contains(d, inside)):
-                continue
-            if not pins or d in pins:
-                domains.add(d)
+        domains = {d for d in set(map(place.get, eligible)) if d is not None and
+                   (inside is None or contains(d, inside)) and (not pins or d in pins)}
+        # a plan leaves exactly (free - need) over and uses at least one NVLink
+        # domain, so in (left over, name) order the first plan in one NVLink
+        # domain ranks best and the rest (hundreds of racks) need no plan
+        rooms = _rooms(view, tier, profiles, reserved)
+        sized = sorted((left, str(dom), dom) for dom in domains
+                       if (left := rooms.get(dom, 0) - need) >= 0)
         best: tuple[tuple[int, int, str], _Pick] | None = None
-        for dom in domains:
-            names = _nodes(view, tier, dom, profiles)
-            free = _free(view, names, reserved)
+        for _, name, dom in sized:
+            free = _free(view, _nodes(view, tier, dom, profiles), reserved)
             got = pack.plan(pending, free, {n: _subdomain(view, n) for n in free}, prefer)
             if got is None:
                 continue
-            rank = (len(got.subdomains), got.leftover, str(dom))
+            rank = (len(got.subdomains), got.leftover, name)
             if best is None or rank < best[0]:
                 best = (rank, _Pick(tier, dom, got))
+            if len(got.subdomains) == 1:
+                break
         if best is not None:
             return best[1]
     return None

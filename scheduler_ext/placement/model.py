@@ -5,6 +5,7 @@ extender made for groups. The watch code builds these; nothing here does I/O."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -119,6 +120,9 @@ class Decision:
         return now < self.expires_at
 
 
+ROOMS = "rooms"  # View.memo's key of the free room per domain
+
+
 @dataclass
 class View:
     """Everything one decision reads: nodes, groups (by key) and the
@@ -128,16 +132,67 @@ class View:
     groups: dict[str, Group] = field(default_factory=dict)
     decisions: dict[str, Decision] = field(default_factory=dict)
     # derived facts, cleared by whoever changes what they derive from:
-    # ``memo`` (reservations) on any change, ``index`` (nodes by domain) when
+    # ``memo`` (reservations) on any change (``forget``), ``index`` (nodes by domain) when
     # a node comes, goes or moves
     memo: dict[object, object] = field(default_factory=dict)
     index: dict[Tier, dict[Domain, list[str]]] = field(default_factory=dict)
     nvlink: dict[str, str] = field(default_factory=dict)  # node -> its NVLink domain's name
+    places: dict[Tier, dict[str, Domain | None]] = field(default_factory=dict)
 
     def forget_places(self) -> None:
         """Nodes came, went or moved: drop what was derived from their paths."""
         self.index.clear()
         self.nvlink.clear()
+        self.places.clear()
+        self.memo.clear()
+
+    def forget(self, nodes: Iterable[str] = ()) -> None:
+        """Free counts of ``nodes`` (not their places), members or decisions
+        changed: drop what ``memo`` derived, but keep the free room per domain
+        (``room``), refreshed for the domains of ``nodes`` only."""
+        rooms = self.memo.get(ROOMS)
+        self.memo.clear()
+        if not isinstance(rooms, dict):
+            return
+        names = set(nodes)
+        for (tier, profiles), by_domain in rooms.items():
+            place = self.place(tier)
+            for d in {place.get(n) for n in names}:
+                if d is not None:
+                    by_domain[d] = self._room(tier, d, profiles)
+        self.memo[ROOMS] = rooms
+
+    def room(self, tier: Tier, profiles: tuple[str, ...]) -> dict[Domain, int]:
+        """Free accelerators per domain of ``tier``, over its nodes of
+        ``profiles`` (all when empty). Lives in ``memo`` (a ``memo.clear()``
+        rebuilds it) but survives ``forget``: a group picking its domain
+        reads every domain's room, and a call that changed a few nodes
+        should not cost a pass over all of them."""
+        rooms = self.memo.setdefault(ROOMS, {})
+        assert isinstance(rooms, dict)
+        got = rooms.get((tier, profiles))
+        if got is None:
+            self.in_domain(tier, ())  # builds the index
+            got = {d: self._room(tier, d, profiles) for d in self.index[tier]}
+            rooms[(tier, profiles)] = got
+        return got
+
+    def _room(self, tier: Tier, domain: Domain, profiles: tuple[str, ...]) -> int:
+        total = 0
+        for n in self.in_domain(tier, domain):
+            ns = self.nodes[n]
+            if not profiles or (ns.profile or "") in profiles:
+                total += ns.free
+        return total
+
+    def place(self, tier: Tier) -> dict[str, Domain | None]:
+        """Each node's domain at ``tier`` (a node's path only changes with
+        its labels, so this lives as long as ``index``)."""
+        got = self.places.get(tier)
+        if got is None:
+            got = {name: n.domain(tier) for name, n in self.nodes.items()}
+            self.places[tier] = got
+        return got
 
     def subdomain(self, node: str) -> str:
         """The node's NVLink domain as one name (the node itself when unknown)."""

@@ -310,7 +310,7 @@ class ClusterState:
             self.view.decisions[d.group] = d
             moved = old is None or (old.tier, old.domain) != (d.tier, d.domain)
             if moved or (old is not None and not old.live(d.decided_at)):
-                self.view.memo.clear()  # a renewal alone changes no layout
+                self.view.forget()  # a renewal alone changes no layout
             return moved
 
     # --- the view ------------------------------------------------------------------
@@ -403,11 +403,11 @@ class ClusterState:
                     self.view.decisions.pop(key, None)
                 else:
                     self.view.groups[key] = g
-            if self._dirty_nodes or self._dirty_groups:
-                self.view.memo.clear()
             if self._moved:
                 self.view.forget_places()
                 self._moved = False
+            elif self._dirty_nodes or self._dirty_groups:
+                self.view.forget(self._dirty_nodes)
             self._dirty_nodes.clear()
             self._dirty_groups.clear()
             return self.view
