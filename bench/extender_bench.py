@@ -5,8 +5,10 @@ kube-scheduler alone; the in-tree 1.37.2 workload scheduling with its gates on
 Then the extender's own call latency, names-only, at 1,000 and 5,000 nodes.
 
     python -m bench.extender_bench [--racks 4] [--hgx 16] [--nodes 1000 5000]
+    python -m bench.extender_bench --latency-only [--runs 3]   # no cluster
 
-Writes bench/results/extender_bench.{md,json,png}. The local cluster's
+Writes bench/results/extender_bench.{md,json,png} (latency only:
+extender_latency.{md,json}). The local cluster's
 controller-manager keeps its default client QPS (claim creation is the
 bottleneck of pods/s here, DESIGN §8); the scheduler's is 1,000.
 """
@@ -24,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.report import pct, write
+from bench.report import medians, pct, write
 from scheduler_ext.config import ExtenderConfig
 from scheduler_ext.server import Extender
 from scheduler_ext.state.cache import ClusterState
@@ -264,7 +266,13 @@ def latency(nodes: int, calls: int) -> list[Latency]:
     return asyncio.run(go())
 
 
-def table(rows: list[Placement], lat: list[Latency]) -> str:
+def latency_runs(nodes: list[int], calls: int, runs: int) -> list[Latency]:
+    """Each row the median over ``runs`` runs of its p50s and p99s (calls summed)."""
+    return medians([x for _ in range(runs) for n in nodes for x in latency(n, calls)],
+                   ("nodes", "kind"), summed=("calls",))
+
+
+def table(rows: list[Placement]) -> str:
     base = next((r.pods_per_s for r in rows if r.mode == "default"), float("nan"))
     lines = ["| scheduler | groups in one rack | of those that could | pods stranded | "
              "pods never placed | KV ms/request (P/D) | largest free GB200 rack (GPUs) | "
@@ -274,8 +282,12 @@ def table(rows: list[Placement], lat: list[Latency]) -> str:
                      f"{100 * r.single_domain / max(1, r.could):.0f}% | {r.stranded} | "
                      f"{r.pending} | {r.kv_ms:.1f} | {r.largest_free_rack} | "
                      f"{r.pods_per_s:.1f} | {r.pods_per_s / base:.0%} |")
-    lines += ["", "| nodes | pod | calls | filter p50 ms | filter p99 ms | prioritize p50 ms "
-                  "| prioritize p99 ms |", "|---|---|---|---|---|---|---|"]
+    return "\n".join(lines)
+
+
+def latency_table(lat: list[Latency]) -> str:
+    lines = ["| nodes | pod | calls | filter p50 ms | filter p99 ms | prioritize p50 ms "
+             "| prioritize p99 ms |", "|---|---|---|---|---|---|---|"]
     lines += [f"| {x.nodes} | {x.kind} | {x.calls} | {x.filter_p50_ms:.2f} | "
               f"{x.filter_p99_ms:.2f} | {x.prioritize_p50_ms:.2f} | {x.prioritize_p99_ms:.2f} |"
               for x in lat]
@@ -322,12 +334,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes", type=int, nargs="*", default=[1000, 5000],
                     help="node counts for the extender's call latency")
     ap.add_argument("--calls", type=int, default=300, help="calls per latency row")
+    ap.add_argument("--runs", type=int, default=1,
+                    help="latency runs; each row is their median")
+    ap.add_argument("--latency-only", action="store_true",
+                    help="only the extender's call latency (no cluster)")
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args(argv)
+    if args.latency_only:
+        lat = latency_runs(args.nodes, args.calls, args.runs)
+        write(Path(args.out), "extender_latency", latency_table(lat),
+              {"latency": [asdict(x) for x in lat], "args": vars(args)})
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         rows, landed = placement_runs(args, Path(tmp))
-    lat = [x for n in args.nodes for x in latency(n, args.calls)]
-    write(Path(args.out), "extender_bench", table(rows, lat),
+    lat = latency_runs(args.nodes, args.calls, args.runs)
+    write(Path(args.out), "extender_bench", table(rows) + "\n\n" + latency_table(lat),
           {"placement": [asdict(r) for r in rows], "latency": [asdict(x) for x in lat],
            "landed": landed, "args": vars(args)}, lambda p: plot(landed, p))
     return 0
