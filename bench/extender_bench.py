@@ -239,6 +239,7 @@ def latency(nodes: int, calls: int) -> list[Latency]:
     for g in groups:
         for p in g:
             state.pod("ADDED", p)
+    ext.warm()  # as the server does once every watch has listed
     ordinary = [k.pod(f"o{i}", uid=f"o{i}") for i in range(calls)]
     body = {"ordinary": [{"Pod": p, "NodeNames": names} for p in ordinary],
             "group": [{"Pod": groups[i % len(groups)][i // len(groups) % 18],

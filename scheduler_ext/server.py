@@ -7,6 +7,7 @@ reads the API."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import ssl
 import time
 from collections.abc import Awaitable, Callable
@@ -171,6 +172,17 @@ class Extender:
                         contains(decision.domain, d)}
         return {"NodeNameToMetaVictims": meta}
 
+    def warm(self) -> None:
+        """Once every watch has listed: build the view now rather than in the
+        first call (100 ms at 5,000 nodes), then collect once and freeze what
+        survives (the cluster's state, ~100,000 objects) out of the
+        collector's sight, so a full collection during a call scans only
+        what changed since (else an 80 ms pause every few hundred calls)."""
+        with self.state.lock:
+            self.state.snapshot()
+        gc.collect()
+        gc.freeze()
+
     def held(self) -> int:
         now = self.clock()
         with self.state.lock:
@@ -272,7 +284,11 @@ def serve(cfg: ExtenderConfig, kubeconfig: str | None) -> None:
     app.on_cleanup.append(stop)
 
     async def errors() -> None:
+        warmed = False
         while True:
+            if not warmed and not watches.missing():
+                ext.warm()
+                warmed = True
             for kind, n in watches.errors.items():
                 ext.metrics.watch_errors.labels(kind).set(n)
             await asyncio.sleep(5)

@@ -5,6 +5,7 @@ the printed scheduler configuration."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import shutil
 import ssl
 import subprocess
@@ -75,6 +76,17 @@ def test_bad_json_is_400_with_a_json_error() -> None:
         status, body = await post(c, "filter", {"Pod": k.pod("p")})
         assert status == 400 and "NodeNames" in body["Error"]
     run(ext, check)
+
+
+def test_warm_builds_the_view_before_any_call_and_freezes_the_heap() -> None:
+    ext, _ = extender()
+    assert ext.state.view.nodes == {}  # built lazily, by the first call or warm()
+    try:
+        ext.warm()
+        assert set(ext.state.view.nodes) == set(NAMES)
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
 
 
 def test_pods_outside_groups_pass_through_with_neutral_scores() -> None:
