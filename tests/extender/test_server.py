@@ -26,6 +26,7 @@ from scheduler_ext.server import Extender
 from scheduler_ext.state.cache import ClusterState
 from tests.extender import objects as k
 from topology.config_file import ConfigError
+from topology.model import Tier
 from toposerve_cli.main import main
 
 NODES = k.planned(("gb200-nvl72", 36), ("hgx-h100", 4))
@@ -84,6 +85,7 @@ def test_warm_builds_the_view_before_any_call_and_freezes_the_heap() -> None:
     try:
         ext.warm()
         assert set(ext.state.view.nodes) == set(NAMES)
+        assert Tier.RACK in ext.state.view.index
         assert gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()

@@ -175,3 +175,25 @@ def test_an_assumed_member_counts_where_it_was_scored_until_it_binds_or_expires(
     st.assume("g-1", a)
     clock[0] = 11
     assert st.snapshot().nodes[a].used == 0
+
+
+def test_a_node_status_update_keeps_the_domain_indexes_a_label_change_moves_it() -> None:
+    st, nodes = state_with(("gb200-nvl72", 36))  # two racks
+    first, other = nodes[0], nodes[-1]
+    assert first.path.rack != other.path.rack
+    view = st.snapshot()
+    assert first.name in view.in_domain(Tier.RACK, view.nodes[first.name].domain(Tier.RACK)
+                                        or ())
+    status = k.node(first)
+    status["status"] = {"conditions": [{"type": "Ready", "status": "True"}]}
+    st.node("MODIFIED", status)
+    view = st.snapshot()
+    assert Tier.RACK in view.index  # not rebuilt for a status update
+    moved = k.node(first)
+    assert TOPO.rack is not None and TOPO.nvlink is not None
+    moved["metadata"]["labels"][TOPO.rack] = str(other.path.rack)
+    moved["metadata"]["labels"][TOPO.nvlink] = str(other.path.nvlink)
+    st.node("MODIFIED", moved)
+    view = st.snapshot()
+    rack = view.nodes[other.name].domain(Tier.RACK)
+    assert rack is not None and first.name in view.in_domain(Tier.RACK, rack)
