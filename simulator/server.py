@@ -467,7 +467,6 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
 def build_app(cfg: SimConfig) -> web.Application:
     sim = SimServer(cfg)
     app = web.Application(middlewares=[_errors], client_max_size=256 * 1024 * 1024)
-    app["sim"] = sim
     app.router.add_post("/v1/completions", sim.completions)
     app.router.add_post("/v1/chat/completions", sim.chat)
     app.router.add_post("/v1/responses", sim.create_response)

@@ -296,6 +296,11 @@ class Router:
                             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
 
+
+# the Router an app serves, for tests that reach in
+ROUTER = web.AppKey("router", Router)
+
+
 def build_app(cfg: RouterConfig) -> web.Application:
     router = Router(cfg)
 
@@ -322,7 +327,7 @@ def build_app(cfg: RouterConfig) -> web.Application:
         return resp
 
     app = web.Application(middlewares=[errors], client_max_size=cfg.server.max_body_bytes)
-    app["router"] = router
+    app[ROUTER] = router
     app.router.add_post("/v1/chat/completions", router.chat)
     app.router.add_post("/v1/completions", router.completions)
     app.router.add_post("/v1/responses", router.create_response)

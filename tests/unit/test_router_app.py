@@ -16,7 +16,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from router.config import RouterConfig
-from router.http.server import Router, build_app
+from router.http.server import ROUTER, Router, build_app
 from router.scheduling.context import RequestContext
 from router.scheduling.profile import Decision
 from simulator.config import SimConfig
@@ -61,7 +61,7 @@ async def stack(sims: list[dict[str, Any]], config: dict[str, Any]) -> AsyncIter
     app = build_app(RouterConfig.model_validate(doc))
     client = TestClient(TestServer(app, host="127.0.0.1"))
     await client.start_server()
-    router: Router = app["router"]
+    router = app[ROUTER]
     # captured, not printed: a test before this one may have pointed the
     # logger at its own (now closed) stderr
     with structlog.testing.capture_logs() as logs:
