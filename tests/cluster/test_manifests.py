@@ -79,8 +79,13 @@ def install(cluster: Cluster) -> Iterator[Install]:
         for obj in applied:
             _apply(dyn, obj, dry_run=False)
         nodes = sorted(n.metadata.name for n in core.list_node().items)
-        yield Install(values, objects, names,
-                      f"system:serviceaccount:{tag}:{names.gpu_driver}", nodes[:2])
+        user = f"system:serviceaccount:{tag}:{names.gpu_driver}"
+        # the policy takes a moment to reach the apiserver's admission chain,
+        # and every test that writes as the driver relies on it
+        wait_for("policy enforced", lambda: _rejection(
+            client.ResourceV1Api(_as(cluster, user, nodes[0])), client.ResourceV1Api(cluster.api),
+            _slice(f"{tag}-probe", nodes[1])), timeout=30)
+        yield Install(values, objects, names, user, nodes[:2])
     finally:
         for obj in reversed(applied):
             if obj["kind"] == "Namespace":
@@ -161,7 +166,6 @@ def test_driver_writes_only_its_own_nodes_slices(cluster: Cluster, install: Inst
     admin.create_resource_slice(_slice(others_slice, other))  # the policy binds drivers only
     created = [others_slice]
     try:
-        # the policy takes a moment to reach the apiserver's admission chain
         msg: Any = wait_for("policy enforced", lambda: _rejection(
             driver, admin, _slice(f"{tag}-probe", other)), timeout=30)
         assert (f"the driver on node {own} may write only ResourceSlices with spec.nodeName "
