@@ -199,8 +199,8 @@ def _choose(view: View, group: Group, eligible: list[str], reserved: dict[str, i
 
 
 def _profiles(view: View, names: Iterable[str]) -> tuple[str, ...]:
-    nodes = view.nodes
-    return tuple(sorted({nodes[n].profile or "" for n in names if n in nodes}))
+    found: set[str | None] = set(map(view.profile_of().get, names))
+    return tuple(sorted(p for p in found if p is not None))  # None: no such node
 
 
 def _largest(view: View, tier: Tier, reserved: dict[str, int] | None,

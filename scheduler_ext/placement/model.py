@@ -138,12 +138,14 @@ class View:
     index: dict[Tier, dict[Domain, list[str]]] = field(default_factory=dict)
     nvlink: dict[str, str] = field(default_factory=dict)  # node -> its NVLink domain's name
     places: dict[Tier, dict[str, Domain | None]] = field(default_factory=dict)
+    kinds: dict[str, str] = field(default_factory=dict)  # node -> its profile ("": none)
 
     def forget_places(self) -> None:
         """Nodes came, went or moved: drop what was derived from their paths."""
         self.index.clear()
         self.nvlink.clear()
         self.places.clear()
+        self.kinds.clear()
         self.memo.clear()
 
     def forget(self, nodes: Iterable[str] = ()) -> None:
@@ -161,6 +163,13 @@ class View:
                 if d is not None:
                     by_domain[d] = self._room(tier, d, profiles)
         self.memo[ROOMS] = rooms
+
+    def profile_of(self) -> dict[str, str]:
+        """Each node's hardware profile ("" when unlabelled); like ``place``,
+        changes only with the node's labels."""
+        if not self.kinds and self.nodes:
+            self.kinds.update((name, n.profile or "") for name, n in self.nodes.items())
+        return self.kinds
 
     def room(self, tier: Tier, profiles: tuple[str, ...]) -> dict[Domain, int]:
         """Free accelerators per domain of ``tier``, over its nodes of
