@@ -181,9 +181,11 @@ class Extender:
         what changed since (else an 80 ms pause every few hundred calls)."""
         with self.state.lock:
             view = self.state.snapshot()
-            for tier in Tier:  # each level's domains, as a first decision reads them
+            kinds = {(p,) for p in view.profile_of().values()}
+            for tier in Tier:  # each level's domains and their room, as a first decision reads them
                 view.place(tier)
-                view.in_domain(tier, ())
+                for profiles in kinds:
+                    view.room(tier, profiles)
         gc.collect()
         gc.freeze()
 
