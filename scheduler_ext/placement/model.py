@@ -5,7 +5,7 @@ extender made for groups. The watch code builds these; nothing here does I/O."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -148,20 +148,24 @@ class View:
         self.kinds.clear()
         self.memo.clear()
 
-    def forget(self, nodes: Iterable[str] = ()) -> None:
-        """Free counts of ``nodes`` (not their places), members or decisions
+    def forget(self, before: Mapping[str, NodeState | None] | None = None) -> None:
+        """Free counts of some nodes (not their places), members or decisions
         changed: drop what ``memo`` derived, but keep the free room per domain
-        (``room``), refreshed for the domains of ``nodes`` only."""
+        (``room``), moved by each changed node's difference; ``before``: the
+        changed nodes as they were."""
         rooms = self.memo.get(ROOMS)
         self.memo.clear()
         if not isinstance(rooms, dict):
             return
-        names = set(nodes)
-        for (tier, profiles), by_domain in rooms.items():
-            place = self.place(tier)
-            for d in {place.get(n) for n in names}:
-                if d is not None:
-                    by_domain[d] = self._room(tier, d, profiles)
+        for name, old in (before or {}).items():
+            new = self.nodes.get(name)
+            if old is None or new is None or old.profile != new.profile:
+                return  # rebuilt when next asked for
+            if delta := new.free - old.free:
+                for (tier, profiles), by_domain in rooms.items():
+                    d = self.place(tier).get(name)
+                    if d is not None and (not profiles or (new.profile or "") in profiles):
+                        by_domain[d] = by_domain.get(d, 0) + delta
         self.memo[ROOMS] = rooms
 
     def profile_of(self) -> dict[str, str]:

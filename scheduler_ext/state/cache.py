@@ -394,6 +394,7 @@ class ClusterState:
             now = self.clock()
             for uid in [u for u, (_, until) in self._assumed.items() if until <= now]:
                 self.unassume(uid)
+            before = {name: self.view.nodes.get(name) for name in self._dirty_nodes}
             for name in self._dirty_nodes:
                 ns = self._node_state(name)
                 if ns is None:
@@ -411,7 +412,7 @@ class ClusterState:
                 self.view.forget_places()
                 self._moved = False
             elif self._dirty_nodes or self._dirty_groups:
-                self.view.forget(self._dirty_nodes)
+                self.view.forget(before)
             self._dirty_nodes.clear()
             self._dirty_groups.clear()
             return self.view

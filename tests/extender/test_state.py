@@ -197,3 +197,17 @@ def test_a_node_status_update_keeps_the_domain_indexes_a_label_change_moves_it()
     view = st.snapshot()
     rack = view.nodes[other.name].domain(Tier.RACK)
     assert rack is not None and first.name in view.in_domain(Tier.RACK, rack)
+
+
+def test_the_room_per_domain_follows_a_bind_without_a_rebuild() -> None:
+    st, nodes = state_with(("gb200-nvl72", 36))  # two racks of 72 GPUs
+    view = st.snapshot()
+    key = (Tier.RACK, ("gb200-nvl72",))
+    view.room(*key)
+    st.pod("ADDED", bound(k.pod("p", claim_template="gpu4"), nodes[0].name, "u1"))
+    view = st.snapshot()
+    kept = dict(view.room(*key))  # moved by the node's difference
+    rack = view.nodes[nodes[0].name].domain(Tier.RACK)
+    assert rack is not None and kept[rack] == 72 - 4
+    view.memo.clear()
+    assert view.room(*key) == kept
