@@ -27,12 +27,12 @@ from typing import Any
 import psutil
 
 from bench import report
-from bench.procs import Proc, free_port, wait_http
 from dra_driver.framework import slice_plan
 from dra_driver.framework.publisher import JsonApi
 from dra_driver.gpu.devices import gpu_pool
 from dra_driver.net.devices import nic_pool
 from dra_driver.simulate import LABELS
+from harness.procs import Proc, free_port, wait_http
 from localcluster.cluster import ClusterSpec, api_client, down, running_clusters, up
 from topology.model import DomainPath, NodeTopology
 from topology.profiles import load_profile

@@ -17,9 +17,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.procs import free_port
 from dra_driver.framework.publisher import ApiError, JsonApi
 from dra_driver.simulate import LABELS, sim_node
+from harness.procs import free_port
 from localcluster.nodes import node_manifest
 from tests.conftest import Cluster
 from tests.waiting import wait_for
