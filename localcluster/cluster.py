@@ -58,6 +58,7 @@ class ClusterSpec:
     ready_timeout_s: float | None = None  # default: 60 s + 0.2 s a node
     # the controller-manager's client QPS and burst (its default limits claim creation)
     controller_manager_qps: int | None = None
+    controller_manager_burst: int | None = None  # default: the same as its QPS
     # Kubernetes feature gates and built-in APIs for every component, e.g. the
     # in-tree workload scheduling: "GenericWorkload=true,TopologyAwareWorkloadScheduling=true"
     # and "scheduling.k8s.io/v1beta1=true" (DESIGN §6)
@@ -94,7 +95,8 @@ def running_clusters(tools: Tools | None = None) -> list[str]:
     return [line.strip() for line in out.splitlines() if line.strip()]
 
 
-def _config_documents(controller_manager_qps: int | None = None) -> str:
+def _config_documents(controller_manager_qps: int | None = None,
+                      controller_manager_burst: int | None = None) -> str:
     # Bind every component to loopback. (kwok's pod range is set by flag in
     # KWOK_ARGS: a KwokConfiguration document here would replace kwok's
     # defaults rather than amend them.)
@@ -106,8 +108,9 @@ def _config_documents(controller_manager_qps: int | None = None) -> str:
     if controller_manager_qps:
         # here, not as --extra-args: kwokctl 0.8.0 panics on five of those
         q = str(controller_manager_qps)
+        burst = str(controller_manager_burst or controller_manager_qps)
         docs[0]["componentsPatches"] = [{"name": "kube-controller-manager", "extraArgs": [
-            {"key": "kube-api-qps", "value": q}, {"key": "kube-api-burst", "value": q}]}]
+            {"key": "kube-api-qps", "value": q}, {"key": "kube-api-burst", "value": burst}]}]
     return yaml.safe_dump_all(docs)
 
 
@@ -241,7 +244,8 @@ def up(spec: ClusterSpec, progress: Progress = _stderr) -> Path:
              f"for cluster {spec.name!r}")
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "kwok.yaml"
-        cfg.write_text(_config_documents(spec.controller_manager_qps))
+        cfg.write_text(_config_documents(spec.controller_manager_qps,
+                                         spec.controller_manager_burst))
         args = ["--name", spec.name, "--config", str(cfg), "create", "cluster",
                 "--runtime", "binary", "--kubeconfig", "",
                 "--kube-apiserver-binary", str(tools.kube_apiserver),
