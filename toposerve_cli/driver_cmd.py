@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -47,25 +48,70 @@ def _address(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
+class _Driver(Protocol):
+    """What ``_serve`` needs of ``GpuDriver`` / ``NetDriver``."""
+
+    @property
+    def kind(self) -> Any: ...
+    @property
+    def publisher(self) -> Any: ...
+    @property
+    def plugin(self) -> Any: ...
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+
+
+def _common(args: argparse.Namespace) -> dict[str, Any] | str:
+    """The options every driver shares, or the error to print."""
+    if not args.node_name:
+        return "--node-name is required (or set NODE_NAME)"
+    if not (args.sysfs_root / "bus/pci/devices").is_dir():
+        return f"--sysfs-root {args.sysfs_root}: no bus/pci/devices there"
+    return dict(node_name=args.node_name, plugin_dir=args.plugin_dir,
+                registry_dir=args.registry_dir, cdi_root=args.cdi_root,
+                sysfs_root=args.sysfs_root, dev_root=args.dev_root,
+                pod_uid=args.pod_uid or None, dialect=DialectName(args.dialect))
+
+
 def _gpu(args: argparse.Namespace) -> int:
-    from dra_driver.framework.checkpoint import CorruptCheckpoint
-    from dra_driver.framework.liveness import HttpEndpoints, healthz_route, metrics_route
     from dra_driver.gpu.driver import GpuDriver, GpuDriverOptions
 
-    if not args.node_name:
-        return _fail("--node-name is required (or set NODE_NAME)")
-    opts = GpuDriverOptions(
-        node_name=args.node_name, plugin_dir=args.plugin_dir, registry_dir=args.registry_dir,
-        cdi_root=args.cdi_root, sysfs_root=args.sysfs_root, dev_root=args.dev_root,
-        pod_uid=args.pod_uid or None, dialect=DialectName(args.dialect),
-        health_interval_s=args.health_interval)
-    if not (opts.sysfs_root / "bus/pci/devices").is_dir():
-        return _fail(f"--sysfs-root {opts.sysfs_root}: no bus/pci/devices there")
-    api = _api(args.kubeconfig)
-    driver = GpuDriver(api, opts)
+    common = _common(args)
+    if isinstance(common, str):
+        return _fail(common)
+    opts = GpuDriverOptions(**common, health_interval_s=args.health_interval)
+    return _serve(GpuDriver(_api(args.kubeconfig), opts), args)
+
+
+def _net(args: argparse.Namespace) -> int:
+    from dra_driver.net.discovery import NetFilters
+    from dra_driver.net.driver import NetDriver, NetDriverOptions
+
+    common = _common(args)
+    if isinstance(common, str):
+        return _fail(common)
+    for flag, pattern in (("--interfaces", args.interfaces),
+                          ("--exclude-interfaces", args.exclude_interfaces)):
+        try:
+            re.compile(pattern or "")
+        except re.error as err:
+            return _fail(f"{flag} {pattern!r}: not a regular expression: {err}")
+    filters = NetFilters(loopback=args.keep_loopback, default_route=args.keep_default_route,
+                         virtual=args.keep_virtual, include=args.interfaces,
+                         exclude=args.exclude_interfaces)
+    opts = NetDriverOptions(**common, state_dir=args.state_dir, netns=args.netns,
+                            filters=filters, rescan_interval_s=args.rescan_interval)
+    return _serve(NetDriver(_api(args.kubeconfig), opts), args)
+
+
+def _serve(driver: _Driver, args: argparse.Namespace) -> int:
+    """Run until SIGTERM/SIGINT, with /healthz and /metrics; or ``--uninstall``."""
+    from dra_driver.framework.checkpoint import CorruptCheckpoint
+    from dra_driver.framework.liveness import HttpEndpoints, healthz_route, metrics_route
+
     if args.uninstall:
         n = driver.publisher.uninstall()
-        print(f"deleted {n} ResourceSlices of {driver.kind.driver} on {opts.node_name}")
+        print(f"deleted {n} ResourceSlices of {driver.kind.driver} on {args.node_name}")
         return 0
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -114,37 +160,65 @@ def _simulate(args: argparse.Namespace) -> int:
         return _fail(str(err))
 
 
+def _plugin_arguments(p: argparse.ArgumentParser, driver: str, devices: str,
+                      port: int) -> None:
+    """The options of a kubelet plugin on the framework."""
+    p.add_argument("--node-name", default=os.environ.get("NODE_NAME"),
+                   help="this node's name (default $NODE_NAME)")
+    p.add_argument("--kubeconfig", help="default $KUBECONFIG, ~/.kube/config, else in-cluster")
+    p.add_argument("--plugin-dir", type=Path,
+                   help=f"DRA socket, checkpoint and lock (default /var/lib/kubelet/plugins/"
+                        f"{driver})")
+    p.add_argument("--registry-dir", type=Path, default=Path("/var/lib/kubelet/plugins_registry"),
+                   help="the kubelet's plugin registry (default %(default)s)")
+    p.add_argument("--cdi-root", type=Path, default=Path("/var/run/cdi"),
+                   help="where CDI specs go; the runtime must read it (default %(default)s)")
+    p.add_argument("--sysfs-root", type=Path, default=Path("/sys"),
+                   help=f"sysfs to discover {devices} in (default %(default)s)")
+    p.add_argument("--dev-root", type=Path, default=Path("/dev"),
+                   help=f"where the {devices}' device nodes are on the host "
+                        "(default %(default)s)")
+    p.add_argument("--pod-uid", default=os.environ.get("POD_UID"),
+                   help="rolling-update mode: sockets named with this pod UID (default $POD_UID)")
+    p.add_argument("--dialect", default=DialectName.TOPOSERVE.value,
+                   choices=[d.value for d in DialectName],
+                   help="node labels that carry the domain path (default %(default)s)")
+    p.add_argument("--http-address", type=_address, default=_address(f"127.0.0.1:{port}"),
+                   help=f"/healthz and /metrics (default 127.0.0.1:{port})")
+    p.add_argument("--uninstall", action="store_true",
+                   help="delete this driver's ResourceSlices of the node and exit")
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser("driver", help="run a DRA driver (kubelet plugin) on this node")
     dsub = p.add_subparsers(dest="driver_command", required=True, metavar="DRIVER")
 
     g = dsub.add_parser("gpu", help="the GPU driver gpu.toposerve.io")
-    g.add_argument("--node-name", default=os.environ.get("NODE_NAME"),
-                   help="this node's name (default $NODE_NAME)")
-    g.add_argument("--kubeconfig", help="default $KUBECONFIG, ~/.kube/config, else in-cluster")
-    g.add_argument("--plugin-dir", type=Path,
-                   help="DRA socket, checkpoint and lock (default "
-                        "/var/lib/kubelet/plugins/gpu.toposerve.io)")
-    g.add_argument("--registry-dir", type=Path, default=Path("/var/lib/kubelet/plugins_registry"),
-                   help="the kubelet's plugin registry (default %(default)s)")
-    g.add_argument("--cdi-root", type=Path, default=Path("/var/run/cdi"),
-                   help="where CDI specs go; the runtime must read it (default %(default)s)")
-    g.add_argument("--sysfs-root", type=Path, default=Path("/sys"),
-                   help="sysfs to discover GPUs in (default %(default)s)")
-    g.add_argument("--dev-root", type=Path, default=Path("/dev"),
-                   help="where the GPUs' device nodes are on the host (default %(default)s)")
-    g.add_argument("--pod-uid", default=os.environ.get("POD_UID"),
-                   help="rolling-update mode: sockets named with this pod UID (default $POD_UID)")
-    g.add_argument("--dialect", default=DialectName.TOPOSERVE.value,
-                   choices=[d.value for d in DialectName],
-                   help="node labels that carry the domain path (default %(default)s)")
-    g.add_argument("--http-address", type=_address, default=_address("127.0.0.1:9465"),
-                   help="/healthz and /metrics (default 127.0.0.1:9465)")
+    _plugin_arguments(g, "gpu.toposerve.io", "GPUs", 9465)
     g.add_argument("--health-interval", type=float, default=10.0,
                    help="seconds between device health checks (default %(default)s)")
-    g.add_argument("--uninstall", action="store_true",
-                   help="delete this driver's ResourceSlices of the node and exit")
     g.set_defaults(handler=_gpu)
+
+    n = dsub.add_parser("net", help="the NIC driver net.toposerve.io")
+    _plugin_arguments(n, "net.toposerve.io", "NICs", 9467)
+    n.add_argument("--state-dir", type=Path,
+                   default=Path("/var/lib/kubelet/plugins/net.toposerve.io/handoff"),
+                   help="hand-off records for the CNI plugin (default %(default)s)")
+    n.add_argument("--netns", help="read links in this named network namespace "
+                                   "(default: the driver's own, the host's)")
+    n.add_argument("--keep-loopback", action="store_true", help="publish loopback interfaces")
+    n.add_argument("--keep-default-route", action="store_true",
+                   help="publish the interfaces that hold a default route (the node's uplink)")
+    n.add_argument("--keep-virtual", action="store_true",
+                   help="publish interfaces without a PCI device (veth, bridge, ...)")
+    n.add_argument("--interfaces", metavar="REGEX",
+                   help="publish only interfaces whose whole name matches")
+    n.add_argument("--exclude-interfaces", metavar="REGEX",
+                   help="never publish interfaces whose whole name matches")
+    n.add_argument("--rescan-interval", type=float, default=5.0,
+                   help="seconds between rescans of links and device health "
+                        "(default %(default)s)")
+    n.set_defaults(handler=_net)
 
     s = dsub.add_parser("simulate", help="publish GPU and NIC slices for every kwok fake node")
     where = s.add_mutually_exclusive_group()

@@ -34,6 +34,7 @@ class DeviceStatus:
     message: str = ""
     data: Mapping[str, Any] = field(default_factory=dict)
     share_id: str | None = None
+    network_data: Mapping[str, Any] = field(default_factory=dict)
 
 
 def apply_body(driver: str, claim: ClaimRef, devices: Sequence[DeviceStatus],
@@ -49,6 +50,8 @@ def apply_body(driver: str, claim: ClaimRef, devices: Sequence[DeviceStatus],
         }
         if d.data:
             entry["data"] = dict(d.data)
+        if d.network_data:
+            entry["networkData"] = dict(d.network_data)
         if d.share_id is not None:
             entry["shareID"] = d.share_id
         entries.append(entry)

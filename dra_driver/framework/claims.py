@@ -44,6 +44,12 @@ def fetch_claim(api: ApiClient, ref: ClaimRef) -> dict[str, Any]:
     return doc
 
 
+def reserved_pods(claim: Mapping[str, Any]) -> tuple[str, ...]:
+    """UIDs of the pods in the claim's ``status.reservedFor``."""
+    return tuple(r["uid"] for r in (claim.get("status") or {}).get("reservedFor") or []
+                 if r.get("resource") == "pods" and not r.get("apiGroup") and r.get("uid"))
+
+
 def _selects_node(node_selector: Mapping[str, Any] | None, node_name: str) -> bool:
     """False only when the allocation pins nodes by name and ours is not one."""
     if not node_selector:

@@ -20,6 +20,9 @@ class ClaimRef:
     namespace: str
     name: str
     uid: str
+    # The pods the claim is reserved for (``status.reservedFor``) as the
+    # claim read before ``prepare`` says; empty elsewhere. Not identity.
+    pod_uids: tuple[str, ...] = field(default=(), compare=False)
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name} ({self.uid})"
@@ -43,11 +46,13 @@ class AllocatedDevice:
 class PreparedEdits:
     """What ``prepare`` hands back: CDI edits per device, edits for the whole
     claim (applied once to a container using any of its devices), and
-    optional ``status.devices[].data`` per device."""
+    optional ``status.devices[].data`` and ``.networkData``
+    (``interfaceName``, ``ips``, ``hardwareAddress``) per device."""
 
     devices: Mapping[str, ContainerEdits]
     common: ContainerEdits = field(default_factory=ContainerEdits)
     data: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    network_data: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 class DeviceKind(Protocol):

@@ -43,7 +43,12 @@ from dra_driver.framework.claim_status import (
     apply_device_status,
     clear_device_status,
 )
-from dra_driver.framework.claims import ClaimError, allocated_devices, fetch_claim
+from dra_driver.framework.claims import (
+    ClaimError,
+    allocated_devices,
+    fetch_claim,
+    reserved_pods,
+)
 from dra_driver.framework.device_kind import AllocatedDevice, ClaimRef, DeviceKind
 from dra_driver.framework.health import DeviceHealth, HealthBoard, add_health_services
 from dra_driver.framework.plugin_server import add_dra_services
@@ -274,6 +279,7 @@ class KubeletPlugin:
         for ref in claims:  # API reads before taking the lock, as the Go helper does
             try:
                 claim = fetch_claim(self.api, ref)
+                ref = replace(ref, pod_uids=reserved_pods(claim))
                 ready.append((ref, allocated_devices(claim, ref, self.cfg.driver,
                                                      self.cfg.node_name, pools,
                                                      self.kind.validate_config)))
@@ -326,7 +332,9 @@ class KubeletPlugin:
             ids = self.cfg.cdi.write(ref.uid, {n: edits.devices[n] for n in names}, edits.common)
             crashpoint("prepare-cdi")
             status = [DeviceStatus(pool=d.pool, device=d.device, share_id=d.share_id,
-                                   data=edits.data.get(d.device, {})) for d in entry.devices]
+                                   data=edits.data.get(d.device, {}),
+                                   network_data=edits.network_data.get(d.device, {}))
+                      for d in entry.devices]
             if not apply_device_status(self.api, self.cfg.driver, ref, status):
                 raise ClaimError("the claim was deleted or replaced while being prepared")
             crashpoint("prepare-status")

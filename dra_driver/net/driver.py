@@ -1,0 +1,260 @@
+"""The NIC driver ``net.toposerve.io``: discovery (sysfs + netlink) and the
+node's labels -> one pool (``devices.discovered_pool``) -> the publisher;
+prepare and unprepare through the framework (``kubelet_plugin``).
+
+``prepare`` moves nothing: it checks each NIC's merged ``NetConfig``,
+writes the claim's hand-off record (``records``) for the CNI plugin that
+moves the NICs into the pod's network namespace, returns CDI edits for the
+RDMA character devices, and the ``networkData`` the claim's status shows.
+``unprepare`` removes the record. Both are idempotent.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+from kubernetes.client import ApiClient, CoreV1Api
+from pydantic import ValidationError
+
+from dra_driver.framework import metrics
+from dra_driver.framework.cdi import DEFAULT_CDI_ROOT, CdiSpecs, ContainerEdits, DeviceNode
+from dra_driver.framework.checkpoint import BOOT_ID_FILE, read_boot_id
+from dra_driver.framework.device_kind import AllocatedDevice, ClaimRef, PreparedEdits
+from dra_driver.framework.health import HealthBoard
+from dra_driver.framework.kubelet_plugin import KubeletPlugin, PluginConfig
+from dra_driver.framework.opaque import problems
+from dra_driver.framework.publisher import Pool, SlicePublisher
+from dra_driver.framework.sockets import KUBELET_REGISTRY_DIR, PluginPaths
+from dra_driver.net.config import NetConfig, merge, parse_net_config
+from dra_driver.net.devices import DRIVER, discovered_pool
+from dra_driver.net.discovery import NetFilters, Nic, discover
+from dra_driver.net.records import (
+    DEFAULT_STATE_DIR,
+    ClaimRecord,
+    NicHandoff,
+    all_records,
+    remove_record,
+    write_record,
+)
+from topology.labels import PRESETS, DialectName, from_labels
+from topology.model import DomainPath
+
+CDI_VENDOR = f"k8s.{DRIVER}"
+CDI_CLASS = "nic"
+# Shared by every RDMA device: the connection manager (present when rdma_cm is loaded).
+RDMA_CM = "infiniband/rdma_cm"
+log = structlog.get_logger("dra.net")
+
+
+@dataclass(frozen=True)
+class NetDriverOptions:
+    node_name: str
+    plugin_dir: Path | None = None
+    registry_dir: Path = KUBELET_REGISTRY_DIR
+    cdi_root: Path = DEFAULT_CDI_ROOT
+    sysfs_root: Path = Path("/sys")
+    dev_root: Path = Path("/dev")
+    state_dir: Path = DEFAULT_STATE_DIR
+    netns: str | None = None  # netlink in this named namespace (tests); None: our own
+    filters: NetFilters = field(default_factory=NetFilters)
+    pod_uid: str | None = None
+    dialect: DialectName = DialectName.TOPOSERVE
+    boot_id_file: Path = BOOT_ID_FILE
+    rescan_interval_s: float = 5.0
+
+
+@dataclass(frozen=True)
+class _Discovered:
+    pool: Pool
+    nics: Mapping[str, Nic]
+
+
+def network_data(nic: Nic, host_if_name: str, cfg: NetConfig) -> dict[str, Any]:
+    """``status.devices[].networkData``: the interface as the pod will see it."""
+    out: dict[str, Any] = {"interfaceName": cfg.interfaceName or host_if_name}
+    if cfg.addresses:
+        out["ips"] = [str(a) for a in cfg.addresses]
+    if nic.link is not None:
+        out["hardwareAddress"] = nic.link.mac
+    return out
+
+
+def check_claim(configs: Mapping[str, NetConfig], host_names: Mapping[str, str]) -> None:
+    """Two NICs of one claim must not end with one name or one address in the
+    pod (a config for a request of two NICs applies to both)."""
+    names: dict[str, str] = {}
+    addresses: dict[str, str] = {}
+    for device, cfg in configs.items():
+        name = cfg.interfaceName or host_names[device]
+        if name in names:
+            raise ValueError(f"devices {names[name]} and {device} would both be {name!r} in "
+                             "the pod: give each request its own interfaceName")
+        names[name] = device
+        for a in cfg.addresses:
+            if str(a.ip) in addresses:
+                raise ValueError(f"devices {addresses[str(a.ip)]} and {device} would both have "
+                                 f"address {a.ip}: give each request its own addresses")
+            addresses[str(a.ip)] = device
+
+
+class NetKind:
+    """The NIC device kind (``device_kind.DeviceKind``)."""
+
+    driver = DRIVER
+
+    def __init__(self, api: ApiClient, opts: NetDriverOptions) -> None:
+        self.api = api
+        self.opts = opts
+        self._lock = threading.Lock()
+        self._last: _Discovered | None = None
+        self._node: tuple[DomainPath, str] | None = None
+
+    def _node_place(self) -> tuple[DomainPath, str]:
+        """The node's domain path (from its labels) and UID, read once."""
+        if self._node is None:
+            node = CoreV1Api(self.api).read_node(self.opts.node_name, _request_timeout=20)
+            meta = node.metadata
+            assert meta is not None
+            path = from_labels(self.opts.node_name, meta.labels or {},
+                               PRESETS[self.opts.dialect])
+            self._node = (path, meta.uid or "")
+        return self._node
+
+    def discover(self) -> _Discovered:
+        # A NIC in a pod is judged, and named, by the host name its record kept.
+        away = {n.device: n.hostIfName for r in all_records(self.opts.state_dir)
+                for n in r.nics}
+        nics = discover(self.opts.sysfs_root, self.opts.filters, netns=self.opts.netns,
+                        dev_root=self.opts.dev_root, away=away)
+        path, uid = self._node_place()
+        found = _Discovered(pool=discovered_pool(self.opts.node_name, path, nics, node_uid=uid),
+                            nics={n.name: n for n in nics})
+        with self._lock:
+            self._last = found
+        return found
+
+    def current(self) -> _Discovered:
+        with self._lock:
+            last = self._last
+        return last if last is not None else self.discover()
+
+    # -- DeviceKind ---------------------------------------------------------
+
+    def enumerate(self) -> Sequence[Pool]:
+        return [self.discover().pool]
+
+    def validate_config(self, parameters: Mapping[str, Any]) -> NetConfig:
+        return parse_net_config(parameters)
+
+    def _nic(self, device: str) -> Nic:
+        nic = self.current().nics.get(device)
+        if nic is None:  # published a moment ago, perhaps: look again once
+            nic = self.discover().nics.get(device)
+        if nic is None:
+            raise ValueError(f"device {device} is not on this node any more")
+        return nic
+
+    def prepare(self, claim: ClaimRef, devices: Sequence[AllocatedDevice]) -> PreparedEdits:
+        nics: dict[str, Nic] = {}
+        configs: dict[str, NetConfig] = {}
+        hosts: dict[str, str] = {}
+        for d in devices:
+            nic = nics[d.device] = self._nic(d.device)
+            if nic.if_name is None:
+                raise ValueError(f"device {d.device} has no network interface to hand over")
+            hosts[d.device] = nic.if_name
+            try:
+                configs[d.device] = merge([c for c in d.configs if isinstance(c, NetConfig)])
+            except ValidationError as err:
+                raise ValueError(f"device {d.device}: the class's and the claim's configs "
+                                 f"together are invalid: {problems(err)}") from None
+        check_claim(configs, hosts)
+        write_record(self.opts.state_dir, ClaimRecord(
+            claimUid=claim.uid, claim=f"{claim.namespace}/{claim.name}",
+            podUids=list(claim.pod_uids),
+            nics=[NicHandoff(device=name, hostIfName=hosts[name],
+                             pciAddress=nic.pci.bdf if nic.pci else None,
+                             config=configs[name],
+                             rdmaDevice=nic.pci.rdma_device if nic.pci else None)
+                  for name, nic in nics.items()]))
+        edits = {name: self._rdma_edits(nic) for name, nic in nics.items()}
+        return PreparedEdits(
+            devices=edits,
+            network_data={name: network_data(nic, hosts[name], configs[name])
+                          for name, nic in nics.items()})
+
+    def _rdma_edits(self, nic: Nic) -> ContainerEdits:
+        """The NIC's uverbs character devices (and rdma_cm) in the container,
+        at the paths RDMA libraries open."""
+        if not nic.char_devices:
+            return ContainerEdits()
+        paths = [Path(p) for p in nic.char_devices]
+        cm = self.opts.dev_root / RDMA_CM
+        if cm.exists():
+            paths.append(cm)
+        return ContainerEdits(
+            env={"TOPOSERVE_RDMA_DEVICE": nic.pci.rdma_device or ""} if nic.pci else {},
+            device_nodes=tuple(DeviceNode(path=f"/dev/{p.relative_to(self.opts.dev_root)}",
+                                          host_path=str(p)) for p in paths))
+
+    def unprepare(self, claim: ClaimRef, devices: Sequence[str]) -> None:
+        remove_record(self.opts.state_dir, claim.uid)
+
+    # -- health ---------------------------------------------------------------
+
+    def check_health(self, board: HealthBoard) -> None:
+        """A PCI NIC whose function left the bus is unhealthy; a published
+        device is healthy otherwise (a link that is down is a state, not a fault)."""
+        found = self.current()
+        pci = self.opts.sysfs_root / "bus/pci/devices"
+        results = []
+        for name, nic in found.nics.items():
+            present = nic.pci is None or (pci / nic.pci.bdf).exists()
+            results.append((found.pool.name, name, present,
+                            "" if present else f"PCI device {nic.pci.bdf if nic.pci else ''} "
+                                               "is gone"))
+        board.update(results)
+
+
+class NetDriver:
+    """The whole process: plugin, publisher, and a loop that rescans the
+    links (state, addresses, NICs coming and going) and checks health."""
+
+    def __init__(self, api: ApiClient, opts: NetDriverOptions) -> None:
+        self.opts = opts
+        self.kind = NetKind(api, opts)
+        self.publisher = SlicePublisher(api, DRIVER, node_name=opts.node_name)
+        paths = PluginPaths(driver=DRIVER, registry_dir=opts.registry_dir,
+                            plugin_dir=opts.plugin_dir, pod_uid=opts.pod_uid)
+        cfg = PluginConfig(driver=DRIVER, node_name=opts.node_name, paths=paths,
+                           cdi=CdiSpecs(opts.cdi_root, CDI_VENDOR, CDI_CLASS),
+                           boot_id=read_boot_id(opts.boot_id_file),
+                           health_timeout_s=max(30, int(opts.rescan_interval_s * 3)))
+        self.plugin = KubeletPlugin(cfg, self.kind, api, self.publisher)
+        self._stop = threading.Event()
+        self._loop = threading.Thread(target=self._rescan_loop, name="net-rescan", daemon=True)
+
+    def start(self) -> None:
+        self.plugin.start()
+        self.kind.check_health(self.plugin.health)
+        self._loop.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._loop.is_alive():
+            self._loop.join(timeout=5)
+        self.plugin.stop()
+
+    def _rescan_loop(self) -> None:
+        while not self._stop.wait(self.opts.rescan_interval_s):
+            try:
+                self.plugin.refresh_pools()  # the publisher writes only what changed
+                self.kind.check_health(self.plugin.health)
+            except Exception as err:
+                metrics.BACKGROUND_ERRORS.labels(DRIVER, "rescan").inc()
+                log.error("rescan failed", error=str(err))
