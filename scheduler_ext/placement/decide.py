@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
@@ -30,7 +31,15 @@ from scheduler_ext.placement.levels import (
     display,
     level_name,
 )
-from scheduler_ext.placement.model import DECODE, PREFILL, Decision, Group, Shape, View
+from scheduler_ext.placement.model import (
+    DECODE,
+    PREFILL,
+    Decision,
+    Group,
+    Layout,
+    Shape,
+    View,
+)
 from topology.distance import kv_transfer_seconds, node_tier, transfer_seconds
 from topology.model import Tier, TierLink
 
@@ -90,31 +99,53 @@ def reservations(view: View, now: float, exclude: str | None = None) -> dict[str
 def _promised(view: View, now: float) -> dict[str, dict[str, int]]:
     """Per live decision, where its pending members are laid out. Older
     promises are laid out first, so a newer one never takes what an older
-    one holds. Memoized until the view changes (or the second turns)."""
+    one holds. Memoized until the view changes (or the second turns); a
+    promise whose group, nodes and older holds are as they were keeps its
+    layout (``View.layouts``), so a call re-lays only what moved."""
     key = ("promised", now // 1)
     memo = view.memo.get(key)
     if isinstance(memo, dict):
         return memo
     reserved: dict[str, int] = defaultdict(int)
     out: dict[str, dict[str, int]] = {}
+    layouts: dict[str, Layout] = {}
     for d in sorted(view.decisions.values(), key=lambda d: (d.decided_at, d.group)):
         group = view.groups.get(d.group)
         if group is None or not d.live(now):
             continue
-        names = _nodes(view, d.tier, d.domain, d.profiles)
-        free = {n: max(0, view.nodes[n].free - reserved[n]) for n in names}
-        placed = pack.plan(group.pending(), free, {n: _subdomain(view, n) for n in names},
-                           _bound_subdomains(view, group))
-        # a promise that no longer fits whole still holds what it can
-        assignment = placed.assignment if placed else _greedy(group.pending(), free)
-        mine: dict[str, int] = defaultdict(int)
-        for d_, n in assignment:
-            if n is not None:
-                reserved[n] += d_
-                mine[n] += d_
-        out[d.group] = dict(mine)
+        lay = _layout(view, group, d, reserved)
+        for n, held in lay.mine.items():
+            reserved[n] += held
+        layouts[d.group] = lay
+        out[d.group] = lay.mine
+    view.layouts = layouts
     view.memo[key] = out
     return out
+
+
+def _layout(view: View, group: Group, d: Decision, reserved: dict[str, int]) -> Layout:
+    where = (d.tier, d.domain, d.profiles)
+    source = view.in_domain(d.tier, d.domain)  # the same list while the index lives
+    old = view.layouts.get(d.group)
+    if old is not None and old.group is group and old.where == where and \
+            old.source is source and \
+            all(view.nodes.get(n) is s and reserved.get(n, 0) == r
+                for n, s, r in zip(old.names, old.states, old.held, strict=True)):
+        return old
+    names = tuple(_nodes(view, d.tier, d.domain, d.profiles))
+    states = tuple(view.nodes[n] for n in names)
+    held = tuple(reserved.get(n, 0) for n in names)
+    free = {n: max(0, s.free - r) for n, s, r in zip(names, states, held, strict=True)}
+    pending = group.pending()
+    placed = pack.plan(pending, free, {n: _subdomain(view, n) for n in names},
+                       _bound_subdomains(view, group)) if pending else None
+    # a promise that no longer fits whole still holds what it can
+    assignment = placed.assignment if placed else _greedy(pending, free)
+    mine: dict[str, int] = defaultdict(int)
+    for demand, n in assignment:
+        if n is not None:
+            mine[n] += demand
+    return Layout(group, where, source, names, states, held, dict(mine))
 
 
 def _greedy(demands: list[int], free: dict[str, int]) -> pack.Assignment:
@@ -153,6 +184,11 @@ def _rooms(view: View, tier: Tier, profiles: tuple[str, ...],
     return rooms
 
 
+def _name(dom: Domain) -> tuple[str, ...]:
+    """A domain's order by name (a node-level domain may lack its NVLink part)."""
+    return dom if None not in dom else tuple(v or "" for v in dom)  # type: ignore[return-value]
+
+
 @dataclass(frozen=True)
 class _Pick:
     tier: Tier
@@ -160,11 +196,13 @@ class _Pick:
     plan: pack.Plan
 
 
-def _choose(view: View, group: Group, eligible: list[str], reserved: dict[str, int],
+def _choose(view: View, group: Group, offered: AbstractSet[str], reserved: dict[str, int],
             levels: list[Tier], inside: Domain | None, profiles: tuple[str, ...]) -> _Pick | None:
     """The best domain for the whole group: the first level of ``levels``
     where one fits; at that level fewest NVLink domains, then least left
-    over, then name. ``inside``: the new domain must contain this one."""
+    over, then name. A domain qualifies when it holds one of the
+    ``offered`` nodes or the group's placed members. ``inside``: the new
+    domain must contain this one."""
     bound = [m.node for m in group.bound() if m.node in view.nodes]
     pending = group.pending()
     need = sum(pending)
@@ -174,16 +212,19 @@ def _choose(view: View, group: Group, eligible: list[str], reserved: dict[str, i
         pins = {place.get(b) for b in bound}
         if None in pins or len(pins) > 1:
             continue  # the placed members share no domain at this level
-        domains = {d for d in set(map(place.get, eligible)) if d is not None and
-                   (inside is None or contains(d, inside)) and (not pins or d in pins)}
         # a plan leaves exactly (free - need) over and uses at least one NVLink
         # domain, so in (left over, name) order the first plan in one NVLink
-        # domain ranks best and the rest (hundreds of racks) need no plan
-        rooms = _rooms(view, tier, profiles, reserved)
-        sized = sorted((left, str(dom), dom) for dom in domains
-                       if (left := rooms.get(dom, 0) - need) >= 0)
-        best: tuple[tuple[int, int, str], _Pick] | None = None
+        # domain ranks best and the rest (hundreds of racks) need no plan;
+        # whether a domain holds an offered node is asked in that order too
+        # (a pass over 5,000 offered nodes' domains cost more than the rest)
+        sized = sorted((left, _name(dom), dom)
+                       for dom, room in _rooms(view, tier, profiles, reserved).items()
+                       if (left := room - need) >= 0 and (not pins or dom in pins) and
+                       (inside is None or contains(dom, inside)))
+        best: tuple[tuple[int, int, tuple[str, ...]], _Pick] | None = None
         for _, name, dom in sized:
+            if not pins and not any(n in offered for n in view.in_domain(tier, dom)):
+                continue
             free = _free(view, _nodes(view, tier, dom, profiles), reserved)
             got = pack.plan(pending, free, {n: _subdomain(view, n) for n in free}, prefer)
             if got is None:
@@ -246,8 +287,8 @@ def filter_member(view: View, group: Group, uid: str, candidates: list[str], pol
     if decision is None or not decision.live(now):
         profiles = _profiles(view, [*candidates, *(m.node for m in group.bound() if m.node)])
         levels = _levels(group, policy)
-        eligible = [*candidates, *(m.node for m in group.bound() if m.node)]
-        pick = _choose(view, group, eligible, reserved, levels, None, profiles)
+        offered = {*candidates, *(m.node for m in group.bound() if m.node)}
+        pick = _choose(view, group, offered, reserved, levels, None, profiles)
         if pick is None:
             reason = _no_fit_reason(view, group, reserved, levels, profiles)
             never = group.total_demand() > _largest(view, levels[-1], None, profiles)
@@ -266,7 +307,7 @@ def filter_member(view: View, group: Group, uid: str, candidates: list[str], pol
         settled = not any(m.assumed for m in group.members)
         if passed or decision.required or decision.tier >= Tier.BEYOND or not settled:
             break
-        pick = _choose(view, group, [*candidates, *(m.node for m in group.bound() if m.node)],
+        pick = _choose(view, group, {*candidates, *(m.node for m in group.bound() if m.node)},
                        reserved, climb(Tier(decision.tier + 1)), decision.domain,
                        decision.profiles)
         if pick is None:
@@ -286,13 +327,13 @@ def _check(view: View, group: Group, uid: str, demand: int, candidates: list[str
     promised = "the free accelerators here are promised to another group"
     crowded = (f"group {group.key}: a member here would leave too little room in {where} "
                f"for the other {len(rest)} pending members")
-    offered = set(candidates)
-    # every offered node fails as outside the domain, then the few inside are looked at
+    # every offered node fails as outside the domain, then the few inside are
+    # looked at (``failed`` doubles as the set of offered nodes)
     failed = dict.fromkeys(candidates, outside)
     passed: list[str] = []
     memo: dict[int, bool] = {}
     for c in names:
-        if c not in offered:
+        if c not in failed:
             continue
         f = base.get(c, 0)
         if f < demand:

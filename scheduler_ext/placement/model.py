@@ -123,6 +123,22 @@ class Decision:
 ROOMS = "rooms"  # View.memo's key of the free room per domain
 
 
+@dataclass(frozen=True)
+class Layout:
+    """Where one promise's pending members were laid out, and what from:
+    the group, its domain's nodes (their names and states) and what older
+    promises held on them. Valid while all of those are the same objects
+    and values, so a call re-lays only the promises whose inputs moved."""
+
+    group: Group
+    where: tuple[Tier, Domain, tuple[str, ...]]  # the decision's tier, domain, profiles
+    source: list[str]  # the domain's nodes as ``View.in_domain`` lists them
+    names: tuple[str, ...]  # those of the decision's profiles
+    states: tuple[NodeState, ...]
+    held: tuple[int, ...]  # per node of ``names``, held by older promises
+    mine: dict[str, int]  # node -> accelerators this promise holds there
+
+
 @dataclass
 class View:
     """Everything one decision reads: nodes, groups (by key) and the
@@ -139,6 +155,8 @@ class View:
     nvlink: dict[str, str] = field(default_factory=dict)  # node -> its NVLink domain's name
     places: dict[Tier, dict[str, Domain | None]] = field(default_factory=dict)
     kinds: dict[str, str] = field(default_factory=dict)  # node -> its profile ("": none)
+    # each live promise's layout, checked against its inputs on use (never stale)
+    layouts: dict[str, Layout] = field(default_factory=dict)
 
     def forget_places(self) -> None:
         """Nodes came, went or moved: drop what was derived from their paths."""
