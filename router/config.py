@@ -62,8 +62,11 @@ class KubernetesDiscovery(Section):
     kubeconfig: str | None = Field(default=None, description="default: in-cluster")
     role_label: str = Field(default="llm-d.ai/role", alias="roleLabel",
                             description="pod label carrying the role")
-    revision_label: str = Field(default="app.kubernetes.io/version", alias="revisionLabel",
-                                description="pod label carrying the revision")
+    revision_label: str | None = Field(
+        default=None, alias="revisionLabel",
+        description="a pod label read for the revision before the standard ones (the "
+                    "DisaggregatedSet's revision, LeaderWorkerSet's template-revision-hash, "
+                    "toposerve.io/revision, controller-revision-hash, first found wins)")
     kv_events_port: int | None = Field(default=None, alias="kvEventsPort", ge=1, le=65535,
                                        description="pods publish KV events on this port")
     watch_timeout_s: int = Field(default=300, alias="watchTimeoutSeconds", ge=1,
@@ -216,6 +219,75 @@ class DisaggregationConfig(Section):
         return self
 
 
+class RevisionsConfig(Section):
+    """How traffic is split between revisions of the model servers while two
+    are live (a rollout). A request runs inside one revision, prefill and
+    decode halves included; a session keeps its revision while it has a
+    ready endpoint."""
+
+    weights: dict[str, float] = Field(
+        default_factory=dict,
+        description="revision -> weight; when a live revision is named, traffic is split by "
+                    "these (an unnamed revision gets none), else by each revision's ready "
+                    "endpoints, so it follows the rollout pod by pod")
+
+    @model_validator(mode="after")
+    def _weights(self) -> RevisionsConfig:
+        bad = sorted(r for r, w in self.weights.items() if w < 0)
+        if bad:
+            raise ValueError(f"revisions.weights: negative weight for {', '.join(bad)}; "
+                             "give each a weight of 0 or more")
+        return self
+
+
+class LeaseConfig(Section):
+    """The coordination.k8s.io/v1 Lease the router pair elects its leader with."""
+
+    name: str = Field(default="toposerve-router", min_length=1, description="the Lease's name")
+    namespace: str = Field(default="default", description="the Lease's namespace")
+    kubeconfig: str | None = Field(default=None, description="default: in-cluster")
+    identity: str | None = Field(default=None,
+                                 description="this replica's holderIdentity (default: $POD_NAME, "
+                                             "else host name and process id)")
+    duration_s: int = Field(default=1, alias="leaseDurationSeconds", ge=1,
+                            description="a holder that has not renewed for this long is taken "
+                                        "over (measured on the taker's own clock from when "
+                                        "it saw the last renewal)")
+    renew_interval_s: float = Field(default=0.2, alias="renewIntervalSeconds", gt=0,
+                                    description="how often the Lease is read and renewed")
+    renew_deadline_s: float = Field(default=0.7, alias="renewDeadlineSeconds", gt=0,
+                                    description="a leader that has not renewed for this long "
+                                                "stops leading (less than "
+                                                "leaseDurationSeconds, so it steps down before "
+                                                "anyone may take over)")
+
+    @model_validator(mode="after")
+    def _timing(self) -> LeaseConfig:
+        if not self.renew_interval_s < self.renew_deadline_s < self.duration_s:
+            raise ValueError(
+                f"need renewIntervalSeconds ({self.renew_interval_s:g}) < renewDeadlineSeconds "
+                f"({self.renew_deadline_s:g}) < leaseDurationSeconds ({self.duration_s}); "
+                "lower the first two or raise leaseDurationSeconds")
+        return self
+
+
+class HAConfig(Section):
+    """Hot standby: replicas elect a leader with a Lease; /ready answers 200
+    on the leader only, so a Service sends traffic there. Every replica
+    watches the pool, scrapes and reads KV events itself, and each tells
+    the others, through Redis, where it sent each request, so a standby's
+    prefix index and sessions are the leader's when it takes over."""
+
+    enabled: bool = Field(default=False, description="elect a leader (needs responses.backend: "
+                                                     "redis, shared by the replicas)")
+    lease: LeaseConfig = Field(default_factory=LeaseConfig)
+    shutdown_delay_s: float = Field(
+        default=0.0, alias="shutdownDelaySeconds", ge=0,
+        description="on SIGTERM: release the Lease and answer /ready 503 at once, keep serving "
+                    "this long (while Services stop sending here), then stop listening and "
+                    "let in-flight requests finish")
+
+
 class ResponsesStoreConfig(Section):
     """Where Responses-API turns are kept."""
 
@@ -305,6 +377,15 @@ class RouterConfig(Section):
     saturation: SaturationConfig = Field(default_factory=SaturationConfig)
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     disaggregation: DisaggregationConfig = Field(default_factory=DisaggregationConfig)
+    revisions: RevisionsConfig = Field(default_factory=RevisionsConfig)
+    ha: HAConfig = Field(default_factory=HAConfig)
+
+    @model_validator(mode="after")
+    def _ha_shares_responses(self) -> RouterConfig:
+        if self.ha.enabled and self.responses.backend != "redis":
+            raise ValueError("ha.enabled needs responses.backend: redis (with redisUrl), so "
+                             "either replica continues the other's Responses chains")
+        return self
 
 
 def load_router_config(path: str) -> RouterConfig:

@@ -97,6 +97,14 @@ class RouterMetrics:
                                  "Requests the Kubernetes pod discovery sent to the apiserver: "
                                  "list (at start and after 410 Gone) and watch.", ["verb"],
                                  registry=r)
+        self.leader = Gauge("toposerve_router_leader",
+                            "1 while this replica leads its hot-standby pair (/ready answers "
+                            "200); 1 without ha.", registry=r)
+        self.leader.set(1)
+        self.replication = Counter("toposerve_router_replicated_decisions",
+                                   "Routing decisions shared with the other replicas: sent, "
+                                   "received (applied here), dropped (Redis down or slow).",
+                                   ["outcome"], registry=r)
         r.register(_PoolCollector(state))
 
     def render(self) -> bytes:

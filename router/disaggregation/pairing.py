@@ -17,6 +17,7 @@ import orjson
 
 from router.config import RouterConfig
 from router.pool.endpoints import Endpoint
+from router.pool.revisions import RevisionFilter, Revisions
 from router.prefix.kv_index import KVIndex
 from router.scheduling.context import RequestContext
 from router.scheduling.cycle import CycleState
@@ -64,16 +65,21 @@ class Disaggregation:
     decode endpoint by ``disaggregation.decode`` once the prefill endpoint
     is known (so it can sit next to it)."""
 
-    def __init__(self, state: RouterState, cfg: RouterConfig, kv: KVIndex | None) -> None:
+    def __init__(self, state: RouterState, cfg: RouterConfig, kv: KVIndex | None,
+                 revisions: Revisions | None = None) -> None:
+        """``revisions``: the router's (shared with its whole-request
+        profile, so a session keeps one revision however it is served)."""
         self.state = state
+        # both halves in one revision: KV does not move between revisions
+        same = RevisionFilter(revisions or Revisions(cfg.revisions.weights))
         self.protocol = cfg.disaggregation.protocol
         self.min_prefill_tokens = cfg.disaggregation.min_prefill_tokens
         self.bootstrap_port = cfg.disaggregation.bootstrap_port
         self._rng = random.Random()
         self.prefill = Scheduler(state, cfg.profile, kv, "profile",
-                                 [RoleFilter(state, "prefill", exact=True)])
+                                 [same, RoleFilter(state, "prefill", exact=True)])
         self.decode = Scheduler(state, cfg.disaggregation.decode, None, "disaggregation.decode",
-                                [RoleFilter(state, "decode", exact=True)])
+                                [same, RoleFilter(state, "decode", exact=True)])
 
     def applies(self, ctx: RequestContext) -> bool:
         """Both stages have somewhere to go."""

@@ -19,15 +19,17 @@ from router.admission.flow_control import Admission
 from router.config import RouterConfig
 from router.disaggregation.pairing import RESPONSES_PATH, Disaggregation
 from router.disaggregation.split import Call, Route, Splitter
+from router.ha.standby import HotStandby
 from router.http.proxy import Proxy, Upstream, forward_headers
 from router.metrics import RouterMetrics
 from router.pool.endpoints import Endpoint
 from router.pool.kubernetes import KubernetesWatcher
+from router.pool.revisions import RevisionFilter, Revisions
 from router.pool.scrape import scrape_loop
 from router.pool.static import load_static
 from router.prefix.kv_index import KVIndex
 from router.responses.relay import ResponsesTap, output_text
-from router.responses.store import ResponsesStore, make_store
+from router.responses.store import ResponsesStore, make_store, tenant_of
 from router.scheduling.context import RequestContext
 from router.scheduling.profile import Decision, Scheduler
 from router.state import RouterState
@@ -53,12 +55,24 @@ class Router:
             tok = load_tokenizer(None if cfg.kv_events.tokenizer == "bytes"
                                  else cfg.kv_events.tokenizer)
             self.kv = KVIndex(self.state.precise, tok, cfg.kv_events.block_size)
-        self.scheduler = Scheduler(self.state, cfg.profile, self.kv)
-        self.pd = (Disaggregation(self.state, cfg, self.kv) if cfg.disaggregation.enabled
-                   else None)
+        self.revisions = Revisions(cfg.revisions.weights)
+        self.scheduler = Scheduler(self.state, cfg.profile, self.kv, "profile",
+                                   [RevisionFilter(self.revisions)])
+        self.pd = (Disaggregation(self.state, cfg, self.kv, self.revisions)
+                   if cfg.disaggregation.enabled else None)
         self.split: Splitter | None = None
         self.admission = Admission(cfg.admission, self.state, self.metrics)
         self.store: ResponsesStore = make_store(cfg.responses)
+        self.ha: HotStandby | None = None
+        if cfg.ha.enabled:
+            assert cfg.responses.redis_url is not None  # RouterConfig guarantees it
+            stages = {"profile": self.scheduler} | (
+                {"prefill": self.pd.prefill, "decode": self.pd.decode} if self.pd else {})
+            self.ha = HotStandby(cfg.ha, cfg.responses.redis_url, stages, self.state.pool,
+                                 leading=lambda on: self.metrics.leader.set(1 if on else 0),
+                                 count=lambda outcome, n: self.metrics.replication
+                                 .labels(outcome).inc(n))
+            self.metrics.leader.set(0)
         self.session: aiohttp.ClientSession | None = None
         self.proxy: Proxy | None = None
         self.watcher: KubernetesWatcher | None = None
@@ -106,6 +120,8 @@ class Router:
             scrape_loop(self.session, self.state.pool, sc.interval_s, sc.timeout_s,
                         sc.health_interval_s)))
         self._tasks.append(asyncio.create_task(self.admission.run(sc.interval_s)))
+        if self.ha is not None:
+            self.ha.start()
 
     async def draining(self, app: web.Application) -> None:
         """On SIGTERM the listener is closed; in-flight requests get
@@ -122,6 +138,8 @@ class Router:
     async def stop(self, app: web.Application) -> None:
         if self.watcher:
             self.watcher.stop()
+        if self.ha is not None:
+            await self.ha.close()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -179,6 +197,8 @@ class Router:
         t0 = time.perf_counter()
         d = sched.schedule(ctx)
         self.metrics.scheduling.observe(time.perf_counter() - t0)
+        if self.ha is not None:
+            self.ha.tap(d, sched)  # the other replicas learn where it went
         if not d.ranked:
             raise ApiError(503, "no ready endpoint serves this request")
         self.metrics.decisions.labels(d.reason).inc()
@@ -219,13 +239,14 @@ class Router:
         _body, doc, req = await self._json(request, ResponsesRequest)
         self._check_model(req.model)
         history: list[dict[str, Any]] = []
-        affinity = None
+        affinity = revision = None
         if req.previous_response_id is not None:
-            rec = await self.store.get(req.previous_response_id)
+            rec = await self.store.get(req.previous_response_id, tenant_of(request))
             if rec is None:
                 raise ApiError(404, f"Response with id '{req.previous_response_id}' not "
                                       "found.", "previous_response_id")
             history, affinity = rec["conversation"], rec["endpoint"]
+            revision = rec.get("revision")
         conversation = history + responses_items(doc["input"])
         upstream_doc = {k: v for k, v in doc.items() if k != "previous_response_id"}
         upstream_doc.update(input=[{"type": "message", "role": m["role"],
@@ -235,6 +256,7 @@ class Router:
                 ) + conversation
         ctx = self._context(request, req.model, chat_prompt(msgs))
         ctx.affinity_url = affinity
+        ctx.revision = revision  # the chain's revision, while it has ready endpoints
         body = orjson.dumps(upstream_doc)
         call = Call(request, RESPONSES_PATH, body, upstream_doc, ctx, forward_headers(request),
                     started)
@@ -252,7 +274,9 @@ class Router:
             if req.store is not False:
                 await self.store.put(resp["id"], {
                     "endpoint": (route.prefill or ep).url, "response": resp,
-                    "conversation": [*conversation, {"role": "assistant", "content": text}]})
+                    "revision": ep.revision or "",
+                    "conversation": [*conversation, {"role": "assistant", "content": text}]},
+                    tenant_of(request))
 
         if req.stream:
             return await self.proxy.relay(
@@ -273,7 +297,7 @@ class Router:
                                      "X-Toposerve-Endpoint": up.endpoint.name, **route.headers})
 
     async def get_response(self, request: web.Request) -> web.StreamResponse:
-        rec = await self.store.get(request.match_info["id"])
+        rec = await self.store.get(request.match_info["id"], tenant_of(request))
         if rec is None:
             raise ApiError(404, f"Response with id '{request.match_info['id']}' not found.")
         return web.Response(body=orjson.dumps(rec["response"]), content_type="application/json")
@@ -288,7 +312,13 @@ class Router:
         return web.Response(text="ok")
 
     async def ready(self, request: web.Request) -> web.StreamResponse:
+        """200 with a ready endpoint, on the leader only under ha (a
+        Service then sends traffic to it); ``?role=any``: whatever the role
+        (a Deployment's readiness probe, so a rollout is not held up by a
+        standby that is rightly unready)."""
         n = sum(1 for ep in self.state.pool.routable() if ep.healthy)
+        if self.ha is not None and not self.ha.leader and request.query.get("role") != "any":
+            return web.Response(status=503, text=f"standby; {n} endpoints ready")
         return web.Response(status=200 if n else 503, text=f"{n} endpoints ready")
 
     async def metrics_endpoint(self, request: web.Request) -> web.StreamResponse:

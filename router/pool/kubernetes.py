@@ -22,6 +22,7 @@ import structlog
 
 from router.config import KubernetesDiscovery
 from router.pool.endpoints import Endpoint, Pool
+from router.pool.revisions import revision_of
 from topology.labels import PRESETS, from_labels
 from topology.model import DomainPath
 
@@ -45,7 +46,17 @@ def pod_view(pod: Any, cfg: KubernetesDiscovery, path: DomainPath | None = None)
     ip = pod.status.pod_ip
     return PodView(name=pod.metadata.name, url=f"http://{ip}:{cfg.port}" if ready and ip else None,
                    role=labels.get(cfg.role_label),
-                   revision=labels.get(cfg.revision_label), path=path)
+                   revision=revision_of(labels, cfg.revision_label), path=path)
+
+
+def api_client(kubeconfig: str | None) -> Any:
+    """A client from ``kubeconfig``, or the pod's own service account."""
+    from kubernetes import client, config
+
+    if kubeconfig:
+        return config.new_client_from_config(config_file=kubeconfig)
+    config.load_incluster_config()
+    return client.ApiClient()
 
 
 class KubernetesWatcher:
@@ -133,14 +144,9 @@ class KubernetesWatcher:
         return pod_view(pod, self.cfg, self._paths.get(node) if node else None)
 
     def _run(self) -> None:
-        from kubernetes import client, config
+        from kubernetes import client
 
-        if self.cfg.kubeconfig:
-            api_client = config.new_client_from_config(config_file=self.cfg.kubeconfig)
-        else:
-            config.load_incluster_config()
-            api_client = client.ApiClient()
-        core = client.CoreV1Api(api_client)
+        core = client.CoreV1Api(api_client(self.cfg.kubeconfig))
         rv: str | None = None  # where the next watch resumes; None: list first
         while not self._stop.is_set():
             rv = self._cycle(core, rv)

@@ -1,6 +1,8 @@
 """Stored Responses-API turns, so a ``previous_response_id`` chain works on
 any endpoint. In memory (bounded, with a TTL) for one router, or in Redis
-for a hot-standby pair."""
+for a hot-standby pair. Each turn belongs to the tenant that created it:
+to any other tenant it does not exist (the router answers 404, not 403,
+so ids of other tenants' responses cannot be probed)."""
 
 from __future__ import annotations
 
@@ -9,16 +11,30 @@ from collections import OrderedDict
 from typing import Any, Protocol
 
 import orjson
+from aiohttp import web
 
 from router.config import ResponsesStoreConfig
 
 
 class ResponsesStore(Protocol):
-    async def get(self, rid: str) -> dict[str, Any] | None: ...
+    async def get(self, rid: str, tenant: str) -> dict[str, Any] | None:
+        """The turn if ``tenant`` stored it, else None."""
 
-    async def put(self, rid: str, record: dict[str, Any]) -> None: ...
+    async def put(self, rid: str, record: dict[str, Any], tenant: str) -> None: ...
 
     async def close(self) -> None: ...
+
+
+def tenant_of(request: web.Request) -> str:
+    """Who asks: set by the tenants middleware (router.admission.tenants),
+    "" when no API keys are configured."""
+    tenant: str = request.get("tenant", "")
+    return tenant
+
+
+def _owned(record: dict[str, Any] | None, tenant: str) -> dict[str, Any] | None:
+    # a record from before tenants were kept belongs to the keyless tenant ""
+    return record if record is not None and record.get("tenant", "") == tenant else None
 
 
 class MemoryStore:
@@ -26,7 +42,7 @@ class MemoryStore:
         self._items: OrderedDict[str, tuple[float, dict[str, Any]]] = OrderedDict()
         self.max_items, self.ttl_s = max_items, ttl_s
 
-    async def get(self, rid: str) -> dict[str, Any] | None:
+    async def get(self, rid: str, tenant: str) -> dict[str, Any] | None:
         item = self._items.get(rid)
         if item is None:
             return None
@@ -34,10 +50,10 @@ class MemoryStore:
         if time.monotonic() > expires:
             del self._items[rid]
             return None
-        return record
+        return _owned(record, tenant)
 
-    async def put(self, rid: str, record: dict[str, Any]) -> None:
-        self._items[rid] = (time.monotonic() + self.ttl_s, record)
+    async def put(self, rid: str, record: dict[str, Any], tenant: str) -> None:
+        self._items[rid] = (time.monotonic() + self.ttl_s, {**record, "tenant": tenant})
         self._items.move_to_end(rid)
         while len(self._items) > self.max_items:
             self._items.popitem(last=False)
@@ -55,13 +71,14 @@ class RedisStore:
         self._r = redis.from_url(url)
         self.ttl_ms = int(ttl_s * 1000)
 
-    async def get(self, rid: str) -> dict[str, Any] | None:
+    async def get(self, rid: str, tenant: str) -> dict[str, Any] | None:
         raw = await self._r.get(self.PREFIX + rid)
         record: dict[str, Any] | None = None if raw is None else orjson.loads(raw)
-        return record
+        return _owned(record, tenant)
 
-    async def put(self, rid: str, record: dict[str, Any]) -> None:
-        await self._r.set(self.PREFIX + rid, orjson.dumps(record), px=self.ttl_ms)
+    async def put(self, rid: str, record: dict[str, Any], tenant: str) -> None:
+        await self._r.set(self.PREFIX + rid, orjson.dumps({**record, "tenant": tenant}),
+                          px=self.ttl_ms)
 
     async def close(self) -> None:
         await self._r.aclose()

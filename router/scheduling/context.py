@@ -19,6 +19,8 @@ class RequestContext:
     session: str | None = None
     affinity_url: str | None = None  # endpoint that served the previous response
     prefill: Endpoint | None = None  # a split request's prefill endpoint, once picked
+    # the revision it is routed in, once chosen (router.pool.revisions; "": unlabelled)
+    revision: str | None = None
     _byte_blocks: dict[int, list[int]] = field(default_factory=dict)
     # the prompt's token-block keys for the precise index (one tokenizer and
     # block size per router), set by router.prefix.kv_index

@@ -1,0 +1,159 @@
+"""The Lease I/O of leader election: a thread on the synchronous
+``kubernetes`` client reads the Lease every renew interval and writes
+what ``router.ha.lease`` decides (a write carries the resourceVersion it
+read, so of two replicas racing for a free Lease one gets 409 and
+follows). ``leader`` is read from the event loop."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+
+from router.config import LeaseConfig
+from router.ha.lease import LeaseRecord, Seen, Step, claimed, leading, observe, released, step
+from router.pool.kubernetes import api_client
+
+log = structlog.get_logger("router.ha")
+
+
+def default_identity() -> str:
+    return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+
+
+def _micro(t: datetime | None) -> str | None:
+    # MicroTime: the apiserver parses exactly six fractional digits
+    return None if t is None else t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def record_of(lease: Any) -> LeaseRecord:
+    s = lease.spec
+    return LeaseRecord(holder=s.holder_identity or "", duration_s=s.lease_duration_seconds or 1,
+                       renew_time=s.renew_time, acquire_time=s.acquire_time,
+                       transitions=s.lease_transitions or 0)
+
+
+def lease_body(cfg: LeaseConfig, r: LeaseRecord, resource_version: str | None
+               ) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": cfg.name, "namespace": cfg.namespace}
+    if resource_version:
+        meta["resourceVersion"] = resource_version
+    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": meta,
+            "spec": {"holderIdentity": r.holder or None, "leaseDurationSeconds": r.duration_s,
+                     "renewTime": _micro(r.renew_time), "acquireTime": _micro(r.acquire_time),
+                     "leaseTransitions": r.transitions}}
+
+
+class Elector:
+    def __init__(self, cfg: LeaseConfig, on_change: Callable[[bool], None] = lambda _: None,
+                 clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+        """``on_change`` is told (from the election thread) when this
+        replica starts or stops leading."""
+        self.cfg, self.on_change, self.clock, self.wall = cfg, on_change, clock, wall
+        self.identity = cfg.identity or default_identity()
+        self._renewed_at: float | None = None
+        self._seen: Seen | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._was = False
+        self._api: Any = None
+
+    @property
+    def leader(self) -> bool:
+        return leading(self._renewed_at, self.clock(), self.cfg.renew_deadline_s)
+
+    def start(self) -> None:
+        from kubernetes import client
+
+        self._api = client.CoordinationV1Api(api_client(self.cfg.kubeconfig))
+        self._thread = threading.Thread(target=self._run, name="lease", daemon=True)
+        self._thread.start()
+
+    def step_down(self) -> None:
+        """Stop leading now and hand the Lease back (SIGTERM): blocking, at
+        most about one renew deadline."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self.cfg.renew_deadline_s * 2)
+        was_leader, self._renewed_at = self.leader, None
+        self._changed()
+        if self._api is None or not was_leader:
+            return
+        try:
+            lease = self._read()
+            rec = released(record_of(lease), self.identity, self.wall()) if lease else None
+            if rec is not None:
+                self._api.replace_namespaced_lease(
+                    self.cfg.name, self.cfg.namespace,
+                    lease_body(self.cfg, rec, lease.metadata.resource_version),
+                    _request_timeout=self.cfg.renew_deadline_s)
+                log.info("lease released", lease=self.cfg.name, identity=self.identity)
+        except Exception as err:  # the standby takes over after a lease duration instead
+            log.warning("lease release failed", error=repr(err))
+
+    def _changed(self) -> None:
+        now = self.leader
+        if now != self._was:
+            self._was = now
+            log.info("leading" if now else "standing by", lease=self.cfg.name,
+                     identity=self.identity)
+            self.on_change(now)
+
+    def _read(self) -> Any:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return self._api.read_namespaced_lease(self.cfg.name, self.cfg.namespace,
+                                                   _request_timeout=self.cfg.renew_deadline_s)
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.round()
+            except Exception as err:  # the API is slow or down: leadership lapses on its own
+                log.warning("lease round failed", lease=self.cfg.name, error=repr(err))
+            self._changed()
+            self._stop.wait(self.cfg.renew_interval_s)
+
+    def round(self) -> Step:
+        """One read and, if this replica should hold the Lease, one write."""
+        from kubernetes.client.exceptions import ApiException
+
+        lease = self._read()
+        now = self.clock()
+        record = record_of(lease) if lease is not None else None
+        self._seen = observe(self._seen, record, now) if record is not None else None
+        action = step(record, self._seen, self.identity, now)
+        if action is Step.FOLLOW:
+            return action
+        body = lease_body(self.cfg, claimed(record, self.identity, self.cfg.duration_s,
+                                            self.wall()),
+                          lease.metadata.resource_version if lease is not None else None)
+        sent = self.clock()  # leadership counts from the send, not the answer
+        try:
+            if lease is None:
+                self._api.create_namespaced_lease(self.cfg.namespace, body,
+                                                  _request_timeout=self.cfg.renew_deadline_s)
+            else:
+                self._api.replace_namespaced_lease(self.cfg.name, self.cfg.namespace, body,
+                                                   _request_timeout=self.cfg.renew_deadline_s)
+        except ApiException as err:
+            if err.status in (409, 422):  # another replica wrote first
+                return Step.FOLLOW
+            raise
+        if action is Step.TAKE:
+            log.info("lease taken", lease=self.cfg.name, identity=self.identity,
+                     previous=record.holder if record else None)
+        self._renewed_at = sent
+        return action

@@ -1,0 +1,68 @@
+"""One replica of a hot-standby pair: its election, its share of the
+routing state, and its part in a rolling update (on SIGTERM it stops
+leading and hands the Lease back at once, keeps serving for
+``ha.shutdownDelaySeconds`` while Services stop sending to it, then stops
+listening and lets in-flight requests finish)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Callable, Mapping
+
+import structlog
+from aiohttp import web
+
+from router.config import HAConfig
+from router.ha.elector import Elector
+from router.ha.replication import Replication
+from router.pool.endpoints import Pool
+from router.scheduling.profile import Decision, Scheduler
+
+log = structlog.get_logger("router.ha")
+
+
+def _exit() -> None:
+    raise web.GracefulExit  # what aiohttp's own SIGTERM handler raises
+
+
+class HotStandby:
+    def __init__(self, cfg: HAConfig, redis_url: str, schedulers: Mapping[str, Scheduler],
+                 pool: Pool, leading: Callable[[bool], None],
+                 count: Callable[[str, int], None]) -> None:
+        self.cfg = cfg
+        self.elector = Elector(cfg.lease, on_change=leading)
+        self.replication = Replication(redis_url,
+                                       f"toposerve:decisions:{cfg.lease.namespace}/"
+                                       f"{cfg.lease.name}",
+                                       self.elector.identity, schedulers, pool, count)
+        self.stopping = False
+
+    @property
+    def leader(self) -> bool:
+        return self.elector.leader and not self.stopping
+
+    def tap(self, d: Decision, sched: Scheduler) -> None:
+        self.replication.tap(d, sched)
+
+    def start(self) -> None:
+        self.elector.start()
+        self.replication.start()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self._terminate)
+
+    def _terminate(self) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        loop = asyncio.get_running_loop()
+        log.info("SIGTERM: handing the lease back; serving on while traffic moves",
+                 delay_s=self.cfg.shutdown_delay_s)
+        done = loop.run_in_executor(None, self.elector.step_down)
+        done.add_done_callback(
+            lambda _: loop.call_later(self.cfg.shutdown_delay_s, _exit))
+
+    async def close(self) -> None:
+        if not self.stopping:
+            self.stopping = True
+            await asyncio.get_running_loop().run_in_executor(None, self.elector.step_down)
+        await self.replication.close()

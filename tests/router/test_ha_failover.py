@@ -1,0 +1,203 @@
+"""A hot-standby router pair on a real Lease (the session cluster), a
+real redis-server and simulated model servers. Traffic goes where a
+Service would send it, to the replica whose /ready answers 200. Killing
+the leader under load: the standby leads within 2 s, routes as well as
+the leader did (it learnt the leader's decisions), and every request
+that had not reached the dead replica is served. A rolling update
+(SIGTERM) drops nothing at all."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+
+from harness.procs import MODEL, Proc, Procs
+from localcluster.cluster import kubeconfig_path
+from tests.conftest import Cluster
+from tests.router.test_redis_store import redis_url  # noqa: F401  (the fixture)
+from tests.waiting import wait_for
+
+pytestmark = pytest.mark.cluster
+CONVERSATIONS = 12
+WORKERS = 4
+
+
+def status(url: str, path: str = "/ready") -> int:
+    try:
+        return httpx.get(url + path, timeout=0.5).status_code
+    except httpx.HTTPError:
+        return 0
+
+
+@dataclass
+class Service:
+    """What a Service in front of the pair does: send to the ready replica."""
+
+    replicas: list[Proc]
+    leader: Proc | None = None
+    became_leader: dict[str, float] = field(default_factory=dict)  # url -> first time ready
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            ready = [r for r in self.replicas if status(r.url) == 200]
+            for r in ready:
+                self.became_leader.setdefault(r.url, time.monotonic())
+            self.leader = ready[0] if ready else None
+            self.stop.wait(0.05)
+
+
+@dataclass
+class Load:
+    service: Service
+    ok: list[tuple[float, str]] = field(default_factory=list)  # (time, replica)
+    lost: list[str] = field(default_factory=list)  # failed after reaching a replica
+    stop: threading.Event = field(default_factory=threading.Event)
+    turns: dict[int, int] = field(default_factory=dict)
+
+    def worker(self, w: int) -> None:
+        with httpx.Client(timeout=30) as c:
+            n = w
+            while not self.stop.is_set():
+                conv = n % CONVERSATIONS
+                n += WORKERS
+                turn = self.turns.get(conv, 0)
+                self.turns[conv] = turn + 1
+                system = f"conversation {conv} " + "context words " * 400
+                msgs = [{"role": "system", "content": system}]
+                for t in range(turn + 1):
+                    msgs.append({"role": "user", "content": f"turn {t} of {conv}"})
+                while not self.stop.is_set():
+                    target = self.service.leader
+                    if target is None:
+                        time.sleep(0.02)
+                        continue
+                    try:
+                        r = c.post(target.url + "/v1/chat/completions", json={
+                            "model": MODEL, "max_tokens": 2, "messages": msgs})
+                    except httpx.ConnectError:
+                        time.sleep(0.02)  # never reached a replica: a client retries
+                        continue
+                    except httpx.HTTPError as err:
+                        self.lost.append(repr(err))
+                        break
+                    if r.status_code == 200:
+                        self.ok.append((time.monotonic(), target.url))
+                    else:
+                        self.lost.append(f"{r.status_code} {r.text[:200]}")
+                    break
+
+
+def hit_rate(sims: list[Proc]) -> tuple[float, float]:
+    c = [s.counters() for s in sims]
+    return (sum(x.get("vllm:prefix_cache_hits_total", 0.0) for x in c),
+            sum(x.get("vllm:prefix_cache_queries_total", 0.0) for x in c))
+
+
+@pytest.fixture
+def pair(cluster: Cluster, procs: Procs, redis_url: str  # noqa: F811
+         ) -> Iterator[tuple[list[Proc], list[Proc], Service]]:
+    sims = [procs.sim(time_scale=0.02) for _ in range(3)]
+    lease = f"router-{uuid.uuid4().hex[:6]}"
+    replicas = []
+    for ident in ("replica-a", "replica-b"):
+        replicas.append(procs.router({
+            "responses": {"backend": "redis", "redisUrl": redis_url},
+            "server": {"drainTimeoutSeconds": 10},
+            "ha": {"enabled": True, "shutdownDelaySeconds": 1.0, "lease": {
+                "name": lease, "namespace": "default", "identity": ident,
+                "kubeconfig": str(kubeconfig_path(cluster.name))}}},
+            endpoints=[s.url for s in sims], wait_ready=False))
+    wait_for("one leader, one standby",
+             lambda: sorted(status(r.url) for r in replicas) == [200, 503], timeout=20)
+    # the standby is warm: ready but for its role
+    assert all(status(r.url, "/ready?role=any") == 200 for r in replicas)
+    service = Service(replicas)
+    poller = threading.Thread(target=service.run)
+    poller.start()
+    try:
+        yield sims, replicas, service
+    finally:
+        service.stop.set()
+        poller.join(5)
+
+
+def run_load(service: Service) -> tuple[Load, list[threading.Thread]]:
+    load = Load(service)
+    threads = [threading.Thread(target=load.worker, args=(w,)) for w in range(WORKERS)]
+    for t in threads:
+        t.start()
+    return load, threads
+
+
+def finish(load: Load, threads: list[threading.Thread]) -> None:
+    load.stop.set()
+    for t in threads:
+        t.join(30)
+
+
+def test_standby_takes_over_warm_when_the_leader_dies(
+        pair: tuple[list[Proc], list[Proc], Service]) -> None:
+    sims, replicas, service = pair
+    leader = wait_for("the leader", lambda: service.leader)
+    assert leader is not None
+    standby = next(r for r in replicas if r is not leader)
+    load, threads = run_load(service)
+    try:
+        # every conversation has started (first turns miss everywhere), then a window
+        wait_for("warm-up", lambda: len(load.ok) >= 3 * CONVERSATIONS, timeout=30)
+        h0, q0 = hit_rate(sims)
+        wait_for("traffic before", lambda: len(load.ok) >= 6 * CONVERSATIONS, timeout=30)
+        h1, q1 = hit_rate(sims)
+        served_before = len(load.ok)
+        killed = time.monotonic()
+        leader.kill()
+        first = wait_for("a request served by the standby", lambda: next(
+            (t for t, url in load.ok[served_before:] if url == standby.url), None), timeout=10)
+        assert first is not None
+        took = first - killed
+        h2, q2 = hit_rate(sims)
+        n = len(load.ok)
+        wait_for("traffic after", lambda: len(load.ok) >= n + 3 * CONVERSATIONS, timeout=30)
+        h3, q3 = hit_rate(sims)
+    finally:
+        finish(load, threads)
+    before, after = (h1 - h0) / (q1 - q0), (h3 - h2) / (q3 - q2)
+    print(f"takeover {took:.2f}s; hit rate before {before:.3f}, after {after:.3f}; "
+          f"lost in flight {len(load.lost)}")
+    assert took < 2.0
+    assert after >= before - 0.05, (before, after)
+    # only what was in flight on the dead replica may be lost: one per worker at most
+    assert len(load.lost) <= WORKERS, load.lost
+    assert all("500" not in x and "503" not in x for x in load.lost), load.lost
+    received = standby.metric("toposerve_router_replicated_decisions_total")
+    assert received > 0
+
+
+def test_a_rolling_update_drops_nothing(pair: tuple[list[Proc], list[Proc], Service]) -> None:
+    _sims, replicas, service = pair
+    leader = wait_for("the leader", lambda: service.leader)
+    assert leader is not None
+    standby = next(r for r in replicas if r is not leader)
+    load, threads = run_load(service)
+    try:
+        wait_for("traffic", lambda: len(load.ok) >= 20, timeout=30)
+        stopped = time.monotonic()
+        leader.popen.terminate()  # SIGTERM, as the kubelet sends it
+        wait_for("the standby leads", lambda: service.became_leader.get(standby.url, 0)
+                 > stopped, timeout=5)
+        took = service.became_leader[standby.url] - stopped
+        n = len(load.ok)
+        wait_for("traffic after", lambda: len(load.ok) >= n + 20, timeout=30)
+        assert leader.popen.wait(20) == 0
+    finally:
+        finish(load, threads)
+    print(f"handover {took:.2f}s")
+    assert took < 1.0  # the lease was handed back, not left to expire
+    assert load.lost == []
