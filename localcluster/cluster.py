@@ -59,6 +59,9 @@ class ClusterSpec:
     # the controller-manager's client QPS and burst (its default limits claim creation)
     controller_manager_qps: int | None = None
     controller_manager_burst: int | None = None  # default: the same as its QPS
+    # the controller-manager's --controllers, e.g. "*,-statefulset-controller" for tests
+    # whose pods are owned by StatefulSets that no controller should act on
+    controllers: str = ""
     # Kubernetes feature gates and built-in APIs for every component, e.g. the
     # in-tree workload scheduling: "GenericWorkload=true,TopologyAwareWorkloadScheduling=true"
     # and "scheduling.k8s.io/v1beta1=true" (DESIGN §6)
@@ -96,7 +99,7 @@ def running_clusters(tools: Tools | None = None) -> list[str]:
 
 
 def _config_documents(controller_manager_qps: int | None = None,
-                      controller_manager_burst: int | None = None) -> str:
+                      controller_manager_burst: int | None = None, controllers: str = "") -> str:
     # Bind every component to loopback. (kwok's pod range is set by flag in
     # KWOK_ARGS: a KwokConfiguration document here would replace kwok's
     # defaults rather than amend them.)
@@ -105,12 +108,16 @@ def _config_documents(controller_manager_qps: int | None = None,
          "options": {"runtime": "binary", "bindAddress": "127.0.0.1",
                      "kubeAuthorization": True, "kubeAdmission": True}},
     ]
+    extra: list[dict[str, str]] = []
     if controller_manager_qps:
         # here, not as --extra-args: kwokctl 0.8.0 panics on five of those
         q = str(controller_manager_qps)
         burst = str(controller_manager_burst or controller_manager_qps)
-        docs[0]["componentsPatches"] = [{"name": "kube-controller-manager", "extraArgs": [
-            {"key": "kube-api-qps", "value": q}, {"key": "kube-api-burst", "value": burst}]}]
+        extra += [{"key": "kube-api-qps", "value": q}, {"key": "kube-api-burst", "value": burst}]
+    if controllers:
+        extra.append({"key": "controllers", "value": controllers})
+    if extra:
+        docs[0]["componentsPatches"] = [{"name": "kube-controller-manager", "extraArgs": extra}]
     return yaml.safe_dump_all(docs)
 
 
@@ -245,7 +252,7 @@ def up(spec: ClusterSpec, progress: Progress = _stderr) -> Path:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "kwok.yaml"
         cfg.write_text(_config_documents(spec.controller_manager_qps,
-                                         spec.controller_manager_burst))
+                                         spec.controller_manager_burst, spec.controllers))
         args = ["--name", spec.name, "--config", str(cfg), "create", "cluster",
                 "--runtime", "binary", "--kubeconfig", "",
                 "--kube-apiserver-binary", str(tools.kube_apiserver),

@@ -29,7 +29,6 @@ LWS_GROUP_INDEX = f"{LWS}/group-index"
 LWS_WORKER_INDEX = f"{LWS}/worker-index"
 LWS_REVISION = f"{LWS}/template-revision-hash"
 LWS_SIZE = f"{LWS}/size"
-LWS_REPLICAS = f"{LWS}/replicas"
 LWS_EXCLUSIVE = f"{LWS}/exclusive-topology"
 LWS_SUBGROUP_KEY = f"{LWS}/subgroup-key"
 LWS_SUBGROUP_SIZE = f"{LWS}/subgroup-size"
@@ -43,9 +42,8 @@ DS_NAME, DS_ROLE, DS_SLICE, DS_REVISION = f"{DS}/name", f"{DS}/role", f"{DS}/sli
 @dataclass(frozen=True)
 class GroupRef:
     """A pod's group as its own metadata says. ``size`` is ``None`` when
-    only other objects know it (a PodGroup's ``minCount``; a
-    DisaggregatedSet slice's roles seen so far); ``role_pods``: how many
-    pods the pod's role brings to the group, when its labels say."""
+    only other objects know it (a PodGroup's ``minCount``; the
+    LeaderWorkerSets of a DisaggregatedSet slice's roles)."""
 
     key: str
     source: Source
@@ -53,7 +51,6 @@ class GroupRef:
     required: Tier | None = None
     preferred: Tier | None = None
     role: str | None = None
-    role_pods: int | None = None
     pod_group: tuple[str, str] | None = None  # (namespace, name) of an in-tree PodGroup
     problem: str | None = None  # metadata the extender could not read, for the filter reason
 
@@ -102,14 +99,10 @@ def identify(pod: dict[str, Any], dialect: Dialect) -> GroupRef | None:
         return GroupRef(f"podgroup/{ns}/{pg}", Source.POD_GROUP, None, required, preferred,
                         role, pod_group=(ns, pg), problem=problem)
 
-    if (ds := labels.get(DS_NAME)) is not None:
+    if DS_NAME in labels:
         ds_role = labels.get(DS_ROLE) or role
-        replicas, lws_size = _int(notes.get(LWS_REPLICAS)), _int(notes.get(LWS_SIZE))
-        role_pods = replicas * (lws_size or 1) if replicas is not None else None
-        key = f"disaggregatedset/{ns}/{ds}/{labels.get(DS_SLICE, '0')}/" \
-              f"{labels.get(DS_REVISION, '')}"
-        return GroupRef(key, Source.DISAGGREGATED_SET, None, required, preferred, ds_role,
-                        role_pods=role_pods, problem=problem)
+        return GroupRef(disaggregated_key(ns, labels), Source.DISAGGREGATED_SET, None,
+                        required, preferred, ds_role, problem=problem)
 
     if (lws := labels.get(LWS_NAME)) is not None:
         group = labels.get(LWS_GROUP_KEY) or labels.get(LWS_GROUP_INDEX, "0")
@@ -126,6 +119,28 @@ def identify(pod: dict[str, Any], dialect: Dialect) -> GroupRef | None:
         return GroupRef(key, Source.LWS, size, required or lws_req, preferred, role,
                         problem=problem or bad)
     return None
+
+
+def disaggregated_key(namespace: str, labels: dict[str, str]) -> str:
+    """The group of a DisaggregatedSet slice at one revision, from the labels
+    its controller puts on the slice's LeaderWorkerSets and their pods."""
+    return f"disaggregatedset/{namespace}/{labels[DS_NAME]}/{labels.get(DS_SLICE, '0')}/" \
+           f"{labels.get(DS_REVISION, '')}"
+
+
+def lws_pods(obj: dict[str, Any]) -> tuple[str | None, int]:
+    """(its DisaggregatedSet slice's group key, or None; how many pods) of a
+    ``leaderworkerset.x-k8s.io/v1`` LeaderWorkerSet: ``replicas`` groups of
+    ``leaderWorkerTemplate.size`` pods (both default to 1)."""
+    md = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    labels = md.get("labels") or {}
+    replicas = spec.get("replicas", 1)
+    size = (spec.get("leaderWorkerTemplate") or {}).get("size", 1)
+    pods = replicas * size if isinstance(replicas, int) and isinstance(size, int) else 0
+    key = disaggregated_key(md.get("namespace") or "default", labels) \
+        if DS_NAME in labels else None
+    return key, pods
 
 
 def is_active(pod: dict[str, Any]) -> bool:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from scheduler_ext.config import ExtenderConfig
-from scheduler_ext.placement.groups import pod_group_spec
+from scheduler_ext.placement.groups import lws_pods, pod_group_spec
 from scheduler_ext.placement.model import (
     DECODE,
     PREFILL,
@@ -48,7 +48,7 @@ from topology.model import Tier
 
 Key = tuple[str, str]
 ASSUME_TTL_S = 30.0  # a pod scheduled where we scored it binds well within this
-KINDS = ("nodes", "pods", "slices", "claims", "templates", "podgroups")
+KINDS = ("nodes", "pods", "slices", "claims", "templates", "podgroups", "lws")
 
 
 def _ident(kind: str, obj: dict[str, Any]) -> str:
@@ -90,6 +90,8 @@ class ClusterState:
         self._templates: dict[Key, int] = {}
         self._pods: dict[str, PodFacts] = {}
         self._pod_groups: dict[Key, tuple[int | None, Tier | None, str | None]] = {}
+        # LeaderWorkerSets of DisaggregatedSet slices: (their slice's group, pods)
+        self._lws: dict[Key, tuple[str, int]] = {}
         # indexes
         self._slices_of: dict[str, set[str]] = defaultdict(set)  # node -> slice names
         self._device: dict[DeviceId, tuple[str, str]] = {}  # -> (node, unit)
@@ -110,7 +112,7 @@ class ClusterState:
         self._handlers: dict[str, Callable[[str, dict[str, Any]], None]] = {
             "nodes": self.node, "pods": self.pod, "slices": self.resource_slice,
             "claims": self.resource_claim, "templates": self.claim_template,
-            "podgroups": self.pod_group}
+            "podgroups": self.pod_group, "lws": self.leader_worker_set}
 
     def handler(self, kind: str) -> Callable[[str, dict[str, Any]], None]:
         return self._handlers[kind]
@@ -209,6 +211,18 @@ class ClusterState:
             else:
                 self._pod_groups[key] = pod_group_spec(obj, self.dialect)
             self._dirty_groups.add(f"podgroup/{key[0]}/{key[1]}")
+
+    def leader_worker_set(self, kind: str, obj: dict[str, Any]) -> None:
+        """A DisaggregatedSet slice is as big as its roles' LeaderWorkerSets
+        say (their pods do not carry the replica count)."""
+        md = obj.get("metadata") or {}
+        key = (md.get("namespace", "default"), md.get("name", ""))
+        with self.lock:
+            old = self._lws.pop(key, None)
+            group, pods = lws_pods(obj) if kind != "DELETED" else (None, 0)
+            if group is not None:
+                self._lws[key] = (group, pods)
+            self._dirty_groups.update(g for g in (group, old[0] if old else None) if g)
 
     def _touch_pods(self, uids: Iterable[str]) -> None:
         for uid in list(uids):
@@ -377,11 +391,7 @@ class ClusterState:
             pg_size, pg_level, _ = self._pod_groups[first.pod_group]
             size, required = pg_size or size, required or pg_level
         if first.source == Source.DISAGGREGATED_SET:
-            per_role: dict[str, int] = {}
-            for r in refs:
-                if r.role_pods is not None:
-                    per_role[r.role or ""] = max(per_role.get(r.role or "", 0), r.role_pods)
-            size = sum(per_role.values()) or None
+            size = sum(pods for group, pods in self._lws.values() if group == key) or None
         roles = {m.role for m in members}
         shape = Shape.PD if roles & {PREFILL, DECODE} else Shape.WIDE_EP
         return Group(key, first.source, max(size or 0, len(members)), members, required,
@@ -425,4 +435,5 @@ class ClusterState:
                     "claims": lambda: {f"{k[0]}/{k[1]}" for k in self._claims},
                     "templates": lambda: {f"{k[0]}/{k[1]}" for k in self._templates},
                     "podgroups": lambda: {f"{k[0]}/{k[1]}" for k in self._pod_groups},
+                    "lws": lambda: {f"{k[0]}/{k[1]}" for k in self._lws},
                     }[kind]()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import orjson
 import structlog
 
 from dra_driver.framework.publisher import ApiError, JsonApi, Reflector
@@ -26,8 +27,10 @@ PATHS = {
     "claims": ("/apis/resource.k8s.io/v1/resourceclaims", []),
     "templates": ("/apis/resource.k8s.io/v1/resourceclaimtemplates", []),
     "podgroups": ("/apis/scheduling.k8s.io/v1beta1/podgroups", []),
+    "lws": ("/apis/leaderworkerset.x-k8s.io/v1/leaderworkersets", []),
 }
-OPTIONAL = {"podgroups"}  # served only with scheduling.k8s.io/v1beta1 enabled
+# served only with scheduling.k8s.io/v1beta1 enabled, or the LWS CRDs installed
+OPTIONAL = {"podgroups", "lws"}
 
 
 class Watches:
@@ -44,8 +47,9 @@ class Watches:
 
         def on_error(err: Exception) -> None:
             self.errors[kind] += 1
-            if kind in OPTIONAL and isinstance(err, ApiError) and err.status == 404:
-                log.info("API not served; not watching it", kind=kind, path=path)
+            if kind in OPTIONAL and isinstance(err, ApiError) and err.status in (403, 404):
+                log.info("API not served or not permitted; not watching it", kind=kind,
+                         path=path, status=err.status)
                 with self.state.lock:
                     self.state.synced.add(kind)
                 self.reflectors[kind].stop()
@@ -56,8 +60,25 @@ class Watches:
                          on_list=lambda items, _rv: self.state.relist(kind, items),
                          on_event=self.state.handler(kind), on_error=on_error)
 
+    def _served(self, kind: str) -> bool:
+        """Whether the API of an optional kind is there at all: an API group
+        nobody installed answers a plain-text 404, not a watchable list."""
+        group_version = PATHS[kind][0].rsplit("/", 1)[0]
+        try:
+            self.rest.request("GET", group_version)
+        except ApiError as err:
+            return err.status not in (403, 404)  # else: unsure, let the watch retry
+        except orjson.JSONDecodeError:
+            return False
+        return True
+
     def start(self) -> None:
         for kind, r in self.reflectors.items():
+            if kind in OPTIONAL and not self._served(kind):
+                log.info("API not served; not watching it", kind=kind, path=PATHS[kind][0])
+                with self.state.lock:
+                    self.state.synced.add(kind)
+                continue
             t = threading.Thread(target=r.run, name=f"watch-{kind}", daemon=True)
             t.start()
             self._threads.append(t)

@@ -30,6 +30,7 @@ from localcluster.cluster import (
     up,
 )
 from scheduler_ext.scheduler_config import render, scheduler_config
+from tests.extender import objects as k
 from tests.extender.objects import GPU_CLASS, template
 from tests.waiting import wait_for
 from topology.labels import PRESETS, PROFILE_LABEL, DialectName, from_labels
@@ -38,6 +39,10 @@ from topology.profiles import load_profile
 
 WORKLOAD_GATES = "GenericWorkload=true,TopologyAwareWorkloadScheduling=true"
 WORKLOAD_API = "scheduling.k8s.io/v1beta1=true"
+# pods here are made by the tests as LWS and the StatefulSet controller would make
+# them, owned by StatefulSets that exist (else the garbage collector deletes the
+# pods) but that no StatefulSet controller may act on (it would make its own)
+CONTROLLERS = "*,-statefulset-controller"
 
 
 def free_port() -> int:
@@ -145,6 +150,117 @@ def create(api: Any, path: str, obj: dict[str, Any]) -> None:
             raise
 
 
+def crd(group: str, kind: str, plural: str) -> dict[str, Any]:
+    """A minimal namespaced CRD (v1, any spec and status): enough for owner
+    objects that no controller reconciles here."""
+    free = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": f"{plural}.{group}"},
+            "spec": {"group": group, "scope": "Namespaced",
+                     "names": {"kind": kind, "plural": plural, "singular": kind.lower(),
+                               "listKind": f"{kind}List"},
+                     "versions": [{"name": "v1", "served": True, "storage": True,
+                                   "schema": {"openAPIV3Schema": {
+                                       "type": "object",
+                                       "properties": {"spec": free, "status": free}}}}]}}
+
+
+CRDS = [crd("leaderworkerset.x-k8s.io", "LeaderWorkerSet", "leaderworkersets"),
+        crd(k.DS, "DisaggregatedSet", "disaggregatedsets")]
+OWNERS = [f"/apis/{k.LWS_API}/namespaces/{{ns}}/leaderworkersets",
+          f"/apis/{k.DS_API}/namespaces/{{ns}}/disaggregatedsets",
+          "/apis/apps/v1/namespaces/{ns}/statefulsets"]
+
+
+def install_crds(api: Any) -> None:
+    """LeaderWorkerSet and DisaggregatedSet, established before anything watches them."""
+    for c in CRDS:
+        create(api, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", c)
+
+    def established() -> bool:
+        for c in CRDS:
+            got = rest(api).request(
+                "GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
+                       f"{c['metadata']['name']}")
+            if not any(x.get("type") == "Established" and x.get("status") == "True"
+                       for x in (got.get("status") or {}).get("conditions") or []):
+                return False
+        return True
+    wait_for("the LWS and DisaggregatedSet CRDs established", established, timeout=30,
+             interval=0.2)
+
+
+def post(api: Any, obj: dict[str, Any]) -> dict[str, Any]:
+    """Create ``obj`` in its namespace by its kind; the object as stored (uid and all)."""
+    kind, ns = obj["kind"], obj["metadata"].get("namespace", "default")
+    path = {"Pod": f"/api/v1/namespaces/{ns}/pods",
+            "StatefulSet": f"/apis/apps/v1/namespaces/{ns}/statefulsets",
+            "LeaderWorkerSet": f"/apis/{k.LWS_API}/namespaces/{ns}/leaderworkersets",
+            "DisaggregatedSet": f"/apis/{k.DS_API}/namespaces/{ns}/disaggregatedsets"}[kind]
+    got: dict[str, Any] = rest(api).request("POST", path, body=obj)
+    return got
+
+
+@dataclass
+class LwsGroups:
+    """A LeaderWorkerSet as created so far: the LWS, its leader StatefulSet and leader pods."""
+
+    lws: dict[str, Any]
+    leader_sts: dict[str, Any]
+    leaders: list[dict[str, Any]]
+    claim_template: str
+    profile: str | None
+
+
+def create_lws(api: Any, lws: dict[str, Any], *, claim_template: str,
+               profile: str | None = "gb200-nvl72", revision: str = "5d8f9c7b6") -> LwsGroups:
+    """What LWS makes first: the LWS object, its leader StatefulSet and a
+    leader pod per replica, each owned by the one before (real uids)."""
+    lws = post(api, lws)
+    sts = post(api, k.leader_statefulset(lws, revision))
+    leaders = [post(api, k.lws_leader(lws, sts, g, claim_template=claim_template,
+                                      profile=profile))
+               for g in range(lws["spec"]["replicas"])]
+    return LwsGroups(lws, sts, leaders, claim_template, profile)
+
+
+def create_workers(api: Any, groups: LwsGroups, index: int) -> list[dict[str, Any]]:
+    """What LWS makes for group ``index`` once its leader exists (with
+    exclusive placement: once it is bound, its workers pinned to the
+    leader's domain): the worker StatefulSet owned by the leader pod, and
+    its pods."""
+    leader = groups.leaders[index]
+    topology = None
+    key = (groups.lws["metadata"].get("annotations") or {}).get(
+        f"{k.LWS}/exclusive-topology")
+    if key:
+        bound = rest(api).request("GET", f"/api/v1/namespaces/{leader['metadata']['namespace']}"
+                                         f"/pods/{leader['metadata']['name']}")
+        node = rest(api).request("GET", f"/api/v1/nodes/{bound['spec']['nodeName']}")
+        topology = node["metadata"]["labels"][key]
+    sts = post(api, k.worker_statefulset(groups.lws, leader, topology=topology))
+    size = groups.lws["spec"]["leaderWorkerTemplate"]["size"]
+    return [post(api, k.lws_worker(groups.lws, leader, sts, w,
+                                   claim_template=groups.claim_template,
+                                   profile=groups.profile)) for w in range(1, size)]
+
+
+def create_disaggregated(api: Any, name: str, slice_: int, roles: dict[str, tuple[int, int]], *,
+                         claim_template: str, profile: str | None = "gb200-nvl72",
+                         revision: str = "7f9b8c1d") -> list[dict[str, Any]]:
+    """A DisaggregatedSet slice as its controller and LWS make it: the set,
+    a LeaderWorkerSet per role owned by it, and every group's leader and
+    workers (no exclusive placement: workers come with their leader)."""
+    ds = post(api, k.disaggregated_set(name, roles))
+    pods: list[dict[str, Any]] = []
+    for lws in k.disaggregated_lws(ds, slice_, revision):
+        groups = create_lws(api, lws, claim_template=claim_template, profile=profile,
+                            revision=revision)
+        for g, leader in enumerate(groups.leaders):
+            pods += [leader, *create_workers(api, groups, g)]
+    return pods
+
+
 def create_classes_and_templates(api: Any, gpus: list[int], namespace: str = "default") -> None:
     create(api, "/apis/resource.k8s.io/v1/deviceclasses", {
         "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
@@ -174,7 +290,8 @@ def gpu_cluster(name: str, groups: list[tuple[str, int]], workdir: Path, *,
     say = progress or (lambda m: print(f"[{name}] {m}", file=sys.stderr))
     spec = ClusterSpec(name=name, groups=groups, scheduler_config=sched,
                        feature_gates=WORKLOAD_GATES if workload_gates else "",
-                       runtime_config=WORKLOAD_API if workload_gates else "")
+                       runtime_config=WORKLOAD_API if workload_gates else "",
+                       controllers=CONTROLLERS)
     for attempt in range(3):
         try:
             kubeconfig = up(spec, progress=say)
@@ -192,6 +309,7 @@ def gpu_cluster(name: str, groups: list[tuple[str, int]], workdir: Path, *,
         api = api_client(name)
         publish_gpu_slices(api)
         create_classes_and_templates(api, [1, 2, 4, 8])
+        install_crds(api)
         paths = {n["metadata"]["name"]: from_labels(n["metadata"]["name"],
                                                     n["metadata"].get("labels") or {},
                                                     PRESETS[DialectName.TOPOSERVE])
@@ -240,8 +358,11 @@ def scheduling_events(api: Any, pod: str, namespace: str = "default") -> list[st
 
 
 def delete_all(api: Any, namespace: str = "default") -> None:
-    """Every pod of the namespace, at once; back when their claims are gone too."""
+    """Every pod and owner object of the namespace, at once; back when
+    their claims are gone too."""
     r = rest(api)
+    for path in OWNERS:
+        r.request("DELETE", path.format(ns=namespace))
     r.request("DELETE", f"/api/v1/namespaces/{namespace}/pods",
               [("gracePeriodSeconds", 0)])
 

@@ -18,8 +18,12 @@ import urllib3
 from tests.extender import objects as k
 from tests.extender.cluster import (
     GpuCluster,
+    LwsGroups,
     bound_nodes,
+    create_disaggregated,
+    create_lws,
     create_pods,
+    create_workers,
     delete_all,
     gpu_cluster,
     pods,
@@ -52,21 +56,44 @@ def racks(gc: GpuCluster, nodes: dict[str, str]) -> set[str | None]:
     return {gc.paths[n].rack for n in nodes.values()}
 
 
+def owner_chain(gc: GpuCluster, pod: dict[str, Any]) -> list[str]:
+    """The kinds of a pod's controller, its controller's, and so on, each
+    read back from the API by the uid in the reference."""
+    kinds = []
+    paths = {"StatefulSet": "/apis/apps/v1/namespaces/default/statefulsets",
+             "Pod": "/api/v1/namespaces/default/pods",
+             "LeaderWorkerSet": f"/apis/{k.LWS_API}/namespaces/default/leaderworkersets",
+             "DisaggregatedSet": f"/apis/{k.DS_API}/namespaces/default/disaggregatedsets"}
+    obj = pod
+    while refs := [r for r in obj["metadata"].get("ownerReferences") or [] if r.get("controller")]:
+        ref = refs[0]
+        obj = rest(gc.api).request("GET", f"{paths[ref['kind']]}/{ref['name']}")
+        assert obj["metadata"]["uid"] == ref["uid"], f"{ref['kind']} {ref['name']}: other uid"
+        kinds.append(ref["kind"])
+    return kinds
+
+
 def test_wide_ep_groups_land_whole_in_one_rack_in_any_interleaving(clean: GpuCluster) -> None:
     gc = clean
     rnd = random.Random(16)
-    # a whole rack; no owner references (the garbage collector would delete
-    # pods whose StatefulSets do not exist), labels and annotations as LWS's
-    leader, *workers = k.lws_pods("lws-a", 0, 18, claim_template="gpu4", owners=False)
+    # a whole rack as a LeaderWorkerSet with exclusive placement: owner objects and
+    # pods with real owner references, labels, annotations and affinity as LWS writes them
+    lws = k.leader_worker_set("lws-a", 1, 18, exclusive="topology.toposerve.io/rack")
     b = k.toposerve_pods("ep-b", 9, claim_template="gpu4", level="rack")
     c = k.toposerve_pods("ep-c", 9, claim_template="gpu4", level="rack")
     plain = [k.pod(f"web-{i}", labels={"app": "web"}) for i in range(4)]
-    first = [leader, *b, *c, *plain]
+    first: list[dict[str, Any] | None] = [None, *b, *c, *plain]  # None: the LWS and its leader
     rnd.shuffle(first)
-    create_pods(gc.api, first)
-    # LeaderWorkerSet creates the workers only once the leader is placed
+    groups: LwsGroups | None = None
+    for item in first:
+        if item is None:
+            groups = create_lws(gc.api, lws, claim_template="gpu4")
+        else:
+            create_pods(gc.api, [item])
+    assert groups is not None
+    # LeaderWorkerSet creates the workers only once the leader is placed, pinned to its rack
     wait_bound(gc.api, "leaderworkerset.sigs.k8s.io/worker-index=0", 1)
-    create_pods(gc.api, workers)
+    workers = create_workers(gc.api, groups, 0)
     placed = {g: wait_bound(gc.api, sel, n) for g, sel, n in (
         ("lws-a", "leaderworkerset.sigs.k8s.io/name=lws-a", 18),
         ("ep-b", "toposerve.io/group=ep-b", 9), ("ep-c", "toposerve.io/group=ep-c", 9))}
@@ -76,6 +103,8 @@ def test_wide_ep_groups_land_whole_in_one_rack_in_any_interleaving(clean: GpuClu
     # b and c share a rack (best fit) and the LWS group has one of its own
     assert racks(gc, placed["ep-b"]) == racks(gc, placed["ep-c"])
     assert racks(gc, placed["lws-a"]) != racks(gc, placed["ep-b"])
+    assert owner_chain(gc, workers[-1]) == ["StatefulSet", "Pod", "StatefulSet",
+                                            "LeaderWorkerSet"]
 
 
 def test_a_group_that_fits_nowhere_waits_whole_with_a_reason(clean: GpuCluster) -> None:
@@ -93,21 +122,20 @@ def test_a_group_that_fits_nowhere_waits_whole_with_a_reason(clean: GpuCluster) 
 def test_pd_slices_keep_decode_beside_prefill_and_fall_back_one_level(
         clean: GpuCluster) -> None:
     gc = clean
-    # GB200: a slice of 4 prefill + 2 decode fits one NVLink domain (the rack)
-    s0 = k.disaggregated_pods("inf", 0, {"prefill": (4, 1), "decode": (1, 2)},
-                              claim_template="gpu4", owners=False)
     # HGX: one node is an NVLink domain (8 GPUs); 16 GPUs fall back to the rack
-    s1 = k.disaggregated_pods("hgx", 0, {"prefill": (2, 1), "decode": (1, 2)},
-                              claim_template="gpu4", owners=False)
-    for p in s1:
-        p["spec"]["nodeSelector"] = {"topology.toposerve.io/profile": "hgx-h100"}
-    mixed = [*s0, *s1]
-    random.Random(3).shuffle(mixed)
-    create_pods(gc.api, mixed)
+    hgx = create_disaggregated(gc.api, "hgx", 0, {"prefill": (2, 1), "decode": (1, 2)},
+                               claim_template="gpu4", profile="hgx-h100")
+    # GB200: a slice of 4 prefill + 2 decode fits one NVLink domain (the rack); the
+    # slice's size is known only from its LeaderWorkerSets (the extender watches them)
+    create_disaggregated(gc.api, "inf", 0, {"prefill": (4, 1), "decode": (1, 2)},
+                         claim_template="gpu4")
     gb = wait_bound(gc.api, "disaggregatedset.x-k8s.io/name=inf", 6)
-    hgx = wait_bound(gc.api, "disaggregatedset.x-k8s.io/name=hgx", 4)
+    on_hgx = wait_bound(gc.api, "disaggregatedset.x-k8s.io/name=hgx", 4)
     assert len({gc.paths[n].nvlink for n in gb.values()}) == 1
-    assert len(racks(gc, hgx)) == 1 and len(set(hgx.values())) == 2
+    assert len(racks(gc, on_hgx)) == 1 and len(set(on_hgx.values())) == 2
+    decode_worker = next(p for p in hgx if p["metadata"]["name"].endswith("decode-0-1"))
+    assert owner_chain(gc, decode_worker) == ["StatefulSet", "Pod", "StatefulSet",
+                                              "LeaderWorkerSet", "DisaggregatedSet"]
 
 
 def test_in_tree_pod_group_pods_are_a_group(clean: GpuCluster) -> None:

@@ -103,21 +103,29 @@ def test_lws_group_as_lws_labels_it() -> None:
 
 def test_disaggregated_slice_is_one_pd_group_per_revision() -> None:
     st, _ = state_with(("gb200-nvl72", 18))
-    pods = k.disaggregated_pods("inf", 0, {"prefill": (4, 1), "decode": (1, 2)},
-                                claim_template="gpu4", uid_prefix="s0")
-    for p in pods[:1]:  # only the first prefill pod so far
-        st.pod("ADDED", p)
+    sets, pods = k.disaggregated_pods("inf", 0, {"prefill": (4, 1), "decode": (1, 2)},
+                                      claim_template="gpu4", uid_prefix="s0")
+    st.pod("ADDED", pods[0])  # only the first prefill pod so far
     ref = identify(pods[0], TOPO)
     assert ref is not None
+    assert st.snapshot().groups[ref.key].size == 1  # no LeaderWorkerSet seen: what is there
+    # the pods do not say how many there will be; the slice's LeaderWorkerSets do
+    st.relist("lws", sets[:1])
+    assert st.snapshot().groups[ref.key].size == 4  # the prefill role's 4x1 pods
+    st.leader_worker_set("ADDED", sets[1])
     g = st.snapshot().groups[ref.key]
-    assert g.size == 4  # the prefill role's 4x1 pods; decode not seen yet
+    assert g.size == 6
     for p in pods[1:]:
         st.pod("ADDED", p)
     g = st.snapshot().groups[ref.key]
     assert g.size == 6 and g.shape == Shape.PD
     assert g.roles() == {"prefill": 4, "decode": 2}
-    other = k.disaggregated_pods("inf", 0, {"prefill": (1, 1)}, claim_template="gpu4",
-                                 revision="newrev00", uid_prefix="s0new")
+    st.relist("lws", sets[1:])  # the prefill LWS went away
+    assert st.snapshot().groups[ref.key].size == 6  # its pods are still there
+    st.leader_worker_set("DELETED", sets[1])
+    assert st.snapshot().groups[ref.key].size == 6
+    _, other = k.disaggregated_pods("inf", 0, {"prefill": (1, 1)}, claim_template="gpu4",
+                                    revision="newrev00", uid_prefix="s0new")
     assert identify(other[0], TOPO) != ref  # a new revision is a group of its own
 
 
