@@ -1,0 +1,235 @@
+"""What the NIC driver's cluster tests stand on: a kwok node of our own
+whose NICs are stand-ins (veth ends in a namespace of the test's, PCI
+identities from a fake sysfs tree, ``harness.net_standins``), the driver's
+service account with the least RBAC (its token bound to a driver pod on
+that node), ``toposerve driver net`` as a real subprocess, and claims
+allocated by the real scheduler from the slices it published."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from dra_driver.framework.cdi import CdiSpecs
+from dra_driver.framework.publisher import JsonApi
+from dra_driver.net.config import API_VERSION, KIND
+from dra_driver.net.driver import CDI_CLASS, CDI_VENDOR
+from harness.dra_gpu import RULES as GPU_RULES
+from harness.dra_gpu import token_kubeconfig
+from harness.dra_kubelet import Claim, Kubelet
+from harness.net_standins import StandIns
+from harness.procs import free_port
+from localcluster.nodes import KWOK_TOLERATION, node_manifest
+from tests.waiting import wait_for
+from topology.labels import PRESETS, DialectName
+from topology.layout import PlannedNode
+from topology.model import DomainPath
+from topology.profiles import load_profile
+
+DRIVER = "net.toposerve.io"
+NAMESPACE = "dra-net-test"
+NODE = "dra-net-node-0"
+PROFILE = "hgx-h100"
+CLASS = "dra-test-nic"
+SERVICE_ACCOUNT = "net-driver"
+ROLE = "dra-test-net-driver"
+# The GPU driver's rules with this driver's name (the manifests carry the same).
+RULES: list[dict[str, Any]] = [
+    {**r, "resourceNames": [DRIVER]} if "resourceNames" in r else r for r in GPU_RULES]
+
+
+def canonical(doc: Any) -> Any:
+    """``doc`` with every mapping's keys sorted (see ``create_claim``)."""
+    if isinstance(doc, dict):
+        return {k: canonical(doc[k]) for k in sorted(doc)}
+    if isinstance(doc, list):
+        return [canonical(v) for v in doc]
+    return doc
+
+
+def net_config(**fields: Any) -> dict[str, Any]:
+    return {"apiVersion": API_VERSION, "kind": KIND, **fields}
+
+
+@dataclass
+class NetEnv:
+    api: Any                  # the admin's client
+    kubeconfig: Path          # the driver's own (service-account token)
+    node: str = NODE
+
+
+def _apply(fn: Any, *args: Any) -> None:
+    with contextlib.suppress(ApiException):
+        fn(*args)
+
+
+def _pod(name: str, extra: Mapping[str, Any]) -> dict[str, Any]:
+    return {"metadata": {"name": name},
+            "spec": {"containers": [{"name": "c", "image": "pause"}],
+                     "tolerations": [KWOK_TOLERATION], **extra}}
+
+
+def setup_env(cluster_name: str, api: Any, tmp: Path) -> NetEnv:
+    core: Any = client.CoreV1Api(api)
+    rbac: Any = client.RbacAuthorizationV1Api(api)
+    path = DomainPath(zone="zone-9", block="net-b0", rack="net-b0-r0", nvlink="net-b0-r0-n0",
+                      host=NODE)
+    node = node_manifest(PlannedNode(name=NODE, profile=PROFILE, path=path, index=61001),
+                         load_profile(PROFILE), PRESETS[DialectName.TOPOSERVE])
+    # No profile label: `driver simulate` leaves this node to us.
+    node["metadata"]["labels"] = {k: v for k, v in node["metadata"]["labels"].items()
+                                  if not k.startswith("topology.toposerve.io/profile")}
+    _apply(core.create_node, node)
+    _apply(core.create_namespace, {"metadata": {"name": NAMESPACE}})
+    _apply(client.ResourceV1Api(api).create_device_class, {
+        "metadata": {"name": CLASS},
+        "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}'"}}]}})
+    _apply(core.create_namespaced_service_account, NAMESPACE,
+           {"metadata": {"name": SERVICE_ACCOUNT}})
+    _apply(rbac.create_cluster_role, {"metadata": {"name": ROLE}, "rules": RULES})
+    _apply(rbac.create_cluster_role_binding, {
+        "metadata": {"name": ROLE},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": ROLE},
+        "subjects": [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT,
+                      "namespace": NAMESPACE}]})
+    _apply(core.create_namespaced_pod, NAMESPACE,
+           _pod("net-driver", {"serviceAccountName": SERVICE_ACCOUNT, "nodeName": NODE}))
+    driver_pod = core.read_namespaced_pod("net-driver", NAMESPACE)
+    token = core.create_namespaced_service_account_token(SERVICE_ACCOUNT, NAMESPACE, {
+        "spec": {"expirationSeconds": 3600, "boundObjectRef": {
+            "kind": "Pod", "apiVersion": "v1", "name": "net-driver",
+            "uid": driver_pod.metadata.uid}}}).status.token
+    return NetEnv(api=api, kubeconfig=token_kubeconfig(cluster_name, token, tmp / "sa.yaml"))
+
+
+def teardown_env(api: Any) -> None:
+    core: Any = client.CoreV1Api(api)
+    rbac: Any = client.RbacAuthorizationV1Api(api)
+    _apply(core.delete_namespace, NAMESPACE)
+    _apply(core.delete_node, NODE)  # its slices go with it (owner reference)
+    _apply(client.ResourceV1Api(api).delete_device_class, CLASS)
+    _apply(rbac.delete_cluster_role_binding, ROLE)
+    _apply(rbac.delete_cluster_role, ROLE)
+
+
+@dataclass
+class NetDriverProc:
+    """``toposerve driver net`` reading the stand-ins' namespace and sysfs."""
+
+    env: NetEnv
+    nics: StandIns
+    root: Path
+    proc: subprocess.Popen[bytes] | None = None
+    port: int = field(default_factory=free_port)
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / "handoff"
+
+    @property
+    def cdi(self) -> CdiSpecs:
+        return CdiSpecs(self.root / "cdi", CDI_VENDOR, CDI_CLASS)
+
+    @property
+    def kubelet(self) -> Kubelet:
+        return Kubelet(self.root / "registry" / f"{DRIVER}-reg.sock", timeout=30)
+
+    def start(self) -> None:
+        argv = [sys.executable, "-m", "toposerve_cli.driver_cmd", "--log-level", "warning",
+                "driver", "net", "--node-name", self.env.node,
+                "--kubeconfig", str(self.env.kubeconfig),
+                "--plugin-dir", str(self.root / "plugin"),
+                "--registry-dir", str(self.root / "registry"),
+                "--cdi-root", str(self.root / "cdi"), "--sysfs-root", str(self.nics.sysfs),
+                "--dev-root", str(self.nics.dev), "--state-dir", str(self.state_dir),
+                "--netns", self.nics.netns, "--http-address", f"127.0.0.1:{self.port}",
+                "--rescan-interval", "0.5"]
+        log = open(self.root / "driver.log", "ab")  # noqa: SIM115 (the child keeps it)
+        self.proc = subprocess.Popen(argv, env=dict(os.environ), stdout=log, stderr=log)
+        log.close()
+
+        def up() -> bool:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"driver exited {self.proc.returncode}: "
+                                     f"{(self.root / 'driver.log').read_text()[-2000:]}")
+            try:
+                self.kubelet.get_info()
+            except Exception:
+                return False
+            return True
+
+        wait_for("the NIC driver's registration socket", up, timeout=30)
+
+    def stop(self) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        rc = self.proc.wait(timeout=30)
+        self.proc = None
+        return rc
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+            self.proc = None
+
+
+def published(api: Any, node: str = NODE) -> list[dict[str, Any]]:
+    """The devices of our driver's slices for ``node`` (JSON)."""
+    resp: Any = client.ResourceV1Api(api).list_resource_slice(
+        field_selector=f"spec.nodeName={node},spec.driver={DRIVER}", _preload_content=False)
+    return [d for s in json.loads(resp.data)["items"] for d in s["spec"].get("devices") or []]
+
+
+def create_claim(api: Any, name: str, *, configs: list[dict[str, Any]] | None = None,
+                 count: int = 1, selector: str | None = None) -> tuple[Claim, str]:
+    """A claim for ``count`` NICs of our node, allocated by the real
+    scheduler for a pod; the claim and the pod's UID."""
+    exactly: dict[str, Any] = {"deviceClassName": CLASS, "count": count}
+    if selector:
+        exactly["selectors"] = [{"cel": {"expression": selector}}]
+    spec: dict[str, Any] = {"devices": {"requests": [{"name": "nic", "exactly": exactly}]}}
+    if configs:
+        spec["devices"]["config"] = [{"requests": ["nic"], "opaque": {
+            "driver": DRIVER, "parameters": c}} for c in configs]
+    # Sent compact with sorted keys (orjson), as kubectl sends it. The opaque
+    # parameters are kept as raw bytes; any other spelling (the Python
+    # client's json.dumps adds spaces, a dict keeps its own key order) is
+    # copied into status.allocation by the scheduler, and every later status
+    # write is refused: the apiserver re-encodes the parameters compact and
+    # sorted and sees that as a change of the immutable allocation.
+    created = JsonApi(api).request(
+        "POST", f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims",
+        body=canonical({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                        "metadata": {"name": name}, "spec": spec}))
+    res: Any = client.ResourceV1Api(api)
+    core: Any = client.CoreV1Api(api)
+    pod = core.create_namespaced_pod(NAMESPACE, _pod(f"{name}-pod", {
+        "nodeSelector": {"kubernetes.io/hostname": NODE},
+        "resourceClaims": [{"name": "nic", "resourceClaimName": name}],
+        "containers": [{"name": "c", "image": "pause",
+                        "resources": {"claims": [{"name": "nic"}]}}]}))
+    wait_for(f"claim {name} allocated",
+             lambda: res.read_namespaced_resource_claim(name, NAMESPACE).status.allocation,
+             timeout=30)
+    return Claim(namespace=NAMESPACE, name=name, uid=created["metadata"]["uid"]), pod.metadata.uid
+
+
+def claim_status(api: Any, claim: Claim) -> dict[str, Any]:
+    resp: Any = client.ResourceV1Api(api).read_namespaced_resource_claim(
+        claim.name, NAMESPACE, _preload_content=False)
+    status: dict[str, Any] = json.loads(resp.data).get("status") or {}
+    return status
