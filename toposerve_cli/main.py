@@ -13,6 +13,7 @@ from toposerve_cli import (
     logs,
     manifests_cmd,
     router_cmd,
+    scale_cmd,
     sim_cmd,
     topology_cmd,
 )
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     extender_cmd.register(sub)
     manifests_cmd.register(sub)
     driver_cmd.register(sub)
+    scale_cmd.register(sub)
     return parser
 
 

@@ -1,0 +1,84 @@
+"""Does a scenario fit this machine? An estimate of the memory its
+processes take at once (one setup runs at a time), from a fixed cost per
+process plus costs per node, per published device and per pod, against
+/proc/meminfo's MemAvailable. Checked before anything starts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from dra_driver.gpu.devices import gpu_pool
+from dra_driver.net.devices import nic_pool
+from localcluster.scale.scenario import ScaleScenario, Setup
+from topology.layout import plan_nodes
+from topology.model import NodeTopology
+from topology.profiles import load_profile
+
+# MiB each process takes on an empty cluster; "scale" is this driver process
+BASE_MIB = {"etcd": 60, "kube-apiserver": 300, "kube-controller-manager": 60,
+            "kube-scheduler": 50, "kwok-controller": 40, "driver simulate": 90,
+            "extender": 110, "scale": 150}
+# MiB per node (object, informer copies in every component, kwok's leases) and per
+# published device (its part of a slice, held by apiserver, etcd, scheduler, extender)
+PER_NODE_MIB = 0.35
+PER_DEVICE_MIB = 0.012
+# MiB per pod (its object and claim in every cache, our own timing records)
+PER_POD_MIB = 0.06
+RESERVE_MIB = 512  # left for the rest of the machine
+
+
+class DoesNotFit(RuntimeError):
+    """The scenario needs more memory than is free; the message has both numbers."""
+
+
+@dataclass(frozen=True)
+class Estimate:
+    total_mib: float
+    processes_mib: float
+    nodes_mib: float
+    devices_mib: float
+    pods_mib: float
+
+
+@cache
+def devices_per_node(profile: str) -> int:
+    """Devices ``driver simulate`` publishes for a node (partitions included)."""
+    prof = load_profile(profile)
+    node = plan_nodes([(prof, 1)])[0]
+    topo = NodeTopology(name=node.name, path=node.path, profile=profile,
+                        hardware=prof.hardware())
+    return len(gpu_pool(topo).devices) + len(nic_pool(topo).devices)
+
+
+def estimate(sc: ScaleScenario) -> Estimate:
+    procs = sum(v for k, v in BASE_MIB.items()
+                if k != "extender" or Setup.TOPOSERVE in sc.setups)
+    nodes = sc.node_count() + sc.churn.nodes_added
+    devices = sum(g.count * devices_per_node(g.profile) for g in sc.nodes)
+    pods = sc.pod_count() + sc.churn.pods
+    e = Estimate(0, procs, nodes * PER_NODE_MIB, devices * PER_DEVICE_MIB, pods * PER_POD_MIB)
+    return Estimate(e.processes_mib + e.nodes_mib + e.devices_mib + e.pods_mib, *[
+        round(x, 1) for x in (e.processes_mib, e.nodes_mib, e.devices_mib, e.pods_mib)])
+
+
+def mem_available_mib(meminfo: Path = Path("/proc/meminfo")) -> float:
+    for line in meminfo.read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"{meminfo} has no MemAvailable line")
+
+
+def check(sc: ScaleScenario, available_mib: float) -> Estimate:
+    """The estimate, or DoesNotFit naming both numbers."""
+    e = estimate(sc)
+    if e.total_mib > available_mib - RESERVE_MIB:
+        raise DoesNotFit(
+            f"scenario {sc.name!r} needs about {e.total_mib:,.0f} MiB "
+            f"({sc.node_count():,} nodes: {e.nodes_mib + e.devices_mib:,.0f} MiB, "
+            f"{sc.pod_count():,} pods: {e.pods_mib:,.0f} MiB, processes: "
+            f"{e.processes_mib:,.0f} MiB) but this machine has {available_mib:,.0f} MiB "
+            f"available (MemAvailable, {RESERVE_MIB} MiB of it kept free); "
+            "use fewer nodes or pods, or free memory")
+    return e

@@ -1,0 +1,167 @@
+"""A scale run's report: ``result.json`` (everything, for machines),
+``report.md`` (tables a person reads at a glance) and PNG plots (pods/s
+over time per setup, latency CDFs, where groups landed). ``render`` works
+from the JSON alone, so ``toposerve scale report DIR`` redraws it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+RESULT = "result.json"
+REPORT = "report.md"
+
+
+def _f(x: Any, fmt: str = "{:.1f}") -> str:
+    return "n/a" if x is None else fmt.format(x)
+
+
+def markdown(doc: dict[str, Any], pngs: list[str]) -> str:
+    sc = doc["scenario"]
+    lim = sc["clientLimits"]
+    nodes = ", ".join(f"{g['count']:,} {g['profile']}" for g in sc["nodes"])
+    lines = [f"# Scale run: {sc['name']}", "", sc.get("description") or "", "",
+             f"Nodes: {nodes}. Pods: {doc['setups'][0]['pods'] if doc['setups'] else 0:,} "
+             f"(the first {sc['arrival']['unmeasured']:,} not counted in pods/s), arrival rate "
+             f"{sc['arrival']['rate'] or 'unpaced'} pods/s. Client limits: scheduler QPS/burst "
+             f"{lim['schedulerQps'] or 'default'}/{lim['schedulerBurst'] or 'default'}, "
+             f"controller-manager {lim['controllerManagerQps'] or 'default'}/"
+             f"{lim['controllerManagerBurst'] or 'default'}. Estimated memory "
+             f"{doc['estimate_mib']:,} MiB. Started {doc['started']}.", "",
+             "## Throughput and latency", "",
+             "| setup | cluster up s | slices published s | pods bound | pods/s | "
+             "create→allocated p50/p99 s | create→bound p50/p99 s | extender filter p50/p99 ms "
+             "| prioritize p50/p99 ms |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    errors = [f"{s['setup']}: {s['create_errors']} pods not created, e.g. "
+              f"{s['first_create_error']}" for s in doc["setups"] if s["create_errors"]]
+    errors += [f"{s['setup']}: never bound: " + ", ".join(
+        f"{n} {k}" for k, n in sorted(s["unbound_by_kind"].items()))
+        for s in doc["setups"] if s.get("unbound_by_kind")]
+    for s in doc["setups"]:
+        ext = s.get("extender_calls") or {}
+        fil, pri = ext.get("filter", {}), ext.get("prioritize", {})
+        lines.append(
+            f"| {s['setup']} | {s['cluster_up_s']} | {s['slice_publish_s']} | "
+            f"{s['bound']}/{s['pods']} | {_f(s['pods_per_s'])} | "
+            f"{_f(s['to_allocated_s']['p50'], '{:.2f}')}/{_f(s['to_allocated_s']['p99'], '{:.2f}')}"
+            f" | {_f(s['to_bound_s']['p50'], '{:.2f}')}/{_f(s['to_bound_s']['p99'], '{:.2f}')} | "
+            f"{_f(fil.get('p50_ms'), '{:.2f}')}/{_f(fil.get('p99_ms'), '{:.2f}')} | "
+            f"{_f(pri.get('p50_ms'), '{:.2f}')}/{_f(pri.get('p99_ms'), '{:.2f}')} |")
+    lines += ["", *errors] if errors else []
+    lines += ["", "## Placement quality", "",
+              "| setup | groups in one domain | of those that could | groups pending | "
+              "pods stranded | pods never placed | free GPUs | largest free rack | "
+              "fragmentation | KV ms/request (P/D) |", "|---|---:|---:|---:|---:|---:|---:|"
+              "---:|---:|---:|"]
+    for s in doc["setups"]:
+        q = s["placement"]
+        lines.append(f"| {s['setup']} | {q['in_one_domain']}/{q['groups']} | "
+                     f"{q['could_fit_one_domain']} | {q['pending_groups']} | "
+                     f"{q['stranded_pods']} | {q['never_placed_pods']} | {q['free_gpus']} | "
+                     f"{q['largest_free_rack']} | {q['fragmentation']:.2f} | "
+                     f"{_f(q['kv_ms'], '{:.2f}')} |")
+    churned = [s for s in doc["setups"] if s["churn"]]
+    if churned:
+        lines += ["", "## Churn", "", "| setup | pods deleted | re-created bound | "
+                  "re-created→bound p50/p99 s | nodes added | nodes removed | "
+                  "slices caught up s |", "|---|---:|---:|---:|---:|---:|---:|"]
+        for s in churned:
+            c = s["churn"]
+            r = c["recreated_to_bound_s"]
+            lines.append(f"| {s['setup']} | {c['pods_deleted']} | {c['pods_recreated_bound']} | "
+                         f"{_f(r['p50'], '{:.2f}')}/{_f(r['p99'], '{:.2f}')} | "
+                         f"{c['nodes_added']} | {c['nodes_removed']} | "
+                         f"{c['nodes_published_s']} |")
+    lines += ["", "## Processes (CPU seconds and peak RSS over the setup)", "",
+              "| setup | process | CPU s | peak RSS MiB |", "|---|---|---:|---:|"]
+    for s in doc["setups"]:
+        lines += [f"| {s['setup']} | {p['process']} | {p['cpu_s']} | {p['peak_rss_mib']} |"
+                  for p in s["processes"]]
+    lines += ["", "## apiserver requests by verb and resource (busiest, per second)", "",
+              "| setup | verb | resource | requests | per s |", "|---|---|---|---:|---:|"]
+    for s in doc["setups"]:
+        lines += [f"| {s['setup']} | {r['verb']} | {r['resource']} | {r['requests']:.0f} | "
+                  f"{r['per_s']:.1f} |" for r in s["apiserver_requests"]]
+    lines += ["", *[f"![{p}]({p})" for p in pngs], ""]
+    return "\n".join(lines)
+
+
+def plots(doc: dict[str, Any], out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = []
+    setups = doc["setups"]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for s in setups:
+        if s["timeline"]:
+            t, r = zip(*s["timeline"], strict=True)
+            ax.step(t, r, where="post", label=s["setup"])
+    ax.set_xlabel("seconds since the first pod was created")
+    ax.set_ylabel("pods bound a second")
+    ax.set_title("pods/s over time")
+    if ax.get_lines():
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "pods_per_s.png", dpi=110)
+    plt.close(fig)
+    names.append("pods_per_s.png")
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for ax, key, title in zip(axes, ("to_bound_s", "to_allocated_s"),
+                              ("creation → bound", "creation → claim allocated"), strict=True):
+        for s in setups:
+            v = s["cdf"][key]
+            if v:
+                ax.plot(v, [(i + 1) / len(v) for i in range(len(v))], label=s["setup"])
+        ax.set_xlabel("seconds")
+        ax.set_title(title)
+        if ax.get_lines():
+            ax.legend()
+    axes[0].set_ylabel("fraction of pods")
+    fig.tight_layout()
+    fig.savefig(out / "latency_cdf.png", dpi=110)
+    plt.close(fig)
+    names.append("latency_cdf.png")
+
+    if any(s["landed"] for s in setups):
+        fig, axes = plt.subplots(1, len(setups), figsize=(5 * len(setups), 4), squeeze=False,
+                                 sharey=True)
+        groups = sorted({g for s in setups for r in s["landed"].values() for g in r})
+        colours = {g: matplotlib.colormaps["tab20"](i % 20) for i, g in enumerate(groups)}
+        for ax, s in zip(axes[0], setups, strict=True):
+            racks = sorted(s["landed"])
+            bottom = [0] * len(racks)
+            for g in groups:
+                vals = [s["landed"][r].get(g, 0) for r in racks]
+                ax.bar(range(len(racks)), vals, bottom=bottom, color=colours[g],
+                       edgecolor="white", linewidth=0.4)
+                bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+            ax.set_xticks(range(len(racks)), racks, rotation=90, fontsize=6)
+            ax.set_title(s["setup"])
+            ax.set_xlabel("rack")
+        axes[0][0].set_ylabel("GPUs of each group (one colour a group)")
+        fig.suptitle("where the groups landed")
+        fig.tight_layout()
+        fig.savefig(out / "groups_landed.png", dpi=110)
+        plt.close(fig)
+        names.append("groups_landed.png")
+    return names
+
+
+def write(doc: dict[str, Any], out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / RESULT).write_text(json.dumps(doc, indent=1))
+    return render(out)
+
+
+def render(out: Path) -> Path:
+    """report.md and the PNGs from ``out``/result.json; the report's path."""
+    doc = json.loads((out / RESULT).read_text())
+    md = markdown(doc, plots(doc, out))
+    (out / REPORT).write_text(md)
+    return out / REPORT

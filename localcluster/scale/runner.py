@@ -1,0 +1,491 @@
+"""One scale run: for each setup of the scenario, one local cluster of its
+size (the cached real binaries), slices from ``driver simulate``, the
+extender when the setup has it, the workload submitted at the scenario's
+rate, churn, and the figures; then the cluster is torn down, whatever
+happened (an interrupt included), before the next setup starts."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import orjson
+import urllib3
+import yaml
+from tqdm import tqdm
+
+from dra_driver.framework.publisher import ApiError, JsonApi
+from localcluster.cluster import (
+    ClusterError,
+    ClusterSpec,
+    api_client,
+    cluster_dir,
+    down,
+    running_clusters,
+    up,
+)
+from localcluster.nodes import node_manifest
+from localcluster.processes import commands_under
+from localcluster.scale import fit, measure, quality
+from localcluster.scale.scenario import ScaleScenario, Setup
+from localcluster.scale.workload import (
+    DEVICE_CLASSES,
+    NAMESPACE,
+    SCALE_LABEL,
+    Plan,
+    PodPlan,
+    again,
+    plan,
+)
+from topology.labels import PRESETS, PROFILE_LABEL, DialectName, from_labels
+from topology.layout import PlannedNode, plan_nodes
+from topology.profiles import load_profile
+
+WORKLOAD_GATES = "GenericWorkload=true,TopologyAwareWorkloadScheduling=true"
+WORKLOAD_API = "scheduling.k8s.io/v1beta1=true"
+Say = Callable[[str], None]
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def scheduler_config(sc: ScaleScenario, setup: Setup, extender_url: str) -> dict[str, Any]:
+    """The scheduler's configuration for ``setup``, with the scenario's client limits."""
+    from scheduler_ext.scheduler_config import scheduler_config as with_extender
+
+    lim = sc.client_limits
+    if setup is Setup.TOPOSERVE:
+        cfg = with_extender(extender_url)
+    else:
+        cfg = {"apiVersion": "kubescheduler.config.k8s.io/v1",
+               "kind": "KubeSchedulerConfiguration"}
+    if lim.scheduler_qps:
+        cfg["clientConnection"] = {"qps": lim.scheduler_qps, "burst": lim.scheduler_burst}
+    return cfg
+
+
+def cluster_spec(sc: ScaleScenario, setup: Setup, name: str, sched_file: Path) -> ClusterSpec:
+    lim = sc.client_limits
+    gates = setup is Setup.IN_TREE
+    return ClusterSpec(name=name, groups=[(g.profile, g.count) for g in sc.nodes],
+                       scheduler_config=sched_file,
+                       controller_manager_qps=lim.controller_manager_qps or None,
+                       controller_manager_burst=lim.controller_manager_burst or None,
+                       feature_gates=WORKLOAD_GATES if gates else "",
+                       runtime_config=WORKLOAD_API if gates else "",
+                       ready_timeout_s=120 + 0.2 * sc.node_count())
+
+
+@dataclass
+class Child:
+    """A toposerve subprocess of the run (``driver simulate``, ``extender``)."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+    url: str
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        try:
+            r = urllib3.PoolManager().request("GET", self.url + path, timeout=5, retries=False)
+            return r.status, r.data
+        except urllib3.exceptions.HTTPError:
+            return 0, b""
+
+    def alive(self) -> None:
+        if self.popen.poll() is not None:
+            tail = self.log.read_text().splitlines()[-5:] if self.log.exists() else []
+            raise ClusterError(f"{self.name} exited ({self.popen.returncode}): "
+                               + " | ".join(tail)[-400:])
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+
+
+def spawn(name: str, argv: list[str], workdir: Path, url: str) -> Child:
+    log = workdir / f"{name.replace(' ', '-')}.log"
+    # its own session: a Ctrl-C reaches only us, and we stop it in order
+    popen = subprocess.Popen([sys.executable, "-m", "toposerve_cli.main", *argv],
+                             stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                             env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                             start_new_session=True)
+    return Child(name, popen, log, url)
+
+
+def wait(what: str, check: Callable[[], bool], timeout: float, interval: float = 0.25) -> float:
+    """Seconds until ``check`` held; ClusterError after ``timeout``."""
+    t0 = time.monotonic()
+    while not check():
+        if time.monotonic() - t0 > timeout:
+            raise ClusterError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+    return time.monotonic() - t0
+
+
+def extra_nodes(sc: ScaleScenario) -> list[PlannedNode]:
+    """Churn's added nodes: more of the first group's profile, with fresh indexes."""
+    first = sc.nodes[0]
+    have = sum(g.count for g in sc.nodes if g.profile == first.profile)
+    more = plan_nodes([(load_profile(first.profile), have + sc.churn.nodes_added)])[have:]
+    return [replace(n, index=sc.node_count() + i) for i, n in enumerate(more)]
+
+
+class Submitter:
+    """Creates pods from a thread pool at a paced rate; when each create
+    was sent and which failed."""
+
+    def __init__(self, rest: JsonApi, workers: int = 24) -> None:
+        self._rest = rest
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="submit")
+        self.created: dict[str, float] = {}
+        self.failed: dict[str, str] = {}
+        self._futures: list[Future[None]] = []
+
+    def _create(self, p: PodPlan) -> None:
+        self.created[p.name] = time.monotonic()
+        try:
+            self._rest.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", body=p.body)
+        except ApiError as err:
+            self.failed[p.name] = str(err)[:200]
+
+    def submit(self, pods: list[PodPlan], rate: float, tick: Callable[[], None]) -> None:
+        t0 = time.monotonic()
+        for i, p in enumerate(pods):
+            if rate:
+                delay = t0 + i / rate - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+            self._futures.append(self._pool.submit(self._create, p))
+            if i % 50 == 0:
+                tick()
+
+    def drain(self) -> None:
+        for f in self._futures:
+            f.result()
+        self._futures.clear()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _bar(total: int, desc: str, enabled: bool) -> tqdm[Any]:
+    return tqdm(total=total, desc=desc, unit="pod", file=sys.stderr, disable=not enabled,
+                dynamic_ncols=True, leave=True)
+
+
+def settle(names: set[str], pods: measure.Watched, settle_s: float, timeout_s: float,
+           bar: tqdm[Any], alive: Callable[[], None]) -> int:
+    """Wait until every pod of ``names`` is bound or nothing new binds for
+    ``settle_s``; how many are bound."""
+    t0 = last_change = time.monotonic()
+    last = -1
+    while True:
+        alive()
+        bound = len(names & pods.snapshot().keys())
+        if bound != last:
+            bar.update(bound - bar.n)
+            last, last_change = bound, time.monotonic()
+        now = time.monotonic()
+        if bound >= len(names) or now - last_change > settle_s or now - t0 > timeout_s:
+            return bound
+        time.sleep(0.2)
+
+
+def up_retrying(spec: ClusterSpec, say: Say, attempts: int = 3) -> Path:
+    """``up``, again when it fails: kwokctl picks free ports before its
+    components bind them, so clusters other people start at the same time
+    can take one first (``up`` has deleted what it made)."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return up(spec, progress=say)
+        except (ClusterError, urllib3.exceptions.HTTPError) as err:
+            if attempt == attempts:
+                raise
+            say(f"cluster {spec.name!r} did not come up ({str(err)[:200]}); retrying")
+    raise AssertionError("unreachable")
+
+
+@contextlib.contextmanager
+def setup_cluster(sc: ScaleScenario, setup: Setup, name: str, workdir: Path, say: Say
+                  ) -> Iterator[tuple[Any, dict[str, Any], list[Child], measure.ProcSampler]]:
+    """The setup's cluster, slices published and extender ready: (api,
+    bring-up figures, children, process sampler). Torn down on exit."""
+    ext_port = free_port()
+    sched_file = workdir / "scheduler.yaml"
+    sched_file.write_text(yaml.safe_dump(scheduler_config(sc, setup,
+                                                          f"http://127.0.0.1:{ext_port}")))
+    if name in running_clusters():
+        down(name, progress=say)  # left over from an interrupted run
+    children: list[Child] = []
+    sampler = measure.ProcSampler()
+    figures: dict[str, Any] = {}
+    t0 = time.monotonic()
+    kubeconfig = up_retrying(cluster_spec(sc, setup, name, sched_file), say)
+    try:
+        figures["cluster_up_s"] = round(time.monotonic() - t0, 1)
+        api = api_client(name)
+        sampler.watch({**commands_under(cluster_dir(name)), os.getpid(): "scale (this run)"})
+        sampler.start()
+        sim_port = free_port()
+        sim = spawn("driver simulate", ["driver", "simulate", "--cluster", name,
+                                        "--http-address", f"127.0.0.1:{sim_port}"],
+                    workdir, f"http://127.0.0.1:{sim_port}")
+        children.append(sim)
+        sampler.watch({sim.popen.pid: sim.name})
+
+        def published() -> bool:
+            sim.alive()
+            code, body = sim.get("/status")
+            st = orjson.loads(body) if code == 200 else {}
+            return bool(st.get("ready")) and st.get("nodes") == sc.node_count()
+        figures["slice_publish_s"] = round(wait("every node's slices", published,
+                                                600 + sc.node_count() * 0.5), 1)
+        say(f"slices for {sc.node_count()} nodes published in {figures['slice_publish_s']}s")
+        if setup is Setup.TOPOSERVE:
+            cfg = workdir / "extender.yaml"
+            cfg.write_text(yaml.safe_dump({"apiVersion": "toposerve.io/v1",
+                                           "kind": "ExtenderConfig", "accelerators": {
+                                               "deviceClasses": list(DEVICE_CLASSES)}}))
+            ext = spawn("extender", ["extender", "--config", str(cfg), "--kubeconfig",
+                                     str(kubeconfig), "--port", str(ext_port)], workdir,
+                        f"http://127.0.0.1:{ext_port}")
+            children.append(ext)
+            sampler.watch({ext.popen.pid: ext.name})
+
+            def ready() -> bool:
+                ext.alive()
+                return ext.get("/ready")[0] == 200
+            figures["extender_ready_s"] = round(wait("the extender", ready, 120), 1)
+        yield api, figures, children, sampler
+    finally:
+        for c in reversed(children):
+            c.stop()
+        sampler.stop()
+        down(name, progress=say)
+
+
+def _create_objects(rest: JsonApi, p: Plan) -> None:
+    for path, obj in p.objects:
+        try:
+            rest.request("POST", path, body=obj)
+        except ApiError as err:
+            if err.status != 409:
+                raise
+
+
+def run_setup(sc: ScaleScenario, setup: Setup, name: str, workdir: Path, say: Say,
+              show_bar: bool) -> dict[str, Any]:
+    p = plan(sc, setup)
+    with setup_cluster(sc, setup, name, workdir, say) as (api, figures, children, sampler):
+        rest = JsonApi(api)
+        _create_objects(rest, p)
+        pods = measure.Watched(rest, f"/api/v1/namespaces/{NAMESPACE}/pods", SCALE_LABEL,
+                               measure.bound_pod).start()
+        claims = measure.Watched(rest, f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/"
+                                       "resourceclaims", "", measure.allocated_claim_pod).start()
+        ext = next((c for c in children if c.name == "extender"), None)
+
+        def alive() -> None:
+            for c in children:
+                c.alive()
+        sub = Submitter(rest)
+        try:
+            api_before, ext_before = measure.scrape(api), ext and measure.scrape_url(
+                ext.url + "/metrics")
+            started = time.monotonic()
+            names = {x.name for x in p.pods}
+            with _bar(len(p.pods), f"{setup.value}: bound", show_bar) as bar:
+                sub.submit(p.pods, sc.arrival.rate, alive)
+                sub.drain()
+                settle(names, pods, sc.arrival.settle_seconds, sc.arrival.timeout_seconds,
+                       bar, alive)
+            churn = do_churn(sc, rest, p, pods, sub, sampler, children, say, show_bar, alive)
+            seconds = time.monotonic() - started
+            api_after = measure.scrape(api)
+            ext_after = ext and measure.scrape_url(ext.url + "/metrics")
+            where = {x["metadata"]["name"]: x["spec"]["nodeName"]
+                     for x in rest.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods",
+                                           [("labelSelector", SCALE_LABEL)])["items"]
+                     if x["spec"].get("nodeName")}
+            node_objs = rest.request("GET", "/api/v1/nodes")["items"]
+        finally:
+            sub.close()
+            pods.stop()
+            claims.stop()
+    dialect = PRESETS[DialectName.TOPOSERVE]
+    paths = {n["metadata"]["name"]: from_labels(n["metadata"]["name"],
+                                                n["metadata"].get("labels") or {}, dialect)
+             for n in node_objs}
+    profiles = {n["metadata"]["name"]: (n["metadata"].get("labels") or {}).get(
+        PROFILE_LABEL, "") for n in node_objs}
+    plans = {x.name: x for x in p.pods} | churn.pop("_plans")
+    used: dict[str, int] = {}
+    for pod_name, node in where.items():
+        if pod_name in plans:
+            used[node] = used.get(node, 0) + plans[pod_name].gpus
+    result = figures | figures_of(sc, p, sub, pods.snapshot(), claims.snapshot(), started,
+                                  seconds)
+    result |= {
+        "setup": setup.value, "cluster": name, "churn": churn,
+        "apiserver_requests": measure.request_rates(api_before, api_after, seconds),
+        "extender_calls": measure.call_latency(ext_before, ext_after) if ext_before and
+        ext_after else {},
+        "processes": sampler.stop(),
+        "placement": quality.as_dict(quality.placement(p.groups, where, paths, profiles,
+                                                       used)),
+        "landed": quality.landed(p.groups, where, paths),
+    }
+    return result
+
+
+def figures_of(sc: ScaleScenario, p: Plan, sub: Submitter, bound: dict[str, float],
+               allocated: dict[str, float], started: float, seconds: float) -> dict[str, Any]:
+    """Throughput and latencies of the first wave (churn's pods are counted apart)."""
+    names = [x.name for x in p.pods]
+    measured = names[sc.arrival.unmeasured:]
+    to_bound = [bound[n] - sub.created[n] for n in names if n in bound and n in sub.created]
+    claimed = [x.name for x in p.pods if x.claims]
+    to_alloc = [allocated[n] - sub.created[n] for n in claimed
+                if n in allocated and n in sub.created]
+    m_bound = [bound[n] for n in measured if n in bound]
+    first = min((sub.created[n] for n in measured if n in sub.created), default=started)
+    span = max(m_bound, default=first) - first
+    return {
+        "pods": len(names), "bound": sum(1 for n in names if n in bound),
+        "create_errors": len(sub.failed), "measured_pods": len(measured),
+        "first_create_error": next(iter(sub.failed.values()), None),
+        "unbound_by_kind": dict(Counter(x.kind for x in p.pods if x.name not in bound)),
+        "pods_per_s": round(len(m_bound) / span, 1) if span > 0 else None,
+        "run_s": round(seconds, 1),
+        "timeline": [(round(t, 1), r) for t, r in measure.timeline(bound.values(), started)],
+        "to_bound_s": latency(to_bound), "to_allocated_s": latency(to_alloc),
+        "cdf": {"to_bound_s": cdf(to_bound), "to_allocated_s": cdf(to_alloc)},
+    }
+
+
+def latency(values: list[float]) -> dict[str, float | int | None]:
+    def r(x: float) -> float | None:
+        return None if x != x else round(x, 3)  # NaN: no values
+    return {"n": len(values), "p50": r(measure.percentile(values, 0.5)),
+            "p99": r(measure.percentile(values, 0.99))}
+
+
+def cdf(values: list[float], points: int = 100) -> list[float]:
+    """The sorted values thinned to at most ``points`` quantiles (for the plot)."""
+    s = sorted(values)
+    if len(s) <= points:
+        return [round(v, 3) for v in s]
+    return [round(s[int(i * (len(s) - 1) / (points - 1))], 3) for i in range(points)]
+
+
+def do_churn(sc: ScaleScenario, rest: JsonApi, p: Plan, pods: measure.Watched, sub: Submitter,
+             sampler: measure.ProcSampler, children: list[Child], say: Say, show_bar: bool,
+             alive: Callable[[], None]) -> dict[str, Any]:
+    """Pods deleted and re-created, nodes added and removed, after the first wave."""
+    ch = sc.churn
+    out: dict[str, Any] = {"_plans": {}}
+    if not (ch.pods or ch.nodes_added or ch.nodes_removed):
+        return out
+    bound = pods.snapshot()
+    victims = [x for x in p.pods if x.group is None and x.name in bound][:ch.pods]
+    for x in victims:
+        with contextlib.suppress(ApiError):
+            rest.request("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/{x.name}",
+                         [("gracePeriodSeconds", 0)])
+    new = [again(x, 1) for x in victims]
+    out["_plans"] = {x.name: x for x in new}
+    added = extra_nodes(sc)
+    t0 = time.monotonic()
+    for n in added:
+        rest.request("POST", "/api/v1/nodes", body=node_manifest(
+            n, load_profile(n.profile), PRESETS[DialectName.TOPOSERVE]))
+    nodes = rest.request("GET", "/api/v1/nodes")["items"]
+    busy = set(_where(rest).values())
+    order = sorted((n["metadata"]["name"] for n in nodes
+                    if n["metadata"]["name"] not in {a.name for a in added}),
+                   key=lambda n: (n in busy, random.Random(n).random()))
+    for n in order[:ch.nodes_removed]:
+        rest.request("DELETE", f"/api/v1/nodes/{n}")
+    sim = next(c for c in children if c.name == "driver simulate")
+    want = sc.node_count() + len(added) - ch.nodes_removed
+
+    def published() -> bool:
+        sim.alive()
+        code, body = sim.get("/status")
+        st = orjson.loads(body) if code == 200 else {}
+        return bool(st.get("ready")) and st.get("nodes") == want
+    out["nodes_published_s"] = round(wait("slices of the churned nodes", published, 300), 1)
+    t1 = time.monotonic()
+    with _bar(len(new), "churn: re-created pods bound", show_bar) as bar:
+        sub.submit(new, sc.arrival.rate, alive)
+        sub.drain()
+        got = settle({x.name for x in new}, pods, sc.arrival.settle_seconds,
+                     sc.arrival.timeout_seconds, bar, alive)
+    snap = pods.snapshot()
+    lat = [snap[x.name] - sub.created[x.name] for x in new if x.name in snap]
+    out |= {"pods_deleted": len(victims), "pods_recreated_bound": got,
+            "recreated_to_bound_s": latency(lat), "nodes_added": len(added),
+            "nodes_removed": min(ch.nodes_removed, len(order)),
+            "churn_s": round(time.monotonic() - t0, 1), "recreate_s": round(
+                time.monotonic() - t1, 1)}
+    say(f"churn: {got}/{len(new)} re-created pods bound, nodes +{len(added)} "
+        f"-{out['nodes_removed']}")
+    return out
+
+
+def _where(rest: JsonApi) -> dict[str, str]:
+    return {x["metadata"]["name"]: x["spec"]["nodeName"]
+            for x in rest.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods")["items"]
+            if x["spec"].get("nodeName")}
+
+
+def run(sc: ScaleScenario, workdir: Path, *, prefix: str = "ts-scale", say: Say = _stderr,
+        show_bar: bool = True, available_mib: float | None = None) -> dict[str, Any]:
+    """Every setup of ``sc`` in turn; the whole result document. Refuses
+    (fit.DoesNotFit) before anything starts when the scenario does not fit."""
+    est = fit.check(sc, fit.mem_available_mib() if available_mib is None else available_mib)
+    # SIGTERM unwinds like Ctrl-C, so every cluster is torn down either way
+    old = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        doc: dict[str, Any] = {"scenario": sc.model_dump(mode="json", by_alias=True),
+                               "estimate_mib": round(est.total_mib),
+                               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                               "setups": []}
+        for setup in sc.setups:
+            say(f"== setup {setup.value}")
+            d = workdir / setup.value
+            d.mkdir(parents=True, exist_ok=True)
+            doc["setups"].append(run_setup(sc, setup, f"{prefix}-{setup.value}"[:32], d, say,
+                                           show_bar))
+        return doc
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt

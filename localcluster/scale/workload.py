@@ -1,0 +1,232 @@
+"""The objects a scenario submits, per setup: DeviceClasses and claim
+templates of the cookbook's shapes, pods (plain, with claims, wide-EP groups
+as LeaderWorkerSet writes them, P/D slices as DisaggregatedSet writes them,
+gangs), and in-tree PodGroups where the setup has the workload gates."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from dra_driver.gpu.devices import DRIVER as GPU_DRIVER
+from dra_driver.net.devices import DRIVER as NET_DRIVER
+from localcluster.nodes import KWOK_TOLERATION
+from localcluster.scale.scenario import (
+    Claims,
+    ClaimShape,
+    PdSlices,
+    Plain,
+    PodGroups,
+    ScaleScenario,
+    Setup,
+    WideEp,
+)
+from topology.labels import PROFILE_LABEL
+
+NAMESPACE = "default"
+RES = "resource.k8s.io/v1"
+SCALE_LABEL = "scale.toposerve.io/kind"
+GROUP_LABEL = "scale.toposerve.io/group"
+GPU_CLASS = "scale-gpu"  # whole GPUs
+PART_CLASS = "scale-gpu-partition"
+NIC_CLASS = "scale-nic"
+DEVICE_CLASSES = (GPU_CLASS, PART_CLASS)  # what the extender counts as accelerators
+LEVEL_KEYS = {"nvlink": "topology.toposerve.io/nvlink-domain",
+              "rack": "topology.toposerve.io/rack", "block": "topology.toposerve.io/block"}
+
+
+@dataclass(frozen=True)
+class PodPlan:
+    """One pod to create and what it means for the figures."""
+
+    name: str
+    kind: str
+    body: dict[str, Any]
+    gpus: int = 0  # GPUs its claim takes (a partition counts as its GPU)
+    claims: bool = False
+    group: str | None = None
+    role: str | None = None
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    name: str
+    kind: str
+    pods: int
+    gpus_per_pod: int
+    profile: str
+    level: str
+    roles: tuple[str, ...] = ()
+
+
+@dataclass
+class Plan:
+    setup: Setup
+    objects: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (API path, body)
+    pods: list[PodPlan] = field(default_factory=list)  # in arrival order
+    groups: list[GroupPlan] = field(default_factory=list)
+
+
+def device_classes() -> list[dict[str, Any]]:
+    def cls(name: str, expr: str) -> dict[str, Any]:
+        return {"apiVersion": RES, "kind": "DeviceClass", "metadata": {"name": name},
+                "spec": {"selectors": [{"cel": {"expression": expr}}]}}
+    gpu = f"device.driver == '{GPU_DRIVER}'"
+    kind = f"device.attributes['{GPU_DRIVER}'].type"
+    return [cls(GPU_CLASS, f"{gpu} && {kind} == 'gpu'"),
+            cls(PART_CLASS, f"{gpu} && {kind} != 'gpu'"),
+            cls(NIC_CLASS, f"device.driver == '{NET_DRIVER}'")]
+
+
+def template_name(shape: ClaimShape, gpus: int) -> str:
+    return f"{shape.value}-{gpus}"
+
+
+def claim_template(shape: ClaimShape, gpus: int) -> dict[str, Any]:
+    def req(name: str, cls: str, count: int = 1) -> dict[str, Any]:
+        return {"name": name, "exactly": {"deviceClassName": cls, "count": count}}
+    devices: dict[str, Any]
+    if shape is ClaimShape.PARTITION:
+        devices = {"requests": [req("gpu", PART_CLASS)]}
+    elif shape is ClaimShape.GPU_NIC:
+        devices = {"requests": [req("gpu", GPU_CLASS), req("nic", NIC_CLASS)],
+                   "constraints": [{"requests": ["gpu", "nic"],
+                                    "matchAttribute": "resource.kubernetes.io/pcieRoot"}]}
+    elif shape is ClaimShape.GPUS_ON_SWITCH:
+        devices = {"requests": [req("gpu", GPU_CLASS, gpus)],
+                   "constraints": [{"requests": ["gpu"],
+                                    "matchAttribute": f"{GPU_DRIVER}/pcieSwitch"}]}
+    else:
+        devices = {"requests": [req("gpu", GPU_CLASS, gpus)]}
+    return {"apiVersion": RES, "kind": "ResourceClaimTemplate",
+            "metadata": {"name": template_name(shape, gpus), "namespace": NAMESPACE},
+            "spec": {"spec": {"devices": devices}}}
+
+
+def _pod(name: str, kind: str, *, template: str | None, profile: str | None,
+         labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
+         spec: dict[str, Any] | None = None) -> dict[str, Any]:
+    container: dict[str, Any] = {"name": "main", "image": "registry.invalid/scale:0"}
+    body: dict[str, Any] = {"containers": [container], "tolerations": [KWOK_TOLERATION],
+                            "terminationGracePeriodSeconds": 0, **(spec or {})}
+    if profile:
+        body["nodeSelector"] = {PROFILE_LABEL: profile}
+    if template:
+        body["resourceClaims"] = [{"name": "dev", "resourceClaimTemplateName": template}]
+        container["resources"] = {"claims": [{"name": "dev"}]}
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": NAMESPACE,
+                         "labels": {SCALE_LABEL: kind, **(labels or {})},
+                         "annotations": annotations or {}},
+            "spec": body}
+
+
+def _lws_meta(g: GroupPlan, i: int) -> tuple[dict[str, str], dict[str, str]]:
+    """A LeaderWorkerSet group's labels and annotations as its controller writes them."""
+    lws = "leaderworkerset.sigs.k8s.io"
+    labels = {f"{lws}/name": g.name, f"{lws}/group-index": "0",
+              f"{lws}/group-key": f"{g.name}-0-key", f"{lws}/worker-index": str(i),
+              f"{lws}/template-revision-hash": "scale1"}
+    notes = {f"{lws}/size": str(g.pods), f"{lws}/exclusive-topology": LEVEL_KEYS[g.level]}
+    return labels, notes
+
+
+def _ds_meta(g: GroupPlan, i: int) -> tuple[dict[str, str], dict[str, str]]:
+    """A DisaggregatedSet slice's pod: one child LWS per role."""
+    role = g.roles[i]
+    per_role = g.roles.count(role)
+    ds = "disaggregatedset.x-k8s.io"
+    lws = "leaderworkerset.sigs.k8s.io"
+    index = g.roles[:i].count(role)
+    labels = {f"{ds}/name": g.name, f"{ds}/role": role, f"{ds}/slice": "0",
+              f"{ds}/revision": "scale1", "llm-d.ai/role": role,
+              f"{lws}/name": f"{g.name}-{role}", f"{lws}/group-index": str(index),
+              f"{lws}/worker-index": "0"}
+    notes = {f"{lws}/size": "1", f"{lws}/replicas": str(per_role)}
+    return labels, notes
+
+
+def _group_pod(g: GroupPlan, i: int, setup: Setup) -> PodPlan:
+    name = f"{g.name}-{i}"
+    labels: dict[str, str] = {GROUP_LABEL: g.name}
+    notes: dict[str, str] = {}
+    spec: dict[str, Any] = {}
+    role = g.roles[i] if g.roles else None
+    if setup is Setup.IN_TREE:
+        spec = {"schedulingGroup": {"podGroupName": g.name}}
+        if role:
+            labels["llm-d.ai/role"] = role
+    elif g.kind == "wide-ep":
+        more, notes = _lws_meta(g, i)
+        labels.update(more)
+    elif g.kind == "pd":
+        more, notes = _ds_meta(g, i)
+        labels.update(more)
+    elif setup is Setup.TOPOSERVE:  # a gang: toposerve's own group labels
+        labels.update({"toposerve.io/group": g.name, "toposerve.io/group-size": str(g.pods),
+                       "toposerve.io/topology-level": g.level})
+    body = _pod(name, g.kind, template=f"{ClaimShape.ONE_GPU.value}-{g.gpus_per_pod}",
+                profile=g.profile, labels=labels, annotations=notes, spec=spec)
+    return PodPlan(name, g.kind, body, gpus=g.gpus_per_pod, claims=True, group=g.name,
+                   role=role)
+
+
+def pod_group(g: GroupPlan) -> dict[str, Any]:
+    return {"apiVersion": "scheduling.k8s.io/v1beta1", "kind": "PodGroup",
+            "metadata": {"name": g.name, "namespace": NAMESPACE},
+            "spec": {"schedulingPolicy": {"gang": {"minCount": g.pods}},
+                     "schedulingConstraints": {"topology": [{"key": LEVEL_KEYS[g.level]}]}}}
+
+
+def groups_of(sc: ScaleScenario) -> list[GroupPlan]:
+    out: list[GroupPlan] = []
+    for wi, w in enumerate(sc.workload):
+        if isinstance(w, WideEp | PodGroups):
+            out += [GroupPlan(f"{w.kind}-{wi}-{j}", w.kind, w.size, w.gpus_per_pod,
+                              w.profile, w.level) for j in range(w.groups)]
+        elif isinstance(w, PdSlices):
+            roles = ("prefill",) * w.prefill + ("decode",) * w.decode
+            out += [GroupPlan(f"pd-{wi}-{j}", "pd", len(roles), w.gpus_per_pod, w.profile,
+                              w.level, roles) for j in range(w.slices)]
+    return out
+
+
+def plan(sc: ScaleScenario, setup: Setup) -> Plan:
+    """Everything ``setup`` submits, pods in a shuffled (seeded) arrival order."""
+    p = Plan(setup)
+    p.objects += [(f"/apis/{RES}/deviceclasses", c) for c in device_classes()]
+    shapes: set[tuple[ClaimShape, int]] = set()
+    pods: list[PodPlan] = []
+    for wi, w in enumerate(sc.workload):
+        if isinstance(w, Plain):
+            pods += [PodPlan(f"plain-{wi}-{i}", "plain",
+                             _pod(f"plain-{wi}-{i}", "plain", template=None, profile=None))
+                     for i in range(w.count)]
+        elif isinstance(w, Claims):
+            shapes.add((w.shape, w.gpus))
+            t = template_name(w.shape, w.gpus)
+            kind = f"claim-{w.shape.value}"
+            pods += [PodPlan(f"{w.shape.value}-{wi}-{i}", kind,
+                             _pod(f"{w.shape.value}-{wi}-{i}", kind, template=t,
+                                  profile=w.profile), gpus=w.gpus, claims=True)
+                     for i in range(w.count)]
+    p.groups = groups_of(sc)
+    for g in p.groups:
+        shapes.add((ClaimShape.ONE_GPU, g.gpus_per_pod))
+        pods += [_group_pod(g, i, setup) for i in range(g.pods)]
+        if setup is Setup.IN_TREE:
+            p.objects.append((f"/apis/scheduling.k8s.io/v1beta1/namespaces/{NAMESPACE}/"
+                              "podgroups", pod_group(g)))
+    p.objects += [(f"/apis/{RES}/namespaces/{NAMESPACE}/resourceclaimtemplates",
+                   claim_template(s, n)) for s, n in sorted(shapes, key=str)]
+    random.Random(sc.arrival.seed).shuffle(pods)
+    p.pods = pods
+    return p
+
+
+def again(pod: PodPlan, n: int) -> PodPlan:
+    """The same pod under a new name, for churn's re-creation."""
+    name = f"{pod.name}-r{n}"
+    body = {**pod.body, "metadata": {**pod.body["metadata"], "name": name}}
+    return PodPlan(name, pod.kind, body, pod.gpus, pod.claims, pod.group, pod.role)

@@ -1,0 +1,215 @@
+"""The scale run's decisions without a cluster: scenarios, the workload's
+objects per setup, the fit check, the figures and the report."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from localcluster.scale import fit, measure, quality, report
+from localcluster.scale.scenario import Claims, ScaleScenario, Setup, builtins, load_scenario
+from localcluster.scale.workload import GroupPlan, plan
+from topology.config_file import ConfigError
+from topology.model import DomainPath
+
+SMALL = builtins()["small"]
+
+
+def scenario(**changes: object) -> ScaleScenario:
+    doc = yaml.safe_load(SMALL.read_text())
+    doc.update(changes)
+    return ScaleScenario.model_validate(doc)
+
+
+def test_every_builtin_loads_and_small_has_every_kind_and_setup() -> None:
+    assert {"small", "sched-perf-500", "hgx-1000", "nvl72-70-racks",
+            "mixed-5000"} <= set(builtins())
+    for path in builtins().values():
+        load_scenario(path)
+    small = load_scenario(SMALL)
+    kinds = {w.kind for w in small.workload}
+    shapes = {str(w.shape) for w in small.workload if isinstance(w, Claims)}
+    assert kinds == {"plain", "claim", "wide-ep", "pd", "pod-group"}
+    assert shapes == {"one-gpu", "gpus-on-switch", "gpu-nic", "partition"}
+    assert set(small.setups) == set(Setup)
+
+
+def test_bad_scenarios_name_the_field_and_the_fix(tmp_path: Path) -> None:
+    doc = yaml.safe_load(SMALL.read_text())
+    doc["workload"][1]["profile"] = "a100"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match=r"workload.*'a100' is none of the scenario's node "
+                                          r"profiles.*add nodes of it"):
+        load_scenario(bad)
+    doc = yaml.safe_load(SMALL.read_text())
+    doc["clientLimits"] = {"schedulerQps": 50, "schedulerBurst": 0}
+    bad.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match="schedulerQps and schedulerBurst: set both"):
+        load_scenario(bad)
+    doc = yaml.safe_load(SMALL.read_text())
+    doc["arrival"]["rate"] = -1
+    bad.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match=r"arrival.rate: Input should be greater than"):
+        load_scenario(bad)
+
+
+def test_each_setup_writes_groups_its_own_way() -> None:
+    sc = load_scenario(SMALL)
+    by = {s: plan(sc, s) for s in Setup}
+    in_tree = by[Setup.IN_TREE]
+    kinds = [o["kind"] for _, o in in_tree.objects]
+    assert kinds.count("PodGroup") == len(in_tree.groups) == 5
+    assert "PodGroup" not in [o["kind"] for _, o in by[Setup.TOPOSERVE].objects]
+    grouped = [p for p in in_tree.pods if p.group]
+    assert all(p.body["spec"]["schedulingGroup"]["podGroupName"] == p.group for p in grouped)
+    ours = {p.kind: p.body["metadata"] for p in by[Setup.TOPOSERVE].pods if p.group}
+    assert "leaderworkerset.sigs.k8s.io/exclusive-topology" in ours["wide-ep"]["annotations"]
+    assert ours["pd"]["labels"]["disaggregatedset.x-k8s.io/role"] in ("prefill", "decode")
+    assert ours["pod-group"]["labels"]["toposerve.io/group-size"] == "6"
+    assert "toposerve.io/group" not in {k for p in by[Setup.DEFAULT].pods
+                                        for k in p.body["metadata"]["labels"]}
+    # same pods, same order, in every setup
+    assert len({tuple(p.name for p in x.pods) for x in by.values()}) == 1
+    templates = {o["metadata"]["name"]: o["spec"]["spec"]["devices"]
+                 for _, o in in_tree.objects if o["kind"] == "ResourceClaimTemplate"}
+    assert templates["gpu-nic-1"]["constraints"][0]["matchAttribute"] == \
+        "resource.kubernetes.io/pcieRoot"
+    assert templates["gpus-on-switch-2"]["constraints"][0]["matchAttribute"] == \
+        "gpu.toposerve.io/pcieSwitch"
+    assert templates["partition-1"]["requests"][0]["exactly"]["deviceClassName"] == \
+        "scale-gpu-partition"
+
+
+def test_fit_refuses_with_both_numbers() -> None:
+    sc = load_scenario(SMALL)
+    est = fit.estimate(sc).total_mib
+    assert fit.check(sc, est + fit.RESERVE_MIB + 1).total_mib == est
+    with pytest.raises(fit.DoesNotFit, match=rf"needs about {est:,.0f} MiB .* has 900 MiB "
+                                             r"available \(MemAvailable"):
+        fit.check(sc, 900)
+    big = scenario(nodes=[{"profile": "hgx-h100", "count": 60000},
+                          {"profile": "gb200-nvl72", "count": 36},
+                          {"profile": "mi300x", "count": 4}])
+    assert fit.estimate(big).total_mib > 24 * 1024
+
+
+def test_scale_run_refuses_what_does_not_fit_before_starting_anything(tmp_path: Path) -> None:
+    doc = yaml.safe_load(SMALL.read_text())
+    doc["nodes"][0]["count"] = 60000
+    doc["name"] = "too-big"
+    f = tmp_path / "big.yaml"
+    f.write_text(yaml.safe_dump(doc))
+    r = subprocess.run([sys.executable, "-m", "toposerve_cli.main", "scale", "run", "-f", str(f),
+                        "--out", str(tmp_path / "out"), "--prefix", "ts-scale-never"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert "error: scenario 'too-big' needs about" in r.stderr
+    assert "MiB available (MemAvailable" in r.stderr
+    assert "starting etcd" not in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_percentiles_and_histogram_quantiles() -> None:
+    assert measure.percentile([3, 1, 2], 0.5) == 2
+    assert measure.percentile([0, 10], 0.99) == pytest.approx(9.9)
+    assert math.isnan(measure.percentile([], 0.5))
+    buckets = [(0.001, 50.0), (0.01, 100.0), (math.inf, 100.0)]
+    assert measure.histogram_quantile(buckets, 0.5) == pytest.approx(0.001)
+    assert measure.histogram_quantile(buckets, 0.75) == pytest.approx(0.0055)
+    assert measure.timeline([10.2, 10.4, 12.1], 10.0) == [(0.0, 2.0), (1.0, 0.0), (2.0, 1.0)]
+
+
+def test_rates_and_call_latency_come_from_the_difference_of_two_scrapes() -> None:
+    def api(n: int) -> str:
+        return ("# TYPE apiserver_request_total counter\n"
+                f'apiserver_request_total{{verb="POST",resource="pods",subresource="",code="201"}}'
+                f" {n}\n"
+                f'apiserver_request_total{{verb="POST",resource="pods",subresource="binding",'
+                f'code="201"}} {2 * n}\n')
+    rows = measure.request_rates(api(10), api(30), 10.0)
+    assert rows == [{"verb": "POST", "resource": "pods/binding", "per_s": 4.0, "requests": 40},
+                    {"verb": "POST", "resource": "pods", "per_s": 2.0, "requests": 20}]
+
+    def ext(fast: int, slow: int) -> str:
+        h = "toposerve_extender_call_seconds"
+        return (f"# TYPE {h} histogram\n"
+                f'{h}_bucket{{verb="filter",le="0.001"}} {fast}\n'
+                f'{h}_bucket{{verb="filter",le="0.01"}} {fast + slow}\n'
+                f'{h}_bucket{{verb="filter",le="+Inf"}} {fast + slow}\n'
+                f'{h}_count{{verb="filter"}} {fast + slow}\n'
+                f'{h}_sum{{verb="filter"}} 0.1\n')
+    lat = measure.call_latency(ext(100, 0), ext(190, 10))["filter"]
+    assert lat["calls"] == 100
+    assert lat["p50_ms"] == pytest.approx(0.5556, rel=1e-3)
+    assert 1 < lat["p99_ms"] <= 10
+
+
+def _paths() -> tuple[dict[str, DomainPath], dict[str, str]]:
+    paths = {f"n{r}{i}": DomainPath(zone="z", block="b", rack=f"r{r}", nvlink=f"r{r}",
+                                    host=f"n{r}{i}") for r in range(2) for i in range(2)}
+    return paths, dict.fromkeys(paths, "gb200-nvl72")
+
+
+def test_placement_quality_counts_groups_stranded_pods_and_free_room() -> None:
+    paths, profiles = _paths()
+    groups = [GroupPlan("a", "wide-ep", 2, 4, "gb200-nvl72", "rack"),
+              GroupPlan("b", "wide-ep", 2, 4, "gb200-nvl72", "rack"),
+              GroupPlan("c", "pod-group", 2, 4, "gb200-nvl72", "rack")]
+    where = {"a-0": "n00", "a-1": "n01", "b-0": "n10", "b-1": "n00", "c-0": "n11"}
+    used = {"n00": 8, "n01": 4, "n10": 4, "n11": 4}
+    q = quality.placement(groups, where, paths, profiles, used)
+    assert (q.groups, q.in_one_domain, q.could_fit_one_domain) == (3, 1, 3)
+    assert (q.pending_groups, q.stranded_pods, q.never_placed_pods) == (1, 1, 1)
+    assert (q.free_gpus, q.largest_free_rack) == (0, 0)
+    q = quality.placement(groups[:1], {"a-0": "n00", "a-1": "n01"}, paths, profiles,
+                          {"n00": 4, "n01": 4})
+    assert (q.free_gpus, q.largest_free_rack, q.fragmentation) == (8, 8, 0.0)
+    assert quality.landed(groups[:1], {"a-0": "n00", "a-1": "n10"}, paths) == {
+        "r0": {"a": 4}, "r1": {"a": 4}}
+
+
+def test_kv_time_is_zero_on_one_node_and_grows_across_racks() -> None:
+    paths, _ = _paths()
+    g = GroupPlan("pd", "pd", 2, 2, "gb200-nvl72", "rack", ("prefill", "decode"))
+    assert quality.kv_seconds(g, {"pd-0": "n00", "pd-1": "n00"}, paths) == 0
+    near = quality.kv_seconds(g, {"pd-0": "n00", "pd-1": "n01"}, paths)
+    far = quality.kv_seconds(g, {"pd-0": "n00", "pd-1": "n10"}, paths)
+    assert 0 < near < far
+
+
+def test_report_renders_again_from_its_json(tmp_path: Path) -> None:
+    setup = {"setup": "default", "cluster": "x", "cluster_up_s": 5.0, "slice_publish_s": 2.0,
+             "pods": 3, "bound": 3, "create_errors": 0, "first_create_error": None,
+             "measured_pods": 3, "pods_per_s": 30.0, "run_s": 1.0,
+             "timeline": [[0.0, 2.0], [1.0, 1.0]],
+             "to_bound_s": {"n": 3, "p50": 0.5, "p99": 0.9},
+             "to_allocated_s": {"n": 0, "p50": None, "p99": None},
+             "cdf": {"to_bound_s": [0.1, 0.5, 0.9], "to_allocated_s": []},
+             "churn": {}, "apiserver_requests": [{"verb": "POST", "resource": "pods",
+                                                  "requests": 3, "per_s": 3.0}],
+             "extender_calls": {}, "processes": [{"process": "etcd", "pid": 1, "cpu_s": 0.1,
+                                                  "peak_rss_mib": 50.0}],
+             "placement": quality.as_dict(quality.placement([], {}, {}, {}, {})),
+             "landed": {"r0": {"g": 4}}}
+    doc = {"scenario": load_scenario(SMALL).model_dump(mode="json", by_alias=True),
+           "estimate_mib": 900, "started": "now", "setups": [setup]}
+    path = report.write(doc, tmp_path)
+    first = path.read_text()
+    assert "| default | 5.0 | 2.0 | 3/3 | 30.0 |" in first
+    for png in ("pods_per_s.png", "latency_cdf.png", "groups_landed.png"):
+        assert (tmp_path / png).stat().st_size > 0
+        (tmp_path / png).unlink()
+    (tmp_path / report.REPORT).unlink()
+    r = subprocess.run([sys.executable, "-m", "toposerve_cli.main", "scale", "report",
+                        str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / report.REPORT).read_text() == first
+    assert (tmp_path / "groups_landed.png").exists()
+    assert json.loads((tmp_path / report.RESULT).read_text())["setups"][0]["bound"] == 3
