@@ -54,15 +54,16 @@ class GroupSpec:
         return self.pods * self.gpus
 
 
-def mix(racks: int, hgx_racks: int) -> list[GroupSpec]:
+def mix(racks: int, hgx_racks: int, ep_groups: int = 10) -> list[GroupSpec]:
     """Wide-EP groups that fill the GB200 racks exactly when packed well
     (whole, half, quarter racks), P/D slices for the HGX racks."""
     out: list[GroupSpec] = []
-    # trays (4 GPUs each) per group: 63 of 4 racks x 18, so each group has a rack
-    # whatever the order (whole, half, two-thirds and one-third racks)
+    # trays (4 GPUs each) per group: the first ten take 63 of 4 racks x 18, so each
+    # group has a rack whatever the order (whole, half, two-thirds and one-third
+    # racks); more groups repeat the pattern, within 7/8 of the racks
     sizes = [18, 9, 9, 12, 6, 9, 18, 9, 12, 6]
     left, i = racks * 18 * 7 // 8, 0
-    for s in sizes:
+    for s in (sizes[j % len(sizes)] for j in range(ep_groups)):
         if s <= left:
             out.append(GroupSpec(f"ep-{i}", s, 4, "gb200-nvl72"))
             left, i = left - s, i + 1
@@ -104,6 +105,7 @@ def manifests(groups: list[GroupSpec], mode: str, plain: int,
 @dataclass
 class Placement:
     mode: str
+    nodes: int
     groups: int
     single_domain: int  # groups wholly bound inside one rack
     could: int  # groups that fit a single rack at submission
@@ -111,8 +113,13 @@ class Placement:
     pending: int  # pods of groups never bound
     kv_ms: float  # modelled KV transfer per request, P/D slices, mean
     largest_free_rack: int  # GPUs, after the run
+    free_racks: int  # GB200 racks left wholly free
     pods_per_s: float
     seconds: float
+    # the extender's filter calls during the run, from its /metrics histogram: the
+    # upper bounds of the buckets holding the median and the 99th percentile
+    filter_p50_ms: float = float("nan")
+    filter_p99_ms: float = float("nan")
 
 
 def _gpus(profile: str) -> int:
@@ -164,11 +171,29 @@ def measure(gc: GpuCluster, groups: list[GroupSpec], mode: str, plain: int, seed
             used[gc.paths[n].rack] += g.gpus
     bound_pods = last[0]
     span = max(1e-9, last[1] - started)
-    return Placement(mode, len(groups), single, sum(1 for g in groups if g.demand <=
+    p50, p99 = call_quantiles(gc.extender.metrics(), "filter", (0.5, 0.99)) \
+        if gc.extender is not None else (float("nan"), float("nan"))
+    return Placement(mode, len(gc.paths), len(groups), single, sum(1 for g in groups if g.demand <=
                                                     (72 if not g.roles else 32)),
                      stranded, pending, 1000 * sum(kv) / len(kv) if kv else float("nan"),
-                     max((cap[r] - used[r] for r in cap), default=0), bound_pods / span,
-                     span), dict(where)
+                     max((cap[r] - used[r] for r in cap), default=0),
+                     sum(1 for r in cap if used[r] == 0), bound_pods / span, span,
+                     1000 * p50, 1000 * p99), dict(where)
+
+
+def call_quantiles(metrics: str, verb: str, qs: tuple[float, ...]) -> tuple[float, ...]:
+    """Seconds: for each quantile, the upper bound of the histogram bucket of
+    ``toposerve_extender_call_seconds{verb}`` that holds it."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    buckets: list[tuple[float, float]] = []
+    for fam in text_string_to_metric_families(metrics):
+        if fam.name == "toposerve_extender_call_seconds":
+            buckets = sorted((float(s.labels["le"]), s.value) for s in fam.samples
+                             if s.name.endswith("_bucket") and s.labels.get("verb") == verb)
+    total = buckets[-1][1] if buckets else 0.0
+    return tuple(next((le for le, n in buckets if n >= q * total), float("nan"))
+                 if total else float("nan") for q in qs)
 
 
 def _kv(paths: dict[str, DomainPath], g: GroupSpec, nodes: dict[str, str]) -> float:
@@ -182,7 +207,7 @@ def _kv(paths: dict[str, DomainPath], g: GroupSpec, nodes: dict[str, str]) -> fl
 
 def placement_runs(args: argparse.Namespace, workdir: Path) -> tuple[list[Placement],
                                                                        dict[str, Any]]:
-    groups = mix(args.racks, args.hgx // 4)
+    groups = mix(args.racks, args.hgx // 4, args.ep_groups)
     shape = [("gb200-nvl72", args.racks * 18), ("hgx-h100", args.hgx)]
     rows: list[Placement] = []
     landed: dict[str, Any] = {}
@@ -326,14 +351,17 @@ def latency_runs(nodes: list[int], calls: int, runs: int) -> list[Latency]:
 
 def table(rows: list[Placement]) -> str:
     base = next((r.pods_per_s for r in rows if r.mode == "default"), float("nan"))
-    lines = ["| scheduler | groups in one rack | of those that could | pods stranded | "
+    lines = ["| nodes | scheduler | groups in one rack | of those that could | pods stranded | "
              "pods never placed | KV ms/request (P/D) | largest free GB200 rack (GPUs) | "
-             "pods/s | vs default |", "|---|---|---|---|---|---|---|---|---|"]
+             "GB200 racks wholly free | pods/s | vs default | extender filter p50 / p99 ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r.mode} | {r.single_domain}/{r.groups} | "
+        ext = f"≤ {r.filter_p50_ms:g} / ≤ {r.filter_p99_ms:g}" \
+            if r.filter_p99_ms == r.filter_p99_ms else "-"  # nan: no extender
+        lines.append(f"| {r.nodes} | {r.mode} | {r.single_domain}/{r.groups} | "
                      f"{100 * r.single_domain / max(1, r.could):.0f}% | {r.stranded} | "
-                     f"{r.pending} | {r.kv_ms:.1f} | {r.largest_free_rack} | "
-                     f"{r.pods_per_s:.1f} | {r.pods_per_s / base:.0%} |")
+                     f"{r.pending} | {r.kv_ms:.1f} | {r.largest_free_rack} | {r.free_racks} | "
+                     f"{r.pods_per_s:.1f} | {r.pods_per_s / base:.0%} | {ext} |")
     return "\n".join(lines)
 
 
@@ -380,6 +408,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bench.extender_bench", description=__doc__)
     ap.add_argument("--racks", type=int, default=4, help="GB200 NVL72 racks (18 nodes each)")
     ap.add_argument("--hgx", type=int, default=16, help="HGX H100 nodes (racks of 4)")
+    ap.add_argument("--ep-groups", type=int, default=10,
+                    help="wide-EP groups in the mix (within 7/8 of the GB200 racks)")
     ap.add_argument("--plain", type=int, default=20, help="ordinary pods in the mix")
     ap.add_argument("--seed", type=int, default=16)
     ap.add_argument("--timeout", type=float, default=240)
@@ -391,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--latency-only", action="store_true",
                     help="only the extender's call latency (no cluster)")
     ap.add_argument("--out", default="bench/results")
+    ap.add_argument("--name", default="extender_bench",
+                    help="file name of the outputs (the 5,000-node run: extender_scale)")
     args = ap.parse_args(argv)
     if args.latency_only:
         lat = latency_runs(args.nodes, args.calls, args.runs)
@@ -400,7 +432,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         rows, landed = placement_runs(args, Path(tmp))
     lat = latency_runs(args.nodes, args.calls, args.runs)
-    write(Path(args.out), "extender_bench", table(rows) + "\n\n" + latency_table(lat),
+    md = table(rows) + ("\n\n" + latency_table(lat) if lat else "")
+    write(Path(args.out), args.name, md,
           {"placement": [asdict(r) for r in rows], "latency": [asdict(x) for x in lat],
            "landed": landed, "args": vars(args)}, lambda p: plot(landed, p))
     return 0

@@ -85,6 +85,7 @@ class Extender:
         self.persist = persist if cfg.persist_decisions else None
         self.missing = missing
         self.metrics = Metrics()
+        self.warmed = False
         self._writes: set[asyncio.Future[None]] = set()
 
     # --- the decisions, synchronous and pure over the state ------------------------
@@ -181,13 +182,14 @@ class Extender:
         what changed since (else an 80 ms pause every few hundred calls)."""
         with self.state.lock:
             view = self.state.snapshot()
-            kinds = {(p,) for p in view.profile_of().values()}
+            kinds = {(p,) for p in view.of_profile()}
             for tier in Tier:  # each level's domains and their room, as a first decision reads them
                 view.place(tier)
                 for profiles in kinds:
                     view.room(tier, profiles)
         gc.collect()
         gc.freeze()
+        self.warmed = True
 
     def held(self) -> int:
         now = self.clock()
@@ -228,6 +230,8 @@ class Extender:
         missing = self.missing()
         if missing:
             return _json({"status": "syncing", "waitingFor": missing}, status=503)
+        if not self.warmed:  # calls before it would pay for building the view
+            return _json({"status": "warming"}, status=503)
         return _json({"status": "ready"})
 
     async def _metrics(self, _: web.Request) -> web.Response:
@@ -290,14 +294,12 @@ def serve(cfg: ExtenderConfig, kubeconfig: str | None) -> None:
     app.on_cleanup.append(stop)
 
     async def errors() -> None:
-        warmed = False
         while True:
-            if not warmed and not watches.missing():
+            if not ext.warmed and not watches.missing():
                 ext.warm()
-                warmed = True
             for kind, n in watches.errors.items():
                 ext.metrics.watch_errors.labels(kind).set(n)
-            await asyncio.sleep(5)
+            await asyncio.sleep(5 if ext.warmed else 0.1)
 
     async def metrics_loop(app: web.Application) -> Any:
         task = asyncio.ensure_future(errors())

@@ -239,9 +239,12 @@ def _choose(view: View, group: Group, offered: AbstractSet[str], reserved: dict[
     return None
 
 
-def _profiles(view: View, names: Iterable[str]) -> tuple[str, ...]:
-    found: set[str | None] = set(map(view.profile_of().get, names))
-    return tuple(sorted(p for p in found if p is not None))  # None: no such node
+def _profiles(view: View, offered: AbstractSet[str]) -> tuple[str, ...]:
+    """The hardware profiles of the ``offered`` nodes: per profile, whether
+    any of its nodes is offered (the first one usually is), rather than a
+    pass over 5,000 offered nodes."""
+    return tuple(sorted(kind for kind, names in view.of_profile().items()
+                        if any(n in offered for n in names)))
 
 
 def _largest(view: View, tier: Tier, reserved: dict[str, int] | None,
@@ -285,9 +288,9 @@ def filter_member(view: View, group: Group, uid: str, candidates: list[str], pol
     decision = view.decisions.get(group.key)
     outcome = Outcome.HELD
     if decision is None or not decision.live(now):
-        profiles = _profiles(view, [*candidates, *(m.node for m in group.bound() if m.node)])
-        levels = _levels(group, policy)
         offered = {*candidates, *(m.node for m in group.bound() if m.node)}
+        profiles = _profiles(view, offered)
+        levels = _levels(group, policy)
         pick = _choose(view, group, offered, reserved, levels, None, profiles)
         if pick is None:
             reason = _no_fit_reason(view, group, reserved, levels, profiles)

@@ -155,6 +155,7 @@ class View:
     nvlink: dict[str, str] = field(default_factory=dict)  # node -> its NVLink domain's name
     places: dict[Tier, dict[str, Domain | None]] = field(default_factory=dict)
     kinds: dict[str, str] = field(default_factory=dict)  # node -> its profile ("": none)
+    by_profile: dict[str, list[str]] = field(default_factory=dict)  # profile -> its nodes
     # each live promise's layout, checked against its inputs on use (never stale)
     layouts: dict[str, Layout] = field(default_factory=dict)
 
@@ -164,6 +165,7 @@ class View:
         self.nvlink.clear()
         self.places.clear()
         self.kinds.clear()
+        self.by_profile.clear()
         self.memo.clear()
 
     def forget(self, before: Mapping[str, NodeState | None] | None = None) -> None:
@@ -192,6 +194,15 @@ class View:
         if not self.kinds and self.nodes:
             self.kinds.update((name, n.profile or "") for name, n in self.nodes.items())
         return self.kinds
+
+    def of_profile(self) -> dict[str, list[str]]:
+        """The nodes of each hardware profile ("": unlabelled), kept as long as
+        ``profile_of``."""
+        got = self.by_profile
+        if not got and self.nodes:
+            for name, kind in self.profile_of().items():
+                got.setdefault(kind, []).append(name)
+        return got
 
     def room(self, tier: Tier, profiles: tuple[str, ...]) -> dict[Domain, int]:
         """Free accelerators per domain of ``tier``, over its nodes of

@@ -164,6 +164,12 @@ def test_health_ready_and_metrics() -> None:
         r = await c.get("/ready")
         assert r.status == 503 and (await r.json())["waitingFor"] == ["pods"]
         ext.state.relist("pods", [])
+        r = await c.get("/ready")  # listed, but the view is not built yet
+        assert r.status == 503 and (await r.json())["status"] == "warming"
+        try:
+            ext.warm()
+        finally:
+            gc.unfreeze()
         assert (await c.get("/ready")).status == 200
         pod = k.toposerve_pods("m", 2, claim_template="gpu4", level="rack", uid_prefix="m")[0]
         await post(c, "filter", {"Pod": pod, "NodeNames": NAMES})

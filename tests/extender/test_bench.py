@@ -1,0 +1,29 @@
+"""The extender benchmark's own arithmetic: the mix it submits and the
+call quantiles it reads from the extender's histogram."""
+
+from __future__ import annotations
+
+from prometheus_client import generate_latest
+
+from bench.extender_bench import call_quantiles, mix
+from scheduler_ext.metrics import Metrics
+
+
+def test_call_quantiles_are_the_buckets_that_hold_them() -> None:
+    m = Metrics()
+    for seconds in [0.0004] * 60 + [0.0025] * 39 + [0.006]:  # 100 filter calls
+        m.latency.labels("filter").observe(seconds)
+    m.latency.labels("prioritize").observe(0.5)
+    p50, p99, top = call_quantiles(generate_latest(m.registry).decode(), "filter",
+                                   (0.5, 0.99, 1.0))
+    assert (p50, p99, top) == (0.0005, 0.003, 0.0075)
+    assert call_quantiles("", "filter", (0.5,)) != call_quantiles("", "filter", (0.5,))  # nan
+
+
+def test_the_mix_repeats_its_groups_within_seven_eighths_of_the_racks() -> None:
+    four = mix(4, 4)
+    assert [g.pods for g in four if not g.roles] == [18, 9, 9, 12, 6, 9]  # 63 of 72 trays
+    assert sum(1 for g in four if g.roles) == 4
+    many = mix(270, 0, ep_groups=40)
+    assert len(many) == 40 and sum(g.pods for g in many) <= 270 * 18 * 7 // 8
+    assert len({g.name for g in many}) == 40
