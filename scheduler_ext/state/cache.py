@@ -127,11 +127,13 @@ class ClusterState:
 
     def node(self, kind: str, obj: dict[str, Any]) -> None:
         name = (obj.get("metadata") or {}).get("name", "")
+        new = None if kind == "DELETED" else node_facts(obj, self.dialect, self._extended)
         with self.lock:
             old = self._nodes.pop(name, None)
-            new = None if kind == "DELETED" else node_facts(obj, self.dialect, self._extended)
             if new is not None:
                 self._nodes[name] = new
+            if old == new:
+                return  # a status update: nothing placement reads changed
             self._dirty_nodes.add(name)
             # most node events are status updates: only a node that came, went
             # or changed place stales the domain indexes (a rebuild at 5,000 nodes
@@ -404,9 +406,13 @@ class ClusterState:
             now = self.clock()
             for uid in [u for u, (_, until) in self._assumed.items() if until <= now]:
                 self.unassume(uid)
-            before = {name: self.view.nodes.get(name) for name in self._dirty_nodes}
+            before: dict[str, NodeState | None] = {}
             for name in self._dirty_nodes:
                 ns = self._node_state(name)
+                old = self.view.nodes.get(name)
+                if ns == old:
+                    continue  # the same object stays: layouts made from it stay valid
+                before[name] = old
                 if ns is None:
                     self.view.nodes.pop(name, None)
                 else:
@@ -421,7 +427,7 @@ class ClusterState:
             if self._moved:
                 self.view.forget_places()
                 self._moved = False
-            elif self._dirty_nodes or self._dirty_groups:
+            elif before or self._dirty_groups:
                 self.view.forget(before)
             self._dirty_nodes.clear()
             self._dirty_groups.clear()

@@ -192,11 +192,15 @@ def test_a_node_status_update_keeps_the_domain_indexes_a_label_change_moves_it()
     view = st.snapshot()
     assert first.name in view.in_domain(Tier.RACK, view.nodes[first.name].domain(Tier.RACK)
                                         or ())
+    was = view.nodes[first.name]
+    view.memo["derived"] = True
     status = k.node(first)
     status["status"] = {"conditions": [{"type": "Ready", "status": "True"}]}
     st.node("MODIFIED", status)
     view = st.snapshot()
     assert Tier.RACK in view.index  # not rebuilt for a status update
+    # nor anything else: the same node object (promise layouts made from it stay valid)
+    assert view.nodes[first.name] is was and view.memo.get("derived") is True
     moved = k.node(first)
     assert TOPO.rack is not None and TOPO.nvlink is not None
     moved["metadata"]["labels"][TOPO.rack] = str(other.path.rack)
