@@ -27,7 +27,10 @@ def markdown(doc: dict[str, Any], pngs: list[str]) -> str:
              f"{sc['arrival']['rate'] or 'unpaced'} pods/s. Client limits: scheduler QPS/burst "
              f"{lim['schedulerQps'] or 'default'}/{lim['schedulerBurst'] or 'default'}, "
              f"controller-manager {lim['controllerManagerQps'] or 'default'}/"
-             f"{lim['controllerManagerBurst'] or 'default'}. Estimated memory "
+             f"{lim['controllerManagerBurst'] or 'default'}; scheduler "
+             f"percentageOfNodesToScore "
+             f"{sc.get('scheduler', {}).get('percentageOfNodesToScore') or 'adaptive'} "
+             f"(with the extender: 100). Estimated memory "
              f"{doc['estimate_mib']:,} MiB. Started {doc['started']}.", "",
              "## Throughput and latency", "",
              "| setup | cluster up s | slices published s | pods bound | pods/s | "

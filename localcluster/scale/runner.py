@@ -80,6 +80,9 @@ def scheduler_config(sc: ScaleScenario, setup: Setup, extender_url: str) -> dict
                "kind": "KubeSchedulerConfiguration"}
     if lim.scheduler_qps:
         cfg["clientConnection"] = {"qps": lim.scheduler_qps, "burst": lim.scheduler_burst}
+    pct = sc.scheduler.percentage_of_nodes_to_score
+    if pct is not None and setup is not Setup.TOPOSERVE:
+        cfg["percentageOfNodesToScore"] = pct
     return cfg
 
 

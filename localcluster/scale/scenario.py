@@ -155,6 +155,14 @@ class ClientLimits(Model):
         return self
 
 
+class SchedulerTuning(Model):
+    percentage_of_nodes_to_score: int | None = Field(
+        default=None, ge=1, le=100, alias="percentageOfNodesToScore",
+        description="KubeSchedulerConfiguration percentageOfNodesToScore for the default "
+                    "and in-tree setups (unset: the scheduler's adaptive default); the "
+                    "extender's setup always scores every node")
+
+
 class ScaleScenario(Model):
     api_version: Literal["toposerve.io/v1"] = Field(alias="apiVersion")
     kind: Literal["ScaleScenario"]
@@ -166,6 +174,7 @@ class ScaleScenario(Model):
     arrival: Arrival = Arrival()
     churn: Churn = Churn()
     client_limits: ClientLimits = Field(default=ClientLimits(), alias="clientLimits")
+    scheduler: SchedulerTuning = SchedulerTuning()
 
     @model_validator(mode="after")
     def _consistent(self) -> ScaleScenario:

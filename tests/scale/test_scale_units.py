@@ -213,3 +213,20 @@ def test_report_renders_again_from_its_json(tmp_path: Path) -> None:
     assert (tmp_path / report.REPORT).read_text() == first
     assert (tmp_path / "groups_landed.png").exists()
     assert json.loads((tmp_path / report.RESULT).read_text())["setups"][0]["bound"] == 3
+
+
+def test_scheduler_config_states_the_client_limits_and_scoring_per_setup() -> None:
+    from localcluster.scale.runner import cluster_spec, scheduler_config
+
+    sc = scenario(clientLimits={"schedulerQps": 200, "schedulerBurst": 400,
+                                "controllerManagerQps": 0, "controllerManagerBurst": 0},
+                  scheduler={"percentageOfNodesToScore": 10})
+    plain = scheduler_config(sc, Setup.DEFAULT, "http://127.0.0.1:1")
+    assert plain["clientConnection"] == {"qps": 200, "burst": 400}
+    assert plain["percentageOfNodesToScore"] == 10 and "extenders" not in plain
+    ours = scheduler_config(sc, Setup.TOPOSERVE, "http://127.0.0.1:1")
+    assert ours["percentageOfNodesToScore"] == 100
+    assert ours["extenders"][0]["urlPrefix"] == "http://127.0.0.1:1"
+    spec = cluster_spec(sc, Setup.IN_TREE, "x", Path("s.yaml"))
+    assert "GenericWorkload=true" in spec.feature_gates and spec.controller_manager_qps is None
+    assert cluster_spec(sc, Setup.DEFAULT, "x", Path("s.yaml")).feature_gates == ""
