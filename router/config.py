@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import structlog
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from topology.config_file import load_file
@@ -330,37 +331,219 @@ class Objective(Section):
     """An inference objective a request names in x-llm-d-inference-objective."""
 
     name: str = Field(min_length=1, description="the header's value")
-    priority: int = Field(description="higher goes first; negative = sheddable (429 under "
-                                      "saturation)")
+    priority: int = Field(description="its priority band: higher goes first; negative = "
+                                      "sheddable (shed as saturation rises, 429)")
+
+
+class BandConfig(Section):
+    """Caps on what one priority band may hold queued."""
+
+    priority: int = Field(description="the band (an objective's priority)")
+    max_requests: int = Field(default=1000, alias="maxRequests", gt=0,
+                              description="queued requests beyond this get 429 at once")
+    max_bytes: int = Field(default=256 * 2**20, alias="maxBytes", gt=0,
+                           description="queued request bodies beyond this many bytes get "
+                                       "429 at once")
+
+
+class FairnessConfig(Section):
+    """Which flow (tenant) of a band goes next."""
+
+    policy: Literal["round-robin", "least-attained"] = Field(
+        default="round-robin",
+        description="round-robin: flows in turn; least-attained: the flow that has been "
+                    "served the fewest weighted tokens (a flow that was idle starts level "
+                    "with the least-served busy one, so idleness banks no credit)")
+    input_token_weight: float = Field(default=1.0, alias="inputTokenWeight", ge=0,
+                                      description="least-attained: weight of a prompt token")
+    output_token_weight: float = Field(default=1.0, alias="outputTokenWeight", ge=0,
+                                       description="least-attained: weight of an output token "
+                                                   "(charged as the request's max_tokens, or "
+                                                   "expectedOutputTokens without one)")
+    expected_output_tokens: int = Field(default=256, alias="expectedOutputTokens", ge=0,
+                                        description="output tokens charged to a request "
+                                                    "that names no max_tokens")
+    program_aware: bool = Field(default=False, alias="programAware",
+                                description="inside a flow, the agent session "
+                                            "(x-session-id) that has been served the fewest "
+                                            "weighted tokens goes first, so a short program "
+                                            "is not stuck behind a long one")
+
+
+class FlowSaturationConfig(Section):
+    """How the flow controller tells that the endpoints are full."""
+
+    detector: Literal["metrics", "concurrency"] = Field(
+        default="metrics",
+        description="metrics: each endpoint's scraped queue depth and KV-cache use against "
+                    "saturation.queueThreshold and saturation.kvUsageThreshold (stale metrics "
+                    "count as full); concurrency: the router's own count of requests in "
+                    "flight per endpoint against maxConcurrency")
+    max_concurrency: int = Field(default=32, alias="maxConcurrency", gt=0,
+                                 description="concurrency detector: requests in flight an "
+                                             "endpoint takes")
+    shed_start: float = Field(default=0.8, alias="shedStart", ge=0, le=1,
+                              description="sheddable requests are refused with a probability "
+                                          "that rises from 0 at this saturation to 1 at "
+                                          "shedAll (saturation: the candidate endpoints' mean "
+                                          "use of their capacity); 1: only when full")
+    shed_all: float = Field(default=1.0, alias="shedAll", gt=0, le=1,
+                            description="from this saturation on every sheddable request is "
+                                        "refused: below 1 the last room is kept for traffic "
+                                        "that may not be shed")
+
+    @model_validator(mode="after")
+    def _curve(self) -> FlowSaturationConfig:
+        if self.shed_all < self.shed_start:
+            raise ValueError(f"shedAll ({self.shed_all:g}) must be at least shedStart "
+                             f"({self.shed_start:g}); raise shedAll or lower shedStart")
+        return self
+
+
+class TurnPriorityConfig(Section):
+    """Agent sessions' next turns before cold requests of the same band."""
+
+    enabled: bool = Field(default=False, description="a request whose session "
+                                                     "(x-session-id) finished a turn "
+                                                     "within warmSeconds goes before the "
+                                                     "band's cold requests")
+    warm_s: float = Field(default=30.0, alias="warmSeconds", gt=0,
+                          description="how long after a turn its session's cache counts as "
+                                      "warm")
+
+
+class SecretKeys(Section):
+    """A Kubernetes Secret whose data maps each tenant to its API keys (one a
+    line), watched: a change applies without a restart."""
+
+    namespace: str = Field(default="default", description="the Secret's namespace")
+    name: str = Field(min_length=1, description="the Secret's name")
+    kubeconfig: str | None = Field(default=None, description="default: in-cluster")
+
+
+class KeysConfig(Section):
+    """Where the API keys come from (one of file and secret)."""
+
+    file: str | None = Field(default=None,
+                             description="a YAML file (kind: APIKeys) mapping each tenant to "
+                                         "its keys, re-read when it changes")
+    secret: SecretKeys | None = Field(default=None, description="a Kubernetes Secret")
+    reload_s: float = Field(default=1.0, alias="reloadSeconds", gt=0,
+                            description="file: how often it is checked for a change")
+
+    @model_validator(mode="after")
+    def _one(self) -> KeysConfig:
+        if (self.file is None) == (self.secret is None):
+            raise ValueError("give exactly one of keys.file (a path) and keys.secret "
+                             "(namespace and name)")
+        return self
+
+
+class TenantConfig(Section):
+    """A tenant: its own flow in every band, a default objective, rate limits."""
+
+    name: str = Field(min_length=1, description="as in the key source; its fairness id")
+    objective: str | None = Field(default=None,
+                                  description="used when a request names none "
+                                              "(default: flowControl.defaultObjective)")
+    requests_per_s: float | None = Field(default=None, alias="requestsPerSecond", gt=0,
+                                         description="beyond this rate (burst: one second's "
+                                                     "worth, at least 1), 429")
+    tokens_per_s: float | None = Field(default=None, alias="tokensPerSecond", gt=0,
+                                       description="prompt plus max_tokens per second; "
+                                                   "beyond (burst: one second's worth), 429")
+
+
+class TenantsConfig(Section):
+    """API keys (Authorization: Bearer) that name tenants. Without keys there
+    is no authentication: the fairness id comes from the llm-d header."""
+
+    keys: KeysConfig | None = Field(default=None, description="unset: no keys, no 401s")
+    tenants: list[TenantConfig] = Field(default_factory=list,
+                                        description="settings per tenant; a tenant in the "
+                                                    "keys without an entry gets the defaults")
+
+    @model_validator(mode="after")
+    def _unique(self) -> TenantsConfig:
+        _no_repeats("tenants", [t.name for t in self.tenants])
+        return self
+
+
+def _no_repeats(what: str, names: list[Any]) -> None:
+    dup = sorted({str(n) for n in names if names.count(n) > 1})
+    if dup:
+        raise ValueError(f"{what} must be unique; repeated: {', '.join(dup)}")
 
 
 class FlowControlConfig(Section):
-    """Holding requests in the router while every endpoint is saturated."""
+    """Priorities, shedding, tenants and fair queueing in the router. Strict
+    priority bands; inside a band, fairness between flows (tenants); inside
+    a flow, first come first served or earliest deadline."""
 
-    enabled: bool = Field(default=False, description="off: requests go to a saturated "
-                                                     "endpoint rather than wait")
-    queue_ttl_s: float = Field(default=30.0, alias="queueTTLSeconds", gt=0,
-                               description="longest wait in the queue before a 429")
-    max_queued: int = Field(default=10_000, alias="maxQueued", gt=0,
-                            description="beyond this, new requests get 429 at once")
-
-
-class AdmissionConfig(Section):
-    """Priorities, shedding and fair queueing from llm-d's request headers."""
-
+    enabled: bool = Field(default=False, description="hold requests in the router while "
+                                                     "their endpoints are full; off: they go "
+                                                     "to a full endpoint rather than wait "
+                                                     "(shedding and tenants apply either way)")
     objectives: list[Objective] = Field(
         default_factory=list, description="objective names and their priorities; an unknown "
                                           "or absent objective has priority 0")
-    flow_control: FlowControlConfig = Field(default_factory=FlowControlConfig,
-                                            alias="flowControl")
+    default_objective: str | None = Field(default=None, alias="defaultObjective",
+                                          description="the objective of a request that names "
+                                                      "none (and whose tenant sets none)")
+    queue_ttl_s: float = Field(default=30.0, alias="queueTTLSeconds", gt=0,
+                               description="longest wait in the queue before a 429 (or the "
+                                           "request's x-llm-d-slo-ttft-ms, if shorter)")
+    max_queued: int = Field(default=10_000, alias="maxQueued", gt=0,
+                            description="queued requests in all bands; beyond, 429 at once")
+    bands: list[BandConfig] = Field(default_factory=list,
+                                    description="caps per priority band; a band not listed "
+                                                "gets the defaults of one")
+    ordering: Literal["fcfs", "edf"] = Field(
+        default="fcfs", description="inside a flow: fcfs (first come first served) or edf "
+                                    "(earliest deadline: TTL or x-llm-d-slo-ttft-ms first)")
+    fairness: FairnessConfig = Field(default_factory=FairnessConfig)
+    saturation: FlowSaturationConfig = Field(default_factory=FlowSaturationConfig)
+    turn_priority: TurnPriorityConfig = Field(default_factory=TurnPriorityConfig,
+                                              alias="turnPriority")
+    tenants: TenantsConfig = Field(default_factory=TenantsConfig)
 
     @model_validator(mode="after")
-    def _unique(self) -> AdmissionConfig:
-        names = [o.name for o in self.objectives]
-        dup = sorted({n for n in names if names.count(n) > 1})
-        if dup:
-            raise ValueError(f"objective names must be unique; repeated: {', '.join(dup)}")
+    def _consistent(self) -> FlowControlConfig:
+        _no_repeats("objective names", [o.name for o in self.objectives])
+        _no_repeats("bands' priorities", [b.priority for b in self.bands])
+        known = {o.name for o in self.objectives}
+        named = [("defaultObjective", self.default_objective)] + [
+            (f"tenants.tenants[{i}].objective", t.objective)
+            for i, t in enumerate(self.tenants.tenants)]
+        for where, name in named:
+            if name is not None and name not in known:
+                raise ValueError(f"{where}: {name!r} is not in objectives; add it there or "
+                                 "name one of: " + (", ".join(sorted(known)) or "(none)"))
         return self
+
+
+def _admission_moved(doc: Any) -> Any:
+    """``admission`` (objectives, flowControl) was the place of flow control
+    before ``flowControl`` took it all; an old file still loads, once warned."""
+    if not isinstance(doc, dict) or "admission" not in doc:
+        return doc
+    old = doc["admission"]
+    if "flowControl" in doc:
+        raise ValueError("admission is the old place of flowControl: move admission."
+                         "objectives and admission.flowControl.* into flowControl")
+    if not isinstance(old, dict):
+        raise ValueError("admission: expected a mapping (deprecated: use flowControl)")
+    moved = dict(old.get("flowControl") or {})
+    if "objectives" in old:
+        moved["objectives"] = old["objectives"]
+    extra = set(old) - {"objectives", "flowControl"}
+    if extra:
+        raise ValueError(f"admission.{sorted(extra)[0]}: unknown field (admission is "
+                         "deprecated: use flowControl)")
+    structlog.get_logger("router.config").warning(
+        "config: admission is deprecated; its objectives and flowControl settings now live "
+        "in flowControl (the file loads as it is, move them before the next release)")
+    return {**{k: v for k, v in doc.items() if k != "admission"}, "flowControl": moved}
 
 
 class RouterConfig(Section):
@@ -375,8 +558,11 @@ class RouterConfig(Section):
     responses: ResponsesStoreConfig = Field(default_factory=ResponsesStoreConfig)
     kv_events: KVEventsConfig = Field(default_factory=KVEventsConfig, alias="kvEvents")
     saturation: SaturationConfig = Field(default_factory=SaturationConfig)
-    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+    flow_control: FlowControlConfig = Field(default_factory=FlowControlConfig,
+                                            alias="flowControl")
     disaggregation: DisaggregationConfig = Field(default_factory=DisaggregationConfig)
+
+    _admission_moved = model_validator(mode="before")(staticmethod(_admission_moved))
     revisions: RevisionsConfig = Field(default_factory=RevisionsConfig)
     ha: HAConfig = Field(default_factory=HAConfig)
 

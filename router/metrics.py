@@ -87,7 +87,16 @@ class RouterMetrics:
         self.admission = Counter("toposerve_router_admission",
                                  "Admission decisions where an objective or flow control "
                                  "applied: admitted, queued (then sent), shed, expired, "
-                                 "queue-full.", ["outcome"], registry=r)
+                                 "queue-full, rate-limited.", ["outcome"], registry=r)
+        self.tenant_requests = Counter("toposerve_router_tenant_requests",
+                                       "Admission decisions per tenant of an API key "
+                                       "(outcomes as toposerve_router_admission).",
+                                       ["tenant", "outcome"], registry=r)
+        self.saturation = Gauge("toposerve_router_flow_saturation",
+                                "The candidate endpoints' mean use of their capacity at the "
+                                "last admission decision (1: full).", registry=r)
+        self.api_keys = Gauge("toposerve_router_api_keys",
+                              "API keys loaded (from the key file or Secret).", registry=r)
         self.queue_wait = Histogram("toposerve_router_queue_wait_seconds",
                                     "Time requests waited in the router's queue.",
                                     buckets=LATENCY_BUCKETS, registry=r)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from router.admission.saturation import saturated
 from router.config import RouterConfig
 from router.pool.endpoints import Endpoint, Pool
 from router.prefix.index import PrefixIndex
@@ -22,10 +23,8 @@ class RouterState:
     sessions: OrderedDict[str, str] = field(default_factory=OrderedDict)
 
     def saturated(self, ep: Endpoint, now: float | None = None) -> bool:
-        s = self.config.saturation
-        if ep.stale(self.config.scrape.stale_after_s, now):
-            return True
-        return ep.load.waiting >= s.queue_threshold or ep.load.kv_usage >= s.kv_usage_threshold
+        # one notion of "full" for the filters, sessions and flow control
+        return saturated(ep, self.config, now)
 
     def remember_session(self, session: str, url: str) -> None:
         self.sessions[session] = url

@@ -1,29 +1,36 @@
-"""Admission and flow control on llm-d's headers.
+"""The flow controller: who goes now, who waits in the router, who is
+refused. The order of waiting requests is ``router.admission.queues``, the
+saturation maths ``router.admission.saturation``, tenants and their keys
+``router.admission.tenants``; this module ties them to requests and to the
+event loop.
 
-``x-llm-d-inference-objective`` names an objective, which has a priority
-(negative = sheddable); ``x-llm-d-inference-fairness-id`` names the flow (the
-tenant); ``x-llm-d-slo-ttft-ms`` bounds how long a request may wait here.
-When every endpoint that could serve a request is saturated, a sheddable
-request gets 429 at once. With flow control on, the others wait in the
-router: highest priority first, round-robin between the flows of one
-priority (so one busy tenant cannot starve the rest), until an endpoint has
-room; one that waits past its time gets 429 (503 if no endpoint is left).
-With flow control off they are sent anyway, as before.
-"""
+Headers (llm-d's): ``x-llm-d-inference-objective`` names an objective, whose
+priority is the band (negative = sheddable); ``x-llm-d-inference-fairness-id``
+names the flow when no API keys are configured (with keys, the tenant is
+the flow); ``x-llm-d-slo-ttft-ms`` bounds the wait here. Sheddable requests
+are refused with a probability that rises with saturation, and always when
+the endpoints are full. With ``flowControl.enabled`` the rest wait while
+their endpoints are full, up to their TTL (then 429, or 503 if no endpoint
+is left), within per-band caps; off, they go to a full endpoint."""
 
 from __future__ import annotations
 
 import asyncio
+import random
 import time
-from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from multidict import CIMultiDictProxy
+from aiohttp import web
 
-from router.config import AdmissionConfig
+from router.admission.queues import BandCaps, FlowQueues, Item, LeastAttained, RoundRobin
+from router.admission.saturation import free_slots, pool_saturation, saturated, shed_probability
+from router.admission.tenants import TENANT, Tenants
+from router.config import FlowControlConfig
 from router.metrics import RouterMetrics
 from router.pool.endpoints import Endpoint
+from router.scheduling.context import RequestContext
 from router.state import RouterState
 from wire.errors import ApiError
 
@@ -31,37 +38,63 @@ OBJECTIVE_HEADER = "x-llm-d-inference-objective"
 FAIRNESS_HEADER = "x-llm-d-inference-fairness-id"
 SLO_TTFT_HEADER = "x-llm-d-slo-ttft-ms"
 DEFAULT_FLOW = "default"
+MAX_SESSIONS = 200_000  # sessions whose last turn is remembered (turn priority)
+# the request's max_tokens, set by the handler once it has parsed the body
+MAX_TOKENS: web.RequestKey[int | None] = web.RequestKey("max_tokens")
 
-
-@dataclass
-class Ticket:
-    priority: int
-    flow: str
-    candidates: Callable[[], list[Endpoint]]
-    ready: asyncio.Future[None] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future())
+Candidates = Callable[[], list[Endpoint]]
 
 
 @dataclass
 class Classified:
+    """What admission needs to know of one request."""
+
     priority: int
     flow: str
     max_wait_s: float
+    tenant: str = ""
+    session: str | None = None
+    tokens: int = 0  # prompt tokens (an estimate)
+    output_tokens: int = 0  # max_tokens, or the configured expectation
+    size_bytes: int = 0
+
+
+@dataclass
+class Ticket:
+    candidates: Candidates
+    ready: asyncio.Future[None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
 class Admission:
-    def __init__(self, cfg: AdmissionConfig, state: RouterState,
-                 metrics: RouterMetrics) -> None:
+    def __init__(self, cfg: FlowControlConfig, state: RouterState, metrics: RouterMetrics,
+                 tenants: Tenants | None = None, clock: Callable[[], float] = time.monotonic,
+                 chance: Callable[[], float] = random.random) -> None:
         self.cfg, self.state, self.metrics = cfg, state, metrics
+        self.tenants = tenants or Tenants(cfg)
+        self.clock, self.chance = clock, chance
         self.priorities = {o.name: o.priority for o in cfg.objectives}
-        # priority -> flow -> waiting tickets; flows rotate for fairness
-        self._bands: dict[int, OrderedDict[str, deque[Ticket]]] = {}
-        self.queued = 0
+        caps = {b.priority: BandCaps(b.max_requests, b.max_bytes) for b in cfg.bands}
+        default_caps = BandCaps(1000, 256 * 2**20)
+        fairness = LeastAttained if cfg.fairness.policy == "least-attained" else RoundRobin
+        self.queues: FlowQueues[Ticket] = FlowQueues(
+            lambda p: caps.get(p, default_caps), cfg.max_queued, cfg.ordering, fairness,
+            cfg.fairness.program_aware)
+        self._granted = 0  # let go from the queue, not yet sent on
+        self._last_turn: OrderedDict[str, float] = OrderedDict()  # session -> when it went
 
-    def classify(self, headers: CIMultiDictProxy[str]) -> Classified:
-        objective = headers.get(OBJECTIVE_HEADER)
-        priority = self.priorities.get(objective, 0) if objective else 0
-        wait = self.cfg.flow_control.queue_ttl_s
+    @property
+    def queued(self) -> int:
+        return len(self.queues)
+
+    # --- classification -------------------------------------------------------
+    def classify(self, headers: Mapping[str, str], tenant: str = "", session: str | None = None,
+                 tokens: int = 0, max_tokens: int | None = None,
+                 size_bytes: int = 0) -> Classified:
+        name = headers.get(OBJECTIVE_HEADER) or self.tenants.objective(tenant) or (
+            self.cfg.default_objective)
+        priority = self.priorities.get(name, 0) if name else 0
+        wait = self.cfg.queue_ttl_s
         slo = headers.get(SLO_TTFT_HEADER)
         if slo is not None:
             try:
@@ -69,97 +102,119 @@ class Admission:
             except ValueError:
                 raise ApiError(400, f"{SLO_TTFT_HEADER} must be a number of milliseconds, "
                                     f"not {slo!r}", SLO_TTFT_HEADER) from None
-        return Classified(priority, headers.get(FAIRNESS_HEADER) or DEFAULT_FLOW, wait)
+        # with keys the tenant is the flow: a client cannot queue in another's
+        flow = tenant or headers.get(FAIRNESS_HEADER) or DEFAULT_FLOW
+        out = self.cfg.fairness.expected_output_tokens if max_tokens is None else max_tokens
+        return Classified(priority, flow, wait, tenant, session, tokens, out, size_bytes)
 
-    def _room(self, eps: list[Endpoint]) -> bool:
-        now = time.monotonic()
-        return any(not self.state.saturated(e, now) for e in eps)
+    def of_request(self, request: web.Request, ctx: RequestContext) -> Classified:
+        return self.classify(request.headers, request.get(TENANT, ""), ctx.session,
+                             ctx.token_estimate, request.get(MAX_TOKENS),
+                             request.content_length or 0)
 
-    def _ahead(self, priority: int) -> bool:
-        return any(p >= priority and flows for p, flows in self._bands.items())
+    def _cost(self, c: Classified) -> float:
+        f = self.cfg.fairness
+        return f.input_token_weight * c.tokens + f.output_token_weight * c.output_tokens
 
-    async def admit(self, c: Classified, candidates: Callable[[], list[Endpoint]]) -> None:
+    def _warm(self, c: Classified, now: float) -> bool:
+        tp = self.cfg.turn_priority
+        if not tp.enabled or c.session is None:
+            return False
+        last = self._last_turn.get(c.session)
+        return last is not None and now - last <= tp.warm_s
+
+    def _went(self, c: Classified, now: float) -> None:
+        if c.session is not None and self.cfg.turn_priority.enabled:
+            self._last_turn[c.session] = now
+            self._last_turn.move_to_end(c.session)
+            while len(self._last_turn) > MAX_SESSIONS:
+                self._last_turn.popitem(last=False)
+
+    def _count(self, c: Classified, outcome: str) -> None:
+        self.metrics.admission.labels(outcome).inc()
+        if c.tenant:
+            self.metrics.tenant_requests.labels(c.tenant, outcome).inc()
+
+    # --- the decision -----------------------------------------------------------
+    def _has_room(self, eps: list[Endpoint]) -> bool:
+        now = self.clock()
+        if self.cfg.saturation.detector == "concurrency":
+            # requests let go but not yet begun hold a slot already
+            return free_slots(eps, self.state.config, now) > self._granted
+        return any(not saturated(e, self.state.config, now) for e in eps)
+
+    async def admit(self, c: Classified, candidates: Candidates) -> None:
         """Returns when the request may go; raises 429/503 when it may not."""
-        fc = self.cfg.flow_control
-        if c.priority >= 0 and not fc.enabled:
-            return  # nothing to decide: it goes now, saturated or not
+        now = self.clock()
+        if c.tenant and (why := self.tenants.over_limit(c.tenant, c.tokens + c.output_tokens,
+                                                        now)):
+            self._count(c, "rate-limited")
+            raise ApiError(429, f"{why}; retry later")
         eps = candidates()
         if not eps:
             return  # the scheduler answers 503
-        if self._room(eps) and not self._ahead(c.priority):
-            self.metrics.admission.labels("admitted").inc()
+        if c.priority >= 0 and not self.cfg.enabled:
+            self._went(c, now)
+            return  # nothing to decide: it goes now, full or not
+        sat = pool_saturation(eps, self.state.config, now)
+        self.metrics.saturation.set(sat)
+        fs = self.cfg.saturation
+        if c.priority < 0 and self.chance() < shed_probability(sat, fs.shed_start, fs.shed_all):
+            self._count(c, "shed")
+            raise ApiError(429, f"the endpoints are {100 * sat:.0f}% saturated and this "
+                                "request's objective is sheddable (negative priority); "
+                                "retry later")
+        if not self.cfg.enabled or (self._has_room(eps) and not self.queues.ahead(c.priority)):
+            self._count(c, "admitted")
+            self._went(c, now)
             return
-        if c.priority < 0:
-            self.metrics.admission.labels("shed").inc()
-            raise ApiError(429, "all endpoints are saturated and this request's objective is "
-                                "sheddable (negative priority); retry later")
-        if not fc.enabled:
-            self.metrics.admission.labels("admitted").inc()
-            return
-        if self.queued >= fc.max_queued:
-            self.metrics.admission.labels("queue-full").inc()
-            raise ApiError(429, f"the router's queue is full ({fc.max_queued} requests, "
-                                "admission.flowControl.maxQueued); retry later")
-        ticket = Ticket(c.priority, c.flow, candidates)
-        self._push(ticket)
-        t0 = time.monotonic()
+        if why := self.queues.full(c.priority, c.size_bytes):
+            self._count(c, "queue-full")
+            raise ApiError(429, f"{why}; retry later")
+        await self._wait(c, candidates, now)
+
+    async def _wait(self, c: Classified, candidates: Candidates, now: float) -> None:
+        ticket = Ticket(candidates)
+        item = Item(ticket, c.priority, c.flow, now, now + c.max_wait_s, c.size_bytes,
+                    self._cost(c), c.session or "", self._warm(c, now))
+        self.queues.push(item)
+        self.metrics.queued.set(self.queued)
         try:
             await asyncio.wait_for(asyncio.shield(ticket.ready), c.max_wait_s)
         except TimeoutError:
-            self._remove(ticket)
-            if not candidates():
-                raise ApiError(503, "no ready endpoint serves this request") from None
-            self.metrics.admission.labels("expired").inc()
-            raise ApiError(429, f"no endpoint had room within {c.max_wait_s:g} s "
-                                "(admission.flowControl.queueTTLSeconds or "
-                                f"{SLO_TTFT_HEADER}); retry later") from None
+            if not ticket.ready.done():
+                self.queues.remove(item)
+                self.metrics.queued.set(self.queued)
+                if not candidates():
+                    raise ApiError(503, "no ready endpoint serves this request") from None
+                self._count(c, "expired")
+                raise ApiError(429, f"no endpoint had room within {c.max_wait_s:g} s "
+                                    "(flowControl.queueTTLSeconds or "
+                                    f"{SLO_TTFT_HEADER}); retry later") from None
         except asyncio.CancelledError:
-            self._remove(ticket)  # the client went away while waiting
+            if not self.queues.remove(item):  # let go, but the client went away
+                self._granted -= 1
+            self.metrics.queued.set(self.queued)
             raise
         finally:
-            self.metrics.queue_wait.observe(time.monotonic() - t0)
-        self.metrics.admission.labels("queued").inc()
+            self.metrics.queue_wait.observe(self.clock() - now)
+        self._granted -= 1
+        self._count(c, "queued")
+        self._went(c, self.clock())
 
-    def _push(self, t: Ticket) -> None:
-        flows = self._bands.setdefault(t.priority, OrderedDict())
-        flows.setdefault(t.flow, deque()).append(t)
-        self.queued += 1
-        self.metrics.queued.set(self.queued)
-
-    def _remove(self, t: Ticket) -> None:
-        flows = self._bands.get(t.priority, OrderedDict())
-        q = flows.get(t.flow)
-        if q is not None and t in q:
-            q.remove(t)
-            self.queued -= 1
-            self.metrics.queued.set(self.queued)
-            if not q:
-                del flows[t.flow]
-
+    # --- letting waiting requests go ---------------------------------------------
     def release(self, limit: int) -> int:
-        """Let up to ``limit`` waiting requests go, in priority then flow order,
-        each only when one of its endpoints has room. Returns how many went."""
+        """Let up to ``limit`` waiting requests go, in the queues' order, each
+        only when one of its endpoints has room. Returns how many went."""
         gone = 0
-        for priority in sorted(self._bands, reverse=True):
-            flows = self._bands[priority]
-            stuck: set[str] = set()
-            while gone < limit and len(stuck) < len(flows):
-                flow, q = next(iter(flows.items()))
-                flows.move_to_end(flow)  # the next flow of this priority goes next
-                if flow in stuck:
-                    continue
-                if not self._room(q[0].candidates()):
-                    stuck.add(flow)
-                    continue
-                t = q.popleft()
-                self.queued -= 1
-                if not q:
-                    del flows[flow]
-                if not t.ready.done():
-                    t.ready.set_result(None)
-                    gone += 1
-            if gone >= limit:
+        while gone < limit:
+            item = self.queues.pop(lambda i: self._has_room(i.payload.candidates()))
+            if item is None:
                 break
+            if not item.payload.ready.done():
+                item.payload.ready.set_result(None)
+                self._granted += 1
+                gone += 1
         self.metrics.queued.set(self.queued)
         return gone
 
@@ -169,11 +224,19 @@ class Admission:
             self.release(1)
 
     async def run(self, interval_s: float) -> None:
-        """After each scrape interval, let go as many as the endpoints have room for."""
-        while True:
-            await asyncio.sleep(interval_s)
-            if self.queued:
-                room = sum(max(0, self.state.config.saturation.queue_threshold
-                               - int(e.load.waiting))
-                           for e in self.state.pool.routable() if not self.state.saturated(e))
-                self.release(max(1, room))
+        """Keeps the API keys current and, after each scrape interval, lets go
+        as many waiting requests as the endpoints have room for."""
+        source = self.tenants.source
+        if source is not None:
+            source.start()
+        try:
+            while True:
+                await asyncio.sleep(interval_s)
+                if self.tenants.keys is not None:
+                    self.metrics.api_keys.set(len(self.tenants.keys))
+                if self.queued:
+                    room = free_slots(self.state.pool.routable(), self.state.config)
+                    self.release(max(1, room - self._granted))
+        finally:
+            if source is not None:
+                await source.stop()

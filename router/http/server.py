@@ -15,7 +15,7 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from router.admission.flow_control import Admission
+from router.admission.flow_control import MAX_TOKENS, Admission
 from router.config import RouterConfig
 from router.disaggregation.pairing import RESPONSES_PATH, Disaggregation
 from router.disaggregation.split import Call, Route, Splitter
@@ -61,7 +61,7 @@ class Router:
         self.pd = (Disaggregation(self.state, cfg, self.kv, self.revisions)
                    if cfg.disaggregation.enabled else None)
         self.split: Splitter | None = None
-        self.admission = Admission(cfg.admission, self.state, self.metrics)
+        self.admission = Admission(cfg.flow_control, self.state, self.metrics)
         self.store: ResponsesStore = make_store(cfg.responses)
         self.ha: HotStandby | None = None
         if cfg.ha.enabled:
@@ -170,6 +170,7 @@ class Router:
             parsed = model.model_validate(doc)
         except ValidationError as err:
             raise from_validation(err) from None
+        request[MAX_TOKENS] = getattr(parsed, "max_tokens", None)  # flow control's cost
         return body, doc, parsed
 
     def _check_model(self, model: str | None) -> None:
@@ -192,7 +193,7 @@ class Router:
     async def _schedule(self, request: web.Request, ctx: RequestContext,
                         scheduler: Scheduler | None = None) -> Decision:
         sched = scheduler or self.scheduler
-        await self.admission.admit(self.admission.classify(request.headers),
+        await self.admission.admit(self.admission.of_request(request, ctx),
                                    lambda: sched.candidates(ctx))
         t0 = time.perf_counter()
         d = sched.schedule(ctx)
@@ -356,7 +357,8 @@ def build_app(cfg: RouterConfig) -> web.Application:
         router.metrics.duration.labels(path).observe(time.monotonic() - started)
         return resp
 
-    app = web.Application(middlewares=[errors], client_max_size=cfg.server.max_body_bytes)
+    app = web.Application(middlewares=[errors, router.admission.tenants.middleware()],
+                          client_max_size=cfg.server.max_body_bytes)
     app[ROUTER] = router
     app.router.add_post("/v1/chat/completions", router.chat)
     app.router.add_post("/v1/completions", router.completions)

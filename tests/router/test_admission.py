@@ -33,8 +33,8 @@ def test_shedding_queueing_and_ttl(procs: Procs) -> None:
     sim = procs.sim(max_num_seqs=1, time_scale=1.0, decode_s_per_token=0.05)
     router = procs.router({
         "saturation": {"queueThreshold": 1},
-        "admission": {"objectives": [{"name": "batch", "priority": -1}],
-                      "flowControl": {"enabled": True, "queueTTLSeconds": 20}}},
+        "flowControl": {"objectives": [{"name": "batch", "priority": -1}],
+                        "enabled": True, "queueTTLSeconds": 20}},
         endpoints=[sim.url])
     # with room, a sheddable request is served
     assert _post(router.url, 1, **{"x-llm-d-inference-objective": "batch"}).status_code == 200

@@ -1,0 +1,181 @@
+"""Where tenants' API keys come from, kept current without a restart: a
+YAML file (``kind: APIKeys``) re-read when it changes, or a Kubernetes
+Secret watched like the pod discovery (one LIST, then a WATCH resumed
+from its resourceVersion). Either yields one table, key digest -> tenant;
+a bad new version is logged and the last good table kept."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import os
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import structlog
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from router.config import KeysConfig, SecretKeys
+from topology.config_file import ConfigError, load_file
+
+log = structlog.get_logger("router.admission.keys")
+
+KeyTable = dict[bytes, str]  # sha256 of the key -> tenant
+
+
+def digest(key: str) -> bytes:
+    """Keys are looked up by digest: a dict probe on a hash leaks nothing of
+    how much of a guessed key was right, and no key is kept in memory."""
+    return hashlib.sha256(key.encode()).digest()
+
+
+def table(tenants: Mapping[str, list[str]]) -> KeyTable:
+    out: KeyTable = {}
+    for tenant, keys in tenants.items():
+        for k in keys:
+            d = digest(k)
+            if out.get(d, tenant) != tenant:
+                raise ValueError(f"tenants.{tenant}: a key is also {out[d]}'s; give each key "
+                                 "one tenant")
+            out[d] = tenant
+    return out
+
+
+class APIKeysFile(BaseModel):
+    """The key file: each tenant with its API keys."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+    api_version: Literal["toposerve.io/v1"] = Field(alias="apiVersion")
+    kind: Literal["APIKeys"]
+    tenants: dict[str, list[str]] = Field(description="tenant -> its keys")
+
+    @model_validator(mode="after")
+    def _keys(self) -> APIKeysFile:
+        for tenant, keys in self.tenants.items():
+            if not tenant or any(not k.strip() or k != k.strip() for k in keys):
+                raise ValueError(f"tenants.{tenant or '(empty name)'}: a tenant needs a name "
+                                 "and keys without blanks around them")
+        table(self.tenants)
+        return self
+
+
+def read_file(path: str) -> KeyTable:
+    return table(load_file(path, APIKeysFile, "APIKeys").tenants)
+
+
+def secret_table(data: Mapping[str, str] | None) -> KeyTable:
+    """A Secret's data: each entry a tenant, its value (base64, as the API
+    gives it) the tenant's keys, one a line."""
+    tenants = {t: [k.strip() for k in base64.b64decode(v).decode().splitlines() if k.strip()]
+               for t, v in (data or {}).items()}
+    return table(tenants)
+
+
+class KeySource:
+    """Keeps ``on_change`` fed with the current table: at once, then after
+    every change."""
+
+    def __init__(self, cfg: KeysConfig, on_change: Callable[[KeyTable], None]) -> None:
+        self.cfg, self.on_change = cfg, on_change
+        self._stop = threading.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._thread: threading.Thread | None = None
+
+    def load_now(self) -> None:
+        """The file's table before the server starts: a bad file fails the start."""
+        if self.cfg.file is not None:
+            try:
+                self.on_change(read_file(self.cfg.file))
+            except ValueError as err:
+                raise ConfigError(f"flowControl.tenants.keys.file: {err}") from None
+
+    def start(self) -> None:
+        if self.cfg.file is not None:
+            self._task = asyncio.create_task(self._poll(self.cfg.file, self.cfg.reload_s))
+        elif self.cfg.secret is not None:
+            loop = asyncio.get_running_loop()
+            self._thread = threading.Thread(target=self._watch, args=(self.cfg.secret, loop),
+                                            name="key-secret-watch", daemon=True)
+            self._thread.start()
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _poll(self, path: str, every_s: float) -> None:
+        # a stat a second is cheap and sees an atomic replace, as a mounted
+        # ConfigMap or Secret makes with its symlink swap, where a watch on
+        # the file's inode would not
+        seen = _stamp(path)
+        while True:
+            await asyncio.sleep(every_s)
+            now = _stamp(path)
+            if now == seen:
+                continue
+            seen = now
+            try:
+                self.on_change(read_file(path))
+                log.info("api keys reloaded", file=path)
+            except ValueError as err:
+                log.error("api keys not reloaded: the file is invalid; the last good keys stay",
+                          file=path, error=str(err))
+
+    def _watch(self, s: SecretKeys, loop: asyncio.AbstractEventLoop) -> None:
+        from kubernetes import client, config, watch
+        from kubernetes.client.exceptions import ApiException
+
+        if s.kubeconfig:
+            api = client.CoreV1Api(config.new_client_from_config(config_file=s.kubeconfig))
+        else:
+            config.load_incluster_config()
+            api = client.CoreV1Api()
+        rv: str | None = None
+        selector = f"metadata.name={s.name}"
+
+        def apply(data: Mapping[str, str] | None) -> None:
+            try:
+                t = secret_table(data)
+            except ValueError as err:
+                log.error("api keys not reloaded: the secret is invalid; the last good keys "
+                          "stay", secret=f"{s.namespace}/{s.name}", error=str(err))
+                return
+            loop.call_soon_threadsafe(self.on_change, t)
+
+        while not self._stop.is_set():
+            try:
+                if rv is None:
+                    found: Any = api.list_namespaced_secret(s.namespace, field_selector=selector)
+                    apply(found.items[0].data if found.items else None)
+                    rv = found.metadata.resource_version
+                w = watch.Watch()
+                for ev in w.stream(api.list_namespaced_secret, s.namespace,
+                                   field_selector=selector, resource_version=rv,
+                                   allow_watch_bookmarks=True, timeout_seconds=300):
+                    rv = w.resource_version or rv
+                    if self._stop.is_set():
+                        w.stop()
+                        break
+                    if ev["type"] == "BOOKMARK":
+                        continue
+                    apply(None if ev["type"] == "DELETED" else ev["object"].data)
+                continue
+            except ApiException as err:
+                if err.status == 410:
+                    rv = None
+                    continue
+                log.warning("key secret watch failed", status=err.status)
+            except Exception as err:  # keep watching through transient faults
+                log.warning("key secret watch error", error=repr(err))
+            self._stop.wait(1.0)
+
+
+def _stamp(path: str) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(Path(path))
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size

@@ -1,0 +1,108 @@
+"""Tenants: an API key (``Authorization: Bearer``) names a tenant, which is
+its fairness id, with a default objective and optional request and token
+rates. Without configured keys nothing is checked and the tenant is ""
+(the llm-d fairness header names the flow then).
+
+The middleware sets ``request["tenant"]`` before any handler runs, so every
+part of the router (the flow controller, the Responses store's isolation)
+reads one answer to "who is asking"."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import orjson
+import structlog
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from router.admission.keys import KeySource, KeyTable, digest
+from router.admission.ratelimit import Bucket, bucket
+from router.config import FlowControlConfig, TenantConfig
+
+log = structlog.get_logger("router.admission.tenants")
+
+TENANT = "tenant"  # the request key: str, "" when no keys are configured
+# probes and scrapes carry no key
+OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def unauthorized(message: str) -> web.Response:
+    """401 as OpenAI sends it."""
+    body = {"error": {"message": message, "type": "invalid_request_error", "param": None,
+                      "code": "invalid_api_key"}}
+    return web.Response(status=401, body=orjson.dumps(body), content_type="application/json",
+                        headers={"WWW-Authenticate": 'Bearer realm="toposerve"'})
+
+
+def bearer(header: str | None) -> str | None:
+    if header is None:
+        return None
+    scheme, _, token = header.partition(" ")
+    return (token.strip() or None) if scheme.lower() == "bearer" else None
+
+
+class _Limits:
+    def __init__(self, t: TenantConfig) -> None:
+        self.requests: Bucket | None = bucket(t.requests_per_s)
+        self.tokens: Bucket | None = bucket(t.tokens_per_s)
+
+
+class Tenants:
+    def __init__(self, cfg: FlowControlConfig) -> None:
+        self.cfg = cfg.tenants
+        self.settings = {t.name: t for t in self.cfg.tenants}
+        self._limits = {t.name: _Limits(t) for t in self.cfg.tenants}
+        self.keys: KeyTable | None = None  # None: no keys configured
+        self.source = (KeySource(self.cfg.keys, self._replace) if self.cfg.keys is not None
+                       else None)
+        if self.source is not None:
+            self.keys = {}
+            self.source.load_now()
+
+    def _replace(self, keys: KeyTable) -> None:
+        unknown = sorted(set(keys.values()) - set(self.settings))
+        if unknown and self.settings:
+            log.info("tenants with keys but no settings get the defaults", tenants=unknown)
+        self.keys = keys
+
+    def who(self, authorization: str | None) -> str | None:
+        """The tenant the request's key names; "" when no keys are configured;
+        None for a missing or unknown key."""
+        if self.keys is None:
+            return ""
+        key = bearer(authorization)
+        return None if key is None else self.keys.get(digest(key))
+
+    def objective(self, tenant: str) -> str | None:
+        t = self.settings.get(tenant)
+        return t.objective if t is not None else None
+
+    def over_limit(self, tenant: str, tokens: int, now: float) -> str | None:
+        """Why the tenant may not send this request now, or None."""
+        lim = self._limits.get(tenant)
+        if lim is None:
+            return None
+        if lim.requests is not None and not lim.requests.take(1, now):
+            return f"tenant {tenant} is over its request rate ({lim.requests.rate:g}/s)"
+        if lim.tokens is not None and not lim.tokens.take(tokens, now):
+            return f"tenant {tenant} is over its token rate ({lim.tokens.rate:g}/s)"
+        return None
+
+    def middleware(self) -> Middleware:
+        @web.middleware
+        async def tenant(request: web.Request, handler: Handler) -> web.StreamResponse:
+            if request.path in OPEN_PATHS:
+                request[TENANT] = ""
+                return await handler(request)
+            who = self.who(request.headers.get("Authorization"))
+            if who is None:
+                if bearer(request.headers.get("Authorization")) is None:
+                    return unauthorized("You didn't provide an API key. Provide it in the "
+                                        "Authorization header as 'Bearer YOUR_KEY'.")
+                return unauthorized("Incorrect API key provided.")
+            request[TENANT] = who
+            return await handler(request)
+
+        return tenant
