@@ -67,6 +67,7 @@ bench: setup peers
 	$(PY) -m bench.router_bench --ablation --repeats 3
 	$(PY) -m bench.load_sweep
 	$(PY) -m bench.pd_bench --repeats 3
+	$(PY) -m bench.overload_bench
 	$(PY) -m bench.dra_prepare
 	$(PY) -m bench.realnode_prepare
 	$(PY) -m bench.extender_bench
