@@ -242,11 +242,12 @@ class ClusterState:
     def observe(self, obj: dict[str, Any]) -> PodFacts:
         """The pod of a scheduler request: its watched record when the
         watch has shown it, else this copy (the watch is behind)."""
-        facts = pod_facts(obj, self.dialect, self._extended)
+        uid = (obj.get("metadata") or {}).get("uid", "")
         with self.lock:
-            known = self._pods.get(facts.uid)
+            known = self._pods.get(uid)
             if known is not None:
                 return known
+            facts = pod_facts(obj, self.dialect, self._extended)
             self._set_pod(facts, False)
             return facts
 
