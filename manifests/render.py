@@ -25,25 +25,31 @@ NET_DRIVER = "net.toposerve.io"
 KUBECONFIG_DIR = "/etc/toposerve/kubeconfig"
 KUBECONFIG_FILE = f"{KUBECONFIG_DIR}/kubeconfig"
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
-# the driver's exec liveness probe: the framework's own probe (GetInfo, then an
-# empty NodePrepareResources) on the registration socket its pod UID names;
-# sys.exit(message) fails the probe and says why
-LIVENESS_SCRIPT = (
-    "import os, sys; from pathlib import Path; "
-    "from dra_driver.framework.liveness import probe; "
-    "from dra_driver.framework.sockets import PluginPaths; "
-    f"p = PluginPaths({GPU_DRIVER!r}, registry_dir=Path(sys.argv[1]), "
-    "pod_uid=os.environ['POD_UID']); "
-    "sys.exit(probe(p.registration_socket, p.driver))")
+
+
+def liveness_script(driver: str) -> str:
+    """A driver's exec liveness probe: the framework's own probe (GetInfo, then
+    an empty NodePrepareResources) on the registration socket its pod UID
+    names; sys.exit(message) fails the probe and says why."""
+    return ("import os, sys; from pathlib import Path; "
+            "from dra_driver.framework.liveness import probe; "
+            "from dra_driver.framework.sockets import PluginPaths; "
+            f"p = PluginPaths({driver!r}, registry_dir=Path(sys.argv[1]), "
+            "pod_uid=os.environ['POD_UID']); "
+            "sys.exit(probe(p.registration_socket, p.driver))")
+
+
 TEMPLATES: dict[Component | None, str] = {
     None: "base.yaml.j2",  # namespace and kubeconfig: every namespaced component needs them
     "gpu-driver": "gpu-driver.yaml.j2",
+    "net-driver": "net-driver.yaml.j2",
     "admission-policy": "admission-policy.yaml.j2",
     "device-classes": "device-classes.yaml.j2",
     "extender": "extender.yaml.j2",
     "scheduler": "scheduler.yaml.j2",
 }
-NAMESPACED: frozenset[Component] = frozenset({"gpu-driver", "extender", "scheduler"})
+NAMESPACED: frozenset[Component] = frozenset({"gpu-driver", "net-driver",
+                                              "extender", "scheduler"})
 
 
 class RenderError(ValueError):
@@ -137,7 +143,7 @@ def second_scheduler_config(values: InstallValues, url: str) -> dict[str, Any]:
 def _context(values: InstallValues) -> dict[str, Any]:
     names = Names.of(values.name_prefix)
     restricted = [service_account_user(values.namespace, names.gpu_driver)]
-    if values.admission_policy.include_net_driver:
+    if values.admission_policy.include_net_driver or values.net_driver.enabled:
         restricted.append(service_account_user(values.namespace, names.net_driver))
 
     def labels(component: str) -> dict[str, str]:
@@ -153,7 +159,7 @@ def _context(values: InstallValues) -> dict[str, Any]:
     url = values.scheduler.extender_url or f"http://127.0.0.1:{values.extender.port}"
     return {
         "v": values, "names": names, "labels": labels, "selector": selector,
-        "gpu_driver": GPU_DRIVER, "net_driver": NET_DRIVER, "liveness_script": LIVENESS_SCRIPT,
+        "gpu_driver": GPU_DRIVER, "net_driver": NET_DRIVER, "liveness_script": liveness_script,
         "restricted_users": restricted,
         "kubeconfig_dir": KUBECONFIG_DIR, "kubeconfig_file": KUBECONFIG_FILE,
         "sa_dir": SA_DIR,

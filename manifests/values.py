@@ -30,8 +30,10 @@ AbsPath = Annotated[str, Field(pattern=r"^/\S*$")]
 Label = Annotated[str, Field(pattern=DNS_LABEL, max_length=63)]
 Repository = Annotated[str, Field(min_length=1, pattern=r"^\S+$")]
 Tag = Annotated[str, Field(pattern=r"^\w[\w.-]{0,127}$")]
-Component = Literal["gpu-driver", "admission-policy", "device-classes", "extender", "scheduler"]
-COMPONENTS: tuple[Component, ...] = ("gpu-driver", "admission-policy", "device-classes",
+Component = Literal["gpu-driver", "net-driver",
+                    "admission-policy", "device-classes", "extender", "scheduler"]
+COMPONENTS: tuple[Component, ...] = ("gpu-driver", "net-driver",
+                                     "admission-policy", "device-classes",
                                      "extender", "scheduler")
 
 
@@ -136,9 +138,8 @@ class Placement(Section):
                                  description="requests and limits of the main container")
 
 
-class GpuDriver(Placement):
-    """The accelerator DRA driver `gpu.toposerve.io`: a DaemonSet of
-    `toposerve driver gpu`, its service account and RBAC."""
+class PluginDriver(Placement):
+    """What every DRA driver's DaemonSet is rendered from."""
 
     enabled: bool = Field(default=True, description="render this component")
     kubelet_dir: AbsPath = Field(default="/var/lib/kubelet",
@@ -146,12 +147,13 @@ class GpuDriver(Placement):
                                              "`plugins` folders are mounted from here")
     cdi_root: AbsPath = Field(default="/var/run/cdi",
                               description="where the container runtime reads CDI specs")
-    sysfs_root: AbsPath = Field(default="/sys", description="sysfs to discover GPUs in, "
-                                                            "mounted read-only")
+    sysfs_root: AbsPath = Field(default="/sys", description="sysfs to discover the devices "
+                                                            "in, mounted read-only")
     dev_root: AbsPath = Field(default="/dev",
-                              description="the GPUs' device nodes on the host, mounted "
-                                          "read-only at the same path: the driver checks "
-                                          "them and names them in CDI specs")
+                              description="the devices' nodes on the host (GPUs, "
+                                          "/dev/infiniband), mounted read-only at the same "
+                                          "path: the driver checks them and names them in "
+                                          "CDI specs")
     priority_class_name: str = Field(default="system-node-critical",
                                      description="keeps the driver on a node under pressure")
     http_port: int = Field(
@@ -160,7 +162,34 @@ class GpuDriver(Placement):
                     "old and new pod of a rolling update can overlap. A fixed port makes the "
                     "update replace pods one at a time, old first (no overlap)")
     extra_args: list[str] = Field(default_factory=list,
-                                  description="more flags for `toposerve driver gpu`")
+                                  description="more flags for the driver's command")
+
+
+class GpuDriver(PluginDriver):
+    """The accelerator DRA driver `gpu.toposerve.io`: a DaemonSet of
+    `toposerve driver gpu`, its service account and RBAC."""
+
+
+class NetDriver(PluginDriver):
+    """The NIC DRA driver `net.toposerve.io`: a DaemonSet of `toposerve driver
+    net` on the host network with NET_ADMIN and SYS_ADMIN, its service account
+    and RBAC (docs/net-driver.md)."""
+
+    enabled: bool = Field(default=False,
+                          description="render this component (off unless asked for: it runs "
+                                      "with NET_ADMIN and SYS_ADMIN on every node it selects)")
+    netns_dir: AbsPath = Field(default="/run/netns",
+                               description="where pod network namespaces are pinned on the "
+                                           "host, mounted with HostToContainer propagation")
+    keep_virtual: bool = Field(default=False,
+                               description="also publish interfaces without a PCI device "
+                                           "(veth, bridge, ...)")
+    interfaces: str | None = Field(default=None,
+                                   description="publish only interfaces whose whole name "
+                                               "matches this regular expression")
+    exclude_interfaces: str | None = Field(default=None,
+                                           description="never publish interfaces whose whole "
+                                                       "name matches this regular expression")
 
 
 class AdmissionPolicy(Section):
@@ -171,7 +200,9 @@ class AdmissionPolicy(Section):
     enabled: bool = Field(default=True, description="render this component")
     include_net_driver: bool = Field(
         default=False, description="also restrict the NIC driver's service account "
-                                   "(`<namePrefix>-net-driver`, issue 18)")
+                                   "(`<namePrefix>-net-driver`) when this install does not "
+                                   "render the NIC driver (it is restricted whenever "
+                                   "`netDriver.enabled`)")
 
 
 class DeviceClasses(Section):
@@ -238,13 +269,14 @@ class InstallValues(Section):
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         default="info", description="log level of toposerve's components")
     gpu_driver: GpuDriver = Field(default_factory=GpuDriver)
+    net_driver: NetDriver = Field(default_factory=NetDriver)
     admission_policy: AdmissionPolicy = Field(default_factory=AdmissionPolicy)
     device_classes: DeviceClasses = Field(default_factory=DeviceClasses)
     extender: Extender = Field(default_factory=Extender)
     scheduler: Scheduler = Field(default_factory=Scheduler)
 
     def enabled(self) -> list[Component]:
-        on = {"gpu-driver": self.gpu_driver.enabled,
+        on = {"gpu-driver": self.gpu_driver.enabled, "net-driver": self.net_driver.enabled,
               "admission-policy": self.admission_policy.enabled,
               "device-classes": self.device_classes.enabled,
               "extender": self.extender.enabled, "scheduler": self.scheduler.enabled}

@@ -67,7 +67,8 @@ def install(cluster: Cluster) -> Iterator[Install]:
     url = urlparse(cluster.api.configuration.host)
     values = load_values(None, [f"apiServer.host={url.hostname}", f"apiServer.port={url.port}",
                                 f"namespace={tag}", f"namePrefix={tag}",
-                                "admissionPolicy.includeNetDriver=true"])
+                                "admissionPolicy.includeNetDriver=true",
+                                "netDriver.enabled=true"])
     objects = render_objects(values)
     dyn: Any = DynamicClient(cluster.api)  # type: ignore[no-untyped-call]
     applied = [o for o in objects if o["kind"] in APPLIED
@@ -110,6 +111,9 @@ def test_every_object_accepted_by_server_side_dry_run(cluster: Cluster,
         kinds.add(obj["kind"])
     assert {"DaemonSet", "Deployment", "Service", "ConfigMap", "DeviceClass", "Role",
             "RoleBinding", "ValidatingAdmissionPolicy"} <= kinds
+    # both drivers' DaemonSets (the NIC driver's with its capabilities and mounts)
+    assert {o["metadata"]["name"] for o in install.objects if o["kind"] == "DaemonSet"} == {
+        install.names.gpu_driver, install.names.net_driver}
     # nothing was created by the dry run
     apps: Any = client.AppsV1Api(cluster.api)
     with pytest.raises(ApiException) as err:

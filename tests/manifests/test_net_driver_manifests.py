@@ -1,0 +1,76 @@
+"""The NIC driver's share of the install: off unless asked for; when on, its
+DaemonSet (host network, NET_ADMIN + SYS_ADMIN, /sys, /run/netns), RBAC for
+its own driver name, and its service account under the own-node slice
+policy; the GPU driver's objects are the same either way."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from manifests.render import NET_DRIVER
+from tests.manifests.helpers import Obj, objects, one
+
+
+def _named(objs: list[Obj], name: str) -> list[Obj]:
+    return [o for o in objs if o["metadata"]["name"] == name]
+
+
+def _policy_users(*sets: str) -> str:
+    vap = one(objects(*sets, only=["admission-policy"]), "ValidatingAdmissionPolicy")
+    expr: str = vap["spec"]["matchConditions"][0]["expression"]
+    return expr
+
+
+def test_off_by_default() -> None:
+    assert not _named(objects(), "toposerve-net-driver")
+    assert "net-driver" not in _policy_users()
+
+
+def test_daemonset() -> None:
+    objs = objects("netDriver.enabled=true", "netDriver.kubeletDir=/var/lib/k",
+                   "netDriver.keepVirtual=true", "netDriver.interfaces=ens.*",
+                   "netDriver.extraArgs=[--rescan-interval=2]", only=["net-driver"])
+    ds = one(objs, "DaemonSet")
+    assert ds["metadata"]["name"] == "toposerve-net-driver"
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["hostNetwork"] is True and pod["serviceAccountName"] == "toposerve-net-driver"
+    c = pod["containers"][0]
+    assert c["command"][:4] == ["toposerve", "--log-level=info", "driver", "net"]
+    for flag in ("--plugin-dir=/var/lib/k/plugins/net.toposerve.io",
+                 "--state-dir=/var/lib/k/plugins/net.toposerve.io/handoff",
+                 "--registry-dir=/var/lib/k/plugins_registry", "--sysfs-root=/sys",
+                 "--dev-root=/dev", "--keep-virtual", "--interfaces=ens.*"):
+        assert flag in c["command"], flag
+    assert c["command"][-1] == "--rescan-interval=2"
+    assert c["securityContext"]["capabilities"] == {"add": ["NET_ADMIN", "SYS_ADMIN"],
+                                                    "drop": ["ALL"]}
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    probe: list[str] = c["livenessProbe"]["exec"]["command"]
+    assert f"PluginPaths({NET_DRIVER!r}" in probe[2]
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert mounts["/sys"]["readOnly"] is True and mounts["/dev"]["readOnly"] is True
+    assert mounts["/run/netns"]["mountPropagation"] == "HostToContainer"
+    for path in ("/run/netns", "/sys", "/var/lib/k/plugins/net.toposerve.io"):
+        assert volumes[mounts[path]["name"]]["hostPath"]["path"] == path
+
+
+def test_rbac_names_its_own_driver() -> None:
+    role = one(objects("netDriver.enabled=true", only=["net-driver"]), "ClusterRole")
+    rules: list[dict[str, Any]] = role["rules"]
+    claimed = [r for r in rules if r["resources"] == ["resourceclaims/driver"]]
+    assert [r["resourceNames"] for r in claimed] == [[NET_DRIVER]]
+    assert {tuple(r["resources"]) for r in rules} == {
+        ("resourceslices",), ("resourceclaims",), ("resourceclaims/status",),
+        ("resourceclaims/driver",), ("nodes",)}
+
+
+def test_policy_restricts_it_when_enabled() -> None:
+    assert _policy_users("netDriver.enabled=true", "namespace=ts", "namePrefix=p") == (
+        'request.userInfo.username in ["system:serviceaccount:ts:p-gpu-driver", '
+        '"system:serviceaccount:ts:p-net-driver"]')
+
+
+def test_gpu_driver_objects_unchanged() -> None:
+    assert objects(only=["gpu-driver"]) == objects("netDriver.enabled=true",
+                                                   only=["gpu-driver"])
