@@ -150,12 +150,12 @@ class Admission:
                                                         now)):
             self._count(c, "rate-limited")
             raise ApiError(429, f"{why}; retry later")
-        eps = candidates()
-        if not eps:
-            return  # the scheduler answers 503
         if c.priority >= 0 and not self.cfg.enabled:
             self._went(c, now)
             return  # nothing to decide: it goes now, full or not
+        eps = candidates()
+        if not eps:
+            return  # the scheduler answers 503
         sat = pool_saturation(eps, self.state.config, now)
         self.metrics.saturation.set(sat)
         fs = self.cfg.saturation

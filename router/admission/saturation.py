@@ -28,7 +28,15 @@ def utilisation(ep: Endpoint, cfg: RouterConfig, now: float | None = None) -> fl
 
 
 def saturated(ep: Endpoint, cfg: RouterConfig, now: float | None = None) -> bool:
-    return utilisation(ep, cfg, now) >= 1.0
+    """``utilisation(...) >= 1``, without the divisions: the filters ask it
+    of every endpoint for every request."""
+    fs = cfg.flow_control.saturation
+    if fs.detector == "concurrency":
+        return ep.inflight >= fs.max_concurrency
+    if ep.stale(cfg.scrape.stale_after_s, now):
+        return True
+    s = cfg.saturation
+    return ep.load.waiting >= s.queue_threshold or ep.load.kv_usage >= s.kv_usage_threshold
 
 
 def pool_saturation(eps: Iterable[Endpoint], cfg: RouterConfig,

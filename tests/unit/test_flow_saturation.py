@@ -99,3 +99,14 @@ def test_key_file_and_secret_tables(tmp_path: Path) -> None:
 def test_bearer() -> None:
     assert bearer("Bearer sk-1") == "sk-1" and bearer("bearer  sk-1 ") == "sk-1"
     assert bearer("Basic abc") is None and bearer("Bearer ") is None and bearer(None) is None
+
+
+def test_saturated_is_utilisation_at_one() -> None:
+    for cfg in (_cfg(), _cfg(saturation={"detector": "concurrency", "maxConcurrency": 4}),
+                RouterConfig.model_validate({
+                    "apiVersion": "toposerve.io/v1", "kind": "RouterConfig",
+                    "discovery": {"static": [{"url": "http://127.0.0.1:9"}]},
+                    "saturation": {"queueThreshold": 0}})):
+        for ep in (_ep(), _ep(waiting=3.9), _ep(waiting=4), _ep(kv=0.79), _ep(kv=0.8),
+                   _ep(inflight=3), _ep(inflight=4), _ep(at=90)):
+            assert saturated(ep, cfg, 101) == (utilisation(ep, cfg, 101) >= 1.0), ep
