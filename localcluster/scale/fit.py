@@ -16,14 +16,18 @@ from topology.layout import plan_nodes
 from topology.model import NodeTopology
 from topology.profiles import load_profile
 
-# MiB each process takes on an empty cluster; "scale" is this driver process
-BASE_MIB = {"etcd": 60, "kube-apiserver": 300, "kube-controller-manager": 60,
-            "kube-scheduler": 50, "kwok-controller": 40, "driver simulate": 90,
-            "extender": 110, "scale": 150}
-# MiB per node (object, informer copies in every component, kwok's leases) and per
-# published device (its part of a slice, held by apiserver, etcd, scheduler, extender)
-PER_NODE_MIB = 0.35
-PER_DEVICE_MIB = 0.012
+# MiB each process takes on an empty cluster; "scale" is this driver process.
+# Calibrated from peak RSS measured here (docs/scale.md): the small scenario
+# (48 nodes, ~1,000 devices) and 500 hgx-h100 nodes (44,000 devices): there the
+# apiserver peaked at 2.2 GiB, the scheduler at 1.2 GiB, the controller-manager at 0.7.
+BASE_MIB = {"etcd": 55, "kube-apiserver": 400, "kube-controller-manager": 130,
+            "kube-scheduler": 100, "kwok-controller": 60, "driver simulate": 95,
+            "extender": 105, "scale": 130}
+# MiB per node (its object and lease in every component's informers) and per
+# published device (its part of a slice, decoded and cached by the apiserver,
+# etcd, the scheduler, the controller-manager and the extender)
+PER_NODE_MIB = 0.5
+PER_DEVICE_MIB = 0.08
 # MiB per pod (its object and claim in every cache, our own timing records)
 PER_POD_MIB = 0.06
 RESERVE_MIB = 512  # left for the rest of the machine

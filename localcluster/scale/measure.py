@@ -175,12 +175,15 @@ def bound_pod(obj: dict[str, Any]) -> str | None:
     return obj["metadata"]["name"] if (obj.get("spec") or {}).get("nodeName") else None
 
 
-def allocated_claim_pod(obj: dict[str, Any]) -> str | None:
-    """The owning pod's name, once the claim is allocated."""
-    if not (obj.get("status") or {}).get("allocation"):
-        return None
+def claim_pod(obj: dict[str, Any]) -> str | None:
+    """The owning pod's name, once the controller-manager made the claim."""
     owners = obj["metadata"].get("ownerReferences") or []
     return next((o["name"] for o in owners if o.get("kind") == "Pod"), None)
+
+
+def allocated_claim_pod(obj: dict[str, Any]) -> str | None:
+    """The owning pod's name, once the claim is allocated."""
+    return claim_pod(obj) if (obj.get("status") or {}).get("allocation") else None
 
 
 @dataclass

@@ -17,6 +17,10 @@ def _f(x: Any, fmt: str = "{:.1f}") -> str:
     return "n/a" if x is None else fmt.format(x)
 
 
+def _pair(d: dict[str, Any], a: str, b: str) -> str:
+    return f"{_f(d.get(a), '{:.2f}')}/{_f(d.get(b), '{:.2f}')}"
+
+
 def markdown(doc: dict[str, Any], pngs: list[str]) -> str:
     sc = doc["scenario"]
     lim = sc["clientLimits"]
@@ -34,9 +38,9 @@ def markdown(doc: dict[str, Any], pngs: list[str]) -> str:
              f"{doc['estimate_mib']:,} MiB. Started {doc['started']}.", "",
              "## Throughput and latency", "",
              "| setup | cluster up s | slices published s | pods bound | pods/s | "
-             "create→allocated p50/p99 s | create→bound p50/p99 s | extender filter p50/p99 ms "
-             "| prioritize p50/p99 ms |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "create→claim made p50/p99 s | create→allocated p50/p99 s | "
+             "create→bound p50/p99 s | extender filter p50/p99 ms | prioritize p50/p99 ms |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     errors = [f"{s['setup']}: {s['create_errors']} pods not created, e.g. "
               f"{s['first_create_error']}" for s in doc["setups"] if s["create_errors"]]
     errors += [f"{s['setup']}: never bound: " + ", ".join(
@@ -45,13 +49,12 @@ def markdown(doc: dict[str, Any], pngs: list[str]) -> str:
     for s in doc["setups"]:
         ext = s.get("extender_calls") or {}
         fil, pri = ext.get("filter", {}), ext.get("prioritize", {})
+        lat = [_pair(s.get(k) or {}, "p50", "p99")
+               for k in ("to_claim_made_s", "to_allocated_s", "to_bound_s")]
         lines.append(
             f"| {s['setup']} | {s['cluster_up_s']} | {s['slice_publish_s']} | "
-            f"{s['bound']}/{s['pods']} | {_f(s['pods_per_s'])} | "
-            f"{_f(s['to_allocated_s']['p50'], '{:.2f}')}/{_f(s['to_allocated_s']['p99'], '{:.2f}')}"
-            f" | {_f(s['to_bound_s']['p50'], '{:.2f}')}/{_f(s['to_bound_s']['p99'], '{:.2f}')} | "
-            f"{_f(fil.get('p50_ms'), '{:.2f}')}/{_f(fil.get('p99_ms'), '{:.2f}')} | "
-            f"{_f(pri.get('p50_ms'), '{:.2f}')}/{_f(pri.get('p99_ms'), '{:.2f}')} |")
+            f"{s['bound']}/{s['pods']} | {_f(s['pods_per_s'])} | {' | '.join(lat)} | "
+            f"{_pair(fil, 'p50_ms', 'p99_ms')} | {_pair(pri, 'p50_ms', 'p99_ms')} |")
     lines += ["", *errors] if errors else []
     lines += ["", "## Placement quality", "",
               "| setup | groups in one domain | of those that could | groups pending | "
@@ -72,9 +75,8 @@ def markdown(doc: dict[str, Any], pngs: list[str]) -> str:
                   "slices caught up s |", "|---|---:|---:|---:|---:|---:|---:|"]
         for s in churned:
             c = s["churn"]
-            r = c["recreated_to_bound_s"]
             lines.append(f"| {s['setup']} | {c['pods_deleted']} | {c['pods_recreated_bound']} | "
-                         f"{_f(r['p50'], '{:.2f}')}/{_f(r['p99'], '{:.2f}')} | "
+                         f"{_pair(c['recreated_to_bound_s'], 'p50', 'p99')} | "
                          f"{c['nodes_added']} | {c['nodes_removed']} | "
                          f"{c['nodes_published_s']} |")
     lines += ["", "## Processes (CPU seconds and peak RSS over the setup)", "",

@@ -309,8 +309,9 @@ def run_setup(sc: ScaleScenario, setup: Setup, name: str, workdir: Path, say: Sa
         _create_objects(rest, p)
         pods = measure.Watched(rest, f"/api/v1/namespaces/{NAMESPACE}/pods", SCALE_LABEL,
                                measure.bound_pod).start()
-        claims = measure.Watched(rest, f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/"
-                                       "resourceclaims", "", measure.allocated_claim_pod).start()
+        claims_path = f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims"
+        claims = measure.Watched(rest, claims_path, "", measure.allocated_claim_pod).start()
+        made = measure.Watched(rest, claims_path, "", measure.claim_pod).start()
         ext = next((c for c in children if c.name == "extender"), None)
 
         def alive() -> None:
@@ -338,8 +339,8 @@ def run_setup(sc: ScaleScenario, setup: Setup, name: str, workdir: Path, say: Sa
             node_objs = rest.request("GET", "/api/v1/nodes")["items"]
         finally:
             sub.close()
-            pods.stop()
-            claims.stop()
+            for w in (pods, claims, made):
+                w.stop()
     dialect = PRESETS[DialectName.TOPOSERVE]
     paths = {n["metadata"]["name"]: from_labels(n["metadata"]["name"],
                                                 n["metadata"].get("labels") or {}, dialect)
@@ -351,8 +352,8 @@ def run_setup(sc: ScaleScenario, setup: Setup, name: str, workdir: Path, say: Sa
     for pod_name, node in where.items():
         if pod_name in plans:
             used[node] = used.get(node, 0) + plans[pod_name].gpus
-    result = figures | figures_of(sc, p, sub, pods.snapshot(), claims.snapshot(), started,
-                                  seconds)
+    result = figures | figures_of(sc, p, sub, pods.snapshot(), claims.snapshot(),
+                                  made.snapshot(), started, seconds)
     result |= {
         "setup": setup.value, "cluster": name, "churn": churn,
         "apiserver_requests": measure.request_rates(api_before, api_after, seconds),
@@ -367,14 +368,17 @@ def run_setup(sc: ScaleScenario, setup: Setup, name: str, workdir: Path, say: Sa
 
 
 def figures_of(sc: ScaleScenario, p: Plan, sub: Submitter, bound: dict[str, float],
-               allocated: dict[str, float], started: float, seconds: float) -> dict[str, Any]:
+               allocated: dict[str, float], made: dict[str, float], started: float,
+               seconds: float) -> dict[str, Any]:
     """Throughput and latencies of the first wave (churn's pods are counted apart)."""
     names = [x.name for x in p.pods]
     measured = names[sc.arrival.unmeasured:]
-    to_bound = [bound[n] - sub.created[n] for n in names if n in bound and n in sub.created]
+
+    def since_create(at: dict[str, float], which: list[str]) -> list[float]:
+        return [at[n] - sub.created[n] for n in which if n in at and n in sub.created]
+    to_bound = since_create(bound, names)
     claimed = [x.name for x in p.pods if x.claims]
-    to_alloc = [allocated[n] - sub.created[n] for n in claimed
-                if n in allocated and n in sub.created]
+    to_alloc = since_create(allocated, claimed)
     m_bound = [bound[n] for n in measured if n in bound]
     first = min((sub.created[n] for n in measured if n in sub.created), default=started)
     span = max(m_bound, default=first) - first
@@ -387,6 +391,8 @@ def figures_of(sc: ScaleScenario, p: Plan, sub: Submitter, bound: dict[str, floa
         "run_s": round(seconds, 1),
         "timeline": [(round(t, 1), r) for t, r in measure.timeline(bound.values(), started)],
         "to_bound_s": latency(to_bound), "to_allocated_s": latency(to_alloc),
+        # the controller-manager's part of create->allocated: making the claim
+        "to_claim_made_s": latency(since_create(made, claimed)),
         "cdf": {"to_bound_s": cdf(to_bound), "to_allocated_s": cdf(to_alloc)},
     }
 

@@ -42,7 +42,7 @@ def test_small_scenario_reports_every_figure_for_every_setup(tmp_path: Path) -> 
         assert s["bound"] == s["pods"] == 78, name  # the small scenario fits in every setup
         assert s["slice_publish_s"] > 0 and s["cluster_up_s"] > 0
         assert s["pods_per_s"] > 0 and s["timeline"]
-        for key in ("to_bound_s", "to_allocated_s"):
+        for key in ("to_bound_s", "to_allocated_s", "to_claim_made_s"):
             assert s[key]["n"] > 0 and 0 < s[key]["p50"] <= s[key]["p99"], (name, key)
         verbs = {(x["verb"], x["resource"]) for x in s["apiserver_requests"]}
         assert ("POST", "pods") in verbs and ("POST", "pods/binding") in verbs
