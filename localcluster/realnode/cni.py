@@ -192,13 +192,16 @@ def main(stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout) -> int:
     return 0
 
 
-def conflist(conf: NetConf) -> dict[str, Any]:
+def conflist(conf: NetConf, chained: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
+    """Our pod network first, then the ``chained`` plugins (each gets the
+    result so far as ``prevResult``)."""
     return {"cniVersion": CNI_VERSION, "name": "toposerve-realnode",
             "plugins": [{"type": PLUGIN_TYPE, "subnet": str(conf.subnet),
-                         "dataDir": str(conf.data_dir)}]}
+                         "dataDir": str(conf.data_dir)}, *chained]}
 
 
-def launcher(python: str) -> str:
-    """The executable containerd finds in its CNI bin dir: this module run by
-    the given interpreter (the venv's, so pyroute2 is importable)."""
-    return f"#!{python}\nfrom localcluster.realnode.cni import main\nraise SystemExit(main())\n"
+def launcher(python: str, module: str = "localcluster.realnode.cni") -> str:
+    """The executable containerd finds in its CNI bin dir: ``module``'s
+    ``main`` run by the given interpreter (the venv's, so pyroute2 is
+    importable)."""
+    return f"#!{python}\nfrom {module} import main\nraise SystemExit(main())\n"

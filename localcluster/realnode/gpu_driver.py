@@ -1,80 +1,29 @@
-"""``toposerve driver gpu`` for the real node, as a host process: a
-kubeconfig (never in-cluster config: the service range is not loopback),
-the kubelet's own plugin paths, a fake sysfs tree of a profile for the
-hardware and stand-in device nodes. For tests, benchmarks and the demo."""
+"""``toposerve driver gpu`` for the real node, as a host process
+(``host_driver``): a fake sysfs tree of a profile for the hardware and
+stand-in device nodes. For tests, benchmarks and the demo."""
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from localcluster.realnode.fakedev import stand_in_dev_root
-from localcluster.realnode.paths import NODE_NAME
+from localcluster.realnode.host_driver import CDI_ROOT, HostDriver
 from topology.profiles import load_profile
 from topology.sysfs import write_profile_sysfs
 
 DRIVER = "gpu.toposerve.io"
 PLUGIN_DIR = Path("/var/lib/kubelet/plugins") / DRIVER  # the driver's default: the kubelet's
-CDI_ROOT = Path("/var/run/cdi")  # one of the real node's containerd CDI spec dirs
+__all__ = ["CDI_ROOT", "DRIVER", "PLUGIN_DIR", "GpuDriver"]
 
 
 @dataclass
-class GpuDriver:
-    kubeconfig: Path
-    workdir: Path  # gets sysfs/, dev/ and driver.log
+class GpuDriver(HostDriver):
     profile: str = "hgx-h100"
-    http_address: str = "127.0.0.1:0"
-    proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
 
-    @property
-    def log(self) -> Path:
-        return self.workdir / "driver.log"
-
-    def argv(self) -> list[str]:
+    def driver_args(self) -> list[str]:
         sysfs = self.workdir / "sysfs"
         if not sysfs.exists():
             write_profile_sysfs(load_profile(self.profile), sysfs)
         dev = stand_in_dev_root(self.workdir / "dev")
-        # toposerve_cli.driver_cmd, not the console script: it starts without the other parts
-        return [sys.executable, "-m", "toposerve_cli.driver_cmd", "--log-level", "info",
-                "driver", "gpu", "--node-name", NODE_NAME, "--kubeconfig", str(self.kubeconfig),
-                "--sysfs-root", str(sysfs), "--dev-root", str(dev), "--cdi-root", str(CDI_ROOT),
-                "--http-address", self.http_address]
-
-    def registrations(self) -> int:
-        """How often the kubelet has registered it (its log says so each time)."""
-        text = self.log.read_text() if self.log.exists() else ""
-        return text.count("registered with the kubelet")
-
-    def start(self, timeout_s: float = 30) -> None:
-        """Start it and return once the kubelet has registered it."""
-        before = self.registrations()
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        argv = self.argv()
-        with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(argv, stdout=out, stderr=out)
-        deadline = time.monotonic() + timeout_s
-        while self.registrations() <= before:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"driver exited {self.proc.returncode}: "
-                                   f"{self.log.read_text()[-1500:]}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the kubelet did not register the driver in {timeout_s:.0f}s")
-            time.sleep(0.1)
-
-    def stop(self) -> int:
-        """SIGTERM, as a pod's shutdown would; the exit code."""
-        if self.proc is None:
-            return 0
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            rc = self.proc.wait()
-        self.proc = None
-        return rc
+        return ["gpu", "--sysfs-root", str(sysfs), "--dev-root", str(dev)]

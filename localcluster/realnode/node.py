@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from dra_driver.net.handoff import cni as nic_cni
 from localcluster.realnode import cni, config, images, teardown
 from localcluster.realnode.paths import (
     BUSYBOX_IMAGE,
@@ -165,12 +166,17 @@ def _write_configs(layout: Layout, tools: NodeTools, cluster_kubeconfig: Path,
         d.mkdir(parents=True, exist_ok=True)
     ctd = layout.config / "containerd.toml"
     ctd.write_text(config.to_toml(config.containerd_config(layout, tools.runc)))
-    plugin = layout.cni_bin / cni.PLUGIN_TYPE
-    plugin.write_text(cni.launcher(sys.executable))
-    plugin.chmod(0o755)
+    for name, module in ((cni.PLUGIN_TYPE, "localcluster.realnode.cni"),
+                         (nic_cni.PLUGIN_TYPE, "dra_driver.net.handoff.cni")):
+        plugin = layout.cni_bin / name
+        plugin.write_text(cni.launcher(sys.executable, module))
+        plugin.chmod(0o755)
     netconf = cni.NetConf(subnet=ipaddress.IPv4Network(POD_SUBNET),
                           data_dir=layout.cni_ipam)
-    (layout.cni_conf / "10-toposerve.conflist").write_text(json.dumps(cni.conflist(netconf)))
+    # The NIC hand-off is always chained: a DEL must find it even if the NIC
+    # driver stopped since the ADD (a pod without NICs costs it one exec).
+    (layout.cni_conf / "10-toposerve.conflist").write_text(json.dumps(
+        cni.conflist(netconf, chained=({"type": nic_cni.PLUGIN_TYPE},))))
     resolv = layout.config / "resolv.conf"
     resolv.write_text(config.RESOLV_CONF)
     crt, key = _node_credentials(layout, pki)
@@ -221,6 +227,35 @@ def restart_kubelet(progress: Progress = _stderr, timeout_s: float = 60,
         _write_owner(layout, Owner(**{**vars(owner), "kubelet_pid": kubelet.pid}))
         _wait("kubelet healthy after restart", _kubelet_healthy, timeout_s, kubelet, log)
     progress(f"kubelet of {NODE_NAME} restarted")
+
+
+def _containerd_answers(layout: Layout, tools: NodeTools) -> bool:
+    return subprocess.run(
+        [str(tools.ctr), "--address", str(layout.containerd_socket), "version"],
+        capture_output=True, check=False, timeout=10).returncode == 0
+
+
+def restart_containerd(progress: Progress = _stderr, timeout_s: float = 30,
+                       layout: Layout | None = None) -> None:
+    """Stop containerd (SIGTERM) and start it again with the same config,
+    the shims and containers left running, as a runtime upgrade would;
+    returns once it answers."""
+    layout = layout or default_layout()
+    tools = find_node_tools()
+    with machine_lock(layout):
+        owner = running_owner(layout)
+        if owner is None or not teardown.alive(owner.containerd_pid):
+            raise RealNodeError("no running real node to restart containerd of")
+        teardown.signal_and_wait([owner.containerd_pid], grace_s=10)
+        log = layout.logs / "containerd.log"
+        with open(log, "ab") as out:
+            out.write(b"---- containerd restarted ----\n")
+        ctd = _spawn([str(tools.containerd), "--config",
+                      str(layout.config / "containerd.toml")], log, append=True)
+        _write_owner(layout, Owner(**{**vars(owner), "containerd_pid": ctd.pid}))
+        _wait("containerd answering after restart", lambda: _containerd_answers(layout, tools),
+              timeout_s, ctd, log)
+    progress(f"containerd of {NODE_NAME} restarted")
 
 
 def _import_images(layout: Layout, tools: NodeTools) -> None:
@@ -298,10 +333,8 @@ def _start_locked(cluster: str, api: Any, tools: NodeTools, layout: Layout,
             layout, tools, kubeconfig_path(cluster), cluster_dir(cluster) / "pki")
         ctd_log = layout.logs / "containerd.log"
         ctd = _spawn([str(tools.containerd), "--config", str(ctd_conf)], ctd_log)
-        _wait("containerd answering", lambda: subprocess.run(
-            [str(tools.ctr), "--address", str(layout.containerd_socket), "version"],
-            capture_output=True, check=False, timeout=10).returncode == 0,
-            30, ctd, ctd_log)
+        _wait("containerd answering", lambda: _containerd_answers(layout, tools), 30, ctd,
+              ctd_log)
         _import_images(layout, tools)
         progress(f"containerd up, images imported in {time.monotonic() - started:.1f}s")
         kubelet_log = layout.logs / "kubelet.log"

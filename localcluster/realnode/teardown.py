@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from localcluster.processes import commands_under
+from localcluster.realnode import nics
 from localcluster.realnode.paths import Layout
 
 MNT_DETACH = 2
@@ -202,6 +203,7 @@ def clean_host(layout: Layout, runc: Path, progress: Progress) -> None:
         layout.nri_socket.unlink()
         with contextlib.suppress(OSError):
             layout.nri_socket.parent.rmdir()
+    nics.remove()  # the NIC stand-ins, after the pods' namespaces (and the NICs in them)
     remove_trees(layout.state_roots())
 
 
@@ -220,7 +222,8 @@ def leftovers(layout: Layout, mountinfo: str | None = None) -> list[str]:
     found += [f"mount {p}" for p in mounts_under(layout.state_roots(), text)]
     found += [f"netns {line.split()[4]}" for line in text.splitlines()
               if " - nsfs " in line and "/cni-" in line.split()[4]]
-    found += [f"path {p}" for p in (*layout.state_roots(), layout.nri_socket) if p.exists()]
+    found += [f"path {p}" for p in (*layout.state_roots(), layout.nri_socket,
+                                    nics.FABRIC_NETNS) if p.exists()]
     found += [f"cgroup {p}" for p in layout.runtime_cgroups()]
     return found
 
