@@ -452,6 +452,10 @@ class TenantConfig(Section):
     tokens_per_s: float | None = Field(default=None, alias="tokensPerSecond", gt=0,
                                        description="prompt plus max_tokens per second; "
                                                    "beyond (burst: one second's worth), 429")
+    max_priority: int | None = Field(default=None, alias="maxPriority",
+                                     description="an objective the tenant names with a higher "
+                                                 "priority runs at this one (a key does not "
+                                                 "let a batch tenant claim another's band)")
 
 
 class TenantsConfig(Section):

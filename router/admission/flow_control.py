@@ -93,7 +93,7 @@ class Admission:
                  size_bytes: int = 0) -> Classified:
         name = headers.get(OBJECTIVE_HEADER) or self.tenants.objective(tenant) or (
             self.cfg.default_objective)
-        priority = self.priorities.get(name, 0) if name else 0
+        priority = self.tenants.cap(tenant, self.priorities.get(name, 0) if name else 0)
         wait = self.cfg.queue_ttl_s
         slo = headers.get(SLO_TTFT_HEADER)
         if slo is not None:

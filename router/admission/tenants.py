@@ -79,6 +79,12 @@ class Tenants:
         t = self.settings.get(tenant)
         return t.objective if t is not None else None
 
+    def cap(self, tenant: str, priority: int) -> int:
+        """The priority a tenant may run at: its maxPriority at most."""
+        t = self.settings.get(tenant)
+        return priority if t is None or t.max_priority is None else min(priority,
+                                                                        t.max_priority)
+
     def over_limit(self, tenant: str, tokens: int, now: float) -> str | None:
         """Why the tenant may not send this request now, or None."""
         lim = self._limits.get(tenant)

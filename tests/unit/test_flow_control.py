@@ -236,7 +236,13 @@ def test_tenant_objective_and_rate_limits() -> None:
     async def go() -> None:
         clock = Clock()
         adm, ep = _admission(clock=clock, tenants={"tenants": [
-            {"name": "t1", "objective": "batch", "requestsPerSecond": 2}]})
+            {"name": "t1", "objective": "batch", "requestsPerSecond": 2},
+            {"name": "t3", "maxPriority": 0}]})
+        # a capped tenant naming a higher objective runs at its cap
+        assert adm.classify(_headers(x_llm_d_inference_objective="chat"),
+                            tenant="t3").priority == 0
+        assert adm.classify(_headers(x_llm_d_inference_objective="batch"),
+                            tenant="t3").priority == -1
         _saturate(ep, False)
         c = adm.classify(_headers(), tenant="t1")
         assert c.priority == -1 and c.flow == "t1"
