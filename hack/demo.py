@@ -28,6 +28,7 @@ from pathlib import Path
 
 import httpx
 from demo_dra import dra_slices
+from demo_net import real_node_nic
 from demo_placement import placement
 from demo_realnode import real_node_pod
 from kubernetes import client
@@ -141,8 +142,9 @@ def main() -> int:
         with dra_slices(NAME, say):  # the slices stay published for the placement step
             placement(NAME, say)
         real_node_pod(NAME, say)
+        real_node_nic(NAME, say)
     finally:
-        say("8. tear down")
+        say("9. tear down")
         procs.close()
         down(NAME)
     return 0

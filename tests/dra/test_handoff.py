@@ -23,7 +23,7 @@ from dra_driver.net.handoff.journal import Step
 from dra_driver.net.handoff.links import Namespace
 from dra_driver.net.handoff.mover import HandoffError
 from dra_driver.net.records import ClaimRecord, NicHandoff, write_record
-from tests.dra.handoff_env import NetEnv, net_env
+from harness.handoff_netns import NetEnv, net_env
 
 CONFIG = parse_net_config({
     "apiVersion": "net.toposerve.io/v1", "kind": "NetConfig", "interfaceName": "net1",
@@ -33,6 +33,8 @@ CONFIG = parse_net_config({
 
 @pytest.fixture
 def env(tmp_path: Path) -> Iterator[NetEnv]:
+    if os.geteuid() != 0:
+        pytest.skip("network namespaces need root (run the tests as root)")
     with net_env(tmp_path) as e:
         yield e
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from dra_driver.net.handoff.links import Link
-from tests.dra.handoff_env import NetEnv, Nic, net_env
+from harness.handoff_netns import NetEnv, Nic, net_env
 from tests.dra.test_handoff import CONFIG
 
 TRIALS = 100
@@ -25,6 +25,8 @@ SANDBOX = "sb-crash"
 
 @pytest.fixture
 def env(tmp_path: Path) -> Iterator[NetEnv]:
+    if os.geteuid() != 0:
+        pytest.skip("network namespaces need root (run the tests as root)")
     with net_env(tmp_path, nics=1) as e:
         yield e
 

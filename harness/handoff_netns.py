@@ -1,4 +1,5 @@
-"""Network namespaces for the hand-off tests, made and removed by the test:
+"""Network namespaces for the hand-off tests and benchmark, made and removed
+by them:
 a stand-in "host" (the mover runs against it as if it were its own), a pod
 sandbox, and a "fabric" holding the far end of each NIC stand-in (a veth
 pair), so a moved NIC can be pinged from the fabric. Addresses from
@@ -14,8 +15,6 @@ from dataclasses import dataclass, field
 from ipaddress import ip_interface
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from dra_driver.net.handoff.journal import Journal
 from dra_driver.net.handoff.links import Link, Namespace
@@ -75,14 +74,9 @@ class NetEnv:
             ns.close()
 
 
-def require_root() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("network namespaces need root (run the tests as root)")
-
-
 @contextlib.contextmanager
 def net_env(tmp: Path, nics: int = 2, mtu: int = 1500) -> Iterator[NetEnv]:
-    require_root()
+    """Needs root; the caller says so (a test skips, a benchmark fails)."""
     netns = _netns()
     prefix = f"tsh-{uuid.uuid4().hex[:6]}"
     names = [f"{prefix}-{x}" for x in ("host", "pod", "fabric")]

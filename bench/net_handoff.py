@@ -1,0 +1,187 @@
+"""What the NIC hand-off adds to a pod sandbox's start: each "pod" is a
+network namespace made as containerd makes one, then the real node's CNI
+chain run as containerd runs it (each plugin exec'd, config on stdin,
+``CNI_*`` in the environment): our pod network (``toposerve-veth``), then
+the hand-off (``toposerve-nic``). Timed from the namespace's creation to
+the chain's return, when the NIC is in the namespace renamed, addressed, at
+its MTU and up; alternately a pod with a one-NIC claim (a hand-off record
+names its UID) and one without. Beside it: the hand-off's exec alone, the
+same move by a resident process (what an NRI plugin would pay, with no exec
+and no imports), the DEL, and the cost of an exec of the interpreter.
+
+The NIC is a veth stand-in in a "host" namespace of the benchmark's own
+(the plugins run there through ``ip netns exec``, in both columns alike);
+addresses from 198.18.0.0/15; nothing leaves the machine. Needs root."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench import report
+from dra_driver.net.config import parse_net_config
+from dra_driver.net.handoff.cni import PLUGIN_TYPE as NIC_PLUGIN
+from dra_driver.net.records import ClaimRecord, NicHandoff, write_record
+from harness.handoff_netns import NetEnv, net_env
+from localcluster.realnode import cni as pod_cni
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIG = parse_net_config({"apiVersion": "net.toposerve.io/v1", "kind": "NetConfig",
+                           "interfaceName": "net1", "addresses": ["198.18.0.2/24"],
+                           "mtu": 1400})
+
+
+@dataclass
+class Samples:
+    values: dict[str, list[float]] = field(default_factory=dict)
+
+    def add(self, what: str, seconds: float) -> None:
+        self.values.setdefault(what, []).append(seconds * 1000)
+
+
+def _run(argv: list[str], env: Mapping[str, str], stdin: str) -> tuple[float, dict[str, Any]]:
+    t0 = time.perf_counter()
+    p = subprocess.run(argv, input=stdin, env=dict(env), capture_output=True, text=True,
+                       check=False)
+    took = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise RuntimeError(f"{argv[-1]} {env.get('CNI_COMMAND')}: {p.stdout} {p.stderr[-500:]}")
+    return took, json.loads(p.stdout) if p.stdout.strip() else {}
+
+
+class Chain:
+    """The node's two plugins, exec'd in the benchmark's host namespace."""
+
+    def __init__(self, net: NetEnv, work: Path) -> None:
+        self.net, self.work = net, work
+        bindir = work / "bin"
+        bindir.mkdir()
+        for name, module in ((pod_cni.PLUGIN_TYPE, "localcluster.realnode.cni"),
+                             (NIC_PLUGIN, "dra_driver.net.handoff.cni")):
+            (bindir / name).write_text(pod_cni.launcher(sys.executable, module))
+            (bindir / name).chmod(0o755)
+        self.bin = bindir
+        self.pod_conf = {"cniVersion": "1.0.0", "name": "bench", "type": pod_cni.PLUGIN_TYPE,
+                         "subnet": "127.77.0.0/16", "dataDir": str(work / "ipam")}
+        self.nic_conf = {"cniVersion": "1.0.0", "name": "bench", "type": NIC_PLUGIN,
+                         "stateDir": str(work / "records"), "journalDir": str(work / "journal")}
+
+    def _argv(self, plugin: str) -> list[str]:
+        return ["ip", "netns", "exec", Path(self.net.host).name, str(self.bin / plugin)]
+
+    def env(self, command: str, sandbox: str, netns: str, pod_uid: str) -> dict[str, str]:
+        return {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(REPO),
+                "CNI_COMMAND": command, "CNI_CONTAINERID": sandbox, "CNI_NETNS": netns,
+                "CNI_IFNAME": "eth0", "CNI_PATH": str(self.bin),
+                "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE=bench;K8S_POD_UID={pod_uid}"}
+
+    def add(self, sandbox: str, netns: str, pod_uid: str) -> tuple[float, dict[str, Any]]:
+        """Both ADDs; the hand-off's own exec time and its result."""
+        env = self.env("ADD", sandbox, netns, pod_uid)
+        _, prev = _run(self._argv(pod_cni.PLUGIN_TYPE), env, json.dumps(self.pod_conf))
+        return _run(self._argv(NIC_PLUGIN), env,
+                    json.dumps({**self.nic_conf, "prevResult": prev}))
+
+    def delete(self, sandbox: str, netns: str, pod_uid: str) -> float:
+        """Both DELs, in reverse order; the hand-off's own exec time."""
+        env = self.env("DEL", sandbox, netns, pod_uid)
+        took, _ = _run(self._argv(NIC_PLUGIN), env, json.dumps(self.nic_conf))
+        _run(self._argv(pod_cni.PLUGIN_TYPE), env, json.dumps(self.pod_conf))
+        return took
+
+
+def _pod(chain: Chain, s: Samples, i: int, with_nic: bool) -> None:
+    kind = "NIC claim" if with_nic else "no NIC claim"
+    uid = str(uuid.uuid4())
+    if with_nic:
+        write_record(chain.work / "records", ClaimRecord(
+            claimUid=f"claim-{i}", claim=f"bench/c{i}", podUids=[uid],
+            nics=[NicHandoff(device="nic-0", hostIfName="nic0", pciAddress=None,
+                             config=CONFIG)]))
+    t0 = time.perf_counter()
+    netns = chain.net.new_pod(f"p{i}")
+    nic_s, result = chain.add(f"sb{i}", netns, uid)
+    s.add(f"sandbox created -> network ready, {kind}", time.perf_counter() - t0)
+    s.add(f"toposerve-nic ADD exec, {kind}", nic_s)
+    names = [x["name"] for x in result.get("interfaces", [])]
+    if with_nic != ("net1" in names):
+        raise RuntimeError(f"pod {i}: interfaces {names}")
+    s.add(f"toposerve-nic DEL exec, {kind}", chain.delete(f"sb{i}", netns, uid))
+    chain.net.remove_pod(netns)
+    (chain.work / "records" / f"claim-{i}.json").unlink(missing_ok=True)
+
+
+def _resident(net: NetEnv, s: Samples, pods: int) -> None:
+    """The same moves by one long-lived process: no exec, imports done."""
+    mover = net.mover()
+    try:
+        for i in range(pods):
+            netns = net.new_pod(f"r{i}")
+            with net.journal.lock():
+                t0 = time.perf_counter()
+                mover.attach(f"rsb{i}", netns, "nic0", CONFIG)
+                s.add("resident mover attach (no exec), NIC claim", time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                mover.detach_sandbox(f"rsb{i}")
+                s.add("resident mover detach (no exec), NIC claim", time.perf_counter() - t0)
+            net.remove_pod(netns)
+    finally:
+        mover.close()
+
+
+def _exec_floor(net: NetEnv, s: Samples, n: int) -> None:
+    for _ in range(n):
+        t0 = time.perf_counter()
+        subprocess.run(["ip", "netns", "exec", Path(net.host).name, sys.executable, "-c",
+                        "pass"], check=True)
+        s.add("ip netns exec + interpreter start, nothing imported", time.perf_counter() - t0)
+
+
+def table(s: Samples) -> tuple[str, list[dict[str, Any]]]:
+    rows = []
+    lines = ["| what | n | p50 (ms) | p99 (ms) | max (ms) |", "|---|---:|---:|---:|---:|"]
+    for what, v in s.values.items():
+        row = {"what": what, "n": len(v), "p50_ms": round(report.pct(v, 0.5), 1),
+               "p99_ms": round(report.pct(v, 0.99), 1), "max_ms": round(max(v), 1)}
+        rows.append(row)
+        lines.append(f"| {what} | {row['n']} | {row['p50_ms']} | {row['p99_ms']} | "
+                     f"{row['max_ms']} |")
+    return "\n".join(lines), rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pods", type=int, default=100, help="pods of each kind")
+    ap.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    args = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        print("bench.net_handoff needs root (network namespaces)", file=sys.stderr)
+        return 2
+    s = Samples()
+    with tempfile.TemporaryDirectory(prefix="net-handoff-") as tmp, \
+            net_env(Path(tmp), nics=1) as net:
+        chain = Chain(net, Path(tmp))
+        _pod(chain, Samples(), -1, True)  # warm the page cache and the ipam folder
+        for i in range(args.pods * 2):
+            _pod(chain, s, i, with_nic=i % 2 == 0)
+        _resident(net, s, args.pods)
+        _exec_floor(net, s, min(args.pods, 30))
+    md, rows = table(s)
+    load = os.getloadavg()[0]
+    md += f"\n\n{args.pods} pods of each kind, load average {load:.1f} at the end"
+    report.write(args.out, "net_handoff", md, {"pods": args.pods, "load1": load, "rows": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
