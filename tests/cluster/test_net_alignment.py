@@ -54,10 +54,12 @@ def rdma_class(env: Env) -> Iterator[str]:
         _delete(env.rest, f"{RES}/deviceclasses/{name}")
 
 
-def test_two_gpus_and_two_rdma_nics_per_root(env: Env, runs: list[Run], rdma_class: str) -> None:
-    # 4 hgx-h100 nodes x 4 roots of 2 GPUs + 2 NICs: only exact quartets fit all 16 pods
+def test_two_gpus_and_two_fast_rdma_nics_per_root(env: Env, runs: list[Run],
+                                                  rdma_class: str) -> None:
+    # 4 hgx-h100 nodes x 4 roots of 2 GPUs + 2 400G NICs: only exact quartets fit all 16 pods
+    fast = f"device.capacity['{NET}'].linkSpeed.compareTo(quantity('200G')) >= 0"
     run = _run(env, runs, 16, [_request("gpu", env.classes["gpu"], count=2),
-                               _request("nic", rdma_class, count=2)],
+                               _request("nic", rdma_class, count=2, selector=fast)],
                [{"requests": ["gpu", "nic"], "matchAttribute": ROOT}], HGX)
     hw = load_profile("hgx-h100").hardware()
     roots_used: set[tuple[str, str]] = set()
