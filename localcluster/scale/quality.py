@@ -10,7 +10,7 @@ fixes one mix on GB200 racks; this takes any groups, levels and profiles)."""
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import cache
 from typing import Any
 
@@ -111,5 +111,4 @@ def landed(groups: list[GroupPlan], where: dict[str, str], paths: dict[str, Doma
 
 
 def as_dict(p: Placement) -> dict[str, Any]:
-    from dataclasses import asdict
     return asdict(p)

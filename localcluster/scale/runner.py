@@ -235,9 +235,10 @@ def up_retrying(spec: ClusterSpec, say: Say, attempts: int = 3) -> Path:
 
 @contextlib.contextmanager
 def setup_cluster(sc: ScaleScenario, setup: Setup, name: str, workdir: Path, say: Say
-                  ) -> Iterator[tuple[Any, dict[str, Any], list[Child], measure.ProcSampler]]:
+                  ) -> Iterator[tuple[Any, dict[str, Any], list[Child]]]:
     """The setup's cluster, slices published and extender ready: (api,
-    bring-up figures, children, process sampler). Torn down on exit."""
+    figures, children). Torn down on exit, when the figures get every
+    process's CPU and peak RSS."""
     ext_port = free_port()
     sched_file = workdir / "scheduler.yaml"
     sched_file.write_text(yaml.safe_dump(scheduler_config(sc, setup,
@@ -284,11 +285,11 @@ def setup_cluster(sc: ScaleScenario, setup: Setup, name: str, workdir: Path, say
                 ext.alive()
                 return ext.get("/ready")[0] == 200
             figures["extender_ready_s"] = round(wait("the extender", ready, 120), 1)
-        yield api, figures, children, sampler
+        yield api, figures, children
     finally:
         for c in reversed(children):
             c.stop()
-        sampler.stop()
+        figures["processes"] = sampler.stop()
         down(name, progress=say)
 
 
@@ -304,7 +305,7 @@ def _create_objects(rest: JsonApi, p: Plan) -> None:
 def run_setup(sc: ScaleScenario, setup: Setup, name: str, workdir: Path, say: Say,
               show_bar: bool) -> dict[str, Any]:
     p = plan(sc, setup)
-    with setup_cluster(sc, setup, name, workdir, say) as (api, figures, children, sampler):
+    with setup_cluster(sc, setup, name, workdir, say) as (api, figures, children):
         rest = JsonApi(api)
         _create_objects(rest, p)
         pods = measure.Watched(rest, f"/api/v1/namespaces/{NAMESPACE}/pods", SCALE_LABEL,
@@ -328,7 +329,7 @@ def run_setup(sc: ScaleScenario, setup: Setup, name: str, workdir: Path, say: Sa
                 sub.drain()
                 settle(names, pods, sc.arrival.settle_seconds, sc.arrival.timeout_seconds,
                        bar, alive)
-            churn = do_churn(sc, rest, p, pods, sub, sampler, children, say, show_bar, alive)
+            churn = do_churn(sc, rest, p, pods, sub, children, say, show_bar, alive)
             seconds = time.monotonic() - started
             api_after = measure.scrape(api)
             ext_after = ext and measure.scrape_url(ext.url + "/metrics")
@@ -359,7 +360,6 @@ def run_setup(sc: ScaleScenario, setup: Setup, name: str, workdir: Path, say: Sa
         "apiserver_requests": measure.request_rates(api_before, api_after, seconds),
         "extender_calls": measure.call_latency(ext_before, ext_after) if ext_before and
         ext_after else {},
-        "processes": sampler.stop(),
         "placement": quality.as_dict(quality.placement(p.groups, where, paths, profiles,
                                                        used)),
         "landed": quality.landed(p.groups, where, paths),
@@ -413,7 +413,7 @@ def cdf(values: list[float], points: int = 100) -> list[float]:
 
 
 def do_churn(sc: ScaleScenario, rest: JsonApi, p: Plan, pods: measure.Watched, sub: Submitter,
-             sampler: measure.ProcSampler, children: list[Child], say: Say, show_bar: bool,
+             children: list[Child], say: Say, show_bar: bool,
              alive: Callable[[], None]) -> dict[str, Any]:
     """Pods deleted and re-created, nodes added and removed, after the first wave."""
     ch = sc.churn
