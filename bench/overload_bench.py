@@ -179,19 +179,26 @@ def ours(config: dict[str, Any] | None) -> Start:
     return start
 
 
-def vllm_router(procs: Procs, sims: list[Proc]) -> Proc:
-    from bench.router_bench import launch_peer
+def vllm_router(queue: int) -> Start:
+    """vllm-router's admission: a limit on concurrent requests (the
+    servers' sequences), a FIFO queue of ``queue`` behind it (0: 429 at
+    once) with a 2 s timeout, its token-bucket rate limit at its default
+    (refilled at the concurrency limit)."""
+    def start(procs: Procs, sims: list[Proc]) -> Proc:
+        from bench.router_bench import launch_peer
 
-    return launch_peer(procs, "vllm-router", [
-        "--policy", "round_robin", "--worker-urls", *(s.url for s in sims),
-        "--max-concurrent-requests", str(SLOTS * len(sims)), "--queue-size", "100",
-        "--queue-timeout-secs", "2"], ("/health", "/v1/models"))
+        return launch_peer(procs, "vllm-router", [
+            "--policy", "round_robin", "--worker-urls", *(s.url for s in sims),
+            "--max-concurrent-requests", str(SLOTS * len(sims)), "--queue-size", str(queue),
+            "--queue-timeout-secs", "2"], ("/health", "/v1/models"))
+    return start
 
 
 CONTENDERS: dict[str, Start] = {
     "toposerve, flow control": ours(flow_config()),
     "toposerve, no flow control": ours(None),
-    "vllm-router (limit 32, queue 100, 2 s)": vllm_router,
+    "vllm-router (limit 32, queue 100, 2 s)": vllm_router(100),
+    "vllm-router (limit 32, no queue)": vllm_router(0),
 }
 
 
