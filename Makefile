@@ -76,7 +76,7 @@ bench: setup peers
 scale: setup
 	$(PY) -m bench.cluster_up --nodes 100 1000
 	$(PY) -m bench.dra_publish --nodes 1000
-	$(PY) -m bench.extender_bench --racks 270 --hgx 140 --ep-groups 40 --plain 100 --nodes --timeout 900 --name extender_scale
+	$(PY) -m bench.extender_bench --racks 270 --hgx 140 --ep-groups 20 --plain 40 --cm-qps 1000 --nodes --timeout 900 --name extender_scale
 	$(VENV)/bin/toposerve scale run -f $$($(VENV)/bin/toposerve scale list --biggest-fitting) --out bench/results/scale
 	$(PYTEST) -m scale tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 

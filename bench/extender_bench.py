@@ -10,7 +10,7 @@ Then the extender's own call latency, names-only, at 1,000 and 5,000 nodes.
 Writes bench/results/extender_bench.{md,json,png} (latency only:
 extender_latency.{md,json}). The local cluster's
 controller-manager keeps its default client QPS (claim creation is the
-bottleneck of pods/s here, DESIGN §8); the scheduler's is 1,000.
+bottleneck of pods/s here, DESIGN §8) unless --cm-qps; the scheduler's is 1,000.
 """
 
 from __future__ import annotations
@@ -214,6 +214,7 @@ def placement_runs(args: argparse.Namespace, workdir: Path) -> tuple[list[Placem
     for mode in MODES:
         with gpu_cluster(f"extbench-{mode}", shape, workdir, extender=mode == "toposerve",
                          workload_gates=mode == "in-tree",
+                         controller_manager_qps=args.cm_qps,
                          progress=lambda m, mode=mode: print(f"[{mode}] {m}",
                                                              file=sys.stderr)) as gc:
             row, where = measure(gc, groups, mode, args.plain, args.seed, args.timeout)
@@ -413,6 +414,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plain", type=int, default=20, help="ordinary pods in the mix")
     ap.add_argument("--seed", type=int, default=16)
     ap.add_argument("--timeout", type=float, default=240)
+    ap.add_argument("--cm-qps", type=int, default=None,
+                    help="the controller-manager's client QPS and burst (default: its own, "
+                         "which limits how fast claims are made)")
     ap.add_argument("--nodes", type=int, nargs="*", default=[1000, 5000],
                     help="node counts for the extender's call latency")
     ap.add_argument("--calls", type=int, default=300, help="calls per latency row")

@@ -135,9 +135,21 @@ def publish_gpu_slices(api: Any) -> int:
                                              PRESETS[DialectName.TOPOSERVE]),
                             hardware=load_profile(profile).hardware())
         pools.append(gpu_pool(topo, node_uid=md["uid"]))
-    pub = SlicePublisher(api, DRIVER)
-    pub.set_pools(pools)
-    pub.reconcile_once()
+    pub = SlicePublisher(api, DRIVER)  # its workers write in parallel (5,000 nodes: minutes)
+    pub.start()
+    try:
+        pub.wait_synced()
+        pub.set_pools(pools)
+
+        def written() -> bool:
+            if not pub.idle():
+                return False
+            got = rest(api).request("GET", "/apis/resource.k8s.io/v1/resourceslices")
+            return len(got["items"]) >= len(pools)
+        wait_for("every node's GPU slice written", written, timeout=60 + 0.1 * len(pools),
+                 interval=0.5)
+    finally:
+        pub.stop()
     return len(pools)
 
 
@@ -214,9 +226,10 @@ class LwsGroups:
 
 def create_lws(api: Any, lws: dict[str, Any], *, claim_template: str,
                profile: str | None = "gb200-nvl72", revision: str = "5d8f9c7b6") -> LwsGroups:
-    """What LWS makes first: the LWS object, its leader StatefulSet and a
-    leader pod per replica, each owned by the one before (real uids)."""
-    lws = post(api, lws)
+    """What LWS makes first: the LWS object (unless it has a uid: made
+    already), its leader StatefulSet and a leader pod per replica, each
+    owned by the one before (real uids)."""
+    lws = lws if lws["metadata"].get("uid") else post(api, lws)
     sts = post(api, k.leader_statefulset(lws, revision))
     leaders = [post(api, k.lws_leader(lws, sts, g, claim_template=claim_template,
                                       profile=profile))
@@ -249,11 +262,12 @@ def create_disaggregated(api: Any, name: str, slice_: int, roles: dict[str, tupl
                          claim_template: str, profile: str | None = "gb200-nvl72",
                          revision: str = "7f9b8c1d") -> list[dict[str, Any]]:
     """A DisaggregatedSet slice as its controller and LWS make it: the set,
-    a LeaderWorkerSet per role owned by it, and every group's leader and
-    workers (no exclusive placement: workers come with their leader)."""
+    a LeaderWorkerSet per role owned by it (all in one reconcile), then every
+    group's leader and workers (no exclusive placement: workers come with
+    their leader)."""
     ds = post(api, k.disaggregated_set(name, roles))
     pods: list[dict[str, Any]] = []
-    for lws in k.disaggregated_lws(ds, slice_, revision):
+    for lws in [post(api, x) for x in k.disaggregated_lws(ds, slice_, revision)]:
         groups = create_lws(api, lws, claim_template=claim_template, profile=profile,
                             revision=revision)
         for g, leader in enumerate(groups.leaders):
@@ -274,11 +288,13 @@ def create_classes_and_templates(api: Any, gpus: list[int], namespace: str = "de
 @contextmanager
 def gpu_cluster(name: str, groups: list[tuple[str, int]], workdir: Path, *,
                 extender: bool = True, workload_gates: bool = False, qps: int = 1000,
+                controller_manager_qps: int | None = None,
                 extender_config: dict[str, Any] | None = None,
                 progress: Any = None) -> Iterator[GpuCluster]:
     """Up, with the extender wired into the scheduler (or not), slices
     published; torn down on exit whatever happened. ``qps``: the
-    scheduler's client limits (the controller-manager keeps its defaults)."""
+    scheduler's client limits; the controller-manager's, its defaults
+    unless ``controller_manager_qps``."""
     port = free_port()
     sched = workdir / f"{name}-scheduler.yaml"
     cfg = scheduler_config(f"http://127.0.0.1:{port}", qps=qps)
@@ -291,7 +307,7 @@ def gpu_cluster(name: str, groups: list[tuple[str, int]], workdir: Path, *,
     spec = ClusterSpec(name=name, groups=groups, scheduler_config=sched,
                        feature_gates=WORKLOAD_GATES if workload_gates else "",
                        runtime_config=WORKLOAD_API if workload_gates else "",
-                       controllers=CONTROLLERS)
+                       controllers=CONTROLLERS, controller_manager_qps=controller_manager_qps)
     for attempt in range(3):
         try:
             kubeconfig = up(spec, progress=say)
