@@ -11,15 +11,15 @@ import json
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from demo_realnode import CLAIMS, PODS, WHOLE_GPU, Say, _delete, _gone
 from demo_support import DemoError, create, wait_until
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from dra_driver.framework.publisher import ApiError, JsonApi
+from dra_driver.framework.publisher import JsonApi
 from localcluster.cluster import api_client, kubeconfig_path
 from localcluster.realnode import nics
 from localcluster.realnode import node as realnode
@@ -29,12 +29,8 @@ from localcluster.realnode.paths import NODE_NAME
 from localcluster.realnode.pods import busybox_pod
 from manifests.values import DeviceClasses
 
-Say = Callable[[str], None]
 POD = "real-gpu-nic"
-CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
-PODS = "/api/v1/namespaces/default/pods"
 ROOT = "resource.kubernetes.io/pcieRoot"
-WHOLE_GPU = "device.attributes['gpu.toposerve.io'].type == 'gpu'"
 
 
 def _claim(nic: nics.StandIn) -> dict[str, Any]:
@@ -139,19 +135,6 @@ def real_node_nic(name: str, say: Say) -> None:
 def _cleanup(rest: JsonApi) -> None:
     """Pod first, while both drivers run, so the kubelet unprepares the claim
     and the CNI DEL brings the NIC back."""
-    for path, query in ((f"{PODS}/{POD}", [("gracePeriodSeconds", 1)]), (f"{CLAIMS}/{POD}", [])):
-        try:
-            rest.request("DELETE", path, query)
-        except ApiError as err:
-            if err.status != 404:
-                raise
-        if path.startswith(PODS):
-            wait_until(f"pod {POD} gone", lambda: _gone(rest), timeout=60)
-
-
-def _gone(rest: JsonApi) -> bool:
-    try:
-        rest.request("GET", f"{PODS}/{POD}")
-    except ApiError as err:
-        return err.status == 404
-    return False
+    _delete(rest, f"{PODS}/{POD}", [("gracePeriodSeconds", 1)])
+    wait_until(f"pod {POD} gone", lambda: _gone(rest, f"{PODS}/{POD}"), timeout=60)
+    _delete(rest, f"{CLAIMS}/{POD}", [])

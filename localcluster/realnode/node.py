@@ -209,24 +209,31 @@ def _kubelet_healthy() -> bool:
         return False
 
 
+def _restart(layout: Layout, what: str, pid_field: str, argv: list[str], ready: str,
+             check: Callable[[], bool], timeout_s: float, progress: Progress) -> None:
+    """SIGTERM one daemon of the node and start it again (containers left
+    running); returns once ``check`` holds."""
+    with machine_lock(layout):
+        owner = running_owner(layout)
+        if owner is None or not teardown.alive(getattr(owner, pid_field)):
+            raise RealNodeError(f"no running real node to restart {what} of")
+        teardown.signal_and_wait([getattr(owner, pid_field)], grace_s=10)
+        log = layout.logs / f"{what}.log"
+        with open(log, "ab") as out:
+            out.write(f"---- {what} restarted ----\n".encode())
+        proc = _spawn(argv, log, append=True)
+        _write_owner(layout, Owner(**{**vars(owner), pid_field: proc.pid}))
+        _wait(f"{what} {ready} after restart", check, timeout_s, proc, log)
+    progress(f"{what} of {NODE_NAME} restarted")
+
+
 def restart_kubelet(progress: Progress = _stderr, timeout_s: float = 60,
                     layout: Layout | None = None) -> None:
     """Stop the kubelet (SIGTERM) and start it again, containers left running,
     as an upgrade or a crash-restart would; returns once it is healthy."""
     layout = layout or default_layout()
-    tools = find_node_tools()
-    with machine_lock(layout):
-        owner = running_owner(layout)
-        if owner is None or not teardown.alive(owner.kubelet_pid):
-            raise RealNodeError("no running real node to restart the kubelet of")
-        teardown.signal_and_wait([owner.kubelet_pid], grace_s=10)
-        log = layout.logs / "kubelet.log"
-        with open(log, "ab") as out:
-            out.write(b"---- kubelet restarted ----\n")
-        kubelet = _spawn(_kubelet_command(layout, tools), log, append=True)
-        _write_owner(layout, Owner(**{**vars(owner), "kubelet_pid": kubelet.pid}))
-        _wait("kubelet healthy after restart", _kubelet_healthy, timeout_s, kubelet, log)
-    progress(f"kubelet of {NODE_NAME} restarted")
+    _restart(layout, "kubelet", "kubelet_pid", _kubelet_command(layout, find_node_tools()),
+             "healthy", _kubelet_healthy, timeout_s, progress)
 
 
 def _containerd_answers(layout: Layout, tools: NodeTools) -> bool:
@@ -242,20 +249,9 @@ def restart_containerd(progress: Progress = _stderr, timeout_s: float = 30,
     returns once it answers."""
     layout = layout or default_layout()
     tools = find_node_tools()
-    with machine_lock(layout):
-        owner = running_owner(layout)
-        if owner is None or not teardown.alive(owner.containerd_pid):
-            raise RealNodeError("no running real node to restart containerd of")
-        teardown.signal_and_wait([owner.containerd_pid], grace_s=10)
-        log = layout.logs / "containerd.log"
-        with open(log, "ab") as out:
-            out.write(b"---- containerd restarted ----\n")
-        ctd = _spawn([str(tools.containerd), "--config",
-                      str(layout.config / "containerd.toml")], log, append=True)
-        _write_owner(layout, Owner(**{**vars(owner), "containerd_pid": ctd.pid}))
-        _wait("containerd answering after restart", lambda: _containerd_answers(layout, tools),
-              timeout_s, ctd, log)
-    progress(f"containerd of {NODE_NAME} restarted")
+    _restart(layout, "containerd", "containerd_pid",
+             [str(tools.containerd), "--config", str(layout.config / "containerd.toml")],
+             "answering", lambda: _containerd_answers(layout, tools), timeout_s, progress)
 
 
 def _import_images(layout: Layout, tools: NodeTools) -> None:
