@@ -211,7 +211,7 @@ def placement_runs(args: argparse.Namespace, workdir: Path) -> tuple[list[Placem
     shape = [("gb200-nvl72", args.racks * 18), ("hgx-h100", args.hgx)]
     rows: list[Placement] = []
     landed: dict[str, Any] = {}
-    for mode in MODES:
+    for mode in args.modes:
         with gpu_cluster(f"extbench-{mode}", shape, workdir, extender=mode == "toposerve",
                          workload_gates=mode == "in-tree",
                          controller_manager_qps=args.cm_qps,
@@ -381,10 +381,12 @@ def plot(landed: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(MODES), figsize=(5 * len(MODES), 4), sharey=True)
-    names = sorted({g for m in MODES for r in landed[m + "/gpus"].values() for g in r})
+    modes = [m for m in MODES if m in landed]
+    fig, axes = plt.subplots(1, len(modes), figsize=(5 * len(modes), 4), sharey=True,
+                             squeeze=False)
+    names = sorted({g for m in modes for r in landed[m + "/gpus"].values() for g in r})
     colours = {g: matplotlib.colormaps["tab20"](i % 20) for i, g in enumerate(names)}
-    for ax, mode in zip(axes, MODES, strict=True):
+    for ax, mode in zip(axes[0], modes, strict=True):
         use = landed[mode + "/gpus"]
         racks = sorted(use)
         bottom = [0] * len(racks)
@@ -398,8 +400,8 @@ def plot(landed: dict[str, Any], path: Path) -> None:
                       rotation=45, fontsize=7)
         ax.set_title(mode)
         ax.set_xlabel("rack")
-    axes[0].set_ylabel("GPUs of each group")
-    axes[-1].legend(fontsize=6, ncol=2, loc="upper right")
+    axes[0][0].set_ylabel("GPUs of each group")
+    axes[0][-1].legend(fontsize=6, ncol=2, loc="upper right")
     fig.suptitle("where each group's pods landed (one colour a group)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -409,6 +411,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bench.extender_bench", description=__doc__)
     ap.add_argument("--racks", type=int, default=4, help="GB200 NVL72 racks (18 nodes each)")
     ap.add_argument("--hgx", type=int, default=16, help="HGX H100 nodes (racks of 4)")
+    ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES),
+                    help="which schedulers to run, in this order")
     ap.add_argument("--ep-groups", type=int, default=10,
                     help="wide-EP groups in the mix (within 7/8 of the GB200 racks)")
     ap.add_argument("--plain", type=int, default=20, help="ordinary pods in the mix")

@@ -3,9 +3,11 @@ call quantiles it reads from the extender's histogram."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from prometheus_client import generate_latest
 
-from bench.extender_bench import call_quantiles, mix
+from bench.extender_bench import call_quantiles, mix, plot
 from scheduler_ext.metrics import Metrics
 
 
@@ -27,3 +29,10 @@ def test_the_mix_repeats_its_groups_within_seven_eighths_of_the_racks() -> None:
     many = mix(270, 0, ep_groups=40)
     assert len(many) == 40 and sum(g.pods for g in many) <= 270 * 18 * 7 // 8
     assert len({g.name for g in many}) == 40
+
+
+def test_the_picture_draws_the_schedulers_that_ran(tmp_path: Path) -> None:
+    landed = {"default": {}, "default/gpus": {"gb200-nvl72-b0-r0": {"ep-0": 36, "ep-1": 8}},
+              "toposerve": {}, "toposerve/gpus": {"gb200-nvl72-b0-r1": {"ep-0": 72}}}
+    plot(landed, tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 0
