@@ -70,6 +70,8 @@ bench: setup peers
 	$(PY) -m bench.overload_bench
 	$(PY) -m bench.dra_prepare
 	$(PY) -m bench.realnode_prepare
+	$(PY) -m bench.net_handoff
+	$(PY) -m bench.net_handoff_realnode
 	$(PY) -m bench.extender_bench
 	$(PY) -m bench.dra_sched
 

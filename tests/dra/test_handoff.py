@@ -204,16 +204,3 @@ def test_the_plugins_default_paths_are_the_drivers() -> None:
 
     assert (cni.STATE_DIR, cni.JOURNAL_DIR) == (DEFAULT_STATE_DIR, DEFAULT_JOURNAL_DIR)
 
-
-def test_the_benchmark_measures_both_kinds_of_pod(tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("the benchmark makes network namespaces: needs root")
-    from bench import net_handoff
-
-    assert net_handoff.main(["--pods", "1", "--out", str(tmp_path)]) == 0
-    rows = {r["what"]: r for r in json.loads((tmp_path / "net_handoff.json").read_text())["rows"]}
-    for kind in ("NIC claim", "no NIC claim"):
-        assert rows[f"sandbox created -> network ready, {kind}"]["n"] == 1
-        assert rows[f"toposerve-nic ADD exec, {kind}"]["p50_ms"] > 0
-    assert "| resident mover attach (no exec), NIC claim | 1 |" in \
-        (tmp_path / "net_handoff.md").read_text()
