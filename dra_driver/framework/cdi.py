@@ -9,13 +9,13 @@ every name new, so a runtime that caches specs can never hit a stale entry.
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from dra_driver.framework.files import write_atomic
 
 CDI_VERSION = "1.1.0"
 DEFAULT_CDI_ROOT = Path("/var/run/cdi")
@@ -115,19 +115,8 @@ class CdiSpecs:
               common: ContainerEdits) -> dict[str, str]:
         """Write the claim's spec; returns device name -> CDI device id."""
         body = json.dumps(self.spec(claim_uid, devices, common), indent=1).encode()
-        self.root.mkdir(parents=True, exist_ok=True)
-        # Not ending in .json: a runtime scanning the root never sees the temp file.
-        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=f".{self._prefix()}", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(body)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, self.path(claim_uid))
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        # The temp file does not end in .json: a runtime scanning the root never sees it.
+        write_atomic(self.path(claim_uid), body, mode=0o644)
         return {name: self.device_id(claim_uid, name) for name in devices}
 
     def remove(self, claim_uid: str) -> bool:

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from dra_driver.framework.files import write_atomic
 
 VERSION = 1
 BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
@@ -114,22 +114,7 @@ class Checkpoint:
         body = json.dumps({"version": VERSION, "checksum": checksum(data),
                            "data": data.model_dump(mode="json", by_alias=True)},
                           indent=1, sort_keys=True).encode()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".checkpoint-", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(body)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        dirfd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dirfd)  # the rename itself must survive a power cut
-        finally:
-            os.close(dirfd)
+        write_atomic(self.path, body)
 
     def remove_temp_files(self) -> int:
         """Temp files of a write that a crash interrupted (the checkpoint

@@ -22,10 +22,8 @@ def problems(err: ValidationError) -> str:
             hint = " (unknown field: remove it or check its spelling)"
         elif e["type"] == "missing":
             hint = " (required: add it)"
-        # A validator's own message says it all; pydantic's prefix adds nothing.
-        msg = str(e["ctx"]["error"]) if e["type"] == "value_error" else e["msg"]
         # A check of the whole model names its fields in its message.
-        out.append(f"{where}: {msg}{hint}" if where else f"{msg}{hint}")
+        out.append(f"{where}: {e['msg']}{hint}" if where else f"{e['msg']}{hint}")
     return "; ".join(out)
 
 

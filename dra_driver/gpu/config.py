@@ -16,9 +16,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from dra_driver.framework.cdi import ENV_NAME
+from dra_driver.framework.opaque import parse_opaque
 from topology.config_file import API_VERSION
 
 KIND = "GpuConfig"
@@ -54,21 +55,7 @@ DEFAULT = GpuConfig.model_validate({"apiVersion": API_VERSION, "kind": KIND})
 
 def parse_gpu_config(parameters: Mapping[str, Any]) -> GpuConfig:
     """One opaque config; a ``ValueError`` naming the field and the fix."""
-    if parameters.get("apiVersion") != API_VERSION:
-        raise ValueError(f"apiVersion: expected {API_VERSION!r}, "
-                         f"got {parameters.get('apiVersion')!r}")
-    if parameters.get("kind") != KIND:
-        raise ValueError(f"kind: expected {KIND!r}, got {parameters.get('kind')!r}")
-    try:
-        return GpuConfig.model_validate(parameters)
-    except ValidationError as err:
-        problems = []
-        for e in err.errors():
-            where = ".".join(str(p) for p in e["loc"])
-            hint = " (unknown field: remove it or check its spelling)" \
-                if e["type"] == "extra_forbidden" else ""
-            problems.append(f"{where}: {e['msg']}{hint}")
-        raise ValueError("; ".join(problems)) from None
+    return parse_opaque(parameters, GpuConfig, API_VERSION, KIND)
 
 
 def merge(configs: Sequence[GpuConfig]) -> GpuConfig:

@@ -11,25 +11,20 @@ RDMA character devices, and the ``networkData`` the claim's status shows.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import structlog
 from kubernetes.client import ApiClient, CoreV1Api
 from pydantic import ValidationError
 
-from dra_driver.framework import metrics
-from dra_driver.framework.cdi import DEFAULT_CDI_ROOT, CdiSpecs, ContainerEdits, DeviceNode
-from dra_driver.framework.checkpoint import BOOT_ID_FILE, read_boot_id
+from dra_driver.framework.cdi import ContainerEdits, DeviceNode
 from dra_driver.framework.device_kind import AllocatedDevice, ClaimRef, PreparedEdits
+from dra_driver.framework.driver_process import DriverProcess, Latest, PluginOptions
 from dra_driver.framework.health import HealthBoard
-from dra_driver.framework.kubelet_plugin import KubeletPlugin, PluginConfig
 from dra_driver.framework.opaque import problems
-from dra_driver.framework.publisher import Pool, SlicePublisher
-from dra_driver.framework.sockets import KUBELET_REGISTRY_DIR, PluginPaths
+from dra_driver.framework.publisher import Pool
 from dra_driver.net.config import NetConfig, merge, parse_net_config
 from dra_driver.net.devices import DRIVER, discovered_pool
 from dra_driver.net.discovery import NetFilters, Nic, discover
@@ -41,30 +36,20 @@ from dra_driver.net.records import (
     remove_record,
     write_record,
 )
-from topology.labels import PRESETS, DialectName, from_labels
+from topology.labels import PRESETS, from_labels
 from topology.model import DomainPath
 
 CDI_VENDOR = f"k8s.{DRIVER}"
 CDI_CLASS = "nic"
 # Shared by every RDMA device: the connection manager (present when rdma_cm is loaded).
 RDMA_CM = "infiniband/rdma_cm"
-log = structlog.get_logger("dra.net")
 
 
 @dataclass(frozen=True)
-class NetDriverOptions:
-    node_name: str
-    plugin_dir: Path | None = None
-    registry_dir: Path = KUBELET_REGISTRY_DIR
-    cdi_root: Path = DEFAULT_CDI_ROOT
-    sysfs_root: Path = Path("/sys")
-    dev_root: Path = Path("/dev")
+class NetDriverOptions(PluginOptions):
     state_dir: Path = DEFAULT_STATE_DIR
     netns: str | None = None  # netlink in this named namespace (tests); None: our own
     filters: NetFilters = field(default_factory=NetFilters)
-    pod_uid: str | None = None
-    dialect: DialectName = DialectName.TOPOSERVE
-    boot_id_file: Path = BOOT_ID_FILE
     rescan_interval_s: float = 5.0
 
 
@@ -110,8 +95,7 @@ class NetKind:
     def __init__(self, api: ApiClient, opts: NetDriverOptions) -> None:
         self.api = api
         self.opts = opts
-        self._lock = threading.Lock()
-        self._last: _Discovered | None = None
+        self._found = Latest(self._discover)
         self._node: tuple[DomainPath, str] | None = None
 
     def _node_place(self) -> tuple[DomainPath, str]:
@@ -126,22 +110,20 @@ class NetKind:
         return self._node
 
     def discover(self) -> _Discovered:
+        return self._found.refresh()
+
+    def current(self) -> _Discovered:
+        return self._found.get()
+
+    def _discover(self) -> _Discovered:
         # A NIC in a pod is judged, and named, by the host name its record kept.
         away = {n.device: n.hostIfName for r in all_records(self.opts.state_dir)
                 for n in r.nics}
         nics = discover(self.opts.sysfs_root, self.opts.filters, netns=self.opts.netns,
                         dev_root=self.opts.dev_root, away=away)
         path, uid = self._node_place()
-        found = _Discovered(pool=discovered_pool(self.opts.node_name, path, nics, node_uid=uid),
-                            nics={n.name: n for n in nics})
-        with self._lock:
-            self._last = found
-        return found
-
-    def current(self) -> _Discovered:
-        with self._lock:
-            last = self._last
-        return last if last is not None else self.discover()
+        return _Discovered(pool=discovered_pool(self.opts.node_name, path, nics, node_uid=uid),
+                           nics={n.name: n for n in nics})
 
     # -- DeviceKind ---------------------------------------------------------
 
@@ -221,40 +203,17 @@ class NetKind:
         board.update(results)
 
 
-class NetDriver:
+class NetDriver(DriverProcess):
     """The whole process: plugin, publisher, and a loop that rescans the
     links (state, addresses, NICs coming and going) and checks health."""
 
     def __init__(self, api: ApiClient, opts: NetDriverOptions) -> None:
         self.opts = opts
         self.kind = NetKind(api, opts)
-        self.publisher = SlicePublisher(api, DRIVER, node_name=opts.node_name)
-        paths = PluginPaths(driver=DRIVER, registry_dir=opts.registry_dir,
-                            plugin_dir=opts.plugin_dir, pod_uid=opts.pod_uid)
-        cfg = PluginConfig(driver=DRIVER, node_name=opts.node_name, paths=paths,
-                           cdi=CdiSpecs(opts.cdi_root, CDI_VENDOR, CDI_CLASS),
-                           boot_id=read_boot_id(opts.boot_id_file),
-                           health_timeout_s=max(30, int(opts.rescan_interval_s * 3)))
-        self.plugin = KubeletPlugin(cfg, self.kind, api, self.publisher)
-        self._stop = threading.Event()
-        self._loop = threading.Thread(target=self._rescan_loop, name="net-rescan", daemon=True)
+        super().__init__(
+            api, self.kind, opts, cdi_vendor=CDI_VENDOR, cdi_class=CDI_CLASS,
+            interval_s=opts.rescan_interval_s, tick=self._rescan, loop_name="rescan")
 
-    def start(self) -> None:
-        self.plugin.start()
+    def _rescan(self) -> None:
+        self.plugin.refresh_pools()  # the publisher writes only what changed
         self.kind.check_health(self.plugin.health)
-        self._loop.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._loop.is_alive():
-            self._loop.join(timeout=5)
-        self.plugin.stop()
-
-    def _rescan_loop(self) -> None:
-        while not self._stop.wait(self.opts.rescan_interval_s):
-            try:
-                self.plugin.refresh_pools()  # the publisher writes only what changed
-                self.kind.check_health(self.plugin.health)
-            except Exception as err:
-                metrics.BACKGROUND_ERRORS.labels(DRIVER, "rescan").inc()
-                log.error("rescan failed", error=str(err))

@@ -130,7 +130,7 @@ def test_prepare_writes_the_record_cdi_and_network_data(net_env: NetEnv,
     ({"adresses": ["198.18.0.3/24"]},
      "adresses: Extra inputs are not permitted (unknown field: remove it or check its spelling)"),
     ({"addresses": ["198.18.0.300/24"]},
-     "addresses.0: '198.18.0.300/24' is not a CIDR"),
+     "addresses.0: Value error, '198.18.0.300/24' is not a CIDR"),
 ])
 def test_bad_config_fails_its_claim_alone(net_env: NetEnv, driver: NetDriverProc,
                                           bad: dict[str, Any], error: str,
