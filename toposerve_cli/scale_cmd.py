@@ -27,13 +27,12 @@ def _run(args: argparse.Namespace) -> int:
         sc = load_scenario(resolve(args.file))
         out = Path(args.out or f"scale-results/{sc.name}")
         with tempfile.TemporaryDirectory(prefix="toposerve-scale-") as tmp:
-            doc = runner.run(sc, Path(tmp), prefix=args.prefix,
-                             show_bar=(not args.no_progress and sys.stderr.isatty())
-                             or args.progress)
+            runner.run(sc, Path(tmp), prefix=args.prefix,
+                       show_bar=(not args.no_progress and sys.stderr.isatty()) or args.progress,
+                       done=lambda doc: report.write(doc, out))
     except (ConfigError, DoesNotFit, ClusterError, ToolsMissing) as err:
         return _fail(str(err))
-    path = report.write(doc, out)
-    print(path)
+    print(out / report.REPORT)
     return 0
 
 

@@ -25,6 +25,7 @@ def markdown(doc: dict[str, Any], pngs: list[str]) -> str:
     sc = doc["scenario"]
     lim = sc["clientLimits"]
     nodes = ", ".join(f"{g['count']:,} {g['profile']}" for g in sc["nodes"])
+    missing = [x for x in sc["setups"] if x not in {s["setup"] for s in doc["setups"]}]
     lines = [f"# Scale run: {sc['name']}", "", sc.get("description") or "", "",
              f"Nodes: {nodes}. Pods: {doc['setups'][0]['pods'] if doc['setups'] else 0:,} "
              f"(the first {sc['arrival']['unmeasured']:,} not counted in pods/s), arrival rate "
@@ -36,6 +37,8 @@ def markdown(doc: dict[str, Any], pngs: list[str]) -> str:
              f"{sc.get('scheduler', {}).get('percentageOfNodesToScore') or 'adaptive'} "
              f"(with the extender: 100). Estimated memory "
              f"{doc['estimate_mib']:,} MiB. Started {doc['started']}.", "",
+             *([f"Not run (the run stopped before them): {', '.join(missing)}.", ""]
+               if missing else []),
              "## Throughput and latency", "",
              "| setup | cluster up s | slices published s | pods bound | pods/s | "
              "create→claim made p50/p99 s | create→allocated p50/p99 s | "

@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -287,10 +288,11 @@ def setup_cluster(sc: ScaleScenario, setup: Setup, name: str, workdir: Path, say
             figures["extender_ready_s"] = round(wait("the extender", ready, 120), 1)
         yield api, figures, children
     finally:
-        for c in reversed(children):
-            c.stop()
-        figures["processes"] = sampler.stop()
-        down(name, progress=say)
+        with _uninterrupted():
+            for c in reversed(children):
+                c.stop()
+            figures["processes"] = sampler.stop()
+            down(name, progress=say)
 
 
 def _create_objects(rest: JsonApi, p: Plan) -> None:
@@ -474,9 +476,12 @@ def _where(rest: JsonApi) -> dict[str, str]:
 
 
 def run(sc: ScaleScenario, workdir: Path, *, prefix: str = "ts-scale", say: Say = _stderr,
-        show_bar: bool = True, available_mib: float | None = None) -> dict[str, Any]:
-    """Every setup of ``sc`` in turn; the whole result document. Refuses
-    (fit.DoesNotFit) before anything starts when the scenario does not fit."""
+        show_bar: bool = True, available_mib: float | None = None,
+        done: Callable[[dict[str, Any]], object] = lambda doc: None) -> dict[str, Any]:
+    """Every setup of ``sc`` in turn; the whole result document, also given
+    to ``done`` after each setup (so a long run interrupted late keeps the
+    setups it finished). Refuses (fit.DoesNotFit) before anything starts
+    when the scenario does not fit."""
     est = fit.check(sc, fit.mem_available_mib() if available_mib is None else available_mib)
     # SIGTERM unwinds like Ctrl-C, so every cluster is torn down either way
     old = signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -491,6 +496,7 @@ def run(sc: ScaleScenario, workdir: Path, *, prefix: str = "ts-scale", say: Say 
             d.mkdir(parents=True, exist_ok=True)
             doc["setups"].append(run_setup(sc, setup, f"{prefix}-{setup.value}"[:32], d, say,
                                            show_bar))
+            done(doc)
         return doc
     finally:
         signal.signal(signal.SIGTERM, old)
@@ -498,3 +504,18 @@ def run(sc: ScaleScenario, workdir: Path, *, prefix: str = "ts-scale", say: Say 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _uninterrupted() -> Iterator[None]:
+    """A second Ctrl-C (or SIGTERM) while a setup is torn down would leave
+    half a cluster behind: both wait until the teardown is done."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
