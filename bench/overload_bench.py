@@ -118,11 +118,12 @@ async def drive(url: str, traffics: list[Traffic], timeout_s: float = 30) -> lis
 
 
 def overload(critical: dict[str, str], batch: dict[str, str], duration_s: float,
-             rate: float = CRITICAL_RATE) -> tuple[list[Traffic], list[Traffic]]:
+             rate: float = CRITICAL_RATE, batch_tokens: int = 100
+             ) -> tuple[list[Traffic], list[Traffic]]:
     """The unloaded phase (critical traffic alone) and the overloaded one
     (the same critical traffic over a burst of sheddable batch traffic)."""
     crit = Traffic("critical", rate, duration_s, 2000, 8, critical)
-    burst = Traffic("batch", rate * BURST, duration_s, 200, 100, batch, stream=False)
+    burst = Traffic("batch", rate * BURST, duration_s, 200, batch_tokens, batch, stream=False)
     return [crit], [crit, burst]
 
 

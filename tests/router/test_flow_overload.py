@@ -25,13 +25,18 @@ ROUNDS = 3
 
 
 def test_critical_keeps_its_ttft_under_a_sheddable_burst(procs: Procs) -> None:
-    sims = [procs.sim(**SIM) for _ in range(N_SIMS)]
+    # A quarter of the benchmark's rates, batch requests as long again (2 s
+    # of 20 tokens, so still about 40 sequences wanted against 32): on a
+    # shared machine a CPU-starved router and simulators add latency with
+    # every request they handle, which is not what this test is about.
+    sims = [procs.sim(**{**SIM, "decode_s_per_token": 0.1}) for _ in range(N_SIMS)]
     router = procs.router(flow_config(), endpoints=[s.url for s in sims])
-    unloaded, loaded = overload(CRITICAL_HEADERS, BATCH_HEADERS, duration_s=2.5)
+    unloaded, loaded = overload(CRITICAL_HEADERS, BATCH_HEADERS, duration_s=6.0, rate=2.0,
+                                batch_tokens=20)
     ratios = []
-    # This machine is shared: a round whose p99 (about the slowest of 20
-    # requests) a neighbour's CPU burst spoiled is run again. Without flow
-    # control the ratio is near 100 in every round (bench.overload_bench).
+    # This machine is shared: a round whose p99 (the slowest of 12 requests)
+    # a neighbour's CPU burst spoiled is run again. Without flow control the
+    # ratio is near 100 in every round (bench.overload_bench).
     for _ in range(ROUNDS):
         base = asyncio.run(drive(router.url, unloaded))
         over = asyncio.run(drive(router.url, loaded))
