@@ -209,9 +209,10 @@ class Row:
     max_over_mean_load: float  # requests served
     max_over_mean_work: float  # tokens computed: uncached prompt + generated
     cpu_ms_per_request: float
+    seed: int = 0  # the repeat (agentic: its workload's seed); a median row's is meaningless
 
 
-def run_one(tmp: Path, name: str, workload: str, payload: Any) -> Row:
+def run_one(tmp: Path, name: str, workload: str, payload: Any, seed: int = 0) -> Row:
     procs = Procs(tmp)
     try:
         sims = [sim_with_events(procs, **{**SIM, "num_gpu_blocks": CACHE_BLOCKS[workload]})
@@ -249,7 +250,7 @@ def run_one(tmp: Path, name: str, workload: str, payload: Any) -> Row:
                throughput_rps=len(ok) / run.wall_s,
                max_over_mean_load=max(served) / statistics.mean(served) if any(served) else 0,
                max_over_mean_work=max(work) / statistics.mean(work) if any(work) else 0,
-               cpu_ms_per_request=1000 * cpu / max(1, len(run.results)))
+               cpu_ms_per_request=1000 * cpu / max(1, len(run.results)), seed=seed)
 
 
 def overheads(tmp: Path, names: list[str], n: int, big_n: int, big_tokens: int,
@@ -348,6 +349,79 @@ def floors(rows: list[Row], models: dict[str, dict[str, dict[str, float]]]) -> s
     return "\n".join(lines)
 
 
+OURS = "toposerve"
+
+
+def is_peer(name: str) -> bool:
+    return not name.startswith(OURS)
+
+
+def per_seed(runs: list[Row]) -> str:
+    """Every run by itself, seed by seed, and per workload on how many seeds
+    ours had the lower TTFT p50 and p99 than every peer in the run."""
+    lines = ["| workload | seed | router | TTFT p50 ms | TTFT p99 ms | hit rate | "
+             "reuse captured | router CPU ms/req |", "|---|---:|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r.workload} | {r.seed} | {r.router} | {r.ttft_p50_ms:.1f} | "
+              f"{r.ttft_p99_ms:.0f} | {r.hit_rate:.1%} | {r.captured:.1%} | "
+              f"{r.cpu_ms_per_request:.2f} |" for r in runs]
+    lines += ["", "| workload | seeds | ours ahead of every peer at p50 | at p99 | "
+                  "ours / best peer p50, per seed | ours / best peer p99, per seed |",
+              "|---|---:|---:|---:|---|---|"]
+    for wl in dict.fromkeys(r.workload for r in runs):
+        seeds = sorted({r.seed for r in runs if r.workload == wl})
+        p50s, p99s, ahead50, ahead99 = [], [], 0, 0
+        for seed in seeds:
+            mine = [r for r in runs if r.workload == wl and r.seed == seed]
+            ours = next((r for r in mine if r.router == OURS), None)
+            peers = [r for r in mine if is_peer(r.router)]
+            if ours is None or not peers:
+                continue
+            b50 = min(r.ttft_p50_ms for r in peers)
+            b99 = min(r.ttft_p99_ms for r in peers)
+            ahead50 += ours.ttft_p50_ms < b50
+            ahead99 += ours.ttft_p99_ms < b99
+            p50s.append(f"{ours.ttft_p50_ms / b50:.2f}")
+            p99s.append(f"{ours.ttft_p99_ms / b99:.2f}")
+        if p50s:
+            lines.append(f"| {wl} | {len(p50s)} | {ahead50}/{len(p50s)} | "
+                         f"{ahead99}/{len(p50s)} | {' '.join(p50s)} | {' '.join(p99s)} |")
+    return "\n".join(lines)
+
+
+def plot_seeds(runs: list[Row], path: Path) -> None:
+    """TTFT p50 and p99 of every run, seed by seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = list(dict.fromkeys((r.workload, r.seed) for r in runs))
+    names = list(dict.fromkeys(r.router for r in runs))
+    fig, axes = plt.subplots(2, 1, figsize=(max(8, 1.2 * len(groups) + 4), 7))
+    width = 0.8 / len(names)
+    colors = matplotlib.colormaps["tab20"]
+    for ax, field, label in zip(axes, ("ttft_p50_ms", "ttft_p99_ms"),
+                                ("TTFT p50 (ms)", "TTFT p99 (ms)"), strict=True):
+        for i, name in enumerate(names):
+            vals = [next((getattr(r, field) for r in runs if (r.workload, r.seed) == g
+                          and r.router == name), 0) for g in groups]
+            ax.bar([x + i * width for x in range(len(groups))], vals, width, label=name,
+                   color=colors(i % colors.N))
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(groups))],
+                      [f"{wl} #{seed}" for wl, seed in groups])
+        ax.set_title(f"{label}, each run")
+    axes[0].legend(fontsize=8, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def order(names: list[str], repeat: int) -> list[str]:
+    """The routers rotated by one each repeat, so a drift in the shared
+    machine's load does not always fall on the same router."""
+    k = repeat % len(names) if names else 0
+    return names[k:] + names[:k]
+
+
 def plot(rows: list[Row], path: Path) -> None:
     import matplotlib
 
@@ -386,11 +460,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ablation", action="store_true",
                     help="also run other scorer sets of our router")
     ap.add_argument("--sessions", type=int, default=16, help="agentic sessions")
-    ap.add_argument("--repeats", type=int, default=1,
-                    help="runs per workload and router (agentic: a new seed each); the "
-                         "table shows medians, failures summed")
+    ap.add_argument("--repeats", "--seeds", type=int, default=1, dest="repeats",
+                    help="runs per workload and router (agentic: a new seed each), the "
+                         "routers' order rotated each time; the main table shows medians, "
+                         "failures summed, the per-seed table every run")
     ap.add_argument("--workloads", nargs="+", default=["agentic", "mooncake"],
                     choices=["agentic", "mooncake"])
+    ap.add_argument("--no-overheads", action="store_true",
+                    help="skip the idle latency and CPU runs (their columns read nan)")
     args = ap.parse_args(argv)
     if args.ablation:
         args.routers += [a for a in ABLATIONS if a not in args.routers]
@@ -416,23 +493,31 @@ def main(argv: list[str] | None = None) -> int:
         for wl in names:
             for repeat in range(args.repeats):
                 payload = payloads(wl, repeat)
-                for name in args.routers:
+                for name in order(args.routers, repeat):
                     t0 = time.monotonic()
-                    row = run_one(Path(tmp), name, wl, payload)
+                    row = run_one(Path(tmp), name, wl, payload, repeat)
                     runs.append(row)
                     print(f"  {wl:9} #{repeat} {name:26} TTFT p50 {row.ttft_p50_ms:7.0f} ms  "
                           f"hit {row.hit_rate:6.1%}  failed {row.failed}  "
                           f"({time.monotonic() - t0:.0f}s)", file=sys.stderr, flush=True)
-        over = overheads(Path(tmp), args.routers, 50 if args.quick else 200,
-                         5 if args.quick else 100, 195_000, 3.0 if args.quick else 10.0)
+        over = {} if args.no_overheads else overheads(
+            Path(tmp), args.routers, 50 if args.quick else 200, 5 if args.quick else 100,
+            195_000, 3.0 if args.quick else 10.0)
+    # rows in a stable order whatever order each repeat ran them in
+    runs.sort(key=lambda r: (names.index(r.workload), r.seed, args.routers.index(r.router)))
     rows = medians(runs, ("workload", "router"))
     models = {wl: modelled(payloads(wl, 0), CACHE_BLOCKS[wl]) for wl in names
               if wl == "mooncake"}  # the open-loop one
+
+    def plots(path: Path) -> None:
+        plot(rows, path)
+        plot_seeds(runs, path.with_name(path.stem + "_seeds.png"))
+
     report.write(Path(args.out), "router_bench",
-                 table(rows, over) + "\n\n" + floors(rows, models), {
+                 table(rows, over) + "\n\n" + floors(rows, models) + "\n\n" + per_seed(runs), {
                      "sim": SIM, "sims": N_SIMS, "repeats": args.repeats,
                      "rows": [asdict(r) for r in rows], "runs": [asdict(r) for r in runs],
-                     "overheads": over, "modelled": models}, lambda path: plot(rows, path))
+                     "overheads": over, "modelled": models}, plots)
     return 0
 
 

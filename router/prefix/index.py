@@ -1,21 +1,61 @@
 """Which endpoint holds which prefix blocks: a per-endpoint LRU of block
 keys plus a reverse map from key to endpoints, so a lookup walks only the
-blocks a request shares with somebody."""
+blocks a request shares with somebody. Prompts on their way to an endpoint
+(sent, not yet answered) count as held there too: requests that arrive
+together with the same prefix (an agent's turn and the sub-agents it forks)
+then follow the first instead of each prefilling it cold elsewhere."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Iterable
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 DEFAULT_CAPACITY = 200_000
+# how long a sent prompt counts as held without an answer: one whose every
+# attempt failed is forgotten after this (an answered one at once)
+SENT_HOLD_S = 10.0
+
+
+@dataclass(eq=False)
+class Sent:
+    """A prompt's chain sent to ``url`` and not yet answered."""
+
+    index: PrefixIndex
+    url: str
+    keys: list[int]
+    until: float
+    done: bool = False
+
+    def settle(self) -> None:
+        """Answered (``add`` records where) or given up: no longer held."""
+        self.index.settle(self)
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Leading keys two chains share. Keys are chained hashes, so equal
+    keys at a position mean equal chains up to it: a binary search."""
+    lo, hi = 0, min(len(a), len(b)) + 1  # a[:lo] == b[:lo]; a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[mid - 1] == b[mid - 1]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 class PrefixIndex:
-    def __init__(self, default_capacity: int = DEFAULT_CAPACITY) -> None:
+    def __init__(self, default_capacity: int = DEFAULT_CAPACITY,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._where: dict[int, set[str]] = {}
         self._lru: dict[str, OrderedDict[int, None]] = {}
         self._capacity: dict[str, int] = {}
         self.default_capacity = default_capacity
+        self.clock = clock
+        self._sent: dict[int, list[Sent]] = {}  # by first key
+        self._sent_order: deque[Sent] = deque()  # oldest first, to forget the unanswered
 
     def __len__(self) -> int:
         return sum(len(x) for x in self._lru.values())
@@ -34,10 +74,19 @@ class PrefixIndex:
         endpoint holds of a chain is a prefix of it: a binary search per
         endpoint that holds the first block finds its length."""
         matched = dict.fromkeys(urls, 0)
-        first = self._where.get(keys[0]) if keys else None
+        if not keys:
+            return matched
+        if sent := self._sent.get(keys[0]):
+            now = self.clock()
+            for s in sent:
+                if s.url in matched and s.until > now:
+                    matched[s.url] = max(matched[s.url], common_prefix(s.keys, keys))
+        first = self._where.get(keys[0])
         if not first:
             return matched
         for url in first.intersection(matched):
+            if matched[url] == len(keys):
+                continue  # all of it on its way there
             lru = self._lru[url]
             lo, hi = 1, len(keys) + 1  # keys[:lo] held; keys[:hi] not
             while hi - lo > 1:
@@ -46,8 +95,31 @@ class PrefixIndex:
                     lo = mid
                 else:
                     hi = mid
-            matched[url] = lo
+            matched[url] = max(matched[url], lo)
         return matched
+
+    def send(self, url: str, keys: list[int]) -> Sent | None:
+        """``keys`` are on their way to ``url``: held there for ``match``
+        until ``settle`` (or SENT_HOLD_S)."""
+        now = self.clock()
+        order = self._sent_order
+        while order and (order[0].done or order[0].until <= now):
+            self.settle(order.popleft())
+        if not keys:
+            return None
+        s = Sent(self, url, keys, now + SENT_HOLD_S)
+        self._sent.setdefault(keys[0], []).append(s)
+        order.append(s)
+        return s
+
+    def settle(self, s: Sent) -> None:
+        if s.done:
+            return
+        s.done = True
+        sent = self._sent[s.keys[0]]
+        sent.remove(s)
+        if not sent:
+            del self._sent[s.keys[0]]
 
     def add(self, url: str, keys: list[int]) -> None:
         """Record ``keys`` (a prompt's chain) as held by ``url``, most recently

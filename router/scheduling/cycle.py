@@ -43,6 +43,9 @@ class CycleState:
     # the prefix match computed last in this cycle: the proxy weighs the
     # request by its uncached tokens, the metrics read the chosen one's match
     prefix: PrefixMatch | None = None
+    # the prompt's keys the approximate index was asked about, per block size:
+    # held at the chosen endpoint while the request is on its way there
+    approx_keys: dict[int, list[int]] = field(default_factory=dict)
 
     def get(self, key: StateKey[T], of: Hashable) -> T | None:
         return cast("T | None", self._slots.get((key, of)))

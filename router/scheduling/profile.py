@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from router.config import ProfileConfig
 from router.pool.endpoints import Endpoint, Work
+from router.prefix.index import Sent
 from router.prefix.kv_index import KVIndex
 from router.scheduling import registry
 from router.scheduling.context import RequestContext
@@ -26,10 +27,13 @@ class Decision:
     scores: dict[str, dict[Endpoint, float]]
     cycle: CycleState = field(default_factory=CycleState)
     scorers: Sequence[Scorer] = ()
+    sent: list[Sent] = field(default_factory=list)  # held where it was sent first
 
     def answered(self, ep: Endpoint) -> None:
         """The request went to ``ep`` (the endpoint that answered, after
         any failover): the scorers that keep state record it there."""
+        for held in self.sent:
+            held.settle()
         for s in self.scorers:
             s.picked(self.ctx, self.cycle, ep)
 
@@ -90,4 +94,8 @@ class Scheduler:
         total = weighted_total(per, self.weights)
         ranked = self.picker.pick({e: total.get(e, 0.0) for e in eps})
         reason = decisive(per, self.weights, ranked[0], ranked[1] if len(ranked) > 1 else None)
-        return Decision(ctx, ranked, reason, per, cycle, scorers)
+        # until it answers, the first-ranked endpoint counts as holding the
+        # prompt for requests scheduled meanwhile (router.prefix.index)
+        sent = [h for keys in cycle.approx_keys.values()
+                if (h := self.state.approx.send(ranked[0].url, keys)) is not None]
+        return Decision(ctx, ranked, reason, per, cycle, scorers, sent)

@@ -56,9 +56,9 @@ def approx_match(state: RouterState, ctx: RequestContext, cycle: CycleState,
                  eps: list[Endpoint], block_bytes: int) -> dict[Endpoint, float]:
     """Share of the prompt each endpoint probably holds: computed once per
     cycle, block size and candidate set, whichever scorer asks first."""
+    keys = cycle.approx_keys[block_bytes] = ctx.byte_blocks(block_bytes)
     return cycle.memo(APPROX_MATCH, (block_bytes, candidates_key(eps)),
-                      lambda: match_shares(state.approx, ctx, cycle, eps,
-                                           ctx.byte_blocks(block_bytes)))
+                      lambda: match_shares(state.approx, ctx, cycle, eps, keys))
 
 
 def remember(state: RouterState, ctx: RequestContext, cycle: CycleState, ep: Endpoint,
