@@ -25,7 +25,7 @@ from kubernetes.client.exceptions import ApiException
 from dra_driver.framework.cdi import CdiSpecs
 from dra_driver.framework.checkpoint import Checkpoint, ClaimState, read_boot_id
 from dra_driver.gpu.driver import CDI_CLASS, CDI_VENDOR
-from harness.dra_kubelet import Claim, Kubelet
+from harness.dra_kubelet import Claim, Kubelet, end_plugin, launch_plugin
 from harness.procs import free_port
 from localcluster.cluster import kubeconfig_path
 from localcluster.nodes import KWOK_TOLERATION, node_manifest
@@ -190,21 +190,7 @@ class DriverProc:
         env = {k: v for k, v in os.environ.items() if k != "TOPOSERVE_DRA_CRASH_AT"}
         if crash_at:
             env["TOPOSERVE_DRA_CRASH_AT"] = crash_at
-        log = open(self.root / "driver.log", "ab")  # noqa: SIM115 (the child keeps it)
-        self.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=log)
-        log.close()
-
-        def up() -> bool:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise AssertionError(f"driver exited {self.proc.returncode}: {self.log_tail()}")
-            try:
-                self.kubelet.get_info()
-            except Exception:
-                return False
-            return True
-
-        wait_for("the driver's registration socket", up, timeout=30)
+        self.proc = launch_plugin(argv, env, self.root / "driver.log", self.kubelet)
 
     def log_tail(self) -> str:
         return (self.root / "driver.log").read_text()[-2000:]
@@ -212,15 +198,13 @@ class DriverProc:
     def stop(self) -> int:
         """SIGTERM, as the kubelet's pod teardown does; the exit code."""
         assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-        rc = self.proc.wait(timeout=30)
+        rc = end_plugin(self.proc)
         self.proc = None
         return rc
 
     def kill(self) -> None:
         if self.proc is not None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=30)
+            end_plugin(self.proc, signal.SIGKILL)
             self.proc = None
 
     def wait_exit(self) -> int:

@@ -4,7 +4,9 @@ protos: find it through its registration socket, then call it."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import signal
+import subprocess
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,10 +26,37 @@ from dra_driver._generated import (
     pluginregistration_pb2_grpc,
 )
 from dra_driver.framework.sockets import grpc_target
+from tests.waiting import wait_for
 
 DRA = {"v1": (dra_v1_pb2, dra_v1_pb2_grpc), "v1beta1": (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc)}
 HEALTH = {"v1": (health_v1_pb2, health_v1_pb2_grpc),
           "v1alpha1": (health_v1alpha1_pb2, health_v1alpha1_pb2_grpc)}
+
+
+def launch_plugin(argv: list[str], env: Mapping[str, str], log: Path,
+                  kubelet: Kubelet) -> subprocess.Popen[bytes]:
+    """A driver command as a subprocess, its output appended to ``log``,
+    returned once its registration socket answers ``GetInfo``."""
+    with open(log, "ab") as out:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen(argv, env=dict(env), stdout=out, stderr=out)
+
+    def up() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"driver exited {proc.returncode}: {log.read_text()[-2000:]}")
+        try:
+            kubelet.get_info()
+        except Exception:
+            return False
+        return True
+
+    wait_for("the driver's registration socket", up, timeout=30)
+    return proc
+
+
+def end_plugin(proc: subprocess.Popen[bytes], sig: signal.Signals = signal.SIGTERM) -> int:
+    """Send ``sig`` (SIGTERM, as the kubelet's pod teardown does); the exit code."""
+    proc.send_signal(sig)
+    return proc.wait(timeout=30)
 
 
 @dataclass(frozen=True)

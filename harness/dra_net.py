@@ -27,7 +27,7 @@ from dra_driver.net.config import API_VERSION, KIND
 from dra_driver.net.driver import CDI_CLASS, CDI_VENDOR
 from harness.dra_gpu import RULES as GPU_RULES
 from harness.dra_gpu import token_kubeconfig
-from harness.dra_kubelet import Claim, Kubelet
+from harness.dra_kubelet import Claim, Kubelet, end_plugin, launch_plugin
 from harness.net_standins import StandIns
 from harness.procs import free_port
 from localcluster.nodes import KWOK_TOLERATION, node_manifest
@@ -156,34 +156,17 @@ class NetDriverProc:
                 "--dev-root", str(self.nics.dev), "--state-dir", str(self.state_dir),
                 "--netns", self.nics.netns, "--http-address", f"127.0.0.1:{self.port}",
                 "--rescan-interval", "0.5"]
-        log = open(self.root / "driver.log", "ab")  # noqa: SIM115 (the child keeps it)
-        self.proc = subprocess.Popen(argv, env=dict(os.environ), stdout=log, stderr=log)
-        log.close()
-
-        def up() -> bool:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise AssertionError(f"driver exited {self.proc.returncode}: "
-                                     f"{(self.root / 'driver.log').read_text()[-2000:]}")
-            try:
-                self.kubelet.get_info()
-            except Exception:
-                return False
-            return True
-
-        wait_for("the NIC driver's registration socket", up, timeout=30)
+        self.proc = launch_plugin(argv, os.environ, self.root / "driver.log", self.kubelet)
 
     def stop(self) -> int:
         assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-        rc = self.proc.wait(timeout=30)
+        rc = end_plugin(self.proc)
         self.proc = None
         return rc
 
     def kill(self) -> None:
         if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait(timeout=30)
+            end_plugin(self.proc, signal.SIGKILL)
             self.proc = None
 
 
