@@ -231,3 +231,24 @@ def test_scheduler_config_states_the_client_limits_and_scoring_per_setup() -> No
     spec = cluster_spec(sc, Setup.IN_TREE, "x", Path("s.yaml"))
     assert "GenericWorkload=true" in spec.feature_gates and spec.controller_manager_qps is None
     assert cluster_spec(sc, Setup.DEFAULT, "x", Path("s.yaml")).feature_gates == ""
+
+
+def test_churn_adds_new_nodes_with_fresh_names_and_addresses() -> None:
+    from localcluster.scale.runner import extra_nodes
+    from topology.layout import plan_nodes
+    from topology.profiles import load_profile
+
+    sc = load_scenario(SMALL)
+    first = plan_nodes([(load_profile(g.profile), g.count) for g in sc.nodes])
+    more = extra_nodes(sc)
+    assert len(more) == sc.churn.nodes_added
+    assert not {n.name for n in more} & {n.name for n in first}
+    assert [n.index for n in more] == list(range(len(first), len(first) + len(more)))
+
+
+def test_an_unknown_scenario_name_lists_the_builtins() -> None:
+    from localcluster.scale.scenario import resolve
+
+    with pytest.raises(ConfigError, match=r"no built-in scenario of that name \(built-ins: "
+                                          r".*small"):
+        resolve("no-such-scenario")
