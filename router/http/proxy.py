@@ -184,20 +184,26 @@ class Proxy:
             out = web.StreamResponse(status=resp.status, headers={
                 **out_headers, "Content-Type": ctype, "Cache-Control": "no-cache"})
             await out.prepare(request)
-            first = True
+            content, write = resp.content, out.write
             try:
-                async for chunk in resp.content.iter_any():
-                    if first:
-                        self.metrics.ttfb.labels(path).observe(time.monotonic() - started)
-                        ep.first_byte(prefill_pending)
-                        prefill_pending = 0
-                        first = False
-                    if tap is not None:
-                        chunk = await tap.feed(ep, chunk)
-                    if chunk:
-                        await out.write(chunk)
-                if tap is not None and (rest := tap.tail()):
-                    await out.write(rest)
+                chunk = await content.readany()  # b"": the body ended
+                if chunk:
+                    self.metrics.ttfb.labels(path).observe(time.monotonic() - started)
+                    ep.first_byte(prefill_pending)
+                    prefill_pending = 0
+                if tap is None:
+                    # the hot loop of every stream: one read and one write an
+                    # event, nothing else (readany returns b"" at the end)
+                    while chunk:
+                        await write(chunk)
+                        chunk = await content.readany()
+                else:
+                    while chunk:
+                        if events := await tap.feed(ep, chunk):
+                            await write(events)
+                        chunk = await content.readany()
+                    if rest := tap.tail():
+                        await write(rest)
             except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError,
                     TimeoutError) as err:
                 status, why = self._broke(ep, err)
