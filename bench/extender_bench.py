@@ -5,7 +5,7 @@ kube-scheduler alone; the in-tree 1.37.2 workload scheduling with its gates on
 Then the extender's own call latency, names-only, at 1,000 and 5,000 nodes.
 
     python -m bench.extender_bench [--racks 4] [--hgx 16] [--nodes 1000 5000]
-    python -m bench.extender_bench --latency-only [--runs 3]   # no cluster
+    python -m bench.extender_bench --latency-only [--runs 3] [--cpu]   # no cluster
 
 Writes bench/results/extender_bench.{md,json,png} (latency only:
 extender_latency.{md,json}). The local cluster's
@@ -260,13 +260,8 @@ def latency_pods(nodes: int) -> tuple[list[str], list[list[dict[str, Any]]]]:
                                     uid_prefix=f"g{i}") for i in range(LATENCY_GROUPS)]
 
 
-def _serve_latency(nodes: int, conn: Any) -> None:
-    """The extender's process: the watched state of ``nodes`` GB200 nodes
-    and the groups' pods, warmed, served as ``serve`` serves it (uvloop,
-    aiohttp); sends its port on ``conn``, stops when ``conn`` speaks."""
-    import uvloop
-    from aiohttp import web
-
+def _latency_extender(nodes: int) -> Extender:
+    """The watched state of ``nodes`` GB200 nodes and the groups' pods, warmed."""
     planned = k.planned(("gb200-nvl72", nodes))
     state = ClusterState(ExtenderConfig())
     state.relist("nodes", [k.node(n) for n in planned])
@@ -277,6 +272,51 @@ def _serve_latency(nodes: int, conn: Any) -> None:
             state.pod("ADDED", p)
     ext = Extender(ExtenderConfig(), state)
     ext.warm()  # as the server does once every watch has listed
+    return ext
+
+
+def _requests(nodes: int, calls: int) -> dict[str, list[dict[str, Any]]]:
+    names, groups = latency_pods(nodes)
+    ordinary = [k.pod(f"o{i}", uid=f"o{i}") for i in range(calls)]
+    return {"ordinary": [{"Pod": p, "NodeNames": names} for p in ordinary],
+            "group": [{"Pod": groups[i % len(groups)][i // len(groups) % 18],
+                       "NodeNames": names} for i in range(calls)]}
+
+
+def cpu_latency(nodes: int, calls: int) -> list[Latency]:
+    """The same calls by the CPU time they cost in process (one thread's, so
+    other work on the machine does not count): the request's decoding, the
+    decision and the answer's encoding; not aiohttp's share."""
+    import orjson
+
+    ext = _latency_extender(nodes)
+    out = []
+    for kind, reqs in _requests(nodes, calls).items():
+        times: dict[str, list[float]] = {"filter": [], "prioritize": []}
+        for r in reqs:
+            body = orjson.dumps(r)
+            t0 = time.thread_time()
+            got = ext.filter(orjson.loads(body))[0]
+            orjson.dumps(got)
+            times["filter"].append(1000 * (time.thread_time() - t0))
+            body = orjson.dumps({**r, "NodeNames": got["NodeNames"]})
+            t0 = time.thread_time()
+            orjson.dumps(ext.prioritize(orjson.loads(body)))
+            times["prioritize"].append(1000 * (time.thread_time() - t0))
+        f, p = times["filter"], times["prioritize"]
+        out.append(Latency(nodes, kind, len(reqs), pct(f, 0.5), pct(f, 0.99),
+                           pct(p, 0.5), pct(p, 0.99)))
+    return out
+
+
+def _serve_latency(nodes: int, conn: Any) -> None:
+    """The extender's process: ``_latency_extender`` served as ``serve``
+    serves it (uvloop, aiohttp); sends its port on ``conn``, stops when
+    ``conn`` speaks."""
+    import uvloop
+    from aiohttp import web
+
+    ext = _latency_extender(nodes)
 
     async def run() -> None:
         runner = web.AppRunner(ext.app(), access_log=None)
@@ -299,11 +339,7 @@ def latency(nodes: int, calls: int) -> list[Latency]:
 
     import orjson
 
-    names, groups = latency_pods(nodes)
-    ordinary = [k.pod(f"o{i}", uid=f"o{i}") for i in range(calls)]
-    body = {"ordinary": [{"Pod": p, "NodeNames": names} for p in ordinary],
-            "group": [{"Pod": groups[i % len(groups)][i // len(groups) % 18],
-                       "NodeNames": names} for i in range(calls)]}
+    body = _requests(nodes, calls)
     ctx = multiprocessing.get_context("spawn")
     here, there = ctx.Pipe()
     proc = ctx.Process(target=_serve_latency, args=(nodes, there), daemon=True)
@@ -344,9 +380,10 @@ def latency(nodes: int, calls: int) -> list[Latency]:
             proc.kill()
 
 
-def latency_runs(nodes: list[int], calls: int, runs: int) -> list[Latency]:
+def latency_runs(nodes: list[int], calls: int, runs: int, cpu: bool = False) -> list[Latency]:
     """Each row the median over ``runs`` runs of its p50s and p99s (calls summed)."""
-    return medians([x for _ in range(runs) for n in nodes for x in latency(n, calls)],
+    measure = cpu_latency if cpu else latency
+    return medians([x for _ in range(runs) for n in nodes for x in measure(n, calls)],
                    ("nodes", "kind"), summed=("calls",))
 
 
@@ -428,13 +465,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="latency runs; each row is their median")
     ap.add_argument("--latency-only", action="store_true",
                     help="only the extender's call latency (no cluster)")
+    ap.add_argument("--cpu", action="store_true",
+                    help="with --latency-only: the calls' CPU time in process, not over HTTP "
+                         "(writes extender_latency_cpu.*)")
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--name", default="extender_bench",
                     help="file name of the outputs (the 5,000-node run: extender_scale)")
     args = ap.parse_args(argv)
     if args.latency_only:
-        lat = latency_runs(args.nodes, args.calls, args.runs)
-        write(Path(args.out), "extender_latency", latency_table(lat),
+        lat = latency_runs(args.nodes, args.calls, args.runs, args.cpu)
+        write(Path(args.out), "extender_latency" + ("_cpu" if args.cpu else ""),
+              latency_table(lat),
               {"latency": [asdict(x) for x in lat], "args": vars(args)})
         return 0
     with tempfile.TemporaryDirectory() as tmp:
