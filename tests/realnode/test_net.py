@@ -4,7 +4,8 @@ sysfs tree: a pod with a NIC claim starts with the interface renamed,
 addressed and at the configured MTU inside (its own ``ip`` says so, and the
 fabric end pings it); after the pod goes the interface is back on the host
 as it was. A GPU and a NIC claimed together share a PCIe root. After
-containerd restarts under a running pod, its DEL still brings the NIC back."""
+containerd restarts under a running pod, its DEL still brings the NIC back.
+A run that crashes with a NIC in a pod is torn down to nothing."""
 
 from __future__ import annotations
 
@@ -30,8 +31,9 @@ from localcluster.realnode import node as realnode
 from localcluster.realnode.gpu_driver import DRIVER as GPU_DRIVER
 from localcluster.realnode.gpu_driver import GpuDriver
 from localcluster.realnode.net_driver import DRIVER, JOURNAL_DIR, STATE_DIR, NetDriver
-from localcluster.realnode.paths import NODE_NAME
+from localcluster.realnode.paths import NODE_NAME, default_layout
 from localcluster.realnode.pods import busybox_pod
+from localcluster.realnode.teardown import leftovers
 from tests.conftest import Cluster
 from tests.realnode.conftest import PodMaker, ensure_started, wait_phase
 from tests.waiting import wait_for
@@ -229,3 +231,26 @@ def test_del_after_containerd_restarts_brings_the_nic_back(env: Env, make_pod: P
         _delete_pod(env, "rn-nic-ctd")
     assert _on_host_as_it_was(nic)
     assert Journal(JOURNAL_DIR).entries() == []
+
+
+def test_a_crashed_run_is_torn_down_to_nothing(env: Env, make_pod: PodMaker) -> None:
+    """The driver killed with a NIC in a pod, then the node stopped: no
+    stand-in, fabric namespace, journal or record is left on the machine."""
+    _wait_published(env)
+    nic = env.stand_ins[2]
+    claim = _nic_claim(env, "rn-nic-crash", nic)
+    with _claims(env, claim):
+        make_pod(busybox_pod("rn-nic-crash", SCRIPT, claims=[
+            {"name": "nic", "resourceClaimName": claim}]))
+        wait_phase(env.core, "rn-nic-crash", {"Running"})
+        wait_for("net1 in the pod", lambda: "READY" in _log(env, "rn-nic-crash"))
+        proc = env.driver.proc
+        assert proc is not None
+        proc.kill()
+        proc.wait()
+        env.driver.proc = None  # the module's teardown has nothing left to stop
+        realnode.stop()
+    assert leftovers(default_layout()) == []
+    with Namespace() as host:
+        assert [s.ifname for s in env.stand_ins if host.find(s.ifname, s.mac)] == []
+    assert not JOURNAL_DIR.exists() and not STATE_DIR.exists()
