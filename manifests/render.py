@@ -16,6 +16,8 @@ import yaml
 from pydantic import BaseModel
 
 from manifests.values import COMPONENTS, Component, InstallValues
+from router.config import RouterConfig
+from router.ha.pod_label import ROLE_LABEL
 from scheduler_ext.config import ExtenderConfig
 from scheduler_ext.scheduler_config import scheduler_config
 
@@ -47,9 +49,10 @@ TEMPLATES: dict[Component | None, str] = {
     "device-classes": "device-classes.yaml.j2",
     "extender": "extender.yaml.j2",
     "scheduler": "scheduler.yaml.j2",
+    "router": "router.yaml.j2",
 }
 NAMESPACED: frozenset[Component] = frozenset({"gpu-driver", "net-driver",
-                                              "extender", "scheduler"})
+                                              "extender", "scheduler", "router"})
 
 
 class RenderError(ValueError):
@@ -67,12 +70,16 @@ class Names:
     extender: str
     scheduler: str
     kubeconfig: str
+    router: str
+    router_redis: str
+    router_keys: str
 
     @classmethod
     def of(cls, prefix: str) -> Names:
         suffixes = {"gpu_driver": "gpu-driver", "net_driver": "net-driver",
                     "slice_policy": "resourceslices-own-node", "extender": "extender",
-                    "scheduler": "scheduler", "kubeconfig": "kubeconfig"}
+                    "scheduler": "scheduler", "kubeconfig": "kubeconfig", "router": "router",
+                    "router_redis": "router-redis", "router_keys": "router-keys"}
         return cls(**{k: f"{prefix}-{v}" for k, v in suffixes.items()})
 
 
@@ -140,6 +147,43 @@ def second_scheduler_config(values: InstallValues, url: str) -> dict[str, Any]:
     return cfg
 
 
+def router_redis_url(values: InstallValues) -> str:
+    r = values.router.redis
+    if r.url is not None:
+        return r.url
+    return f"redis://{Names.of(values.name_prefix).router_redis}.{values.namespace}.svc:{r.port}/0"
+
+
+def router_keys_secret(values: InstallValues) -> str:
+    return values.router.api_keys.secret_name or Names.of(values.name_prefix).router_keys
+
+
+def router_config(values: InstallValues) -> dict[str, Any]:
+    """The router's configuration as its pods get it: listening on every
+    address at the values' port, a hot-standby pair on a Lease named like
+    the Deployment, the Responses store in the install's Redis, keys from
+    its Secret, and every client on the mounted kubeconfig."""
+    r = values.router
+    doc = r.config.model_dump(by_alias=True, mode="json", exclude_none=True)
+    doc["server"] = {**doc["server"], "host": "0.0.0.0", "port": r.port}
+    if "kubernetes" in doc["discovery"]:
+        doc["discovery"]["kubernetes"]["kubeconfig"] = KUBECONFIG_FILE
+    doc["responses"] = {**doc["responses"], "backend": "redis",
+                        "redisUrl": router_redis_url(values)}
+    doc["ha"] = {**doc["ha"], "enabled": r.replicas > 1, "shutdownDelaySeconds":
+                 r.shutdown_delay_seconds, "lease": {
+                     **doc["ha"]["lease"], "name": Names.of(values.name_prefix).router,
+                     "namespace": values.namespace, "kubeconfig": KUBECONFIG_FILE}}
+    if r.api_keys.enabled:
+        tenants = doc.setdefault("flowControl", {}).setdefault("tenants", {})
+        tenants["keys"] = {"secret": {"namespace": values.namespace,
+                                      "name": router_keys_secret(values),
+                                      "kubeconfig": KUBECONFIG_FILE}}
+    # checked as the router will read it, then written without the defaults
+    return RouterConfig.model_validate(doc).model_dump(by_alias=True, mode="json",
+                                                       exclude_none=True, exclude_defaults=True)
+
+
 def _context(values: InstallValues) -> dict[str, Any]:
     names = Names.of(values.name_prefix)
     restricted = [service_account_user(values.namespace, names.gpu_driver)]
@@ -168,6 +212,12 @@ def _context(values: InstallValues) -> dict[str, Any]:
         "scheduler_config": yaml.safe_dump(second_scheduler_config(values, url),
                                            sort_keys=False),
         "extender_write_rules": _extender_writes(ext),
+        "router_config": yaml.safe_dump(router_config(values), sort_keys=False)
+        if values.router.enabled else "",
+        "router_redis_url": router_redis_url(values),
+        "router_keys_secret": router_keys_secret(values),
+        "router_models": values.router.config.discovery.kubernetes,
+        "router_leader": {**selector("router"), ROLE_LABEL: "leader"},
     }
 
 

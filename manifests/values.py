@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 from localcluster.tools import versions
+from router.config import RouterConfig
 from scheduler_ext.config import ExtenderConfig
 from topology.config_file import API_VERSION, ConfigError, parse_document
 
@@ -31,10 +32,11 @@ Label = Annotated[str, Field(pattern=DNS_LABEL, max_length=63)]
 Repository = Annotated[str, Field(min_length=1, pattern=r"^\S+$")]
 Tag = Annotated[str, Field(pattern=r"^\w[\w.-]{0,127}$")]
 Component = Literal["gpu-driver", "net-driver",
-                    "admission-policy", "device-classes", "extender", "scheduler"]
+                    "admission-policy", "device-classes", "extender", "scheduler",
+                    "router"]
 COMPONENTS: tuple[Component, ...] = ("gpu-driver", "net-driver",
                                      "admission-policy", "device-classes",
-                                     "extender", "scheduler")
+                                     "extender", "scheduler", "router")
 
 
 class Section(BaseModel):
@@ -253,6 +255,64 @@ class Scheduler(Placement):
                                             description="per call; past it the call is ignored")
 
 
+class RedisImage(Image):
+    """The Redis image."""
+
+    repository: Repository = Field(default="docker.io/library/redis",
+                                   description="image name without tag")
+    tag: Tag = Field(default="7.4-alpine", description="image tag")
+
+
+class RouterRedis(Placement):
+    """Redis for the router pair: the Responses store and the routing
+    decisions the replicas share. One pod, no persistence: when it restarts,
+    stored turns are gone (their chains answer 404) and the replicas share
+    nothing until it is back (each routes on alone)."""
+
+    enabled: bool = Field(default=True, description="render it; false: give `url`")
+    url: str | None = Field(default=None, pattern=r"^rediss?://\S+$",
+                            description="an existing Redis instead, redis://HOST:PORT/DB")
+    image: RedisImage = Field(default_factory=RedisImage)
+    port: int = Field(default=6379, ge=1, le=65535, description="its Service port")
+
+
+class RouterKeys(Section):
+    """The Secret of API keys: each data entry is a tenant, its value that
+    tenant's keys, one a line. The install renders it without data and
+    never writes any: fill it with kubectl (the router reloads it live)."""
+
+    enabled: bool = Field(default=True, description="keys required (401 without one)")
+    secret_name: Label | None = Field(default=None, description="default "
+                                                                "`<namePrefix>-router-keys`")
+
+
+def _model_servers() -> RouterConfig:
+    return RouterConfig.model_validate({
+        "apiVersion": "toposerve.io/v1", "kind": "RouterConfig",
+        "discovery": {"kubernetes": {"namespace": "default", "labelSelector": "app=vllm"}}})
+
+
+class Router(Placement):
+    """The OpenAI-compatible router (`toposerve router`): a hot-standby
+    Deployment (the replicas elect a leader on a Lease; the leader labels
+    its pod `toposerve.io/router-role: leader`, which the Service selects),
+    its Service, ConfigMap, RBAC, PodDisruptionBudget, the API-key Secret and
+    Redis."""
+
+    enabled: bool = Field(default=True, description="render this component")
+    replicas: int = Field(default=2, ge=1, description="router pods (one leads; 1: no standby)")
+    port: int = Field(default=8080, ge=1, le=65535, description="HTTP port (pod and Service)")
+    shutdown_delay_seconds: float = Field(
+        default=5.0, ge=0, description="after SIGTERM a pod serves on this long, unready and "
+                                       "without the Lease, while Services stop sending to it")
+    config: RouterConfig = Field(
+        default_factory=_model_servers,
+        description="its `RouterConfig` (docs/router-config.md); the install sets `server`, "
+                    "`ha`, the Redis `responses` store, the key Secret and every kubeconfig")
+    redis: RouterRedis = Field(default_factory=RouterRedis)
+    api_keys: RouterKeys = Field(default_factory=RouterKeys, alias="apiKeys")
+
+
 class InstallValues(Section):
     """Values that `toposerve manifests render` turns into Kubernetes objects."""
 
@@ -274,12 +334,14 @@ class InstallValues(Section):
     device_classes: DeviceClasses = Field(default_factory=DeviceClasses)
     extender: Extender = Field(default_factory=Extender)
     scheduler: Scheduler = Field(default_factory=Scheduler)
+    router: Router = Field(default_factory=Router)
 
     def enabled(self) -> list[Component]:
         on = {"gpu-driver": self.gpu_driver.enabled, "net-driver": self.net_driver.enabled,
               "admission-policy": self.admission_policy.enabled,
               "device-classes": self.device_classes.enabled,
-              "extender": self.extender.enabled, "scheduler": self.scheduler.enabled}
+              "extender": self.extender.enabled, "scheduler": self.scheduler.enabled,
+              "router": self.router.enabled}
         return [c for c in COMPONENTS if on[c]]
 
 

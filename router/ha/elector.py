@@ -52,18 +52,25 @@ def lease_body(cfg: LeaseConfig, r: LeaseRecord, resource_version: str | None
 
 class Elector:
     def __init__(self, cfg: LeaseConfig, on_change: Callable[[bool], None] = lambda _: None,
+                 eligible: Callable[[], bool] = lambda: True,
                  clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
-        """``on_change`` is told (from the election thread) when this
-        replica starts or stops leading."""
-        self.cfg, self.on_change, self.clock, self.wall = cfg, on_change, clock, wall
+                 wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+                 api: Any = None) -> None:
+        """``on_change`` is told (from the election thread) whether this
+        replica leads: once at start (False), then at each change.
+        ``eligible``: whether it could serve now; only then does it take
+        a Lease (a replica that has not yet found a ready endpoint would
+        lead nobody anywhere). ``api``: a CoordinationV1Api (default: from
+        the Lease's kubeconfig, at start)."""
+        self.cfg, self.on_change, self.eligible = cfg, on_change, eligible
+        self.clock, self.wall = clock, wall
         self.identity = cfg.identity or default_identity()
         self._renewed_at: float | None = None
         self._seen: Seen | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._was = False
-        self._api: Any = None
+        self._api: Any = api
 
     @property
     def leader(self) -> bool:
@@ -72,7 +79,8 @@ class Elector:
     def start(self) -> None:
         from kubernetes import client
 
-        self._api = client.CoordinationV1Api(api_client(self.cfg.kubeconfig))
+        if self._api is None:
+            self._api = client.CoordinationV1Api(api_client(self.cfg.kubeconfig))
         self._thread = threading.Thread(target=self._run, name="lease", daemon=True)
         self._thread.start()
 
@@ -83,7 +91,12 @@ class Elector:
         if self._thread is not None:
             self._thread.join(self.cfg.renew_deadline_s * 2)
         was_leader, self._renewed_at = self.leader, None
-        self._changed()
+        try:
+            self._release(was_leader)
+        finally:
+            self._changed()  # after the release: telling others of the change takes time
+
+    def _release(self, was_leader: bool) -> None:
         if self._api is None or not was_leader:
             return
         try:
@@ -118,6 +131,7 @@ class Elector:
             raise
 
     def _run(self) -> None:
+        self.on_change(False)
         while not self._stop.is_set():
             try:
                 self.round()
@@ -135,8 +149,8 @@ class Elector:
         record = record_of(lease) if lease is not None else None
         self._seen = observe(self._seen, record, now) if record is not None else None
         action = step(record, self._seen, self.identity, now)
-        if action is Step.FOLLOW:
-            return action
+        if action is Step.FOLLOW or (action is not Step.RENEW and not self.eligible()):
+            return Step.FOLLOW
         body = lease_body(self.cfg, claimed(record, self.identity, self.cfg.duration_s,
                                             self.wall()),
                           lease.metadata.resource_version if lease is not None else None)

@@ -28,6 +28,7 @@ from router.scheduling.profile import Decision, Scheduler
 log = structlog.get_logger("router.ha.replication")
 QUEUE = 10_000
 BATCH = 256
+CLOSE_TIMEOUT_S = 1.0
 
 
 def message(sender: str, stage: str, ctx: RequestContext, ep: Endpoint) -> bytes:
@@ -98,12 +99,14 @@ class Replication:
         self._tasks = [asyncio.create_task(self._send()), asyncio.create_task(self._listen())]
 
     async def close(self) -> None:
+        # bounded: a subscription cancelled mid-read can hang in its own
+        # clean-up, and a router on its way out must not wait for it
         for t in self._tasks:
             t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
-        await self._r.aclose()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=CLOSE_TIMEOUT_S)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._r.aclose(), CLOSE_TIMEOUT_S)
 
     async def _send(self) -> None:
         while True:

@@ -15,8 +15,10 @@ from aiohttp import web
 
 from router.config import HAConfig
 from router.ha.elector import Elector
+from router.ha.pod_label import PodLabel, from_env
 from router.ha.replication import Replication
 from router.pool.endpoints import Pool
+from router.pool.kubernetes import api_client
 from router.scheduling.profile import Decision, Scheduler
 
 log = structlog.get_logger("router.ha")
@@ -30,8 +32,11 @@ class HotStandby:
     def __init__(self, cfg: HAConfig, redis_url: str, schedulers: Mapping[str, Scheduler],
                  pool: Pool, leading: Callable[[bool], None],
                  count: Callable[[str, int], None]) -> None:
-        self.cfg = cfg
-        self.elector = Elector(cfg.lease, on_change=leading)
+        """``leading`` is told of each change of role (from a thread)."""
+        self.cfg, self.leading = cfg, leading
+        self.label: PodLabel | None = None
+        self.elector = Elector(cfg.lease, on_change=self._role,
+                               eligible=lambda: any(e.healthy for e in pool.routable()))
         self.replication = Replication(redis_url,
                                        f"toposerve:decisions:{cfg.lease.namespace}/"
                                        f"{cfg.lease.name}",
@@ -45,7 +50,15 @@ class HotStandby:
     def tap(self, d: Decision, sched: Scheduler) -> None:
         self.replication.tap(d, sched)
 
+    def _role(self, leader: bool) -> None:
+        self.leading(leader)
+        if self.label is not None:
+            self.label.set(leader)
+
     def start(self) -> None:
+        from kubernetes import client
+
+        self.label = from_env(client.CoreV1Api(api_client(self.cfg.lease.kubeconfig)))
         self.elector.start()
         self.replication.start()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self._terminate)

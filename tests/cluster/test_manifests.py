@@ -110,7 +110,7 @@ def test_every_object_accepted_by_server_side_dry_run(cluster: Cluster,
         assert got.metadata.name == obj["metadata"]["name"]
         kinds.add(obj["kind"])
     assert {"DaemonSet", "Deployment", "Service", "ConfigMap", "DeviceClass", "Role",
-            "RoleBinding", "ValidatingAdmissionPolicy"} <= kinds
+            "RoleBinding", "ValidatingAdmissionPolicy", "PodDisruptionBudget", "Secret"} <= kinds
     # both drivers' DaemonSets (the NIC driver's with its capabilities and mounts)
     assert {o["metadata"]["name"] for o in install.objects if o["kind"] == "DaemonSet"} == {
         install.names.gpu_driver, install.names.net_driver}

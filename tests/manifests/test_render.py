@@ -41,11 +41,12 @@ def test_no_address_outside_loopback_is_rendered() -> None:
 def test_components_are_selectable() -> None:
     for c in COMPONENTS:
         kinds = [o["kind"] for o in objects(only=[c])]
-        namespaced = c in ("gpu-driver", "net-driver", "extender", "scheduler")
+        namespaced = c in ("gpu-driver", "net-driver", "extender", "scheduler", "router")
         assert ("Namespace" in kinds) == namespaced, c
     assert {o["kind"] for o in objects(only=["device-classes"])} == {"DeviceClass"}
     # disabled in the values: not rendered unless asked for by name
-    kinds = [o["kind"] for o in objects("extender.enabled=false", "scheduler.enabled=false")]
+    kinds = [o["kind"] for o in objects("extender.enabled=false", "scheduler.enabled=false",
+                                        "router.enabled=false")]
     assert "Deployment" not in kinds and "DaemonSet" in kinds
 
 

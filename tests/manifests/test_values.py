@@ -18,7 +18,7 @@ def test_defaults_need_only_the_api_server() -> None:
     v = load_values(None, ["apiServer.host=127.0.0.1"])
     assert v.api_server.url == "https://127.0.0.1:6443"
     assert v.enabled() == ["gpu-driver", "admission-policy", "device-classes", "extender",
-                           "scheduler"]
+                           "scheduler", "router"]
     assert v.scheduler.image.ref == "registry.k8s.io/kube-scheduler:v1.37.2"
     with pytest.raises(ConfigError, match=r"apiServer: Field required \(required: add it, "
                                           r"e\.g\. --set apiServer\.host=ADDRESS"):

@@ -8,17 +8,25 @@ that had not reached the dead replica is served. A rolling update
 
 from __future__ import annotations
 
+import contextlib
+import json
+import subprocess
 import threading
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
 
 import httpx
 import pytest
+from kubernetes import client
 
 from harness.procs import MODEL, Proc, Procs
 from localcluster.cluster import kubeconfig_path
+from localcluster.pods import model_pod, wait_running
+from router.ha.pod_label import ROLE_LABEL
 from tests.conftest import Cluster
 from tests.router.test_redis_store import redis_url  # noqa: F401  (the fixture)
 from tests.waiting import wait_for
@@ -41,14 +49,11 @@ class Service:
 
     replicas: list[Proc]
     leader: Proc | None = None
-    became_leader: dict[str, float] = field(default_factory=dict)  # url -> first time ready
     stop: threading.Event = field(default_factory=threading.Event)
 
     def run(self) -> None:
         while not self.stop.is_set():
             ready = [r for r in self.replicas if status(r.url) == 200]
-            for r in ready:
-                self.became_leader.setdefault(r.url, time.monotonic())
             self.leader = ready[0] if ready else None
             self.stop.wait(0.05)
 
@@ -57,7 +62,8 @@ class Service:
 class Load:
     service: Service
     ok: list[tuple[float, str]] = field(default_factory=list)  # (time, replica)
-    lost: list[str] = field(default_factory=list)  # failed after reaching a replica
+    lost: list[str] = field(default_factory=list)  # failed after reaching a live replica
+    killed_at: float | None = None  # a request sent after this found its replica dead
     stop: threading.Event = field(default_factory=threading.Event)
     turns: dict[int, int] = field(default_factory=dict)
 
@@ -78,6 +84,7 @@ class Load:
                     if target is None:
                         time.sleep(0.02)
                         continue
+                    sent = time.monotonic()
                     try:
                         r = c.post(target.url + "/v1/chat/completions", json={
                             "model": MODEL, "max_tokens": 2, "messages": msgs})
@@ -85,6 +92,10 @@ class Load:
                         time.sleep(0.02)  # never reached a replica: a client retries
                         continue
                     except httpx.HTTPError as err:
+                        if self.killed_at is not None and sent > self.killed_at:
+                            # a kept-alive connection to the dead replica: it never started
+                            time.sleep(0.02)
+                            continue
                         self.lost.append(repr(err))
                         break
                     if r.status_code == 200:
@@ -94,26 +105,59 @@ class Load:
                     break
 
 
+def lease_taken(replica: Proc) -> float | None:
+    """When the replica took the Lease over (epoch seconds), from its log."""
+    for line in replica.log.read_text().splitlines():
+        if '"lease taken"' in line:
+            stamp = json.loads(line)["timestamp"].replace("Z", "+00:00")
+            return datetime.fromisoformat(stamp).timestamp()
+    return None
+
+
 def hit_rate(sims: list[Proc]) -> tuple[float, float]:
     c = [s.counters() for s in sims]
     return (sum(x.get("vllm:prefix_cache_hits_total", 0.0) for x in c),
             sum(x.get("vllm:prefix_cache_queries_total", 0.0) for x in c))
 
 
+def role_labels(core: Any, replicas: list[Proc]) -> dict[str, str]:
+    """Replica URL -> the role label on its pod."""
+    out = {}
+    for r in replicas:
+        pod = core.read_namespaced_pod(r.extra["pod"], "default")
+        out[r.url] = (pod.metadata.labels or {}).get(ROLE_LABEL, "")
+    return out
+
+
 @pytest.fixture
-def pair(cluster: Cluster, procs: Procs, redis_url: str  # noqa: F811
+def pair(cluster: Cluster, procs: Procs, redis_url: str,  # noqa: F811
+         monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
          ) -> Iterator[tuple[list[Proc], list[Proc], Service]]:
+    """Its parameter (indirect): the lease duration, default 1 s."""
+    duration = int(getattr(request, "param", 1))
+    core: Any = client.CoreV1Api(cluster.api)
     sims = [procs.sim(time_scale=0.02) for _ in range(3)]
     lease = f"router-{uuid.uuid4().hex[:6]}"
+    # pods for the replicas to label (kwok runs them; the routers run here)
+    pods = [f"{lease}-a", f"{lease}-b"]
+    for pod in pods:
+        core.create_namespaced_pod("default", model_pod(pod, lease, "router"))
+    wait_running(core, pods)
+    monkeypatch.setenv("POD_NAMESPACE", "default")
     replicas = []
-    for ident in ("replica-a", "replica-b"):
+    for ident in pods:
+        monkeypatch.setenv("POD_NAME", ident)
         replicas.append(procs.router({
             "responses": {"backend": "redis", "redisUrl": redis_url},
             "server": {"drainTimeoutSeconds": 10},
-            "ha": {"enabled": True, "shutdownDelaySeconds": 1.0, "lease": {
+            "ha": {"enabled": True, "shutdownDelaySeconds": 3.0, "lease": {
                 "name": lease, "namespace": "default", "identity": ident,
+                "leaseDurationSeconds": duration, "renewDeadlineSeconds": duration * 0.7,
+                # reads twice as often as the default: the 2 s bound holds on a loaded machine
+                "renewIntervalSeconds": 0.1,
                 "kubeconfig": str(kubeconfig_path(cluster.name))}}},
             endpoints=[s.url for s in sims], wait_ready=False))
+        replicas[-1].extra["pod"] = ident
     wait_for("one leader, one standby",
              lambda: sorted(status(r.url) for r in replicas) == [200, 503], timeout=20)
     # the standby is warm: ready but for its role
@@ -126,6 +170,9 @@ def pair(cluster: Cluster, procs: Procs, redis_url: str  # noqa: F811
     finally:
         service.stop.set()
         poller.join(5)
+        for pod in pods:
+            with contextlib.suppress(client.exceptions.ApiException):
+                core.delete_namespaced_pod(pod, "default", grace_period_seconds=0)
 
 
 def run_load(service: Service) -> tuple[Load, list[threading.Thread]]:
@@ -143,11 +190,15 @@ def finish(load: Load, threads: list[threading.Thread]) -> None:
 
 
 def test_standby_takes_over_warm_when_the_leader_dies(
-        pair: tuple[list[Proc], list[Proc], Service]) -> None:
+        cluster: Cluster, pair: tuple[list[Proc], list[Proc], Service]) -> None:
+    core: Any = client.CoreV1Api(cluster.api)
     sims, replicas, service = pair
     leader = wait_for("the leader", lambda: service.leader)
     assert leader is not None
     standby = next(r for r in replicas if r is not leader)
+    # a Service selecting the leader by its pod's label sees the same
+    wait_for("role labels", lambda: role_labels(core, replicas) == {
+        leader.url: "leader", standby.url: "standby"})
     load, threads = run_load(service)
     try:
         # every conversation has started (first turns miss everywhere), then a window
@@ -156,12 +207,17 @@ def test_standby_takes_over_warm_when_the_leader_dies(
         wait_for("traffic before", lambda: len(load.ok) >= 6 * CONVERSATIONS, timeout=30)
         h1, q1 = hit_rate(sims)
         served_before = len(load.ok)
-        killed = time.monotonic()
+        # what was sent before the kill may have been in flight; what is sent
+        # after it finds a dead replica (its process may take a while to reap)
+        load.killed_at, killed = time.monotonic(), time.time()
         leader.kill()
-        first = wait_for("a request served by the standby", lambda: next(
-            (t for t, url in load.ok[served_before:] if url == standby.url), None), timeout=10)
-        assert first is not None
-        took = first - killed
+        # when it took the Lease, by its own log (this process's threads lag on a busy machine)
+        taken = wait_for("the standby leads", lambda: lease_taken(standby), timeout=10)
+        assert taken is not None
+        took = taken - killed
+        wait_for("the standby ready", lambda: status(standby.url) == 200, timeout=10)
+        wait_for("a request served by the standby", lambda: any(
+            url == standby.url for _, url in load.ok[served_before:]), timeout=10)
         h2, q2 = hit_rate(sims)
         n = len(load.ok)
         wait_for("traffic after", lambda: len(load.ok) >= n + 3 * CONVERSATIONS, timeout=30)
@@ -176,10 +232,15 @@ def test_standby_takes_over_warm_when_the_leader_dies(
     # only what was in flight on the dead replica may be lost: one per worker at most
     assert len(load.lost) <= WORKERS, load.lost
     assert all("500" not in x and "503" not in x for x in load.lost), load.lost
-    received = standby.metric("toposerve_router_replicated_decisions_total")
-    assert received > 0
+    assert any(s.labels.get("outcome") == "received" and s.value > 0
+               for s in standby.samples()
+               if s.name == "toposerve_router_replicated_decisions_total")
+    wait_for("the standby's pod labelled leader",
+             lambda: role_labels(core, replicas)[standby.url] == "leader")
 
 
+# a lease of 5 s: taking an expired one would take over 4 s, a released one far less
+@pytest.mark.parametrize("pair", [5], indirect=True)
 def test_a_rolling_update_drops_nothing(pair: tuple[list[Proc], list[Proc], Service]) -> None:
     _sims, replicas, service = pair
     leader = wait_for("the leader", lambda: service.leader)
@@ -190,14 +251,18 @@ def test_a_rolling_update_drops_nothing(pair: tuple[list[Proc], list[Proc], Serv
         wait_for("traffic", lambda: len(load.ok) >= 20, timeout=30)
         stopped = time.monotonic()
         leader.popen.terminate()  # SIGTERM, as the kubelet sends it
-        wait_for("the standby leads", lambda: service.became_leader.get(standby.url, 0)
-                 > stopped, timeout=5)
-        took = service.became_leader[standby.url] - stopped
+        wait_for("the standby leads", lambda: status(standby.url) == 200, timeout=5,
+                 interval=0.02)
+        took = time.monotonic() - stopped
         n = len(load.ok)
         wait_for("traffic after", lambda: len(load.ok) >= n + 20, timeout=30)
-        assert leader.popen.wait(20) == 0
+        try:
+            code = leader.popen.wait(40)  # delay, drain, exit on a loaded machine
+        except subprocess.TimeoutExpired:
+            code = None
+        assert code == 0, leader.log.read_text()[-3000:]
     finally:
         finish(load, threads)
     print(f"handover {took:.2f}s")
-    assert took < 1.0  # the lease was handed back, not left to expire
+    assert took < 2.5  # the lease was handed back, not left to expire
     assert load.lost == []
