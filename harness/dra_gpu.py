@@ -93,54 +93,83 @@ def token_kubeconfig(cluster_name: str, token: str, out: Path) -> Path:
     return out
 
 
+@dataclass(frozen=True)
+class DriverSite:
+    """Where a driver's cluster tests run: a kwok node of their own, a
+    namespace, a DeviceClass for the driver, and the driver's service account
+    with ``rules`` (its token bound to a driver pod on the node)."""
+
+    driver: str
+    node: str
+    node_index: int
+    namespace: str
+    device_class: str
+    account: str
+    role: str
+    rules: list[dict[str, Any]]
+    rack: str
+
+    def setup(self, cluster_name: str, api: Any, tmp: Path) -> Path:
+        """Everything made; the driver's own kubeconfig."""
+        core: Any = client.CoreV1Api(api)
+        rbac: Any = client.RbacAuthorizationV1Api(api)
+        path = DomainPath(zone="zone-9", block=self.rack.rsplit("-", 1)[0], rack=self.rack,
+                          nvlink=f"{self.rack}-n0", host=self.node)
+        node = node_manifest(PlannedNode(name=self.node, profile=PROFILE, path=path,
+                                         index=self.node_index),
+                             load_profile(PROFILE), PRESETS[DialectName.TOPOSERVE])
+        # Not a `cluster up` node (no profile label): `driver simulate` leaves it to us.
+        node["metadata"]["labels"] = {k: v for k, v in node["metadata"]["labels"].items()
+                                      if not k.startswith("topology.toposerve.io/profile")}
+        _apply(core.create_node, node)
+        _apply(core.create_namespace, {"metadata": {"name": self.namespace}})
+        _apply(client.ResourceV1Api(api).create_device_class, {
+            "metadata": {"name": self.device_class},
+            "spec": {"selectors": [{"cel": {"expression":
+                                            f"device.driver == '{self.driver}'"}}]}})
+        _apply(core.create_namespaced_service_account, self.namespace,
+               {"metadata": {"name": self.account}})
+        _apply(rbac.create_cluster_role, {"metadata": {"name": self.role}, "rules": self.rules})
+        _apply(rbac.create_cluster_role_binding, {
+            "metadata": {"name": self.role},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": self.role},
+            "subjects": [{"kind": "ServiceAccount", "name": self.account,
+                          "namespace": self.namespace}]})
+        pod = _pod(self.account, {"serviceAccountName": self.account, "nodeName": self.node})
+        _apply(core.create_namespaced_pod, self.namespace, pod)
+        driver_pod = core.read_namespaced_pod(self.account, self.namespace)
+        token = core.create_namespaced_service_account_token(self.account, self.namespace, {
+            "spec": {"expirationSeconds": 3600, "boundObjectRef": {
+                "kind": "Pod", "apiVersion": "v1", "name": self.account,
+                "uid": driver_pod.metadata.uid}}}).status.token
+        return token_kubeconfig(cluster_name, token, tmp / "sa.yaml")
+
+    def teardown(self, api: Any) -> None:
+        core: Any = client.CoreV1Api(api)
+        rbac: Any = client.RbacAuthorizationV1Api(api)
+        _apply(core.delete_namespace, self.namespace)
+        _apply(core.delete_node, self.node)  # its slices go with it (owner reference)
+        _apply(client.ResourceV1Api(api).delete_device_class, self.device_class)
+        _apply(rbac.delete_cluster_role_binding, self.role)
+        _apply(rbac.delete_cluster_role, self.role)
+
+
+SITE = DriverSite(driver=DRIVER, node=NODE, node_index=61000, namespace=NAMESPACE,
+                  device_class=CLASS, account=SERVICE_ACCOUNT, role="dra-test-gpu-driver",
+                  rules=RULES, rack="dra-b0-r0")
+
+
 def setup_env(cluster_name: str, api: Any, tmp: Path) -> GpuEnv:
-    core: Any = client.CoreV1Api(api)
-    rbac: Any = client.RbacAuthorizationV1Api(api)
-    profile = load_profile(PROFILE)
-    path = DomainPath(zone="zone-9", block="dra-b0", rack="dra-b0-r0", nvlink="dra-b0-r0-n0",
-                      host=NODE)
-    node = node_manifest(PlannedNode(name=NODE, profile=PROFILE, path=path, index=61000),
-                         profile, PRESETS[DialectName.TOPOSERVE])
-    # Not a `cluster up` node (no profile label): `driver simulate` leaves it to us.
-    node["metadata"]["labels"] = {k: v for k, v in node["metadata"]["labels"].items()
-                                  if not k.startswith("topology.toposerve.io/profile")}
-    _apply(core.create_node, node)
-    _apply(core.create_namespace, {"metadata": {"name": NAMESPACE}})
-    _apply(client.ResourceV1Api(api).create_device_class, {
-        "metadata": {"name": CLASS},
-        "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}'"}}]}})
-    _apply(core.create_namespaced_service_account, NAMESPACE,
-           {"metadata": {"name": SERVICE_ACCOUNT}})
-    _apply(rbac.create_cluster_role, {"metadata": {"name": "dra-test-gpu-driver"},
-                                      "rules": RULES})
-    _apply(rbac.create_cluster_role_binding, {
-        "metadata": {"name": "dra-test-gpu-driver"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                    "name": "dra-test-gpu-driver"},
-        "subjects": [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT,
-                      "namespace": NAMESPACE}]})
-    pod = _pod("gpu-driver", {"serviceAccountName": SERVICE_ACCOUNT, "nodeName": NODE})
-    _apply(core.create_namespaced_pod, NAMESPACE, pod)
-    driver_pod = core.read_namespaced_pod("gpu-driver", NAMESPACE)
-    token = core.create_namespaced_service_account_token(SERVICE_ACCOUNT, NAMESPACE, {
-        "spec": {"expirationSeconds": 3600, "boundObjectRef": {
-            "kind": "Pod", "apiVersion": "v1", "name": "gpu-driver",
-            "uid": driver_pod.metadata.uid}}}).status.token
-    sysfs = write_profile_sysfs(profile, tmp / "sysfs")
+    kubeconfig = SITE.setup(cluster_name, api, tmp)
+    sysfs = write_profile_sysfs(load_profile(PROFILE), tmp / "sysfs")
     _dev_root(tmp / "dev")
-    return GpuEnv(cluster_name=cluster_name, api=api,
-                  kubeconfig=token_kubeconfig(cluster_name, token, tmp / "sa.yaml"),
+    return GpuEnv(cluster_name=cluster_name, api=api, kubeconfig=kubeconfig,
                   sysfs=sysfs, dev=tmp / "dev")
 
 
 def teardown_env(api: Any) -> None:
-    core: Any = client.CoreV1Api(api)
-    rbac: Any = client.RbacAuthorizationV1Api(api)
-    _apply(core.delete_namespace, NAMESPACE)
-    _apply(core.delete_node, NODE)  # its slices go with it (owner reference)
-    _apply(client.ResourceV1Api(api).delete_device_class, CLASS)
-    _apply(rbac.delete_cluster_role_binding, "dra-test-gpu-driver")
-    _apply(rbac.delete_cluster_role, "dra-test-gpu-driver")
+    SITE.teardown(api)
 
 
 def _pod(name: str, extra: Mapping[str, Any]) -> dict[str, Any]:

@@ -7,7 +7,6 @@ allocated by the real scheduler from the slices it published."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -19,28 +18,22 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from dra_driver.framework.cdi import CdiSpecs
 from dra_driver.framework.publisher import JsonApi
 from dra_driver.net.config import API_VERSION, KIND
 from dra_driver.net.driver import CDI_CLASS, CDI_VENDOR
 from harness.dra_gpu import RULES as GPU_RULES
-from harness.dra_gpu import token_kubeconfig
+from harness.dra_gpu import DriverSite
 from harness.dra_kubelet import Claim, Kubelet, end_plugin, launch_plugin
 from harness.net_standins import StandIns
 from harness.procs import free_port
-from localcluster.nodes import KWOK_TOLERATION, node_manifest
+from localcluster.nodes import KWOK_TOLERATION
 from tests.waiting import wait_for
-from topology.labels import PRESETS, DialectName
-from topology.layout import PlannedNode
-from topology.model import DomainPath
-from topology.profiles import load_profile
 
 DRIVER = "net.toposerve.io"
 NAMESPACE = "dra-net-test"
 NODE = "dra-net-node-0"
-PROFILE = "hgx-h100"
 CLASS = "dra-test-nic"
 SERVICE_ACCOUNT = "net-driver"
 ROLE = "dra-test-net-driver"
@@ -69,59 +62,23 @@ class NetEnv:
     node: str = NODE
 
 
-def _apply(fn: Any, *args: Any) -> None:
-    with contextlib.suppress(ApiException):
-        fn(*args)
-
-
 def _pod(name: str, extra: Mapping[str, Any]) -> dict[str, Any]:
     return {"metadata": {"name": name},
             "spec": {"containers": [{"name": "c", "image": "pause"}],
                      "tolerations": [KWOK_TOLERATION], **extra}}
 
 
+SITE = DriverSite(driver=DRIVER, node=NODE, node_index=61001, namespace=NAMESPACE,
+                  device_class=CLASS, account=SERVICE_ACCOUNT, role=ROLE, rules=RULES,
+                  rack="net-b0-r0")
+
+
 def setup_env(cluster_name: str, api: Any, tmp: Path) -> NetEnv:
-    core: Any = client.CoreV1Api(api)
-    rbac: Any = client.RbacAuthorizationV1Api(api)
-    path = DomainPath(zone="zone-9", block="net-b0", rack="net-b0-r0", nvlink="net-b0-r0-n0",
-                      host=NODE)
-    node = node_manifest(PlannedNode(name=NODE, profile=PROFILE, path=path, index=61001),
-                         load_profile(PROFILE), PRESETS[DialectName.TOPOSERVE])
-    # No profile label: `driver simulate` leaves this node to us.
-    node["metadata"]["labels"] = {k: v for k, v in node["metadata"]["labels"].items()
-                                  if not k.startswith("topology.toposerve.io/profile")}
-    _apply(core.create_node, node)
-    _apply(core.create_namespace, {"metadata": {"name": NAMESPACE}})
-    _apply(client.ResourceV1Api(api).create_device_class, {
-        "metadata": {"name": CLASS},
-        "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}'"}}]}})
-    _apply(core.create_namespaced_service_account, NAMESPACE,
-           {"metadata": {"name": SERVICE_ACCOUNT}})
-    _apply(rbac.create_cluster_role, {"metadata": {"name": ROLE}, "rules": RULES})
-    _apply(rbac.create_cluster_role_binding, {
-        "metadata": {"name": ROLE},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                    "name": ROLE},
-        "subjects": [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT,
-                      "namespace": NAMESPACE}]})
-    _apply(core.create_namespaced_pod, NAMESPACE,
-           _pod("net-driver", {"serviceAccountName": SERVICE_ACCOUNT, "nodeName": NODE}))
-    driver_pod = core.read_namespaced_pod("net-driver", NAMESPACE)
-    token = core.create_namespaced_service_account_token(SERVICE_ACCOUNT, NAMESPACE, {
-        "spec": {"expirationSeconds": 3600, "boundObjectRef": {
-            "kind": "Pod", "apiVersion": "v1", "name": "net-driver",
-            "uid": driver_pod.metadata.uid}}}).status.token
-    return NetEnv(api=api, kubeconfig=token_kubeconfig(cluster_name, token, tmp / "sa.yaml"))
+    return NetEnv(api=api, kubeconfig=SITE.setup(cluster_name, api, tmp))
 
 
 def teardown_env(api: Any) -> None:
-    core: Any = client.CoreV1Api(api)
-    rbac: Any = client.RbacAuthorizationV1Api(api)
-    _apply(core.delete_namespace, NAMESPACE)
-    _apply(core.delete_node, NODE)  # its slices go with it (owner reference)
-    _apply(client.ResourceV1Api(api).delete_device_class, CLASS)
-    _apply(rbac.delete_cluster_role_binding, ROLE)
-    _apply(rbac.delete_cluster_role, ROLE)
+    SITE.teardown(api)
 
 
 @dataclass
