@@ -59,6 +59,18 @@ def template(name: str, gpus: int, namespace: str = "default") -> dict[str, Any]
                 {"name": "gpu", "exactly": {"deviceClassName": GPU_CLASS, "count": gpus}}]}}}}
 
 
+def _meta(name: str, namespace: str, uid: str | None, owner: dict[str, Any] | None,
+          labels: dict[str, str] | None = None,
+          annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    md: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels or {},
+                          "annotations": annotations or {}}
+    if uid:
+        md["uid"] = uid
+    if owner:
+        md["ownerReferences"] = [owner]
+    return md
+
+
 def pod(name: str, *, labels: dict[str, str] | None = None,
         annotations: dict[str, str] | None = None, claim_template: str | None = None,
         profile: str | None = "gb200-nvl72", uid: str | None = None,
@@ -73,13 +85,8 @@ def pod(name: str, *, labels: dict[str, str] | None = None,
     }
     if claim_template:
         body["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": claim_template}]
-    md: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels or {},
-                          "annotations": annotations or {}}
-    if uid:
-        md["uid"] = uid
-    if owner:
-        md["ownerReferences"] = [owner]
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": md, "spec": body}
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": _meta(name, namespace, uid, owner, labels, annotations), "spec": body}
 
 
 LWS = "leaderworkerset.sigs.k8s.io"  # LeaderWorkerSet's label and annotation prefix
@@ -94,18 +101,6 @@ def owner_ref(obj: dict[str, Any], *, block: bool = True) -> dict[str, Any]:
     md = obj["metadata"]
     return {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": md["name"],
             "uid": md["uid"], "controller": True, **({"blockOwnerDeletion": True} if block else {})}
-
-
-def _meta(name: str, namespace: str, uid: str | None, owner: dict[str, Any] | None,
-          labels: dict[str, str] | None = None,
-          annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    md: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels or {},
-                          "annotations": annotations or {}}
-    if uid:
-        md["uid"] = uid
-    if owner:
-        md["ownerReferences"] = [owner]
-    return md
 
 
 def leader_worker_set(name: str, replicas: int, size: int, *, exclusive: str | None = None,
