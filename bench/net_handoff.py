@@ -5,9 +5,11 @@ chain run as containerd runs it (each plugin exec'd, config on stdin,
 the hand-off (``toposerve-nic``). Timed from the namespace's creation to
 the chain's return, when the NIC is in the namespace renamed, addressed, at
 its MTU and up; alternately a pod with a one-NIC claim (a hand-off record
-names its UID) and one without. Beside it: the hand-off's exec alone, the
-same move by a resident process (what an NRI plugin would pay, with no exec
-and no imports), the DEL, and the cost of an exec of the interpreter.
+names its UID) and one without; then the same with the plugin forwarding
+its calls to a resident server (``handoff.server``). Beside it: the
+hand-off's exec alone, the same move by a resident process (what an NRI
+plugin would pay, with no exec and no imports), the DEL, and the cost of an
+exec of the interpreter.
 
 The NIC is a veth stand-in in a "host" namespace of the benchmark's own
 (the plugins run there through ``ip netns exec``, in both columns alike);
@@ -31,6 +33,7 @@ from typing import Any
 from bench import report
 from dra_driver.net.config import parse_net_config
 from dra_driver.net.handoff.cni import PLUGIN_TYPE as NIC_PLUGIN
+from dra_driver.net.handoff.server import HandoffServer
 from dra_driver.net.records import ClaimRecord, NicHandoff, write_record
 from harness.handoff_netns import NetEnv, net_env
 from localcluster.realnode import cni as pod_cni
@@ -64,6 +67,7 @@ class Chain:
 
     def __init__(self, net: NetEnv, work: Path) -> None:
         self.net, self.work = net, work
+        self.socket = work / "handoff.sock"
         bindir = work / "bin"
         bindir.mkdir()
         for name, module in ((pod_cni.PLUGIN_TYPE, "localcluster.realnode.cni"),
@@ -73,8 +77,10 @@ class Chain:
         self.bin = bindir
         self.pod_conf = {"cniVersion": "1.0.0", "name": "bench", "type": pod_cni.PLUGIN_TYPE,
                          "subnet": "127.77.0.0/16", "dataDir": str(work / "ipam")}
+        # the socket named (even when not served) so a server of the machine's is never used
         self.nic_conf = {"cniVersion": "1.0.0", "name": "bench", "type": NIC_PLUGIN,
-                         "stateDir": str(work / "records"), "journalDir": str(work / "journal")}
+                         "stateDir": str(work / "records"), "journalDir": str(work / "journal"),
+                         "serverSocket": str(self.socket)}
 
     def _argv(self, plugin: str) -> list[str]:
         return ["ip", "netns", "exec", Path(self.net.host).name, str(self.bin / plugin)]
@@ -100,8 +106,8 @@ class Chain:
         return took
 
 
-def _pod(chain: Chain, s: Samples, i: int, with_nic: bool) -> None:
-    kind = "NIC claim" if with_nic else "no NIC claim"
+def _pod(chain: Chain, s: Samples, i: int, with_nic: bool, how: str = "") -> None:
+    kind = ("NIC claim" if with_nic else "no NIC claim") + how
     uid = str(uuid.uuid4())
     if with_nic:
         write_record(chain.work / "records", ClaimRecord(
@@ -175,6 +181,13 @@ def main(argv: list[str] | None = None) -> int:
             _pod(chain, Samples(), -1, True)
         for i in range(args.pods * 2):
             _pod(chain, s, i, with_nic=i % 2 == 0)
+        # the same chain with the calls forwarded to a resident server (``server``)
+        server = HandoffServer(chain.socket, host_netns=net.host).start()
+        try:
+            for i in range(args.pods * 2):
+                _pod(chain, s, 10_000 + i, with_nic=i % 2 == 0, how=", via a resident server")
+        finally:
+            server.stop()
         _resident(net, s, args.pods)
         _exec_floor(net, s, min(args.pods, 30))
     md, rows = table(s)

@@ -204,3 +204,35 @@ def test_the_plugins_default_paths_are_the_drivers() -> None:
 
     assert (cni.STATE_DIR, cni.JOURNAL_DIR) == (DEFAULT_STATE_DIR, DEFAULT_JOURNAL_DIR)
 
+
+
+def test_a_resident_server_does_the_call_and_its_absence_changes_nothing(
+        env: NetEnv, tmp_path: Path) -> None:
+    from dra_driver.net.handoff.server import HandoffServer
+
+    _record(env, tmp_path / "records", "pod-1")
+    sock = tmp_path / "handoff.sock"
+    conf = json.dumps({**_conf(tmp_path, PREV), "serverSocket": str(sock)})
+    base = {**os.environ, "CNI_CONTAINERID": "sb1", "CNI_NETNS": env.pod, "CNI_IFNAME": "eth0",
+            "CNI_ARGS": "K8S_POD_UID=pod-1", "CNI_PATH": "/nonexistent"}
+    plugin = ["ip", "netns", "exec", Path(env.host).name, sys.executable, "-m",
+              "dra_driver.net.handoff.cni"]
+    server = HandoffServer(sock, host_netns=env.host).start()
+    try:
+        add = subprocess.run(plugin, input=conf, env={**base, "CNI_COMMAND": "ADD"},
+                             capture_output=True, text=True, check=False)
+        assert add.returncode == 0, add.stdout + add.stderr
+        assert json.loads(add.stdout)["interfaces"][1]["name"] == "net1"
+        assert server.served == 1
+        _assert_in_pod(env)
+        bad = subprocess.run(plugin, input=conf, env={**base, "CNI_COMMAND": "ADD",
+                                                      "CNI_NETNS": "/nonexistent"},
+                             capture_output=True, text=True, check=False)
+        assert bad.returncode == 1 and "does not exist" in json.loads(bad.stdout)["msg"]
+    finally:
+        server.stop()
+    sock.touch()  # a dead server's socket file: nobody answers, the plugin does it itself
+    delete = subprocess.run(plugin, input=conf, env={**base, "CNI_COMMAND": "DEL"},
+                            capture_output=True, text=True, check=False)
+    assert delete.returncode == 0, delete.stdout + delete.stderr
+    _assert_on_host(env)

@@ -9,7 +9,11 @@ Network config of the plugin (one entry of a conflist's ``plugins``)::
 
     {"type": "toposerve-nic",
      "stateDir": "/var/lib/kubelet/plugins/net.toposerve.io/handoff",
-     "journalDir": "/var/lib/kubelet/plugins/net.toposerve.io/journal"}
+     "journalDir": "/var/lib/kubelet/plugins/net.toposerve.io/journal",
+     "serverSocket": "/var/lib/kubelet/plugins/net.toposerve.io/handoff.sock"}
+
+When a resident process serves the socket (``server``), the call is
+forwarded there; otherwise this process does it.
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ PLUGIN_TYPE = "toposerve-nic"
 # the defaults of dra_driver.net.records and .journal (a test holds them equal)
 STATE_DIR = Path("/var/lib/kubelet/plugins/net.toposerve.io/handoff")
 JOURNAL_DIR = Path("/var/lib/kubelet/plugins/net.toposerve.io/journal")
+# a resident process's socket (``server``): when it answers, it does the work
+SERVER_SOCKET = Path("/var/lib/kubelet/plugins/net.toposerve.io/handoff.sock")
+FORWARD_TIMEOUT_S = 40  # under containerd's own CNI timeout; then we do it ourselves
 
 
 class PluginError(Exception):
@@ -153,10 +160,40 @@ def _log_to_stderr() -> None:
         logger_factory=structlog.PrintLoggerFactory(sys.stderr))
 
 
+def forwarded(path: Path, env: Mapping[str, str], conf: Mapping[str, Any]
+              ) -> tuple[bool, dict[str, Any] | None]:
+    """(True, result) when the server at ``path`` did the call; (False, None)
+    when there is no server or it failed to answer (then the caller does
+    it: every step is idempotent and the journal lock is released by a
+    server that died mid-call). A CNI error the server answers is raised."""
+    import socket
+
+    if not path.exists():
+        return False, None
+    request = json.dumps({"env": {k: v for k, v in env.items() if k.startswith("CNI_")},
+                          "conf": conf}).encode() + b"\n"
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(FORWARD_TIMEOUT_S)
+            s.connect(str(path))
+            s.sendall(request)
+            answer = s.makefile("rb").readline()
+        doc = json.loads(answer)
+    except (OSError, ValueError):
+        return False, None
+    if "error" in doc:
+        raise PluginError(int(doc["error"]["code"]), str(doc["error"]["msg"]))
+    return True, doc.get("result")
+
+
 def main(stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout) -> int:
     try:
-        raw = stdin.read() if os.environ.get("CNI_COMMAND") != "VERSION" else "{}"
-        out = run(os.environ, json.loads(raw or "{}"), setup_logs=_log_to_stderr)
+        command = os.environ.get("CNI_COMMAND")
+        conf = json.loads((stdin.read() if command != "VERSION" else "{}") or "{}")
+        served, out = (False, None) if command == "VERSION" else \
+            forwarded(Path(conf.get("serverSocket") or SERVER_SOCKET), os.environ, conf)
+        if not served:
+            out = run(os.environ, conf, setup_logs=_log_to_stderr)
     except PluginError as err:
         json.dump({"cniVersion": CNI_VERSION, "code": err.code, "msg": str(err)}, stdout)
         return 1
