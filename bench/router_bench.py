@@ -409,6 +409,7 @@ def plot_seeds(runs: list[Row], path: Path) -> None:
                    color=colors(i % colors.N))
         ax.set_xticks([x + 0.4 - width / 2 for x in range(len(groups))],
                       [f"{wl} #{seed}" for wl, seed in groups])
+        ax.set_yscale("log")  # a loaded run's seconds next to a quiet one's milliseconds
         ax.set_title(f"{label}, each run")
     axes[0].legend(fontsize=8, ncol=3)
     fig.tight_layout()
