@@ -565,8 +565,6 @@ class RouterConfig(Section):
     flow_control: FlowControlConfig = Field(default_factory=FlowControlConfig,
                                             alias="flowControl")
     disaggregation: DisaggregationConfig = Field(default_factory=DisaggregationConfig)
-
-    _admission_moved = model_validator(mode="before")(staticmethod(_admission_moved))
     revisions: RevisionsConfig = Field(default_factory=RevisionsConfig)
     ha: HAConfig = Field(default_factory=HAConfig)
 
@@ -576,6 +574,8 @@ class RouterConfig(Section):
             raise ValueError("ha.enabled needs responses.backend: redis (with redisUrl), so "
                              "either replica continues the other's Responses chains")
         return self
+
+    _admission_moved = model_validator(mode="before")(staticmethod(_admission_moved))
 
 
 def load_router_config(path: str) -> RouterConfig:
