@@ -23,6 +23,9 @@ from router.config import FlowControlConfig, TenantConfig
 log = structlog.get_logger("router.admission.tenants")
 
 TENANT = "tenant"  # the request key: str, "" when no keys are configured
+# set when the router checked the client's key: that key is the router's
+# credential, so it is not sent on to the model servers
+KEY_CHECKED = "tenant_key_checked"
 # probes and scrapes carry no key
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -109,6 +112,7 @@ class Tenants:
                                         "Authorization header as 'Bearer YOUR_KEY'.")
                 return unauthorized("Incorrect API key provided.")
             request[TENANT] = who
+            request[KEY_CHECKED] = self.keys is not None
             return await handler(request)
 
         return tenant

@@ -15,6 +15,7 @@ import aiohttp
 import structlog
 from aiohttp import web
 
+from router.admission.tenants import KEY_CHECKED
 from router.metrics import RouterMetrics
 from router.pool.endpoints import Endpoint, Work
 from wire.errors import error_response, sse_error
@@ -45,6 +46,8 @@ def forward_headers(request: web.Request) -> dict[str, str]:
     # and what the client's Connection header names as hop-by-hop too
     conn = request.headers.get("Connection")
     drop = _DROP if conn is None else _DROP | {t.strip().lower() for t in conn.split(",")}
+    if request.get(KEY_CHECKED):
+        drop = drop | {"authorization"}
     out = {k: v for k, v in request.headers.items() if k.lower() not in drop}
     out["X-Request-Id"] = request.headers.get("X-Request-Id") or request_id()
     return out

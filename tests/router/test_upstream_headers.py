@@ -10,9 +10,11 @@ import asyncio
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 from aiohttp import web
 
 from harness.procs import MODEL, Procs, free_port
@@ -104,6 +106,23 @@ def test_hop_by_hop_headers_stay_with_the_router(
         assert name not in got, f"{name} was forwarded"
     assert got["authorization"] == "Bearer token" and got["x-session-id"] == "s1"
     assert got["x-request-id"] == "r1"
+
+
+def test_a_key_the_router_checked_stays_with_the_router(
+        procs: Procs, upstream: tuple[str, list[dict[str, str]], list[Scrape]],
+        tmp_path: Path) -> None:
+    """With API keys configured the client's key is the router's credential:
+    the model servers never see a tenant's key."""
+    url, seen, _ = upstream
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(yaml.safe_dump({"apiVersion": "toposerve.io/v1", "kind": "APIKeys",
+                                    "tenants": {"team-a": ["sk-a"]}}))
+    router = procs.router({"flowControl": {"tenants": {"keys": {"file": str(keys)}}}},
+                          endpoints=[url])
+    r = httpx.post(router.url + "/v1/chat/completions", json=BODY,
+                   headers={"Authorization": "Bearer sk-a", "X-Session-Id": "s1"})
+    assert r.status_code == 200, r.text
+    assert "authorization" not in seen[-1] and seen[-1]["x-session-id"] == "s1"
 
 
 def test_bodies_come_uncompressed_and_scrapes_name_the_load_series(
