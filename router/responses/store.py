@@ -11,9 +11,14 @@ from collections import OrderedDict
 from typing import Any, Protocol
 
 import orjson
+import structlog
 from aiohttp import web
 
 from router.config import ResponsesStoreConfig
+from wire.errors import ApiError
+
+log = structlog.get_logger("router.responses.store")
+REDIS_TIMEOUT_S = 2.0
 
 
 class ResponsesStore(Protocol):
@@ -68,17 +73,30 @@ class RedisStore:
     def __init__(self, url: str, ttl_s: float) -> None:
         import redis.asyncio as redis
 
-        self._r = redis.from_url(url)
+        # bounded waits: a Redis that hangs must cost a request an error, not forever
+        self._r = redis.from_url(url, socket_timeout=REDIS_TIMEOUT_S,
+                                 socket_connect_timeout=REDIS_TIMEOUT_S)
+        self._errors = (redis.RedisError, OSError)
         self.ttl_ms = int(ttl_s * 1000)
 
+    def _unavailable(self, err: Exception) -> ApiError:
+        log.warning("responses store unavailable", error=str(err))
+        return ApiError(503, "The Responses store is unavailable; retry shortly.")
+
     async def get(self, rid: str, tenant: str) -> dict[str, Any] | None:
-        raw = await self._r.get(self.PREFIX + rid)
+        try:
+            raw = await self._r.get(self.PREFIX + rid)
+        except self._errors as err:
+            raise self._unavailable(err) from err
         record: dict[str, Any] | None = None if raw is None else orjson.loads(raw)
         return _owned(record, tenant)
 
     async def put(self, rid: str, record: dict[str, Any], tenant: str) -> None:
-        await self._r.set(self.PREFIX + rid, orjson.dumps({**record, "tenant": tenant}),
-                          px=self.ttl_ms)
+        try:
+            await self._r.set(self.PREFIX + rid, orjson.dumps({**record, "tenant": tenant}),
+                              px=self.ttl_ms)
+        except self._errors as err:
+            raise self._unavailable(err) from err
 
     async def close(self) -> None:
         await self._r.aclose()

@@ -17,7 +17,7 @@ from tests.waiting import wait_for
 
 
 @pytest.fixture
-def redis_url(tmp_path: Path) -> Iterator[str]:
+def redis_server(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     server = shutil.which("redis-server")
     assert server, "redis-server missing: `make setup` installs it (hack/install-system-deps.sh)"
     port = free_port()
@@ -34,10 +34,15 @@ def redis_url(tmp_path: Path) -> Iterator[str]:
 
     wait_for("redis to answer", answers, interval=0.05)
     try:
-        yield url
+        yield url, p
     finally:
         p.terminate()
         p.wait(10)
+
+
+@pytest.fixture
+def redis_url(redis_server: tuple[str, subprocess.Popen[bytes]]) -> str:
+    return redis_server[0]
 
 
 def test_chain_continues_on_the_standby(procs: Procs, redis_url: str) -> None:
@@ -59,3 +64,30 @@ def test_chain_continues_on_the_standby(procs: Procs, redis_url: str) -> None:
     assert b.responses.retrieve(r1.id).id == r1.id
     ttl = redis.Redis.from_url(redis_url).pttl(f"toposerve:response:{r3.id}")
     assert 0 < ttl <= 60_000
+
+
+def test_redis_down_is_a_clear_503(procs: Procs,
+                                   redis_server: tuple[str, subprocess.Popen[bytes]]) -> None:
+    """A Responses turn that cannot be stored or read is an explicit 503 in
+    OpenAI's error shape, not a 500 or a hang; the router recovers with Redis."""
+    url, server = redis_server
+    sim = procs.sim()
+    router = procs.router({"responses": {"backend": "redis", "redisUrl": url}},
+                          endpoints=[sim.url])
+    client = openai.OpenAI(base_url=router.url + "/v1", api_key="x", max_retries=0)
+    first = client.responses.create(model=MODEL, input="first", max_output_tokens=3)
+    server.terminate()
+    server.wait(10)
+    for call in (lambda: client.responses.retrieve(first.id),
+                 lambda: client.responses.create(model=MODEL, input="next", max_output_tokens=3,
+                                                 previous_response_id=first.id),
+                 lambda: client.responses.create(model=MODEL, input="new", max_output_tokens=3)):
+        with pytest.raises(openai.APIStatusError) as err:
+            call()
+        assert err.value.status_code == 503
+        body = err.value.response.json()
+        assert "Responses store is unavailable" in body["error"]["message"]
+    # chat completions do not need the store
+    chat = client.chat.completions.create(model=MODEL, max_tokens=2,
+                                          messages=[{"role": "user", "content": "hi"}])
+    assert chat.choices
