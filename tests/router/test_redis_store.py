@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import openai
@@ -78,10 +78,12 @@ def test_redis_down_is_a_clear_503(procs: Procs,
     first = client.responses.create(model=MODEL, input="first", max_output_tokens=3)
     server.terminate()
     server.wait(10)
-    for call in (lambda: client.responses.retrieve(first.id),
+    calls: list[Callable[[], object]] = [
+                 lambda: client.responses.retrieve(first.id),
                  lambda: client.responses.create(model=MODEL, input="next", max_output_tokens=3,
                                                  previous_response_id=first.id),
-                 lambda: client.responses.create(model=MODEL, input="new", max_output_tokens=3)):
+                 lambda: client.responses.create(model=MODEL, input="new", max_output_tokens=3)]
+    for call in calls:
         with pytest.raises(openai.APIStatusError) as err:
             call()
         assert err.value.status_code == 503
