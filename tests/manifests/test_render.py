@@ -13,6 +13,7 @@ import yaml
 
 from manifests.render import RenderError, _parse, render, to_yaml
 from manifests.values import COMPONENTS, load_values
+from scheduler_ext.state.watch import PATHS as WATCH_PATHS
 from tests.manifests.helpers import Obj, cli, objects, one
 from topology.config_file import ConfigError
 
@@ -221,6 +222,18 @@ def test_extender_rbac_follows_what_it_persists() -> None:
     assert writes == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}]
     assert all(set(r["verbs"]) == {"list", "watch"}
                for r in rules("extender.config={persistDecisions: false}"))
+
+
+def test_extender_rbac_covers_every_watch() -> None:
+    """Each collection the extender watches is one its role may list and watch
+    (an optional API it may not read would be skipped as not installed)."""
+    rules = one(objects(only=["extender"]), "ClusterRole")["rules"]
+    granted = {(g, res) for r in rules if {"list", "watch"} <= set(r["verbs"])
+               for g in r["apiGroups"] for res in r["resources"]}
+    for path, _params in WATCH_PATHS.values():
+        parts = path.strip("/").split("/")
+        group = "" if parts[0] == "api" else parts[1]
+        assert (group, parts[-1]) in granted, f"the extender may not watch {path}"
 
 
 def test_bad_extender_config_names_the_field() -> None:
