@@ -96,6 +96,13 @@ def markdown(doc: dict[str, Any], pngs: list[str]) -> str:
     return "\n".join(lines)
 
 
+def smoothed(timeline: list[list[float]], bins: int = 120) -> list[tuple[float, float]]:
+    """A long run's one-second rates averaged over windows, at most ``bins`` of them."""
+    k = max(1, -(-len(timeline) // bins))
+    return [(timeline[i][0], sum(r for _, r in timeline[i:i + k]) / len(timeline[i:i + k]))
+            for i in range(0, len(timeline), k)]
+
+
 def plots(doc: dict[str, Any], out: Path) -> list[str]:
     import matplotlib
 
@@ -107,7 +114,7 @@ def plots(doc: dict[str, Any], out: Path) -> list[str]:
     fig, ax = plt.subplots(figsize=(8, 4))
     for s in setups:
         if s["timeline"]:
-            t, r = zip(*s["timeline"], strict=True)
+            t, r = zip(*smoothed(s["timeline"]), strict=True)
             ax.step(t, r, where="post", label=s["setup"])
     ax.set_xlabel("seconds since the first pod was created")
     ax.set_ylabel("pods bound a second")
