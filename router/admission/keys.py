@@ -13,12 +13,13 @@ import os
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from router.config import KeysConfig, SecretKeys
+from router.pool.list_watch import list_watch_cycle
 from topology.config_file import ConfigError, load_file
 
 log = structlog.get_logger("router.admission.keys")
@@ -125,8 +126,7 @@ class KeySource:
                           file=path, error=str(err))
 
     def _watch(self, s: SecretKeys, loop: asyncio.AbstractEventLoop) -> None:
-        from kubernetes import client, config, watch
-        from kubernetes.client.exceptions import ApiException
+        from kubernetes import client, config
 
         if s.kubeconfig:
             api = client.CoreV1Api(config.new_client_from_config(config_file=s.kubeconfig))
@@ -146,31 +146,12 @@ class KeySource:
             loop.call_soon_threadsafe(self.on_change, t)
 
         while not self._stop.is_set():
-            try:
-                if rv is None:
-                    found: Any = api.list_namespaced_secret(s.namespace, field_selector=selector)
-                    apply(found.items[0].data if found.items else None)
-                    rv = found.metadata.resource_version
-                w = watch.Watch()
-                for ev in w.stream(api.list_namespaced_secret, s.namespace,
-                                   field_selector=selector, resource_version=rv,
-                                   allow_watch_bookmarks=True, timeout_seconds=300):
-                    rv = w.resource_version or rv
-                    if self._stop.is_set():
-                        w.stop()
-                        break
-                    if ev["type"] == "BOOKMARK":
-                        continue
-                    apply(None if ev["type"] == "DELETED" else ev["object"].data)
-                continue
-            except ApiException as err:
-                if err.status == 410:
-                    rv = None
-                    continue
-                log.warning("key secret watch failed", status=err.status)
-            except Exception as err:  # keep watching through transient faults
-                log.warning("key secret watch error", error=repr(err))
-            self._stop.wait(1.0)
+            rv = list_watch_cycle(
+                api.list_namespaced_secret, rv, self._stop,
+                on_list=lambda found: apply(found.items[0].data if found.items else None),
+                on_event=lambda kind, obj: apply(None if kind == "DELETED" else obj.data),
+                timeout_s=300, what="api key secret", namespace=s.namespace,
+                field_selector=selector)
 
 
 def _stamp(path: str) -> tuple[int, int, int] | None:

@@ -22,6 +22,7 @@ import structlog
 
 from router.config import KubernetesDiscovery
 from router.pool.endpoints import Endpoint, Pool
+from router.pool.list_watch import list_watch_cycle
 from router.pool.revisions import revision_of
 from topology.labels import PRESETS, from_labels
 from topology.model import DomainPath
@@ -152,46 +153,21 @@ class KubernetesWatcher:
             rv = self._cycle(core, rv)
 
     def _cycle(self, core: Any, rv: str | None) -> str | None:
-        """One LIST (only when there is no resourceVersion to resume from)
-        and one WATCH until the server ends it; returns where the next watch
-        resumes. A watch that ends, as each does after watchTimeoutSeconds,
-        resumes; only 410 Gone (the version was compacted away) relists."""
-        from kubernetes import watch
-        from kubernetes.client.exceptions import ApiException
+        """One list-then-watch cycle (router.pool.list_watch): resumes from
+        ``rv``, relists only after 410 Gone."""
+        def listed(pods: Any) -> None:
+            for p in pods.items:
+                self._call(self._apply, self._view(core, p))
+            self._call(self._resync, {p.metadata.name for p in pods.items})
 
-        try:
-            if rv is None:
-                self.requests("list")
-                pods: Any = core.list_namespaced_pod(self.cfg.namespace,
-                                                     label_selector=self.cfg.label_selector)
-                for p in pods.items:
-                    self._call(self._apply, self._view(core, p))
-                self._call(self._resync, {p.metadata.name for p in pods.items})
-                rv = pods.metadata.resource_version
-            w = watch.Watch()
-            self.requests("watch")
-            for ev in w.stream(core.list_namespaced_pod, self.cfg.namespace,
-                               label_selector=self.cfg.label_selector, resource_version=rv,
-                               allow_watch_bookmarks=True,
-                               timeout_seconds=self.cfg.watch_timeout_s):
-                # the client tracks the version of every event, bookmarks included
-                rv = w.resource_version or rv
-                if self._stop.is_set():
-                    w.stop()
-                    break
-                if ev["type"] == "BOOKMARK":
-                    continue
-                pod = ev["object"]
-                if ev["type"] == "DELETED":
-                    self._call(self._deleted, pod.metadata.name)
-                else:
-                    self._call(self._apply, self._view(core, pod))
-            return rv
-        except ApiException as err:
-            if err.status == 410:  # our resourceVersion is too old: relist
-                return None
-            log.warning("pod watch failed", status=err.status)
-        except Exception as err:  # keep watching through transient faults
-            log.warning("pod watch error", error=repr(err))
-        self._stop.wait(1.0)
-        return rv
+        def event(kind: str, pod: Any) -> None:
+            if kind == "DELETED":
+                self._call(self._deleted, pod.metadata.name)
+            else:
+                self._call(self._apply, self._view(core, pod))
+
+        return list_watch_cycle(core.list_namespaced_pod, rv, self._stop, on_list=listed,
+                                on_event=event, timeout_s=self.cfg.watch_timeout_s,
+                                what="pods", count=self.requests,
+                                namespace=self.cfg.namespace,
+                                label_selector=self.cfg.label_selector)
