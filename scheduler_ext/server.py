@@ -119,7 +119,7 @@ class Extender:
                     changed = res.decision
             self.metrics.decisions.labels(res.outcome.value).inc()
         if res.outcome in (Outcome.DECIDED, Outcome.CLIMBED, Outcome.NO_FIT,
-                           Outcome.BAD_METADATA):
+                           Outcome.BAD_METADATA, Outcome.SIZE_UNKNOWN):
             d = res.decision
             log.info("group placement", pod=f"{facts.namespace}/{facts.name}",
                      group=facts.ref.key if facts.ref else None, outcome=res.outcome.value,

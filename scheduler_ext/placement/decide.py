@@ -38,6 +38,7 @@ from scheduler_ext.placement.model import (
     Group,
     Layout,
     Shape,
+    Source,
     View,
 )
 from topology.distance import kv_transfer_seconds, node_tier, transfer_seconds
@@ -63,6 +64,7 @@ class Outcome(StrEnum):
     CLIMBED = "climbed"  # the preferred level was full; one level up
     NO_FIT = "no-fit"  # the whole group fits no domain
     BAD_METADATA = "bad-metadata"  # the group's labels cannot be read
+    SIZE_UNKNOWN = "size-unknown"  # the object that says the group's size is not seen yet
 
 
 @dataclass
@@ -279,6 +281,13 @@ def _no_fit_reason(view: View, group: Group, reserved: dict[str, int], levels: l
             "until the whole group fits")
 
 
+def _size_unknown_reason(group: Group) -> str:
+    owner = {Source.DISAGGREGATED_SET: "the slice's LeaderWorkerSets (one per role)",
+             Source.POD_GROUP: "its PodGroup"}.get(group.source, "its owner object")
+    return (f"group {group.key}: its size is not known yet ({owner} not seen; "
+            f"{len(group.members)} pods so far): waiting, no pod placed until it is")
+
+
 def filter_member(view: View, group: Group, uid: str, candidates: list[str], policy: Policy,
                   now: float) -> FilterResult:
     """Which candidate nodes member ``uid`` of ``group`` may go to."""
@@ -287,6 +296,11 @@ def filter_member(view: View, group: Group, uid: str, candidates: list[str], pol
     reserved = reservations(view, now, exclude=group.key)
     decision = view.decisions.get(group.key)
     outcome = Outcome.HELD
+    if (decision is None or not decision.live(now)) and not group.size_known and \
+            not group.bound():
+        # a domain chosen for part of the group could strand the rest: hold all
+        return FilterResult([], dict.fromkeys(candidates, _size_unknown_reason(group)), None,
+                            Outcome.SIZE_UNKNOWN, unresolvable=True)
     if decision is None or not decision.live(now):
         offered = {*candidates, *(m.node for m in group.bound() if m.node)}
         profiles = _profiles(view, offered)

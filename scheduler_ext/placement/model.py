@@ -67,7 +67,10 @@ class Group:
     """A group of pods that must (required) or should (preferred) share a
     domain. ``size`` counts pods that do not exist yet (LWS creates its
     workers after the leader); they are assumed to need what the known
-    members need most."""
+    members need most. ``size_known`` is False when only another object
+    can say the size (a DisaggregatedSet slice's LeaderWorkerSets, an
+    in-tree PodGroup) and the extender has not seen it: ``size`` is then
+    just the members seen so far."""
 
     key: str
     source: Source
@@ -76,6 +79,7 @@ class Group:
     required: Tier | None = None
     preferred: Tier | None = None
     shape: Shape = Shape.WIDE_EP
+    size_known: bool = True
 
     def member(self, uid: str) -> Member | None:
         return next((m for m in self.members if m.uid == uid), None)

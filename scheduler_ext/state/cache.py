@@ -395,10 +395,14 @@ class ClusterState:
             size, required = pg_size or size, required or pg_level
         if first.source == Source.DISAGGREGATED_SET:
             size = sum(pods for group, pods in self._lws.values() if group == key) or None
+        # these pods do not carry their group's size: until its object is seen
+        # the members seen so far are not the group (placing them would strand them)
+        known = size is not None or first.source not in (Source.DISAGGREGATED_SET,
+                                                         Source.POD_GROUP)
         roles = {m.role for m in members}
         shape = Shape.PD if roles & {PREFILL, DECODE} else Shape.WIDE_EP
         return Group(key, first.source, max(size or 0, len(members)), members, required,
-                     preferred, shape)
+                     preferred, shape, size_known=known)
 
     def snapshot(self) -> View:
         """The view, with what changed since the last call rebuilt. Call

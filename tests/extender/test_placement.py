@@ -28,7 +28,7 @@ from scheduler_ext.placement.levels import (
     domain_of,
     parse_level,
 )
-from scheduler_ext.placement.model import View
+from scheduler_ext.placement.model import Source, View
 from tests.extender.sim import Sim, cluster, gang
 from topology.labels import PRESETS, DialectName
 from topology.model import DomainPath, Tier, TierLink
@@ -284,6 +284,43 @@ def test_a_pod_of_a_group_with_unknown_members_counts_them() -> None:
     sim = Sim(view, POLICY)
     assert sim.attempt(leader_only.key, "lws-0") is not None
     assert sum(reservations(view, sim.now, exclude=None).values()) == 7 * 4
+
+
+def test_a_slice_of_unknown_size_places_nothing_until_its_size_is_known() -> None:
+    # a DisaggregatedSet slice's pods do not carry its size; with its
+    # LeaderWorkerSets not seen, the pods seen so far are not the slice
+    view = View(cluster(("gb200-nvl72", 36)))
+    roles = ["prefill"] * 4 + ["decode"] * 2
+    full = replace(gang("pd", 6, 4, roles=roles), source=Source.DISAGGREGATED_SET)
+    seen = replace(full, size=3, members=full.members[:3], size_known=False)
+    view.groups[seen.key] = seen
+    res = filter_member(view, seen, "pd-0", sorted(view.nodes), POLICY, 0.0)
+    assert res.passed == [] and res.outcome == Outcome.SIZE_UNKNOWN and res.unresolvable
+    assert res.decision is None
+    reason = next(iter(res.failed.values()))
+    assert "group pd: its size is not known yet" in reason
+    assert "LeaderWorkerSets" in reason and "3 pods so far" in reason
+    view.groups[full.key] = full  # the LeaderWorkerSets arrived: the whole slice
+    sim = Sim(view, POLICY)
+    sim.run([(full.key, f"pd-{i}") for i in range(6)])
+    assert len(sim.placed(full.key)) == 6
+    assert len({view.nodes[n].path.nvlink for n in sim.placed(full.key)}) == 1
+
+
+def test_a_group_of_unknown_size_with_a_bound_member_joins_it() -> None:
+    # the size went unknown after placing began (its owner deleted): the
+    # rest still goes beside the bound members rather than wait forever
+    view = View(cluster(("gb200-nvl72", 36)))
+    g = replace(gang("pd", 2, 4, roles=["prefill", "decode"]),
+                source=Source.DISAGGREGATED_SET)
+    view.groups[g.key] = g
+    sim = Sim(view, POLICY)
+    first = sim.attempt(g.key, "pd-0")
+    assert first is not None
+    view.groups[g.key] = replace(view.groups[g.key], size_known=False)
+    second = sim.attempt(g.key, "pd-1")
+    assert second is not None
+    assert view.nodes[second].path.nvlink == view.nodes[first].path.nvlink
 
 
 # --- many groups, any order --------------------------------------------------

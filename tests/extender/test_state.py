@@ -108,10 +108,12 @@ def test_disaggregated_slice_is_one_pd_group_per_revision() -> None:
     st.pod("ADDED", pods[0])  # only the first prefill pod so far
     ref = identify(pods[0], TOPO)
     assert ref is not None
-    assert st.snapshot().groups[ref.key].size == 1  # no LeaderWorkerSet seen: what is there
+    g = st.snapshot().groups[ref.key]
+    assert (g.size, g.size_known) == (1, False)  # no LeaderWorkerSet seen: what is there
     # the pods do not say how many there will be; the slice's LeaderWorkerSets do
     st.relist("lws", sets[:1])
-    assert st.snapshot().groups[ref.key].size == 4  # the prefill role's 4x1 pods
+    g = st.snapshot().groups[ref.key]
+    assert (g.size, g.size_known) == (4, True)  # the prefill role's 4x1 pods
     st.leader_worker_set("ADDED", sets[1])
     g = st.snapshot().groups[ref.key]
     assert g.size == 6
@@ -136,6 +138,10 @@ def test_pod_group_size_and_level_come_from_the_pod_group() -> None:
         st.pod("ADDED", p)
     g = st.snapshot().groups["podgroup/default/gang"]
     assert (g.size, g.required, g.source) == (6, Tier.RACK, Source.POD_GROUP)
+    assert g.size_known
+    st.relist("podgroups", [])  # its PodGroup not seen: the size is the PodGroup's to say
+    g = st.snapshot().groups["podgroup/default/gang"]
+    assert (g.size, g.size_known) == (2, False)
 
 
 def test_toposerve_labels_and_a_bad_level() -> None:
