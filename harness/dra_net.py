@@ -96,6 +96,14 @@ class NetDriverProc:
         return self.root / "handoff"
 
     @property
+    def journal_dir(self) -> Path:
+        return self.root / "journal"
+
+    @property
+    def handoff_socket(self) -> Path:
+        return self.root / "handoff.sock"
+
+    @property
     def cdi(self) -> CdiSpecs:
         return CdiSpecs(self.root / "cdi", CDI_VENDOR, CDI_CLASS)
 
@@ -111,6 +119,8 @@ class NetDriverProc:
                 "--registry-dir", str(self.root / "registry"),
                 "--cdi-root", str(self.root / "cdi"), "--sysfs-root", str(self.nics.sysfs),
                 "--dev-root", str(self.nics.dev), "--state-dir", str(self.state_dir),
+                "--journal-dir", str(self.journal_dir),
+                "--handoff-socket", str(self.handoff_socket),
                 "--netns", self.nics.netns, "--http-address", f"127.0.0.1:{self.port}",
                 "--rescan-interval", "0.5"]
         self.proc = launch_plugin(argv, os.environ, self.root / "driver.log", self.kubelet)

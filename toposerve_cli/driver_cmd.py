@@ -100,7 +100,10 @@ def _net(args: argparse.Namespace) -> int:
                          virtual=args.keep_virtual, include=args.interfaces,
                          exclude=args.exclude_interfaces)
     opts = NetDriverOptions(**common, state_dir=args.state_dir, netns=args.netns,
-                            filters=filters, rescan_interval_s=args.rescan_interval)
+                            filters=filters, rescan_interval_s=args.rescan_interval,
+                            journal_dir=args.journal_dir,
+                            handoff_socket=None if args.no_handoff_server
+                            else args.handoff_socket)
     return _serve(NetDriver(_api(args.kubeconfig), opts), args)
 
 
@@ -108,6 +111,7 @@ def _serve(driver: _Driver, args: argparse.Namespace) -> int:
     """Run until SIGTERM/SIGINT, with /healthz and /metrics; or ``--uninstall``."""
     from dra_driver.framework.checkpoint import CorruptCheckpoint
     from dra_driver.framework.liveness import HttpEndpoints, healthz_route, metrics_route
+    from dra_driver.net.handoff.journal import CorruptJournal
 
     if args.uninstall:
         n = driver.publisher.uninstall()
@@ -118,7 +122,7 @@ def _serve(driver: _Driver, args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     try:
         driver.start()
-    except CorruptCheckpoint as err:
+    except (CorruptCheckpoint, CorruptJournal) as err:
         driver.stop()
         return _fail(str(err))
     http = None
@@ -204,6 +208,16 @@ def register(sub: Any) -> None:
     n.add_argument("--state-dir", type=Path,
                    default=Path("/var/lib/kubelet/plugins/net.toposerve.io/handoff"),
                    help="hand-off records for the CNI plugin (default %(default)s)")
+    n.add_argument("--journal-dir", type=Path,
+                   default=Path("/var/lib/kubelet/plugins/net.toposerve.io/journal"),
+                   help="the mover's journal, repaired at start-up; the CNI plugin's "
+                        "journalDir (default %(default)s)")
+    n.add_argument("--handoff-socket", type=Path,
+                   default=Path("/var/lib/kubelet/plugins/net.toposerve.io/handoff.sock"),
+                   help="serve the CNI plugin's calls here, its serverSocket "
+                        "(default %(default)s)")
+    n.add_argument("--no-handoff-server", action="store_true",
+                   help="serve no hand-off socket: the CNI plugin moves NICs itself (slower)")
     n.add_argument("--netns", help="read links in this named network namespace "
                                    "(default: the driver's own, the host's)")
     n.add_argument("--keep-loopback", action="store_true", help="publish loopback interfaces")

@@ -7,6 +7,9 @@ writes the claim's hand-off record (``records``) for the CNI plugin that
 moves the NICs into the pod's network namespace, returns CDI edits for the
 RDMA character devices, and the ``networkData`` the claim's status shows.
 ``unprepare`` removes the record. Both are idempotent.
+
+The process also repairs the mover's journal at start-up and serves the
+CNI plugin's calls on its hand-off socket (``handoff.server``).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import structlog
 from kubernetes.client import ApiClient, CoreV1Api
 from pydantic import ValidationError
 
@@ -28,6 +32,10 @@ from dra_driver.framework.publisher import Pool
 from dra_driver.net.config import NetConfig, merge, parse_net_config
 from dra_driver.net.devices import DRIVER, discovered_pool
 from dra_driver.net.discovery import NetFilters, Nic, discover
+from dra_driver.net.handoff import cni
+from dra_driver.net.handoff.journal import DEFAULT_JOURNAL_DIR, Journal
+from dra_driver.net.handoff.mover import repair_journal
+from dra_driver.net.handoff.server import HandoffServer
 from dra_driver.net.records import (
     DEFAULT_STATE_DIR,
     ClaimRecord,
@@ -38,6 +46,8 @@ from dra_driver.net.records import (
 )
 from topology.labels import PRESETS, from_labels
 from topology.model import DomainPath
+
+log = structlog.get_logger("toposerve.net.driver")
 
 CDI_VENDOR = f"k8s.{DRIVER}"
 CDI_CLASS = "nic"
@@ -51,6 +61,16 @@ class NetDriverOptions(PluginOptions):
     netns: str | None = None  # netlink in this named namespace (tests); None: our own
     filters: NetFilters = field(default_factory=NetFilters)
     rescan_interval_s: float = 5.0
+    journal_dir: Path = DEFAULT_JOURNAL_DIR
+    # the resident hand-off server's socket (the CNI plugin's serverSocket); None: none
+    handoff_socket: Path | None = cni.SERVER_SOCKET
+
+
+def netns_path(netns: str | None) -> str | None:
+    """A named namespace (``ip netns``) as the path the mover opens."""
+    if netns is None or netns.startswith("/"):
+        return netns
+    return f"/var/run/netns/{netns}"
 
 
 @dataclass(frozen=True)
@@ -210,9 +230,27 @@ class NetDriver(DriverProcess):
     def __init__(self, api: ApiClient, opts: NetDriverOptions) -> None:
         self.opts = opts
         self.kind = NetKind(api, opts)
+        self._handoff: HandoffServer | None = None
         super().__init__(
             api, self.kind, opts, cdi_vendor=CDI_VENDOR, cdi_class=CDI_CLASS,
             interval_s=opts.rescan_interval_s, tick=self._rescan, loop_name="rescan")
+
+    def start(self) -> None:
+        """Repair first (a NIC a crashed mover left half-moved goes back to
+        the host or stays in its pod), then serve the hand-off and the kubelet."""
+        host = netns_path(self.opts.netns)
+        repaired = repair_journal(Journal(self.opts.journal_dir), host)
+        if repaired:
+            log.info("hand-off journal repaired", nics=repaired)
+        if self.opts.handoff_socket is not None:
+            self._handoff = HandoffServer(self.opts.handoff_socket, host_netns=host).start()
+        super().start()
+
+    def stop(self) -> None:
+        super().stop()
+        if self._handoff is not None:
+            self._handoff.stop()
+            self._handoff = None
 
     def _rescan(self) -> None:
         self.plugin.refresh_pools()  # the publisher writes only what changed

@@ -196,3 +196,14 @@ class Mover:
                 self.detach(entry)
                 done.append(entry.hostIfName)
         return done
+
+
+def repair_journal(journal: Journal, host_netns: str | None = None) -> list[str]:
+    """The driver's start-up repair: under the lock, what dead movers left
+    is finished or undone (``Mover.repair``); NICs attached to live pods stay."""
+    mover = Mover(journal, host_netns)
+    try:
+        with journal.lock():
+            return mover.repair()
+    finally:
+        mover.close()

@@ -15,14 +15,20 @@ import json
 import os
 import socketserver
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import structlog
+from prometheus_client import Histogram
 
 from dra_driver.net.handoff import cni
 
 log = structlog.get_logger("toposerve.net.handoff")
+CALL_SECONDS = Histogram(
+    "toposerve_net_handoff_call_seconds",
+    "CNI calls the resident hand-off server did, by command and result (ok, error)",
+    ["command", "result"], buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 40))
 
 
 class HandoffServer:
@@ -46,17 +52,23 @@ class HandoffServer:
                                         name="handoff-server", daemon=True)
 
     def answer(self, line: bytes) -> dict[str, Any]:
+        started, command = time.monotonic(), "unknown"
         try:
             req = json.loads(line)
+            command = str(req["env"].get("CNI_COMMAND", "unknown"))
             result = cni.run(req["env"], req["conf"], self.host_netns)
         except cni.PluginError as err:
-            return {"error": {"code": err.code, "msg": str(err)}}
+            answer: dict[str, Any] = {"error": {"code": err.code, "msg": str(err)}}
         except Exception as err:
             log.error("hand-off call failed", error=f"{type(err).__name__}: {err}")
-            return {"error": {"code": 999, "msg": f"{cni.PLUGIN_TYPE}: {type(err).__name__}: "
-                                                  f"{err}"}}
-        self.served += 1
-        return {"result": result}
+            answer = {"error": {"code": 999, "msg": f"{cni.PLUGIN_TYPE}: "
+                                                    f"{type(err).__name__}: {err}"}}
+        else:
+            self.served += 1
+            answer = {"result": result}
+        CALL_SECONDS.labels(command, "error" if "error" in answer else "ok").observe(
+            time.monotonic() - started)
+        return answer
 
     def start(self) -> HandoffServer:
         self._thread.start()

@@ -1,0 +1,158 @@
+"""``toposerve driver net`` as the node's resident hand-off process, on a
+kwok node whose NICs are stand-ins: at start-up it repairs what a crashed
+mover left in the journal (a half-moved NIC goes back to the host, one
+attached to a live pod stays), then serves the CNI plugin's ADD and DEL on
+its socket; after SIGTERM the socket is gone and the plugin moves the NICs
+itself. The plugin always runs in the stand-ins' namespace (the node's
+"host"), as containerd would run it on the node."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra_driver.net.config import NetConfig, parse_net_config
+from dra_driver.net.handoff.journal import Entry, Journal, Step
+from dra_driver.net.handoff.links import Namespace
+from dra_driver.net.records import read_record
+from harness.dra_net import (
+    DRIVER,
+    NetDriverProc,
+    NetEnv,
+    create_claim,
+    net_config,
+    published,
+    setup_env,
+    teardown_env,
+)
+from harness.net_standins import StandIns, stand_ins
+from tests.conftest import Cluster
+from tests.waiting import wait_for
+from topology.profiles import load_profile
+
+pytestmark = pytest.mark.cluster
+HW = load_profile("hgx-h100").hardware()
+NETNS_DIR = Path("/var/run/netns")
+POD_CONFIG = parse_net_config(net_config(interfaceName="net1"))
+
+
+@pytest.fixture(scope="module")
+def net_env(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetEnv]:
+    env = setup_env(cluster.name, cluster.api, tmp_path_factory.mktemp("net-env"))
+    try:
+        yield env
+    finally:
+        teardown_env(cluster.api)
+
+
+@pytest.fixture
+def nics(tmp_path: Path) -> Iterator[StandIns]:
+    with stand_ins(tmp_path / "nics", HW) as s:
+        yield s
+
+
+@pytest.fixture
+def pods() -> Iterator[list[str]]:
+    """Three pod sandboxes' network namespaces (paths)."""
+    from pyroute2 import netns  # type: ignore[import-untyped]
+
+    names = [f"ts-pod-{uuid.uuid4().hex[:8]}" for _ in range(3)]
+    for n in names:
+        netns.create(n)
+    try:
+        yield [str(NETNS_DIR / n) for n in names]
+    finally:
+        for n in names:
+            netns.remove(n)
+
+
+def _crashed_move(journal: Journal, host: Namespace, pod: str, ifname: str,
+                  step: Step, config: NetConfig = POD_CONFIG) -> None:
+    """A mover that moved ``ifname`` into ``pod`` and died with ``step`` journalled."""
+    link = host.find(ifname)
+    assert link is not None
+    journal.write(Entry(hostIfName=ifname, podIfName="net1", mac=link.mac, hostMtu=link.mtu,
+                        sandbox=f"sb-{Path(pod).name}", netns=pod, config=config, step=step))
+    with Namespace(pod) as target:
+        host.move(link, target, "net1")
+
+
+def _in(path: str, name: str) -> bool:
+    with Namespace(path) as ns:
+        return ns.find(name) is not None
+
+
+def _plugin(d: NetDriverProc, command: str, sandbox: str, netns: str,
+            pod_uid: str = "") -> dict[str, Any] | None:
+    """The CNI plugin as containerd runs it, in the node's (stand-ins') namespace."""
+    conf = {"cniVersion": "1.0.0", "name": "pod-net", "type": "toposerve-nic",
+            "stateDir": str(d.state_dir), "journalDir": str(d.journal_dir),
+            "serverSocket": str(d.handoff_socket)}
+    env = {"PATH": "/usr/bin:/bin", "CNI_COMMAND": command, "CNI_CONTAINERID": sandbox,
+           "CNI_NETNS": netns, "CNI_IFNAME": "eth0", "CNI_PATH": "/nonexistent",
+           "CNI_ARGS": f"K8S_POD_UID={pod_uid}"}
+    out = subprocess.run(["ip", "netns", "exec", d.nics.netns, sys.executable, "-m",
+                          "dra_driver.net.handoff.cni"], input=json.dumps(conf), env=env,
+                         capture_output=True, text=True, check=False,
+                         cwd=Path(__file__).parents[2])
+    assert out.returncode == 0, out.stdout + out.stderr
+    return json.loads(out.stdout) if out.stdout else None
+
+
+def _served(d: NetDriverProc, command: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{d.port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    key = f'toposerve_net_handoff_call_seconds_count{{command="{command}",result="ok"}} '
+    return sum(float(line[len(key):]) for line in text.splitlines() if line.startswith(key))
+
+
+def test_start_repairs_the_journal_then_serves_the_plugin(
+        net_env: NetEnv, nics: StandIns, pods: list[str], tmp_path: Path) -> None:
+    d = NetDriverProc(net_env, nics, tmp_path / "driver")
+    host = str(NETNS_DIR / nics.netns)
+    half, attached, target = nics.interfaces[:3]
+    crashed, live, new = pods
+    journal = Journal(d.journal_dir)
+    with Namespace(host) as h:
+        _crashed_move(journal, h, crashed, half, Step.ATTACHING)
+        _crashed_move(journal, h, live, attached, Step.ATTACHED)
+    try:
+        d.start()
+        # repaired before serving: the half-moved NIC is home, the live pod's stays
+        assert _in(host, half) and not _in(crashed, "net1")
+        assert journal.read(half) is None
+        entry = journal.read(attached)
+        assert entry is not None and entry.step == Step.ATTACHED and _in(live, "net1")
+        assert d.handoff_socket.is_socket()
+
+        wait_for(f"{target} published", lambda: any(
+            x["attributes"]["ifName"] == {"string": target} for x in published(net_env.api)),
+                 timeout=30)
+        claim, pod_uid = create_claim(
+            net_env.api, "handoff", configs=[net_config(interfaceName="net2")],
+            selector=f'device.attributes["{DRIVER}"].ifName == "{target}"')
+        assert d.kubelet.prepare([claim])[claim.uid].error == ""
+        assert read_record(d.state_dir, claim.uid) is not None
+
+        added = _plugin(d, "ADD", "sb-new", new, pod_uid)
+        assert added is not None and [i["name"] for i in added["interfaces"]] == ["net2"]
+        assert _in(new, "net2") and not _in(host, target)
+        assert _plugin(d, "DEL", entry.sandbox, live) is None
+        assert _in(host, attached) and not _in(live, "net1")
+        assert (_served(d, "ADD"), _served(d, "DEL")) == (1, 1)  # the resident process did both
+
+        assert d.stop() == 0
+        assert not d.handoff_socket.exists()
+        assert _plugin(d, "DEL", "sb-new", new) is None  # no server: the plugin does it itself
+        assert _in(host, target) and not _in(new, "net2")
+        assert journal.entries() == []
+    finally:
+        d.kill()
