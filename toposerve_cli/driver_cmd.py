@@ -107,6 +107,18 @@ def _net(args: argparse.Namespace) -> int:
     return _serve(NetDriver(_api(args.kubeconfig), opts), args)
 
 
+def _install_cni(args: argparse.Namespace) -> int:
+    from dra_driver.net.handoff.install import InstallError, install, plugin_entry
+
+    try:
+        changed = install(args.bin_dir, args.python, args.conf_dir, args.chain_into,
+                          plugin_entry(args.kubelet_dir))
+    except (InstallError, OSError) as err:
+        return _fail(str(err))
+    log.info("toposerve-nic installed", changed=changed)
+    return 0
+
+
 def _serve(driver: _Driver, args: argparse.Namespace) -> int:
     """Run until SIGTERM/SIGINT, with /healthz and /metrics; or ``--uninstall``."""
     from dra_driver.framework.checkpoint import CorruptCheckpoint
@@ -233,6 +245,22 @@ def register(sub: Any) -> None:
                    help="seconds between rescans of links and device health "
                         "(default %(default)s)")
     n.set_defaults(handler=_net)
+
+    i = dsub.add_parser("net-install-cni",
+                        help="install the NIC hand-off CNI plugin toposerve-nic on this node")
+    i.add_argument("--bin-dir", type=Path, default=Path("/opt/cni/bin"),
+                   help="the runtime's CNI bin dir (default %(default)s)")
+    i.add_argument("--python", default="/usr/bin/python3",
+                   help="the node's interpreter that runs the plugin, with toposerve "
+                        "installed (default %(default)s)")
+    i.add_argument("--conf-dir", type=Path, default=Path("/etc/cni/net.d"),
+                   help="the runtime's CNI config dir (default %(default)s)")
+    i.add_argument("--chain-into", metavar="FILE",
+                   help="conflist in --conf-dir to add toposerve-nic to, last, if absent "
+                        "(default: leave the CNI config alone)")
+    i.add_argument("--kubelet-dir", type=Path, default=Path("/var/lib/kubelet"),
+                   help="the kubelet's root, for the chain entry's paths (default %(default)s)")
+    i.set_defaults(handler=_install_cni)
 
     s = dsub.add_parser("simulate", help="publish GPU and NIC slices for every kwok fake node")
     where = s.add_mutually_exclusive_group()

@@ -1,0 +1,100 @@
+"""Installing ``toposerve-nic`` on a node: the conflist edit (pure) and the
+files it writes, idempotent and atomic; bad input is one clear line."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dra_driver.net.handoff.install import (
+    InstallError,
+    chained,
+    install,
+    launcher,
+    plugin_entry,
+)
+from toposerve_cli.driver_cmd import main
+
+ENTRY = plugin_entry(Path("/var/lib/kubelet"))
+POD_NET: dict[str, Any] = {"cniVersion": "1.0.0", "name": "k8s-pod-network", "plugins": [
+    {"type": "bridge", "bridge": "cni0", "ipam": {"type": "host-local"}},
+    {"type": "portmap", "capabilities": {"portMappings": True}}]}
+
+
+def test_the_entry_is_chained_last_and_nothing_else_changes() -> None:
+    out = chained(POD_NET, ENTRY)
+    assert out is not None
+    assert out["plugins"] == [*POD_NET["plugins"], ENTRY]
+    assert {k: v for k, v in out.items() if k != "plugins"} == \
+        {k: v for k, v in POD_NET.items() if k != "plugins"}
+    assert len(POD_NET["plugins"]) == 2  # the input is not modified
+    assert ENTRY == {"type": "toposerve-nic",
+                     "stateDir": "/var/lib/kubelet/plugins/net.toposerve.io/handoff",
+                     "journalDir": "/var/lib/kubelet/plugins/net.toposerve.io/journal",
+                     "serverSocket": "/var/lib/kubelet/plugins/net.toposerve.io/handoff.sock"}
+
+
+def test_an_entry_already_there_is_left_as_it_is() -> None:
+    once = chained(POD_NET, ENTRY)
+    assert once is not None and chained(once, ENTRY) is None
+    own = {**POD_NET, "plugins": [{"type": "toposerve-nic"}, *POD_NET["plugins"]]}
+    assert chained(own, ENTRY) is None  # an operator's own placement is kept
+
+
+@pytest.mark.parametrize("doc", [{"cniVersion": "1.0.0", "type": "bridge"},
+                                 {"plugins": []}, {"plugins": "bridge"}])
+def test_not_a_conflist(doc: dict[str, Any]) -> None:
+    with pytest.raises(InstallError, match=re.escape('no "plugins" list: give a .conflist file')):
+        chained(doc, ENTRY)
+
+
+def test_install_writes_once_and_keeps_the_files_mode(tmp_path: Path) -> None:
+    bin_dir, conf = tmp_path / "bin", tmp_path / "net.d"
+    conf.mkdir()
+    target = conf / "10-pod.conflist"
+    target.write_text(json.dumps(POD_NET))
+    target.chmod(0o644)
+    changed = install(bin_dir, "/usr/bin/python3", conf, target.name, ENTRY)
+    exe = bin_dir / "toposerve-nic"
+    assert changed == [str(exe), str(target)]
+    assert exe.read_text() == launcher("/usr/bin/python3")
+    assert os.stat(exe).st_mode & 0o777 == 0o755
+    assert os.stat(target).st_mode & 0o777 == 0o644
+    assert json.loads(target.read_text())["plugins"][-1] == ENTRY
+    before = target.read_bytes(), target.stat().st_mtime_ns, exe.stat().st_mtime_ns
+    assert install(bin_dir, "/usr/bin/python3", conf, target.name, ENTRY) == []
+    assert (target.read_bytes(), target.stat().st_mtime_ns, exe.stat().st_mtime_ns) == before
+    assert sorted(p.name for p in conf.iterdir()) == [target.name]  # no temp file left
+
+
+def test_the_launcher_runs_the_plugin(tmp_path: Path) -> None:
+    install(tmp_path, sys.executable)
+    out = subprocess.run([str(tmp_path / "toposerve-nic")], env={"CNI_COMMAND": "VERSION"},
+                         capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).parents[2])
+    assert json.loads(out.stdout)["supportedVersions"] == ["0.4.0", "1.0.0"]
+
+
+@pytest.mark.parametrize("body, error", [
+    (None, "no such conflist yet (the pod network writes it when it starts; this is "
+           "retried), or fix netDriver.cni.chainInto"),
+    ("{not json", "is not JSON"),
+    ('{"type": "bridge"}', 'no "plugins" list'),
+])
+def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                 body: str | None, error: str) -> None:
+    if body is not None:
+        (tmp_path / "10-pod.conflist").write_text(body)
+    rc = main(["--log-level", "error", "driver", "net-install-cni", "--bin-dir",
+               str(tmp_path / "bin"), "--conf-dir", str(tmp_path), "--chain-into",
+               "10-pod.conflist"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith(f"error: {tmp_path / '10-pod.conflist'}")
+    assert error in err and "\n" not in err
