@@ -172,6 +172,27 @@ class GpuDriver(PluginDriver):
     `toposerve driver gpu`, its service account and RBAC."""
 
 
+class NetDriverCni(Section):
+    """The NIC hand-off's CNI plugin `toposerve-nic`, installed on each node by
+    the NIC driver's init container (docs/net-handoff.md)."""
+
+    install: bool = Field(default=True,
+                          description="write the `toposerve-nic` executable into `binDir`")
+    bin_dir: AbsPath = Field(default="/opt/cni/bin",
+                             description="the container runtime's CNI bin dir on the host")
+    python: AbsPath = Field(default="/usr/bin/python3",
+                            description="the node's interpreter that runs the plugin: it "
+                                        "must import toposerve (the plugin runs on the host, "
+                                        "not in the image)")
+    conf_dir: AbsPath = Field(default="/etc/cni/net.d",
+                              description="the container runtime's CNI config dir on the host")
+    chain_into: str | None = Field(
+        default=None, pattern=r"^[^/]+\.conflist$",
+        description="the pod network's conflist in `confDir` to add `toposerve-nic` to, last "
+                    "in `plugins`, if absent (the file is otherwise left as it was, replaced "
+                    "atomically; needs `install`); unset: chain it yourself")
+
+
 class NetDriver(PluginDriver):
     """The NIC DRA driver `net.toposerve.io`: a DaemonSet of `toposerve driver
     net` on the host network with NET_ADMIN and SYS_ADMIN, its service account
@@ -192,6 +213,8 @@ class NetDriver(PluginDriver):
     exclude_interfaces: str | None = Field(default=None,
                                            description="never publish interfaces whose whole "
                                                        "name matches this regular expression")
+    cni: NetDriverCni = Field(default_factory=NetDriverCni,
+                              description="the hand-off's CNI plugin on each node")
 
 
 class AdmissionPolicy(Section):

@@ -74,3 +74,37 @@ def test_policy_restricts_it_when_enabled() -> None:
 def test_gpu_driver_objects_unchanged() -> None:
     assert objects(only=["gpu-driver"]) == objects("netDriver.enabled=true",
                                                    only=["gpu-driver"])
+
+
+def test_init_container_installs_the_cni_plugin() -> None:
+    ds = one(objects("netDriver.enabled=true", "netDriver.kubeletDir=/var/lib/k",
+                     "netDriver.cni.binDir=/opt/cni/b", "netDriver.cni.chainInto=10-pod.conflist",
+                     only=["net-driver"]), "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    [init] = pod["initContainers"]
+    assert init["image"] == pod["containers"][0]["image"]
+    assert init["command"] == ["toposerve", "--log-level=info", "driver", "net-install-cni",
+                               "--bin-dir=/opt/cni/b", "--python=/usr/bin/python3",
+                               "--kubelet-dir=/var/lib/k", "--conf-dir=/etc/cni/net.d",
+                               "--chain-into=10-pod.conflist"]
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    mounts = {m["mountPath"]: m["name"] for m in init["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for path in ("/opt/cni/b", "/etc/cni/net.d"):  # host paths at the same paths
+        assert volumes[mounts[path]]["hostPath"]["path"] == path
+    driver = pod["containers"][0]["command"]
+    for flag in ("--journal-dir=/var/lib/k/plugins/net.toposerve.io/journal",
+                 "--handoff-socket=/var/lib/k/plugins/net.toposerve.io/handoff.sock"):
+        assert flag in driver, flag
+
+
+def test_cni_install_off_and_unchained() -> None:
+    pod = one(objects("netDriver.enabled=true", "netDriver.cni.install=false",
+                      only=["net-driver"]), "DaemonSet")["spec"]["template"]["spec"]
+    assert "initContainers" not in pod
+    assert not {"cni-bin", "cni-conf"} & {v["name"] for v in pod["volumes"]}
+    unchained = one(objects("netDriver.enabled=true", only=["net-driver"]),
+                    "DaemonSet")["spec"]["template"]["spec"]
+    [init] = unchained["initContainers"]
+    assert not [a for a in init["command"] if a.startswith("--chain-into")]
+    assert "cni-conf" not in {v["name"] for v in unchained["volumes"]}
