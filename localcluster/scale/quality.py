@@ -58,7 +58,7 @@ def placement(groups: list[GroupPlan], where: dict[str, str], paths: dict[str, D
     one = could = pending = stranded = never = 0
     kv: list[float] = []
     for g in groups:
-        nodes = [where[f"{g.name}-{i}"] for i in range(g.pods) if f"{g.name}-{i}" in where]
+        nodes = [where[g.pod_name(i)] for i in range(g.pods) if g.pod_name(i) in where]
         domains = {domain(paths[n], g.level) for n in nodes if n in paths}
         if any(c >= g.pods * g.gpus_per_pod for (lv, _), c in capacity.items()
                if lv == g.level):
@@ -92,8 +92,8 @@ def free_racks(paths: dict[str, DomainPath], profiles: dict[str, str], used: dic
 def kv_seconds(g: GroupPlan, where: dict[str, str], paths: dict[str, DomainPath]) -> float:
     """Per decode pod, the KV transfer from its nearest prefill pod; their mean."""
     links = load_profile(g.profile).links()
-    pre = [paths[where[f"{g.name}-{i}"]] for i, r in enumerate(g.roles) if r == "prefill"]
-    dec = [paths[where[f"{g.name}-{i}"]] for i, r in enumerate(g.roles) if r == "decode"]
+    pre = [paths[where[g.pod_name(i)]] for i, r in enumerate(g.roles) if r == "prefill"]
+    dec = [paths[where[g.pod_name(i)]] for i, r in enumerate(g.roles) if r == "decode"]
     return sum(min(kv_transfer_seconds(KV_BYTES, p, d, links) for p in pre)
                for d in dec) / len(dec)
 
@@ -104,7 +104,7 @@ def landed(groups: list[GroupPlan], where: dict[str, str], paths: dict[str, Doma
     out: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for g in groups:
         for i in range(g.pods):
-            node = where.get(f"{g.name}-{i}")
+            node = where.get(g.pod_name(i))
             if node in paths and (rack := paths[node].rack) is not None:
                 out[rack][g.name] += g.gpus_per_pod
     return {r: dict(v) for r, v in sorted(out.items())}

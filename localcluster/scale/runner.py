@@ -39,6 +39,7 @@ from localcluster.cluster import (
 )
 from localcluster.nodes import node_manifest
 from localcluster.processes import commands_under
+from localcluster.scale import controllers as ctl
 from localcluster.scale import fit, measure, quality
 from localcluster.scale.scenario import ScaleScenario, Setup
 from localcluster.scale.workload import (
@@ -96,6 +97,8 @@ def cluster_spec(sc: ScaleScenario, setup: Setup, name: str, sched_file: Path) -
                        controller_manager_burst=lim.controller_manager_burst or None,
                        feature_gates=WORKLOAD_GATES if gates else "",
                        runtime_config=WORKLOAD_API if gates else "",
+                       # the run makes the StatefulSets' pods itself, as LWS's are made
+                       controllers="*,-statefulset-controller",
                        ready_timeout_s=120 + 0.2 * sc.node_count())
 
 
@@ -163,8 +166,9 @@ class Submitter:
     """Creates pods from a thread pool at a paced rate; when each create
     was sent and which failed."""
 
-    def __init__(self, rest: JsonApi, workers: int = 24) -> None:
+    def __init__(self, rest: JsonApi, uids: ctl.Uids, workers: int = 24) -> None:
         self._rest = rest
+        self._uids = uids  # of the owner objects, for the pods' owner references
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="submit")
         self.created: dict[str, float] = {}
         self.failed: dict[str, str] = {}
@@ -173,7 +177,8 @@ class Submitter:
     def _create(self, p: PodPlan) -> None:
         self.created[p.name] = time.monotonic()
         try:
-            self._rest.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods", body=p.body)
+            self._rest.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods",
+                               body=ctl.with_owner_uids(p.body, self._uids))
         except ApiError as err:
             self.failed[p.name] = str(err)[:200]
 
@@ -254,6 +259,7 @@ def setup_cluster(sc: ScaleScenario, setup: Setup, name: str, workdir: Path, say
     try:
         figures["cluster_up_s"] = round(time.monotonic() - t0, 1)
         api = api_client(name)
+        figures["crds_s"] = round(install_crds(JsonApi(api)), 1)
         sampler.watch({**commands_under(cluster_dir(name)), os.getpid(): "scale (this run)"})
         sampler.start()
         sim_port = free_port()
@@ -295,13 +301,30 @@ def setup_cluster(sc: ScaleScenario, setup: Setup, name: str, workdir: Path, say
             down(name, progress=say)
 
 
-def _create_objects(rest: JsonApi, p: Plan) -> None:
+def install_crds(rest: JsonApi) -> float:
+    """LeaderWorkerSet and DisaggregatedSet, served before the extender
+    starts (it looks for them once); the seconds it took."""
+    path = ctl.collection("CustomResourceDefinition")
+    for c in ctl.CRDS:
+        with contextlib.suppress(ApiError):
+            rest.request("POST", path, body=c)
+    return wait("the LWS and DisaggregatedSet CRDs", lambda: all(
+        ctl.established(rest.request("GET", f"{path}/{c['metadata']['name']}"))
+        for c in ctl.CRDS), 60)
+
+
+def _create_objects(rest: JsonApi, p: Plan) -> ctl.Uids:
+    """The plan's objects in order, each owner's uid given to what it owns;
+    the uids of all of them."""
+    uids: ctl.Uids = {}
     for path, obj in p.objects:
         try:
-            rest.request("POST", path, body=obj)
+            got = rest.request("POST", path, body=ctl.with_owner_uids(obj, uids))
+            uids[(obj["kind"], obj["metadata"]["name"])] = got["metadata"]["uid"]
         except ApiError as err:
             if err.status != 409:
                 raise
+    return uids
 
 
 def run_setup(sc: ScaleScenario, setup: Setup, name: str, workdir: Path, say: Say,
@@ -309,7 +332,7 @@ def run_setup(sc: ScaleScenario, setup: Setup, name: str, workdir: Path, say: Sa
     p = plan(sc, setup)
     with setup_cluster(sc, setup, name, workdir, say) as (api, figures, children):
         rest = JsonApi(api)
-        _create_objects(rest, p)
+        uids = _create_objects(rest, p)
         pods = measure.Watched(rest, f"/api/v1/namespaces/{NAMESPACE}/pods", SCALE_LABEL,
                                measure.bound_pod).start()
         claims_path = f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims"
@@ -320,7 +343,7 @@ def run_setup(sc: ScaleScenario, setup: Setup, name: str, workdir: Path, say: Sa
         def alive() -> None:
             for c in children:
                 c.alive()
-        sub = Submitter(rest)
+        sub = Submitter(rest, uids)
         try:
             api_before, ext_before = measure.scrape(api), ext and measure.scrape_url(
                 ext.url + "/metrics")

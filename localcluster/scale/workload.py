@@ -1,17 +1,20 @@
 """The objects a scenario submits, per setup: DeviceClasses and claim
 templates of the cookbook's shapes, pods (plain, with claims, wide-EP groups
 as LeaderWorkerSet writes them, P/D slices as DisaggregatedSet writes them,
-gangs), and in-tree PodGroups where the setup has the workload gates."""
+gangs), and in-tree PodGroups where the setup has the workload gates. P/D
+slices come with their DisaggregatedSet, LeaderWorkerSets and StatefulSets
+(``controllers``), created before the pods they own."""
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dra_driver.gpu.devices import DRIVER as GPU_DRIVER
 from dra_driver.net.devices import DRIVER as NET_DRIVER
 from localcluster.nodes import KWOK_TOLERATION
+from localcluster.scale import controllers as ctl
 from localcluster.scale.scenario import (
     Claims,
     ClaimShape,
@@ -58,6 +61,10 @@ class GroupPlan:
     profile: str
     level: str
     roles: tuple[str, ...] = ()
+    names: tuple[str, ...] = ()  # its pods' names, in roles' order; (): <name>-<i>
+
+    def pod_name(self, i: int) -> str:
+        return self.names[i] if self.names else f"{self.name}-{i}"
 
 
 @dataclass
@@ -132,44 +139,55 @@ def _lws_meta(g: GroupPlan, i: int) -> tuple[dict[str, str], dict[str, str]]:
     return labels, notes
 
 
-def _ds_meta(g: GroupPlan, i: int) -> tuple[dict[str, str], dict[str, str]]:
-    """A DisaggregatedSet slice's pod: one child LWS per role."""
-    role = g.roles[i]
-    per_role = g.roles.count(role)
-    ds = "disaggregatedset.x-k8s.io"
-    lws = "leaderworkerset.sigs.k8s.io"
-    index = g.roles[:i].count(role)
-    labels = {f"{ds}/name": g.name, f"{ds}/role": role, f"{ds}/slice": "0",
-              f"{ds}/revision": "scale1", "llm-d.ai/role": role,
-              f"{lws}/name": f"{g.name}-{role}", f"{lws}/group-index": str(index),
-              f"{lws}/worker-index": "0"}
-    notes = {f"{lws}/size": "1", f"{lws}/replicas": str(per_role)}
-    return labels, notes
+REVISION = "scale1"  # the template revision every group's pods are at
+
+
+def _slice(g: GroupPlan, setup: Setup) -> tuple[list[tuple[str, dict[str, Any]]],
+                                                list[PodPlan]]:
+    """A P/D slice as the DisaggregatedSet and LeaderWorkerSet controllers
+    make it: the set, one LeaderWorkerSet per role (``replicas`` groups of
+    one pod), each one's leader StatefulSet, and the leader pods, each
+    owned by the one before (uids filled in when created); with the
+    workload gates, its pods name the slice's PodGroup."""
+    ds = ctl.disaggregated_set(g.name, {r: (g.roles.count(r), 1)
+                                        for r in dict.fromkeys(g.roles)}, namespace=NAMESPACE)
+    objects = [(ctl.collection("DisaggregatedSet", NAMESPACE), ds)]
+    pods: list[PodPlan] = []
+    template = f"{ClaimShape.ONE_GPU.value}-{g.gpus_per_pod}"
+    for lws in ctl.disaggregated_lws(ds, 0, REVISION):
+        sts = ctl.leader_statefulset(lws, REVISION)
+        objects += [(ctl.collection("LeaderWorkerSet", NAMESPACE), lws),
+                    (ctl.collection("StatefulSet", NAMESPACE), sts)]
+        for i in range(lws["spec"]["replicas"]):
+            body = ctl.lws_leader(lws, sts, i, claim_template=template, profile=g.profile)
+            md, spec = body["metadata"], body["spec"]
+            md["labels"].update({SCALE_LABEL: g.kind, GROUP_LABEL: g.name})
+            spec["terminationGracePeriodSeconds"] = 0
+            if setup is Setup.IN_TREE:
+                spec["schedulingGroup"] = {"podGroupName": g.name}
+            spec["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+            pods.append(PodPlan(md["name"], g.kind, body, gpus=g.gpus_per_pod, claims=True,
+                                group=g.name, role=md["labels"][f"{ctl.DS}/role"]))
+    return objects, pods
 
 
 def _group_pod(g: GroupPlan, i: int, setup: Setup) -> PodPlan:
-    name = f"{g.name}-{i}"
+    """A wide-EP or gang pod: labelled as LWS writes it, or as a gang."""
+    name = g.pod_name(i)
     labels: dict[str, str] = {GROUP_LABEL: g.name}
     notes: dict[str, str] = {}
     spec: dict[str, Any] = {}
-    role = g.roles[i] if g.roles else None
     if setup is Setup.IN_TREE:
         spec = {"schedulingGroup": {"podGroupName": g.name}}
-        if role:
-            labels["llm-d.ai/role"] = role
     elif g.kind == "wide-ep":
         more, notes = _lws_meta(g, i)
-        labels.update(more)
-    elif g.kind == "pd":
-        more, notes = _ds_meta(g, i)
         labels.update(more)
     elif setup is Setup.TOPOSERVE:  # a gang: toposerve's own group labels
         labels.update({"toposerve.io/group": g.name, "toposerve.io/group-size": str(g.pods),
                        "toposerve.io/topology-level": g.level})
     body = _pod(name, g.kind, template=f"{ClaimShape.ONE_GPU.value}-{g.gpus_per_pod}",
                 profile=g.profile, labels=labels, annotations=notes, spec=spec)
-    return PodPlan(name, g.kind, body, gpus=g.gpus_per_pod, claims=True, group=g.name,
-                   role=role)
+    return PodPlan(name, g.kind, body, gpus=g.gpus_per_pod, claims=True, group=g.name)
 
 
 def pod_group(g: GroupPlan) -> dict[str, Any]:
@@ -211,10 +229,16 @@ def plan(sc: ScaleScenario, setup: Setup) -> Plan:
                              _pod(f"{w.shape.value}-{wi}-{i}", kind, template=t,
                                   profile=w.profile), gpus=w.gpus, claims=True)
                      for i in range(w.count)]
-    p.groups = groups_of(sc)
-    for g in p.groups:
+    for g in groups_of(sc):
         shapes.add((ClaimShape.ONE_GPU, g.gpus_per_pod))
-        pods += [_group_pod(g, i, setup) for i in range(g.pods)]
+        if g.kind == "pd":
+            owners, members = _slice(g, setup)
+            g = replace(g, names=tuple(m.name for m in members))
+            p.objects += owners
+            pods += members
+        else:
+            pods += [_group_pod(g, i, setup) for i in range(g.pods)]
+        p.groups.append(g)
         if setup is Setup.IN_TREE:
             p.objects.append((f"/apis/scheduling.k8s.io/v1beta1/namespaces/{NAMESPACE}/"
                               "podgroups", pod_group(g)))

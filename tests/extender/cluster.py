@@ -29,8 +29,10 @@ from localcluster.cluster import (
     running_clusters,
     up,
 )
+from localcluster.scale import controllers as ctl
+from localcluster.scale.controllers import DS_API, LWS, LWS_API, collection
+from localcluster.scale.runner import install_crds as scale_install_crds
 from scheduler_ext.scheduler_config import render, scheduler_config
-from tests.extender import objects as k
 from tests.extender.objects import GPU_CLASS, template
 from tests.waiting import wait_for
 from topology.labels import PRESETS, PROFILE_LABEL, DialectName, from_labels
@@ -162,53 +164,19 @@ def create(api: Any, path: str, obj: dict[str, Any]) -> None:
             raise
 
 
-def crd(group: str, kind: str, plural: str) -> dict[str, Any]:
-    """A minimal namespaced CRD (v1, any spec and status): enough for owner
-    objects that no controller reconciles here."""
-    free = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-    return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-            "metadata": {"name": f"{plural}.{group}"},
-            "spec": {"group": group, "scope": "Namespaced",
-                     "names": {"kind": kind, "plural": plural, "singular": kind.lower(),
-                               "listKind": f"{kind}List"},
-                     "versions": [{"name": "v1", "served": True, "storage": True,
-                                   "schema": {"openAPIV3Schema": {
-                                       "type": "object",
-                                       "properties": {"spec": free, "status": free}}}}]}}
-
-
-CRDS = [crd("leaderworkerset.x-k8s.io", "LeaderWorkerSet", "leaderworkersets"),
-        crd(k.DS, "DisaggregatedSet", "disaggregatedsets")]
-OWNERS = [f"/apis/{k.LWS_API}/namespaces/{{ns}}/leaderworkersets",
-          f"/apis/{k.DS_API}/namespaces/{{ns}}/disaggregatedsets",
+OWNERS = [f"/apis/{LWS_API}/namespaces/{{ns}}/leaderworkersets",
+          f"/apis/{DS_API}/namespaces/{{ns}}/disaggregatedsets",
           "/apis/apps/v1/namespaces/{ns}/statefulsets"]
 
 
 def install_crds(api: Any) -> None:
     """LeaderWorkerSet and DisaggregatedSet, established before anything watches them."""
-    for c in CRDS:
-        create(api, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", c)
-
-    def established() -> bool:
-        for c in CRDS:
-            got = rest(api).request(
-                "GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
-                       f"{c['metadata']['name']}")
-            if not any(x.get("type") == "Established" and x.get("status") == "True"
-                       for x in (got.get("status") or {}).get("conditions") or []):
-                return False
-        return True
-    wait_for("the LWS and DisaggregatedSet CRDs established", established, timeout=30,
-             interval=0.2)
+    scale_install_crds(rest(api))
 
 
 def post(api: Any, obj: dict[str, Any]) -> dict[str, Any]:
     """Create ``obj`` in its namespace by its kind; the object as stored (uid and all)."""
-    kind, ns = obj["kind"], obj["metadata"].get("namespace", "default")
-    path = {"Pod": f"/api/v1/namespaces/{ns}/pods",
-            "StatefulSet": f"/apis/apps/v1/namespaces/{ns}/statefulsets",
-            "LeaderWorkerSet": f"/apis/{k.LWS_API}/namespaces/{ns}/leaderworkersets",
-            "DisaggregatedSet": f"/apis/{k.DS_API}/namespaces/{ns}/disaggregatedsets"}[kind]
+    path = collection(obj["kind"], obj["metadata"].get("namespace", "default"))
     got: dict[str, Any] = rest(api).request("POST", path, body=obj)
     return got
 
@@ -230,8 +198,8 @@ def create_lws(api: Any, lws: dict[str, Any], *, claim_template: str,
     already), its leader StatefulSet and a leader pod per replica, each
     owned by the one before (real uids)."""
     lws = lws if lws["metadata"].get("uid") else post(api, lws)
-    sts = post(api, k.leader_statefulset(lws, revision))
-    leaders = [post(api, k.lws_leader(lws, sts, g, claim_template=claim_template,
+    sts = post(api, ctl.leader_statefulset(lws, revision))
+    leaders = [post(api, ctl.lws_leader(lws, sts, g, claim_template=claim_template,
                                       profile=profile))
                for g in range(lws["spec"]["replicas"])]
     return LwsGroups(lws, sts, leaders, claim_template, profile)
@@ -245,15 +213,15 @@ def create_workers(api: Any, groups: LwsGroups, index: int) -> list[dict[str, An
     leader = groups.leaders[index]
     topology = None
     key = (groups.lws["metadata"].get("annotations") or {}).get(
-        f"{k.LWS}/exclusive-topology")
+        f"{LWS}/exclusive-topology")
     if key:
         bound = rest(api).request("GET", f"/api/v1/namespaces/{leader['metadata']['namespace']}"
                                          f"/pods/{leader['metadata']['name']}")
         node = rest(api).request("GET", f"/api/v1/nodes/{bound['spec']['nodeName']}")
         topology = node["metadata"]["labels"][key]
-    sts = post(api, k.worker_statefulset(groups.lws, leader, topology=topology))
+    sts = post(api, ctl.worker_statefulset(groups.lws, leader, topology=topology))
     size = groups.lws["spec"]["leaderWorkerTemplate"]["size"]
-    return [post(api, k.lws_worker(groups.lws, leader, sts, w,
+    return [post(api, ctl.lws_worker(groups.lws, leader, sts, w,
                                    claim_template=groups.claim_template,
                                    profile=groups.profile)) for w in range(1, size)]
 
@@ -265,9 +233,9 @@ def create_disaggregated(api: Any, name: str, slice_: int, roles: dict[str, tupl
     a LeaderWorkerSet per role owned by it (all in one reconcile), then every
     group's leader and workers (no exclusive placement: workers come with
     their leader)."""
-    ds = post(api, k.disaggregated_set(name, roles))
+    ds = post(api, ctl.disaggregated_set(name, roles))
     pods: list[dict[str, Any]] = []
-    for lws in [post(api, x) for x in k.disaggregated_lws(ds, slice_, revision)]:
+    for lws in [post(api, x) for x in ctl.disaggregated_lws(ds, slice_, revision)]:
         groups = create_lws(api, lws, claim_template=claim_template, profile=profile,
                             revision=revision)
         for g, leader in enumerate(groups.leaders):

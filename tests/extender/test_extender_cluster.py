@@ -15,6 +15,8 @@ import orjson
 import pytest
 import urllib3
 
+from localcluster.scale import controllers as ctl
+from localcluster.scale.controllers import collection
 from tests.extender import objects as k
 from tests.extender.cluster import (
     GpuCluster,
@@ -60,14 +62,10 @@ def owner_chain(gc: GpuCluster, pod: dict[str, Any]) -> list[str]:
     """The kinds of a pod's controller, its controller's, and so on, each
     read back from the API by the uid in the reference."""
     kinds = []
-    paths = {"StatefulSet": "/apis/apps/v1/namespaces/default/statefulsets",
-             "Pod": "/api/v1/namespaces/default/pods",
-             "LeaderWorkerSet": f"/apis/{k.LWS_API}/namespaces/default/leaderworkersets",
-             "DisaggregatedSet": f"/apis/{k.DS_API}/namespaces/default/disaggregatedsets"}
     obj = pod
     while refs := [r for r in obj["metadata"].get("ownerReferences") or [] if r.get("controller")]:
         ref = refs[0]
-        obj = rest(gc.api).request("GET", f"{paths[ref['kind']]}/{ref['name']}")
+        obj = rest(gc.api).request("GET", f"{collection(ref['kind'])}/{ref['name']}")
         assert obj["metadata"]["uid"] == ref["uid"], f"{ref['kind']} {ref['name']}: other uid"
         kinds.append(ref["kind"])
     return kinds
@@ -78,10 +76,10 @@ def test_wide_ep_groups_land_whole_in_one_rack_in_any_interleaving(clean: GpuClu
     rnd = random.Random(16)
     # a whole rack as a LeaderWorkerSet with exclusive placement: owner objects and
     # pods with real owner references, labels, annotations and affinity as LWS writes them
-    lws = k.leader_worker_set("lws-a", 1, 18, exclusive="topology.toposerve.io/rack")
+    lws = ctl.leader_worker_set("lws-a", 1, 18, exclusive="topology.toposerve.io/rack")
     b = k.toposerve_pods("ep-b", 9, claim_template="gpu4", level="rack")
     c = k.toposerve_pods("ep-c", 9, claim_template="gpu4", level="rack")
-    plain = [k.pod(f"web-{i}", labels={"app": "web"}) for i in range(4)]
+    plain = [ctl.pod(f"web-{i}", labels={"app": "web"}) for i in range(4)]
     first: list[dict[str, Any] | None] = [None, *b, *c, *plain]  # None: the LWS and its leader
     rnd.shuffle(first)
     groups: LwsGroups | None = None
@@ -166,7 +164,7 @@ def test_restart_mid_group_keeps_it_in_one_domain_and_plain_pods_never_wait(
     assert any("toposerve.io/placement" in n for n in notes)
     gc.extender.stop()
     # the extender is down: an ordinary pod is still scheduled (ignorable)
-    create_pods(gc.api, [k.pod("lonely", labels={"app": "lonely"})])
+    create_pods(gc.api, [ctl.pod("lonely", labels={"app": "lonely"})])
     wait_bound(gc.api, "app=lonely", 1, timeout=30)
     gc.extender.start()
     create_pods(gc.api, members[5:])
@@ -180,7 +178,7 @@ def test_the_live_extender_answers_bad_json_and_unknown_pods(gc: GpuCluster) -> 
     r = http.request("POST", f"{gc.extender.url}/filter", body=b"{", timeout=5)
     assert r.status == 400 and "Error" in orjson.loads(r.data)
     names = sorted(gc.paths)
-    stranger: dict[str, Any] = k.pod("stranger", uid="never-seen")
+    stranger: dict[str, Any] = ctl.pod("stranger", uid="never-seen")
     r = http.request("POST", f"{gc.extender.url}/filter", timeout=5,
                      body=orjson.dumps({"Pod": stranger, "NodeNames": names}))
     assert r.status == 200 and orjson.loads(r.data)["NodeNames"] == names

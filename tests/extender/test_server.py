@@ -19,6 +19,7 @@ import yaml
 from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestClient, TestServer
 
+from localcluster.scale import controllers as ctl
 from scheduler_ext.config import ExtenderConfig, load_extender_config
 from scheduler_ext.placement.model import Decision
 from scheduler_ext.scheduler_config import scheduler_config
@@ -74,7 +75,7 @@ def test_bad_json_is_400_with_a_json_error() -> None:
         assert status == 400 and "bad filter request" in body["Error"]
         status, body = await post(c, "prioritize", {"NodeNames": ["a"]})
         assert status == 400 and "Pod" in body["Error"]
-        status, body = await post(c, "filter", {"Pod": k.pod("p")})
+        status, body = await post(c, "filter", {"Pod": ctl.pod("p")})
         assert status == 400 and "NodeNames" in body["Error"]
     run(ext, check)
 
@@ -93,7 +94,7 @@ def test_warm_builds_the_view_before_any_call_and_freezes_the_heap() -> None:
 
 def test_pods_outside_groups_pass_through_with_neutral_scores() -> None:
     ext, written = extender()
-    plain = k.pod("web", labels={"app": "web", "llm-d.ai/role": "decode"}, uid="u-web")
+    plain = ctl.pod("web", labels={"app": "web", "llm-d.ai/role": "decode"}, uid="u-web")
 
     async def check(c: TestClient[Any, Any]) -> None:
         status, body = await post(c, "filter", {"Pod": plain, "NodeNames": NAMES})
@@ -144,11 +145,11 @@ def test_an_unplaceable_group_fails_every_node_with_one_reason() -> None:
         assert body["FailedNodes"] == {} and len(set(failed.values())) == 1
         assert "needs 76 accelerators for 19 pods in one rack" in failed[NAMES[0]]
         # one that fits an empty rack but not what is free: preemption may help
-        ext.state.pod("ADDED", bound(k.pod("hog", claim_template="gpu4"), NODES[0].name))
+        ext.state.pod("ADDED", bound(ctl.pod("hog", claim_template="gpu4"), NODES[0].name))
         small = k.toposerve_pods("mid", 18, claim_template="gpu4", level="rack",
                                  uid_prefix="mid", profile="gb200-nvl72")
         for i in range(1, 36):  # every GB200 tray but the first holds a 4-GPU pod
-            ext.state.pod("ADDED", bound(k.pod(f"h{i}", claim_template="gpu4"),
+            ext.state.pod("ADDED", bound(ctl.pod(f"h{i}", claim_template="gpu4"),
                                          NODES[i].name))
         _, body = await post(c, "filter", {"Pod": small[0], "NodeNames": NAMES[:36]})
         assert "FailedAndUnresolvableNodes" not in body and body["FailedNodes"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from localcluster.scale import controllers as ctl
 from scheduler_ext.config import ExtenderConfig
 from scheduler_ext.placement.groups import identify
 from scheduler_ext.placement.model import Decision, Shape, Source
@@ -61,7 +62,7 @@ def test_only_the_newest_generation_of_a_pool_counts() -> None:
 def test_used_counts_allocated_claims_and_bound_pods_not_yet_allocated() -> None:
     st, nodes = state_with(("gb200-nvl72", 1))
     name = nodes[0].name
-    p = bound(k.pod("w", claim_template="gpu4"), name, "u1")
+    p = bound(ctl.pod("w", claim_template="gpu4"), name, "u1")
     st.pod("ADDED", p)
     assert st.snapshot().nodes[name].used == 4  # bound, claim not made yet: its demand
     claim = {"metadata": {"name": "w-gpu-abc", "namespace": "default"},
@@ -151,7 +152,7 @@ def test_toposerve_labels_and_a_bad_level() -> None:
     bad = k.toposerve_pods("g", 2, claim_template="gpu4", level="shelf")[0]
     ref = identify(bad, TOPO)
     assert ref is not None and ref.problem is not None and "shelf" in ref.problem
-    assert identify(k.pod("plain", labels={"llm-d.ai/role": "decode"}), TOPO) is None
+    assert identify(ctl.pod("plain", labels={"llm-d.ai/role": "decode"}), TOPO) is None
 
 
 def test_a_decision_written_on_a_pod_is_found_again_and_the_oldest_wins() -> None:
@@ -222,7 +223,7 @@ def test_the_room_per_domain_follows_a_bind_without_a_rebuild() -> None:
     view = st.snapshot()
     key = (Tier.RACK, ("gb200-nvl72",))
     view.room(*key)
-    st.pod("ADDED", bound(k.pod("p", claim_template="gpu4"), nodes[0].name, "u1"))
+    st.pod("ADDED", bound(ctl.pod("p", claim_template="gpu4"), nodes[0].name, "u1"))
     view = st.snapshot()
     kept = dict(view.room(*key))  # moved by the node's difference
     rack = view.nodes[nodes[0].name].domain(Tier.RACK)

@@ -7,18 +7,25 @@ import json
 import math
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
 import yaml
 
 from localcluster.scale import fit, measure, quality, report
+from localcluster.scale.controllers import with_owner_uids
 from localcluster.scale.scenario import Claims, ScaleScenario, Setup, builtins, load_scenario
 from localcluster.scale.workload import GroupPlan, plan
+from scheduler_ext.config import ExtenderConfig
+from scheduler_ext.placement.groups import identify
+from scheduler_ext.state.cache import ClusterState
 from topology.config_file import ConfigError
+from topology.labels import PRESETS, DialectName
 from topology.model import DomainPath
 
 SMALL = builtins()["small"]
+TOPO = PRESETS[DialectName.TOPOSERVE]
 
 
 def scenario(**changes: object) -> ScaleScenario:
@@ -85,6 +92,43 @@ def test_each_setup_writes_groups_its_own_way() -> None:
         "gpu.toposerve.io/pcieSwitch"
     assert templates["partition-1"]["requests"][0]["exactly"]["deviceClassName"] == \
         "scale-gpu-partition"
+
+
+def test_pd_slices_come_with_their_owners_and_the_extender_knows_their_size() -> None:
+    sc = load_scenario(SMALL)
+    p = plan(sc, Setup.TOPOSERVE)
+    owners = {(o["kind"], o["metadata"]["name"]): o for _, o in p.objects}
+    slices = [g for g in p.groups if g.kind == "pd"]
+    assert [k for k, _ in owners].count("DisaggregatedSet") == len(slices) == 2
+    pods = [x for x in p.pods if x.kind == "pd"]
+    st = ClusterState(ExtenderConfig())
+    st.relist("lws", [o for (kind, _), o in owners.items() if kind == "LeaderWorkerSet"])
+    for i, x in enumerate(pods):
+        # every pod's owner chain ends at its slice's DisaggregatedSet, created before it
+        chain, obj = [], x.body
+        while refs := obj["metadata"].get("ownerReferences"):
+            obj = owners[(refs[0]["kind"], refs[0]["name"])]
+            chain.append(obj["kind"])
+        assert chain == ["StatefulSet", "LeaderWorkerSet", "DisaggregatedSet"], x.name
+        assert obj["metadata"]["name"] == x.group
+        st.pod("ADDED", {**x.body, "metadata": {**x.body["metadata"], "uid": f"u{i}"}})
+    view = st.snapshot()
+    for g in slices:
+        ref = identify(next(x.body for x in pods if x.group == g.name), TOPO)
+        assert ref is not None
+        group = view.groups[ref.key]
+        assert (group.size, group.size_known) == (g.pods, True)
+        assert group.roles() == Counter(g.roles)
+        # the figures find the slice's pods by the names the controllers gave them
+        names = [g.pod_name(i) for i in range(g.pods)]
+        assert sorted(names) == sorted(x.name for x in pods if x.group == g.name)
+        assert [next(x.role for x in pods if x.name == n) for n in names] == list(g.roles)
+    # owner uids are filled in from what the API gave the owners
+    first = pods[0].body
+    sts = first["metadata"]["ownerReferences"][0]
+    filled = with_owner_uids(first, {(sts["kind"], sts["name"]): "uid-1"})
+    assert filled["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    assert first["metadata"]["ownerReferences"][0]["uid"] == ""  # the plan is not changed
 
 
 def test_fit_refuses_with_both_numbers() -> None:
