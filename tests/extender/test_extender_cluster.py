@@ -29,6 +29,7 @@ from tests.extender.cluster import (
     delete_all,
     gpu_cluster,
     pods,
+    post,
     rest,
     scheduling_events,
     wait_bound,
@@ -134,6 +135,34 @@ def test_pd_slices_keep_decode_beside_prefill_and_fall_back_one_level(
     decode_worker = next(p for p in hgx if p["metadata"]["name"].endswith("decode-0-1"))
     assert owner_chain(gc, decode_worker) == ["StatefulSet", "Pod", "StatefulSet",
                                               "LeaderWorkerSet", "DisaggregatedSet"]
+
+
+def test_a_slice_whose_size_is_not_seen_yet_places_no_pod(clean: GpuCluster) -> None:
+    gc = clean
+    # the slice's pods as DisaggregatedSet and LWS label them, but its LeaderWorkerSets
+    # not visible to the extender (a lagging watch, a missing RBAC rule)
+    ds = post(gc.api, ctl.disaggregated_set("late", {"prefill": (4, 1), "decode": (2, 1)}))
+    sets = ctl.disaggregated_lws(ds, 0, "7f9b8c1d")
+    members = []
+    for lws in sets:
+        sts = ctl.leader_statefulset(lws, "7f9b8c1d")
+        for g in range(lws["spec"]["replicas"]):
+            p = ctl.lws_leader(lws, sts, g, claim_template="gpu4")
+            del p["metadata"]["ownerReferences"]  # its owners do not exist yet
+            members.append(p)
+    create_pods(gc.api, members[:3])
+    reason = wait_for("a FailedScheduling event saying the slice's size is not known",
+                      lambda: next((m for m in scheduling_events(gc.api, "late-0-7f9b8c1d-"
+                                                                 "prefill-0")
+                                    if "its size is not known yet" in m), ""), timeout=90)
+    assert "LeaderWorkerSets" in reason
+    assert not any(bound_nodes(gc.api, "disaggregatedset.x-k8s.io/name=late").values())
+    # the LeaderWorkerSets arrive, then the rest of the slice: it lands whole in one domain
+    for lws in sets:
+        post(gc.api, lws)
+    create_pods(gc.api, members[3:])
+    placed = wait_bound(gc.api, "disaggregatedset.x-k8s.io/name=late", 6)
+    assert len({gc.paths[n].nvlink for n in placed.values()}) == 1
 
 
 def test_in_tree_pod_group_pods_are_a_group(clean: GpuCluster) -> None:
