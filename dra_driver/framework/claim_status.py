@@ -23,6 +23,16 @@ from dra_driver.framework.claims import read_claim
 from dra_driver.framework.device_kind import ClaimRef
 
 APPLY = "application/apply-patch+yaml"  # JSON is YAML, so the body is JSON
+# What the apiserver (1.37) answers to any status write of a claim whose
+# opaque parameters were sent in another spelling than its own compact,
+# sorted-key JSON (Python's json.dumps, say): the scheduler copied those
+# bytes into status.allocation, and the re-encoded allocation reads as a
+# change. An apply and a JSON Patch are refused alike.
+ALLOCATION_REENCODED = "field cannot be modified once set"
+
+
+class UnwritableClaim(Exception):
+    """A claim whose status the apiserver refuses to change at all."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +84,12 @@ def apply_device_status(api: ApiClient, driver: str, claim: ClaimRef,
     except ApiException as err:
         if err.status in (404, 409):
             return False
+        if err.status == 422 and ALLOCATION_REENCODED in (err.body or ""):
+            raise UnwritableClaim(
+                f"the apiserver refuses every status update of claim {claim}: its opaque "
+                "config parameters were sent in another JSON spelling than the apiserver's "
+                "(spaces, or keys not sorted) and were copied so into status.allocation; "
+                "create the claim with kubectl or with compact, key-sorted JSON") from err
         raise
     return True
 

@@ -123,6 +123,26 @@ def test_per_claim_errors(gpu_env: GpuEnv, gpu_driver: DriverProc) -> None:
             delete_claim(gpu_env.api, c)
 
 
+def test_a_claim_whose_status_cannot_be_written_says_why(gpu_env: GpuEnv,
+                                                        gpu_driver: DriverProc) -> None:
+    """The Python client sends opaque parameters with spaces and in its own
+    key order; the scheduler copies those bytes into status.allocation and
+    the apiserver then refuses every status write of the claim. Prepare fails
+    for that claim alone, with what to do about it."""
+    claim = create_claim(gpu_env.api, "py-config",
+                         parameters={"kind": "GpuConfig", "apiVersion": "toposerve.io/v1",
+                                     "env": {"B": "2", "A": "1"}})
+    good = create_claim(gpu_env.api, "plain")
+    try:
+        got = _answer(gpu_driver.kubelet.prepare([claim, good]))
+        assert "create the claim with kubectl or with compact, key-sorted JSON" in \
+            got[claim.uid]["error"], got[claim.uid]["error"]
+        assert got[good.uid]["error"] == "" and len(got[good.uid]["devices"]) == 1
+    finally:
+        delete_claim(gpu_env.api, claim)
+        delete_claim(gpu_env.api, good)
+
+
 def test_least_privilege_identity(gpu_env: GpuEnv) -> None:
     with api_for(gpu_env.kubeconfig) as api, pytest.raises(ApiException) as err:
         client.CoreV1Api(api).list_namespaced_pod(NAMESPACE)
