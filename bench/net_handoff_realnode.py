@@ -25,7 +25,6 @@ from kubernetes import client
 from bench import report
 from dra_driver.framework.publisher import JsonApi
 from localcluster.cluster import (
-    ClusterError,
     ClusterSpec,
     api_client,
     down,
@@ -122,23 +121,8 @@ def _one_pod(core: Any, name: str, claims: list[dict[str, str]]) -> None:
         "default", field_selector=f"metadata.name={name}").items)
 
 
-def _up(attempts: int = 3) -> None:
-    """On a machine full of clusters kwok's port is sometimes taken between
-    kwokctl choosing it and kwok binding it: a failed up removes itself, so
-    try again."""
-    for attempt in range(1, attempts + 1):
-        try:
-            up(ClusterSpec(name=CLUSTER, groups=[("hgx-h100", 1)]), progress=lambda m: None)
-            return
-        except ClusterError as err:
-            if attempt == attempts:
-                raise
-            print(f"cluster {CLUSTER} did not come up ({str(err)[:120]}); again",
-                  file=sys.stderr)
-
-
 def run(pods: int, workdir: Path, wait_s: float) -> dict[str, Sandbox]:
-    _up()
+    up(ClusterSpec(name=CLUSTER, groups=[("hgx-h100", 1)]), progress=lambda m: None)
     driver = NetDriver(kubeconfig_path(CLUSTER), workdir)
     try:
         realnode.start(CLUSTER, progress=lambda m: None, wait_s=wait_s)

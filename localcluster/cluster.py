@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import urllib3
 import yaml
 
 from localcluster.nodes import KWOK_ANNOTATION, MAX_NODES, node_manifest
@@ -229,9 +230,13 @@ def wait_default_service_account(api: Any, timeout_s: float = 120) -> None:
         time.sleep(0.5)
 
 
-def up(spec: ClusterSpec, progress: Progress = _stderr) -> Path:
+def up(spec: ClusterSpec, progress: Progress = _stderr, attempts: int = 3) -> Path:
     """Create the cluster; returns its kubeconfig path. On any failure the
-    half-made cluster is deleted again."""
+    half-made cluster is deleted again, and a bring-up that failed is tried
+    again: kwokctl picks free ports before its components bind them, so a
+    cluster someone else starts at the same moment can take one first (or
+    our client meets the other cluster's apiserver and refuses its
+    certificate)."""
     validate(spec)
     try:
         tools = find_tools()
@@ -240,6 +245,17 @@ def up(spec: ClusterSpec, progress: Progress = _stderr) -> Path:
     if spec.name in running_clusters(tools):
         raise ClusterError(f"cluster {spec.name!r} already exists: run `toposerve cluster "
                            f"down --name {spec.name}` first or pick another --name")
+    for attempt in range(1, attempts + 1):
+        try:
+            return _up_once(spec, tools, progress)
+        except (ClusterError, urllib3.exceptions.HTTPError) as err:
+            if attempt == attempts:
+                raise
+            progress(f"cluster {spec.name!r} did not come up ({str(err)[:200]}); again")
+    raise AssertionError("unreachable")
+
+
+def _up_once(spec: ClusterSpec, tools: Tools, progress: Progress) -> Path:
     profiles = [(load_profile(p), c) for p, c in spec.groups]
     planned = plan_nodes(profiles)
     dialect = PRESETS[spec.dialect]

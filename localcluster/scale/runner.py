@@ -225,20 +225,6 @@ def settle(names: set[str], pods: measure.Watched, settle_s: float, timeout_s: f
         time.sleep(0.2)
 
 
-def up_retrying(spec: ClusterSpec, say: Say, attempts: int = 3) -> Path:
-    """``up``, again when it fails: kwokctl picks free ports before its
-    components bind them, so clusters other people start at the same time
-    can take one first (``up`` has deleted what it made)."""
-    for attempt in range(1, attempts + 1):
-        try:
-            return up(spec, progress=say)
-        except (ClusterError, urllib3.exceptions.HTTPError) as err:
-            if attempt == attempts:
-                raise
-            say(f"cluster {spec.name!r} did not come up ({str(err)[:200]}); retrying")
-    raise AssertionError("unreachable")
-
-
 @contextlib.contextmanager
 def setup_cluster(sc: ScaleScenario, setup: Setup, name: str, workdir: Path, say: Say
                   ) -> Iterator[tuple[Any, dict[str, Any], list[Child]]]:
@@ -255,7 +241,7 @@ def setup_cluster(sc: ScaleScenario, setup: Setup, name: str, workdir: Path, say
     sampler = measure.ProcSampler()
     figures: dict[str, Any] = {}
     t0 = time.monotonic()
-    kubeconfig = up_retrying(cluster_spec(sc, setup, name, sched_file), say)
+    kubeconfig = up(cluster_spec(sc, setup, name, sched_file), say)
     try:
         figures["cluster_up_s"] = round(time.monotonic() - t0, 1)
         api = api_client(name)

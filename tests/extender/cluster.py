@@ -22,7 +22,6 @@ import yaml
 from dra_driver.framework.publisher import ApiError, JsonApi, SlicePublisher
 from dra_driver.gpu.devices import DRIVER, gpu_pool
 from localcluster.cluster import (
-    ClusterError,
     ClusterSpec,
     api_client,
     down,
@@ -276,18 +275,7 @@ def gpu_cluster(name: str, groups: list[tuple[str, int]], workdir: Path, *,
                        feature_gates=WORKLOAD_GATES if workload_gates else "",
                        runtime_config=WORKLOAD_API if workload_gates else "",
                        controllers=CONTROLLERS, controller_manager_qps=controller_manager_qps)
-    for attempt in range(3):
-        try:
-            kubeconfig = up(spec, progress=say)
-            break
-        except (ClusterError, urllib3.exceptions.HTTPError) as err:
-            # kwokctl picks free ports before its components bind them: clusters
-            # started at once on one machine can pick the same, and then ours
-            # fails to listen or its client meets another cluster's apiserver
-            # (whose certificate it refuses); ``up`` has deleted what it made
-            if attempt == 2:
-                raise
-            say(f"retrying: {err}")
+    kubeconfig = up(spec, progress=say)
     proc: ExtenderProc | None = None
     try:
         api = api_client(name)
