@@ -87,6 +87,23 @@ def make_sriov(sysfs: Path, pf_bdf: str, vf_bdf: str, vf_ifname: str, total: int
     (sysfs / "class/net" / vf_ifname).symlink_to(os.path.relpath(net, sysfs / "class/net"))
 
 
+PREFIX = "ts-nic-"  # then the creating process's pid: a dead creator's namespace is stale
+
+
+def remove_stale() -> list[str]:
+    """Remove the stand-in namespaces of processes that are gone (a run
+    killed before its cleanup); another live run's are left alone."""
+    from pyroute2 import netns
+
+    gone = []
+    for name in netns.listnetns():
+        pid = name.removeprefix(PREFIX).split("-")[0]
+        if name.startswith(PREFIX) and pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            netns.remove(name)
+            gone.append(name)
+    return gone
+
+
 @contextlib.contextmanager
 def stand_ins(tmp: Path, hw: NodeHardware, *, up: bool = True) -> Iterator[StandIns]:
     """The namespace and trees for ``hw``; the namespace is removed on exit."""
@@ -96,7 +113,8 @@ def stand_ins(tmp: Path, hw: NodeHardware, *, up: bool = True) -> Iterator[Stand
     dev = tmp / "dev"
     _uverbs(sysfs, dev, hw)
     names = tuple(d.interface for d in hw.devices(DeviceKind.NIC) if d.interface)
-    name = f"ts-nic-{uuid.uuid4().hex[:8]}"
+    remove_stale()
+    name = f"{PREFIX}{os.getpid()}-{uuid.uuid4().hex[:6]}"
     netns.create(name)
     try:
         ns = NetNS(name)

@@ -125,3 +125,36 @@ def test_rdma_character_devices(node: StandIns) -> None:
     found = _found(node)
     assert found[0].char_devices == (str(node.dev / "infiniband/uverbs0"),)
     assert found[3].pci is not None and found[3].pci.rdma_device == "mlx5_3"
+
+
+def test_stand_ins_of_a_dead_run_are_removed_and_a_live_runs_kept() -> None:
+    """A run killed before its cleanup leaves its namespace; the next run
+    removes it, but not one whose creator still runs."""
+    import subprocess
+
+    from pyroute2 import netns  # type: ignore[import-untyped]
+
+    from harness.net_standins import PREFIX, remove_stale
+
+    child = subprocess.Popen(["sleep", "60"])
+    child_ns, dead_ns = f"{PREFIX}{child.pid}-live", f"{PREFIX}{_exited_pid()}-dead"
+    for name in (child_ns, dead_ns):
+        netns.create(name)
+    try:
+        gone = remove_stale()
+        assert dead_ns in gone and child_ns not in gone
+        assert child_ns in netns.listnetns() and dead_ns not in netns.listnetns()
+    finally:
+        child.kill()
+        child.wait()
+        for name in (child_ns, dead_ns):
+            if name in netns.listnetns():
+                netns.remove(name)
+
+
+def _exited_pid() -> int:
+    import subprocess
+
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
