@@ -28,7 +28,6 @@ from localcluster.cluster import kubeconfig_path
 from localcluster.pods import model_pod, wait_running
 from router.ha.pod_label import ROLE_LABEL
 from tests.conftest import Cluster
-from tests.router.test_redis_store import redis_url  # noqa: F401  (the fixture)
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
@@ -130,7 +129,7 @@ def role_labels(core: Any, replicas: list[Proc]) -> dict[str, str]:
 
 
 @pytest.fixture
-def pair(cluster: Cluster, procs: Procs, redis_url: str,  # noqa: F811
+def pair(cluster: Cluster, procs: Procs, redis_url: str,
          monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
          ) -> Iterator[tuple[list[Proc], list[Proc], Service]]:
     """Its parameter (indirect): the lease duration, default 1 s."""

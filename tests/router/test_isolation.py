@@ -12,7 +12,6 @@ import httpx
 import yaml
 
 from harness.procs import MODEL, Procs
-from tests.router.test_redis_store import redis_url  # noqa: F401  (the fixture)
 
 KEYS = {"red": ["sk-red-1"], "blue": ["sk-blue-1"]}
 
@@ -22,7 +21,7 @@ def auth(tenant: str) -> dict[str, str]:
 
 
 def test_other_tenants_responses_are_404_on_either_replica(
-        procs: Procs, redis_url: str, tmp_path: Path) -> None:  # noqa: F811
+        procs: Procs, redis_url: str, tmp_path: Path) -> None:
     keys = tmp_path / "keys.yaml"
     keys.write_text(yaml.safe_dump({"apiVersion": "toposerve.io/v1", "kind": "APIKeys",
                                     "tenants": KEYS}))

@@ -1,0 +1,43 @@
+"""Fixtures of the router tests: a real redis-server on loopback."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from harness.procs import free_port
+from tests.waiting import wait_for
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    server = shutil.which("redis-server")
+    assert server, "redis-server missing: `make setup` installs it (hack/install-system-deps.sh)"
+    port = free_port()
+    p = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                          "--appendonly", "no", "--dir", str(tmp_path)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+
+    def answers() -> bool:
+        try:
+            return bool(redis.Redis.from_url(url).ping())
+        except redis.ConnectionError:
+            return False
+
+    wait_for("redis to answer", answers, interval=0.05)
+    try:
+        yield url, p
+    finally:
+        p.terminate()
+        p.wait(10)
+
+
+@pytest.fixture
+def redis_url(redis_server: tuple[str, subprocess.Popen[bytes]]) -> str:
+    return redis_server[0]
