@@ -154,6 +154,21 @@ class DriverSite:
         _apply(rbac.delete_cluster_role_binding, self.role)
         _apply(rbac.delete_cluster_role, self.role)
 
+        def gone(read: Any, *args: Any) -> bool:
+            try:
+                read(*args)
+            except ApiException as err:
+                if err.status == 404:
+                    return True
+                raise
+            return False
+
+        # the next module's setup makes the same namespace and node: a
+        # namespace still terminating refuses new content
+        wait_for(f"namespace {self.namespace} gone", lambda: gone(core.read_namespace,
+                                                                   self.namespace), timeout=120)
+        wait_for(f"node {self.node} gone", lambda: gone(core.read_node, self.node), timeout=60)
+
 
 SITE = DriverSite(driver=DRIVER, node=NODE, node_index=61000, namespace=NAMESPACE,
                   device_class=CLASS, account=SERVICE_ACCOUNT, role="dra-test-gpu-driver",

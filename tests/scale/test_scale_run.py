@@ -21,7 +21,8 @@ from localcluster.scale.scenario import Setup, builtins
 from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
-PREFIX = os.environ.get("TOPOSERVE_TEST_CLUSTER", "ts-scale-test")[:20]
+# never the session cluster's own name: the checks below look for leftovers by prefix
+PREFIX = (os.environ.get("TOPOSERVE_TEST_CLUSTER", "ts") + "-scale")[:20]
 
 
 def _scale(*args: str) -> list[str]:
