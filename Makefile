@@ -7,9 +7,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml 2>/dev/null | sha256sum | cut -c1-12)
 PYTEST := $(PY) -m pytest
 
-.PHONY: setup venv tools node-tools sysdeps peers lint test demo bench scale clean protos
+.PHONY: setup venv tools node-tools nic-cni sysdeps peers lint test demo bench scale clean protos
 
-setup: venv tools node-tools sysdeps
+setup: venv tools node-tools nic-cni sysdeps
 
 sysdeps:
 	bash hack/install-system-deps.sh
@@ -30,6 +30,11 @@ tools:
 # from the cluster tools' wrapper module, so after them)
 node-tools: tools
 	bash hack/build-node-tools.sh
+
+# the NIC hand-off's CNI plugin toposerve-nic: a static Go binary (stdlib only),
+# cached under a hash of its source (dra_driver/net/handoff/forwarder.py)
+nic-cni: venv
+	$(PY) -m dra_driver.net.handoff.forwarder
 
 # gRPC stubs for the kubelet protos (committed; tests/dra/test_protos.py checks they are current)
 protos: venv

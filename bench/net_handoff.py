@@ -2,14 +2,13 @@
 network namespace made as containerd makes one, then the real node's CNI
 chain run as containerd runs it (each plugin exec'd, config on stdin,
 ``CNI_*`` in the environment): our pod network (``toposerve-veth``), then
-the hand-off (``toposerve-nic``). Timed from the namespace's creation to
-the chain's return, when the NIC is in the namespace renamed, addressed, at
-its MTU and up; alternately a pod with a one-NIC claim (a hand-off record
-names its UID) and one without; then the same with the plugin forwarding
-its calls to a resident server (``handoff.server``). Beside it: the
-hand-off's exec alone, the same move by a resident process (what an NRI
-plugin would pay, with no exec and no imports), the DEL, and the cost of an
-exec of the interpreter.
+the hand-off (``toposerve-nic``, the Go forwarder, its calls done by a
+resident ``handoff.server``). Timed from the namespace's creation to the
+chain's return, when the NIC is in the namespace renamed, addressed, at its
+MTU and up; alternately a pod with a one-NIC claim (a hand-off record names
+its UID) and one without. Beside it: the hand-off's exec alone, the same
+move in the resident process without the exec and the socket (what an NRI
+plugin would pay), the DEL, and the forwarder's bare exec (VERSION).
 
 The NIC is a veth stand-in in a "host" namespace of the benchmark's own
 (the plugins run there through ``ip netns exec``, in both columns alike);
@@ -32,6 +31,7 @@ from typing import Any
 
 from bench import report
 from dra_driver.net.config import parse_net_config
+from dra_driver.net.handoff import forwarder
 from dra_driver.net.handoff.cni import PLUGIN_TYPE as NIC_PLUGIN
 from dra_driver.net.handoff.server import HandoffServer
 from dra_driver.net.records import ClaimRecord, NicHandoff, write_record
@@ -70,19 +70,19 @@ class Chain:
         self.socket = work / "handoff.sock"
         bindir = work / "bin"
         bindir.mkdir()
-        for name, module in ((pod_cni.PLUGIN_TYPE, "localcluster.realnode.cni"),
-                             (NIC_PLUGIN, "dra_driver.net.handoff.cni")):
-            (bindir / name).write_text(pod_cni.launcher(sys.executable, module))
-            (bindir / name).chmod(0o755)
+        pod_net = bindir / pod_cni.PLUGIN_TYPE
+        pod_net.write_text(pod_cni.launcher(sys.executable, "localcluster.realnode.cni"))
+        pod_net.chmod(0o755)
+        (bindir / NIC_PLUGIN).symlink_to(forwarder.build())
         self.bin = bindir
         self.pod_conf = {"cniVersion": "1.0.0", "name": "bench", "type": pod_cni.PLUGIN_TYPE,
                          "subnet": "127.77.0.0/16", "dataDir": str(work / "ipam")}
-        # the socket named (even when not served) so a server of the machine's is never used
+        # our own socket, so a server of the machine's is never used
         self.nic_conf = {"cniVersion": "1.0.0", "name": "bench", "type": NIC_PLUGIN,
                          "stateDir": str(work / "records"), "journalDir": str(work / "journal"),
                          "serverSocket": str(self.socket)}
 
-    def _argv(self, plugin: str) -> list[str]:
+    def argv(self, plugin: str) -> list[str]:
         return ["ip", "netns", "exec", Path(self.net.host).name, str(self.bin / plugin)]
 
     def env(self, command: str, sandbox: str, netns: str, pod_uid: str) -> dict[str, str]:
@@ -94,20 +94,20 @@ class Chain:
     def add(self, sandbox: str, netns: str, pod_uid: str) -> tuple[float, dict[str, Any]]:
         """Both ADDs; the hand-off's own exec time and its result."""
         env = self.env("ADD", sandbox, netns, pod_uid)
-        _, prev = _run(self._argv(pod_cni.PLUGIN_TYPE), env, json.dumps(self.pod_conf))
-        return _run(self._argv(NIC_PLUGIN), env,
+        _, prev = _run(self.argv(pod_cni.PLUGIN_TYPE), env, json.dumps(self.pod_conf))
+        return _run(self.argv(NIC_PLUGIN), env,
                     json.dumps({**self.nic_conf, "prevResult": prev}))
 
     def delete(self, sandbox: str, netns: str, pod_uid: str) -> float:
         """Both DELs, in reverse order; the hand-off's own exec time."""
         env = self.env("DEL", sandbox, netns, pod_uid)
-        took, _ = _run(self._argv(NIC_PLUGIN), env, json.dumps(self.nic_conf))
-        _run(self._argv(pod_cni.PLUGIN_TYPE), env, json.dumps(self.pod_conf))
+        took, _ = _run(self.argv(NIC_PLUGIN), env, json.dumps(self.nic_conf))
+        _run(self.argv(pod_cni.PLUGIN_TYPE), env, json.dumps(self.pod_conf))
         return took
 
 
-def _pod(chain: Chain, s: Samples, i: int, with_nic: bool, how: str = "") -> None:
-    kind = ("NIC claim" if with_nic else "no NIC claim") + how
+def _pod(chain: Chain, s: Samples, i: int, with_nic: bool) -> None:
+    kind = "NIC claim" if with_nic else "no NIC claim"
     uid = str(uuid.uuid4())
     if with_nic:
         write_record(chain.work / "records", ClaimRecord(
@@ -128,7 +128,8 @@ def _pod(chain: Chain, s: Samples, i: int, with_nic: bool, how: str = "") -> Non
 
 
 def _resident(net: NetEnv, s: Samples, pods: int) -> None:
-    """The same moves by one long-lived process: no exec, imports done."""
+    """The same moves in one long-lived process without the exec and the
+    socket."""
     mover = net.mover()
     try:
         for i in range(pods):
@@ -145,12 +146,11 @@ def _resident(net: NetEnv, s: Samples, pods: int) -> None:
         mover.close()
 
 
-def _exec_floor(net: NetEnv, s: Samples, n: int) -> None:
+def _exec_floor(chain: Chain, s: Samples, n: int) -> None:
     for _ in range(n):
         t0 = time.perf_counter()
-        subprocess.run(["ip", "netns", "exec", Path(net.host).name, sys.executable, "-c",
-                        "pass"], check=True)
-        s.add("ip netns exec + interpreter start, nothing imported", time.perf_counter() - t0)
+        _run(chain.argv(NIC_PLUGIN), {"CNI_COMMAND": "VERSION"}, "")
+        s.add("ip netns exec + toposerve-nic VERSION (no socket)", time.perf_counter() - t0)
 
 
 def table(s: Samples) -> tuple[str, list[dict[str, Any]]]:
@@ -177,19 +177,16 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="net-handoff-") as tmp, \
             net_env(Path(tmp), nics=1) as net:
         chain = Chain(net, Path(tmp))
-        if args.pods >= 10:  # warm the page cache first; a smoke run skips it
-            _pod(chain, Samples(), -1, True)
-        for i in range(args.pods * 2):
-            _pod(chain, s, i, with_nic=i % 2 == 0)
-        # the same chain with the calls forwarded to a resident server (``server``)
         server = HandoffServer(chain.socket, host_netns=net.host).start()
         try:
+            if args.pods >= 10:  # warm the page cache first; a smoke run skips it
+                _pod(chain, Samples(), -1, True)
             for i in range(args.pods * 2):
-                _pod(chain, s, 10_000 + i, with_nic=i % 2 == 0, how=", via a resident server")
+                _pod(chain, s, i, with_nic=i % 2 == 0)
         finally:
             server.stop()
         _resident(net, s, args.pods)
-        _exec_floor(net, s, min(args.pods, 30))
+        _exec_floor(chain, s, min(args.pods, 30))
     md, rows = table(s)
     load = os.getloadavg()[0]
     md += f"\n\n{args.pods} pods of each kind, load average {load:.1f} at the end"

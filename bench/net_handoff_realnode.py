@@ -2,9 +2,10 @@
 kwok cluster plus the real node, ``toposerve driver net`` on it (NIC
 stand-ins), and pods one at a time, alternately with a one-NIC claim and
 without. containerd's own log times each sandbox: ``RunPodSandbox for``
-(sandbox creation begins) to the hand-off's ``nic attached`` line (the NIC
-is in the netns, configured) and to ``RunPodSandbox ... returns``. Needs
-root (the real node); prints a table, writes JSON."""
+(sandbox creation begins) to ``RunPodSandbox ... returns``; the driver's log
+(its resident hand-off server does the move the Go forwarder sends it) has
+the ``nic attached`` line (the NIC is in the netns, configured). Needs root
+(the real node); prints a table, writes JSON."""
 
 from __future__ import annotations
 
@@ -61,7 +62,8 @@ def _epoch(stamp: str) -> float:
 
 
 def sandboxes(lines: Iterable[str]) -> dict[str, Sandbox]:
-    """Pod name -> its (last) sandbox's times, from containerd's log."""
+    """Pod name -> its (last) sandbox's times, from containerd's log and the
+    NIC driver's (JSON lines; the order of the two does not matter)."""
     out: dict[str, Sandbox] = {}
     attached: dict[str, float] = {}
     for line in lines:
@@ -144,8 +146,9 @@ def run(pods: int, workdir: Path, wait_s: float) -> dict[str, Sandbox]:
             _one_pod(core, name, claims)
             if claims:
                 rest.request("DELETE", f"{CLAIMS}/{name}")
-        log = default_layout().logs / "containerd.log"
-        return sandboxes(log.read_text(errors="replace").splitlines())
+        logs = (default_layout().logs / "containerd.log", driver.log)
+        return sandboxes([line for log in logs
+                          for line in log.read_text(errors="replace").splitlines()])
     finally:
         driver.stop()
         driver.remove_stand_ins()

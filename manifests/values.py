@@ -180,10 +180,9 @@ class NetDriverCni(Section):
                           description="write the `toposerve-nic` executable into `binDir`")
     bin_dir: AbsPath = Field(default="/opt/cni/bin",
                              description="the container runtime's CNI bin dir on the host")
-    python: AbsPath = Field(default="/usr/bin/python3",
-                            description="the node's interpreter that runs the plugin: it "
-                                        "must import toposerve (the plugin runs on the host, "
-                                        "not in the image)")
+    plugin: AbsPath = Field(default="/usr/local/libexec/toposerve/toposerve-nic",
+                            description="the static `toposerve-nic` binary in the image "
+                                        "(`make nic-cni` builds it), copied to `binDir`")
     conf_dir: AbsPath = Field(default="/etc/cni/net.d",
                               description="the container runtime's CNI config dir on the host")
     chain_into: str | None = Field(

@@ -108,11 +108,12 @@ def _net(args: argparse.Namespace) -> int:
 
 
 def _install_cni(args: argparse.Namespace) -> int:
+    from dra_driver.net.handoff.forwarder import binary
     from dra_driver.net.handoff.install import InstallError, install, plugin_entry
 
     try:
-        changed = install(args.bin_dir, args.python, args.conf_dir, args.chain_into,
-                          plugin_entry(args.kubelet_dir))
+        changed = install(args.bin_dir, args.plugin or binary(), args.conf_dir,
+                          args.chain_into, plugin_entry(args.kubelet_dir))
     except (InstallError, OSError) as err:
         return _fail(str(err))
     log.info("toposerve-nic installed", changed=changed)
@@ -250,9 +251,9 @@ def register(sub: Any) -> None:
                         help="install the NIC hand-off CNI plugin toposerve-nic on this node")
     i.add_argument("--bin-dir", type=Path, default=Path("/opt/cni/bin"),
                    help="the runtime's CNI bin dir (default %(default)s)")
-    i.add_argument("--python", default="/usr/bin/python3",
-                   help="the node's interpreter that runs the plugin, with toposerve "
-                        "installed (default %(default)s)")
+    i.add_argument("--plugin", type=Path,
+                   help="the toposerve-nic binary to install (default: the build of this "
+                        "checkout's source in the tool cache, `make nic-cni`)")
     i.add_argument("--conf-dir", type=Path, default=Path("/etc/cni/net.d"),
                    help="the runtime's CNI config dir (default %(default)s)")
     i.add_argument("--chain-into", metavar="FILE",

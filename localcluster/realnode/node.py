@@ -21,6 +21,8 @@ from typing import Any
 import yaml
 
 from dra_driver.net.handoff import cni as nic_cni
+from dra_driver.net.handoff.forwarder import build as build_forwarder
+from dra_driver.net.handoff.install import install as install_nic_cni
 from localcluster.realnode import cni, config, images, teardown
 from localcluster.realnode.paths import (
     BUSYBOX_IMAGE,
@@ -166,11 +168,11 @@ def _write_configs(layout: Layout, tools: NodeTools, cluster_kubeconfig: Path,
         d.mkdir(parents=True, exist_ok=True)
     ctd = layout.config / "containerd.toml"
     ctd.write_text(config.to_toml(config.containerd_config(layout, tools.runc)))
-    for name, module in ((cni.PLUGIN_TYPE, "localcluster.realnode.cni"),
-                         (nic_cni.PLUGIN_TYPE, "dra_driver.net.handoff.cni")):
-        plugin = layout.cni_bin / name
-        plugin.write_text(cni.launcher(sys.executable, module))
-        plugin.chmod(0o755)
+    plugin = layout.cni_bin / cni.PLUGIN_TYPE
+    plugin.write_text(cni.launcher(sys.executable, "localcluster.realnode.cni"))
+    plugin.chmod(0o755)
+    # the NIC hand-off as a real node has it: the static Go forwarder
+    install_nic_cni(layout.cni_bin, build_forwarder())
     netconf = cni.NetConf(subnet=ipaddress.IPv4Network(POD_SUBNET),
                           data_dir=layout.cni_ipam)
     # The NIC hand-off is always chained: a DEL must find it even if the NIC

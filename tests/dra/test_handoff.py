@@ -1,15 +1,15 @@
 """The NIC mover against real netlink, in namespaces the test makes: a NIC
 stand-in (veth) goes into a pod namespace renamed, addressed, with its MTU
 and routes, answers a ping from the fabric, and comes back as it was;
-every call is idempotent; the CNI plugin does the same from a driver's
-record, in its own process."""
+every call is idempotent; the CNI calls do the same from a driver's
+record, served by a resident server to the Go forwarder containerd execs."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
-import sys
 from collections.abc import Iterator
 from ipaddress import ip_interface
 from pathlib import Path
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from dra_driver.net.config import NetConfig, parse_net_config
-from dra_driver.net.handoff import cni
+from dra_driver.net.handoff import cni, forwarder
 from dra_driver.net.handoff.journal import Step
 from dra_driver.net.handoff.links import Namespace
 from dra_driver.net.handoff.mover import HandoffError
@@ -72,6 +72,39 @@ def test_attach_configures_the_nic_in_the_pod_and_detach_restores_it(env: NetEnv
     assert mover.detach_sandbox("sb1") == ["nic0"]
     _assert_on_host(env)
     assert env.journal.entries() == []
+
+
+DUAL = parse_net_config({
+    "apiVersion": "net.toposerve.io/v1", "kind": "NetConfig", "interfaceName": "net1",
+    "addresses": ["198.18.0.2/24", "2001:db8:18::2/64"], "mtu": 1400,
+    "routes": [{"destination": "2001:db8:19::/64", "gateway": "2001:db8:18::1"}]})
+
+
+def test_ipv6_addresses_and_routes_in_the_pod(env: NetEnv) -> None:
+    """Dual stack from the documentation range (2001:db8::/32), only inside the
+    test's namespaces: the v6 address is usable at once (no DAD wait), its
+    route is there, the fabric reaches it; back on the host nothing is left
+    (the kernel's own fe80:: aside)."""
+    with Namespace(env.fabric) as fabric:
+        far = fabric.find("fab0")
+        assert far is not None
+        fabric.set_addresses(far, [*far.addresses, ip_interface("2001:db8:18::1/64")])
+    mover = env.mover()
+    mover.attach("sb1", env.pod, "nic0", DUAL)
+    [(where, link)] = env.where(env.nics[0])
+    assert where == env.pod and link.up and link.mtu == 1400
+    assert {a for a in link.addresses if not a.ip.is_link_local} == set(DUAL.addresses)
+    with Namespace(env.pod) as pod:
+        assert ("2001:db8:19::/64", "2001:db8:18::1") in pod.routes_of(link)
+    ping = subprocess.run(["ip", "netns", "exec", Path(env.fabric).name, "busybox", "ping",
+                           "-6", "-c1", "-W2", "2001:db8:18::2"], capture_output=True,
+                          text=True, check=False)
+    assert ping.returncode == 0, ping.stdout + ping.stderr
+    mover.detach_sandbox("sb1")
+    [(where, link)] = env.where(env.nics[0])
+    assert where == env.host and not any(a.version == 6 and not a.ip.is_link_local
+                                         for a in link.addresses)
+    _assert_on_host(env)
 
 
 def test_every_call_is_idempotent(env: NetEnv) -> None:
@@ -131,10 +164,10 @@ def test_repair_takes_back_a_nic_whose_pod_namespace_is_gone(env: NetEnv) -> Non
     _assert_on_host(env)
 
 
-def _record(env: NetEnv, state: Path, pod_uid: str) -> None:
+def _record(env: NetEnv, state: Path, pod_uid: str, config: NetConfig = CONFIG) -> None:
     write_record(state, ClaimRecord(claimUid="c-1", claim="default/nic", podUids=[pod_uid],
                                     nics=[NicHandoff(device="nic-0", hostIfName="nic0",
-                                                     pciAddress=None, config=CONFIG)]))
+                                                     pciAddress=None, config=config)]))
 
 
 def _conf(tmp: Path, prev: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -173,66 +206,123 @@ def test_cni_add_moves_the_pods_nics_and_passes_the_result_on(env: NetEnv, tmp_p
     _assert_on_host(env)
 
 
-def test_cni_plugin_process_after_a_driver_restart(env: NetEnv, tmp_path: Path) -> None:
-    """The record is all the plugin needs: written by a driver that has since
-    gone, read by the plugin in a fresh process (as containerd runs it),
-    moving the NIC in the host namespace it runs in."""
-    _record(env, tmp_path / "records", "pod-1")
-    conf = json.dumps(_conf(tmp_path, PREV))
-    base = {**os.environ, "CNI_CONTAINERID": "sb1", "CNI_NETNS": env.pod, "CNI_IFNAME": "eth0",
-            "CNI_ARGS": "K8S_POD_UID=pod-1", "CNI_PATH": "/nonexistent"}
-    plugin = ["ip", "netns", "exec", Path(env.host).name, sys.executable, "-m",
-              "dra_driver.net.handoff.cni"]
-    add = subprocess.run(plugin, input=conf, env={**base, "CNI_COMMAND": "ADD"},
-                         capture_output=True, text=True, check=False)
-    assert add.returncode == 0, add.stdout + add.stderr
-    assert json.loads(add.stdout)["interfaces"][1]["name"] == "net1"
-    _assert_in_pod(env)
-    delete = subprocess.run(plugin, input=conf, env={**base, "CNI_COMMAND": "DEL"},
-                            capture_output=True, text=True, check=False)
-    assert delete.returncode == 0, delete.stdout + delete.stderr
-    _assert_on_host(env)
-    bad = subprocess.run(plugin, input=conf, env={**base, "CNI_COMMAND": "ADD",
-                                                  "CNI_NETNS": "/nonexistent"},
-                         capture_output=True, text=True, check=False)
-    assert bad.returncode == 1 and "does not exist" in json.loads(bad.stdout)["msg"]
-
-
-def test_the_plugins_default_paths_are_the_drivers() -> None:
+def test_the_plugins_default_paths_are_the_drivers_and_the_forwarders() -> None:
     from dra_driver.net.handoff.journal import DEFAULT_JOURNAL_DIR
     from dra_driver.net.records import DEFAULT_STATE_DIR
 
     assert (cni.STATE_DIR, cni.JOURNAL_DIR) == (DEFAULT_STATE_DIR, DEFAULT_JOURNAL_DIR)
+    go = (forwarder.SOURCE / "main.go").read_text()
+    consts = dict(re.findall(r'default(\w+)\s*=\s*"([^"]+)"', go))
+    assert consts == {"StateDir": str(cni.STATE_DIR), "JournalDir": str(cni.JOURNAL_DIR),
+                      "Socket": str(cni.SERVER_SOCKET)}
 
 
+@pytest.fixture(scope="module")
+def plugin_exe() -> Path:
+    """The Go forwarder containerd would exec (built once, cached by source hash)."""
+    return forwarder.build()
 
-def test_a_resident_server_does_the_call_and_its_absence_changes_nothing(
-        env: NetEnv, tmp_path: Path) -> None:
+
+def _exec(exe: Path, env: NetEnv, conf: dict[str, Any], command: str, **over: str
+          ) -> tuple[int, dict[str, Any] | None]:
+    """The plugin as containerd runs it (config on stdin, CNI_* only), in the
+    test's "host" namespace; (exit code, stdout's JSON)."""
+    cni_env = {"CNI_COMMAND": command, "CNI_CONTAINERID": "sb1", "CNI_NETNS": env.pod,
+               "CNI_IFNAME": "eth0", "CNI_PATH": "/nonexistent",
+               "CNI_ARGS": "IgnoreUnknown=1;K8S_POD_UID=pod-1", **over}
+    out = subprocess.run(["ip", "netns", "exec", Path(env.host).name, str(exe)],
+                         input=json.dumps(conf), env={"PATH": os.environ["PATH"], **cni_env},
+                         capture_output=True, text=True, check=False)
+    assert out.stderr == "" or out.returncode != 0, out.stderr
+    return out.returncode, json.loads(out.stdout) if out.stdout else None
+
+
+def test_the_forwarder_has_the_resident_server_do_each_call(
+        env: NetEnv, tmp_path: Path, plugin_exe: Path) -> None:
+    """The record is all the server needs (a driver restarted between prepare
+    and ADD serves it); its results and its CNI errors come back verbatim."""
     from dra_driver.net.handoff.server import HandoffServer
 
     _record(env, tmp_path / "records", "pod-1")
     sock = tmp_path / "handoff.sock"
-    conf = json.dumps({**_conf(tmp_path, PREV), "serverSocket": str(sock)})
-    base = {**os.environ, "CNI_CONTAINERID": "sb1", "CNI_NETNS": env.pod, "CNI_IFNAME": "eth0",
-            "CNI_ARGS": "K8S_POD_UID=pod-1", "CNI_PATH": "/nonexistent"}
-    plugin = ["ip", "netns", "exec", Path(env.host).name, sys.executable, "-m",
-              "dra_driver.net.handoff.cni"]
+    conf = {**_conf(tmp_path, PREV), "serverSocket": str(sock)}
     server = HandoffServer(sock, host_netns=env.host).start()
     try:
-        add = subprocess.run(plugin, input=conf, env={**base, "CNI_COMMAND": "ADD"},
-                             capture_output=True, text=True, check=False)
-        assert add.returncode == 0, add.stdout + add.stderr
-        assert json.loads(add.stdout)["interfaces"][1]["name"] == "net1"
-        assert server.served == 1
+        assert _exec(plugin_exe, env, conf, "VERSION") == (
+            0, {"cniVersion": "1.0.0", "supportedVersions": ["0.4.0", "1.0.0"]})
+        rc, added = _exec(plugin_exe, env, conf, "ADD")
+        assert rc == 0 and added is not None and added == cni.run(
+            {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "sb1", "CNI_NETNS": env.pod,
+             "CNI_ARGS": "K8S_POD_UID=pod-1"}, _conf(tmp_path, PREV), env.host)  # ADD twice
+        assert [i["name"] for i in added["interfaces"]] == ["eth0", "net1"]
         _assert_in_pod(env)
-        bad = subprocess.run(plugin, input=conf, env={**base, "CNI_COMMAND": "ADD",
-                                                      "CNI_NETNS": "/nonexistent"},
-                             capture_output=True, text=True, check=False)
-        assert bad.returncode == 1 and "does not exist" in json.loads(bad.stdout)["msg"]
+        assert _exec(plugin_exe, env, {**conf, "prevResult": added}, "CHECK") == (0, None)
+        rc, bad = _exec(plugin_exe, env, conf, "ADD", CNI_NETNS="/nonexistent")
+        assert rc == 1 and bad is not None and "does not exist" in bad["msg"]
+        assert _exec(plugin_exe, env, conf, "DEL", CNI_NETNS="") == (0, None)
+        _assert_on_host(env)
+        assert server.served == 3  # ADD, CHECK, DEL (the in-process ADD and the error not)
     finally:
         server.stop()
-    sock.touch()  # a dead server's socket file: nobody answers, the plugin does it itself
-    delete = subprocess.run(plugin, input=conf, env={**base, "CNI_COMMAND": "DEL"},
-                            capture_output=True, text=True, check=False)
-    assert delete.returncode == 0, delete.stdout + delete.stderr
+
+
+def test_without_the_server_the_forwarder_decides_only_what_is_safe(
+        env: NetEnv, tmp_path: Path, plugin_exe: Path) -> None:
+    """No server: a pod without NICs still gets its network, a pod with one
+    fails (code 11, "try again later", naming the socket) and so does a DEL
+    of a sandbox that holds a NIC; a DEL with nothing to undo succeeds."""
+    from dra_driver.net.handoff.server import HandoffServer
+
+    _record(env, tmp_path / "records", "pod-1")
+    sock = tmp_path / "handoff.sock"
+    conf = {**_conf(tmp_path, PREV), "serverSocket": str(sock)}
+    rc, out = _exec(plugin_exe, env, conf, "ADD", CNI_ARGS="K8S_POD_UID=pod-2",
+                    CNI_CONTAINERID="sb2")
+    assert rc == 0 and out == PREV  # no record mentions pod-2: passed on
+    rc, out = _exec(plugin_exe, env, conf, "ADD")
+    assert rc == 1 and out is not None and out["code"] == 11
+    assert f"does not answer on {sock}" in out["msg"] and "pod pod-1 has NICs" in out["msg"]
+    _assert_on_host(env)
+    assert _exec(plugin_exe, env, conf, "DEL") == (0, None)  # nothing of sb1 in the journal
+
+    server = HandoffServer(sock, host_netns=env.host).start()
+    try:
+        assert _exec(plugin_exe, env, conf, "ADD")[0] == 0
+    finally:
+        server.stop()
+    _assert_in_pod(env)
+    sock.touch()  # a dead server's socket file: nobody listens
+    rc, out = _exec(plugin_exe, env, conf, "DEL")
+    assert rc == 1 and out is not None and out["code"] == 11
+    assert "sandbox sb1 holds nic0" in out["msg"]
+    _assert_in_pod(env)  # left where it is, configured, until the driver is back
+    assert _exec(plugin_exe, env, conf, "DEL", CNI_CONTAINERID="sb9") == (0, None)
+    server = HandoffServer(sock, host_netns=env.host).start()
+    try:
+        assert _exec(plugin_exe, env, conf, "DEL") == (0, None)  # the runtime's retry
+    finally:
+        server.stop()
+    _assert_on_host(env)
+    rc, out = _exec(plugin_exe, env, conf, "BOGUS")
+    assert rc == 1 and out is not None and out["code"] == 4
+
+
+def test_the_forwarders_result_has_the_pods_ipv6_address(
+        env: NetEnv, tmp_path: Path, plugin_exe: Path) -> None:
+    from dra_driver.net.handoff.server import HandoffServer
+
+    _record(env, tmp_path / "records", "pod-1", DUAL)
+    sock = tmp_path / "handoff.sock"
+    conf = {**_conf(tmp_path, PREV), "serverSocket": str(sock)}
+    server = HandoffServer(sock, host_netns=env.host).start()
+    try:
+        rc, out = _exec(plugin_exe, env, conf, "ADD")
+        assert rc == 0 and out is not None
+        assert out["ips"][1:] == [{"address": "198.18.0.2/24", "interface": 1},
+                                  {"address": "2001:db8:18::2/64", "interface": 1}]
+        [(where, link)] = env.where(env.nics[0])
+        assert where == env.pod and ip_interface("2001:db8:18::2/64") in link.addresses
+        assert _exec(plugin_exe, env, conf, "DEL") == (0, None)
+    finally:
+        server.stop()
     _assert_on_host(env)

@@ -1,6 +1,6 @@
 """The hand-off benchmarks: the netns one runs for one pod of each kind;
-the real-node one's reading of containerd's log, on lines as containerd
-2.4 and the plugin write them."""
+the real-node one's reading of containerd's and the driver's logs, on lines
+as containerd 2.4 and the driver write them."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ def test_the_benchmark_measures_both_kinds_of_pod(tmp_path: Path) -> None:
     for kind in ("NIC claim", "no NIC claim"):
         assert rows[f"sandbox created -> network ready, {kind}"]["n"] == 1
         assert rows[f"toposerve-nic ADD exec, {kind}"]["p50_ms"] > 0
+    assert rows["ip netns exec + toposerve-nic VERSION (no socket)"]["n"] == 1
     assert "| resident mover attach (no exec), NIC claim | 1 |" in \
         (tmp_path / "net_handoff.md").read_text()
 

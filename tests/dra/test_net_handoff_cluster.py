@@ -2,15 +2,14 @@
 kwok node whose NICs are stand-ins: at start-up it repairs what a crashed
 mover left in the journal (a half-moved NIC goes back to the host, one
 attached to a live pod stays), then serves the CNI plugin's ADD and DEL on
-its socket; after SIGTERM the socket is gone and the plugin moves the NICs
-itself. The plugin always runs in the stand-ins' namespace (the node's
-"host"), as containerd would run it on the node."""
+its socket; after SIGTERM the socket is gone and the plugin's DEL fails
+until the driver is back. The plugin (the Go forwarder) always runs in the
+stand-ins' namespace (the node's "host"), as containerd would run it."""
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from typing import Any
 import pytest
 
 from dra_driver.net.config import NetConfig, parse_net_config
+from dra_driver.net.handoff import forwarder
 from dra_driver.net.handoff.journal import Entry, Journal, Step
 from dra_driver.net.handoff.links import Namespace
 from dra_driver.net.records import read_record
@@ -91,19 +91,19 @@ def _in(path: str, name: str) -> bool:
 
 
 def _plugin(d: NetDriverProc, command: str, sandbox: str, netns: str,
-            pod_uid: str = "") -> dict[str, Any] | None:
-    """The CNI plugin as containerd runs it, in the node's (stand-ins') namespace."""
+            pod_uid: str = "", rc: int = 0) -> dict[str, Any] | None:
+    """The Go forwarder as containerd execs it, in the node's (stand-ins')
+    namespace; stdout's JSON (the result, or the CNI error when ``rc`` is 1)."""
     conf = {"cniVersion": "1.0.0", "name": "pod-net", "type": "toposerve-nic",
             "stateDir": str(d.state_dir), "journalDir": str(d.journal_dir),
             "serverSocket": str(d.handoff_socket)}
     env = {"PATH": "/usr/bin:/bin", "CNI_COMMAND": command, "CNI_CONTAINERID": sandbox,
            "CNI_NETNS": netns, "CNI_IFNAME": "eth0", "CNI_PATH": "/nonexistent",
            "CNI_ARGS": f"K8S_POD_UID={pod_uid}"}
-    out = subprocess.run(["ip", "netns", "exec", d.nics.netns, sys.executable, "-m",
-                          "dra_driver.net.handoff.cni"], input=json.dumps(conf), env=env,
-                         capture_output=True, text=True, check=False,
-                         cwd=Path(__file__).parents[2])
-    assert out.returncode == 0, out.stdout + out.stderr
+    out = subprocess.run(["ip", "netns", "exec", d.nics.netns, str(forwarder.build())],
+                         input=json.dumps(conf), env=env, capture_output=True, text=True,
+                         check=False)
+    assert out.returncode == rc, out.stdout + out.stderr
     return json.loads(out.stdout) if out.stdout else None
 
 
@@ -151,7 +151,13 @@ def test_start_repairs_the_journal_then_serves_the_plugin(
 
         assert d.stop() == 0
         assert not d.handoff_socket.exists()
-        assert _plugin(d, "DEL", "sb-new", new) is None  # no server: the plugin does it itself
+        # no server: the DEL fails ("try again later") and the NIC stays in the pod
+        error = _plugin(d, "DEL", "sb-new", new, rc=1)
+        assert error is not None and error["code"] == 11 and str(d.handoff_socket) in error["msg"]
+        assert _in(new, "net2") and not _in(host, target)
+        d.start()  # the driver is back: its repair keeps the live pod's NIC, the retry does it
+        assert _in(new, "net2")
+        assert _plugin(d, "DEL", "sb-new", new) is None
         assert _in(host, target) and not _in(new, "net2")
         assert journal.entries() == []
     finally:

@@ -7,17 +7,16 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from dra_driver.net.handoff import forwarder
 from dra_driver.net.handoff.install import (
     InstallError,
     chained,
     install,
-    launcher,
     plugin_entry,
 )
 from toposerve_cli.driver_cmd import main
@@ -61,25 +60,43 @@ def test_install_writes_once_and_keeps_the_files_mode(tmp_path: Path) -> None:
     target = conf / "10-pod.conflist"
     target.write_text(json.dumps(POD_NET))
     target.chmod(0o644)
-    changed = install(bin_dir, "/usr/bin/python3", conf, target.name, ENTRY)
+    plugin = tmp_path / "built"
+    plugin.write_bytes(b"\x7fELF stand-in")
+    changed = install(bin_dir, plugin, conf, target.name, ENTRY)
     exe = bin_dir / "toposerve-nic"
     assert changed == [str(exe), str(target)]
-    assert exe.read_text() == launcher("/usr/bin/python3")
+    assert exe.read_bytes() == plugin.read_bytes()
     assert os.stat(exe).st_mode & 0o777 == 0o755
     assert os.stat(target).st_mode & 0o777 == 0o644
     assert json.loads(target.read_text())["plugins"][-1] == ENTRY
     before = target.read_bytes(), target.stat().st_mtime_ns, exe.stat().st_mtime_ns
-    assert install(bin_dir, "/usr/bin/python3", conf, target.name, ENTRY) == []
+    assert install(bin_dir, plugin, conf, target.name, ENTRY) == []
     assert (target.read_bytes(), target.stat().st_mtime_ns, exe.stat().st_mtime_ns) == before
     assert sorted(p.name for p in conf.iterdir()) == [target.name]  # no temp file left
 
 
-def test_the_launcher_runs_the_plugin(tmp_path: Path) -> None:
-    install(tmp_path, sys.executable)
-    out = subprocess.run([str(tmp_path / "toposerve-nic")], env={"CNI_COMMAND": "VERSION"},
-                         capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).parents[2])
+def test_the_cli_installs_the_static_go_forwarder(tmp_path: Path) -> None:
+    """By default the build of this checkout's source (``forwarder``): one
+    static executable that needs nothing on the node."""
+    built = forwarder.build()
+    assert main(["--log-level", "error", "driver", "net-install-cni", "--bin-dir",
+                 str(tmp_path)]) == 0
+    exe = tmp_path / "toposerve-nic"
+    assert exe.read_bytes() == built.read_bytes()
+    assert exe.read_bytes()[:4] == b"\x7fELF" and b"ld-linux" not in exe.read_bytes()  # static
+    out = subprocess.run([str(exe)], env={"CNI_COMMAND": "VERSION"},
+                         capture_output=True, text=True, check=True)
     assert json.loads(out.stdout)["supportedVersions"] == ["0.4.0", "1.0.0"]
+
+
+def test_a_missing_binary_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                      ) -> None:
+    rc = main(["--log-level", "error", "driver", "net-install-cni", "--bin-dir",
+               str(tmp_path), "--plugin", str(tmp_path / "nope")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err
+    assert err.startswith(f"error: {tmp_path / 'nope'}: cannot read the toposerve-nic binary")
+    assert "make nic-cni" in err
 
 
 @pytest.mark.parametrize("body, error", [
@@ -93,8 +110,8 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
     if body is not None:
         (tmp_path / "10-pod.conflist").write_text(body)
     rc = main(["--log-level", "error", "driver", "net-install-cni", "--bin-dir",
-               str(tmp_path / "bin"), "--conf-dir", str(tmp_path), "--chain-into",
-               "10-pod.conflist"])
+               str(tmp_path / "bin"), "--plugin", str(forwarder.build()), "--conf-dir",
+               str(tmp_path), "--chain-into", "10-pod.conflist"])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err.startswith(f"error: {tmp_path / '10-pod.conflist'}")
     assert error in err and "\n" not in err

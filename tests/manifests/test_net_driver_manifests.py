@@ -84,7 +84,8 @@ def test_init_container_installs_the_cni_plugin() -> None:
     [init] = pod["initContainers"]
     assert init["image"] == pod["containers"][0]["image"]
     assert init["command"] == ["toposerve", "--log-level=info", "driver", "net-install-cni",
-                               "--bin-dir=/opt/cni/b", "--python=/usr/bin/python3",
+                               "--bin-dir=/opt/cni/b",
+                               "--plugin=/usr/local/libexec/toposerve/toposerve-nic",
                                "--kubelet-dir=/var/lib/k", "--conf-dir=/etc/cni/net.d",
                                "--chain-into=10-pod.conflist"]
     assert init["securityContext"]["capabilities"] == {"drop": ["ALL"]}

@@ -12,34 +12,31 @@ Network config of the plugin (one entry of a conflist's ``plugins``)::
      "journalDir": "/var/lib/kubelet/plugins/net.toposerve.io/journal",
      "serverSocket": "/var/lib/kubelet/plugins/net.toposerve.io/handoff.sock"}
 
-When a resident process serves the socket (``server``), the call is
-forwarded there; otherwise this process does it.
+The resident hand-off server (``server``) runs these calls; containerd
+execs the Go forwarder (``cni-forwarder/``, ``forwarder``), which sends it
+each call over ``serverSocket``.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any
 
-# Only what a pod without NICs needs is imported up front: containerd runs
-# this for every sandbox, and pydantic plus netlink cost it ~0.3 s to load.
-if TYPE_CHECKING:
-    from dra_driver.net.handoff.journal import Journal
-    from dra_driver.net.handoff.mover import Attached
+from dra_driver.net.handoff.journal import Journal, Step
+from dra_driver.net.handoff.links import Namespace
+from dra_driver.net.handoff.mover import Attached, Mover
+from dra_driver.net.records import records_for_pod
 
 CNI_VERSION = "1.0.0"
 SUPPORTED = ["0.4.0", "1.0.0"]
 PLUGIN_TYPE = "toposerve-nic"
-# the defaults of dra_driver.net.records and .journal (a test holds them equal)
+# the defaults of dra_driver.net.records and .journal, and of the Go
+# forwarder (tests hold them equal)
 STATE_DIR = Path("/var/lib/kubelet/plugins/net.toposerve.io/handoff")
 JOURNAL_DIR = Path("/var/lib/kubelet/plugins/net.toposerve.io/journal")
-# a resident process's socket (``server``): when it answers, it does the work
+# the resident server's socket (``server``)
 SERVER_SOCKET = Path("/var/lib/kubelet/plugins/net.toposerve.io/handoff.sock")
-FORWARD_TIMEOUT_S = 40  # under containerd's own CNI timeout; then we do it ourselves
 
 
 class PluginError(Exception):
@@ -75,10 +72,9 @@ def with_nics(prev: Mapping[str, Any] | None, version: str, netns: str,
     return out
 
 
-def run(env: Mapping[str, str], conf: Mapping[str, Any], host_netns: str | None = None,
-        setup_logs: Callable[[], None] = lambda: None) -> dict[str, Any] | None:
-    """One CNI call; ``host_netns`` is where the NICs live (ours when None);
-    ``setup_logs`` runs only when there is a NIC to deal with."""
+def run(env: Mapping[str, str], conf: Mapping[str, Any], host_netns: str | None = None
+        ) -> dict[str, Any] | None:
+    """One CNI call; ``host_netns`` is where the NICs live (ours when None)."""
     command = env.get("CNI_COMMAND", "")
     version = str(conf.get("cniVersion", CNI_VERSION))
     if command == "VERSION":
@@ -96,11 +92,6 @@ def run(env: Mapping[str, str], conf: Mapping[str, Any], host_netns: str | None 
             not (command == "ADD" and _mentions(state_dir, pod_uid)):
         # nothing of ours in any pod and nothing to move: the common case
         return with_nics(prev, version, netns, []) if command == "ADD" else None
-    setup_logs()
-    from dra_driver.net.handoff.journal import Journal
-    from dra_driver.net.handoff.mover import Mover
-    from dra_driver.net.records import records_for_pod
-
     journal = Journal(journal_dir)
     mover = Mover(journal, host_netns)
     try:
@@ -132,9 +123,6 @@ def _mentions(state_dir: Path, pod_uid: str) -> bool:
 
 
 def _check(journal: Journal, cid: str) -> None:
-    from dra_driver.net.handoff.journal import Step
-    from dra_driver.net.handoff.links import Namespace
-
     for entry in journal.entries():
         if entry.sandbox != cid:
             continue
@@ -145,66 +133,3 @@ def _check(journal: Journal, cid: str) -> None:
             if link is None or not link.up or not set(entry.config.addresses) <= link.addresses:
                 raise PluginError(11, f"{entry.podIfName} in {entry.netns} is missing, down "
                                       "or has lost its addresses")
-
-
-def _log_to_stderr() -> None:
-    """stdout carries the CNI result: log lines (JSON) go to stderr, which
-    containerd writes to its own log."""
-    import structlog
-
-    structlog.configure(
-        processors=[structlog.processors.add_log_level,
-                    structlog.processors.TimeStamper(fmt="iso", utc=True),
-                    structlog.processors.EventRenamer("msg"),
-                    structlog.processors.JSONRenderer()],
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr))
-
-
-def forwarded(path: Path, env: Mapping[str, str], conf: Mapping[str, Any]
-              ) -> tuple[bool, dict[str, Any] | None]:
-    """(True, result) when the server at ``path`` did the call; (False, None)
-    when there is no server or it failed to answer (then the caller does
-    it: every step is idempotent and the journal lock is released by a
-    server that died mid-call). A CNI error the server answers is raised."""
-    import socket
-
-    if not path.exists():
-        return False, None
-    request = json.dumps({"env": {k: v for k, v in env.items() if k.startswith("CNI_")},
-                          "conf": conf}).encode() + b"\n"
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(FORWARD_TIMEOUT_S)
-            s.connect(str(path))
-            s.sendall(request)
-            answer = s.makefile("rb").readline()
-        doc = json.loads(answer)
-    except (OSError, ValueError):
-        return False, None
-    if "error" in doc:
-        raise PluginError(int(doc["error"]["code"]), str(doc["error"]["msg"]))
-    return True, doc.get("result")
-
-
-def main(stdin: TextIO = sys.stdin, stdout: TextIO = sys.stdout) -> int:
-    try:
-        command = os.environ.get("CNI_COMMAND")
-        conf = json.loads((stdin.read() if command != "VERSION" else "{}") or "{}")
-        served, out = (False, None) if command == "VERSION" else \
-            forwarded(Path(conf.get("serverSocket") or SERVER_SOCKET), os.environ, conf)
-        if not served:
-            out = run(os.environ, conf, setup_logs=_log_to_stderr)
-    except PluginError as err:
-        json.dump({"cniVersion": CNI_VERSION, "code": err.code, "msg": str(err)}, stdout)
-        return 1
-    except Exception as err:  # the runtime shows our message to the kubelet
-        json.dump({"cniVersion": CNI_VERSION, "code": 999,
-                   "msg": f"{PLUGIN_TYPE}: {type(err).__name__}: {err}"}, stdout)
-        return 1
-    if out is not None:
-        json.dump(out, stdout)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -39,19 +39,19 @@ def chained(conflist: Mapping[str, Any], entry: Mapping[str, Any]) -> dict[str, 
     return {**conflist, "plugins": [*plugins, dict(entry)]}
 
 
-def launcher(python: str) -> str:
-    """The executable containerd runs: the plugin by the node's interpreter."""
-    return f"#!{python}\nfrom dra_driver.net.handoff.cni import main\nraise SystemExit(main())\n"
-
-
-def install(bin_dir: Path, python: str, conf_dir: Path | None = None,
+def install(bin_dir: Path, plugin: Path, conf_dir: Path | None = None,
             chain_into: str | None = None, entry: Mapping[str, Any] | None = None
             ) -> list[str]:
-    """Write the executable; chain ``entry`` into ``conf_dir/chain_into``
-    when given. Returns what changed (file paths)."""
+    """Copy the executable ``plugin`` (the Go forwarder, ``forwarder``) into
+    ``bin_dir``; chain ``entry`` into ``conf_dir/chain_into`` when given.
+    Returns what changed (file paths)."""
     changed = []
     exe = bin_dir / PLUGIN_TYPE
-    body = launcher(python).encode()
+    try:
+        body = plugin.read_bytes()
+    except OSError as err:
+        raise InstallError(f"{plugin}: cannot read the toposerve-nic binary ({err.strerror}): "
+                           "build it with `make nic-cni` and give its path") from None
     if not exe.exists() or exe.read_bytes() != body:
         write_atomic(exe, body, mode=0o755)
         changed.append(str(exe))

@@ -1,0 +1,3 @@
+module toposerve.io/cni-forwarder
+
+go 1.22
