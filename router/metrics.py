@@ -114,6 +114,15 @@ class RouterMetrics:
                                    "Routing decisions shared with the other replicas: sent, "
                                    "received (applied here), dropped (Redis down or slow).",
                                    ["outcome"], registry=r)
+        self.snapshots = Counter("toposerve_router_replication_snapshots",
+                                 "Snapshots of the routing state learnt from decisions: written "
+                                 "(by the leader, on a new replica's request), loaded, ignored "
+                                 "(corrupt, another version, too large), missing (none came "
+                                 "in time: the replica starts cold).", ["outcome"], registry=r)
+        self.responses_unstored = Counter(
+            "toposerve_router_responses_unstored",
+            "Streamed Responses answers whose turn the store could not keep (Redis down): "
+            "they end with response.failed instead of response.completed.", registry=r)
         r.register(_PoolCollector(state))
 
     def render(self) -> bytes:

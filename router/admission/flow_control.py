@@ -11,7 +11,13 @@ the flow); ``x-llm-d-slo-ttft-ms`` bounds the wait here. Sheddable requests
 are refused with a probability that rises with saturation, and always when
 the endpoints are full. With ``flowControl.enabled`` the rest wait while
 their endpoints are full, up to their TTL (then 429, or 503 if no endpoint
-is left), within per-band caps; off, they go to a full endpoint."""
+is left), within per-band caps; off, they go to a full endpoint.
+
+Output tokens are charged at ``max_tokens`` (or the expectation) when a
+request is admitted, the only figure known then, and settled with the
+answer's real count when it ends, however it ends (``settle``, from the
+middleware): the tenant's token bucket and, for a request that waited,
+its flow's and program's attained service get the difference."""
 
 from __future__ import annotations
 
@@ -19,14 +25,16 @@ import asyncio
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from router.admission.queues import BandCaps, FlowQueues, Item, LeastAttained, RoundRobin
 from router.admission.saturation import free_slots, pool_saturation, saturated, shed_probability
 from router.admission.tenants import TENANT, Tenants
+from router.admission.usage import ANSWERED, OUTPUT_TOKENS, output_tokens
 from router.config import FlowControlConfig
 from router.metrics import RouterMetrics
 from router.pool.endpoints import Endpoint
@@ -43,6 +51,7 @@ MAX_SESSIONS = 200_000  # sessions whose last turn is remembered (turn priority)
 MAX_TOKENS: web.RequestKey[int | None] = web.RequestKey("max_tokens")
 
 Candidates = Callable[[], list[Endpoint]]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @dataclass
@@ -57,6 +66,13 @@ class Classified:
     tokens: int = 0  # prompt tokens (an estimate)
     output_tokens: int = 0  # max_tokens, or the configured expectation
     size_bytes: int = 0
+    # what was charged, to settle when the answer ends
+    rate_charged: bool = False  # the tenant's buckets took it
+    item: Item[Ticket] | None = None  # it waited, and its flow was charged when it went
+
+
+# every classification of one request (a split one is admitted twice: prefill, decode)
+CHARGES: web.RequestKey[list[Classified]] = web.RequestKey("charges")
 
 
 @dataclass
@@ -108,9 +124,15 @@ class Admission:
         return Classified(priority, flow, wait, tenant, session, tokens, out, size_bytes)
 
     def of_request(self, request: web.Request, ctx: RequestContext) -> Classified:
-        return self.classify(request.headers, request.get(TENANT, ""), ctx.session,
-                             ctx.token_estimate, request.get(MAX_TOKENS),
-                             request.content_length or 0)
+        """The request's classification, kept on it to be settled at its end."""
+        c = self.classify(request.headers, request.get(TENANT, ""), ctx.session,
+                          ctx.token_estimate, request.get(MAX_TOKENS),
+                          request.content_length or 0)
+        charges = request.get(CHARGES)
+        if charges is None:
+            request[CHARGES] = charges = []
+        charges.append(c)
+        return c
 
     def _cost(self, c: Classified) -> float:
         f = self.cfg.fairness
@@ -150,6 +172,7 @@ class Admission:
                                                         now)):
             self._count(c, "rate-limited")
             raise ApiError(429, f"{why}; retry later")
+        c.rate_charged = bool(c.tenant)
         if c.priority >= 0 and not self.cfg.enabled:
             self._went(c, now)
             return  # nothing to decide: it goes now, full or not
@@ -199,8 +222,62 @@ class Admission:
         finally:
             self.metrics.queue_wait.observe(self.clock() - now)
         self._granted -= 1
+        c.item = item
         self._count(c, "queued")
         self._went(c, self.clock())
+
+    # --- settling what was charged --------------------------------------------------
+    def settle(self, c: Classified, output: int | None, again: bool = False) -> None:
+        """The request ``c`` ended having produced ``output`` tokens: its
+        charges get the difference from the estimate (``None``: not known,
+        the estimate stands). ``again``: a second admission of the same
+        request (a split one's decode half), whose charges are given back
+        whole, so a request is charged once."""
+        if again:
+            requests, tokens, delta = -1, -(c.tokens + c.output_tokens), -self._cost(c)
+        elif output is not None:
+            requests, tokens = 0, output - c.output_tokens
+            delta = self.cfg.fairness.output_token_weight * tokens
+        else:
+            return
+        if c.rate_charged:
+            self.tenants.settle(c.tenant, requests, tokens, self.clock())
+        if c.item is not None:
+            self.queues.settle(c.item, delta)
+        c.rate_charged, c.item = False, None  # settled once
+
+    def settle_request(self, request: web.Request, refused: bool) -> None:
+        """Settles every charge of a request that has ended: with the
+        output its handler read from the answer's usage, else what the
+        proxy counted; none when it was ``refused`` with nothing relayed."""
+        charges = request.get(CHARGES)
+        if not charges:
+            return
+        output = request.get(OUTPUT_TOKENS)
+        if output is None and (answered := request.get(ANSWERED)) is not None:
+            output = output_tokens(answered)
+        if output is None and refused:
+            output = 0
+        for i, c in enumerate(charges):
+            self.settle(c, output, again=i > 0)
+
+    def middleware(self) -> Middleware:
+        """Names the request's tenant (401 for a bad key) before the
+        handler runs; settles the request's charges once it has ended,
+        answered, refused or abandoned by its client."""
+        @web.middleware
+        async def flow_control(request: web.Request, handler: Handler) -> web.StreamResponse:
+            if (refusal := self.tenants.identify(request)) is not None:
+                return refusal
+            refused = True  # until an answer is returned
+            try:
+                resp = await handler(request)
+                refused = resp.status >= 400
+                return resp
+            finally:
+                self.settle_request(request, refused)
+
+        return flow_control
 
     # --- letting waiting requests go ---------------------------------------------
     def release(self, limit: int) -> int:

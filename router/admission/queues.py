@@ -38,6 +38,7 @@ class Item(Generic[T]):
     warm: bool = False  # its session's cache is warm (turn priority)
     seq: int = 0
     gone: bool = False  # taken out of the queue (went, expired, cancelled)
+    charged_in: object = None  # the band that charged its cost when it went
 
 
 @dataclass
@@ -76,6 +77,9 @@ class Fairness(Protocol):
 
     def went(self, flow: str, cost: float) -> None: ...
 
+    def settle(self, flow: str, delta: float) -> None:
+        """A request of ``flow`` that went cost ``delta`` more than charged."""
+
 
 class RoundRobin:
     def __init__(self) -> None:
@@ -93,6 +97,9 @@ class RoundRobin:
     def went(self, flow: str, cost: float) -> None:
         self._turn.move_to_end(flow)  # the next flow goes next
 
+    def settle(self, flow: str, delta: float) -> None:
+        pass  # turns do not depend on cost
+
 
 class LeastAttained:
     def __init__(self) -> None:
@@ -106,6 +113,9 @@ class LeastAttained:
 
     def went(self, flow: str, cost: float) -> None:
         self.attained.charge(flow, cost)
+
+    def settle(self, flow: str, delta: float) -> None:
+        self.attained.charge(flow, delta)
 
 
 Ordering = Literal["fcfs", "edf"]
@@ -238,13 +248,26 @@ class FlowQueues(Generic[T]):
                     continue
                 flow.pop_head(head)
                 band.fairness.went(name, head.cost)
-                head.gone = True
+                head.gone, head.charged_in = True, band
                 flow.live -= 1
                 self._account(head, -1)
                 self._tidy(key, band)
                 return head
             self._tidy(key, band)
         return None
+
+    def settle(self, item: Item[T], delta: float) -> None:
+        """The request ``item`` cost ``delta`` more than it was charged when
+        it went (negative: less), now that its answer has ended. Its flow
+        and program are charged the difference, unless its band has emptied
+        since: a band that starts afresh owes nobody."""
+        band = self._bands.get((item.priority, item.warm))
+        if band is None or band is not item.charged_in or not delta:
+            return
+        band.fairness.settle(item.flow, delta)
+        flow = band.flows.get(item.flow)
+        if flow is not None:
+            flow.attained.charge(item.program if self.program_aware else "", delta)
 
     def _tidy(self, key: tuple[int, bool], band: _Band[T]) -> None:
         # a band with nothing waiting starts afresh: when no one waits, no one

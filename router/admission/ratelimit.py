@@ -27,6 +27,14 @@ class Bucket:
             return True
         return False
 
+    def settle(self, amount: float, now: float) -> None:
+        """Takes ``amount`` more (negative: gives back what was taken in
+        excess), whatever the level: the real cost of what went already."""
+        if self.at is None:
+            self.level, self.at = self.burst, now
+        self.level = min(self.burst, self.level + (now - self.at) * self.rate - amount)
+        self.at = now
+
 
 def bucket(rate: float | None) -> Bucket | None:
     """A bucket with one second's worth of burst (at least 1), or none."""

@@ -3,18 +3,16 @@ its fairness id, with a default objective and optional request and token
 rates. Without configured keys nothing is checked and the tenant is ""
 (the llm-d fairness header names the flow then).
 
-The middleware sets ``request["tenant"]`` before any handler runs, so every
-part of the router (the flow controller, the Responses store's isolation)
-reads one answer to "who is asking"."""
+The flow controller's middleware (``Admission.middleware``) sets
+``request["tenant"]`` with ``Tenants.identify`` before any handler runs,
+so every part of the router (the flow controller, the Responses store's
+isolation) reads one answer to "who is asking"."""
 
 from __future__ import annotations
-
-from collections.abc import Awaitable, Callable
 
 import orjson
 import structlog
 from aiohttp import web
-from aiohttp.typedefs import Middleware
 
 from router.admission.keys import KeySource, KeyTable, digest
 from router.admission.ratelimit import Bucket, bucket
@@ -28,7 +26,6 @@ TENANT = "tenant"  # the request key: str, "" when no keys are configured
 KEY_CHECKED = "tenant_key_checked"
 # probes and scrapes carry no key
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def unauthorized(message: str) -> web.Response:
@@ -99,20 +96,28 @@ class Tenants:
             return f"tenant {tenant} is over its token rate ({lim.tokens.rate:g}/s)"
         return None
 
-    def middleware(self) -> Middleware:
-        @web.middleware
-        async def tenant(request: web.Request, handler: Handler) -> web.StreamResponse:
-            if request.path in OPEN_PATHS:
-                request[TENANT] = ""
-                return await handler(request)
-            who = self.who(request.headers.get("Authorization"))
-            if who is None:
-                if bearer(request.headers.get("Authorization")) is None:
-                    return unauthorized("You didn't provide an API key. Provide it in the "
-                                        "Authorization header as 'Bearer YOUR_KEY'.")
-                return unauthorized("Incorrect API key provided.")
-            request[TENANT] = who
-            request[KEY_CHECKED] = self.keys is not None
-            return await handler(request)
+    def settle(self, tenant: str, requests: int, tokens: int, now: float) -> None:
+        """Charges the tenant's buckets what a request cost beyond what
+        ``over_limit`` took (negative: gives the excess back)."""
+        lim = self._limits.get(tenant)
+        if lim is None:
+            return
+        if lim.requests is not None and requests:
+            lim.requests.settle(requests, now)
+        if lim.tokens is not None and tokens:
+            lim.tokens.settle(tokens, now)
 
-        return tenant
+    def identify(self, request: web.Request) -> web.Response | None:
+        """Sets the request's tenant; the 401 to answer instead, if any."""
+        if request.path in OPEN_PATHS:
+            request[TENANT] = ""
+            return None
+        who = self.who(request.headers.get("Authorization"))
+        if who is None:
+            if bearer(request.headers.get("Authorization")) is None:
+                return unauthorized("You didn't provide an API key. Provide it in the "
+                                    "Authorization header as 'Bearer YOUR_KEY'.")
+            return unauthorized("Incorrect API key provided.")
+        request[TENANT] = who
+        request[KEY_CHECKED] = self.keys is not None
+        return None

@@ -16,6 +16,7 @@ import structlog
 from aiohttp import web
 
 from router.admission.tenants import KEY_CHECKED
+from router.admission.usage import ANSWERED, Answered
 from router.metrics import RouterMetrics
 from router.pool.endpoints import Endpoint, Work
 from wire.errors import error_response, sse_error
@@ -173,12 +174,14 @@ class Proxy:
                        **(extra_headers or {})}
         prefill_pending = work.prefill(ep)
         ctype = resp.headers.get("Content-Type", "application/json")
+        seen = request[ANSWERED] = Answered()  # flow control settles on what went by
         try:
             if not ctype.startswith("text/event-stream"):
                 try:
                     data = await resp.read()
                 except (aiohttp.ClientError, TimeoutError) as err:
                     return error_response(*self._broke(ep, err))
+                seen.saw(data)
                 self.metrics.ttfb.labels(path).observe(time.monotonic() - started)
                 ep.first_byte(prefill_pending)
                 prefill_pending = 0
@@ -199,11 +202,13 @@ class Proxy:
                     # event, nothing else (readany returns b"" at the end)
                     while chunk:
                         await write(chunk)
+                        seen.saw(chunk)
                         chunk = await content.readany()
                 else:
                     while chunk:
                         if events := await tap.feed(ep, chunk):
                             await write(events)
+                        seen.saw(chunk)
                         chunk = await content.readany()
                     if rest := tap.tail():
                         await write(rest)

@@ -16,6 +16,7 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from router.admission.flow_control import MAX_TOKENS, Admission
+from router.admission.usage import OUTPUT_TOKENS, responses_output
 from router.config import RouterConfig
 from router.disaggregation.pairing import RESPONSES_PATH, Disaggregation
 from router.disaggregation.split import Call, Route, Splitter
@@ -29,7 +30,7 @@ from router.pool.scrape import scrape_loop
 from router.pool.static import load_static
 from router.prefix.kv_index import KVIndex
 from router.responses.relay import ResponsesTap, output_text
-from router.responses.store import ResponsesStore, make_store, tenant_of
+from router.responses.store import ResponsesStore, keep_or_fail, make_store, tenant_of
 from router.scheduling.context import RequestContext
 from router.scheduling.profile import Decision, Scheduler
 from router.state import RouterState
@@ -271,6 +272,8 @@ class Router:
         assert self.proxy is not None
 
         async def keep(ep: Endpoint, resp: dict[str, Any], text: str) -> None:
+            if (n := responses_output(resp)) is not None:
+                request[OUTPUT_TOKENS] = n  # flow control settles on the answer's usage
             # a split chain's next turn prefers the prefill endpoint: it holds the prefix
             if req.store is not False:
                 await self.store.put(resp["id"], {
@@ -282,7 +285,8 @@ class Router:
         if req.stream:
             return await self.proxy.relay(
                 request, route.ranked, RESPONSES_PATH, route.body, call.headers, route.work,
-                started, ResponsesTap(req.previous_response_id, keep), route.headers)
+                started, ResponsesTap(req.previous_response_id, keep_or_fail(
+                    keep, self.metrics.responses_unstored.inc)), route.headers)
         up = await self.proxy.fetch(route.ranked, RESPONSES_PATH, route.body, call.headers,
                                     route.work)
         if not isinstance(up, Upstream):
@@ -357,7 +361,7 @@ def build_app(cfg: RouterConfig) -> web.Application:
         router.metrics.duration.labels(path).observe(time.monotonic() - started)
         return resp
 
-    app = web.Application(middlewares=[errors, router.admission.tenants.middleware()],
+    app = web.Application(middlewares=[errors, router.admission.middleware()],
                           client_max_size=cfg.server.max_body_bytes)
     app[ROUTER] = router
     app.router.add_post("/v1/chat/completions", router.chat)

@@ -6,16 +6,15 @@ the client sees it, so the next turn can name it at once."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 
 from router.pool.endpoints import Endpoint
+from router.responses.store import KeepOrFail, failed_event
 
 _WHOLE = (b"response.created", b"response.in_progress", b"response.completed",
           b"response.failed", b"response.incomplete")
-Keep = Callable[[Endpoint, dict[str, Any], str], Awaitable[None]]
 
 
 def output_text(resp: dict[str, Any]) -> str:
@@ -24,7 +23,7 @@ def output_text(resp: dict[str, Any]) -> str:
 
 
 class ResponsesTap:
-    def __init__(self, previous_response_id: str | None, keep: Keep) -> None:
+    def __init__(self, previous_response_id: str | None, keep: KeepOrFail) -> None:
         self.previous, self.keep = previous_response_id, keep
         self._buf = b""
 
@@ -57,7 +56,8 @@ class ResponsesTap:
             if not isinstance(resp, dict):
                 return ev
             resp["previous_response_id"] = self.previous
-            if data.get("type") == "response.completed":
-                await self.keep(ep, resp, output_text(resp))
+            if data.get("type") == "response.completed" and (
+                    err := await self.keep(ep, resp, output_text(resp))) is not None:
+                return failed_event(data, err)  # not stored: the stream ends failed
             lines[i] = b"data: " + orjson.dumps(data)
         return b"\n".join(lines)

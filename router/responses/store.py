@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import orjson
@@ -15,6 +16,7 @@ import structlog
 from aiohttp import web
 
 from router.config import ResponsesStoreConfig
+from router.pool.endpoints import Endpoint
 from wire.errors import ApiError
 
 log = structlog.get_logger("router.responses.store")
@@ -100,6 +102,39 @@ class RedisStore:
 
     async def close(self) -> None:
         await self._r.aclose()
+
+
+Keep = Callable[[Endpoint, dict[str, Any], str], Awaitable[None]]
+KeepOrFail = Callable[[Endpoint, dict[str, Any], str], Awaitable[ApiError | None]]
+
+
+def failed_event(completed: dict[str, Any], err: ApiError) -> bytes:
+    """The ``response.failed`` event a stream ends with instead of the
+    ``response.completed`` event ``completed`` when its turn could not be
+    stored: its id names nothing, so the client must not take it for a
+    turn it can continue (an ``error`` event alone would leave the response
+    without its terminal event)."""
+    resp = {**completed.get("response", {}), "status": "failed",
+            "error": {"code": "server_error", "message": err.message}}
+    data = {"type": "response.failed", "sequence_number": completed.get("sequence_number"),
+            "response": resp}
+    return b"event: response.failed\ndata: " + orjson.dumps(data)
+
+
+def keep_or_fail(keep: Keep, failed: Callable[[], None]) -> KeepOrFail:
+    """``keep`` for a stream: the store's refusal is returned (the stream
+    then ends with ``failed_event``) and counted by ``failed``, not raised
+    into a stream already under way. Nothing of the turn is stored: it is
+    one SET, done or not."""
+    async def kept(ep: Endpoint, resp: dict[str, Any], text: str) -> ApiError | None:
+        try:
+            await keep(ep, resp, text)
+        except ApiError as err:
+            failed()
+            return err
+        return None
+
+    return kept
 
 
 def make_store(cfg: ResponsesStoreConfig) -> ResponsesStore:

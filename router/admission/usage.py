@@ -1,0 +1,62 @@
+"""How many output tokens an answer really had, so the flow controller can
+settle what it charged at admission (``max_tokens``, or the configured
+expectation) once the answer ends, however it ends.
+
+The proxy records what it relayed on the request (``ANSWERED``): the
+number of SSE ``data:`` events and the last bytes; a stream it did not
+see (none recorded) keeps the estimate. The answer's own usage
+counts when it is there (a whole JSON body, a stream's usage chunk,
+``response.completed``); otherwise a stream's token events are counted
+(one event a token, as vLLM and SGLang stream them)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+# output tokens read from the answer itself by a handler (the Responses
+# API's usage), which take precedence over what the proxy counted
+OUTPUT_TOKENS: web.RequestKey[int] = web.RequestKey("output_tokens")
+
+# chat/completions: completion_tokens; the Responses API: output_tokens
+_USAGE = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*(\d+)')
+# a stream's events that carry no token: the closing chunk (finish_reason)
+# and data: [DONE]
+_FRAMING_EVENTS = 2
+
+
+@dataclass
+class Answered:
+    """What the proxy relayed of one answer: ``events`` SSE data events (0
+    for a whole body) and its last bytes (the whole body, or a stream's
+    last two chunks: a usage chunk may come just before ``[DONE]``)."""
+
+    events: int = 0
+    prev: bytes = b""
+    last: bytes = b""
+
+    def saw(self, chunk: bytes) -> None:
+        self.events += chunk.count(b"data:")
+        self.prev, self.last = self.last, chunk
+
+
+ANSWERED: web.RequestKey[Answered] = web.RequestKey("answered")
+
+
+def output_tokens(answered: Answered) -> int:
+    """The answer's output tokens: its usage if it says, else its counted
+    token events."""
+    found = _USAGE.findall(answered.prev + answered.last)
+    if found:
+        return int(found[-1])
+    return max(0, answered.events - _FRAMING_EVENTS)
+
+
+def responses_output(resp: dict[str, Any]) -> int | None:
+    """A Responses-API answer's ``usage.output_tokens``, if it says."""
+    usage = resp.get("usage")
+    n = usage.get("output_tokens") if isinstance(usage, dict) else None
+    return n if isinstance(n, int) else None
