@@ -17,6 +17,10 @@ from typing import Any
 
 from aiohttp import web
 
+# the limits on output a request may name, in the order they are read:
+# chat's max_completion_tokens replaced max_tokens; the Responses API's
+_LIMITS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
+
 # output tokens read from the answer itself by a handler (the Responses
 # API's usage), which take precedence over what the proxy counted
 OUTPUT_TOKENS: web.RequestKey[int] = web.RequestKey("output_tokens")
@@ -60,3 +64,12 @@ def responses_output(resp: dict[str, Any]) -> int | None:
     usage = resp.get("usage")
     n = usage.get("output_tokens") if isinstance(usage, dict) else None
     return n if isinstance(n, int) else None
+
+
+def requested_output(parsed: object) -> int | None:
+    """The most output tokens a validated request allows, if it names any."""
+    for name in _LIMITS:
+        n = getattr(parsed, name, None)
+        if isinstance(n, int):
+            return n
+    return None

@@ -16,7 +16,7 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from router.admission.flow_control import MAX_TOKENS, Admission
-from router.admission.usage import OUTPUT_TOKENS, responses_output
+from router.admission.usage import OUTPUT_TOKENS, requested_output, responses_output
 from router.config import RouterConfig
 from router.disaggregation.pairing import RESPONSES_PATH, Disaggregation
 from router.disaggregation.split import Call, Route, Splitter
@@ -171,7 +171,7 @@ class Router:
             parsed = model.model_validate(doc)
         except ValidationError as err:
             raise from_validation(err) from None
-        request[MAX_TOKENS] = getattr(parsed, "max_tokens", None)  # flow control's cost
+        request[MAX_TOKENS] = requested_output(parsed)  # flow control's cost
         return body, doc, parsed
 
     def _check_model(self, model: str | None) -> None:

@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from harness.procs import MODEL, Procs
+from tests.waiting import wait_for
 
 
 def test_chain_continues_on_the_standby(procs: Procs, redis_url: str) -> None:
@@ -61,3 +62,57 @@ def test_redis_down_is_a_clear_503(procs: Procs,
     chat = client.chat.completions.create(model=MODEL, max_tokens=2,
                                           messages=[{"role": "user", "content": "hi"}])
     assert chat.choices
+
+
+def test_a_stream_whose_turn_redis_cannot_keep_ends_failed(
+        procs: Procs, redis_server: tuple[str, subprocess.Popen[bytes]]) -> None:
+    """Redis killed while a Responses answer streams: the client's stream
+    ends with a well-formed response.failed event (not response.completed,
+    whose id would name nothing), the router counts it, and nothing of the
+    turn is kept: with Redis back its id is 404 and new turns are stored."""
+    url, server = redis_server
+    sim = procs.sim(time_scale=1.0)  # slow tokens: Redis dies mid-answer
+    router = procs.router({"responses": {"backend": "redis", "redisUrl": url}},
+                          endpoints=[sim.url])
+    client = openai.OpenAI(base_url=router.url + "/v1", api_key="x", max_retries=0)
+    types: list[str] = []
+    rid = ""
+    last: object = None
+    for event in client.responses.create(model=MODEL, input="hi", max_output_tokens=300,
+                                         stream=True):
+        types.append(event.type)
+        last = event
+        if event.type == "response.created":
+            rid = event.response.id
+        if types.count("response.output_text.delta") == 3:
+            server.kill()
+            server.wait(10)
+    assert rid and "response.completed" not in types, types
+    assert isinstance(last, openai.types.responses.ResponseFailedEvent), types[-3:]
+    assert last.response.status == "failed" and last.response.id == rid
+    assert last.response.error is not None and last.response.error.code == "server_error"
+    assert "Responses store is unavailable" in last.response.error.message
+    assert router.counters().get("toposerve_router_responses_unstored_total") == 1.0
+    port = url.rsplit(":", 1)[1].split("/")[0]
+    back = subprocess.Popen(["redis-server", "--port", port, "--bind", "127.0.0.1",
+                             "--save", "", "--appendonly", "no"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for("redis back", lambda: _answers(url), interval=0.05)
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve(rid)
+        kept = client.responses.create(model=MODEL, input="again", max_output_tokens=2,
+                                       stream=True)
+        done = [e for e in kept if e.type == "response.completed"]
+        assert len(done) == 1
+        assert client.responses.retrieve(done[0].response.id).id == done[0].response.id
+    finally:
+        back.terminate()
+        back.wait(10)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return bool(redis.Redis.from_url(url).ping())
+    except redis.ConnectionError:
+        return False
