@@ -28,13 +28,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import urllib3
 import yaml
 
 from bench import report
 from dra_driver.framework.publisher import ApiError, JsonApi, Reflector
-from dra_driver.simulate import Simulator
+from dra_driver.simulate import Simulator, label_partitions
 from localcluster.cluster import ClusterSpec, api_client, down, running_clusters, up
 from localcluster.nodes import KWOK_TOLERATION
+from localcluster.scale import profile
 
 REPO = Path(__file__).resolve().parents[1]
 RES = "/apis/resource.k8s.io/v1"
@@ -111,8 +113,24 @@ def _namespace(rest: JsonApi, ns: str) -> None:
         time.sleep(0.2)
 
 
-def run(nodes: int, profile: str, init: int, measure: int, qps: int, tmp: Path
-        ) -> list[dict[str, Any]]:
+def _profile_scheduler(cluster: str, seconds: int, out: Path) -> threading.Thread:
+    """A CPU profile of the scheduler over the next ``seconds``, in a thread."""
+    def take() -> None:
+        try:
+            path = profile.cpu_profile(cluster, "kube-scheduler", seconds, out)
+            _, binary = profile.component(cluster, "kube-scheduler")
+            print(f"  scheduler CPU profile: {path}\n{profile.top(binary, path)}",
+                  file=sys.stderr)
+        except (OSError, RuntimeError, LookupError, urllib3.exceptions.HTTPError) as err:
+            print(f"  scheduler CPU profile failed: {err}", file=sys.stderr)
+    t = threading.Thread(target=take, daemon=True)
+    t.start()
+    return t
+
+
+def run(nodes: int, profile_name: str, init: int, measure: int, qps: int, tmp: Path,
+        cpu_profile: int = 0, out: Path = REPO / "bench" / "results",
+        partitions: bool = True) -> list[dict[str, Any]]:
     name = f"dra-sched-{nodes}"
     sched_cfg = None
     if qps:
@@ -122,13 +140,17 @@ def run(nodes: int, profile: str, init: int, measure: int, qps: int, tmp: Path
             "clientConnection": {"qps": qps, "burst": qps}}))
     if name in running_clusters():
         down(name)
-    up(ClusterSpec(name=name, groups=[(profile, nodes)], scheduler_config=sched_cfg,
+    up(ClusterSpec(name=name, groups=[(profile_name, nodes)], scheduler_config=sched_cfg,
                    controller_manager_qps=qps or None),
        progress=lambda m: print(f"  [{name}] {m}", file=sys.stderr, flush=True))
     api = api_client(name)
     rest = JsonApi(api)
+    if not partitions:
+        label_partitions(api, (n["metadata"]["name"] for n in
+                               rest.request("GET", "/api/v1/nodes")["items"]), on=False)
     sim = Simulator(api)
     rows = []
+    variant = "on" if partitions else "off"
     try:
         sim.start()
         t0 = time.monotonic()
@@ -156,11 +178,19 @@ def run(nodes: int, profile: str, init: int, measure: int, qps: int, tmp: Path
                 binds = Binds(rest, ns)
                 try:
                     _batch(rest, pool, binds, ns, "init", init, mode == "claims", 900)
+                    prof = None
+                    if cpu_profile and mode == "claims":
+                        out.mkdir(parents=True, exist_ok=True)
+                        prof = _profile_scheduler(name, cpu_profile, out / (
+                            f"dra_sched-{profile_name}-partitions-{variant}-scheduler.pprof"))
                     first, last = _batch(rest, pool, binds, ns, "measure", measure,
                                          mode == "claims", 900)
+                    if prof is not None:
+                        prof.join(cpu_profile + 90)
                 finally:
                     binds.stop()
-                rows.append({"mode": mode, "nodes": nodes, "profile": profile,
+                rows.append({"mode": mode, "nodes": nodes, "profile": profile_name,
+                             "partitions": variant,
                              "init_pods": init, "measured_pods": measure,
                              "seconds": round(last - first, 1),
                              "pods_per_s": round(measure / (last - first), 1),
@@ -175,26 +205,42 @@ def run(nodes: int, profile: str, init: int, measure: int, qps: int, tmp: Path
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.dra_sched", description=__doc__)
     ap.add_argument("--nodes", type=int, default=500)
-    ap.add_argument("--profile", default="mi300x",
-                    help="8 GPUs a node without partitions, like upstream's simple devices")
+    ap.add_argument("--profile", default="hgx-h100",
+                    help="hgx-h100: 8 partitionable GPUs a node; mi300x: 8 GPUs, no partitions")
+    ap.add_argument("--partitions", choices=("on", "off", "both"), default="both",
+                    help="publish the GPUs' partitions (on), whole GPUs only (off: the nodes "
+                         "labelled gpu.toposerve.io/partitions=off), or both, one after the other")
     ap.add_argument("--init-pods", type=int, default=1000)
     ap.add_argument("--measure-pods", type=int, default=1000)
     ap.add_argument("--qps", type=int, default=1000,
                     help="scheduler and controller-manager client QPS and burst (0: defaults)")
+    ap.add_argument("--cpu-profile", type=int, default=0, metavar="SECONDS",
+                    help="take a CPU profile of the scheduler over the first SECONDS of the "
+                         "measured claim pods (written beside the results, its top printed)")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     args = ap.parse_args(argv)
+    variants = {"on": [True], "off": [False], "both": [True, False]}[args.partitions]
+    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        rows = run(args.nodes, args.profile, args.init_pods, args.measure_pods, args.qps,
-                   Path(tmp))
+        for partitions in variants:
+            rows += run(args.nodes, args.profile, args.init_pods, args.measure_pods, args.qps,
+                        Path(tmp), cpu_profile=args.cpu_profile, out=Path(args.out),
+                        partitions=partitions)
     md = "\n".join([
-        "| pods | nodes | profile | measured pods (after init) | seconds | pods/s | client QPS |",
-        "|---|---:|---|---:|---:|---:|---|",
-        *(f"| {r['mode']} | {r['nodes']} | {r['profile']} | {r['measured_pods']} "
-          f"(+{r['init_pods']}) | {r['seconds']} | {r['pods_per_s']} | {r['client_qps']} |"
-          for r in rows)])
-    ratio = rows[1]["pods_per_s"] / rows[0]["pods_per_s"]
-    md += f"\n\nwith one GPU claim each: {ratio:.2f}x the plain pods' throughput"
-    report.write(Path(args.out), "dra_sched", md, {"rows": rows, "claims_over_plain": ratio})
+        "| pods | nodes | profile | partitions | measured pods (after init) | seconds | pods/s "
+        "| client QPS |",
+        "|---|---:|---|---|---:|---:|---:|---|",
+        *(f"| {r['mode']} | {r['nodes']} | {r['profile']} | {r['partitions']} "
+          f"| {r['measured_pods']} (+{r['init_pods']}) | {r['seconds']} | {r['pods_per_s']} "
+          f"| {r['client_qps']} |" for r in rows)])
+    rate = {(r["partitions"], r["mode"]): r["pods_per_s"] for r in rows}
+    ratios = {v: rate[(v, "claims")] / rate[(v, "plain")] for v, _ in rate}
+    md += "\n\n" + "; ".join(f"partitions {v}: claims at {x:.2f}x the plain pods' rate"
+                              for v, x in ratios.items())
+    if len(ratios) == 2:
+        md += (f"; whole GPUs only at {rate[('off', 'claims')] / rate[('on', 'claims')]:.2f}x "
+               "the partitioned claims' rate")
+    report.write(Path(args.out), "dra_sched", md, {"rows": rows, "claims_over_plain": ratios})
     return 0
 
 

@@ -13,18 +13,20 @@ watches select it, so it never touches the slices of a real node's driver.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
 import orjson
 import structlog
+from kubernetes.client import CoreV1Api
 
 from dra_driver.framework.liveness import HttpEndpoints, metrics_route
 from dra_driver.framework.publisher import ApiError, JsonApi, Reflector, SlicePublisher
 from dra_driver.gpu.devices import DRIVER as GPU_DRIVER
-from dra_driver.gpu.devices import gpu_pool
+from dra_driver.gpu.devices import PARTITIONS_LABEL, gpu_pool, partitions_wanted
 from dra_driver.net.devices import DRIVER as NET_DRIVER
 from dra_driver.net.devices import nic_pool
 from topology.config_file import ConfigError
@@ -48,6 +50,7 @@ class SimNode:
     uid: str
     profile: str
     path: DomainPath
+    partitions: bool = True  # devices.PARTITIONS_LABEL
 
 
 def sim_node(obj: Mapping[str, Any], profile: str | None,
@@ -63,7 +66,8 @@ def sim_node(obj: Mapping[str, Any], profile: str | None,
     if not chosen:
         return f"node {name} has no {PROFILE_LABEL} label; give --profile"
     return SimNode(name=name, uid=meta.get("uid", ""), profile=chosen,
-                   path=from_labels(name, labels, PRESETS[dialect]))
+                   path=from_labels(name, labels, PRESETS[dialect]),
+                   partitions=partitions_wanted(labels))
 
 
 @cache
@@ -180,7 +184,7 @@ class Simulator:
         with self._lock:
             self._nodes[name] = got
         topo = self._topology(got)
-        self.gpu.set_pool(gpu_pool(topo, node_uid=got.uid))
+        self.gpu.set_pool(gpu_pool(topo, node_uid=got.uid, partitions=got.partitions))
         self.net.set_pool(nic_pool(topo, node_uid=got.uid))
 
     def _forget(self, name: str) -> None:
@@ -196,7 +200,8 @@ class Simulator:
         (re)start deletes only what really is gone."""
         nodes = {n.name: n for o in items if (n := self._check(o)) is not None}
         # generators: each node's devices are packed before the next is built
-        self.gpu.set_pools(gpu_pool(self._topology(n), node_uid=n.uid) for n in nodes.values())
+        self.gpu.set_pools(gpu_pool(self._topology(n), node_uid=n.uid, partitions=n.partitions)
+                           for n in nodes.values())
         self.net.set_pools(nic_pool(self._topology(n), node_uid=n.uid) for n in nodes.values())
         with self._lock:
             self._nodes = nodes
@@ -214,6 +219,16 @@ class Simulator:
     def _on_error(self, err: Exception) -> None:
         self._nodes_error = str(err)
         log.warning("node watch failed; retrying", error=str(err)[:300])
+
+
+def label_partitions(api: Any, nodes: Iterable[str], on: bool, workers: int = 16) -> int:
+    """Set ``PARTITIONS_LABEL`` on the nodes (``off``: whole GPUs only), as
+    an operator labels the nodes whose GPUs run without MIG; how many."""
+    core = CoreV1Api(api)
+    body = {"metadata": {"labels": {PARTITIONS_LABEL: "on" if on else "off"}}}
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return len(list(pool.map(lambda n: core.patch_node(n, body, _request_timeout=30),
+                                 nodes)))
 
 
 def endpoints(host: str, port: int, sim: Simulator) -> HttpEndpoints:

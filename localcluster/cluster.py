@@ -99,6 +99,9 @@ def running_clusters(tools: Tools | None = None) -> list[str]:
     return [line.strip() for line in out.splitlines() if line.strip()]
 
 
+SCHEDULER_OPEN_PATHS = "/healthz,/readyz,/livez,/metrics,/debug/pprof/*"
+
+
 def _config_documents(controller_manager_qps: int | None = None,
                       controller_manager_burst: int | None = None, controllers: str = "") -> str:
     # Bind every component to loopback. (kwok's pod range is set by flag in
@@ -117,8 +120,15 @@ def _config_documents(controller_manager_qps: int | None = None,
         extra += [{"key": "kube-api-qps", "value": q}, {"key": "kube-api-burst", "value": burst}]
     if controllers:
         extra.append({"key": "controllers", "value": controllers})
+    patches: list[dict[str, Any]] = []
     if extra:
-        docs[0]["componentsPatches"] = [{"name": "kube-controller-manager", "extraArgs": extra}]
+        patches.append({"name": "kube-controller-manager", "extraArgs": extra})
+    # CPU profiles of the scheduler (scale runs, bench.dra_sched): it cannot
+    # authenticate our client cert (no delegated authn), and it listens on
+    # loopback only, so let its pprof paths through as kwokctl lets /metrics
+    patches.append({"name": "kube-scheduler", "extraArgs": [
+        {"key": "authorization-always-allow-paths", "value": SCHEDULER_OPEN_PATHS}]})
+    docs[0]["componentsPatches"] = patches
     return yaml.safe_dump_all(docs)
 
 

@@ -7,16 +7,19 @@ driver uses where they exist (``type``, ``uuid``, ``productName``,
 shared placement vocabulary (``topology.resourceslice``).
 
 A GPU whose model declares partitions (MIG-like, in the profile) is
-published with its partitions ``gpu-<index>-<profile>-<start>`` through
-shared counters (DRAPartitionableDevices): one counter set per GPU holding
-its memory slices, multiprocessors and memory; the whole GPU consumes all
-of it, each partition its part, so the scheduler never hands out a GPU and
-one of its partitions, nor two partitions that overlap.
+published (unless the node's ``gpu.toposerve.io/partitions`` label is
+``off``: whole GPUs only, as a GPU with MIG disabled) with its partitions
+``gpu-<index>-<profile>-<start>`` through shared counters
+(DRAPartitionableDevices): one counter set per GPU holding its memory
+slices, multiprocessors and memory; the whole GPU consumes all of it,
+each partition its part, so the scheduler never hands out a GPU and one of
+its partitions, nor two partitions that overlap.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from dra_driver.framework.publisher import Pool
@@ -30,6 +33,11 @@ DRIVER = "gpu.toposerve.io"
 NVIDIA = "0x10de"
 DEFAULT_DRIVER_VERSION = "570.124.06"
 DEFAULT_CUDA_DRIVER_VERSION = "12.8"
+# A node label: "off" publishes whole GPUs only. Partitions cost the
+# scheduler's allocator about ten times a whole GPU's work on every node it
+# filters (each device and counter is converted and checked per node per
+# pod), so nodes that never serve partitions should not carry them.
+PARTITIONS_LABEL = "gpu.toposerve.io/partitions"
 # A stable namespace for the UUIDs of simulated GPUs (no NVML to ask).
 _UUIDS = uuid.UUID("5f0c2a8e-1c0b-4f59-9d57-2f7a8f3d6b10")
 
@@ -109,9 +117,16 @@ def _partitions(index: int, whole: dict[str, Any], layout: PartitionLayout,
     return out
 
 
+def partitions_wanted(labels: Mapping[str, str]) -> bool:
+    """Whether a node with these labels publishes its GPUs' partitions."""
+    return labels.get(PARTITIONS_LABEL, "on") != "off"
+
+
 def gpu_pool(node: NodeTopology, *, driver_version: str = DEFAULT_DRIVER_VERSION,
-             cuda_driver_version: str = DEFAULT_CUDA_DRIVER_VERSION, node_uid: str = "") -> Pool:
-    """The node's GPUs (and their partitions) as one pool named for the node."""
+             cuda_driver_version: str = DEFAULT_CUDA_DRIVER_VERSION, node_uid: str = "",
+             partitions: bool = True) -> Pool:
+    """The node's GPUs (and, with ``partitions``, their partitions) as one
+    pool named for the node."""
     places = sorted((p for p in node.hardware.places() if p.device.kind == DeviceKind.GPU),
                     key=_index)
     wholes: list[dict[str, Any]] = []
@@ -127,7 +142,7 @@ def gpu_pool(node: NodeTopology, *, driver_version: str = DEFAULT_DRIVER_VERSION
             "type": string("gpu"), "uuid": string(uuid_), "index": integer(i),
             "minor": integer(i),
             **_vendor_attributes(m, nvidia, driver_version, cuda_driver_version)})
-        layout = m.partitions if m is not None else None
+        layout = m.partitions if m is not None and partitions else None
         if layout is not None and d.memory_bytes is not None:
             memory = format_bytes(d.memory_bytes)
             entry["capacity"]["multiprocessors"] = quantity(str(layout.multiprocessors))

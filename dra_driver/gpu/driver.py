@@ -16,7 +16,7 @@ from dra_driver.framework.driver_process import DriverProcess, Latest, PluginOpt
 from dra_driver.framework.health import HealthBoard
 from dra_driver.framework.publisher import Pool
 from dra_driver.gpu.config import GpuConfig, merge, parse_gpu_config
-from dra_driver.gpu.devices import DRIVER, gpu_pool
+from dra_driver.gpu.devices import DRIVER, gpu_pool, partitions_wanted
 from dra_driver.gpu.edits import gpu_edits, resolve
 from topology.discovery import discover
 from topology.labels import PRESETS, PROFILE_LABEL, from_labels
@@ -64,7 +64,7 @@ class GpuKind:
             name=self.opts.node_name,
             path=from_labels(self.opts.node_name, labels, PRESETS[self.opts.dialect]),
             profile=labels.get(PROFILE_LABEL, "discovered"), hardware=hw)
-        pool = gpu_pool(topo, node_uid=meta.uid or "")
+        pool = gpu_pool(topo, node_uid=meta.uid or "", partitions=partitions_wanted(labels))
         return _Discovered(node=topo, pool=pool, devices={d["name"]: d for d in pool.devices})
 
     # -- DeviceKind ---------------------------------------------------------

@@ -47,20 +47,22 @@ class Estimate:
 
 
 @cache
-def devices_per_node(profile: str) -> int:
-    """Devices ``driver simulate`` publishes for a node (partitions included)."""
+def devices_per_node(profile: str, partitions: bool = True) -> int:
+    """Devices ``driver simulate`` publishes for a node (with or without partitions)."""
     prof = load_profile(profile)
     node = plan_nodes([(prof, 1)])[0]
     topo = NodeTopology(name=node.name, path=node.path, profile=profile,
                         hardware=prof.hardware())
-    return len(gpu_pool(topo).devices) + len(nic_pool(topo).devices)
+    return len(gpu_pool(topo, partitions=partitions).devices) + len(nic_pool(topo).devices)
 
 
 def estimate(sc: ScaleScenario) -> Estimate:
     procs = sum(v for k, v in BASE_MIB.items()
                 if k != "extender" or Setup.TOPOSERVE in sc.setups)
     nodes = sc.node_count() + sc.churn.nodes_added
-    devices = sum(g.count * devices_per_node(g.profile) for g in sc.nodes)
+    devices = sum((g.count - g.whole_gpu_nodes()) * devices_per_node(g.profile)
+                  + g.whole_gpu_nodes() * devices_per_node(g.profile, partitions=False)
+                  for g in sc.nodes)
     pods = sc.pod_count() + sc.churn.pods
     e = Estimate(0, procs, nodes * PER_NODE_MIB, devices * PER_DEVICE_MIB, pods * PER_POD_MIB)
     return Estimate(e.processes_mib + e.nodes_mib + e.devices_mib + e.pods_mib, *[

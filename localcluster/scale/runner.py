@@ -28,6 +28,7 @@ import yaml
 from tqdm import tqdm
 
 from dra_driver.framework.publisher import ApiError, JsonApi
+from dra_driver.simulate import label_partitions
 from localcluster.cluster import (
     ClusterError,
     ClusterSpec,
@@ -154,6 +155,18 @@ def wait(what: str, check: Callable[[], bool], timeout: float, interval: float =
     return time.monotonic() - t0
 
 
+def whole_gpu_nodes(sc: ScaleScenario) -> list[str]:
+    """The nodes that publish whole GPUs only: each group's last
+    ``count - partitioned`` (its nodes are planned in group order)."""
+    planned = plan_nodes([(load_profile(g.profile), g.count) for g in sc.nodes])
+    out: list[str] = []
+    start = 0
+    for g in sc.nodes:
+        out += [n.name for n in planned[start + g.count - g.whole_gpu_nodes():start + g.count]]
+        start += g.count
+    return out
+
+
 def extra_nodes(sc: ScaleScenario) -> list[PlannedNode]:
     """Churn's added nodes: more of the first group's profile, with fresh indexes."""
     first = sc.nodes[0]
@@ -248,6 +261,9 @@ def setup_cluster(sc: ScaleScenario, setup: Setup, name: str, workdir: Path, say
         figures["crds_s"] = round(install_crds(JsonApi(api)), 1)
         sampler.watch({**commands_under(cluster_dir(name)), os.getpid(): "scale (this run)"})
         sampler.start()
+        if whole := whole_gpu_nodes(sc):
+            label_partitions(api, whole, on=False)  # before the simulator lists them
+            say(f"{len(whole)} nodes publish whole GPUs only")
         sim_port = free_port()
         sim = spawn("driver simulate", ["driver", "simulate", "--cluster", name,
                                         "--http-address", f"127.0.0.1:{sim_port}"],

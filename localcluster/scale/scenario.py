@@ -39,6 +39,13 @@ class Model(BaseModel):
 class NodeGroup(Model):
     profile: str = Field(description="hardware profile (topology/profiles): hgx-h100, ...")
     count: int = Field(gt=0, description="how many kwok nodes of it")
+    # Partitions cost the scheduler's allocator about ten times a whole GPU's
+    # work on every node it filters (docs/scale.md): publish them where the
+    # workload asks for them, as an operator enables MIG on some nodes only.
+    partitioned: int | None = Field(
+        default=None, ge=0, description="how many of them (the first ones) publish their "
+        "GPUs' partitions; the rest whole GPUs only (node label "
+        "gpu.toposerve.io/partitions=off); unset: all")
 
     @field_validator("profile")
     @classmethod
@@ -48,6 +55,16 @@ class NodeGroup(Model):
         except ConfigError as err:
             raise ValueError(str(err).splitlines()[0]) from None
         return v
+
+    @model_validator(mode="after")
+    def _partitioned(self) -> NodeGroup:
+        if self.partitioned is not None and self.partitioned > self.count:
+            raise ValueError(f"partitioned: {self.partitioned} of {self.count} nodes; give at "
+                             f"most count ({self.count}), or leave it out for all")
+        return self
+
+    def whole_gpu_nodes(self) -> int:
+        return self.count - (self.count if self.partitioned is None else self.partitioned)
 
 
 class Plain(Model):

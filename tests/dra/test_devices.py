@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from dra_driver.framework import slice_plan
-from dra_driver.gpu.devices import gpu_pool
+from dra_driver.gpu.devices import PARTITIONS_LABEL, gpu_pool, partitions_wanted
 from dra_driver.net.devices import nic_pool
 from topology.config_file import ConfigError, load_file
 from topology.model import DomainPath, NodeTopology
@@ -117,6 +117,19 @@ def test_partitioned_pool_splits_into_counter_and_device_slices() -> None:
                                                ("devices", 16)]
     plain = gpu_pool(_node("mi300x"))
     assert [(k, len(c)) for k, c in slice_plan.split(plain)] == [("devices", 8)]
+
+
+def test_partitions_off_publishes_whole_gpus_only() -> None:
+    assert partitions_wanted({}) and partitions_wanted({PARTITIONS_LABEL: "on"})
+    assert not partitions_wanted({PARTITIONS_LABEL: "off"})
+    full, whole = gpu_pool(_node("hgx-h100")), gpu_pool(_node("hgx-h100"), partitions=False)
+    assert [d["name"] for d in whole.devices] == [f"gpu-{i}" for i in range(8)]
+    assert whole.shared_counters == ()
+    assert all("consumesCounters" not in d for d in whole.devices)
+    # the same GPUs otherwise: names, UUIDs and placement attributes
+    for a, b in zip(full.devices[:8], whole.devices, strict=True):
+        assert a["attributes"] == b["attributes"]
+    assert [(k, len(c)) for k, c in slice_plan.split(whole)] == [("devices", 8)]
 
 
 def test_nic_attributes_use_dranet_names() -> None:

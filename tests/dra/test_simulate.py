@@ -15,10 +15,13 @@ from typing import Any
 
 import httpx
 import pytest
+from kubernetes.client import CoreV1Api
 from prometheus_client.parser import text_string_to_metric_families
 
 from dra_driver.framework.publisher import ApiError, JsonApi
-from dra_driver.simulate import LABELS, sim_node
+from dra_driver.gpu.devices import DRIVER as GPU_DRIVER
+from dra_driver.gpu.devices import PARTITIONS_LABEL
+from dra_driver.simulate import LABELS, label_partitions, sim_node
 from harness.procs import free_port
 from localcluster.nodes import node_manifest
 from tests.conftest import Cluster
@@ -128,3 +131,28 @@ def test_simulate_command(cluster: Cluster, tmp_path: Path) -> None:
     p, _ = _simulate(cluster, tmp_path, "--uninstall")
     assert p.wait(timeout=60) == 0
     assert _slices(rest) == []
+
+
+def _gpu_devices(rest: JsonApi, node: str) -> int:
+    return sum(len(o["spec"].get("devices", ())) for o in _slices(rest, node)
+               if o["spec"]["driver"] == GPU_DRIVER)
+
+
+def test_simulate_follows_the_partitions_label(cluster: Cluster, tmp_path: Path) -> None:
+    rest = JsonApi(cluster.api)
+    node = "hgx-h100-0000"
+    try:
+        with _running(cluster, tmp_path) as url:
+            wait_for("ready", lambda: _code(url + "/readyz") == 200, timeout=120, interval=0.3)
+            assert _gpu_devices(rest, node) == 8 * (1 + 9)
+            # MIG off on this node: whole GPUs only, in one slice without counters
+            label_partitions(cluster.api, [node], on=False)
+            wait_for("whole GPUs only", lambda: _gpu_devices(rest, node) == 8, timeout=60)
+            assert [len(o["spec"].get("sharedCounters", ())) for o in _slices(rest, node)
+                    if o["spec"]["driver"] == GPU_DRIVER] == [0]
+            label_partitions(cluster.api, [node], on=True)
+            wait_for("partitions again", lambda: _gpu_devices(rest, node) == 80, timeout=60)
+    finally:
+        CoreV1Api(cluster.api).patch_node(node, {"metadata": {"labels": {PARTITIONS_LABEL: None}}})
+        p, _ = _simulate(cluster, tmp_path, "--uninstall")
+        assert p.wait(timeout=60) == 0

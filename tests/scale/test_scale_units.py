@@ -296,3 +296,20 @@ def test_an_unknown_scenario_name_lists_the_builtins() -> None:
     with pytest.raises(ConfigError, match=r"no built-in scenario of that name \(built-ins: "
                                           r".*small"):
         resolve("no-such-scenario")
+
+
+def test_partitioned_nodes_are_the_first_of_their_group() -> None:
+    from localcluster.scale.runner import whole_gpu_nodes
+
+    sc = scenario(nodes=[{"profile": "gb200-nvl72", "count": 36},
+                         {"profile": "hgx-h100", "count": 8, "partitioned": 3},
+                         {"profile": "mi300x", "count": 4}])
+    # the NVL72 and mi300x groups publish everything they have (all partitioned, or none to)
+    assert whole_gpu_nodes(sc) == [f"hgx-h100-{i:04d}" for i in range(3, 8)]
+    assert whole_gpu_nodes(load_scenario(SMALL)) == []
+    # whole-GPU nodes publish fewer devices, and the estimate says so
+    assert fit.devices_per_node("hgx-h100", partitions=False) == 8 + 8
+    assert fit.devices_per_node("hgx-h100") == 80 + 8
+    assert fit.estimate(sc).devices_mib < fit.estimate(load_scenario(SMALL)).devices_mib
+    with pytest.raises(ValueError, match=r"partitioned: 9 of 8 nodes; give at most count"):
+        scenario(nodes=[{"profile": "hgx-h100", "count": 8, "partitioned": 9}])
