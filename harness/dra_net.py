@@ -90,6 +90,8 @@ class NetDriverProc:
     root: Path
     proc: subprocess.Popen[bytes] | None = None
     port: int = field(default_factory=free_port)
+    rescan_interval_s: float = 0.5
+    extra_args: tuple[str, ...] = ()
 
     @property
     def state_dir(self) -> Path:
@@ -122,7 +124,7 @@ class NetDriverProc:
                 "--journal-dir", str(self.journal_dir),
                 "--handoff-socket", str(self.handoff_socket),
                 "--netns", self.nics.netns, "--http-address", f"127.0.0.1:{self.port}",
-                "--rescan-interval", "0.5"]
+                "--rescan-interval", str(self.rescan_interval_s), *self.extra_args]
         self.proc = launch_plugin(argv, os.environ, self.root / "driver.log", self.kubelet)
 
     def stop(self) -> int:

@@ -230,7 +230,8 @@ def register(sub: Any) -> None:
                    help="serve the CNI plugin's calls here, its serverSocket "
                         "(default %(default)s)")
     n.add_argument("--no-handoff-server", action="store_true",
-                   help="serve no hand-off socket: the CNI plugin moves NICs itself (slower)")
+                   help="serve no hand-off socket (the CNI plugin then starts only pods "
+                        "without NICs)")
     n.add_argument("--netns", help="read links in this named network namespace "
                                    "(default: the driver's own, the host's)")
     n.add_argument("--keep-loopback", action="store_true", help="publish loopback interfaces")
@@ -242,9 +243,9 @@ def register(sub: Any) -> None:
                    help="publish only interfaces whose whole name matches")
     n.add_argument("--exclude-interfaces", metavar="REGEX",
                    help="never publish interfaces whose whole name matches")
-    n.add_argument("--rescan-interval", type=float, default=5.0,
-                   help="seconds between rescans of links and device health "
-                        "(default %(default)s)")
+    n.add_argument("--rescan-interval", type=float, default=30.0,
+                   help="seconds between rescans of links and device health; netlink "
+                        "events rescan at once (default %(default)s)")
     n.set_defaults(handler=_net)
 
     i = dsub.add_parser("net-install-cni",

@@ -14,6 +14,7 @@ CNI plugin's calls on its hand-off socket (``handoff.server``).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,7 @@ from dra_driver.net.handoff import cni
 from dra_driver.net.handoff.journal import DEFAULT_JOURNAL_DIR, Journal
 from dra_driver.net.handoff.mover import repair_journal
 from dra_driver.net.handoff.server import HandoffServer
+from dra_driver.net.link_events import LinkWatch
 from dra_driver.net.records import (
     DEFAULT_STATE_DIR,
     ClaimRecord,
@@ -60,7 +62,8 @@ class NetDriverOptions(PluginOptions):
     state_dir: Path = DEFAULT_STATE_DIR
     netns: str | None = None  # netlink in this named namespace (tests); None: our own
     filters: NetFilters = field(default_factory=NetFilters)
-    rescan_interval_s: float = 5.0
+    # netlink events trigger rescans (``link_events``); the timer is the safety net
+    rescan_interval_s: float = 30.0
     journal_dir: Path = DEFAULT_JOURNAL_DIR
     # the resident hand-off server's socket (the CNI plugin's serverSocket); None: none
     handoff_socket: Path | None = cni.SERVER_SOCKET
@@ -224,13 +227,16 @@ class NetKind:
 
 
 class NetDriver(DriverProcess):
-    """The whole process: plugin, publisher, and a loop that rescans the
-    links (state, addresses, NICs coming and going) and checks health."""
+    """The whole process: plugin, publisher, and rescans of the links (state,
+    addresses, NICs coming and going) and health on netlink events and on a
+    slow timer."""
 
     def __init__(self, api: ApiClient, opts: NetDriverOptions) -> None:
         self.opts = opts
         self.kind = NetKind(api, opts)
         self._handoff: HandoffServer | None = None
+        self._rescanning = threading.Lock()  # the timer's and the events' rescans
+        self._watch = LinkWatch(self._rescan, netns_path(opts.netns))
         super().__init__(
             api, self.kind, opts, cdi_vendor=CDI_VENDOR, cdi_class=CDI_CLASS,
             interval_s=opts.rescan_interval_s, tick=self._rescan, loop_name="rescan")
@@ -245,13 +251,16 @@ class NetDriver(DriverProcess):
         if self.opts.handoff_socket is not None:
             self._handoff = HandoffServer(self.opts.handoff_socket, host_netns=host).start()
         super().start()
+        self._watch.start()
 
     def stop(self) -> None:
+        self._watch.stop()
         super().stop()
         if self._handoff is not None:
             self._handoff.stop()
             self._handoff = None
 
     def _rescan(self) -> None:
-        self.plugin.refresh_pools()  # the publisher writes only what changed
-        self.kind.check_health(self.plugin.health)
+        with self._rescanning:
+            self.plugin.refresh_pools()  # the publisher writes only what changed
+            self.kind.check_health(self.plugin.health)

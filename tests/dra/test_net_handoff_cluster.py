@@ -162,3 +162,26 @@ def test_start_repairs_the_journal_then_serves_the_plugin(
         assert journal.entries() == []
     finally:
         d.kill()
+
+
+def test_a_link_added_is_published_on_its_netlink_event(
+        net_env: NetEnv, nics: StandIns, tmp_path: Path) -> None:
+    """The timer at five minutes: only the link event can publish the new veth
+    (virtual interfaces kept for the test) and unpublish it, each in seconds."""
+    d = NetDriverProc(net_env, nics, tmp_path / "driver", rescan_interval_s=300,
+                      extra_args=("--keep-virtual",))
+
+    def names() -> set[str]:
+        return {x["attributes"]["ifName"]["string"] for x in published(net_env.api)}
+
+    d.root.mkdir()
+    try:
+        d.start()
+        wait_for("the stand-ins published", lambda: set(nics.interfaces) <= names(), timeout=30)
+        subprocess.run(["ip", "-n", nics.netns, "link", "add", "tsw0", "type", "veth", "peer",
+                        "name", "tsw1"], check=True)
+        wait_for("the new veth published", lambda: {"tsw0", "tsw1"} <= names(), timeout=5)
+        subprocess.run(["ip", "-n", nics.netns, "link", "del", "tsw0"], check=True)
+        wait_for("the veth unpublished", lambda: not {"tsw0", "tsw1"} & names(), timeout=5)
+    finally:
+        d.kill()

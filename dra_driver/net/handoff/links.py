@@ -39,7 +39,7 @@ def _is_link_local(a: IfAddress) -> bool:
 CLONE_NEWNET = 0x40000000
 
 
-def _netlink_socket_in(path: str) -> int:
+def netlink_socket_in(path: str) -> int:
     """A route netlink socket of the namespace at ``path``: made by a thread
     that enters it (setns moves only the calling thread), so ours stays put.
     pyroute2's NetNS forks a helper for the same, at 5-10 times the cost."""
@@ -74,7 +74,7 @@ class Namespace:
         from pyroute2 import IPRoute  # type: ignore[import-untyped]
 
         self.path = path
-        self._nl: Any = IPRoute() if path is None else IPRoute(fileno=_netlink_socket_in(path))
+        self._nl: Any = IPRoute() if path is None else IPRoute(fileno=netlink_socket_in(path))
 
     def __enter__(self) -> Namespace:
         return self
