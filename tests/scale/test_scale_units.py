@@ -306,7 +306,7 @@ def test_partitioned_nodes_are_the_first_of_their_group() -> None:
                          {"profile": "mi300x", "count": 4}])
     # the NVL72 and mi300x groups publish everything they have (all partitioned, or none to)
     assert whole_gpu_nodes(sc) == [f"hgx-h100-{i:04d}" for i in range(3, 8)]
-    assert whole_gpu_nodes(load_scenario(SMALL)) == []
+    assert whole_gpu_nodes(load_scenario(SMALL)) == [f"hgx-h100-{i:04d}" for i in range(4, 8)]
     # whole-GPU nodes publish fewer devices, and the estimate says so
     assert fit.devices_per_node("hgx-h100", partitions=False) == 8 + 8
     assert fit.devices_per_node("hgx-h100") == 80 + 8
