@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -219,6 +220,11 @@ def placement_runs(args: argparse.Namespace, workdir: Path) -> tuple[list[Placem
                                                              file=sys.stderr)) as gc:
             row, where = measure(gc, groups, mode, args.plain, args.seed, args.timeout)
             rows.append(row)
+            if gc.extender is not None:  # its decisions, to read where a group went and why
+                out = Path(args.out)
+                out.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(gc.extender.workdir / f"extender-{gc.extender.starts}.log",
+                                out / f"{args.name}-extender.log")
             landed[mode] = {g: sorted({str(gc.paths[n].rack) for n in w.values()})
                             for g, w in where.items()}
             landed[mode + "/gpus"] = _rack_use(gc, groups, where)

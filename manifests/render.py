@@ -127,12 +127,10 @@ def extender_config(values: InstallValues) -> ExtenderConfig:
     return cfg.model_copy(update=update)
 
 
-def _extender_writes(cfg: ExtenderConfig) -> list[dict[str, Any]]:
-    """RBAC for what the extender persists: each group's decision as an
-    annotation on one of its pods."""
-    if not cfg.persist_decisions:
-        return []
-    return [{"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}]
+# RBAC for what the extender writes: annotations on pods, each group's decision on
+# one of its pods (unless ``persistDecisions`` is off) and, on a group's waiting
+# pods, that its size became known (so the scheduler retries them at once)
+EXTENDER_WRITES = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}]
 
 
 def second_scheduler_config(values: InstallValues, url: str) -> dict[str, Any]:
@@ -211,7 +209,7 @@ def _context(values: InstallValues) -> dict[str, Any]:
             ext.model_dump(by_alias=True, mode="json", exclude_none=True), sort_keys=False),
         "scheduler_config": yaml.safe_dump(second_scheduler_config(values, url),
                                            sort_keys=False),
-        "extender_write_rules": _extender_writes(ext),
+        "extender_write_rules": EXTENDER_WRITES,
         "router_config": yaml.safe_dump(router_config(values), sort_keys=False)
         if values.router.enabled else "",
         "router_redis_url": router_redis_url(values),

@@ -319,10 +319,12 @@ def filter_member(view: View, group: Group, uid: str, candidates: list[str], pol
     while True:
         passed, failed = _check(view, group, member.uid, member.demand, candidates, decision,
                                 reserved)
-        # members still in flight make the free counts unsure: wait for their
+        if passed or decision.required or decision.tier >= Tier.BEYOND:
+            break
+        # pods in flight (scored, not bound yet: the group's own anywhere, any
+        # group's in its domain) make the free counts unsure: wait for their
         # bindings (the scheduler retries) rather than widen the group for nothing
-        settled = not any(m.assumed for m in group.members)
-        if passed or decision.required or decision.tier >= Tier.BEYOND or not settled:
+        if any(m.assumed for m in group.members) or _in_flight(view, decision):
             break
         pick = _choose(view, group, {*candidates, *(m.node for m in group.bound() if m.node)},
                        reserved, climb(Tier(decision.tier + 1)), decision.domain,
@@ -332,6 +334,13 @@ def filter_member(view: View, group: Group, uid: str, candidates: list[str], pol
         decision = replace(decision, tier=pick.tier, domain=pick.domain)
         outcome = Outcome.CLIMBED
     return FilterResult(passed, failed, decision, outcome)
+
+
+def _in_flight(view: View, decision: Decision) -> bool:
+    """Whether a member of any group is assumed on a node of the decision's domain."""
+    place = view.place(decision.tier)
+    return any(m.assumed and m.node is not None and place.get(m.node) == decision.domain
+               for g in view.groups.values() for m in g.members)
 
 
 def _check(view: View, group: Group, uid: str, demand: int, candidates: list[str],

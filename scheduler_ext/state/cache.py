@@ -76,6 +76,9 @@ class ClusterState:
     def __init__(self, cfg: ExtenderConfig, clock: Callable[[], float] = time.monotonic,
                  assume_ttl_s: float = ASSUME_TTL_S) -> None:
         self.cfg = cfg
+        # called (under the lock: it must not block) with a group whose size just
+        # became known and its pods not bound yet, (namespace, name) each
+        self.on_size_known: Callable[[Group, list[tuple[str, str]]], None] | None = None
         self.clock = clock
         self.assume_ttl_s = assume_ttl_s
         self.dialect = cfg.dialect()
@@ -208,11 +211,14 @@ class ClusterState:
         md = obj.get("metadata") or {}
         key = (md.get("namespace", "default"), md.get("name", ""))
         with self.lock:
+            group = f"podgroup/{key[0]}/{key[1]}"
+            waiting = self._waiting_for_size({group})
             if kind == "DELETED":
                 self._pod_groups.pop(key, None)
             else:
                 self._pod_groups[key] = pod_group_spec(obj, self.dialect)
-            self._dirty_groups.add(f"podgroup/{key[0]}/{key[1]}")
+            self._dirty_groups.add(group)
+            self._announce_sized(waiting)
 
     def leader_worker_set(self, kind: str, obj: dict[str, Any]) -> None:
         """A DisaggregatedSet slice is as big as its roles' LeaderWorkerSets
@@ -220,11 +226,31 @@ class ClusterState:
         md = obj.get("metadata") or {}
         key = (md.get("namespace", "default"), md.get("name", ""))
         with self.lock:
-            old = self._lws.pop(key, None)
             group, pods = lws_pods(obj) if kind != "DELETED" else (None, 0)
+            old = self._lws.pop(key, None)
+            touched = {g for g in (group, old[0] if old else None) if g}
+            waiting = self._waiting_for_size(touched)
             if group is not None:
                 self._lws[key] = (group, pods)
-            self._dirty_groups.update(g for g in (group, old[0] if old else None) if g)
+            self._dirty_groups.update(touched)
+            self._announce_sized(waiting)
+
+    def _waiting_for_size(self, keys: Iterable[str]) -> set[str]:
+        """Those of the groups whose size is not known (so none of their pods
+        is placed) and that have pods waiting."""
+        return {k for k in keys if (g := self._group(k)) is not None and not g.size_known and
+                any(m.node is None for m in g.members)}
+
+    def _announce_sized(self, waiting: set[str]) -> None:
+        """The scheduler retries a pod the extender rejected on the next
+        cluster event only (or after 5 minutes): for each group of
+        ``waiting`` whose size is known now, hand its waiting pods to
+        ``on_size_known``, which gives the scheduler that event."""
+        for key in waiting:
+            g = self._group(key)
+            if g is not None and g.size_known and self.on_size_known is not None:
+                waits = [m.name.partition("/") for m in g.members if m.node is None]
+                self.on_size_known(g, [(ns, name) for ns, _, name in waits])
 
     def _touch_pods(self, uids: Iterable[str]) -> None:
         for uid in list(uids):
@@ -232,6 +258,8 @@ class ClusterState:
             if p is not None:
                 if p.node:
                     self._dirty_nodes.add(p.node)
+                if uid in self._assumed:
+                    self._dirty_nodes.add(self._assumed[uid][0])
                 if p.ref:
                     self._dirty_groups.add(p.ref.key)
 
@@ -291,6 +319,8 @@ class ClusterState:
                     self._adopt(new.decision)
             if new.node:
                 self._dirty_nodes.add(new.node)
+            elif new.uid in self._assumed:  # its claims may have come: what it adds moves
+                self._dirty_nodes.add(self._assumed[new.uid][0])
 
     def _unindex(self, p: PodFacts) -> None:
         if p.node:
@@ -352,16 +382,19 @@ class ClusterState:
                 where = self._device.get(dev)
                 if where is not None and where[0] == name:
                     used_units.add(where[1])
-        extra = 0
-        for uid in self._pods_on.get(name, ()):
-            p = self._pods[uid]
-            allocated = sum(1 for c in p.claims if (p.namespace, c) in self._claims
-                            for d in self._claims[(p.namespace, c)].devices if d in self._device)
-            extra += max(0, self._demand(p) - p.extended - allocated) + p.extended
-        extra += sum(self._demand(self._pods[uid]) for uid, (n, _) in self._assumed.items()
+        extra = sum(self._unallocated(self._pods[uid]) for uid in self._pods_on.get(name, ()))
+        # an assumed pod's claims are allocated (the scheduler's PreBind) before
+        # it shows bound: those units count where the claims are, not twice
+        extra += sum(self._unallocated(self._pods[uid]) for uid, (n, _) in self._assumed.items()
                      if n == name and uid in self._pods)
         return NodeState(name, f.path, capacity=len(units) + f.extended,
                          used=len(used_units) + extra, profile=f.profile)
+
+    def _unallocated(self, p: PodFacts) -> int:
+        """What the pod needs that no allocated claim of it counts yet."""
+        allocated = sum(1 for c in p.claims if (p.namespace, c) in self._claims
+                        for d in self._claims[(p.namespace, c)].devices if d in self._device)
+        return max(0, self._demand(p) - p.extended - allocated) + p.extended
 
     def _demand(self, p: PodFacts) -> int:
         total = p.extended

@@ -16,6 +16,9 @@ from topology.model import DomainPath
 from topology.quantity import parse_quantity
 
 PLACEMENT_ANNOTATION = "toposerve.io/placement"
+# written on a held pod when its group's size became known: a change to the pod
+# is the event the scheduler waits for to try it again
+SIZE_SEEN_ANNOTATION = "toposerve.io/group-size-seen"
 
 DeviceId = tuple[str, str, str]  # (driver, pool, device)
 

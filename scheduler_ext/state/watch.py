@@ -6,15 +6,21 @@ And the one write the extender makes: its decision onto a group's pod."""
 from __future__ import annotations
 
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import orjson
 import structlog
 
 from dra_driver.framework.publisher import ApiError, JsonApi, Reflector
-from scheduler_ext.placement.model import Decision
+from scheduler_ext.placement.model import Decision, Group
 from scheduler_ext.state.cache import ClusterState
-from scheduler_ext.state.facts import PLACEMENT_ANNOTATION, decision_annotation
+from scheduler_ext.state.facts import (
+    PLACEMENT_ANNOTATION,
+    SIZE_SEEN_ANNOTATION,
+    decision_annotation,
+)
 
 log = structlog.get_logger("toposerve.extender.watch")
 
@@ -41,6 +47,8 @@ class Watches:
         self.errors: dict[str, int] = dict.fromkeys(PATHS, 0)
         self._threads: list[threading.Thread] = []
         self.reflectors = {kind: self._reflector(kind) for kind in PATHS}
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="nudge")
+        state.on_size_known = self.nudge
 
     def _reflector(self, kind: str) -> Reflector:
         path, query = PATHS[kind]
@@ -88,6 +96,7 @@ class Watches:
             r.stop()
         for t in self._threads:
             t.join(timeout=5)
+        self._writer.shutdown(wait=False, cancel_futures=True)
 
     def missing(self) -> list[str]:
         """Kinds whose first list has not arrived (not ready until none)."""
@@ -97,14 +106,29 @@ class Watches:
     def persist(self, namespace: str, pod: str, decision: Decision) -> None:
         """Write the group's decision on one of its pods (merge patch), so
         that a restarted or second extender finds it in its pod watch."""
-        body = {"metadata": {"annotations": {PLACEMENT_ANNOTATION:
-                                             decision_annotation(decision)}}}
+        self._annotate(namespace, pod, PLACEMENT_ANNOTATION, decision_annotation(decision),
+                       decision.group, "could not record the group's placement on its pod")
+
+    def nudge(self, group: Group, pods: list[tuple[str, str]]) -> None:
+        """The group's size is known now: annotate its waiting pods (off the
+        watch thread), so that the scheduler tries them again at once. A pod
+        an extender rejected waits for any cluster event, and an update of the
+        pod itself is one (kube-scheduler queues such pods on every event);
+        else it would wait for the next event or the 5-minute flush."""
+        seen = orjson.dumps({"size": group.size, "at": time.time()}).decode()
+        log.info("group size known; retrying its pods", group=group.key, pods=len(pods))
+        for namespace, pod in pods:
+            self._writer.submit(self._annotate, namespace, pod, SIZE_SEEN_ANNOTATION, seen,
+                                group.key, "could not mark the pod for a retry")
+
+    def _annotate(self, namespace: str, pod: str, key: str, value: str, group: str,
+                  failure: str) -> None:
         from kubernetes import client
         from kubernetes.client.exceptions import ApiException
 
         try:
             client.CoreV1Api(self.api).patch_namespaced_pod(
-                pod, namespace, body, _content_type="application/merge-patch+json")
+                pod, namespace, {"metadata": {"annotations": {key: value}}},
+                _content_type="application/merge-patch+json")
         except ApiException as err:
-            log.warning("could not record the group's placement on its pod", pod=pod,
-                        group=decision.group, status=err.status, error=str(err.reason))
+            log.warning(failure, pod=pod, group=group, status=err.status, error=str(err.reason))

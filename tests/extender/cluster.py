@@ -7,6 +7,7 @@ benchmark."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
 import urllib3
 import yaml
 
@@ -321,6 +323,78 @@ def wait_bound(api: Any, selector: str, count: int, timeout: float = 90) -> dict
 def create_pods(api: Any, items: list[dict[str, Any]], namespace: str = "default") -> None:
     for p in items:
         rest(api).request("POST", f"/api/v1/namespaces/{namespace}/pods", body=p)
+
+
+class SlowBinder:
+    """A stand-in scheduler for pods whose ``schedulerName`` is ``NAME``, so a
+    test decides where pods go and when they bind. It asks the extender as
+    the scheduler does (filter, then prioritize over what passed), allocates
+    the pod's claim on a node that passed (the test's choice, or the
+    extender's top one) and binds the pod, or leaves it unbound to hold open
+    the window the real scheduler leaves between its DRA plugin writing the
+    allocation (PreBind) and the binding."""
+
+    NAME = "slow-binder"
+
+    def __init__(self, gc: GpuCluster) -> None:
+        assert gc.extender is not None
+        self.api, self.url = gc.api, gc.extender.url
+        self.http = urllib3.PoolManager()
+
+    def _ask(self, verb: str, pod: dict[str, Any], names: list[str]) -> Any:
+        r = self.http.request("POST", f"{self.url}/{verb}", timeout=10,
+                              body=orjson.dumps({"Pod": pod, "NodeNames": names}))
+        assert r.status == 200, f"{verb}: {r.status} {r.data!r}"
+        return orjson.loads(r.data)
+
+    def schedule(self, name: str, names: list[str], node: str | None = None, *,
+                 bind: bool = True, namespace: str = "default") -> str:
+        """The node the pod's claim is allocated on (and the pod bound to)."""
+        def made() -> dict[str, Any]:
+            got: dict[str, Any] = rest(self.api).request(
+                "GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
+            return got if (got.get("status") or {}).get("resourceClaimStatuses") else {}
+        pod = wait_for(f"{name}'s claim made", made, timeout=30, interval=0.2)
+
+        def passed() -> list[str]:  # once the extender's watches show what came before
+            got: list[str] = self._ask("filter", pod, names)["NodeNames"]
+            return got if node is None or node in got else []
+        scores = self._ask("prioritize", pod, wait_for(
+            f"the extender to pass {name} on {node or 'a node'}", passed, timeout=10,
+            interval=0.2))
+        if node is None:
+            node = str(max(scores, key=lambda s: s["Score"])["Host"])
+        claims = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
+        used = {int(m.group(1)) for c in rest(self.api).request("GET", claims)["items"]
+                for r in (((c.get("status") or {}).get("allocation") or {}).get("devices") or
+                          {}).get("results") or []
+                if r["pool"] == node and (m := re.match(r"gpu-(\d+)", r["device"]))}
+        (status,) = pod["status"]["resourceClaimStatuses"]
+        claim = rest(self.api).request("GET", f"{claims}/{status['resourceClaimName']}")
+        (request,) = claim["spec"]["devices"]["requests"]
+        free = [i for i in range(_gpus_on(self.api, node)) if i not in used]
+        claim["status"] = {
+            "allocation": {"devices": {"results": [
+                {"request": request["name"], "driver": DRIVER, "pool": node, "device": f"gpu-{i}"}
+                for i in free[:request["exactly"]["count"]]]}},
+            "reservedFor": [{"resource": "pods", "name": name, "uid": pod["metadata"]["uid"]}]}
+        rest(self.api).request("PUT", f"{claims}/{claim['metadata']['name']}/status", body=claim)
+        if bind:
+            self.bind(name, node, namespace)
+        return node
+
+    def bind(self, name: str, node: str, namespace: str = "default") -> None:
+        rest(self.api).request("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/binding",
+                               body={"apiVersion": "v1", "kind": "Binding",
+                                     "metadata": {"name": name},
+                                     "target": {"apiVersion": "v1", "kind": "Node",
+                                                "name": node}})
+
+
+def _gpus_on(api: Any, node: str) -> int:
+    labels = rest(api).request("GET", f"/api/v1/nodes/{node}")["metadata"]["labels"]
+    return len([d for d in load_profile(labels[PROFILE_LABEL]).hardware().devices()
+                if d.kind == "gpu"])
 
 
 def scheduling_events(api: Any, pod: str, namespace: str = "default") -> list[str]:

@@ -9,6 +9,7 @@ import os
 import random
 import re
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import orjson
@@ -21,6 +22,7 @@ from tests.extender import objects as k
 from tests.extender.cluster import (
     GpuCluster,
     LwsGroups,
+    SlowBinder,
     bound_nodes,
     create_disaggregated,
     create_lws,
@@ -137,11 +139,61 @@ def test_pd_slices_keep_decode_beside_prefill_and_fall_back_one_level(
                                               "LeaderWorkerSet", "DisaggregatedSet"]
 
 
-def test_a_slice_whose_size_is_not_seen_yet_places_no_pod(clean: GpuCluster) -> None:
+def slice_pods(name: str) -> list[dict[str, Any]]:
+    """A P/D slice as the benchmark makes it: 2 prefill + 2 decode of 4 GPUs on
+    HGX, preferring one NVLink domain (8 GPUs: it falls back to the rack)."""
+    out = k.toposerve_pods(name, 4, claim_template="gpu4", preferred="nvlink",
+                           profile="hgx-h100")
+    for p, role in zip(out, ("prefill", "prefill", "decode", "decode"), strict=True):
+        p["metadata"]["labels"]["llm-d.ai/role"] = role
+    return out
+
+
+def bound_of(gc: GpuCluster, selector: str, count: int) -> dict[str, str]:
+    """Wait until ``count`` pods of ``selector`` are bound (others may wait)."""
+    return wait_for(f"{count} pods of {selector} bound", lambda: (
+        got if len(got := {p: n for p, n in bound_nodes(gc.api, selector).items() if n}) ==
+        count else {}), timeout=90, interval=0.3)
+
+
+def test_a_slice_stays_in_its_rack_beside_another_groups_slow_binding(
+        clean: GpuCluster) -> None:
+    # make scale's one split slice, small: a slice of 16 GPUs in an HGX rack whose
+    # last member's room is on a node where another group's pod is between its
+    # claim's allocation and its binding. Counted both at its claim and where the
+    # extender assumed it, that node looked full; so did the rack, and the last
+    # member climbed to the block and split its slice.
     gc = clean
-    # the slice's pods as DisaggregatedSet and LWS label them, but its LeaderWorkerSets
-    # not visible to the extender (a lagging watch, a missing RBAC rule)
-    ds = post(gc.api, ctl.disaggregated_set("late", {"prefill": (4, 1), "decode": (2, 1)}))
+    binder = SlowBinder(gc)
+    hgx = sorted(n for n in gc.paths if n.startswith("hgx"))  # two racks of four
+    rack = gc.paths[hgx[0]].rack
+    web = [ctl.pod("web-0", claim_template="gpu8", profile="hgx-h100",
+                   scheduler=SlowBinder.NAME),
+           ctl.pod("web-1", claim_template="gpu4", profile="hgx-h100",
+                   scheduler=SlowBinder.NAME)]
+    pd = slice_pods("pd")
+    solo = k.toposerve_pods("solo", 1, claim_template="gpu4", preferred="nvlink",
+                            profile="hgx-h100")
+    for p in [*pd[:3], *solo]:
+        p["spec"]["schedulerName"] = SlowBinder.NAME
+    create_pods(gc.api, [*web, *pd[:3], *solo])
+    # where the scheduler put them (the extender passed those nodes): the slice's
+    # last member's room is on the rack's fourth node, whose other half is the
+    # best fit of a one-pod group
+    for name, node in [("web-0", hgx[0]), ("web-1", hgx[2]), ("pd-0", hgx[1]),
+                       ("pd-1", hgx[1]), ("pd-2", hgx[2])]:
+        binder.schedule(name, hgx, node)
+    assert binder.schedule("solo-0", hgx, bind=False) == hgx[3]
+    create_pods(gc.api, pd[3:])  # the real scheduler, while solo-0 is not bound yet
+    placed = wait_bound(gc.api, "toposerve.io/group=pd", 4)
+    binder.bind("solo-0", hgx[3])
+    assert racks(gc, placed) == {rack}, f"the slice split: {placed}"
+    assert placed["pd-3"] == hgx[3]
+
+
+def test_a_held_slice_binds_soon_after_its_leaderworkersets_appear(clean: GpuCluster) -> None:
+    gc = clean
+    ds = post(gc.api, ctl.disaggregated_set("slow", {"prefill": (2, 1), "decode": (2, 1)}))
     sets = ctl.disaggregated_lws(ds, 0, "7f9b8c1d")
     members = []
     for lws in sets:
@@ -150,18 +202,17 @@ def test_a_slice_whose_size_is_not_seen_yet_places_no_pod(clean: GpuCluster) -> 
             p = ctl.lws_leader(lws, sts, g, claim_template="gpu4")
             del p["metadata"]["ownerReferences"]  # its owners do not exist yet
             members.append(p)
-    create_pods(gc.api, members[:3])
-    reason = wait_for("a FailedScheduling event saying the slice's size is not known",
-                      lambda: next((m for m in scheduling_events(gc.api, "late-0-7f9b8c1d-"
-                                                                 "prefill-0")
-                                    if "its size is not known yet" in m), ""), timeout=90)
-    assert "LeaderWorkerSets" in reason
-    assert not any(bound_nodes(gc.api, "disaggregatedset.x-k8s.io/name=late").values())
-    # the LeaderWorkerSets arrive, then the rest of the slice: it lands whole in one domain
+    create_pods(gc.api, members)  # every pod, held: nothing else will happen in the cluster
+
+    def held(name: str) -> bool:
+        return any("its size is not known yet" in m for m in scheduling_events(gc.api, name))
+    for name in [p["metadata"]["name"] for p in members]:
+        wait_for(f"{name} held for its size", partial(held, name), timeout=90)
     for lws in sets:
         post(gc.api, lws)
-    create_pods(gc.api, members[3:])
-    placed = wait_bound(gc.api, "disaggregatedset.x-k8s.io/name=late", 6)
+    # the scheduler retries them at once (the extender marks them), not at its
+    # 5-minute flush of unschedulable pods; within its 10 s backoff at most
+    placed = wait_bound(gc.api, "disaggregatedset.x-k8s.io/name=slow", 4, timeout=30)
     assert len({gc.paths[n].nvlink for n in placed.values()}) == 1
 
 

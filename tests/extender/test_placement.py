@@ -28,7 +28,7 @@ from scheduler_ext.placement.levels import (
     domain_of,
     parse_level,
 )
-from scheduler_ext.placement.model import Source, View
+from scheduler_ext.placement.model import Group, Source, View
 from tests.extender.sim import Sim, cluster, gang
 from topology.labels import PRESETS, DialectName
 from topology.model import DomainPath, Tier, TierLink
@@ -219,13 +219,19 @@ def test_a_required_level_never_climbs() -> None:
     assert "in one NVLink domain;" in next(iter((sim.reasons or {}).values()))
 
 
-def test_a_held_group_climbs_when_its_domain_fills_unexpectedly() -> None:
-    view = View(cluster(("hgx-h100", 8)))
-    g = gang("pair", 2, 4, preferred=Tier.NVLINK)
+def first_placed(nodes: tuple[str, int], g: Group) -> tuple[View, str]:
+    """A view of ``nodes`` where the toy scheduler placed ``g``'s first member."""
+    view = View(cluster(nodes))
     view.groups[g.key] = g
-    sim = Sim(view, POLICY)
-    first = sim.attempt(g.key, "pair-0")
-    assert first is not None and view.decisions[g.key].tier == Tier.NVLINK
+    first = Sim(view, POLICY).attempt(g.key, g.members[0].uid)
+    assert first is not None
+    return view, first
+
+
+def test_a_held_group_climbs_when_its_domain_fills_unexpectedly() -> None:
+    g = gang("pair", 2, 4, preferred=Tier.NVLINK)
+    view, first = first_placed(("hgx-h100", 8), g)
+    assert view.decisions[g.key].tier == Tier.NVLINK
     # someone outside any group takes the rest of that node
     n = view.nodes[first]
     view.nodes[first] = n.__class__(**{**n.__dict__, "used": 8})
@@ -234,6 +240,27 @@ def test_a_held_group_climbs_when_its_domain_fills_unexpectedly() -> None:
     assert res.outcome == Outcome.CLIMBED and res.decision is not None
     assert res.decision.tier == Tier.RACK
     assert {rack_of(view, x) for x in res.passed} == {rack_of(view, first)}
+
+
+def test_a_held_group_waits_while_a_pod_in_flight_fills_its_domain() -> None:
+    g = gang("pair", 2, 4, preferred=Tier.NVLINK)
+    view, first = first_placed(("hgx-h100", 8), g)
+    # another group's pod is scored onto the rest of that node, its binding not seen
+    other = gang("solo", 1, 4)
+    view.groups[other.key] = replace(other, members=(
+        replace(other.members[0], node=first, assumed=True),))
+    n = view.nodes[first]
+    view.nodes[first] = replace(n, used=n.used + 4)
+    view.memo.clear()
+    res = filter_member(view, view.groups[g.key], "pair-1", sorted(view.nodes), POLICY, 1.0)
+    assert res.outcome == Outcome.HELD and res.passed == []  # not climbed: unsure yet
+    assert res.decision is not None and res.decision.tier == Tier.NVLINK
+    # it binds there: the node is full for sure, and the group climbs one level
+    view.groups[other.key] = replace(other, members=(replace(other.members[0], node=first),))
+    view.memo.clear()
+    res = filter_member(view, view.groups[g.key], "pair-1", sorted(view.nodes), POLICY, 2.0)
+    assert res.outcome == Outcome.CLIMBED and res.decision is not None
+    assert res.decision.tier == Tier.RACK
 
 
 def test_wide_ep_over_racks_uses_fewest_nvlink_domains() -> None:

@@ -59,19 +59,24 @@ def test_only_the_newest_generation_of_a_pool_counts() -> None:
     assert st.snapshot().nodes[nodes[0].name].capacity == 4
 
 
+def allocated_claim(name: str, node: str, pod: str, uid: str) -> dict[str, Any]:
+    """A claim for 4 GPUs as the scheduler's DRA plugin leaves it: allocated on ``node``."""
+    return {"metadata": {"name": name, "namespace": "default"},
+            "spec": {"devices": {"requests": [
+                {"name": "gpu", "exactly": {"deviceClassName": k.GPU_CLASS, "count": 4}}]}},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "gpu", "driver": "gpu.toposerve.io", "pool": node,
+                 "device": f"gpu-{i}"} for i in range(4)]}},
+                "reservedFor": [{"resource": "pods", "name": pod, "uid": uid}]}}
+
+
 def test_used_counts_allocated_claims_and_bound_pods_not_yet_allocated() -> None:
     st, nodes = state_with(("gb200-nvl72", 1))
     name = nodes[0].name
     p = bound(ctl.pod("w", claim_template="gpu4"), name, "u1")
     st.pod("ADDED", p)
     assert st.snapshot().nodes[name].used == 4  # bound, claim not made yet: its demand
-    claim = {"metadata": {"name": "w-gpu-abc", "namespace": "default"},
-             "spec": {"devices": {"requests": [
-                 {"name": "gpu", "exactly": {"deviceClassName": k.GPU_CLASS, "count": 4}}]}},
-             "status": {"allocation": {"devices": {"results": [
-                 {"request": "gpu", "driver": "gpu.toposerve.io", "pool": name,
-                  "device": f"gpu-{i}"} for i in range(4)]}},
-                 "reservedFor": [{"resource": "pods", "name": "w", "uid": "u1"}]}}
+    claim = allocated_claim("w-gpu-abc", name, "w", "u1")
     st.resource_claim("ADDED", claim)
     p["status"]["resourceClaimStatuses"] = [{"name": "gpu", "resourceClaimName": "w-gpu-abc"}]
     st.pod("MODIFIED", p)
@@ -132,6 +137,31 @@ def test_disaggregated_slice_is_one_pd_group_per_revision() -> None:
     assert identify(other[0], TOPO) != ref  # a new revision is a group of its own
 
 
+def test_the_waiting_pods_of_a_group_are_handed_on_once_its_size_is_known() -> None:
+    st, nodes = state_with(("gb200-nvl72", 18))
+    told: list[tuple[str, list[tuple[str, str]]]] = []
+    st.on_size_known = lambda g, pods: told.append((g.key, pods))
+    sets, pods = k.disaggregated_pods("inf", 0, {"prefill": (2, 1), "decode": (1, 1)},
+                                      claim_template="gpu4", uid_prefix="s0")
+    st.pod("ADDED", bound(pods[0], nodes[0].name, "s0-0-0-0"))  # joined after a restart
+    for p in pods[1:]:
+        st.pod("ADDED", p)
+    st.relist("podgroups", [k.pod_group("other", 2)])  # not this group's size
+    assert told == []
+    st.relist("lws", sets)
+    ref = identify(pods[0], TOPO)
+    assert ref is not None
+    waiting = [("default", p["metadata"]["name"]) for p in pods[1:]]
+    assert [(key, sorted(ps)) for key, ps in told] == [(ref.key, sorted(waiting))]
+    st.leader_worker_set("MODIFIED", sets[0])  # known already: nothing to retry
+    assert len(told) == 1
+    gang = k.pod_group_pods("gang", 2, claim_template="gpu4", uid_prefix="pg")
+    for p in gang:
+        st.pod("ADDED", p)
+    st.pod_group("ADDED", k.pod_group("gang", 2))
+    assert told[-1] == ("podgroup/default/gang", [("default", "gang-0"), ("default", "gang-1")])
+
+
 def test_pod_group_size_and_level_come_from_the_pod_group() -> None:
     st, _ = state_with(("gb200-nvl72", 18))
     st.relist("podgroups", [k.pod_group("gang", 6)])
@@ -190,6 +220,26 @@ def test_an_assumed_member_counts_where_it_was_scored_until_it_binds_or_expires(
     st.assume("g-1", a)
     clock[0] = 11
     assert st.snapshot().nodes[a].used == 0
+
+
+def test_an_assumed_pod_whose_claim_is_allocated_counts_once_where_the_claim_is() -> None:
+    # the scheduler's PreBind writes the allocation, then binds: in between the
+    # pod is assumed and its claim allocated (with slow binding, for seconds)
+    st, nodes = state_with(("hgx-h100", 2))
+    a, b = nodes[0].name, nodes[1].name
+    p = ctl.pod("w", claim_template="gpu4", uid="u1")
+    p["status"] = {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "w-gpu"}]}
+    made = allocated_claim("w-gpu", a, "w", "u1")
+    st.resource_claim("ADDED", {**made, "status": {}})  # made from its template, not allocated
+    st.pod("ADDED", p)
+    st.assume("u1", a)
+    assert st.snapshot().nodes[a].used == 4
+    st.resource_claim("MODIFIED", made)
+    view = st.snapshot()
+    assert view.nodes[a].used == 4 and view.nodes[a].free == 4  # not 8 and 0
+    st.resource_claim("MODIFIED", allocated_claim("w-gpu", b, "w", "u1"))  # put elsewhere
+    view = st.snapshot()
+    assert (view.nodes[a].used, view.nodes[b].used) == (0, 4)
 
 
 def test_a_node_status_update_keeps_the_domain_indexes_a_label_change_moves_it() -> None:
