@@ -272,6 +272,23 @@ class LeaseConfig(Section):
         return self
 
 
+class SnapshotConfig(Section):
+    """A replica that starts beside a running leader asks it for a snapshot
+    of the routing state learnt from decisions, through Redis, so it is
+    warm before the leader's next decisions reach it."""
+
+    enabled: bool = Field(default=True, description="ask for a snapshot at start, and answer "
+                                                     "others' requests while leading")
+    max_bytes: int = Field(default=16 * 2**20, alias="maxBytes", gt=0,
+                           description="the snapshot's size limit: the latest decision of each "
+                                       "session and the most recent others, the oldest left "
+                                       "out beyond it; a larger one is ignored")
+    wait_s: float = Field(default=2.0, alias="waitSeconds", gt=0,
+                          description="how long a starting replica waits for the snapshot "
+                                      "(holding the decisions it hears meanwhile) before it "
+                                      "goes on without")
+
+
 class HAConfig(Section):
     """Hot standby: replicas elect a leader with a Lease; /ready answers 200
     on the leader only, so a Service sends traffic there. Every replica
@@ -282,6 +299,7 @@ class HAConfig(Section):
     enabled: bool = Field(default=False, description="elect a leader (needs responses.backend: "
                                                      "redis, shared by the replicas)")
     lease: LeaseConfig = Field(default_factory=LeaseConfig)
+    snapshot: SnapshotConfig = Field(default_factory=SnapshotConfig)
     shutdown_delay_s: float = Field(
         default=0.0, alias="shutdownDelaySeconds", ge=0,
         description="on SIGTERM: release the Lease and answer /ready 503 at once, keep serving "
@@ -359,7 +377,8 @@ class FairnessConfig(Section):
     output_token_weight: float = Field(default=1.0, alias="outputTokenWeight", ge=0,
                                        description="least-attained: weight of an output token "
                                                    "(charged as the request's max_tokens, or "
-                                                   "expectedOutputTokens without one)")
+                                                   "expectedOutputTokens without one, then "
+                                                   "settled with the answer's real count)")
     expected_output_tokens: int = Field(default=256, alias="expectedOutputTokens", ge=0,
                                         description="output tokens charged to a request "
                                                     "that names no max_tokens")
@@ -450,7 +469,9 @@ class TenantConfig(Section):
                                          description="beyond this rate (burst: one second's "
                                                      "worth, at least 1), 429")
     tokens_per_s: float | None = Field(default=None, alias="tokensPerSecond", gt=0,
-                                       description="prompt plus max_tokens per second; "
+                                       description="prompt plus output tokens per second "
+                                                   "(max_tokens taken at admission, settled "
+                                                   "with the real count at the answer's end); "
                                                    "beyond (burst: one second's worth), 429")
     max_priority: int | None = Field(default=None, alias="maxPriority",
                                      description="an objective the tenant names with a higher "

@@ -7,12 +7,22 @@ sessions are the leader's when it takes over. (The precise index, load and
 health each replica reads from the model servers itself.)
 
 Publishing never blocks a request: messages go through a bounded queue,
-dropped (and counted) when Redis cannot keep up or is down."""
+dropped (and counted) when Redis cannot keep up or is down.
+
+A replica that starts beside a running leader asks it for a snapshot
+(``router.ha.snapshot``) once subscribed: the leader writes one to a key
+of its own for that request and says so on the channel. Each message
+carries its sender's sequence number, so the new replica applies the
+snapshot, then the messages it held meanwhile and all later ones, from
+the snapshot's sequence on: nothing missed (it subscribed before asking)
+and nothing twice. A snapshot that is corrupt, too large, of another
+version or late is logged and left: the replica goes on cold, as before."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -20,6 +30,8 @@ from typing import Any, ClassVar
 import orjson
 import structlog
 
+from router.config import SnapshotConfig
+from router.ha.snapshot import DecisionLog, SnapshotError, parse
 from router.pool.endpoints import Endpoint, Pool
 from router.scheduling.context import RequestContext
 from router.scheduling.cycle import CycleState
@@ -29,13 +41,16 @@ log = structlog.get_logger("router.ha.replication")
 QUEUE = 10_000
 BATCH = 256
 CLOSE_TIMEOUT_S = 1.0
+SNAPSHOT_TTL_S = 60  # a snapshot's key outlives its reader's wait, then goes
+POLL_S = 0.2  # how often the listener looks at the time while it waits for one
 
 
-def message(sender: str, stage: str, ctx: RequestContext, ep: Endpoint) -> bytes:
+def message(sender: str, seq: int, stage: str, ctx: RequestContext, ep: Endpoint
+            ) -> dict[str, Any]:
     # the block keys every scorer of the run computed (memoised on the context)
     blocks = {str(size): keys for size, keys in ctx._byte_blocks.items()}
-    return orjson.dumps({"from": sender, "stage": stage, "url": ep.url,
-                         "session": ctx.session, "blocks": blocks})
+    return {"from": sender, "seq": seq, "stage": stage, "url": ep.url, "session": ctx.session,
+            "blocks": blocks}
 
 
 def replay(doc: Mapping[str, Any], schedulers: Mapping[str, Scheduler], pool: Pool) -> bool:
@@ -66,28 +81,56 @@ class _Tap:
         return {}
 
     def picked(self, ctx: RequestContext, cycle: CycleState, ep: Endpoint) -> None:
-        self.replication.publish(message(self.replication.identity, self.stage, ctx, ep))
+        self.replication.decided(self.stage, ctx, ep)
 
 
 class Replication:
     def __init__(self, redis_url: str, channel: str, identity: str,
                  schedulers: Mapping[str, Scheduler], pool: Pool,
-                 count: Callable[[str, int], None] = lambda outcome, n: None) -> None:
-        """``count`` is told of messages sent, received and dropped."""
+                 count: Callable[[str, int], None] = lambda outcome, n: None,
+                 snapshot: SnapshotConfig | None = None,
+                 leading: Callable[[], bool] = lambda: False,
+                 count_snapshot: Callable[[str], None] = lambda outcome: None) -> None:
+        """``count`` is told of messages sent, received and dropped;
+        ``count_snapshot`` of snapshots written, loaded, ignored and
+        missing. ``leading``: whether this replica leads (only the leader
+        answers a request for a snapshot)."""
         import redis.asyncio as redis
 
         self._r = redis.from_url(redis_url)
         self.channel, self.identity = channel, identity
+        # the sender of this process's messages: a restarted replica's
+        # sequence numbers start afresh under a name of their own
+        self.instance = f"{identity}#{secrets.token_hex(4)}"
         self.schedulers, self.pool = schedulers, pool
         self._stage = {id(s): name for name, s in schedulers.items()}
         self._queue: asyncio.Queue[bytes] = asyncio.Queue(QUEUE)
         self._tasks: list[asyncio.Task[None]] = []
-        self.count = count
+        self.count, self.count_snapshot, self.leading = count, count_snapshot, leading
+        self.snapshot_cfg = snapshot or SnapshotConfig()
+        self.log = DecisionLog(self.snapshot_cfg.max_bytes)
+        self._seq = 0
+        self._applied: dict[str, int] = {}  # sender -> the last sequence number applied
+        # from the first subscription until the snapshot is in (or late),
+        # what is heard is held; the snapshot is asked for once this
+        # replica knows an endpoint (decisions name endpoints)
+        self._holding = self.snapshot_cfg.enabled
+        self._asked: str | None = None  # the nonce of the snapshot asked for
+        self._held: list[tuple[dict[str, Any], bytes]] = []
 
     def tap(self, d: Decision, sched: Scheduler) -> None:
         stage = self._stage.get(id(sched))
         if stage is not None:
             d.scorers = [*d.scorers, _Tap(self, stage)]
+
+    def decided(self, stage: str, ctx: RequestContext, ep: Endpoint) -> None:
+        """This replica sent a request of ``stage`` to ``ep``: the others are told."""
+        self._seq += 1
+        doc = message(self.instance, self._seq, stage, ctx, ep)
+        raw = orjson.dumps(doc)
+        if self.snapshot_cfg.enabled:
+            self.log.add(doc, raw)
+        self.publish(raw)
 
     def publish(self, msg: bytes) -> None:
         try:
@@ -125,19 +168,110 @@ class Replication:
                 await asyncio.sleep(1.0)
 
     async def _listen(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             try:
                 async with self._r.pubsub() as ps:
                     await ps.subscribe(self.channel)
-                    async for msg in ps.listen():
-                        if msg.get("type") != "message":
-                            continue
-                        doc = orjson.loads(msg["data"])
-                        if doc.get("from") != self.identity and replay(doc, self.schedulers,
-                                                                       self.pool):
-                            self.count("received", 1)
+                    deadline = loop.time() + self.snapshot_cfg.wait_s
+                    while True:
+                        if self._holding and self._asked is None and len(self.pool):
+                            # subscribed first: nothing after the snapshot is missed
+                            await self._ask_snapshot()
+                        msg = await ps.get_message(ignore_subscribe_messages=True,
+                                                   timeout=POLL_S)
+                        if msg is not None and msg.get("type") == "message":
+                            await self._on_message(msg["data"])
+                        if self._holding and loop.time() > deadline:
+                            log.warning("no routing snapshot came in time; starting cold",
+                                        wait_s=self.snapshot_cfg.wait_s)
+                            self.count_snapshot("missing")
+                            self._resume()
             except asyncio.CancelledError:
                 raise
             except Exception as err:
                 log.warning("replication subscription lost; resubscribing", error=repr(err))
+                self._resume()  # a snapshot asked for on a lost subscription will not come
                 await asyncio.sleep(1.0)
+
+    # --- messages -------------------------------------------------------------
+    async def _on_message(self, raw: bytes) -> None:
+        try:
+            doc = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return
+        if not isinstance(doc, dict) or doc.get("from") == self.instance:
+            return
+        kind = doc.get("kind")
+        if kind == "snapshot-request":
+            if self.leading() and isinstance(doc.get("nonce"), str):
+                await self._write_snapshot(doc["nonce"])
+        elif kind == "snapshot":
+            if self._holding and self._asked is not None and doc.get("nonce") == self._asked:
+                await self._load_snapshot(self._asked)
+        elif kind is None:
+            if self._holding:
+                if len(self._held) >= QUEUE:
+                    self.count("dropped", 1)
+                else:
+                    self._held.append((doc, raw))
+            else:
+                self._apply(doc, raw)
+
+    def _apply(self, doc: dict[str, Any], raw: bytes) -> None:
+        sender, seq = doc.get("from"), doc.get("seq")
+        if isinstance(sender, str) and isinstance(seq, int):
+            if seq <= self._applied.get(sender, 0):
+                return  # in the snapshot already
+            self._applied[sender] = seq
+        if replay(doc, self.schedulers, self.pool):
+            self.count("received", 1)
+            if self.snapshot_cfg.enabled:
+                self.log.add(doc, raw)
+
+    def _resume(self) -> None:
+        """Stop waiting for a snapshot: apply what was held meanwhile."""
+        self._holding = False
+        held, self._held = self._held, []
+        for doc, raw in held:
+            self._apply(doc, raw)
+
+    # --- snapshots ------------------------------------------------------------
+    def _key(self, nonce: str) -> str:
+        return f"{self.channel}:snapshot:{nonce}"
+
+    async def _ask_snapshot(self) -> None:
+        self._asked = nonce = secrets.token_hex(8)
+        await self._r.publish(self.channel, orjson.dumps(
+            {"kind": "snapshot-request", "from": self.instance, "nonce": nonce}))
+
+    async def _write_snapshot(self, nonce: str) -> None:
+        """A new replica asked: the leader writes what it holds, with the
+        sequence number it holds of each sender (its own: the last it
+        gave, so a message still in its send queue is not applied twice)."""
+        blob = self.log.snapshot({**self._applied, self.instance: self._seq})
+        await self._r.set(self._key(nonce), blob, ex=SNAPSHOT_TTL_S)
+        await self._r.publish(self.channel, orjson.dumps(
+            {"kind": "snapshot", "from": self.instance, "nonce": nonce}))
+        self.count_snapshot("written")
+        log.info("routing snapshot written", decisions=len(self.log), bytes=len(blob))
+
+    async def _load_snapshot(self, nonce: str) -> None:
+        raw = await self._r.get(self._key(nonce))
+        try:
+            if raw is None:
+                raise SnapshotError("its key is gone")
+            snap = parse(raw.encode() if isinstance(raw, str) else raw,
+                         self.snapshot_cfg.max_bytes)
+        except SnapshotError as err:
+            log.warning("routing snapshot ignored; starting cold", error=str(err))
+            self.count_snapshot("ignored")
+        else:
+            for entry in snap.entries:
+                if replay(entry, self.schedulers, self.pool):
+                    self.log.add(entry, orjson.dumps(entry))
+            for sender, seq in snap.seqs.items():
+                self._applied[sender] = max(seq, self._applied.get(sender, 0))
+            self.count_snapshot("loaded")
+            log.info("routing snapshot loaded", decisions=len(snap.entries))
+        self._resume()

@@ -31,8 +31,10 @@ def _exit() -> None:
 class HotStandby:
     def __init__(self, cfg: HAConfig, redis_url: str, schedulers: Mapping[str, Scheduler],
                  pool: Pool, leading: Callable[[bool], None],
-                 count: Callable[[str, int], None]) -> None:
-        """``leading`` is told of each change of role (from a thread)."""
+                 count: Callable[[str, int], None],
+                 count_snapshot: Callable[[str], None] = lambda outcome: None) -> None:
+        """``leading`` is told of each change of role (from a thread);
+        ``count`` of replicated decisions, ``count_snapshot`` of snapshots."""
         self.cfg, self.leading = cfg, leading
         self.label: PodLabel | None = None
         self.elector = Elector(cfg.lease, on_change=self._role,
@@ -40,7 +42,8 @@ class HotStandby:
         self.replication = Replication(redis_url,
                                        f"toposerve:decisions:{cfg.lease.namespace}/"
                                        f"{cfg.lease.name}",
-                                       self.elector.identity, schedulers, pool, count)
+                                       self.elector.identity, schedulers, pool, count,
+                                       cfg.snapshot, lambda: self.leader, count_snapshot)
         self.stopping = False
 
     @property

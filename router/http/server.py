@@ -72,7 +72,9 @@ class Router:
             self.ha = HotStandby(cfg.ha, cfg.responses.redis_url, stages, self.state.pool,
                                  leading=lambda on: self.metrics.leader.set(1 if on else 0),
                                  count=lambda outcome, n: self.metrics.replication
-                                 .labels(outcome).inc(n))
+                                 .labels(outcome).inc(n),
+                                 count_snapshot=lambda outcome: self.metrics.snapshots
+                                 .labels(outcome).inc())
             self.metrics.leader.set(0)
         self.session: aiohttp.ClientSession | None = None
         self.proxy: Proxy | None = None

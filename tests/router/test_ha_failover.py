@@ -265,3 +265,74 @@ def test_a_rolling_update_drops_nothing(pair: tuple[list[Proc], list[Proc], Serv
     print(f"handover {took:.2f}s")
     assert took < 2.5  # the lease was handed back, not left to expire
     assert load.lost == []
+
+
+def _turn(url: str, session: int, turn: int) -> str:
+    """Sends a session's turn; the endpoint that answered."""
+    system = f"session {session} " + "context words " * 300
+    msgs = [{"role": "system", "content": system}]
+    msgs += [{"role": "user", "content": f"turn {t} of {session}"} for t in range(turn + 1)]
+    r = httpx.post(url + "/v1/chat/completions", timeout=30,
+                   headers={"x-session-id": f"s{session}"},
+                   json={"model": MODEL, "max_tokens": 20, "messages": msgs})
+    assert r.status_code == 200, r.text
+    return r.headers["X-Toposerve-Endpoint"]
+
+
+def _snapshots(replica: Proc, outcome: str) -> float:
+    return sum(s.value for s in replica.samples()
+               if s.name == "toposerve_router_replication_snapshots_total"
+               and s.labels.get("outcome") == outcome)
+
+
+def test_a_standby_started_late_gets_the_leaders_state(
+        cluster: Cluster, procs: Procs, redis_url: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The leader routes the first turns of 18 sessions; then standby B
+    starts (it asks for a snapshot) and C starts without one (the control).
+    B sends the next turns of sessions 0-5 where the leader sent their
+    first; C, cold, does not for 12-17. After the leader dies, B, now
+    leading, still sends those of sessions 6-11 where their first went."""
+    monkeypatch.delenv("POD_NAME", raising=False)  # no pods to label here
+    sims = [procs.sim(time_scale=0.05) for _ in range(3)]
+    lease = f"router-{uuid.uuid4().hex[:6]}"
+
+    def replica(name: str, snapshot: bool) -> Proc:
+        return procs.router({
+            "responses": {"backend": "redis", "redisUrl": redis_url},
+            "ha": {"enabled": True, "snapshot": {"enabled": snapshot}, "lease": {
+                "name": lease, "namespace": "default", "identity": name,
+                "renewIntervalSeconds": 0.1,
+                "kubeconfig": str(kubeconfig_path(cluster.name))}}},
+            endpoints=[s.url for s in sims], wait_ready=False)
+
+    a = replica("a", snapshot=True)
+    wait_for("a leads", lambda: status(a.url) == 200, timeout=20)
+    first: dict[int, str] = {}
+
+    def start(s: int) -> None:
+        first[s] = _turn(a.url, s, 0)
+
+    # at once, so load spreads them: a cold router would not guess where each went
+    threads = [threading.Thread(target=start, args=(s,)) for s in range(18)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(first) == 18 and len(set(first.values())) > 1, first
+    b, c = replica("b", snapshot=True), replica("c", snapshot=False)
+    wait_for("b loaded a snapshot", lambda: _snapshots(b, "loaded") == 1, timeout=20)
+    assert _snapshots(a, "written") == 1
+    wait_for("warm standbys", lambda: all(status(r.url, "/ready?role=any") == 200
+                                          for r in (b, c)), timeout=20)
+    assert status(b.url) == 503 and status(c.url) == 503
+    warm = sum(_turn(b.url, s, 1) == first[s] for s in range(6))
+    cold = sum(_turn(c.url, s, 1) == first[s] for s in range(12, 18))
+    c.stop()
+    a.kill()
+    wait_for("b leads", lambda: status(b.url) == 200, timeout=10)
+    after = sum(_turn(b.url, s, 1) == first[s] for s in range(6, 12))
+    print(f"next turns on their first turn's endpoint: snapshot {warm}/6, "
+          f"after failover {after}/6; without a snapshot {cold}/6")
+    assert warm == 6 and after == 6
+    assert cold < 6  # the control: without the snapshot the standby is cold
