@@ -9,24 +9,20 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from dra_driver.framework.cdi import CdiSpecs
 from dra_driver.framework.checkpoint import Checkpoint, ClaimState, read_boot_id
 from dra_driver.gpu.driver import CDI_CLASS, CDI_VENDOR
-from harness.dra_kubelet import Claim, Kubelet, end_plugin, launch_plugin
-from harness.procs import free_port
+from harness import driver_proc
+from harness.dra_kubelet import Claim
 from localcluster.cluster import kubeconfig_path
 from localcluster.nodes import KWOK_TOLERATION, node_manifest
 from tests.waiting import wait_for
@@ -194,62 +190,25 @@ def _pod(name: str, extra: Mapping[str, Any]) -> dict[str, Any]:
 
 
 @dataclass
-class DriverProc:
+class DriverProc(driver_proc.DriverProc[GpuEnv]):
     """``toposerve driver gpu`` as the real-node engineer will start it."""
 
-    env: GpuEnv
-    root: Path
-    proc: subprocess.Popen[bytes] | None = None
-    port: int = field(default_factory=free_port)
-
-    @property
-    def plugin_dir(self) -> Path:
-        return self.root / "plugin"
-
-    @property
-    def registration_socket(self) -> Path:
-        return self.root / "registry" / f"{DRIVER}-reg.sock"
-
-    @property
-    def cdi(self) -> CdiSpecs:
-        return CdiSpecs(self.root / "cdi", CDI_VENDOR, CDI_CLASS)
-
-    @property
-    def kubelet(self) -> Kubelet:
-        return Kubelet(self.registration_socket, timeout=30)
+    kind: ClassVar[str] = "gpu"
+    driver: ClassVar[str] = DRIVER
+    cdi_vendor: ClassVar[str] = CDI_VENDOR
+    cdi_class: ClassVar[str] = CDI_CLASS
 
     def start(self, crash_at: str | None = None, health_interval: float = 0.2,
               console_script: bool = False) -> None:
-        """``console_script``: through ``toposerve`` itself; else the same
-        command line through ``toposerve_cli.driver_cmd``, which starts
-        quicker (it does not load the other parts)."""
-        entry = [str(Path(sys.executable).with_name("toposerve"))] if console_script else [
-            sys.executable, "-m", "toposerve_cli.driver_cmd"]
-        argv = [*entry, "--log-level", "warning", "driver", "gpu", "--node-name", self.env.node,
-                "--kubeconfig", str(self.env.kubeconfig),
-                "--plugin-dir", str(self.plugin_dir), "--registry-dir", str(self.root / "registry"),
-                "--cdi-root", str(self.root / "cdi"), "--sysfs-root", str(self.env.sysfs),
-                "--dev-root", str(self.env.dev), "--http-address", f"127.0.0.1:{self.port}",
-                "--health-interval", str(health_interval)]
+        argv = self.argv(self.env.sysfs, self.env.dev, "--health-interval",
+                         str(health_interval), console_script=console_script)
         env = {k: v for k, v in os.environ.items() if k != "TOPOSERVE_DRA_CRASH_AT"}
         if crash_at:
             env["TOPOSERVE_DRA_CRASH_AT"] = crash_at
-        self.proc = launch_plugin(argv, env, self.root / "driver.log", self.kubelet)
+        self.launch(argv, env)
 
     def log_tail(self) -> str:
-        return (self.root / "driver.log").read_text()[-2000:]
-
-    def stop(self) -> int:
-        """SIGTERM, as the kubelet's pod teardown does; the exit code."""
-        assert self.proc is not None
-        rc = end_plugin(self.proc)
-        self.proc = None
-        return rc
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            end_plugin(self.proc, signal.SIGKILL)
-            self.proc = None
+        return self.log.read_text()[-2000:]
 
     def wait_exit(self) -> int:
         assert self.proc is not None

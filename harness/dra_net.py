@@ -8,26 +8,21 @@ allocated by the real scheduler from the slices it published."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from kubernetes import client
 
-from dra_driver.framework.cdi import CdiSpecs
 from dra_driver.framework.publisher import JsonApi
 from dra_driver.net.config import API_VERSION, KIND
 from dra_driver.net.driver import CDI_CLASS, CDI_VENDOR
 from harness.dra_gpu import RULES as GPU_RULES
 from harness.dra_gpu import DriverSite
-from harness.dra_kubelet import Claim, Kubelet, end_plugin, launch_plugin
+from harness.dra_kubelet import Claim
+from harness.driver_proc import DriverProc
 from harness.net_standins import StandIns
-from harness.procs import free_port
 from localcluster.nodes import KWOK_TOLERATION
 from tests.waiting import wait_for
 
@@ -82,14 +77,15 @@ def teardown_env(api: Any) -> None:
 
 
 @dataclass
-class NetDriverProc:
+class NetDriverProc(DriverProc[NetEnv]):
     """``toposerve driver net`` reading the stand-ins' namespace and sysfs."""
 
-    env: NetEnv
+    kind: ClassVar[str] = "net"
+    driver: ClassVar[str] = DRIVER
+    cdi_vendor: ClassVar[str] = CDI_VENDOR
+    cdi_class: ClassVar[str] = CDI_CLASS
+
     nics: StandIns
-    root: Path
-    proc: subprocess.Popen[bytes] | None = None
-    port: int = field(default_factory=free_port)
     rescan_interval_s: float = 0.5
     extra_args: tuple[str, ...] = ()
 
@@ -105,38 +101,12 @@ class NetDriverProc:
     def handoff_socket(self) -> Path:
         return self.root / "handoff.sock"
 
-    @property
-    def cdi(self) -> CdiSpecs:
-        return CdiSpecs(self.root / "cdi", CDI_VENDOR, CDI_CLASS)
-
-    @property
-    def kubelet(self) -> Kubelet:
-        return Kubelet(self.root / "registry" / f"{DRIVER}-reg.sock", timeout=30)
-
     def start(self) -> None:
-        argv = [sys.executable, "-m", "toposerve_cli.driver_cmd", "--log-level", "warning",
-                "driver", "net", "--node-name", self.env.node,
-                "--kubeconfig", str(self.env.kubeconfig),
-                "--plugin-dir", str(self.root / "plugin"),
-                "--registry-dir", str(self.root / "registry"),
-                "--cdi-root", str(self.root / "cdi"), "--sysfs-root", str(self.nics.sysfs),
-                "--dev-root", str(self.nics.dev), "--state-dir", str(self.state_dir),
-                "--journal-dir", str(self.journal_dir),
-                "--handoff-socket", str(self.handoff_socket),
-                "--netns", self.nics.netns, "--http-address", f"127.0.0.1:{self.port}",
-                "--rescan-interval", str(self.rescan_interval_s), *self.extra_args]
-        self.proc = launch_plugin(argv, os.environ, self.root / "driver.log", self.kubelet)
-
-    def stop(self) -> int:
-        assert self.proc is not None
-        rc = end_plugin(self.proc)
-        self.proc = None
-        return rc
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            end_plugin(self.proc, signal.SIGKILL)
-            self.proc = None
+        self.launch(self.argv(
+            self.nics.sysfs, self.nics.dev, "--state-dir", str(self.state_dir),
+            "--journal-dir", str(self.journal_dir), "--handoff-socket", str(self.handoff_socket),
+            "--netns", self.nics.netns, "--rescan-interval", str(self.rescan_interval_s),
+            *self.extra_args))
 
 
 def published(api: Any, node: str = NODE) -> list[dict[str, Any]]:

@@ -116,7 +116,7 @@ def _served(d: NetDriverProc, command: str) -> float:
 
 def test_start_repairs_the_journal_then_serves_the_plugin(
         net_env: NetEnv, nics: StandIns, pods: list[str], tmp_path: Path) -> None:
-    d = NetDriverProc(net_env, nics, tmp_path / "driver")
+    d = NetDriverProc(net_env, tmp_path / "driver", nics)
     host = str(NETNS_DIR / nics.netns)
     half, attached, target = nics.interfaces[:3]
     crashed, live, new = pods
@@ -168,13 +168,12 @@ def test_a_link_added_is_published_on_its_netlink_event(
         net_env: NetEnv, nics: StandIns, tmp_path: Path) -> None:
     """The timer at five minutes: only the link event can publish the new veth
     (virtual interfaces kept for the test) and unpublish it, each in seconds."""
-    d = NetDriverProc(net_env, nics, tmp_path / "driver", rescan_interval_s=300,
+    d = NetDriverProc(net_env, tmp_path / "driver", nics, rescan_interval_s=300,
                       extra_args=("--keep-virtual",))
 
     def names() -> set[str]:
         return {x["attributes"]["ifName"]["string"] for x in published(net_env.api)}
 
-    d.root.mkdir()
     try:
         d.start()
         wait_for("the stand-ins published", lambda: set(nics.interfaces) <= names(), timeout=30)

@@ -53,7 +53,7 @@ def nics(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandIns]:
 @pytest.fixture(scope="module")
 def driver(net_env: NetEnv, nics: StandIns,
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetDriverProc]:
-    d = NetDriverProc(net_env, nics, tmp_path_factory.mktemp("net-driver"))
+    d = NetDriverProc(net_env, tmp_path_factory.mktemp("net-driver"), nics)
     d.start()
     try:
         wait_for("8 NICs published", lambda: len(published(net_env.api)) == 8, timeout=30)
