@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import re
 import sys
 import tempfile
@@ -191,8 +192,10 @@ def main(argv: list[str] | None = None) -> int:
     md = "\n".join(["| what | n | p50 (ms) | p99 (ms) | max (ms) |", "|---|---:|---:|---:|---:|",
                     *(f"| {k} | {v['n']} | {v['p50_ms']} | {v['p99_ms']} | {v['max_ms']} |"
                       for k, v in ms.items())])
+    load = os.getloadavg()[0]
+    md += f"\n\n{args.pods} pods of each kind, load average {load:.1f} at the end"
     report.write(Path(args.out), "net_handoff_realnode", md,
-                 {"pods_each": args.pods, "latency": ms, "raw_s": got})
+                 {"pods_each": args.pods, "load1": load, "latency": ms, "raw_s": got})
     return 0
 
 

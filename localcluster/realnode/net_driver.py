@@ -2,8 +2,9 @@
 (``host_driver``): its hardware a profile's fake sysfs tree (the same PCI
 layout as the GPU driver's, so GPU and NIC share PCIe roots), its NICs
 veth stand-ins in the host's namespace (``nics``) named as that tree names
-them. The hand-off into pods is the CNI plugin the node always chains
-(``dra_driver.net.handoff.cni``)."""
+them. The hand-off into pods: the node always chains the CNI plugin
+``toposerve-nic`` (the static Go forwarder, ``dra_driver.net.handoff.forwarder``),
+which has this process's resident hand-off server do the move."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ class NetDriver(HostDriver):
         sysfs = self.workdir / "sysfs"
         if not sysfs.exists():
             write_profile_sysfs(load_profile(self.profile), sysfs)
-        return ["net", "--sysfs-root", str(sysfs), "--rescan-interval", "2"]
+        return ["net", "--sysfs-root", str(sysfs)]  # link events rescan, not a fast timer
 
     def start(self, timeout_s: float = 30) -> None:
         """The stand-ins (kept across a driver restart), then the driver."""
