@@ -2,7 +2,7 @@
 real node, its NICs veth stand-ins named and placed by the hgx-h100 fake
 sysfs tree: a pod with a NIC claim starts with the interface renamed,
 addressed and at the configured MTU inside (its own ``ip`` says so, and the
-fabric end pings it); after the pod goes the interface is back on the host
+fabric end pings it; an IPv6 address too); after the pod goes the interface is back on the host
 as it was. A GPU and a NIC claimed together share a PCIe root. After
 containerd restarts under a running pod, its DEL still brings the NIC back.
 A run that crashes with a NIC in a pod is torn down to nothing."""
@@ -93,8 +93,10 @@ def _config(**fields: Any) -> dict[str, Any]:
         "apiVersion": "net.toposerve.io/v1", "kind": "NetConfig", **fields}}}
 
 
-def _nic_claim(env: Env, name: str, nic: nics.StandIn, mtu: int = 1400) -> str:
-    """A claim for exactly this stand-in, named net1 in the pod."""
+def _nic_claim(env: Env, name: str, nic: nics.StandIn, mtu: int = 1400,
+               also: tuple[str, ...] = ()) -> str:
+    """A claim for exactly this stand-in, named net1 in the pod, with its pod
+    address and ``also`` these."""
     env.create_claim({
         "metadata": {"name": name},
         "spec": {"devices": {
@@ -102,7 +104,8 @@ def _nic_claim(env: Env, name: str, nic: nics.StandIn, mtu: int = 1400) -> str:
                 "deviceClassName": NIC_CLASS, "selectors": [{"cel": {"expression":
                     f"device.attributes['{DRIVER}'].ifName == '{nic.ifname}'"}}]}}],
             "config": [{"requests": ["nic"], **_config(
-                interfaceName="net1", addresses=[str(nic.pod_address())], mtu=mtu)}]}}})
+                interfaceName="net1", addresses=[str(nic.pod_address()), *also],
+                mtu=mtu)}]}}})
     return name
 
 
@@ -174,6 +177,27 @@ def test_a_pod_gets_the_nic_configured_and_it_comes_back(env: Env, make_pod: Pod
     assert _on_host_as_it_was(nic)
     assert Journal(JOURNAL_DIR).entries() == []
     wait_for("the claim's record removed", lambda: not all_records(STATE_DIR), timeout=30)
+
+
+def test_a_pod_gets_its_ipv6_address(env: Env, make_pod: PodMaker) -> None:
+    """Dual stack on the real runtime, from the documentation range: the
+    container's own ``ip`` shows the v6 address (usable at once, no DAD)."""
+    _wait_published(env)
+    nic = env.stand_ins[1]
+    v6 = "2001:db8:18:1::2/64"
+    claim = _nic_claim(env, "rn-nic6", nic, also=(v6,))
+    with _claims(env, claim):
+        make_pod(busybox_pod("rn-nic6", SCRIPT, claims=[
+            {"name": "nic", "resourceClaimName": claim}]))
+        wait_phase(env.core, "rn-nic6", {"Running"})
+        wait_for("the container's view of net1", lambda: "READY" in _log(env, "rn-nic6"))
+        log = _log(env, "rn-nic6")
+        [line] = [x for x in log.splitlines() if f"inet6 {v6} " in x]
+        assert "tentative" not in line and f"inet {nic.pod_address()}" in log, log
+        got = env.res.read_namespaced_resource_claim(claim, "default")
+        assert got.status.devices[0].network_data.ips == [str(nic.pod_address()), v6]
+        _delete_pod(env, "rn-nic6")
+    assert _on_host_as_it_was(nic)
 
 
 def _root_of(env: Env, driver: str, device: str) -> str:
