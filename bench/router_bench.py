@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -133,6 +135,27 @@ def ours_with(scorers: list[dict[str, Any]] | None = None, scrape_s: float = SCR
 
 
 ours = ours_with()  # the default profile and scrape interval, as shipped
+
+
+def ours_at(rev: str, tmp: Path) -> tuple[str, Start]:
+    """Our router as committed at ``rev`` (from a git archive of it), with
+    the default profile: the other side of an A/B in the same run."""
+    tree = tmp / f"toposerve-at-{rev}"
+    if not tree.exists():
+        tree.mkdir(parents=True)
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], check=True,
+                                 capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+
+    def start(procs: Procs, sims: list[Proc]) -> Proc:
+        # `python -m toposerve_cli.main` imports from its working directory first
+        here = os.getcwd()
+        os.chdir(tree)
+        try:
+            return ours(procs, sims)
+        finally:
+            os.chdir(here)
+    return f"{OURS}@{rev}", start
 
 
 # --ablation: other scorer sets, to show why the default is the default
@@ -469,6 +492,8 @@ def main(argv: list[str] | None = None) -> int:
                     choices=["agentic", "mooncake"])
     ap.add_argument("--no-overheads", action="store_true",
                     help="skip the idle latency and CPU runs (their columns read nan)")
+    ap.add_argument("--against", metavar="REV",
+                    help="also run our router as committed at REV (an A/B in one run)")
     args = ap.parse_args(argv)
     if args.ablation:
         args.routers += [a for a in ABLATIONS if a not in args.routers]
@@ -491,6 +516,10 @@ def main(argv: list[str] | None = None) -> int:
         names.remove("mooncake")
     runs: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp:
+        if args.against:
+            name, start = ours_at(args.against, Path(tmp))
+            ROUTERS[name] = start
+            args.routers.append(name)
         for wl in names:
             for repeat in range(args.repeats):
                 payload = payloads(wl, repeat)

@@ -24,7 +24,7 @@ from typing import Any
 
 from bench.http_stack import EVENT_SIM, EVENT_STREAM_TOKENS, streams
 from bench.report import write
-from bench.router_bench import REPO, ROUTERS, Start, ours_with, peers_missing
+from bench.router_bench import REPO, ROUTERS, Start, ours_at, ours_with, peers_missing
 from harness.procs import Procs
 
 CONTENDERS: dict[str, Start] = {
@@ -66,12 +66,19 @@ def measure(tmp: Path, name: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.router_cpu", description=__doc__)
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
+    ap.add_argument("--against", metavar="REV",
+                    help="also measure our router as committed at REV (an A/B in one run)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="measure every router this many times, interleaved (rows per round)")
     args = ap.parse_args(argv)
     if err := peers_missing():
         print(err, file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory() as tmp:
-        rows = [measure(Path(tmp), name) for name in CONTENDERS]
+        if args.against:
+            name, start = ours_at(args.against, Path(tmp))
+            CONTENDERS[name] = start
+        rows = [measure(Path(tmp), name) for _ in range(args.rounds) for name in CONTENDERS]
     md = "\n".join([
         f"| router | idle CPU ms a second, {SIMS} servers | the servers' idle CPU ms a second | "
         "CPU ms per one-token request | CPU us per further SSE event |",

@@ -124,6 +124,28 @@ class RouterMetrics:
             "Streamed Responses answers whose turn the store could not keep (Redis down): "
             "they end with response.failed instead of response.completed.", registry=r)
         r.register(_PoolCollector(state))
+        # labelled children by their labels: labels() validates and locks on every call
+        self._ttfb: dict[str, Histogram] = {}
+        self._answered: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
+        self._decided: dict[str, Counter] = {}
+
+    def ttfb_of(self, path: str) -> Histogram:
+        if (h := self._ttfb.get(path)) is None:
+            h = self._ttfb[path] = self.ttfb.labels(path)
+        return h
+
+    def answered(self, path: str, status: int, seconds: float) -> None:
+        """A request answered: counted by path and status, timed by path."""
+        if (pair := self._answered.get((path, status))) is None:
+            pair = self._answered[path, status] = (self.requests.labels(path, str(status)),
+                                                   self.duration.labels(path))
+        pair[0].inc()
+        pair[1].observe(seconds)
+
+    def decided(self, reason: str) -> None:
+        if (c := self._decided.get(reason)) is None:
+            c = self._decided[reason] = self.decisions.labels(reason)
+        c.inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,15 +1,16 @@
 """Forwarding one request upstream: try the ranked endpoints in order until
-one answers; relay a stream chunk by chunk as it arrives; end a stream that
-breaks after its first byte with an SSE error event, never silently."""
+one answers; relay a stream chunk by chunk as it arrives (the relay's own
+client, ``router.http.upstream``; aiohttp's for ``fetch``); end a stream
+that breaks after its first byte with an SSE error event, never silently."""
 
 from __future__ import annotations
 
 import asyncio
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import aiohttp
 import structlog
@@ -17,6 +18,7 @@ from aiohttp import web
 
 from router.admission.tenants import KEY_CHECKED
 from router.admission.usage import ANSWERED, Answered
+from router.http.upstream import Answer, UpstreamError, Upstreams
 from router.metrics import RouterMetrics
 from router.pool.endpoints import Endpoint, Work
 from wire.errors import error_response, sse_error
@@ -29,6 +31,20 @@ _DROP = frozenset({"host", "content-length", "transfer-encoding", "connection", 
                    "accept-encoding", "te", "trailer", "upgrade", "proxy-connection",
                    "proxy-authorization", "expect"})
 _RETRY_STATUSES = {500, 502, 503, 504}
+
+
+class _Response(Protocol):
+    """What failover needs of an answer: aiohttp's, or the relay's own."""
+
+    @property
+    def status(self) -> int: ...
+
+    def release(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+A = TypeVar("A", bound=_Response)
 
 
 @dataclass
@@ -60,6 +76,13 @@ def request_id() -> str:
     return f"{random.getrandbits(128):032x}"
 
 
+class _Buffered(web.StreamResponse):
+    """A streamed answer whose headers go out with its first event, in one
+    write (as web.Response sends its headers with the body)."""
+
+    _send_headers_immediately = False
+
+
 class StreamTap(Protocol):
     """Sees a relayed event stream and may change it on the way."""
 
@@ -76,7 +99,8 @@ class Proxy:
         self.max_attempts, self.timeout = max_attempts, timeout
         self.on_done = on_done  # an endpoint may have room again
         self._asking: set[asyncio.Task[object]] = set()  # waiting for an upstream's headers
-        self._answering: set[aiohttp.ClientResponse] = set()
+        self._answering: set[_Response] = set()
+        self.upstreams = Upstreams(timeout.sock_connect, timeout.sock_read)
         self.cut_reason: str | None = None
 
     def cut(self, reason: str) -> None:
@@ -88,6 +112,10 @@ class Proxy:
             task.cancel()
         for resp in list(self._answering):
             resp.close()
+
+    def close(self) -> None:
+        """Close the relay's kept-alive connections (the router stopped)."""
+        self.upstreams.close()
 
     def refusal(self, why: str) -> web.Response:
         """The answer when no endpoint answered: ``why`` is the last failure."""
@@ -101,9 +129,11 @@ class Proxy:
         self.metrics.midstream.inc()
         return 502, f"upstream {ep.name} broke while answering ({type(err).__name__})"
 
-    async def _open(self, ranked: list[Endpoint], path: str, body: bytes,
-                    headers: dict[str, str], work: Work
-                    ) -> tuple[Endpoint, aiohttp.ClientResponse] | tuple[None, str]:
+    async def _open(self, ranked: list[Endpoint], work: Work,
+                    post: Callable[[Endpoint], Awaitable[A]]
+                    ) -> tuple[Endpoint, A] | tuple[None, str]:
+        """``post`` to each endpoint in turn until one answers with other
+        than a 5xx; the answer, else why none did."""
         last_error = "no endpoint"
         task = asyncio.current_task()
         assert task is not None
@@ -114,15 +144,14 @@ class Proxy:
             ep.begin(work.tokens, prefill)
             self._asking.add(task)
             try:
-                resp = await self.session.post(ep.url + path, data=body, headers=headers,
-                                               timeout=self.timeout)
+                resp = await post(ep)
             except asyncio.CancelledError:
                 ep.end(work.tokens, prefill)
                 if self.cut_reason is None:
                     raise
                 task.uncancel()  # our own cancel, answered below
                 return None, self.cut_reason
-            except (aiohttp.ClientError, TimeoutError) as err:
+            except (aiohttp.ClientError, OSError, TimeoutError) as err:
                 ep.end(work.tokens, prefill)
                 last_error = f"{ep.name}: {type(err).__name__}"
                 self.metrics.retries.inc()
@@ -144,7 +173,8 @@ class Proxy:
     async def fetch(self, ranked: list[Endpoint], path: str, body: bytes,
                     headers: dict[str, str], work: Work) -> Upstream | str:
         """The whole answer of the first endpoint that gives one; else why not."""
-        ep, resp_or_err = await self._open(ranked, path, body, headers, work)
+        ep, resp_or_err = await self._open(ranked, work, lambda ep: self.session.post(
+            ep.url + path, data=body, headers=headers, timeout=self.timeout))
         if ep is None:
             return str(resp_or_err)
         assert isinstance(resp_or_err, aiohttp.ClientResponse)
@@ -165,55 +195,60 @@ class Proxy:
                     body: bytes, headers: dict[str, str], work: Work, started: float,
                     tap: StreamTap | None = None, extra_headers: dict[str, str] | None = None
                     ) -> web.StreamResponse:
-        ep, resp_or_err = await self._open(ranked, path, body, headers, work)
+        ep, up_or_err = await self._open(ranked, work, lambda ep: self.upstreams.post(
+            ep.url, path, headers, body))
         if ep is None:
-            return self.refusal(str(resp_or_err))
-        assert isinstance(resp_or_err, aiohttp.ClientResponse)
-        resp = resp_or_err
+            return self.refusal(str(up_or_err))
+        assert isinstance(up_or_err, Answer)
+        up = up_or_err
         out_headers = {"X-Request-Id": headers["X-Request-Id"], "X-Toposerve-Endpoint": ep.name,
                        **(extra_headers or {})}
         prefill_pending = work.prefill(ep)
-        ctype = resp.headers.get("Content-Type", "application/json")
-        seen = request[ANSWERED] = Answered()  # flow control settles on what went by
+        ctype = up.headers.get("content-type", "application/json")
+        ttfb = self.metrics.ttfb_of(path)
         try:
             if not ctype.startswith("text/event-stream"):
                 try:
-                    data = await resp.read()
-                except (aiohttp.ClientError, TimeoutError) as err:
+                    data = await up.read()
+                except (UpstreamError, TimeoutError) as err:
                     return error_response(*self._broke(ep, err))
-                seen.saw(data)
-                self.metrics.ttfb.labels(path).observe(time.monotonic() - started)
+                request[ANSWERED] = Answered()  # flow control settles on what went by
+                request[ANSWERED].saw(data)
+                ttfb.observe(time.monotonic() - started)
                 ep.first_byte(prefill_pending)
                 prefill_pending = 0
-                return web.Response(status=resp.status, body=data, content_type=None,
+                return web.Response(status=up.status, body=data, content_type=None,
                                     headers={**out_headers, "Content-Type": ctype})
-            out = web.StreamResponse(status=resp.status, headers={
+            # the headers wait for the first event only when it came with them
+            out = (_Buffered if up.buffered else web.StreamResponse)(status=up.status, headers={
                 **out_headers, "Content-Type": ctype, "Cache-Control": "no-cache"})
             await out.prepare(request)
-            content, write = resp.content, out.write
             try:
-                chunk = await content.readany()  # b"": the body ended
+                chunk = await up.chunk()  # b"": the body ended
                 if chunk:
-                    self.metrics.ttfb.labels(path).observe(time.monotonic() - started)
+                    ttfb.observe(time.monotonic() - started)
                     ep.first_byte(prefill_pending)
                     prefill_pending = 0
+                # flow control settles on what went by
+                seen = request[ANSWERED] = Answered()
                 if tap is None:
-                    # the hot loop of every stream: one read and one write an
-                    # event, nothing else (readany returns b"" at the end)
-                    while chunk:
-                        await write(chunk)
+                    if chunk and request.transport is not None:
+                        await out.write(chunk)  # the headers go out with the first event
                         seen.saw(chunk)
-                        chunk = await content.readany()
+                        # the rest from the upstream's socket callback to the
+                        # client's transport: no await an event
+                        await up.pipe(request.transport,
+                                      out.headers.get("Transfer-Encoding") == "chunked",
+                                      request.writer.drain, seen.saw)
                 else:
                     while chunk:
                         if events := await tap.feed(ep, chunk):
-                            await write(events)
+                            await out.write(events)
                         seen.saw(chunk)
-                        chunk = await content.readany()
+                        chunk = await up.chunk()
                     if rest := tap.tail():
-                        await write(rest)
-            except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError,
-                    TimeoutError) as err:
+                        await out.write(rest)
+            except (UpstreamError, TimeoutError) as err:
                 status, why = self._broke(ep, err)
                 log.warning("stream broke", endpoint=ep.name, error=type(err).__name__,
                             reason=why)
@@ -223,7 +258,7 @@ class Proxy:
         except (ConnectionResetError, asyncio.CancelledError):
             raise  # the client went away; the finally below frees the upstream
         finally:
-            self._answering.discard(resp)
-            resp.release()
+            self._answering.discard(up)
+            up.release()
             ep.end(work.tokens, prefill_pending)
             self.on_done()

@@ -151,6 +151,8 @@ class Router:
         if self.kv:
             await self.kv.close()
         await self.store.close()
+        if self.proxy:
+            self.proxy.close()
         if self.session:
             await self.session.close()
 
@@ -205,7 +207,7 @@ class Router:
             self.ha.tap(d, sched)  # the other replicas learn where it went
         if not d.ranked:
             raise ApiError(503, "no ready endpoint serves this request")
-        self.metrics.decisions.labels(d.reason).inc()
+        self.metrics.decided(d.reason)
         if (p := d.cycle.prefix) is not None and p.blocks:
             self.metrics.prefix_match.observe(p.matched.get(d.ranked[0].url, 0) / p.blocks)
         return d
@@ -359,8 +361,7 @@ def build_app(cfg: RouterConfig) -> web.Application:
             # shape, and the log gets the traceback, once
             log.exception("request failed", path=path, error=repr(err))
             resp = error_response(500, f"internal error in the router ({type(err).__name__})")
-        router.metrics.requests.labels(path, str(resp.status)).inc()
-        router.metrics.duration.labels(path).observe(time.monotonic() - started)
+        router.metrics.answered(path, resp.status, time.monotonic() - started)
         return resp
 
     app = web.Application(middlewares=[errors, router.admission.middleware()],
