@@ -167,7 +167,7 @@ class Extender:
         with self.state.lock:
             _, group = self._member(pod)
             decision = self.state.view.decisions.get(group.key) if group else None
-            if decision is not None and decision.live(self.clock()):
+            if decision is not None and decision.holds(group, self.clock()):
                 view = self.state.view
                 meta = {n: v for n, v in meta.items() if n in view.nodes and
                         (d := view.nodes[n].domain(decision.tier)) is not None and
@@ -194,7 +194,8 @@ class Extender:
     def held(self) -> int:
         now = self.clock()
         with self.state.lock:
-            return sum(1 for d in self.state.view.decisions.values() if d.live(now))
+            view = self.state.view
+            return sum(1 for d in view.decisions.values() if d.holds(view.groups.get(d.group), now))
 
     # --- HTTP ----------------------------------------------------------------------
 

@@ -113,7 +113,7 @@ def _promised(view: View, now: float) -> dict[str, dict[str, int]]:
     layouts: dict[str, Layout] = {}
     for d in sorted(view.decisions.values(), key=lambda d: (d.decided_at, d.group)):
         group = view.groups.get(d.group)
-        if group is None or not d.live(now):
+        if group is None or not d.holds(group, now):
             continue
         lay = _layout(view, group, d, reserved)
         for n, held in lay.mine.items():
@@ -296,12 +296,12 @@ def filter_member(view: View, group: Group, uid: str, candidates: list[str], pol
     reserved = reservations(view, now, exclude=group.key)
     decision = view.decisions.get(group.key)
     outcome = Outcome.HELD
-    if (decision is None or not decision.live(now)) and not group.size_known and \
+    if (decision is None or not decision.holds(group, now)) and not group.size_known and \
             not group.bound():
         # a domain chosen for part of the group could strand the rest: hold all
         return FilterResult([], dict.fromkeys(candidates, _size_unknown_reason(group)), None,
                             Outcome.SIZE_UNKNOWN, unresolvable=True)
-    if decision is None or not decision.live(now):
+    if decision is None or not decision.holds(group, now):
         offered = {*candidates, *(m.node for m in group.bound() if m.node)}
         profiles = _profiles(view, offered)
         levels = _levels(group, policy)
@@ -395,7 +395,7 @@ def prioritize_member(view: View, group: Group, uid: str, candidates: list[str],
     the plan), so the scheduler's pick is predictable (see ``top``)."""
     decision = view.decisions.get(group.key)
     member = group.member(uid)
-    if decision is None or member is None or not decision.live(now):
+    if decision is None or member is None or not decision.holds(group, now):
         return neutral()
     names = _nodes(view, decision.tier, decision.domain, decision.profiles)
     offered = set(candidates)

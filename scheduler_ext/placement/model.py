@@ -123,6 +123,14 @@ class Decision:
     def live(self, now: float) -> bool:
         return now < self.expires_at
 
+    def holds(self, group: Group | None, now: float) -> bool:
+        """Whether the promise stands: until it expires unused, and for as
+        long as its group is partly placed with pods still waiting (a long
+        scheduling queue can keep a member from its turn past the TTL, and
+        letting the room go then strands what is bound)."""
+        return self.live(now) or (group is not None and any(m.node for m in group.members)
+                                  and any(m.node is None for m in group.members))
+
 
 ROOMS = "rooms"  # View.memo's key of the free room per domain
 

@@ -106,6 +106,13 @@ class ExtenderProc:
         path = self.workdir / f"extender-{self.starts}.log"
         return "\n".join(path.read_text().splitlines()[-lines:]) if path.exists() else ""
 
+    def placements(self) -> list[dict[str, Any]]:
+        """The 'group placement' lines of its current log (pod, group, outcome, reason)."""
+        path = self.workdir / f"extender-{self.starts}.log"
+        lines = path.read_text().splitlines() if path.exists() else []
+        return [e for e in (orjson.loads(x) for x in lines if x.startswith("{"))
+                if e.get("msg") == "group placement"]
+
     def metrics(self) -> str:
         r = urllib3.PoolManager().request("GET", f"{self.url}/metrics", timeout=5)
         return str(r.data.decode())

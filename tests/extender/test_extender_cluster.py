@@ -8,8 +8,8 @@ from __future__ import annotations
 import os
 import random
 import re
+from collections import Counter
 from collections.abc import Iterator
-from functools import partial
 from typing import Any
 
 import orjson
@@ -202,12 +202,19 @@ def test_a_held_slice_binds_soon_after_its_leaderworkersets_appear(clean: GpuClu
             p = ctl.lws_leader(lws, sts, g, claim_template="gpu4")
             del p["metadata"]["ownerReferences"]  # its owners do not exist yet
             members.append(p)
-    create_pods(gc.api, members)  # every pod, held: nothing else will happen in the cluster
+    create_pods(gc.api, members)
+    names = [f"default/{p['metadata']['name']}" for p in members]
 
-    def held(name: str) -> bool:
-        return any("its size is not known yet" in m for m in scheduling_events(gc.api, name))
-    for name in [p["metadata"]["name"] for p in members]:
-        wait_for(f"{name} held for its size", partial(held, name), timeout=90)
+    def settled() -> bool:
+        # each pod refused twice for its size with all four seen: the scheduler
+        # wrote that reason once (an update of the pod, which requeues it) and
+        # then found nothing new, so it waits in its unschedulable pool now and
+        # nothing else is going to happen in the cluster
+        assert gc.extender is not None
+        tries = Counter(e["pod"] for e in gc.extender.placements()
+                        if e["outcome"] == "size-unknown" and "4 pods so far" in e["reason"])
+        return all(tries[n] >= 2 for n in names)
+    wait_for("the slice's pods held for its size", settled, timeout=90, interval=0.5)
     for lws in sets:
         post(gc.api, lws)
     # the scheduler retries them at once (the extender marks them), not at its

@@ -189,7 +189,8 @@ def test_kept_promise_layouts_equal_fresh_ones_as_members_bind() -> None:
 
 def test_an_unused_promise_expires() -> None:
     view = View(cluster(("gb200-nvl72", 18)))
-    a = gang("a", 18, 4, required=Tier.RACK)
+    whole = gang("a", 18, 4, required=Tier.RACK)
+    a = replace(whole, members=whole.members[:1])  # of 18, one pod made
     b = gang("b", 4, 4, required=Tier.RACK)
     view.groups.update({a.key: a, b.key: b})
     sim = Sim(view, POLICY)
@@ -197,6 +198,21 @@ def test_an_unused_promise_expires() -> None:
     assert sim.attempt("b", "b-0") is None  # the rack is promised to a
     sim.now = POLICY.promise_ttl_s + 1  # a's other pods never came
     assert sim.attempt("b", "b-0") is not None
+
+
+def test_a_partly_placed_groups_promise_outlives_its_ttl_while_its_pods_wait() -> None:
+    # 5,000 nodes on a loaded machine: a member waited in the scheduler's queue
+    # past the TTL, others took the rack, and its group re-decided the zone
+    view = View(cluster(("gb200-nvl72", 18)))
+    a = gang("a", 18, 4, required=Tier.RACK)
+    b = gang("b", 4, 4, required=Tier.RACK)
+    view.groups.update({a.key: a, b.key: b})
+    sim = Sim(view, POLICY)
+    assert sim.attempt("a", "a-0") is not None
+    sim.now = POLICY.promise_ttl_s * 10  # no call for a's 17 waiting pods since
+    assert sim.attempt("b", "b-0") is None  # still promised to a
+    res = filter_member(view, view.groups["a"], "a-1", sorted(view.nodes), POLICY, sim.now)
+    assert res.outcome == Outcome.HELD and res.passed  # renewed, not decided anew
 
 
 def test_preferred_level_climbs_one_level_at_a_time() -> None:
