@@ -66,6 +66,9 @@ class Classified:
     tokens: int = 0  # prompt tokens (an estimate)
     output_tokens: int = 0  # max_tokens, or the configured expectation
     size_bytes: int = 0
+    # a split request's later admission (its decode half): the tenant's limits
+    # took the request at its first, so they neither check nor charge it again
+    follow_up: bool = False
     # what was charged, to settle when the answer ends
     rate_charged: bool = False  # the tenant's buckets took it
     item: Item[Ticket] | None = None  # it waited, and its flow was charged when it went
@@ -125,12 +128,13 @@ class Admission:
 
     def of_request(self, request: web.Request, ctx: RequestContext) -> Classified:
         """The request's classification, kept on it to be settled at its end."""
-        c = self.classify(request.headers, request.get(TENANT, ""), ctx.session,
+        c = self.classify(request.headers, request.get(TENANT) or "", ctx.session,
                           ctx.token_estimate, request.get(MAX_TOKENS),
                           request.content_length or 0)
         charges = request.get(CHARGES)
         if charges is None:
             request[CHARGES] = charges = []
+        c.follow_up = bool(charges)
         charges.append(c)
         return c
 
@@ -168,11 +172,12 @@ class Admission:
     async def admit(self, c: Classified, candidates: Candidates) -> None:
         """Returns when the request may go; raises 429/503 when it may not."""
         now = self.clock()
-        if c.tenant and (why := self.tenants.over_limit(c.tenant, c.tokens + c.output_tokens,
-                                                        now)):
+        charge = bool(c.tenant) and not c.follow_up
+        if charge and (why := self.tenants.over_limit(c.tenant, c.tokens + c.output_tokens,
+                                                      now)):
             self._count(c, "rate-limited")
             raise ApiError(429, f"{why}; retry later")
-        c.rate_charged = bool(c.tenant)
+        c.rate_charged = charge
         if c.priority >= 0 and not self.cfg.enabled:
             self._went(c, now)
             return  # nothing to decide: it goes now, full or not
@@ -227,23 +232,23 @@ class Admission:
         self._went(c, self.clock())
 
     # --- settling what was charged --------------------------------------------------
-    def settle(self, c: Classified, output: int | None, again: bool = False) -> None:
+    def settle(self, c: Classified, output: int | None) -> None:
         """The request ``c`` ended having produced ``output`` tokens: its
         charges get the difference from the estimate (``None``: not known,
-        the estimate stands). ``again``: a second admission of the same
-        request (a split one's decode half), whose charges are given back
-        whole, so a request is charged once."""
-        if again:
-            requests, tokens, delta = -1, -(c.tokens + c.output_tokens), -self._cost(c)
-        elif output is not None:
-            requests, tokens = 0, output - c.output_tokens
-            delta = self.cfg.fairness.output_token_weight * tokens
-        else:
+        the estimate stands). A follow-up admission's charge to its flow is
+        given back whole, so a request is charged once."""
+        if c.follow_up:  # its flow took a whole request's cost; the first admission pays
+            if c.item is not None:
+                self.queues.settle(c.item, -self._cost(c))
+            c.item = None
             return
+        if output is None:
+            return
+        tokens = output - c.output_tokens
         if c.rate_charged:
-            self.tenants.settle(c.tenant, requests, tokens, self.clock())
+            self.tenants.settle(c.tenant, tokens, self.clock())
         if c.item is not None:
-            self.queues.settle(c.item, delta)
+            self.queues.settle(c.item, self.cfg.fairness.output_token_weight * tokens)
         c.rate_charged, c.item = False, None  # settled once
 
     def settle_request(self, request: web.Request, refused: bool) -> None:
@@ -258,8 +263,8 @@ class Admission:
             output = output_tokens(answered)
         if output is None and refused:
             output = 0
-        for i, c in enumerate(charges):
-            self.settle(c, output, again=i > 0)
+        for c in charges:
+            self.settle(c, output)
 
     def middleware(self) -> Middleware:
         """Names the request's tenant (401 for a bad key) before the

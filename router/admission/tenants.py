@@ -4,7 +4,7 @@ rates. Without configured keys nothing is checked and the tenant is ""
 (the llm-d fairness header names the flow then).
 
 The flow controller's middleware (``Admission.middleware``) sets
-``request["tenant"]`` with ``Tenants.identify`` before any handler runs,
+``request[TENANT]`` with ``Tenants.identify`` before any handler runs,
 so every part of the router (the flow controller, the Responses store's
 isolation) reads one answer to "who is asking"."""
 
@@ -20,10 +20,11 @@ from router.config import FlowControlConfig, TenantConfig
 
 log = structlog.get_logger("router.admission.tenants")
 
-TENANT = "tenant"  # the request key: str, "" when no keys are configured
+# the request's tenant, "" when no keys are configured
+TENANT: web.RequestKey[str] = web.RequestKey("tenant")
 # set when the router checked the client's key: that key is the router's
 # credential, so it is not sent on to the model servers
-KEY_CHECKED = "tenant_key_checked"
+KEY_CHECKED: web.RequestKey[bool] = web.RequestKey("tenant_key_checked")
 # probes and scrapes carry no key
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
 
@@ -96,15 +97,11 @@ class Tenants:
             return f"tenant {tenant} is over its token rate ({lim.tokens.rate:g}/s)"
         return None
 
-    def settle(self, tenant: str, requests: int, tokens: int, now: float) -> None:
-        """Charges the tenant's buckets what a request cost beyond what
+    def settle(self, tenant: str, tokens: int, now: float) -> None:
+        """Charges the tenant's token bucket what a request cost beyond what
         ``over_limit`` took (negative: gives the excess back)."""
         lim = self._limits.get(tenant)
-        if lim is None:
-            return
-        if lim.requests is not None and requests:
-            lim.requests.settle(requests, now)
-        if lim.tokens is not None and tokens:
+        if lim is not None and lim.tokens is not None and tokens:
             lim.tokens.settle(tokens, now)
 
     def identify(self, request: web.Request) -> web.Response | None:

@@ -15,6 +15,7 @@ import orjson
 import structlog
 from aiohttp import web
 
+from router.admission.tenants import TENANT
 from router.config import ResponsesStoreConfig
 from router.pool.endpoints import Endpoint
 from wire.errors import ApiError
@@ -35,8 +36,7 @@ class ResponsesStore(Protocol):
 def tenant_of(request: web.Request) -> str:
     """Who asks: set by the tenants middleware (router.admission.tenants),
     "" when no API keys are configured."""
-    tenant: str = request.get("tenant", "")
-    return tenant
+    return request.get(TENANT) or ""
 
 
 def _owned(record: dict[str, Any] | None, tenant: str) -> dict[str, Any] | None:
