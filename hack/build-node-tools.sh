@@ -3,8 +3,9 @@
 # version-keyed cache as hack/build-cluster-tools.sh: kubelet (from that
 # script's wrapper module, so it must have run first), containerd with ctr
 # and the runc shim, and our static pause binary. runc and busybox come from
-# Debian (hack/install-system-deps.sh); the CNI plugin is Python
-# (localcluster/realnode/cni.py). Idempotent: a cached tool is not rebuilt.
+# Debian (hack/install-system-deps.sh); the pod network's CNI plugin is
+# Python (localcluster/realnode/cni.py) and the NIC hand-off's is built by
+# `make nic-cni`. Idempotent: a cached tool is not rebuilt.
 # Usage: hack/build-node-tools.sh [containerd|pause|kubelet ...] (default: all)
 set -euo pipefail
 
