@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -49,6 +49,7 @@ from localcluster.scale.workload import (
     SCALE_LABEL,
     Plan,
     PodPlan,
+    Workers,
     again,
     plan,
 )
@@ -177,27 +178,64 @@ def extra_nodes(sc: ScaleScenario) -> list[PlannedNode]:
 
 class Submitter:
     """Creates pods from a thread pool at a paced rate; when each create
-    was sent and which failed."""
+    was sent and which failed. A wide-EP leader's workers follow it as LWS
+    makes them (``follow``)."""
 
-    def __init__(self, rest: JsonApi, uids: ctl.Uids, workers: int = 24) -> None:
+    def __init__(self, rest: JsonApi, uids: ctl.Uids, workers: dict[str, Workers] | None = None,
+                 threads: int = 24) -> None:
         self._rest = rest
-        self._uids = uids  # of the owner objects, for the pods' owner references
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="submit")
+        self._uids = uids  # of the owner objects (and created pods), for owner references
+        # by leader name, not made yet: right after the leader, or once it is bound
+        self._with_leader = {n: w for n, w in (workers or {}).items() if w.pin is None}
+        self._when_bound = {n: w for n, w in (workers or {}).items() if w.pin is not None}
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="submit")
         self.created: dict[str, float] = {}
         self.failed: dict[str, str] = {}
-        self._futures: list[Future[None]] = []
+        self._futures: deque[Future[None]] = deque()  # appended to from the pool too
 
     def _create(self, p: PodPlan) -> None:
         self.created[p.name] = time.monotonic()
         try:
-            self._rest.request("POST", f"/api/v1/namespaces/{NAMESPACE}/pods",
-                               body=ctl.with_owner_uids(p.body, self._uids))
+            got = self._rest.request("POST", ctl.collection("Pod", NAMESPACE),
+                                     body=ctl.with_owner_uids(p.body, self._uids))
+            self._uids[("Pod", p.name)] = got["metadata"]["uid"]
         except ApiError as err:
             self.failed[p.name] = str(err)[:200]
+            return
+        if (w := self._with_leader.pop(p.name, None)) is not None:
+            self._make_workers(w, None)
+
+    def _make_workers(self, w: Workers, topology: str | None) -> None:
+        sts, pods = w.make(topology)
+        try:
+            got = self._rest.request("POST", ctl.collection("StatefulSet", NAMESPACE),
+                                     body=ctl.with_owner_uids(sts, self._uids))
+        except ApiError as err:
+            self.failed.update({x.name: f"worker StatefulSet: {str(err)[:180]}" for x in pods})
+            return
+        self._uids[("StatefulSet", sts["metadata"]["name"])] = got["metadata"]["uid"]
+        self._futures.extend(self._pool.submit(self._create, x) for x in pods)
+
+    def _pinned(self, w: Workers, leader: str) -> None:
+        """The workers of a bound leader, pinned to its node's domain."""
+        try:
+            pod = self._rest.request("GET", f"{ctl.collection('Pod', NAMESPACE)}/{leader}")
+            node = self._rest.request("GET", f"/api/v1/nodes/{pod['spec']['nodeName']}")
+        except ApiError as err:
+            self.failed[leader] = f"leader's node: {str(err)[:180]}"
+            return
+        self._make_workers(w, (node["metadata"].get("labels") or {}).get(w.pin or ""))
+
+    def follow(self, bound: dict[str, float]) -> None:
+        """Start the workers of the exclusive-placement leaders now bound."""
+        for leader in [n for n in self._when_bound if n in bound]:
+            w = self._when_bound.pop(leader)
+            self._futures.append(self._pool.submit(self._pinned, w, leader))
 
     def submit(self, pods: list[PodPlan], rate: float, tick: Callable[[], None]) -> None:
+        """``pods`` at ``rate``, but those that follow a leader (made by ``follow``)."""
         t0 = time.monotonic()
-        for i, p in enumerate(pods):
+        for i, p in enumerate(x for x in pods if x.leader is None):
             if rate:
                 delay = t0 + i / rate - time.monotonic()
                 if delay > 0:
@@ -207,9 +245,9 @@ class Submitter:
                 tick()
 
     def drain(self) -> None:
-        for f in self._futures:
-            f.result()
-        self._futures.clear()
+        """Wait for every create sent so far (and those they started)."""
+        while self._futures:
+            self._futures.popleft().result()
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -342,10 +380,12 @@ def run_setup(sc: ScaleScenario, setup: Setup, name: str, workdir: Path, say: Sa
         made = measure.Watched(rest, claims_path, "", measure.claim_pod).start()
         ext = next((c for c in children if c.name == "extender"), None)
 
+        sub = Submitter(rest, uids, p.workers)
+
         def alive() -> None:
             for c in children:
                 c.alive()
-        sub = Submitter(rest, uids)
+            sub.follow(pods.snapshot())
         try:
             api_before, ext_before = measure.scrape(api), ext and measure.scrape_url(
                 ext.url + "/metrics")

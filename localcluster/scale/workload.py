@@ -1,9 +1,11 @@
 """The objects a scenario submits, per setup: DeviceClasses and claim
 templates of the cookbook's shapes, pods (plain, with claims, wide-EP groups
-as LeaderWorkerSet writes them, P/D slices as DisaggregatedSet writes them,
-gangs), and in-tree PodGroups where the setup has the workload gates. P/D
-slices come with their DisaggregatedSet, LeaderWorkerSets and StatefulSets
-(``controllers``), created before the pods they own."""
+as LeaderWorkerSet makes them, P/D slices as DisaggregatedSet makes them,
+gangs), and in-tree PodGroups where the setup has the workload gates. The
+owners of P/D slices and wide-EP groups (DisaggregatedSet, LeaderWorkerSets,
+StatefulSets: ``controllers``) are created before the pods they own; a
+wide-EP group's worker StatefulSet and workers follow its leader pod
+(``Workers``)."""
 
 from __future__ import annotations
 
@@ -50,6 +52,7 @@ class PodPlan:
     claims: bool = False
     group: str | None = None
     role: str | None = None
+    leader: str | None = None  # a wide-EP worker: made after this leader pod (``Workers``)
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,7 @@ class Plan:
     objects: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (API path, body)
     pods: list[PodPlan] = field(default_factory=list)  # in arrival order
     groups: list[GroupPlan] = field(default_factory=list)
+    workers: dict[str, Workers] = field(default_factory=dict)  # by leader pod name
 
 
 def device_classes() -> list[dict[str, Any]]:
@@ -129,17 +133,25 @@ def _pod(name: str, kind: str, *, template: str | None, profile: str | None,
             "spec": body}
 
 
-def _lws_meta(g: GroupPlan, i: int) -> tuple[dict[str, str], dict[str, str]]:
-    """A LeaderWorkerSet group's labels and annotations as its controller writes them."""
-    lws = "leaderworkerset.sigs.k8s.io"
-    labels = {f"{lws}/name": g.name, f"{lws}/group-index": "0",
-              f"{lws}/group-key": f"{g.name}-0-key", f"{lws}/worker-index": str(i),
-              f"{lws}/template-revision-hash": "scale1"}
-    notes = {f"{lws}/size": str(g.pods), f"{lws}/exclusive-topology": LEVEL_KEYS[g.level]}
-    return labels, notes
-
-
 REVISION = "scale1"  # the template revision every group's pods are at
+
+
+def _member(body: dict[str, Any], g: GroupPlan, setup: Setup, *, role: str | None = None,
+            leader: str | None = None) -> PodPlan:
+    """A pod of ``g`` as its controllers built it, marked for the figures;
+    with the workload gates it names the group's PodGroup."""
+    md, spec = body["metadata"], body["spec"]
+    md["labels"].update({SCALE_LABEL: g.kind, GROUP_LABEL: g.name})
+    spec["terminationGracePeriodSeconds"] = 0
+    if setup is Setup.IN_TREE:
+        spec["schedulingGroup"] = {"podGroupName": g.name}
+    spec["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+    return PodPlan(md["name"], g.kind, body, gpus=g.gpus_per_pod, claims=True, group=g.name,
+                   role=role, leader=leader)
+
+
+def _template(g: GroupPlan) -> str:
+    return template_name(ClaimShape.ONE_GPU, g.gpus_per_pod)
 
 
 def _slice(g: GroupPlan, setup: Setup) -> tuple[list[tuple[str, dict[str, Any]]],
@@ -147,46 +159,74 @@ def _slice(g: GroupPlan, setup: Setup) -> tuple[list[tuple[str, dict[str, Any]]]
     """A P/D slice as the DisaggregatedSet and LeaderWorkerSet controllers
     make it: the set, one LeaderWorkerSet per role (``replicas`` groups of
     one pod), each one's leader StatefulSet, and the leader pods, each
-    owned by the one before (uids filled in when created); with the
-    workload gates, its pods name the slice's PodGroup."""
+    owned by the one before (uids filled in when created)."""
     ds = ctl.disaggregated_set(g.name, {r: (g.roles.count(r), 1)
                                         for r in dict.fromkeys(g.roles)}, namespace=NAMESPACE)
     objects = [(ctl.collection("DisaggregatedSet", NAMESPACE), ds)]
     pods: list[PodPlan] = []
-    template = f"{ClaimShape.ONE_GPU.value}-{g.gpus_per_pod}"
     for lws in ctl.disaggregated_lws(ds, 0, REVISION):
         sts = ctl.leader_statefulset(lws, REVISION)
         objects += [(ctl.collection("LeaderWorkerSet", NAMESPACE), lws),
                     (ctl.collection("StatefulSet", NAMESPACE), sts)]
         for i in range(lws["spec"]["replicas"]):
-            body = ctl.lws_leader(lws, sts, i, claim_template=template, profile=g.profile)
-            md, spec = body["metadata"], body["spec"]
-            md["labels"].update({SCALE_LABEL: g.kind, GROUP_LABEL: g.name})
-            spec["terminationGracePeriodSeconds"] = 0
-            if setup is Setup.IN_TREE:
-                spec["schedulingGroup"] = {"podGroupName": g.name}
-            spec["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
-            pods.append(PodPlan(md["name"], g.kind, body, gpus=g.gpus_per_pod, claims=True,
-                                group=g.name, role=md["labels"][f"{ctl.DS}/role"]))
+            body = ctl.lws_leader(lws, sts, i, claim_template=_template(g), profile=g.profile)
+            pods.append(_member(body, g, setup, role=body["metadata"]["labels"][f"{ctl.DS}/role"]))
     return objects, pods
 
 
-def _group_pod(g: GroupPlan, i: int, setup: Setup) -> PodPlan:
-    """A wide-EP or gang pod: labelled as LWS writes it, or as a gang."""
+@dataclass(frozen=True)
+class Workers:
+    """A wide-EP group's worker StatefulSet and workers, which LWS makes
+    once the leader pod exists, or with exclusive placement (``pin``, the
+    level's node label) once the leader is bound, pinned to its domain."""
+
+    group: GroupPlan
+    setup: Setup
+    lws: dict[str, Any]
+    leader: dict[str, Any]  # the leader pod as planned (its uid comes from the API)
+    pin: str | None
+
+    def make(self, topology: str | None = None) -> tuple[dict[str, Any], list[PodPlan]]:
+        """The worker StatefulSet (pinned to ``topology``, the leader's node's
+        ``pin`` label) and its pods, owned by the leader and the set."""
+        sts = ctl.worker_statefulset(self.lws, self.leader, topology=topology)
+        g, name = self.group, self.leader["metadata"]["name"]
+        return sts, [_member(ctl.lws_worker(self.lws, self.leader, sts, w,
+                                            claim_template=_template(g), profile=g.profile),
+                             g, self.setup, leader=name) for w in range(1, g.pods)]
+
+
+def _wide_ep(g: GroupPlan, setup: Setup) -> tuple[list[tuple[str, dict[str, Any]]],
+                                                  PodPlan, Workers]:
+    """A wide-EP group as LeaderWorkerSet makes it: a LWS of one group of
+    ``g.pods``, its leader StatefulSet and leader pod (created up front) and
+    the ``Workers`` that follow the leader. Exclusive placement on the
+    level's node label, except with the workload gates: there the group's
+    PodGroup carries the level, and its gang could never start if the
+    workers waited for the leader to be bound."""
+    pin = None if setup is Setup.IN_TREE else LEVEL_KEYS[g.level]
+    lws = ctl.leader_worker_set(g.name, 1, g.pods, exclusive=pin, namespace=NAMESPACE)
+    sts = ctl.leader_statefulset(lws, REVISION)
+    leader = _member(ctl.lws_leader(lws, sts, 0, claim_template=_template(g),
+                                    profile=g.profile), g, setup)
+    return ([(ctl.collection("LeaderWorkerSet", NAMESPACE), lws),
+             (ctl.collection("StatefulSet", NAMESPACE), sts)], leader,
+            Workers(g, setup, lws, leader.body, pin))
+
+
+def _gang_pod(g: GroupPlan, i: int, setup: Setup) -> PodPlan:
+    """A gang pod: in the in-tree setup it names its PodGroup, in ours it
+    carries toposerve's group labels, in the default nothing."""
     name = g.pod_name(i)
     labels: dict[str, str] = {GROUP_LABEL: g.name}
-    notes: dict[str, str] = {}
     spec: dict[str, Any] = {}
     if setup is Setup.IN_TREE:
         spec = {"schedulingGroup": {"podGroupName": g.name}}
-    elif g.kind == "wide-ep":
-        more, notes = _lws_meta(g, i)
-        labels.update(more)
-    elif setup is Setup.TOPOSERVE:  # a gang: toposerve's own group labels
+    elif setup is Setup.TOPOSERVE:
         labels.update({"toposerve.io/group": g.name, "toposerve.io/group-size": str(g.pods),
                        "toposerve.io/topology-level": g.level})
-    body = _pod(name, g.kind, template=f"{ClaimShape.ONE_GPU.value}-{g.gpus_per_pod}",
-                profile=g.profile, labels=labels, annotations=notes, spec=spec)
+    body = _pod(name, g.kind, template=_template(g), profile=g.profile, labels=labels,
+                spec=spec)
     return PodPlan(name, g.kind, body, gpus=g.gpus_per_pod, claims=True, group=g.name)
 
 
@@ -233,11 +273,16 @@ def plan(sc: ScaleScenario, setup: Setup) -> Plan:
         shapes.add((ClaimShape.ONE_GPU, g.gpus_per_pod))
         if g.kind == "pd":
             owners, members = _slice(g, setup)
-            g = replace(g, names=tuple(m.name for m in members))
-            p.objects += owners
-            pods += members
+        elif g.kind == "wide-ep":
+            owners, leader, workers = _wide_ep(g, setup)
+            members = [leader, *workers.make()[1]]
+            p.workers[leader.name] = workers
         else:
-            pods += [_group_pod(g, i, setup) for i in range(g.pods)]
+            owners, members = [], [_gang_pod(g, i, setup) for i in range(g.pods)]
+        if owners:
+            g = replace(g, names=tuple(m.name for m in members))
+        p.objects += owners
+        pods += members
         p.groups.append(g)
         if setup is Setup.IN_TREE:
             p.objects.append((f"/apis/scheduling.k8s.io/v1beta1/namespaces/{NAMESPACE}/"
@@ -253,4 +298,4 @@ def again(pod: PodPlan, n: int) -> PodPlan:
     """The same pod under a new name, for churn's re-creation."""
     name = f"{pod.name}-r{n}"
     body = {**pod.body, "metadata": {**pod.body["metadata"], "name": name}}
-    return PodPlan(name, pod.kind, body, pod.gpus, pod.claims, pod.group, pod.role)
+    return replace(pod, name=name, body=body)

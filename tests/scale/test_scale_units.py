@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -22,7 +23,7 @@ from scheduler_ext.placement.groups import identify
 from scheduler_ext.state.cache import ClusterState
 from topology.config_file import ConfigError
 from topology.labels import PRESETS, DialectName
-from topology.model import DomainPath
+from topology.model import DomainPath, Tier
 
 SMALL = builtins()["small"]
 TOPO = PRESETS[DialectName.TOPOSERVE]
@@ -129,6 +130,86 @@ def test_pd_slices_come_with_their_owners_and_the_extender_knows_their_size() ->
     filled = with_owner_uids(first, {(sts["kind"], sts["name"]): "uid-1"})
     assert filled["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
     assert first["metadata"]["ownerReferences"][0]["uid"] == ""  # the plan is not changed
+
+
+LWS = "leaderworkerset.sigs.k8s.io"
+RACK = "topology.toposerve.io/rack"
+
+
+def _owner(obj: dict[str, Any]) -> tuple[str, str]:
+    ref = obj["metadata"]["ownerReferences"][0]
+    assert ref["controller"] is True
+    return ref["kind"], ref["name"]
+
+
+@pytest.mark.parametrize("setup", [Setup.DEFAULT, Setup.TOPOSERVE, Setup.IN_TREE])
+def test_wide_ep_groups_are_a_leader_worker_set_chain(setup: Setup) -> None:
+    sc = load_scenario(SMALL)
+    p = plan(sc, setup)
+    owners = {(o["kind"], o["metadata"]["name"]): o for _, o in p.objects}
+    groups = [g for g in p.groups if g.kind == "wide-ep"]
+    assert len(groups) == len(p.workers) == 2
+    exclusive = None if setup is Setup.IN_TREE else RACK  # in-tree: the PodGroup has the level
+    st = ClusterState(ExtenderConfig())
+    for g in groups:
+        lws = owners[("LeaderWorkerSet", g.name)]
+        assert lws["spec"]["replicas"] == 1
+        assert lws["spec"]["leaderWorkerTemplate"]["size"] == g.pods == 9
+        assert lws["metadata"]["annotations"].get(f"{LWS}/exclusive-topology") == exclusive
+        leader_sts = owners[("StatefulSet", g.name)]
+        assert _owner(leader_sts) == ("LeaderWorkerSet", g.name)
+        assert leader_sts["metadata"]["annotations"][f"{LWS}/replicas"] == "1"
+        # the owners come before what they own, the leader's before the pods
+        order = [(o["kind"], o["metadata"]["name"]) for _, o in p.objects]
+        assert order.index(("LeaderWorkerSet", g.name)) < order.index(("StatefulSet", g.name))
+        planned = {x.name: x for x in p.pods if x.group == g.name}
+        leader = planned[g.pod_name(0)]
+        assert leader.name == f"{g.name}-0" and leader.leader is None
+        lmd = leader.body["metadata"]
+        assert _owner(leader.body) == ("StatefulSet", g.name)
+        assert lmd["labels"][f"{LWS}/worker-index"] == "0"
+        assert lmd["labels"][f"{LWS}/group-index"] == "0"
+        key = lmd["labels"][f"{LWS}/group-key"]
+        assert lmd["annotations"][f"{LWS}/size"] == "9"
+        assert lmd["annotations"].get(f"{LWS}/exclusive-topology") == exclusive
+        assert ("affinity" in leader.body["spec"]) == (exclusive is not None)
+        # the workers: planned for the figures, made after the leader (pinned once bound)
+        w = p.workers[leader.name]
+        assert w.pin == exclusive
+        sts, workers = w.make("rack-7" if exclusive else None)
+        assert _owner(sts) == ("Pod", leader.name) and sts["metadata"]["name"] == leader.name
+        assert sts["spec"]["replicas"] == 8 and sts["spec"]["ordinals"] == {"start": 1}
+        pinned = sts["spec"]["template"]["spec"]["nodeSelector"]
+        assert pinned.get(RACK) == ("rack-7" if exclusive else None)
+        assert [x.name for x in workers] == [g.pod_name(i) for i in range(1, 9)]
+        assert {x.name for x in workers} | {leader.name} == set(planned)
+        for i, x in enumerate(workers, start=1):
+            assert planned[x.name].leader == x.leader == leader.name
+            md = x.body["metadata"]
+            assert _owner(x.body) == ("StatefulSet", leader.name)
+            assert md["labels"][f"{LWS}/worker-index"] == str(i)
+            assert md["labels"][f"{LWS}/group-key"] == key
+            assert md["labels"][f"{LWS}/name"] == g.name
+            assert md["annotations"][f"{LWS}/leader-name"] == leader.name
+            assert md["annotations"][f"{LWS}/size"] == "9"
+            assert md["annotations"].get(f"{LWS}/exclusive-topology") == exclusive
+            assert x.body["spec"]["nodeSelector"].get(RACK) == pinned.get(RACK)
+            assert (x.body["spec"].get("schedulingGroup") == {"podGroupName": g.name}) == \
+                (setup is Setup.IN_TREE)
+        for i, x in enumerate([leader, *workers]):
+            st.pod("ADDED", {**x.body, "metadata": {**x.body["metadata"], "uid": f"{g.name}-{i}"}})
+    if setup is Setup.IN_TREE:
+        assert {(o["kind"], o["metadata"]["name"]) for _, o in p.objects} >= \
+            {("PodGroup", g.name) for g in groups}
+        return
+    # the extender sees each group whole from its pods' labels: its size and level
+    view = st.snapshot()
+    for g in groups:
+        ref = identify(next(x.body for x in p.pods if x.name == g.pod_name(0)), TOPO)
+        assert ref is not None
+        group = view.groups[ref.key]
+        assert (group.size, group.size_known, len(group.members)) == (9, True, 9)
+        assert group.required == Tier.RACK
 
 
 def test_fit_refuses_with_both_numbers() -> None:
