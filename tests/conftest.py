@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
+from harness.cluster_claim import claimed
 from harness.procs import Procs
-from localcluster.cluster import ClusterSpec, api_client, down, running_clusters, up
+from localcluster.cluster import ClusterSpec, api_client, up
 
 # Overridable so that two test runs on one machine do not tear down each other's cluster.
 TEST_CLUSTER = os.environ.get("TOPOSERVE_TEST_CLUSTER", "toposerve-test")
@@ -31,17 +32,12 @@ class Cluster:
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
-    if TEST_CLUSTER in running_clusters():
-        down(TEST_CLUSTER)  # left over from an interrupted run
-    started = time.monotonic()
-    up(ClusterSpec(name=TEST_CLUSTER, groups=TEST_GROUPS),
-       progress=lambda m: print(f"[cluster] {m}", file=sys.stderr))
-    c = Cluster(name=TEST_CLUSTER, api=api_client(TEST_CLUSTER), groups=TEST_GROUPS,
-                up_seconds=time.monotonic() - started)
-    try:
-        yield c
-    finally:
-        down(TEST_CLUSTER)
+    with claimed(TEST_CLUSTER):
+        started = time.monotonic()
+        up(ClusterSpec(name=TEST_CLUSTER, groups=TEST_GROUPS),
+           progress=lambda m: print(f"[cluster] {m}", file=sys.stderr))
+        yield Cluster(name=TEST_CLUSTER, api=api_client(TEST_CLUSTER), groups=TEST_GROUPS,
+                      up_seconds=time.monotonic() - started)
 
 
 @pytest.fixture

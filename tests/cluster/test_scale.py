@@ -8,20 +8,17 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from localcluster.cluster import ClusterSpec, api_client, down, running_clusters, up
+from harness.cluster_claim import claimed
+from localcluster.cluster import ClusterSpec, api_client, up
 
 pytestmark = [pytest.mark.cluster, pytest.mark.scale]
 
 
 def test_thousand_nodes() -> None:
     name = "pytest-scale"
-    if name in running_clusters():
-        down(name)
-    up(ClusterSpec(name=name, groups=[("gb200-nvl72", 720), ("hgx-h100", 280)]))
-    try:
+    with claimed(name):
+        up(ClusterSpec(name=name, groups=[("gb200-nvl72", 720), ("hgx-h100", 280)]))
         nodes: list[Any] = client.CoreV1Api(api_client(name)).list_node().items
         assert len(nodes) == 1000
         racks = {n.metadata.labels["topology.toposerve.io/rack"] for n in nodes}
         assert len(racks) == 40 + 70  # 720 / 18 NVL72 racks, 280 / 4 HGX racks
-    finally:
-        down(name)

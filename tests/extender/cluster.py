@@ -23,13 +23,8 @@ import yaml
 
 from dra_driver.framework.publisher import ApiError, JsonApi, SlicePublisher
 from dra_driver.gpu.devices import DRIVER, gpu_pool
-from localcluster.cluster import (
-    ClusterSpec,
-    api_client,
-    down,
-    running_clusters,
-    up,
-)
+from harness.cluster_claim import claimed
+from localcluster.cluster import ClusterSpec, api_client, up
 from localcluster.scale import controllers as ctl
 from localcluster.scale.controllers import DS_API, LWS, LWS_API, collection
 from localcluster.scale.runner import install_crds as scale_install_crds
@@ -277,32 +272,30 @@ def gpu_cluster(name: str, groups: list[tuple[str, int]], workdir: Path, *,
     if not extender:
         del cfg["extenders"]
     sched.write_text(render(cfg))
-    if name in running_clusters():
-        down(name)
     say = progress or (lambda m: print(f"[{name}] {m}", file=sys.stderr))
     spec = ClusterSpec(name=name, groups=groups, scheduler_config=sched,
                        feature_gates=WORKLOAD_GATES if workload_gates else "",
                        runtime_config=WORKLOAD_API if workload_gates else "",
                        controllers=CONTROLLERS, controller_manager_qps=controller_manager_qps)
-    kubeconfig = up(spec, progress=say)
-    proc: ExtenderProc | None = None
-    try:
-        api = api_client(name)
-        publish_gpu_slices(api)
-        create_classes_and_templates(api, [1, 2, 4, 8])
-        install_crds(api)
-        paths = {n["metadata"]["name"]: from_labels(n["metadata"]["name"],
-                                                    n["metadata"].get("labels") or {},
-                                                    PRESETS[DialectName.TOPOSERVE])
-                 for n in rest(api).request("GET", "/api/v1/nodes")["items"]}
-        if extender:
-            proc = ExtenderProc(kubeconfig, port, workdir, dict(extender_config or {}))
-            proc.start()
-        yield GpuCluster(name, api, kubeconfig, paths, proc)
-    finally:
-        if proc is not None:
-            proc.stop()
-        down(name, progress=say)
+    with claimed(name, progress=say):
+        kubeconfig = up(spec, progress=say)
+        proc: ExtenderProc | None = None
+        try:
+            api = api_client(name)
+            publish_gpu_slices(api)
+            create_classes_and_templates(api, [1, 2, 4, 8])
+            install_crds(api)
+            paths = {n["metadata"]["name"]: from_labels(n["metadata"]["name"],
+                                                        n["metadata"].get("labels") or {},
+                                                        PRESETS[DialectName.TOPOSERVE])
+                     for n in rest(api).request("GET", "/api/v1/nodes")["items"]}
+            if extender:
+                proc = ExtenderProc(kubeconfig, port, workdir, dict(extender_config or {}))
+                proc.start()
+            yield GpuCluster(name, api, kubeconfig, paths, proc)
+        finally:
+            if proc is not None:
+                proc.stop()
 
 
 def pods(api: Any, selector: str = "", namespace: str = "default") -> list[dict[str, Any]]:
