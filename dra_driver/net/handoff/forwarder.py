@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from localcluster.tools import cache_dir
+
 SOURCE = Path(__file__).parent / "cni-forwarder"
 NAME = "toposerve-nic"
 
@@ -31,14 +33,10 @@ def source_hash() -> str:
     return h.hexdigest()[:12]
 
 
-def cache_bin() -> Path:
-    """The tool cache's bin dir (as hack/go-build-env.sh has it)."""
-    return Path(os.environ.get("TOPOSERVE_CACHE", Path.home() / ".cache/toposerve")) / "bin"
-
-
 def binary() -> Path:
-    """Where the build of the current source is (or goes)."""
-    return cache_bin() / f"{NAME}-{source_hash()}" / NAME
+    """Where the build of the current source is (or goes): in the tool cache
+    beside the cluster tools."""
+    return cache_dir() / "bin" / f"{NAME}-{source_hash()}" / NAME
 
 
 def build() -> Path:
