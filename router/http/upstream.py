@@ -240,6 +240,7 @@ class Upstreams:
         self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
         self._idle: dict[str, list[Answer]] = {}
         self._addr: dict[str, tuple[str, int, bool, bytes]] = {}
+        self._tls: ssl.SSLContext | None = None  # made once: it loads the CA store
 
     async def post(self, url: str, path: str, headers: dict[str, str], body: bytes) -> Answer:
         """Send the request and wait for the answer's status and headers.
@@ -278,10 +279,15 @@ class Upstreams:
             async with asyncio.timeout(self.connect_timeout):
                 _, conn = await loop.create_connection(
                     lambda: Answer(idle, self.read_timeout), host, port,
-                    ssl=ssl.create_default_context() if tls else None)
+                    ssl=self._tls_context() if tls else None)
         except OSError as err:
             raise UpstreamError(f"cannot connect to {host}:{port}: {err}") from err
         return conn
+
+    def _tls_context(self) -> ssl.SSLContext:
+        if self._tls is None:
+            self._tls = ssl.create_default_context()
+        return self._tls
 
     def _address(self, url: str) -> tuple[str, int, bool, bytes]:
         if (addr := self._addr.get(url)) is None:
