@@ -148,6 +148,15 @@ def _log(env: Env, pod: str) -> str:
 SCRIPT = "ip -o addr show dev net1; ip -o link show dev net1; echo READY; sleep 3600"
 
 
+def _nic_pod(env: Env, make_pod: PodMaker, name: str, claim: str, entry: str = "nic") -> str:
+    """A pod with the NIC claim (as its claims' ``entry``), running: what its
+    container's ``ip`` shows of net1."""
+    make_pod(busybox_pod(name, SCRIPT, claims=[{"name": entry, "resourceClaimName": claim}]))
+    wait_phase(env.core, name, {"Running"})
+    wait_for("the container's view of net1", lambda: "READY" in _log(env, name))
+    return _log(env, name)
+
+
 def _delete_pod(env: Env, name: str) -> None:
     env.core.delete_namespaced_pod(name, "default", grace_period_seconds=1)
     wait_for(f"pod {name} gone", lambda: not env.core.list_namespaced_pod(
@@ -159,11 +168,7 @@ def test_a_pod_gets_the_nic_configured_and_it_comes_back(env: Env, make_pod: Pod
     nic = env.stand_ins[0]
     claim = _nic_claim(env, "rn-nic", nic)
     with _claims(env, claim):
-        make_pod(busybox_pod("rn-nic", SCRIPT, claims=[
-            {"name": "nic", "resourceClaimName": claim}]))
-        wait_phase(env.core, "rn-nic", {"Running"})
-        wait_for("the container's view of net1", lambda: "READY" in _log(env, "rn-nic"))
-        log = _log(env, "rn-nic")
+        log = _nic_pod(env, make_pod, "rn-nic", claim)
         assert f"inet {nic.pod_address()}" in log and "mtu 1400" in log, log
         assert nic.mac in log  # the very NIC, renamed
         ping = _ping_from_fabric(nic.pod_address())
@@ -187,11 +192,7 @@ def test_a_pod_gets_its_ipv6_address(env: Env, make_pod: PodMaker) -> None:
     v6 = "2001:db8:18:1::2/64"
     claim = _nic_claim(env, "rn-nic6", nic, also=(v6,))
     with _claims(env, claim):
-        make_pod(busybox_pod("rn-nic6", SCRIPT, claims=[
-            {"name": "nic", "resourceClaimName": claim}]))
-        wait_phase(env.core, "rn-nic6", {"Running"})
-        wait_for("the container's view of net1", lambda: "READY" in _log(env, "rn-nic6"))
-        log = _log(env, "rn-nic6")
+        log = _nic_pod(env, make_pod, "rn-nic6", claim)
         [line] = [x for x in log.splitlines() if f"inet6 {v6} " in x]
         assert "tentative" not in line and f"inet {nic.pod_address()}" in log, log
         got = env.res.read_namespaced_resource_claim(claim, "default")
@@ -225,15 +226,12 @@ def test_gpu_and_nic_aligned_on_one_pcie_root(env: Env, make_pod: PodMaker,
                 "constraints": [{"requests": ["gpu", "nic"], "matchAttribute": ROOT}],
                 "config": [{"requests": ["nic"], **_config(interfaceName="net1")}]}}})
         with _claims(env, "rn-gpu-nic"):
-            make_pod(busybox_pod("rn-gpu-nic", SCRIPT, claims=[
-                {"name": "devs", "resourceClaimName": "rn-gpu-nic"}]))
-            wait_phase(env.core, "rn-gpu-nic", {"Running"})
-            wait_for("net1 in the pod", lambda: "READY" in _log(env, "rn-gpu-nic"))
+            log = _nic_pod(env, make_pod, "rn-gpu-nic", "rn-gpu-nic", entry="devs")
             claim = env.res.read_namespaced_resource_claim("rn-gpu-nic", "default")
             by_request = {r.request: r for r in claim.status.allocation.devices.results}
             assert _root_of(env, GPU_DRIVER, by_request["gpu"].device) == \
                 _root_of(env, DRIVER, by_request["nic"].device)
-            assert "net1" in _log(env, "rn-gpu-nic")
+            assert "net1" in log
             _delete_pod(env, "rn-gpu-nic")
     finally:
         assert gpu.stop() == 0
@@ -246,10 +244,7 @@ def test_del_after_containerd_restarts_brings_the_nic_back(env: Env, make_pod: P
     nic = env.stand_ins[1]
     claim = _nic_claim(env, "rn-nic-ctd", nic, mtu=1500)
     with _claims(env, claim):
-        make_pod(busybox_pod("rn-nic-ctd", SCRIPT, claims=[
-            {"name": "nic", "resourceClaimName": claim}]))
-        wait_phase(env.core, "rn-nic-ctd", {"Running"})
-        wait_for("net1 in the pod", lambda: "READY" in _log(env, "rn-nic-ctd"))
+        _nic_pod(env, make_pod, "rn-nic-ctd", claim)
         realnode.restart_containerd()
         assert _ping_from_fabric(nic.pod_address()).returncode == 0  # still in the pod
         _delete_pod(env, "rn-nic-ctd")
@@ -264,10 +259,7 @@ def test_a_crashed_run_is_torn_down_to_nothing(env: Env, make_pod: PodMaker) -> 
     nic = env.stand_ins[2]
     claim = _nic_claim(env, "rn-nic-crash", nic)
     with _claims(env, claim):
-        make_pod(busybox_pod("rn-nic-crash", SCRIPT, claims=[
-            {"name": "nic", "resourceClaimName": claim}]))
-        wait_phase(env.core, "rn-nic-crash", {"Running"})
-        wait_for("net1 in the pod", lambda: "READY" in _log(env, "rn-nic-crash"))
+        _nic_pod(env, make_pod, "rn-nic-crash", claim)
         proc = env.driver.proc
         assert proc is not None
         proc.kill()
