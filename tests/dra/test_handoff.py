@@ -107,6 +107,16 @@ def test_ipv6_addresses_and_routes_in_the_pod(env: NetEnv) -> None:
     _assert_on_host(env)
 
 
+def test_a_link_gone_between_lookup_and_read_is_not_found(env: NetEnv) -> None:
+    """A namespace torn down meanwhile deletes links under a reader's feet:
+    a link looked up by name and gone before it is read counts as absent."""
+    with Namespace(env.pod) as pod, Namespace(env.fabric) as fabric:
+        link = pod.add_veth("gone0", "02:00:00:00:0a:01", 1500, "gone0-far", fabric)
+        pod.delete(link)
+        assert pod._still_there(link.index) is None
+        assert pod.find("gone0", "02:00:00:00:0a:01") is None
+
+
 def test_every_call_is_idempotent(env: NetEnv) -> None:
     mover = env.mover()
     assert mover.detach_sandbox("sb1") == []  # DEL without ADD

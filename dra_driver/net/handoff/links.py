@@ -6,6 +6,7 @@ reset. Every call is idempotent: setting what is already set is a no-op."""
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import socket
 import threading
@@ -60,8 +61,8 @@ def netlink_socket_in(path: str) -> int:
     t.start()
     t.join()
     if "fd" not in out:
-        errno = out.get("errno", 0)
-        raise OSError(errno, f"cannot enter network namespace {path}: {os.strerror(errno)}")
+        code = out.get("errno", 0)
+        raise OSError(code, f"cannot enter network namespace {path}: {os.strerror(code)}")
     return out["fd"]
 
 
@@ -97,12 +98,24 @@ class Namespace:
     def get(self, index: int) -> Link:
         return self._link(self._nl.link("get", index=index)[0])
 
+    def _still_there(self, index: int) -> Link | None:
+        """The link, or None when it went since it was looked up (a namespace
+        being torn down deletes its veth peers' other ends meanwhile)."""
+        from pyroute2.netlink.exceptions import NetlinkError  # type: ignore[import-untyped]
+
+        try:
+            return self.get(index)
+        except NetlinkError as err:
+            if err.code != errno.ENODEV:
+                raise
+            return None
+
     def find(self, name: str, mac: str | None = None) -> Link | None:
         """The link called ``name`` (with ``mac``, when one is given), else the
         one link with ``mac``: a link the kernel renamed on its way (a move
         whose new name was taken, a namespace that went away)."""
         idx = self._nl.link_lookup(ifname=name)
-        named = self.get(idx[0]) if idx else None
+        named = self._still_there(idx[0]) if idx else None
         if mac is None or mac == ZERO_MAC or (named is not None and named.mac == mac):
             return named
         return self.by_mac(mac)  # the name is another link's, or nobody's
