@@ -1,10 +1,10 @@
 """``toposerve driver simulate``: one process publishes GPU and NIC
-ResourceSlices (``gpu.toposerve.io``, ``net.toposerve.io``) for every kwok
-fake node of a cluster, from the profile ``cluster up`` recorded on the node
-(label ``topology.toposerve.io/profile``) or ``--profile``, with the same
-publisher (and device builders) the real drivers use. It follows nodes as
-they come and go through one watch, and the real scheduler then allocates
-claims from the slices, at scale.
+ResourceSlices (``gpu.toposerve.io``, ``net.toposerve.io``; or one driver's
+alone, ``--drivers``) for every kwok fake node of a cluster, from the profile
+``cluster up`` recorded on the node (label ``topology.toposerve.io/profile``)
+or ``--profile``, with the same publisher (and device builders) the real
+drivers use. It follows nodes as they come and go through one watch, and the
+real scheduler then allocates claims from the slices, at scale.
 
 Its slices carry the label ``dra.toposerve.io/publisher=simulate`` and its
 watches select it, so it never touches the slices of a real node's driver.
@@ -13,7 +13,7 @@ watches select it, so it never touches the slices of a real node's driver.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cache
@@ -24,7 +24,7 @@ import structlog
 from kubernetes.client import CoreV1Api
 
 from dra_driver.framework.liveness import HttpEndpoints, metrics_route
-from dra_driver.framework.publisher import ApiError, JsonApi, Reflector, SlicePublisher
+from dra_driver.framework.publisher import ApiError, JsonApi, Pool, Reflector, SlicePublisher
 from dra_driver.gpu.devices import DRIVER as GPU_DRIVER
 from dra_driver.gpu.devices import PARTITIONS_LABEL, gpu_pool, partitions_wanted
 from dra_driver.net.devices import DRIVER as NET_DRIVER
@@ -75,18 +75,38 @@ def _hardware(profile: str) -> NodeHardware:
     return load_profile(profile).hardware()
 
 
+def _gpu(topo: NodeTopology, node: SimNode) -> Pool:
+    return gpu_pool(topo, node_uid=node.uid, partitions=node.partitions)
+
+
+def _nics(topo: NodeTopology, node: SimNode) -> Pool:
+    return nic_pool(topo, node_uid=node.uid)
+
+
+# What each simulated driver publishes for a node. A cluster may run either
+# driver alone; every device of a node is one more the scheduler's
+# allocator converts and matches on each node it filters (docs/scale.md).
+POOLS: dict[str, Callable[[NodeTopology, SimNode], Pool]] = {GPU_DRIVER: _gpu,
+                                                             NET_DRIVER: _nics}
+
+
 class Simulator:
-    """Both publishers and the node watch that feeds them."""
+    """One publisher per simulated driver and the node watch that feeds them."""
 
     def __init__(self, api: Any, *, profile: str | None = None,
                  dialect: DialectName = DialectName.TOPOSERVE, workers: int = 8,
-                 sync_delay: float = 1.0, watch_timeout: int = 300) -> None:
+                 sync_delay: float = 1.0, watch_timeout: int = 300,
+                 drivers: Sequence[str] = tuple(POOLS)) -> None:
+        unknown = sorted(set(drivers) - set(POOLS))
+        if unknown or not drivers:
+            raise ValueError(f"drivers: {', '.join(unknown) or 'none given'}; choose from "
+                             f"{', '.join(POOLS)}")
         self._profile = profile
         self._dialect = dialect
         kw: dict[str, Any] = dict(labels=LABELS, workers=workers, sync_delay=sync_delay,
                                   watch_timeout=watch_timeout)
-        self.gpu = SlicePublisher(api, GPU_DRIVER, **kw)
-        self.net = SlicePublisher(api, NET_DRIVER, **kw)
+        self._builders = {d: POOLS[d] for d in POOLS if d in drivers}
+        self._publishers = {d: SlicePublisher(api, d, **kw) for d in self._builders}
         self._lock = threading.Lock()
         self._nodes: dict[str, SimNode] = {}
         self._skipped: dict[str, str] = {}
@@ -97,8 +117,8 @@ class Simulator:
         self._thread: threading.Thread | None = None
 
     @property
-    def publishers(self) -> tuple[SlicePublisher, SlicePublisher]:
-        return self.gpu, self.net
+    def publishers(self) -> tuple[SlicePublisher, ...]:
+        return tuple(self._publishers.values())
 
     def start(self) -> None:
         for p in self.publishers:
@@ -184,8 +204,8 @@ class Simulator:
         with self._lock:
             self._nodes[name] = got
         topo = self._topology(got)
-        self.gpu.set_pool(gpu_pool(topo, node_uid=got.uid, partitions=got.partitions))
-        self.net.set_pool(nic_pool(topo, node_uid=got.uid))
+        for driver, build in self._builders.items():
+            self._publishers[driver].set_pool(build(topo, got))
 
     def _forget(self, name: str) -> None:
         with self._lock:
@@ -200,9 +220,9 @@ class Simulator:
         (re)start deletes only what really is gone."""
         nodes = {n.name: n for o in items if (n := self._check(o)) is not None}
         # generators: each node's devices are packed before the next is built
-        self.gpu.set_pools(gpu_pool(self._topology(n), node_uid=n.uid, partitions=n.partitions)
-                           for n in nodes.values())
-        self.net.set_pools(nic_pool(self._topology(n), node_uid=n.uid) for n in nodes.values())
+        for driver, build in self._builders.items():
+            self._publishers[driver].set_pools(build(self._topology(n), n)
+                                               for n in nodes.values())
         with self._lock:
             self._nodes = nodes
             self._skipped = {k: v for k, v in self._skipped.items()
@@ -252,14 +272,15 @@ def endpoints(host: str, port: int, sim: Simulator) -> HttpEndpoints:
 
 
 def run(api: Any, *, profile: str | None, dialect: DialectName, workers: int,
-        http_address: tuple[str, int] | None, uninstall: bool, stop: threading.Event) -> int:
+        http_address: tuple[str, int] | None, uninstall: bool, stop: threading.Event,
+        drivers: Sequence[str] = tuple(POOLS)) -> int:
     """The command: publish until ``stop`` is set (or delete and exit)."""
     if profile is not None:
         try:
             load_profile(profile)
         except ConfigError as err:
             raise ValueError(str(err).splitlines()[0]) from None
-    sim = Simulator(api, profile=profile, dialect=dialect, workers=workers)
+    sim = Simulator(api, profile=profile, dialect=dialect, workers=workers, drivers=drivers)
     if uninstall:
         try:
             n = sim.uninstall()

@@ -172,7 +172,7 @@ def _simulate(args: argparse.Namespace) -> int:
     try:
         return run(api, profile=args.profile, dialect=DialectName(args.dialect),
                    workers=args.workers, http_address=args.http_address or None,
-                   uninstall=args.uninstall, stop=stop)
+                   uninstall=args.uninstall, stop=stop, drivers=args.drivers.split(","))
     except ValueError as err:
         return _fail(str(err))
 
@@ -273,6 +273,9 @@ def register(sub: Any) -> None:
     s.add_argument("--dialect", default=DialectName.TOPOSERVE.value,
                    choices=[d.value for d in DialectName],
                    help="node labels that carry the domain path (default %(default)s)")
+    s.add_argument("--drivers", default="gpu.toposerve.io,net.toposerve.io",
+                   help="the drivers to publish for, comma-separated (default %(default)s; "
+                        "one alone is a cluster that runs only that driver)")
     s.add_argument("--workers", type=int, default=8,
                    help="concurrent slice writes per driver (default %(default)s)")
     s.add_argument("--http-address", type=_address, default=_address("127.0.0.1:9466"),

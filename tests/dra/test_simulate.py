@@ -54,9 +54,9 @@ def _simulate(cluster: Cluster, tmp: Path, *extra: str) -> tuple[subprocess.Pope
 
 
 @contextlib.contextmanager
-def _running(cluster: Cluster, tmp: Path) -> Iterator[str]:
+def _running(cluster: Cluster, tmp: Path, *extra: str) -> Iterator[str]:
     """The command until the block stops it, which must end it with SIGTERM."""
-    proc, url = _simulate(cluster, tmp)
+    proc, url = _simulate(cluster, tmp, *extra)
     try:
         yield url
         proc.send_signal(signal.SIGTERM)
@@ -154,5 +154,23 @@ def test_simulate_follows_the_partitions_label(cluster: Cluster, tmp_path: Path)
             wait_for("partitions again", lambda: _gpu_devices(rest, node) == 80, timeout=60)
     finally:
         CoreV1Api(cluster.api).patch_node(node, {"metadata": {"labels": {PARTITIONS_LABEL: None}}})
+        p, _ = _simulate(cluster, tmp_path, "--uninstall")
+        assert p.wait(timeout=60) == 0
+
+
+def test_simulate_publishes_for_the_drivers_asked(cluster: Cluster, tmp_path: Path) -> None:
+    """A cluster that runs the GPU driver alone: no NIC slices beside its GPUs."""
+    rest = JsonApi(cluster.api)
+    nodes = sum(c for _, c in cluster.groups)
+    try:
+        with _running(cluster, tmp_path, "--drivers", GPU_DRIVER) as url:
+            wait_for("ready", lambda: _code(url + "/readyz") == 200, timeout=120, interval=0.3)
+            got = _slices(rest)
+            assert {o["spec"]["driver"] for o in got} == {GPU_DRIVER}
+            assert len({o["spec"]["nodeName"] for o in got}) == nodes
+        p, _ = _simulate(cluster, tmp_path, "--drivers", "nvidia.com")
+        assert p.wait(timeout=60) != 0
+        assert "drivers: nvidia.com; choose from" in (tmp_path / "simulate.log").read_text()
+    finally:
         p, _ = _simulate(cluster, tmp_path, "--uninstall")
         assert p.wait(timeout=60) == 0
