@@ -68,6 +68,11 @@ class ClusterSpec:
     # and "scheduling.k8s.io/v1beta1=true" (DESIGN §6)
     feature_gates: str = ""
     runtime_config: str = ""
+    # gates for the scheduler alone, e.g. "SchedulerPreQueueingHints=true"
+    scheduler_feature_gates: str = ""
+    # GOGC of Go components by name ("kube-apiserver": 400): the collector's
+    # share of their CPU against the memory they hold (docs/scale.md)
+    gogc: dict[str, int] = field(default_factory=dict)
 
 
 def kwok_workdir() -> Path:
@@ -102,8 +107,15 @@ def running_clusters(tools: Tools | None = None) -> list[str]:
 SCHEDULER_OPEN_PATHS = "/healthz,/readyz,/livez,/metrics,/debug/pprof/*"
 
 
-def _config_documents(controller_manager_qps: int | None = None,
-                      controller_manager_burst: int | None = None, controllers: str = "") -> str:
+def _scheduler_gates(spec: ClusterSpec) -> str:
+    """The scheduler's own --feature-gates: every component's gates too,
+    should kwokctl's flag for those give way to it."""
+    if not spec.scheduler_feature_gates:
+        return ""
+    return ",".join(g for g in (spec.feature_gates, spec.scheduler_feature_gates) if g)
+
+
+def _config_documents(spec: ClusterSpec) -> str:
     # Bind every component to loopback. (kwok's pod range is set by flag in
     # KWOK_ARGS: a KwokConfiguration document here would replace kwok's
     # defaults rather than amend them.)
@@ -112,22 +124,32 @@ def _config_documents(controller_manager_qps: int | None = None,
          "options": {"runtime": "binary", "bindAddress": "127.0.0.1",
                      "kubeAuthorization": True, "kubeAdmission": True}},
     ]
-    extra: list[dict[str, str]] = []
-    if controller_manager_qps:
+    args: dict[str, list[dict[str, str]]] = {"kube-controller-manager": []}
+    if spec.controller_manager_qps:
         # here, not as --extra-args: kwokctl 0.8.0 panics on five of those
-        q = str(controller_manager_qps)
-        burst = str(controller_manager_burst or controller_manager_qps)
-        extra += [{"key": "kube-api-qps", "value": q}, {"key": "kube-api-burst", "value": burst}]
-    if controllers:
-        extra.append({"key": "controllers", "value": controllers})
-    patches: list[dict[str, Any]] = []
-    if extra:
-        patches.append({"name": "kube-controller-manager", "extraArgs": extra})
+        q = str(spec.controller_manager_qps)
+        burst = str(spec.controller_manager_burst or spec.controller_manager_qps)
+        args["kube-controller-manager"] += [{"key": "kube-api-qps", "value": q},
+                                            {"key": "kube-api-burst", "value": burst}]
+    if spec.controllers:
+        args["kube-controller-manager"].append({"key": "controllers", "value": spec.controllers})
     # CPU profiles of the scheduler (scale runs, bench.dra_sched): it cannot
     # authenticate our client cert (no delegated authn), and it listens on
     # loopback only, so let its pprof paths through as kwokctl lets /metrics
-    patches.append({"name": "kube-scheduler", "extraArgs": [
-        {"key": "authorization-always-allow-paths", "value": SCHEDULER_OPEN_PATHS}]})
+    args["kube-scheduler"] = [{"key": "authorization-always-allow-paths",
+                               "value": SCHEDULER_OPEN_PATHS}]
+    if gates := _scheduler_gates(spec):
+        # a second --feature-gates adds to the one kwokctl writes for every component
+        args["kube-scheduler"].append({"key": "feature-gates", "value": gates})
+    patches: list[dict[str, Any]] = []
+    for name in sorted(set(args) | set(spec.gogc)):
+        patch: dict[str, Any] = {"name": name}
+        if args.get(name):
+            patch["extraArgs"] = args[name]
+        if name in spec.gogc:
+            patch["extraEnvs"] = [{"name": "GOGC", "value": str(spec.gogc[name])}]
+        if len(patch) > 1:
+            patches.append(patch)
     docs[0]["componentsPatches"] = patches
     return yaml.safe_dump_all(docs)
 
@@ -150,6 +172,10 @@ def validate(spec: ClusterSpec) -> None:
         raise ClusterError(f"{total} nodes requested; at most {MAX_NODES} fit the loopback ranges")
     if spec.scheduler_config is not None and not spec.scheduler_config.is_file():
         raise ClusterError(f"--scheduler-config {spec.scheduler_config}: no such file")
+    for comp, value in spec.gogc.items():
+        if comp not in COMPONENTS or value < 1:
+            raise ClusterError(f"gogc: {comp}={value}: give a component of "
+                               f"{', '.join(COMPONENTS)} and a GOGC of at least 1")
 
 
 def api_client(name: str) -> Any:
@@ -277,8 +303,7 @@ def _up_once(spec: ClusterSpec, tools: Tools, progress: Progress) -> Path:
              f"for cluster {spec.name!r}")
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "kwok.yaml"
-        cfg.write_text(_config_documents(spec.controller_manager_qps,
-                                         spec.controller_manager_burst, spec.controllers))
+        cfg.write_text(_config_documents(spec))
         args = ["--name", spec.name, "--config", str(cfg), "create", "cluster",
                 "--runtime", "binary", "--kubeconfig", "",
                 "--kube-apiserver-binary", str(tools.kube_apiserver),

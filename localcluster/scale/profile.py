@@ -8,11 +8,13 @@ from __future__ import annotations
 import shutil
 import subprocess
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import urllib3
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from localcluster.cluster import cluster_dir
 
@@ -29,8 +31,9 @@ def component(cluster: str, name: str) -> tuple[str, Path]:
     raise LookupError(f"cluster {cluster!r} has no component {name!r}")
 
 
-def cpu_profile(cluster: str, name: str, seconds: int, out: Path) -> Path:
-    """Write a ``seconds``-long CPU profile of the component to ``out``."""
+def fetch(cluster: str, name: str, path: str, read_timeout: float = 30) -> bytes:
+    """GET ``path`` from one component of the cluster (``/metrics``,
+    ``/debug/pprof/profile?seconds=N``), with the cluster's admin cert."""
     url, _ = component(cluster, name)
     pki = cluster_dir(cluster) / "pki"
     # kwokctl's components serve its own self-signed admin cert on loopback
@@ -38,12 +41,32 @@ def cpu_profile(cluster: str, name: str, seconds: int, out: Path) -> Path:
                                key_file=str(pki / "admin.key"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
-        r = http.request("GET", f"{url}/debug/pprof/profile?seconds={seconds}", retries=False,
-                         timeout=urllib3.Timeout(connect=5, read=seconds + 60))
+        r = http.request("GET", f"{url}{path}", retries=False,
+                         timeout=urllib3.Timeout(connect=5, read=read_timeout))
     if r.status != 200:
-        raise RuntimeError(f"{name} pprof: HTTP {r.status}: {r.data[:200]!r}")
-    out.write_bytes(r.data)
+        raise RuntimeError(f"{name} {path}: HTTP {r.status}: {r.data[:200]!r}")
+    return bytes(r.data)
+
+
+def cpu_profile(cluster: str, name: str, seconds: int, out: Path) -> Path:
+    """Write a ``seconds``-long CPU profile of the component to ``out``."""
+    out.write_bytes(fetch(cluster, name, f"/debug/pprof/profile?seconds={seconds}",
+                          read_timeout=seconds + 60))
     return out
+
+
+def enabled_gates(cluster: str, name: str, gates: Iterable[str]) -> dict[str, bool]:
+    """Whether the component reports each gate on (its
+    ``kubernetes_feature_enabled`` metric): what it runs with, not what it
+    was asked for."""
+    wanted = set(gates)
+    if not wanted:
+        return {}
+    text = fetch(cluster, name, "/metrics").decode()
+    seen = {s.labels["name"]: s.value == 1
+            for fam in text_string_to_metric_families(text) for s in fam.samples
+            if s.name == "kubernetes_feature_enabled" and s.labels.get("name") in wanted}
+    return {g: seen.get(g, False) for g in sorted(wanted)}
 
 
 def top(binary: Path, profile: Path, lines: int = 30) -> str:

@@ -21,11 +21,17 @@ def _pair(d: dict[str, Any], a: str, b: str) -> str:
     return f"{_f(d.get(a), '{:.2f}')}/{_f(d.get(b), '{:.2f}')}"
 
 
+def _gates(gates: dict[str, bool]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(gates.items())) or "as shipped"
+
+
 def markdown(doc: dict[str, Any], pngs: list[str]) -> str:
     sc = doc["scenario"]
     lim = sc["clientLimits"]
     nodes = ", ".join(f"{g['count']:,} {g['profile']}" for g in sc["nodes"])
     missing = [x for x in sc["setups"] if x not in {s["setup"] for s in doc["setups"]}]
+    gogc = ", ".join(f"{k} {v}" for k, v in sorted((sc.get("gogc") or {}).items()))
+    gogc = gogc or "as shipped"
     lines = [f"# Scale run: {sc['name']}", "", sc.get("description") or "", "",
              f"Nodes: {nodes}. Pods: {doc['setups'][0]['pods'] if doc['setups'] else 0:,} "
              f"(the first {sc['arrival']['unmeasured']:,} not counted in pods/s), arrival rate "
@@ -35,7 +41,11 @@ def markdown(doc: dict[str, Any], pngs: list[str]) -> str:
              f"{lim['controllerManagerBurst'] or 'default'}; scheduler "
              f"percentageOfNodesToScore "
              f"{sc.get('scheduler', {}).get('percentageOfNodesToScore') or 'adaptive'} "
-             f"(with the extender: 100). Estimated memory "
+             f"(with the extender: 100), feature gates "
+             f"{_gates(sc.get('scheduler', {}).get('featureGates') or {})}. Slices of "
+             f"{', '.join(sc.get('drivers') or ['gpu.toposerve.io', 'net.toposerve.io'])}; "
+             f"GOGC {gogc}. "
+             f"Estimated memory "
              f"{doc['estimate_mib']:,} MiB. Started {doc['started']}.", "",
              *([f"Not run (the run stopped before them): {', '.join(missing)}.", ""]
                if missing else []),
@@ -59,6 +69,15 @@ def markdown(doc: dict[str, Any], pngs: list[str]) -> str:
             f"{s['bound']}/{s['pods']} | {_f(s['pods_per_s'])} | {' | '.join(lat)} | "
             f"{_pair(fil, 'p50_ms', 'p99_ms')} | {_pair(pri, 'p50_ms', 'p99_ms')} |")
     lines += ["", *errors] if errors else []
+    lines += ["", "What each setup ran with, as its parts report it: the slices "
+              "`driver simulate` published per driver and the scheduler's asked-for feature "
+              "gates from its `kubernetes_feature_enabled` metric.", "",
+              "| setup | slices by driver | scheduler gates |", "|---|---|---|"]
+    for s in doc["setups"]:
+        slices = ", ".join(f"{d} {n:,}" for d, n in sorted(
+            (s.get("slices_by_driver") or {}).items())) or "not recorded"
+        lines.append(f"| {s['setup']} | {slices} | "
+                     f"{_gates(s.get('scheduler_gates') or {})} |")
     lines += ["", "## Placement quality", "",
               "| setup | groups in one domain | of those that could | groups pending | "
               "pods stranded | pods never placed | free GPUs | largest free rack | "

@@ -41,7 +41,7 @@ from localcluster.cluster import (
 from localcluster.nodes import node_manifest
 from localcluster.processes import commands_under
 from localcluster.scale import controllers as ctl
-from localcluster.scale import fit, measure, quality
+from localcluster.scale import fit, measure, profile, quality
 from localcluster.scale.scenario import ScaleScenario, Setup
 from localcluster.scale.workload import (
     DEVICE_CLASSES,
@@ -98,6 +98,8 @@ def cluster_spec(sc: ScaleScenario, setup: Setup, name: str, sched_file: Path) -
                        controller_manager_qps=lim.controller_manager_qps or None,
                        controller_manager_burst=lim.controller_manager_burst or None,
                        feature_gates=WORKLOAD_GATES if gates else "",
+                       scheduler_feature_gates=sc.scheduler.gates_flag(),
+                       gogc={str(k): v for k, v in sc.gogc.items()},
                        runtime_config=WORKLOAD_API if gates else "",
                        # the run makes the StatefulSets' pods itself, as LWS's are made
                        controllers="*,-statefulset-controller",
@@ -304,18 +306,25 @@ def setup_cluster(sc: ScaleScenario, setup: Setup, name: str, workdir: Path, say
             say(f"{len(whole)} nodes publish whole GPUs only")
         sim_port = free_port()
         sim = spawn("driver simulate", ["driver", "simulate", "--cluster", name,
+                                        "--drivers", ",".join(sc.drivers),
                                         "--http-address", f"127.0.0.1:{sim_port}"],
                     workdir, f"http://127.0.0.1:{sim_port}")
         children.append(sim)
         sampler.watch({sim.popen.pid: sim.name})
 
+        status: dict[str, Any] = {}
+
         def published() -> bool:
             sim.alive()
             code, body = sim.get("/status")
-            st = orjson.loads(body) if code == 200 else {}
-            return bool(st.get("ready")) and st.get("nodes") == sc.node_count()
+            status.update(orjson.loads(body) if code == 200 else {})
+            return bool(status.get("ready")) and status.get("nodes") == sc.node_count()
         figures["slice_publish_s"] = round(wait("every node's slices", published,
                                                 600 + sc.node_count() * 0.5), 1)
+        figures["slices_by_driver"] = {p["driver"]: p["slices"]
+                                       for p in status.get("publishers", ())}
+        figures["scheduler_gates"] = profile.enabled_gates(name, "kube-scheduler",
+                                                           sc.scheduler.feature_gates)
         say(f"slices for {sc.node_count()} nodes published in {figures['slice_publish_s']}s")
         if setup is Setup.TOPOSERVE:
             cfg = workdir / "extender.yaml"

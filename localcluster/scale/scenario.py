@@ -4,6 +4,7 @@ with. Loaded from YAML like every toposerve config file."""
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from importlib import resources
 from pathlib import Path
@@ -178,6 +179,29 @@ class SchedulerTuning(Model):
         description="KubeSchedulerConfiguration percentageOfNodesToScore for the default "
                     "and in-tree setups (unset: the scheduler's adaptive default); the "
                     "extender's setup always scores every node")
+    feature_gates: dict[str, bool] = Field(
+        default_factory=dict, alias="featureGates",
+        description="kube-scheduler feature gates in every setup, e.g. "
+                    "{SchedulerPreQueueingHints: true} (1.37 alpha: a claim event requeues "
+                    "only its own pod instead of scanning every unschedulable one)")
+
+    @field_validator("feature_gates")
+    @classmethod
+    def _gate_names(cls, v: dict[str, bool]) -> dict[str, bool]:
+        for name in v:
+            if not re.fullmatch(r"[A-Z][A-Za-z0-9]*", name):
+                raise ValueError(f"{name!r} is not a feature gate name (CamelCase, as in "
+                                 "kube-scheduler --feature-gates)")
+        return v
+
+    def gates_flag(self) -> str:
+        """The gates as ``--feature-gates`` takes them."""
+        return ",".join(f"{k}={str(v).lower()}" for k, v in sorted(self.feature_gates.items()))
+
+
+# The drivers `driver simulate` can publish for.
+Driver = Literal["gpu.toposerve.io", "net.toposerve.io"]
+ALL_DRIVERS: tuple[Driver, ...] = ("gpu.toposerve.io", "net.toposerve.io")
 
 
 class ScaleScenario(Model):
@@ -192,6 +216,16 @@ class ScaleScenario(Model):
     churn: Churn = Churn()
     client_limits: ClientLimits = Field(default=ClientLimits(), alias="clientLimits")
     scheduler: SchedulerTuning = SchedulerTuning()
+    gogc: dict[Literal["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
+                       "kwok-controller"], Annotated[int, Field(ge=1)]] = Field(
+        default_factory=dict,
+        description="GOGC of control-plane components in every setup, e.g. {kube-apiserver: "
+                    "400, kube-scheduler: 400}: less of their CPU on garbage collection for "
+                    "more heap (unset: Go's 100)")
+    drivers: list[Driver] = Field(
+        default_factory=lambda: list(ALL_DRIVERS), min_length=1,
+        description="the DRA drivers whose slices are published (a cluster may run the GPU "
+                    "driver alone)")
 
     @model_validator(mode="after")
     def _consistent(self) -> ScaleScenario:
@@ -202,6 +236,11 @@ class ScaleScenario(Model):
                 raise ValueError(f"workload.{i}.profile: {p!r} is none of the scenario's node "
                                  f"profiles ({', '.join(sorted(profiles))}); add nodes of it "
                                  "or change the profile")
+        if "net.toposerve.io" not in self.drivers:
+            for i, w in enumerate(self.workload):
+                if isinstance(w, Claims) and w.shape is ClaimShape.GPU_NIC:
+                    raise ValueError(f"workload.{i}: the gpu-nic shape needs NICs; add "
+                                     "net.toposerve.io to drivers")
         if len(set(self.setups)) != len(self.setups):
             raise ValueError("setups: each setup at most once")
         if self.arrival.unmeasured >= self.pod_count():

@@ -44,6 +44,8 @@ def test_small_scenario_reports_every_figure_for_every_setup(tmp_path: Path) -> 
         assert s["create_errors"] == 0, s["first_create_error"]
         assert s["bound"] == s["pods"] == 78, name  # the small scenario fits in every setup
         assert s["slice_publish_s"] > 0 and s["cluster_up_s"] > 0
+        assert set(s["slices_by_driver"]) == {"gpu.toposerve.io", "net.toposerve.io"}
+        assert min(s["slices_by_driver"].values()) >= 48 and s["scheduler_gates"] == {}
         assert s["pods_per_s"] > 0 and s["timeline"]
         for key in ("to_bound_s", "to_allocated_s", "to_claim_made_s"):
             assert s[key]["n"] > 0 and 0 < s[key]["p50"] <= s[key]["p99"], (name, key)
@@ -76,6 +78,30 @@ def test_small_scenario_reports_every_figure_for_every_setup(tmp_path: Path) -> 
         assert (out / png).stat().st_size > 1000
         assert f"]({png})" in md
     assert not [n for n in running_clusters() if n.startswith(PREFIX)]
+
+
+@pytest.mark.timeout(600)
+def test_gpu_driver_alone_and_a_scheduler_gate_are_what_the_run_reports(tmp_path: Path) -> None:
+    """The figures say what ran: slices of the drivers asked for only, and
+    the gate as the scheduler itself reports it."""
+    f = tmp_path / "gate.yaml"
+    f.write_text(yaml.safe_dump({
+        "apiVersion": "toposerve.io/v1", "kind": "ScaleScenario", "name": "gate",
+        "nodes": [{"profile": "hgx-h100", "count": 2, "partitioned": 0}],
+        "workload": [{"kind": "claim", "shape": "one-gpu", "count": 6}],
+        "setups": ["default"], "drivers": ["gpu.toposerve.io"],
+        "scheduler": {"featureGates": {"SchedulerPreQueueingHints": True}},
+        "arrival": {"settleSeconds": 5, "timeoutSeconds": 180}}))
+    out = tmp_path / "out"
+    r = subprocess.run(_scale("-f", str(f), "--out", str(out), "--prefix", f"{PREFIX}-gate",
+                              "--no-progress"), capture_output=True, text=True, timeout=500)
+    assert r.returncode == 0, r.stderr[-3000:]
+    (s,) = json.loads((out / "result.json").read_text())["setups"]
+    assert s["bound"] == s["pods"] == 6
+    assert s["slices_by_driver"] == {"gpu.toposerve.io": 2}
+    assert s["scheduler_gates"] == {"SchedulerPreQueueingHints": True}
+    md = (out / "report.md").read_text()
+    assert "| default | gpu.toposerve.io 2 | SchedulerPreQueueingHints=True |" in md
 
 
 def _leftovers(name: str) -> list[str]:

@@ -358,6 +358,47 @@ def test_scheduler_config_states_the_client_limits_and_scoring_per_setup() -> No
     assert cluster_spec(sc, Setup.DEFAULT, "x", Path("s.yaml")).feature_gates == ""
 
 
+def test_scheduler_gates_reach_the_scheduler_alone_in_every_setup() -> None:
+    from localcluster.cluster import _config_documents, _scheduler_gates
+    from localcluster.scale.runner import cluster_spec
+
+    sc = scenario(scheduler={"featureGates": {"SchedulerPreQueueingHints": True,
+                                              "NominatedNodeNameForExpectation": False}})
+    flag = "NominatedNodeNameForExpectation=false,SchedulerPreQueueingHints=true"
+    for setup in Setup:
+        assert cluster_spec(sc, setup, "x", Path("s.yaml")).scheduler_feature_gates == flag
+    # the in-tree setup's gates stay on the scheduler beside its own
+    both = _scheduler_gates(cluster_spec(sc, Setup.IN_TREE, "x", Path("s.yaml")))
+    assert both.startswith("GenericWorkload=true") and both.endswith(flag)
+    assert _scheduler_gates(cluster_spec(scenario(), Setup.IN_TREE, "x", Path("s.yaml"))) == ""
+    spec = cluster_spec(scenario(scheduler={"featureGates": {"SchedulerPreQueueingHints": True}},
+                                 gogc={"kube-apiserver": 400}), Setup.DEFAULT, "x", Path("s"))
+    spec.controllers = ""
+    docs = list(yaml.safe_load_all(_config_documents(spec)))
+    patches = {p["name"]: p for p in docs[0]["componentsPatches"]}
+    assert {"key": "feature-gates", "value": "SchedulerPreQueueingHints=true"} in \
+        patches["kube-scheduler"]["extraArgs"]
+    assert patches["kube-apiserver"] == {"name": "kube-apiserver",
+                                         "extraEnvs": [{"name": "GOGC", "value": "400"}]}
+    assert "extraEnvs" not in patches["kube-scheduler"]
+    assert set(patches) == {"kube-apiserver", "kube-controller-manager", "kube-scheduler"}
+    with pytest.raises(ValueError, match=r"gogc\.kube-proxy"):
+        scenario(gogc={"kube-proxy": 200})
+
+
+def test_bad_gates_and_drivers_name_the_field_and_the_fix() -> None:
+    with pytest.raises(ValueError, match=r"'preQueue' is not a feature gate name"):
+        scenario(scheduler={"featureGates": {"preQueue": True}})
+    with pytest.raises(ValueError, match=r"the gpu-nic shape needs NICs; add net.toposerve.io"):
+        scenario(drivers=["gpu.toposerve.io"])
+    with pytest.raises(ValueError, match=r"drivers\.0"):
+        scenario(drivers=["nvidia.com"])
+    doc = yaml.safe_load(SMALL.read_text())
+    doc["workload"] = [w for w in doc["workload"] if w.get("shape") != "gpu-nic"]
+    doc["drivers"] = ["gpu.toposerve.io"]
+    assert ScaleScenario.model_validate(doc).drivers == ["gpu.toposerve.io"]
+
+
 def test_churn_adds_new_nodes_with_fresh_names_and_addresses() -> None:
     from localcluster.scale.runner import extra_nodes
     from topology.layout import plan_nodes
