@@ -1,12 +1,18 @@
 """``make bench``: DRA scheduling throughput with ``driver simulate``'s
-slices, side by side with plain pods, in one run on one cluster.
+slices, side by side with plain pods, one cluster per variant, in one run.
 
 Shaped like upstream scheduler_perf's ``SchedulingWithResourceClaimTemplate``:
 N nodes with DRA devices, one DeviceClass, one ResourceClaimTemplate asking
 for one device, a batch of pods scheduled first (not measured), then the
 measured batch; throughput is measured pods over the time from the first
 measured create to the last bind. The same two batches without claims run
-first for the plain figure.
+first on each cluster for the plain figure.
+
+The variants take away, one at a time, what costs the stock 1.37.2
+control plane time on these slices (docs/scale.md): the GPUs' partitions,
+the NIC driver's slices beside the GPUs', the requeue scan that every
+claim creation starts (``SchedulerPreQueueingHints``, alpha in 1.37), and
+the garbage collector's share of the apiserver and scheduler (GOGC).
 
 Client rate limits decide throughput here (DESIGN §8): by default the
 scheduler runs with ``clientConnection: {qps: 1000, burst: 1000}`` and the
@@ -14,7 +20,7 @@ controller-manager (which makes the claims from the template) with
 ``--kube-api-qps/--kube-api-burst 1000``; ``--qps 0`` keeps the components'
 defaults. The test client creates pods from 32 threads without a limit.
 
-    python -m bench.dra_sched --nodes 500 --init-pods 1000 --measure-pods 1000
+    python -m bench.dra_sched --nodes 500 --init-pods 2000 --measure-pods 2000
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +40,9 @@ import yaml
 
 from bench import report
 from dra_driver.framework.publisher import ApiError, JsonApi, Reflector
-from dra_driver.simulate import Simulator, label_partitions
+from dra_driver.gpu.devices import DRIVER as GPU_DRIVER
+from dra_driver.simulate import POOLS, Simulator, label_partitions
+from harness.cluster_claim import claimed
 from localcluster.cluster import ClusterSpec, api_client, down, running_clusters, up
 from localcluster.nodes import KWOK_TOLERATION
 from localcluster.scale import profile
@@ -41,6 +50,34 @@ from localcluster.scale import profile
 REPO = Path(__file__).resolve().parents[1]
 RES = "/apis/resource.k8s.io/v1"
 CLASS = "bench-gpu"
+PREQUEUE = "SchedulerPreQueueingHints=true"
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    what: str
+    partitions: bool = False
+    drivers: tuple[str, ...] = tuple(POOLS)
+    scheduler_gates: str = ""
+    gogc: tuple[tuple[str, int], ...] = ()
+
+
+GOGC = (("kube-apiserver", 400), ("kube-scheduler", 400))
+VARIANTS = {v.name: v for v in (
+    Variant("partitions", "GPUs with their partitions, and NICs", partitions=True),
+    Variant("whole-gpus", "whole GPUs and NICs (nodes labelled partitions=off)"),
+    Variant("gpu-driver", "whole GPUs, the GPU driver alone", drivers=(GPU_DRIVER,)),
+    Variant("gpu-driver-prequeue", "the same, scheduler with SchedulerPreQueueingHints",
+            drivers=(GPU_DRIVER,), scheduler_gates=PREQUEUE),
+    Variant("gpu-driver-prequeue-gogc", "the same, apiserver and scheduler with GOGC=400",
+            drivers=(GPU_DRIVER,), scheduler_gates=PREQUEUE, gogc=GOGC),
+    Variant("whole-gpus-prequeue-gogc", "whole GPUs and NICs, SchedulerPreQueueingHints, "
+            "GOGC=400", scheduler_gates=PREQUEUE, gogc=GOGC),
+)}
+# partitions take the scheduler ten times longer a pod: asked for by name only
+DEFAULT_VARIANTS = ("whole-gpus", "gpu-driver", "gpu-driver-prequeue",
+                    "gpu-driver-prequeue-gogc", "whole-gpus-prequeue-gogc")
 
 
 class Binds:
@@ -129,8 +166,8 @@ def _profile_scheduler(cluster: str, seconds: int, out: Path) -> threading.Threa
 
 
 def run(nodes: int, profile_name: str, init: int, measure: int, qps: int, tmp: Path,
-        cpu_profile: int = 0, out: Path = REPO / "bench" / "results",
-        partitions: bool = True) -> list[dict[str, Any]]:
+        variant: Variant, cpu_profile: int = 0,
+        out: Path = REPO / "bench" / "results") -> list[dict[str, Any]]:
     name = f"dra-sched-{nodes}"
     sched_cfg = None
     if qps:
@@ -141,16 +178,16 @@ def run(nodes: int, profile_name: str, init: int, measure: int, qps: int, tmp: P
     if name in running_clusters():
         down(name)
     up(ClusterSpec(name=name, groups=[(profile_name, nodes)], scheduler_config=sched_cfg,
-                   controller_manager_qps=qps or None),
+                   controller_manager_qps=qps or None,
+                   scheduler_feature_gates=variant.scheduler_gates, gogc=dict(variant.gogc)),
        progress=lambda m: print(f"  [{name}] {m}", file=sys.stderr, flush=True))
     api = api_client(name)
     rest = JsonApi(api)
-    if not partitions:
+    if not variant.partitions:
         label_partitions(api, (n["metadata"]["name"] for n in
                                rest.request("GET", "/api/v1/nodes")["items"]), on=False)
-    sim = Simulator(api)
+    sim = Simulator(api, drivers=variant.drivers)
     rows = []
-    variant = "on" if partitions else "off"
     try:
         sim.start()
         t0 = time.monotonic()
@@ -182,7 +219,7 @@ def run(nodes: int, profile_name: str, init: int, measure: int, qps: int, tmp: P
                     if cpu_profile and mode == "claims":
                         out.mkdir(parents=True, exist_ok=True)
                         prof = _profile_scheduler(name, cpu_profile, out / (
-                            f"dra_sched-{profile_name}-partitions-{variant}-scheduler.pprof"))
+                            f"dra_sched-{profile_name}-{variant.name}-scheduler.pprof"))
                     first, last = _batch(rest, pool, binds, ns, "measure", measure,
                                          mode == "claims", 900)
                     if prof is not None:
@@ -190,12 +227,13 @@ def run(nodes: int, profile_name: str, init: int, measure: int, qps: int, tmp: P
                 finally:
                     binds.stop()
                 rows.append({"mode": mode, "nodes": nodes, "profile": profile_name,
-                             "partitions": variant,
+                             "variant": variant.name, "what": variant.what,
                              "init_pods": init, "measured_pods": measure,
                              "seconds": round(last - first, 1),
                              "pods_per_s": round(measure / (last - first), 1),
                              "client_qps": qps or "defaults"})
-                print(f"  {mode}: {rows[-1]['pods_per_s']} pods/s", file=sys.stderr)
+                print(f"  {variant.name} {mode}: {rows[-1]['pods_per_s']} pods/s",
+                      file=sys.stderr)
     finally:
         sim.stop()
         down(name, progress=lambda m: None)
@@ -203,13 +241,15 @@ def run(nodes: int, profile_name: str, init: int, measure: int, qps: int, tmp: P
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.dra_sched", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m bench.dra_sched", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=500)
     ap.add_argument("--profile", default="hgx-h100",
                     help="hgx-h100: 8 partitionable GPUs a node; mi300x: 8 GPUs, no partitions")
-    ap.add_argument("--partitions", choices=("on", "off", "both"), default="both",
-                    help="publish the GPUs' partitions (on), whole GPUs only (off: the nodes "
-                         "labelled gpu.toposerve.io/partitions=off), or both, one after the other")
+    ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
+                    help="comma-separated, each on a cluster of its own, in this order: "
+                         + "; ".join(f"{v.name}: {v.what}" for v in VARIANTS.values())
+                         + " (default %(default)s)")
     ap.add_argument("--init-pods", type=int, default=1000)
     ap.add_argument("--measure-pods", type=int, default=1000)
     ap.add_argument("--qps", type=int, default=1000,
@@ -219,29 +259,34 @@ def main(argv: list[str] | None = None) -> int:
                          "measured claim pods (written beside the results, its top printed)")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     args = ap.parse_args(argv)
-    variants = {"on": [True], "off": [False], "both": [True, False]}[args.partitions]
+    names = [n for n in args.variants.split(",") if n]
+    if unknown := [n for n in names if n not in VARIANTS]:
+        ap.error(f"--variants: unknown {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
     rows: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for partitions in variants:
+    with claimed(f"dra-sched-{args.nodes}"), tempfile.TemporaryDirectory() as tmp:
+        for n in names:
             rows += run(args.nodes, args.profile, args.init_pods, args.measure_pods, args.qps,
-                        Path(tmp), cpu_profile=args.cpu_profile, out=Path(args.out),
-                        partitions=partitions)
-    md = "\n".join([
-        "| pods | nodes | profile | partitions | measured pods (after init) | seconds | pods/s "
-        "| client QPS |",
-        "|---|---:|---|---|---:|---:|---:|---|",
-        *(f"| {r['mode']} | {r['nodes']} | {r['profile']} | {r['partitions']} "
-          f"| {r['measured_pods']} (+{r['init_pods']}) | {r['seconds']} | {r['pods_per_s']} "
-          f"| {r['client_qps']} |" for r in rows)])
-    rate = {(r["partitions"], r["mode"]): r["pods_per_s"] for r in rows}
-    ratios = {v: rate[(v, "claims")] / rate[(v, "plain")] for v, _ in rate}
-    md += "\n\n" + "; ".join(f"partitions {v}: claims at {x:.2f}x the plain pods' rate"
-                              for v, x in ratios.items())
-    if len(ratios) == 2:
-        md += (f"; whole GPUs only at {rate[('off', 'claims')] / rate[('on', 'claims')]:.2f}x "
-               "the partitioned claims' rate")
-    report.write(Path(args.out), "dra_sched", md, {"rows": rows, "claims_over_plain": ratios})
+                        Path(tmp), VARIANTS[n], cpu_profile=args.cpu_profile,
+                        out=Path(args.out))
+    report.write(Path(args.out), "dra_sched", table(rows), {"rows": rows})
     return 0
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """The rows, each variant's claim pods against its plain pods and the first variant's."""
+    rate = {(r["variant"], r["mode"]): r["pods_per_s"] for r in rows}
+    first = rows[0]["variant"] if rows else ""
+    lines = ["| variant | slices | pods | measured pods (after init) | seconds | pods/s "
+             f"| claims / plain | claims / {first} claims | client QPS |",
+             "|---|---|---|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        v, claims = r["variant"], r["mode"] == "claims"
+        own = f"{rate[(v, 'claims')] / rate[(v, 'plain')]:.2f}x" if claims else ""
+        base = f"{rate[(v, 'claims')] / rate[(first, 'claims')]:.2f}x" if claims else ""
+        lines.append(f"| {v} | {r['what']} | {r['mode']} | {r['measured_pods']} "
+                     f"(+{r['init_pods']}) | {r['seconds']} | {r['pods_per_s']} | {own} "
+                     f"| {base} | {r['client_qps']} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -53,3 +53,19 @@ def test_pd_table_compares_within_a_hand_over() -> None:
     assert "| nixl | ours | 100 | 400 | 20.0 | 200 | 50% | 900 | 0.50 | 1.0% | 20.0% | 0 |" in md
     assert "nixl, against ours: blind pulls 4.0x as long, TTFT p50 x1.10" in md
     assert "sglang, against ours-s: peer pulls 3.0x as long, TTFT p50 x1.50" in md
+
+
+def test_dra_sched_table_compares_each_variant_with_its_plain_pods_and_the_first() -> None:
+    from bench import dra_sched
+
+    def row(variant: str, mode: str, rate: float) -> dict[str, object]:
+        return {"variant": variant, "what": variant, "mode": mode, "measured_pods": 100,
+                "init_pods": 100, "seconds": 100 / rate, "pods_per_s": rate,
+                "client_qps": 1000}
+
+    md = dra_sched.table([row("whole-gpus", "plain", 200), row("whole-gpus", "claims", 10),
+                          row("gpu-driver", "plain", 100), row("gpu-driver", "claims", 25)])
+    lines = md.splitlines()
+    assert "claims / whole-gpus claims" in lines[0]
+    assert "| 0.05x | 1.00x |" in lines[3] and "| 0.25x | 2.50x |" in lines[5]
+    assert lines[2].count("x |") == 0  # a plain row has no ratios
