@@ -32,8 +32,9 @@ from dra_driver.framework.publisher import JsonApi
 from dra_driver.gpu.devices import gpu_pool
 from dra_driver.net.devices import nic_pool
 from dra_driver.simulate import LABELS
+from harness.cluster_claim import claimed
 from harness.procs import Proc, free_port, wait_http
-from localcluster.cluster import ClusterSpec, api_client, down, running_clusters, up
+from localcluster.cluster import ClusterSpec, api_client, up
 from topology.model import DomainPath, NodeTopology
 from topology.profiles import load_profile
 
@@ -122,11 +123,9 @@ def wait_ready(proc: Proc, rest: JsonApi, want: int, timeout: float) -> float:
 
 def run(nodes: int, profile: str, steady_s: float, tmp: Path) -> dict[str, Any]:
     name = f"dra-pub-{nodes}"
-    if name in running_clusters():
-        down(name)
-    up(ClusterSpec(name=name, groups=[(profile, nodes)]),
-       progress=lambda m: print(f"  [{name}] {m}", file=sys.stderr, flush=True))
-    try:
+    with claimed(name):
+        up(ClusterSpec(name=name, groups=[(profile, nodes)]),
+           progress=lambda m: print(f"  [{name}] {m}", file=sys.stderr, flush=True))
         rest = JsonApi(api_client(name))
         slices, devices = per_node(profile)
         want = nodes * slices
@@ -148,8 +147,6 @@ def run(nodes: int, profile: str, steady_s: float, tmp: Path) -> dict[str, Any]:
         steady = writes(sim)
         sim.stop()
         rss_resync = peak.stop()
-    finally:
-        down(name, progress=lambda m: None)
     total = sum(first.values())
     return {"nodes": nodes, "profile": profile, "slices": want, "devices_per_node": devices,
             "publish_s": round(publish_s, 1), "writes": int(total),
