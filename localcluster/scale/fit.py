@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from dra_driver.gpu.devices import DRIVER as GPU_DRIVER
 from dra_driver.gpu.devices import gpu_pool
+from dra_driver.net.devices import DRIVER as NET_DRIVER
 from dra_driver.net.devices import nic_pool
 from localcluster.scale.scenario import ScaleScenario, Setup
 from topology.layout import plan_nodes
@@ -47,24 +49,36 @@ class Estimate:
 
 
 @cache
-def devices_per_node(profile: str, partitions: bool = True) -> int:
-    """Devices ``driver simulate`` publishes for a node (with or without partitions)."""
+def devices_per_node(profile: str, partitions: bool = True,
+                     drivers: tuple[str, ...] = (GPU_DRIVER, NET_DRIVER)) -> int:
+    """Devices ``driver simulate`` publishes for a node (with or without
+    partitions) for the drivers given."""
     prof = load_profile(profile)
     node = plan_nodes([(prof, 1)])[0]
     topo = NodeTopology(name=node.name, path=node.path, profile=profile,
                         hardware=prof.hardware())
-    return len(gpu_pool(topo, partitions=partitions).devices) + len(nic_pool(topo).devices)
+    return ((len(gpu_pool(topo, partitions=partitions).devices) if GPU_DRIVER in drivers else 0)
+            + (len(nic_pool(topo).devices) if NET_DRIVER in drivers else 0))
+
+
+def heap_factor(sc: ScaleScenario) -> float:
+    """How much more the objects cost with the scenario's largest GOGC: a Go
+    heap grows to (1 + GOGC/100) times what is live, twice it at Go's 100."""
+    return max(1.0, (1 + max(sc.gogc.values(), default=100) / 100) / 2)
 
 
 def estimate(sc: ScaleScenario) -> Estimate:
     procs = sum(v for k, v in BASE_MIB.items()
                 if k != "extender" or Setup.TOPOSERVE in sc.setups)
     nodes = sc.node_count() + sc.churn.nodes_added
-    devices = sum((g.count - g.whole_gpu_nodes()) * devices_per_node(g.profile)
-                  + g.whole_gpu_nodes() * devices_per_node(g.profile, partitions=False)
+    drivers = tuple(sc.drivers)
+    devices = sum((g.count - g.whole_gpu_nodes()) * devices_per_node(g.profile, True, drivers)
+                  + g.whole_gpu_nodes() * devices_per_node(g.profile, False, drivers)
                   for g in sc.nodes)
     pods = sc.pod_count() + sc.churn.pods
-    e = Estimate(0, procs, nodes * PER_NODE_MIB, devices * PER_DEVICE_MIB, pods * PER_POD_MIB)
+    k = heap_factor(sc)
+    e = Estimate(0, procs, nodes * PER_NODE_MIB * k, devices * PER_DEVICE_MIB * k,
+                 pods * PER_POD_MIB * k)
     return Estimate(e.processes_mib + e.nodes_mib + e.devices_mib + e.pods_mib, *[
         round(x, 1) for x in (e.processes_mib, e.nodes_mib, e.devices_mib, e.pods_mib)])
 

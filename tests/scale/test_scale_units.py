@@ -433,5 +433,15 @@ def test_partitioned_nodes_are_the_first_of_their_group() -> None:
     assert fit.devices_per_node("hgx-h100", partitions=False) == 8 + 8
     assert fit.devices_per_node("hgx-h100") == 80 + 8
     assert fit.estimate(sc).devices_mib < fit.estimate(load_scenario(SMALL)).devices_mib
+    # the GPU driver alone publishes no NICs; a larger GOGC holds more heap
+    assert fit.devices_per_node("hgx-h100", False, ("gpu.toposerve.io",)) == 8
+    one = {"profile": "hgx-h100", "count": 500, "partitioned": 0}
+    claims = [{"kind": "claim", "shape": "one-gpu", "count": 100}]
+    both = scenario(nodes=[one], workload=claims)
+    alone = scenario(nodes=[one], workload=claims, drivers=["gpu.toposerve.io"])
+    assert fit.estimate(alone).devices_mib == pytest.approx(fit.estimate(both).devices_mib / 2)
+    roomy = scenario(nodes=[one], workload=claims, gogc={"kube-apiserver": 400})
+    assert fit.heap_factor(roomy) == 2.5 and fit.heap_factor(both) == 1
+    assert fit.estimate(roomy).devices_mib == pytest.approx(2.5 * fit.estimate(both).devices_mib)
     with pytest.raises(ValueError, match=r"partitioned: 9 of 8 nodes; give at most count"):
         scenario(nodes=[{"profile": "hgx-h100", "count": 8, "partitioned": 9}])
