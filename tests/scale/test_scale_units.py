@@ -384,6 +384,9 @@ def test_scheduler_gates_reach_the_scheduler_alone_in_every_setup() -> None:
     assert set(patches) == {"kube-apiserver", "kube-controller-manager", "kube-scheduler"}
     with pytest.raises(ValueError, match=r"gogc\.kube-proxy"):
         scenario(gogc={"kube-proxy": 200})
+    from localcluster.cluster import ClusterError, ClusterSpec, validate
+    with pytest.raises(ClusterError, match=r"gogc: kube-apiserver=0: give a component of etcd"):
+        validate(ClusterSpec(name="x", groups=[("hgx-h100", 1)], gogc={"kube-apiserver": 0}))
 
 
 def test_bad_gates_and_drivers_name_the_field_and_the_fix() -> None:
