@@ -39,13 +39,14 @@ import urllib3
 import yaml
 
 from bench import report
-from dra_driver.framework.publisher import ApiError, JsonApi, Reflector
+from dra_driver.framework.publisher import ApiError, JsonApi
 from dra_driver.gpu.devices import DRIVER as GPU_DRIVER
 from dra_driver.simulate import POOLS, Simulator, label_partitions
 from harness.cluster_claim import claimed
 from localcluster.cluster import ClusterSpec, api_client, down, running_clusters, up
 from localcluster.nodes import KWOK_TOLERATION
 from localcluster.scale import profile
+from localcluster.scale.measure import Watched, bound_pod
 
 REPO = Path(__file__).resolve().parents[1]
 RES = "/apis/resource.k8s.io/v1"
@@ -80,39 +81,6 @@ DEFAULT_VARIANTS = ("whole-gpus", "gpu-driver", "gpu-driver-prequeue",
                     "gpu-driver-prequeue-gogc", "whole-gpus-prequeue-gogc")
 
 
-class Binds:
-    """When each pod of a namespace was first seen bound, from one watch."""
-
-    def __init__(self, rest: JsonApi, ns: str) -> None:
-        self.at: dict[str, float] = {}
-        self._lock = threading.Lock()
-        self._r = Reflector(rest, f"/api/v1/namespaces/{ns}/pods", [], self._list,
-                            self._event, lambda err: print(f"  watch: {err}", file=sys.stderr))
-        self._t = threading.Thread(target=self._r.run, daemon=True)
-        self._t.start()
-
-    def _seen(self, obj: dict[str, Any]) -> None:
-        if obj.get("spec", {}).get("nodeName"):
-            with self._lock:
-                self.at.setdefault(obj["metadata"]["name"], time.monotonic())
-
-    def _list(self, items: list[dict[str, Any]], rv: int) -> None:
-        for o in items:
-            self._seen(o)
-
-    def _event(self, kind: str, obj: dict[str, Any]) -> None:
-        if kind != "DELETED":
-            self._seen(obj)
-
-    def count(self, names: set[str]) -> int:
-        with self._lock:
-            return len(names & set(self.at))
-
-    def stop(self) -> None:
-        self._r.stop()
-        self._t.join(10)
-
-
 def _pod(name: str, claims: bool) -> dict[str, Any]:
     container: dict[str, Any] = {"name": "main", "image": "registry.invalid/sim:0"}
     spec: dict[str, Any] = {"containers": [container], "tolerations": [KWOK_TOLERATION]}
@@ -122,18 +90,19 @@ def _pod(name: str, claims: bool) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
 
 
-def _batch(rest: JsonApi, pool: ThreadPoolExecutor, binds: Binds, ns: str, prefix: str,
+def _batch(rest: JsonApi, pool: ThreadPoolExecutor, binds: Watched, ns: str, prefix: str,
            n: int, claims: bool, timeout: float) -> tuple[float, float]:
     """Create n pods, wait until all are bound: (first create, last bind)."""
     names = {f"{prefix}-{i}" for i in range(n)}
     t0 = time.monotonic()
     list(pool.map(lambda p: rest.request("POST", f"/api/v1/namespaces/{ns}/pods",
                                          body=_pod(p, claims)), sorted(names)))
-    while binds.count(names) < n:
+    while len(names & (at := binds.snapshot()).keys()) < n:
         if time.monotonic() - t0 > timeout:
-            raise RuntimeError(f"{prefix}: {binds.count(names)}/{n} bound after {timeout:.0f}s")
+            raise RuntimeError(f"{prefix}: {len(names & at.keys())}/{n} bound after "
+                               f"{timeout:.0f}s")
         time.sleep(0.1)
-    return t0, max(binds.at[p] for p in names)
+    return t0, max(at[p] for p in names)
 
 
 def _namespace(rest: JsonApi, ns: str) -> None:
@@ -212,7 +181,7 @@ def run(nodes: int, profile_name: str, init: int, measure: int, qps: int, tmp: P
                         "metadata": {"name": "one-gpu"},
                         "spec": {"spec": {"devices": {"requests": [
                             {"name": "gpu", "exactly": {"deviceClassName": CLASS}}]}}}})
-                binds = Binds(rest, ns)
+                binds = Watched(rest, f"/api/v1/namespaces/{ns}/pods", "", bound_pod).start()
                 try:
                     _batch(rest, pool, binds, ns, "init", init, mode == "claims", 900)
                     prof = None

@@ -124,15 +124,17 @@ def scrape_url(url: str) -> str:
 
 
 class Watched:
-    """When each object of a path was first seen in a state (``when``
-    returns its key then), from one LIST+WATCH."""
+    """When each object of a path was first seen in each of some states
+    (each ``when`` returns the object's key once it is in its state), from
+    one LIST+WATCH: one stream however many states are timed."""
 
     def __init__(self, rest: JsonApi, path: str, selector: str,
-                 when: Callable[[dict[str, Any]], str | None]) -> None:
-        self.at: dict[str, float] = {}
+                 when: Callable[[dict[str, Any]], str | None],
+                 **more: Callable[[dict[str, Any]], str | None]) -> None:
+        self._whens = {"": when, **more}
+        self._at: dict[str, dict[str, float]] = {k: {} for k in self._whens}
         self.deleted: set[str] = set()
         self.errors = 0
-        self._when = when
         self._lock = threading.Lock()
         query = [("labelSelector", selector)] if selector else []
         self._r = Reflector(rest, path, query, self._list, self._event, self._error)
@@ -143,10 +145,12 @@ class Watched:
         return self
 
     def _seen(self, obj: dict[str, Any]) -> None:
-        key = self._when(obj)
-        if key is not None:
-            with self._lock:
-                self.at.setdefault(key, time.monotonic())
+        now = time.monotonic()
+        for state, when in self._whens.items():
+            key = when(obj)
+            if key is not None:
+                with self._lock:
+                    self._at[state].setdefault(key, now)
 
     def _list(self, items: list[dict[str, Any]], rv: int) -> None:
         for o in items:
@@ -162,9 +166,10 @@ class Watched:
     def _error(self, err: Exception) -> None:
         self.errors += 1
 
-    def snapshot(self) -> dict[str, float]:
+    def snapshot(self, state: str = "") -> dict[str, float]:
+        """Key -> first seen, for ``when`` (``""``) or one of ``more`` by name."""
         with self._lock:
-            return dict(self.at)
+            return dict(self._at[state])
 
     def stop(self) -> None:
         self._r.stop()

@@ -133,8 +133,9 @@ Workload = Annotated[Plain | Claims | WideEp | PdSlices | PodGroups, Field(discr
 class Arrival(Model):
     rate: float = Field(default=0, ge=0, description="pods created a second (0: as fast as "
                         "the client can)")
-    unmeasured: int = Field(default=0, ge=0, description="pods created first and not counted "
-                            "in pods/s (scheduler_perf's initPods)")
+    unmeasured: int = Field(default=0, ge=0, description="pods created and scheduled first, "
+                            "not counted in pods/s (scheduler_perf's initPods): the rest are "
+                            "created once these are bound or settled")
     settle_seconds: float = Field(default=15, gt=0, alias="settleSeconds",
                                   description="a setup ends when nothing new binds for this long")
     timeout_seconds: float = Field(default=1800, gt=0, alias="timeoutSeconds",

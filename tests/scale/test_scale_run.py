@@ -47,6 +47,8 @@ def test_small_scenario_reports_every_figure_for_every_setup(tmp_path: Path) -> 
         assert set(s["slices_by_driver"]) == {"gpu.toposerve.io", "net.toposerve.io"}
         assert min(s["slices_by_driver"].values()) >= 48 and s["scheduler_gates"] == {}
         assert s["pods_per_s"] > 0 and s["timeline"]
+        # scheduler_perf's order: the measured pods come once the unmeasured are bound
+        assert 0 < s["unmeasured_settled_s"] <= s["measured_first_create_s"]
         for key in ("to_bound_s", "to_allocated_s", "to_claim_made_s"):
             assert s[key]["n"] > 0 and 0 < s[key]["p50"] <= s[key]["p99"], (name, key)
         verbs = {(x["verb"], x["resource"]) for x in s["apiserver_requests"]}
