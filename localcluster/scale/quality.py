@@ -48,7 +48,9 @@ class Placement:
 def placement(groups: list[GroupPlan], where: dict[str, str], paths: dict[str, DomainPath],
               profiles: dict[str, str], used: dict[str, int]) -> Placement:
     """``where``: bound pod -> node; ``paths``/``profiles``: node -> place,
-    profile; ``used``: node -> GPUs taken by every bound pod."""
+    profile; ``used``: node -> GPUs taken by every bound pod. A pod bound
+    to a node that is gone (churn removes nodes) is not placed."""
+    where = {pod: node for pod, node in where.items() if node in paths}
     capacity: dict[tuple[str, str], int] = defaultdict(int)  # (level, domain) -> GPUs
     for node, path in paths.items():
         for level in ("nvlink", "rack", "block"):
@@ -59,7 +61,7 @@ def placement(groups: list[GroupPlan], where: dict[str, str], paths: dict[str, D
     kv: list[float] = []
     for g in groups:
         nodes = [where[g.pod_name(i)] for i in range(g.pods) if g.pod_name(i) in where]
-        domains = {domain(paths[n], g.level) for n in nodes if n in paths}
+        domains = {domain(paths[n], g.level) for n in nodes}
         if any(c >= g.pods * g.gpus_per_pod for (lv, _), c in capacity.items()
                if lv == g.level):
             could += 1

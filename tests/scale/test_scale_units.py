@@ -307,6 +307,10 @@ def test_kv_time_is_zero_on_one_node_and_grows_across_racks() -> None:
     near = quality.kv_seconds(g, {"pd-0": "n00", "pd-1": "n01"}, paths)
     far = quality.kv_seconds(g, {"pd-0": "n00", "pd-1": "n10"}, paths)
     assert 0 < near < far
+    # churn removed the decode pod's node: the slice is pending, not a KeyError
+    q = quality.placement([g], {"pd-0": "n00", "pd-1": "gone"}, paths,
+                          {n: "gb200-nvl72" for n in paths}, {"n00": 2})
+    assert (q.pending_groups, q.stranded_pods, q.kv_ms) == (1, 1, None)
 
 
 def test_report_renders_again_from_its_json(tmp_path: Path) -> None:
