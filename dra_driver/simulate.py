@@ -105,8 +105,9 @@ class Simulator:
         self._dialect = dialect
         kw: dict[str, Any] = dict(labels=LABELS, workers=workers, sync_delay=sync_delay,
                                   watch_timeout=watch_timeout)
-        self._builders = {d: POOLS[d] for d in POOLS if d in drivers}
-        self._publishers = {d: SlicePublisher(api, d, **kw) for d in self._builders}
+        # driver -> (its pool for a node, its publisher), in POOLS' order
+        self._drivers = {d: (build, SlicePublisher(api, d, **kw))
+                         for d, build in POOLS.items() if d in drivers}
         self._lock = threading.Lock()
         self._nodes: dict[str, SimNode] = {}
         self._skipped: dict[str, str] = {}
@@ -118,7 +119,7 @@ class Simulator:
 
     @property
     def publishers(self) -> tuple[SlicePublisher, ...]:
-        return tuple(self._publishers.values())
+        return tuple(pub for _, pub in self._drivers.values())
 
     def start(self) -> None:
         for p in self.publishers:
@@ -204,8 +205,8 @@ class Simulator:
         with self._lock:
             self._nodes[name] = got
         topo = self._topology(got)
-        for driver, build in self._builders.items():
-            self._publishers[driver].set_pool(build(topo, got))
+        for build, pub in self._drivers.values():
+            pub.set_pool(build(topo, got))
 
     def _forget(self, name: str) -> None:
         with self._lock:
@@ -220,9 +221,8 @@ class Simulator:
         (re)start deletes only what really is gone."""
         nodes = {n.name: n for o in items if (n := self._check(o)) is not None}
         # generators: each node's devices are packed before the next is built
-        for driver, build in self._builders.items():
-            self._publishers[driver].set_pools(build(self._topology(n), n)
-                                               for n in nodes.values())
+        for build, pub in self._drivers.values():
+            pub.set_pools(build(self._topology(n), n) for n in nodes.values())
         with self._lock:
             self._nodes = nodes
             self._skipped = {k: v for k, v in self._skipped.items()

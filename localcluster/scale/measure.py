@@ -66,6 +66,14 @@ def samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
             for s in fam.samples if s.name == name]
 
 
+def gates_enabled(text: str, gates: Iterable[str]) -> dict[str, bool]:
+    """Whether a component's /metrics text reports each gate on (its
+    ``kubernetes_feature_enabled``): what it runs with, not what it was asked."""
+    seen = {labels.get("name"): value == 1
+            for labels, value in samples(text, "kubernetes_feature_enabled")}
+    return {g: seen.get(g, False) for g in sorted(set(gates))}
+
+
 def call_latency(before: str, after: str, metric: str = "toposerve_extender_call_seconds"
                  ) -> dict[str, dict[str, float]]:
     """verb -> {calls, p50_ms, p99_ms} over the calls made between two scrapes."""

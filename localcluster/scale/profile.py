@@ -8,13 +8,11 @@ from __future__ import annotations
 import shutil
 import subprocess
 import warnings
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import urllib3
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from localcluster.cluster import cluster_dir
 
@@ -53,20 +51,6 @@ def cpu_profile(cluster: str, name: str, seconds: int, out: Path) -> Path:
     out.write_bytes(fetch(cluster, name, f"/debug/pprof/profile?seconds={seconds}",
                           read_timeout=seconds + 60))
     return out
-
-
-def enabled_gates(cluster: str, name: str, gates: Iterable[str]) -> dict[str, bool]:
-    """Whether the component reports each gate on (its
-    ``kubernetes_feature_enabled`` metric): what it runs with, not what it
-    was asked for."""
-    wanted = set(gates)
-    if not wanted:
-        return {}
-    text = fetch(cluster, name, "/metrics").decode()
-    seen = {s.labels["name"]: s.value == 1
-            for fam in text_string_to_metric_families(text) for s in fam.samples
-            if s.name == "kubernetes_feature_enabled" and s.labels.get("name") in wanted}
-    return {g: seen.get(g, False) for g in sorted(wanted)}
 
 
 def top(binary: Path, profile: Path, lines: int = 30) -> str:

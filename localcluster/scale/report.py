@@ -9,6 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from localcluster.scale.scenario import ALL_DRIVERS
+
 RESULT = "result.json"
 REPORT = "report.md"
 
@@ -43,7 +45,7 @@ def markdown(doc: dict[str, Any], pngs: list[str]) -> str:
              f"{sc.get('scheduler', {}).get('percentageOfNodesToScore') or 'adaptive'} "
              f"(with the extender: 100), feature gates "
              f"{_gates(sc.get('scheduler', {}).get('featureGates') or {})}. Slices of "
-             f"{', '.join(sc.get('drivers') or ['gpu.toposerve.io', 'net.toposerve.io'])}; "
+             f"{', '.join(sc.get('drivers') or ALL_DRIVERS)}; "
              f"GOGC {gogc}. "
              f"Estimated memory "
              f"{doc['estimate_mib']:,} MiB. Started {doc['started']}.", "",
@@ -69,13 +71,13 @@ def markdown(doc: dict[str, Any], pngs: list[str]) -> str:
             f"{s['bound']}/{s['pods']} | {_f(s['pods_per_s'])} | {' | '.join(lat)} | "
             f"{_pair(fil, 'p50_ms', 'p99_ms')} | {_pair(pri, 'p50_ms', 'p99_ms')} |")
     lines += ["", *errors] if errors else []
-    lines += ["", "What each setup ran with, as its parts report it: the slices "
-              "`driver simulate` published per driver and the scheduler's asked-for feature "
-              "gates from its `kubernetes_feature_enabled` metric.", "",
-              "| setup | slices by driver | scheduler gates |", "|---|---|---|"]
+    lines += ["", "What each setup ran with, as its parts report it: the nodes "
+              "`driver simulate` published for per driver and the scheduler's asked-for "
+              "feature gates from its `kubernetes_feature_enabled` metric.", "",
+              "| setup | nodes published per driver | scheduler gates |", "|---|---|---|"]
     for s in doc["setups"]:
         slices = ", ".join(f"{d} {n:,}" for d, n in sorted(
-            (s.get("slices_by_driver") or {}).items())) or "not recorded"
+            (s.get("pools_by_driver") or {}).items())) or "not recorded"
         lines.append(f"| {s['setup']} | {slices} | "
                      f"{_gates(s.get('scheduler_gates') or {})} |")
     lines += ["", "## Placement quality", "",

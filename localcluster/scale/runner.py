@@ -321,10 +321,13 @@ def setup_cluster(sc: ScaleScenario, setup: Setup, name: str, workdir: Path, say
             return bool(status.get("ready")) and status.get("nodes") == sc.node_count()
         figures["slice_publish_s"] = round(wait("every node's slices", published,
                                                 600 + sc.node_count() * 0.5), 1)
-        figures["slices_by_driver"] = {p["driver"]: p["slices"]
-                                       for p in status.get("publishers", ())}
-        figures["scheduler_gates"] = profile.enabled_gates(name, "kube-scheduler",
-                                                           sc.scheduler.feature_gates)
+        # nodes published per driver, from the desired state: the slice count
+        # is the publisher's watch of its own writes, which may still lag here
+        figures["pools_by_driver"] = {p["driver"]: p["pools"]
+                                      for p in status.get("publishers", ())}
+        figures["scheduler_gates"] = measure.gates_enabled(
+            profile.fetch(name, "kube-scheduler", "/metrics").decode(),
+            sc.scheduler.feature_gates) if sc.scheduler.feature_gates else {}
         say(f"slices for {sc.node_count()} nodes published in {figures['slice_publish_s']}s")
         if setup is Setup.TOPOSERVE:
             cfg = workdir / "extender.yaml"

@@ -44,8 +44,8 @@ def test_small_scenario_reports_every_figure_for_every_setup(tmp_path: Path) -> 
         assert s["create_errors"] == 0, s["first_create_error"]
         assert s["bound"] == s["pods"] == 78, name  # the small scenario fits in every setup
         assert s["slice_publish_s"] > 0 and s["cluster_up_s"] > 0
-        assert set(s["slices_by_driver"]) == {"gpu.toposerve.io", "net.toposerve.io"}
-        assert min(s["slices_by_driver"].values()) >= 48 and s["scheduler_gates"] == {}
+        assert set(s["pools_by_driver"]) == {"gpu.toposerve.io", "net.toposerve.io"}
+        assert min(s["pools_by_driver"].values()) >= 48 and s["scheduler_gates"] == {}
         assert s["pods_per_s"] > 0 and s["timeline"]
         # scheduler_perf's order: the measured pods come once the unmeasured are bound
         assert 0 < s["unmeasured_settled_s"] <= s["measured_first_create_s"]
@@ -100,7 +100,7 @@ def test_gpu_driver_alone_and_a_scheduler_gate_are_what_the_run_reports(tmp_path
     assert r.returncode == 0, r.stderr[-3000:]
     (s,) = json.loads((out / "result.json").read_text())["setups"]
     assert s["bound"] == s["pods"] == 6
-    assert s["slices_by_driver"] == {"gpu.toposerve.io": 2}
+    assert s["pools_by_driver"] == {"gpu.toposerve.io": 2}
     assert s["scheduler_gates"] == {"SchedulerPreQueueingHints": True}
     md = (out / "report.md").read_text()
     assert "| default | gpu.toposerve.io 2 | SchedulerPreQueueingHints=True |" in md

@@ -393,6 +393,16 @@ def test_scheduler_gates_reach_the_scheduler_alone_in_every_setup() -> None:
         validate(ClusterSpec(name="x", groups=[("hgx-h100", 1)], gogc={"kube-apiserver": 0}))
 
 
+def test_gates_are_read_from_what_the_component_reports() -> None:
+    text = ('# HELP kubernetes_feature_enabled x\n# TYPE kubernetes_feature_enabled gauge\n'
+            'kubernetes_feature_enabled{name="SchedulerPreQueueingHints",stage="ALPHA"} 1\n'
+            'kubernetes_feature_enabled{name="NominatedNodeNameForExpectation",stage="BETA"} 0\n')
+    assert measure.gates_enabled(text, ["SchedulerPreQueueingHints",
+                                        "NominatedNodeNameForExpectation", "NoSuchGate"]) == {
+        "NoSuchGate": False, "NominatedNodeNameForExpectation": False,
+        "SchedulerPreQueueingHints": True}
+
+
 def test_bad_gates_and_drivers_name_the_field_and_the_fix() -> None:
     with pytest.raises(ValueError, match=r"'preQueue' is not a feature gate name"):
         scenario(scheduler={"featureGates": {"preQueue": True}})
