@@ -43,7 +43,7 @@ from dra_driver.framework.publisher import ApiError, JsonApi
 from dra_driver.gpu.devices import DRIVER as GPU_DRIVER
 from dra_driver.simulate import POOLS, Simulator, label_partitions
 from harness.cluster_claim import claimed
-from localcluster.cluster import ClusterSpec, api_client, down, running_clusters, up
+from localcluster.cluster import ClusterSpec, api_client, down, up
 from localcluster.nodes import KWOK_TOLERATION
 from localcluster.scale import profile
 from localcluster.scale.measure import Watched, bound_pod
@@ -144,8 +144,6 @@ def run(nodes: int, profile_name: str, init: int, measure: int, qps: int, tmp: P
         sched_cfg.write_text(yaml.safe_dump({
             "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
             "clientConnection": {"qps": qps, "burst": qps}}))
-    if name in running_clusters():
-        down(name)
     up(ClusterSpec(name=name, groups=[(profile_name, nodes)], scheduler_config=sched_cfg,
                    controller_manager_qps=qps or None,
                    scheduler_feature_gates=variant.scheduler_gates, gogc=dict(variant.gogc)),
