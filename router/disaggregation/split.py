@@ -80,9 +80,10 @@ class Splitter:
             return r
         return await self.relay(c, r)
 
-    async def relay(self, c: Call, r: Route) -> web.StreamResponse:
+    async def relay(self, c: Call, r: Route,
+                    on_status: Callable[[int], None] | None = None) -> web.StreamResponse:
         return await self.proxy.relay(c.request, r.ranked, c.path, r.body, c.headers, r.work,
-                                      c.started, extra_headers=r.headers)
+                                      c.started, extra_headers=r.headers, on_status=on_status)
 
     async def hand_over(self, c: Call) -> Route | web.Response:
         """NIXL: prefill first; its answer says where the decode endpoint
@@ -115,6 +116,11 @@ class Splitter:
         prefill = pre.ranked[0]
         decode = self._decode_for(c.ctx, prefill)
         boot = self.pd.bootstrap(prefill)
+
+        def answered(status: int) -> None:
+            if status != 502:  # 502: the decode endpoint got no KV (below)
+                self._split(prefill, decode.ranked[0])
+
         first = asyncio.create_task(self.proxy.fetch(
             [prefill], c.path, orjson.dumps({**c.doc, **boot, "stream": False}), c.headers,
             pre.work()))
@@ -122,7 +128,7 @@ class Splitter:
             # one decode attempt: another would wait for the same room in vain
             resp = await self.relay(c, Route(decode.ranked[:1], orjson.dumps({**c.doc, **boot}),
                                              decode.no_prefill(), prefill,
-                                             {PREFILL_HEADER: prefill.name}))
+                                             {PREFILL_HEADER: prefill.name}), answered)
         except BaseException:
             first.cancel()  # no answer goes out (the client left): the prefill is for nobody
             raise
@@ -132,7 +138,6 @@ class Splitter:
         if not resp.prepared and resp.status == 502:  # the decode endpoint got no KV
             why = first.result() if first.done() else "prefill still running"
             return await self.relay(c, self._local_prefill(c, decode, why))
-        self._split(prefill, decode.ranked[0])
         return resp
 
     def _split(self, prefill: Endpoint, decode: Endpoint) -> None:

@@ -193,14 +193,18 @@ class Proxy:
 
     async def relay(self, request: web.Request, ranked: list[Endpoint], path: str,
                     body: bytes, headers: dict[str, str], work: Work, started: float,
-                    tap: StreamTap | None = None, extra_headers: dict[str, str] | None = None
-                    ) -> web.StreamResponse:
+                    tap: StreamTap | None = None, extra_headers: dict[str, str] | None = None,
+                    on_status: Callable[[int], None] | None = None) -> web.StreamResponse:
+        """``on_status`` hears the upstream's status before any of its body
+        reaches the client, so what it counts is there when the client is done."""
         ep, up_or_err = await self._open(ranked, work, lambda ep: self.upstreams.post(
             ep.url, path, headers, body))
         if ep is None:
             return self.refusal(str(up_or_err))
         assert isinstance(up_or_err, Answer)
         up = up_or_err
+        if on_status is not None:
+            on_status(up.status)
         out_headers = {"X-Request-Id": headers["X-Request-Id"], "X-Toposerve-Endpoint": ep.name,
                        **(extra_headers or {})}
         prefill_pending = work.prefill(ep)
