@@ -247,7 +247,7 @@ def _rack_use(gc: GpuCluster, groups: list[GroupSpec],
 @dataclass
 class Latency:
     nodes: int
-    kind: str  # ordinary | group
+    kind: str  # ordinary | group | ordinary+claim (a pod of no group asking 4 GPUs)
     calls: int
     filter_p50_ms: float
     filter_p99_ms: float
@@ -284,9 +284,12 @@ def _latency_extender(nodes: int) -> Extender:
 def _requests(nodes: int, calls: int) -> dict[str, list[dict[str, Any]]]:
     names, groups = latency_pods(nodes)
     ordinary = [k.pod(f"o{i}", uid=f"o{i}") for i in range(calls)]
+    # after the group rows: pods of no group asking GPUs meet the groups' promises
+    claimed = [k.pod(f"c{i}", uid=f"c{i}", claim_template="gpu4") for i in range(calls)]
     return {"ordinary": [{"Pod": p, "NodeNames": names} for p in ordinary],
             "group": [{"Pod": groups[i % len(groups)][i // len(groups) % 18],
-                       "NodeNames": names} for i in range(calls)]}
+                       "NodeNames": names} for i in range(calls)],
+            "ordinary+claim": [{"Pod": p, "NodeNames": names} for p in claimed]}
 
 
 def cpu_latency(nodes: int, calls: int) -> list[Latency]:

@@ -20,8 +20,9 @@ class Metrics:
                                  "time to answer a scheduler call, by verb", ["verb"],
                                  buckets=BUCKETS, registry=self.registry)
         self.decisions = Counter("toposerve_extender_decisions",
-                                 "filter outcomes by reason (pass-through, held, decided, "
-                                 "climbed, no-fit, bad-metadata, size-unknown)", ["reason"],
+                                 "filter outcomes by reason (pass-through, kept-off, held, "
+                                 "decided, climbed, no-fit, bad-metadata, size-unknown)",
+                                 ["reason"],
                                  registry=self.registry)
         self.groups_held = Gauge("toposerve_extender_groups_held",
                                  "groups whose capacity is promised right now",

@@ -25,6 +25,7 @@ from scheduler_ext.placement.decide import (
     FilterResult,
     Outcome,
     filter_member,
+    filter_ungrouped,
     neutral,
     prioritize_member,
     top,
@@ -111,7 +112,8 @@ class Extender:
                                                      f"{facts.ref.problem}"),
                                    outcome=Outcome.BAD_METADATA)
             elif group is None:
-                res = FilterResult(cands.names)
+                res = filter_ungrouped(self.state.snapshot(), self.state.demand(facts),
+                                       cands.names, self.clock())
             else:
                 res = filter_member(self.state.view, group, facts.uid, cands.names,
                                     self.policy, self.clock())

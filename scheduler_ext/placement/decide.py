@@ -11,8 +11,9 @@
   required level never does.
 - Decode members score nodes by modelled KV-transfer time from their
   slice's prefill members (``topology.distance``).
-- Pods outside any group are not touched: every node passes, scores are
-  neutral.
+- Pods outside any group go anywhere but onto accelerators promised to a
+  group (else a rack a slice was promised fills with single-GPU pods
+  between its members' turns, and the slice splits); scores are neutral.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class Outcome(StrEnum):
     """Why a filter call ended as it did (the metrics' reason label)."""
 
     PASS_THROUGH = "pass-through"  # not in a group
+    KEPT_OFF = "kept-off"  # not in a group, and some nodes' free room is promised to one
     HELD = "held"  # a member of a group that has its domain
     DECIDED = "decided"  # this call chose the group's domain
     CLIMBED = "climbed"  # the preferred level was full; one level up
@@ -286,6 +288,33 @@ def _size_unknown_reason(group: Group) -> str:
              Source.POD_GROUP: "its PodGroup"}.get(group.source, "its owner object")
     return (f"group {group.key}: its size is not known yet ({owner} not seen; "
             f"{len(group.members)} pods so far): waiting, no pod placed until it is")
+
+
+def filter_ungrouped(view: View, demand: int, candidates: list[str], now: float
+                     ) -> FilterResult:
+    """Which candidate nodes a pod of no group, asking ``demand``
+    accelerators, may go to: any whose free accelerators past what live
+    promises hold there still cover it (whether the pod fits at all is the
+    scheduler's to say)."""
+    if demand <= 0:
+        return FilterResult(candidates)
+    held = reservations(view, now)
+    short = {n: (ns.free, h) for n, h in held.items()
+             if (ns := view.nodes.get(n)) is not None and ns.free - h < demand}
+    if not short:  # most calls: a pass over the few promised nodes only
+        return FilterResult(candidates)
+    passed: list[str] = []
+    failed: dict[str, str] = {}
+    for c in candidates:
+        if c in short:
+            free, h = short[c]
+            groups = sorted(g for g, nodes in _promised(view, now).items() if c in nodes)
+            failed[c] = (f"{h} of the {free} free accelerators here are promised to "
+                         f"the pending pods of group {', '.join(groups)}")
+        else:
+            passed.append(c)
+    return FilterResult(passed, failed, outcome=Outcome.KEPT_OFF if failed else
+                        Outcome.PASS_THROUGH)
 
 
 def filter_member(view: View, group: Group, uid: str, candidates: list[str], policy: Policy,

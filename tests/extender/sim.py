@@ -7,7 +7,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from scheduler_ext.placement.decide import Policy, filter_member, prioritize_member
+from scheduler_ext.placement.decide import (
+    Policy,
+    filter_member,
+    filter_ungrouped,
+    prioritize_member,
+)
 from scheduler_ext.placement.model import Group, Member, NodeState, Shape, Source, View
 from topology.layout import plan_nodes
 from topology.model import DeviceKind, Tier
@@ -66,6 +71,20 @@ class Sim:
                                    self.policy, self.now)
         best = max(res.passed, key=lambda n: (scores.get(n, 0), -res.passed.index(n)))
         self.bind(self.view.groups[key], uid, best)
+        return best
+
+    def loose(self, demand: int) -> str | None:
+        """One attempt for a pod of no group: of the nodes the extender
+        passes, the fullest that fits (the way to crowd a promise most)."""
+        candidates = [n for n in sorted(self.view.nodes) if self.free(n) >= demand]
+        res = filter_ungrouped(self.view, demand, candidates, self.now)
+        self.reasons = res.failed
+        if not res.passed:
+            return None
+        best = min(res.passed, key=lambda n: (self.free(n), n))
+        n = self.view.nodes[best]
+        self.view.nodes[best] = replace(n, used=n.used + demand)
+        self.view.memo.clear()
         return best
 
     def run(self, order: list[tuple[str, str]], step_s: float = 0.0) -> None:

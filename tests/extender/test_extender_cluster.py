@@ -191,6 +191,26 @@ def test_a_slice_stays_in_its_rack_beside_another_groups_slow_binding(
     assert placed["pd-3"] == hgx[3]
 
 
+def test_pods_of_no_group_leave_a_slices_promised_room_alone(clean: GpuCluster) -> None:
+    # hgx-1000, small: single-GPU claims the scheduler spreads over every node
+    # arrive between a slice's first member and the rest; they took its
+    # rack's room, and 96 of 100 slices split
+    gc = clean
+    pd = slice_pods("pd")
+    create_pods(gc.api, pd[:1])
+    first = wait_bound(gc.api, "toposerve.io/group=pd", 1)
+    # 40 of the 64 GPUs; the 12 promised to the slice and 12 more stay free
+    create_pods(gc.api, [ctl.pod(f"one-{i}", labels={"app": "one"}, claim_template="gpu1",
+                                 profile="hgx-h100") for i in range(40)])
+    wait_bound(gc.api, "app=one", 40)
+    create_pods(gc.api, pd[1:])
+    placed = wait_bound(gc.api, "toposerve.io/group=pd", 4)
+    assert racks(gc, placed) == racks(gc, first), f"the slice split: {placed}"
+    assert gc.extender is not None
+    # some of the 40 were refused the promised nodes (the scheduler spreads them)
+    assert 'toposerve_extender_decisions_total{reason="kept-off"}' in gc.extender.metrics()
+
+
 def test_a_held_slice_binds_soon_after_its_leaderworkersets_appear(clean: GpuCluster) -> None:
     gc = clean
     ds = post(gc.api, ctl.disaggregated_set("slow", {"prefill": (2, 1), "decode": (2, 1)}))

@@ -317,6 +317,38 @@ def test_pd_slice_lands_in_one_nvlink_domain_when_it_fits() -> None:
     assert len({view.nodes[n].path.nvlink for n in sim.placed(g.key)}) == 1
 
 
+def test_pods_of_no_group_keep_off_what_a_slice_was_promised() -> None:
+    # hgx-1000: single-GPU claims filled the best-fit rack a P/D slice was
+    # promised between its members' turns, and 96 of 100 slices split
+    view = View(cluster(("hgx-h100", 8)))  # two racks of 4 nodes of 8 GPUs
+    g = gang("pd", 4, 4, roles=["prefill", "prefill", "decode", "decode"])
+    view.groups[g.key] = g
+    sim = Sim(view, POLICY)
+    first = sim.attempt(g.key, "pd-0")
+    assert first is not None
+    held = reservations(view, sim.now)
+    assert sum(held.values()) == 12 and {rack_of(view, n) for n in held} == {rack_of(view, first)}
+    # the fullest node first, as a most-allocated scorer would: 48 fit off the promise
+    assert all(sim.loose(1) is not None for _ in range(64 - 16))
+    assert sim.loose(1) is None
+    assert sim.reasons is not None and set(sim.reasons) == set(held)
+    assert all("promised to the pending pods of group pd" in r for r in sim.reasons.values())
+    sim.run([(g.key, f"pd-{i}") for i in (1, 2, 3)])
+    assert len(sim.placed(g.key)) == 4 and {rack_of(view, n) for n in sim.placed(g.key)} == \
+        {rack_of(view, first)}
+    assert reservations(view, sim.now) == {}  # nothing pending: nothing held
+
+
+def test_a_pod_of_no_group_that_asks_no_accelerator_goes_anywhere() -> None:
+    view = View(cluster(("hgx-h100", 4)))
+    g = gang("pd", 4, 8, required=Tier.RACK)
+    view.groups[g.key] = g
+    sim = Sim(view, POLICY)
+    assert sim.attempt(g.key, "pd-0") is not None
+    assert sim.loose(1) is None  # every free GPU of the rack is promised
+    assert sim.loose(0) is not None
+
+
 def test_a_pod_of_a_group_with_unknown_members_counts_them() -> None:
     # an LWS leader of a size-8 group arrives alone (workers come after it lands)
     view = View(cluster(("gb200-nvl72", 36)))
@@ -412,7 +444,12 @@ def test_no_group_is_ever_split_or_stranded(shapes: list[tuple[int, int]], rnd: 
     order = [(k, f"{k}-{j}") for k, pods in keys for j in range(pods)]
     rnd.shuffle(order)
     sim = Sim(view, POLICY)
-    sim.run(order)
+    # pods of no group (1-2 GPUs) come between the groups' pods, fullest node first
+    for key, uid in order:
+        sim.attempt(key, uid)
+        for _ in range(rnd.randint(0, 2)):
+            sim.loose(rnd.choice([1, 2]))
+    sim.run([(k, u) for k, u in order if u not in {m.uid for m in view.groups[k].bound()}])
     for key, pods in keys:
         placed = sim.placed(key)
         assert len(placed) in (0, pods), f"{key} stranded {len(placed)}/{pods}"
