@@ -60,6 +60,12 @@ class PlacementConfig(Section):
         default="8Gi", alias="kvSizePerRequest",
         description="KV cache moved from prefill to decode per request, for the transfer "
                     "cost model (a quantity: 8Gi, 500Mi)")
+    pack_ungrouped: bool = Field(
+        default=True, alias="packUngrouped",
+        description="score a pod of no group that asks accelerators toward the node it "
+                    "fills best (then the fullest rack), and count it there until it "
+                    "binds: whole nodes and racks stay free for groups, and a group "
+                    "deciding meanwhile sees the room it takes; false: neutral scores")
     cost_profile: str = Field(
         default="gb200-nvl72", alias="costProfile",
         description="hardware profile whose tier costs apply to nodes that carry no "
@@ -118,7 +124,8 @@ class ExtenderConfig(Section):
             preferred = Tier.NVLINK
         return Policy(promise_ttl_s=self.placement.promise_ttl_seconds,
                       default_preferred=preferred,
-                      kv_bytes=parse_quantity(self.placement.kv_size_per_request), links=links)
+                      kv_bytes=parse_quantity(self.placement.kv_size_per_request), links=links,
+                      pack_ungrouped=self.placement.pack_ungrouped)
 
 
 def load_extender_config(path: str | Path) -> ExtenderConfig:

@@ -28,6 +28,7 @@ from scheduler_ext.placement.decide import (
     filter_ungrouped,
     neutral,
     prioritize_member,
+    prioritize_ungrouped,
     top,
 )
 from scheduler_ext.placement.levels import contains
@@ -143,13 +144,16 @@ class Extender:
         cands = _candidates(args)
         with self.state.lock:
             facts, group = self._member(pod)
-            if group is None or (facts.ref is not None and facts.ref.problem):
+            if facts.ref is not None and facts.ref.problem:
                 scores = neutral()
+            elif group is None:
+                scores = prioritize_ungrouped(self.state.snapshot(), self.state.demand(facts),
+                                              cands.names, self.policy, self.clock())
             else:
                 scores = prioritize_member(self.state.view, group, facts.uid, cands.names,
                                            self.policy, self.clock())
-                if (best := top(scores)) is not None:
-                    self.state.assume(facts.uid, best)
+            if (best := top(scores)) is not None:
+                self.state.assume(facts.uid, best)
         # a node left out scores 0, as neutral as it gets (and 5,000 entries less)
         return [{"Host": n, "Score": s} for n, s in scores.items() if s]
 

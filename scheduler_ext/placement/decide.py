@@ -13,7 +13,8 @@
   slice's prefill members (``topology.distance``).
 - Pods outside any group go anywhere but onto accelerators promised to a
   group (else a rack a slice was promised fills with single-GPU pods
-  between its members' turns, and the slice splits); scores are neutral.
+  between its members' turns, and the slice splits); those asking
+  accelerators are packed best fit, and counted where they were scored.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class Policy:
     default_preferred: Tier = Tier.NVLINK
     kv_bytes: int = 8 * 2**30  # one request's KV cache, for the transfer-cost model
     links: Callable[[str | None], dict[Tier, TierLink]] | None = None  # profile -> tier costs
+    pack_ungrouped: bool = True  # pods of no group: best fit (``prioritize_ungrouped``)
 
 
 class Outcome(StrEnum):
@@ -449,6 +451,34 @@ def prioritize_member(view: View, group: Group, uid: str, candidates: list[str],
     if raw[best] > 0:
         scores[best] = MAX_SCORE
     return scores
+
+
+def prioritize_ungrouped(view: View, demand: int, candidates: list[str], policy: Policy,
+                         now: float) -> dict[str, int]:
+    """A pod of no group asking ``demand`` accelerators: the one candidate
+    it leaves least free, past what is promised there (then the one in the
+    rack with least free), scores 10 and the rest 0. Partly used nodes and
+    racks fill first, so whole ones stay free for groups; and the pod is
+    assumed there (``top``), so a group deciding before it binds sees it.
+    Nodes with partitions come last: a partition claim fits nowhere else,
+    and a GPU with one partition taken counts as used here, so such nodes
+    look fuller than they are (packing filled them with whole-GPU pods and
+    left partition pods with no room)."""
+    if demand <= 0 or not policy.pack_ungrouped:
+        return neutral()
+    held = reservations(view, now)
+    rack = view.place(Tier.RACK)
+    rooms = _rooms(view, Tier.RACK, (), held)
+    best: tuple[bool, int, int, str] | None = None
+    for c in candidates:
+        ns = view.nodes.get(c)
+        if ns is None or (left := ns.free - held.get(c, 0) - demand) < 0:
+            continue
+        d = rack.get(c)
+        key = (ns.partitioned, left, rooms.get(d, 0) if d is not None else 0, c)
+        if best is None or key < best:
+            best = key
+    return {} if best is None else {best[3]: MAX_SCORE}
 
 
 def top(scores: dict[str, int]) -> str | None:

@@ -22,6 +22,7 @@ class NodeState:
     capacity: int = 0  # accelerator units published for the node
     used: int = 0  # allocated claims + bound pods whose claims are not allocated yet
     profile: str | None = None  # hardware profile, for the tier costs
+    partitioned: bool = False  # its accelerators are published as partitions too
 
     @property
     def free(self) -> int:

@@ -33,6 +33,7 @@ from scheduler_ext.placement.model import (
     View,
 )
 from scheduler_ext.state.facts import (
+    COUNTERS,
     ClaimFacts,
     DeviceId,
     NodeFacts,
@@ -388,7 +389,8 @@ class ClusterState:
         extra += sum(self._unallocated(self._pods[uid]) for uid, (n, _) in self._assumed.items()
                      if n == name and uid in self._pods)
         return NodeState(name, f.path, capacity=len(units) + f.extended,
-                         used=len(used_units) + extra, profile=f.profile)
+                         used=len(used_units) + extra, profile=f.profile,
+                         partitioned=any(u.startswith(COUNTERS) for u in units))
 
     def _unallocated(self, p: PodFacts) -> int:
         """What the pod needs that no allocated claim of it counts yet."""

@@ -21,6 +21,7 @@ PLACEMENT_ANNOTATION = "toposerve.io/placement"
 SIZE_SEEN_ANNOTATION = "toposerve.io/group-size-seen"
 
 DeviceId = tuple[str, str, str]  # (driver, pool, device)
+COUNTERS = "counters/"  # a unit's name prefix when its devices share a counter set (partitions)
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ def slice_facts(obj: dict[str, Any]) -> SliceFacts:
     for d in spec.get("devices") or []:
         sets = [c.get("counterSet") for c in d.get("consumesCounters") or [] if
                 c.get("counterSet")]
-        units.append((d["name"], f"counters/{sets[0]}" if sets else d["name"]))
+        units.append((d["name"], f"{COUNTERS}{sets[0]}" if sets else d["name"]))
     return SliceFacts((obj.get("metadata") or {})["name"], spec.get("driver", ""),
                       pool.get("name", ""), int(pool.get("generation") or 0),
                       spec.get("nodeName"), tuple(units))

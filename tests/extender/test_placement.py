@@ -18,6 +18,7 @@ from scheduler_ext.placement.decide import (
     filter_member,
     modelled_kv_seconds,
     prioritize_member,
+    prioritize_ungrouped,
     reservations,
 )
 from scheduler_ext.placement.levels import (
@@ -28,7 +29,7 @@ from scheduler_ext.placement.levels import (
     domain_of,
     parse_level,
 )
-from scheduler_ext.placement.model import Group, Source, View
+from scheduler_ext.placement.model import Decision, Group, Source, View
 from tests.extender.sim import Sim, cluster, gang
 from topology.labels import PRESETS, DialectName
 from topology.model import DomainPath, Tier, TierLink
@@ -347,6 +348,28 @@ def test_a_pod_of_no_group_that_asks_no_accelerator_goes_anywhere() -> None:
     assert sim.attempt(g.key, "pd-0") is not None
     assert sim.loose(1) is None  # every free GPU of the rack is promised
     assert sim.loose(0) is not None
+
+
+def test_a_pod_of_no_group_scores_the_node_it_fills_best_past_the_promises() -> None:
+    view = View(cluster(("hgx-h100", 8)))  # two racks of four
+    names = sorted(view.nodes)
+    a, b, c = names[0], names[1], names[5]
+    for n, used in ((a, 2), (b, 5), (c, 5)):
+        view.nodes[n] = replace(view.nodes[n], used=used)
+    assert rack_of(view, b) != rack_of(view, c)
+    # b and c fit 3 exactly; b's rack has less free (19 against 22)
+    assert prioritize_ungrouped(view, 3, names, POLICY, 0) == {b: 10}
+    assert prioritize_ungrouped(view, 6, names, POLICY, 0) == {a: 10}
+    g = gang("pd", 1, 6, required=Tier.SAME_NODE)  # promised a's 6 free
+    view.groups[g.key] = g
+    node = view.nodes[a].domain(Tier.SAME_NODE)
+    assert node is not None
+    view.decisions[g.key] = Decision(g.key, Tier.SAME_NODE, node, 0, POLICY.promise_ttl_s)
+    view.memo.clear()
+    assert reservations(view, 0) == {a: 6}
+    assert prioritize_ungrouped(view, 6, names, POLICY, 0) != {a: 10}
+    assert prioritize_ungrouped(view, 0, names, POLICY, 0) == {}
+    assert prioritize_ungrouped(view, 3, names, replace(POLICY, pack_ungrouped=False), 0) == {}
 
 
 def test_a_pod_of_a_group_with_unknown_members_counts_them() -> None:

@@ -110,6 +110,29 @@ def test_pods_outside_groups_pass_through_with_neutral_scores() -> None:
     assert written == []
 
 
+def test_a_pod_of_no_group_asking_gpus_is_packed_and_counted_where_scored() -> None:
+    hgx = [n.name for n in NODES if n.profile == "hgx-h100"]
+    ext, _ = extender()
+    ext.state.pod("ADDED", bound(ctl.pod("busy", claim_template="gpu4", profile=None), hgx[1]))
+    one = ctl.pod("one", claim_template="gpu4", uid="u-one")
+
+    async def check(c: TestClient[Any, Any]) -> None:
+        _, scores = await post(c, "prioritize", {"Pod": one, "NodeNames": NAMES})
+        # hgx[1] is left empty by it as every GB200 tray is, in the fullest rack
+        assert scores == [{"Host": hgx[1], "Score": 10}]
+        with ext.state.lock:
+            assert ext.state.snapshot().nodes[hgx[1]].free == 0  # counted until it binds
+        await post(c, "filter", {"Pod": one, "NodeNames": NAMES})  # asked again: not there
+        with ext.state.lock:
+            assert ext.state.snapshot().nodes[hgx[1]].free == 4
+    run(ext, check)
+    off, _ = extender(placement={"packUngrouped": False})
+
+    async def neutral(c: TestClient[Any, Any]) -> None:
+        assert (await post(c, "prioritize", {"Pod": one, "NodeNames": NAMES}))[1] == []
+    run(off, neutral)
+
+
 def test_a_group_is_held_to_one_rack_and_its_decision_is_written_once() -> None:
     ext, written = extender()
     pods = k.toposerve_pods("ep", 6, claim_template="gpu4", level="rack", uid_prefix="ep")
