@@ -467,18 +467,33 @@ def prioritize_ungrouped(view: View, demand: int, candidates: list[str], policy:
     if demand <= 0 or not policy.pack_ungrouped:
         return neutral()
     held = reservations(view, now)
-    rack = view.place(Tier.RACK)
-    rooms = _rooms(view, Tier.RACK, (), held)
-    best: tuple[bool, int, int, str] | None = None
+    nodes = view.nodes
+    # (partitioned, left) as one int, in a loop lean enough for 5,000
+    # candidates a call; then the rack with least room among the tied
+    last = 1 << 20  # past any count of accelerators: nodes with partitions rank after
+    best = 2 * last
+    tied: list[str] = []
     for c in candidates:
-        ns = view.nodes.get(c)
-        if ns is None or (left := ns.free - held.get(c, 0) - demand) < 0:
+        ns = nodes.get(c)
+        if ns is None:
             continue
-        d = rack.get(c)
-        key = (ns.partitioned, left, rooms.get(d, 0) if d is not None else 0, c)
-        if best is None or key < best:
-            best = key
-    return {} if best is None else {best[3]: MAX_SCORE}
+        left = ns.capacity - ns.used - demand - held.get(c, 0)
+        if left < 0:
+            continue
+        if ns.partitioned:
+            left += last
+        if left < best:
+            best, tied = left, [c]
+        elif left == best:
+            tied.append(c)
+    if len(tied) <= 1:
+        return {tied[0]: MAX_SCORE} if tied else {}
+    tie = set(tied)
+    rooms = _rooms(view, Tier.RACK, (), held)
+    for _, _, dom in sorted((room, _name(d), d) for d, room in rooms.items()):
+        if inside := [n for n in view.in_domain(Tier.RACK, dom) if n in tie]:
+            return {min(inside): MAX_SCORE}
+    return {min(tied): MAX_SCORE}  # nodes outside any rack
 
 
 def top(scores: dict[str, int]) -> str | None:

@@ -370,6 +370,12 @@ def test_a_pod_of_no_group_scores_the_node_it_fills_best_past_the_promises() -> 
     assert prioritize_ungrouped(view, 6, names, POLICY, 0) != {a: 10}
     assert prioritize_ungrouped(view, 0, names, POLICY, 0) == {}
     assert prioritize_ungrouped(view, 3, names, replace(POLICY, pack_ungrouped=False), 0) == {}
+    # nodes with partitions last: partition claims fit nowhere else
+    view.nodes[b] = replace(view.nodes[b], partitioned=True)
+    view.memo.clear()
+    assert prioritize_ungrouped(view, 3, names, POLICY, 0) == {c: 10}
+    only = [b]
+    assert prioritize_ungrouped(view, 3, only, POLICY, 0) == {b: 10}
 
 
 def test_a_pod_of_a_group_with_unknown_members_counts_them() -> None:

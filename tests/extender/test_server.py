@@ -111,20 +111,21 @@ def test_pods_outside_groups_pass_through_with_neutral_scores() -> None:
 
 
 def test_a_pod_of_no_group_asking_gpus_is_packed_and_counted_where_scored() -> None:
-    hgx = [n.name for n in NODES if n.profile == "hgx-h100"]
+    tray = [n.name for n in NODES if n.profile == "gb200-nvl72"][5]
     ext, _ = extender()
-    ext.state.pod("ADDED", bound(ctl.pod("busy", claim_template="gpu4", profile=None), hgx[1]))
-    one = ctl.pod("one", claim_template="gpu4", uid="u-one")
+    ext.state.relist("templates", [k.template("gpu4", 4), k.template("gpu1", 1)])
+    ext.state.pod("ADDED", bound(ctl.pod("busy", claim_template="gpu1"), tray))
+    one = ctl.pod("one", claim_template="gpu1", uid="u-one")
 
     async def check(c: TestClient[Any, Any]) -> None:
         _, scores = await post(c, "prioritize", {"Pod": one, "NodeNames": NAMES})
-        # hgx[1] is left empty by it as every GB200 tray is, in the fullest rack
-        assert scores == [{"Host": hgx[1], "Score": 10}]
+        # the tray it leaves fullest; the HGX nodes (with partitions) last
+        assert scores == [{"Host": tray, "Score": 10}]
         with ext.state.lock:
-            assert ext.state.snapshot().nodes[hgx[1]].free == 0  # counted until it binds
+            assert ext.state.snapshot().nodes[tray].free == 2  # counted until it binds
         await post(c, "filter", {"Pod": one, "NodeNames": NAMES})  # asked again: not there
         with ext.state.lock:
-            assert ext.state.snapshot().nodes[hgx[1]].free == 4
+            assert ext.state.snapshot().nodes[tray].free == 3
     run(ext, check)
     off, _ = extender(placement={"packUngrouped": False})
 

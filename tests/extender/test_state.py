@@ -43,6 +43,7 @@ def test_capacity_counts_each_gpu_once_even_with_partitions() -> None:
     hgx, gb = nodes[0].name, nodes[2].name
     assert view.nodes[hgx].capacity == 8  # partitions share their GPU's counter set
     assert view.nodes[gb].capacity == 4
+    assert view.nodes[hgx].partitioned and not view.nodes[gb].partitioned
     assert view.nodes[hgx].path.rack == nodes[0].path.rack
 
 

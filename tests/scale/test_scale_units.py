@@ -36,7 +36,7 @@ def scenario(**changes: object) -> ScaleScenario:
 
 
 def test_every_builtin_loads_and_small_has_every_kind_and_setup() -> None:
-    assert {"small", "sched-perf-500", "hgx-1000", "nvl72-70-racks",
+    assert {"small", "sched-perf-500", "hgx-1000", "nvl72-70-racks", "pd-crowd",
             "mixed-5000"} <= set(builtins())
     for path in builtins().values():
         load_scenario(path)
