@@ -63,9 +63,10 @@ class PlacementConfig(Section):
     pack_ungrouped: bool = Field(
         default=True, alias="packUngrouped",
         description="score a pod of no group that asks accelerators toward the node it "
-                    "fills best (then the fullest rack), and count it there until it "
-                    "binds: whole nodes and racks stay free for groups, and a group "
-                    "deciding meanwhile sees the room it takes; false: neutral scores")
+                    "fills best (nodes with partitions last, then the fullest rack), and "
+                    "count it there until it binds: whole nodes and racks stay free for "
+                    "groups, and a group deciding meanwhile sees the room it takes; "
+                    "false: neutral scores")
     cost_profile: str = Field(
         default="gb200-nvl72", alias="costProfile",
         description="hardware profile whose tier costs apply to nodes that carry no "

@@ -300,6 +300,7 @@ def filter_ungrouped(view: View, demand: int, candidates: list[str], now: float
     scheduler's to say)."""
     if demand <= 0:
         return FilterResult(candidates)
+    promised = _promised(view, now)
     held = reservations(view, now)
     short = {n: (ns.free, h) for n, h in held.items()
              if (ns := view.nodes.get(n)) is not None and ns.free - h < demand}
@@ -310,7 +311,7 @@ def filter_ungrouped(view: View, demand: int, candidates: list[str], now: float
     for c in candidates:
         if c in short:
             free, h = short[c]
-            groups = sorted(g for g, nodes in _promised(view, now).items() if c in nodes)
+            groups = sorted(g for g, nodes in promised.items() if c in nodes)
             failed[c] = (f"{h} of the {free} free accelerators here are promised to "
                          f"the pending pods of group {', '.join(groups)}")
         else:

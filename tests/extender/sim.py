@@ -50,8 +50,11 @@ class Sim:
         assert m is not None
         members = tuple(replace(x, node=node) if x.uid == uid else x for x in group.members)
         self.view.groups[group.key] = replace(group, members=members)
+        self._use(node, m.demand)
+
+    def _use(self, node: str, demand: int) -> None:
         n = self.view.nodes[node]
-        self.view.nodes[node] = replace(n, used=n.used + m.demand)
+        self.view.nodes[node] = replace(n, used=n.used + demand)
         self.view.memo.clear()
 
     def attempt(self, key: str, uid: str) -> str | None:
@@ -82,9 +85,7 @@ class Sim:
         if not res.passed:
             return None
         best = min(res.passed, key=lambda n: (self.free(n), n))
-        n = self.view.nodes[best]
-        self.view.nodes[best] = replace(n, used=n.used + demand)
-        self.view.memo.clear()
+        self._use(best, demand)
         return best
 
     def run(self, order: list[tuple[str, str]], step_s: float = 0.0) -> None:
