@@ -198,10 +198,13 @@ def test_checkpoint_corrupted_while_running_fails_liveness(plugin: KubeletPlugin
     assert plugin.cfg.paths.checkpoint.read_text() == "{garbage"
 
 
-def test_socket_paths_longer_than_grpc_binds(tmp_path: Path) -> None:
+def test_socket_paths_longer_than_grpc_binds(tmp_path_factory: pytest.TempPathFactory) -> None:
     """AF_UNIX takes 108 bytes, gRPC's C core 105: the plugin still listens
     exactly where the kubelet looks."""
-    deep = tmp_path / ("d" * (107 - len(str(tmp_path)) - len("/registry/") - len(
+    # a short base: tmp_path itself (/tmp/pytest-of-root/pytest-10/<test name>_0)
+    # can leave no room for the padding directory, and the path came out 106
+    base = tmp_path_factory.mktemp("s")
+    deep = base / ("d" * (107 - len(str(base)) - len("/registry/") - len(
         f"{DRIVER}-uid-long-reg.sock") - 1))
     p = _plugin(deep, pod_uid="uid-long")
     assert len(str(p.cfg.paths.registration_socket)) == 107 > GRPC_PATH_MAX
