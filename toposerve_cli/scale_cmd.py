@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -27,13 +28,27 @@ def _run(args: argparse.Namespace) -> int:
         sc = load_scenario(resolve(args.file))
         out = Path(args.out or f"scale-results/{sc.name}")
         with tempfile.TemporaryDirectory(prefix="toposerve-scale-") as tmp:
-            runner.run(sc, Path(tmp), prefix=args.prefix,
-                       show_bar=(not args.no_progress and sys.stderr.isatty()) or args.progress,
-                       done=lambda doc: report.write(doc, out))
+            try:
+                runner.run(sc, Path(tmp), prefix=args.prefix,
+                           show_bar=(not args.no_progress and sys.stderr.isatty())
+                           or args.progress,
+                           done=lambda doc: report.write(doc, out))
+            finally:
+                if args.keep_logs:
+                    _keep_logs(Path(tmp), out / "logs")
     except (ConfigError, DoesNotFit, ClusterError, ToolsMissing) as err:
         return _fail(str(err))
     print(out / report.REPORT)
     return 0
+
+
+def _keep_logs(workdir: Path, dest: Path) -> None:
+    """The logs of every process a run started (the control plane, kwok,
+    the extender, driver simulate) and the scheduler's and extender's
+    configs, per setup, kept past the run's temporary directory."""
+    for f in [*workdir.glob("*/*.log"), *workdir.glob("*/*.yaml")]:
+        (dest / f.parent.name).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(f, dest / f.parent.name / f.name)
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -79,6 +94,10 @@ def register(sub: Any) -> None:
     r.add_argument("--out", help="report directory (default scale-results/<scenario name>)")
     r.add_argument("--prefix", default="ts-scale",
                    help="cluster names are <prefix>-<setup> (default %(default)s)")
+    r.add_argument("--keep-logs", action="store_true",
+                   help="keep the logs of each setup's processes (control plane, kwok, "
+                        "extender, driver simulate) and its scheduler and extender "
+                        "configs in <out>/logs/<setup>/, also when the run fails")
     bar = r.add_mutually_exclusive_group()
     bar.add_argument("--no-progress", action="store_true", help="no progress bar")
     bar.add_argument("--progress", action="store_true",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -331,9 +332,13 @@ def setup_cluster(sc: ScaleScenario, setup: Setup, name: str, workdir: Path, say
         say(f"slices for {sc.node_count()} nodes published in {figures['slice_publish_s']}s")
         if setup is Setup.TOPOSERVE:
             cfg = workdir / "extender.yaml"
-            cfg.write_text(yaml.safe_dump({"apiVersion": "toposerve.io/v1",
-                                           "kind": "ExtenderConfig", "accelerators": {
-                                               "deviceClasses": list(DEVICE_CLASSES)}}))
+            ext_cfg: dict[str, Any] = {"apiVersion": "toposerve.io/v1",
+                                       "kind": "ExtenderConfig",
+                                       "accelerators": {"deviceClasses": list(DEVICE_CLASSES)}}
+            if sc.extender.placement is not None:
+                ext_cfg["placement"] = sc.extender.placement.model_dump(
+                    mode="json", by_alias=True, exclude_unset=True)
+            cfg.write_text(yaml.safe_dump(ext_cfg))
             ext = spawn("extender", ["extender", "--config", str(cfg), "--kubeconfig",
                                      str(kubeconfig), "--port", str(ext_port)], workdir,
                         f"http://127.0.0.1:{ext_port}")
@@ -350,6 +355,8 @@ def setup_cluster(sc: ScaleScenario, setup: Setup, name: str, workdir: Path, say
             for c in reversed(children):
                 c.stop()
             figures["processes"] = sampler.stop()
+            for log in (cluster_dir(name) / "logs").glob("*.log"):  # gone with the cluster
+                shutil.copyfile(log, workdir / log.name)
             down(name, progress=say)
 
 

@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from scheduler_ext.config import PlacementConfig
 from topology.config_file import ConfigError, load_file
 from topology.profiles import load_profile
 
@@ -205,6 +206,13 @@ Driver = Literal["gpu.toposerve.io", "net.toposerve.io"]
 ALL_DRIVERS: tuple[Driver, ...] = ("gpu.toposerve.io", "net.toposerve.io")
 
 
+class ExtenderTuning(Model):
+    placement: PlacementConfig | None = Field(
+        default=None, description="the extender's ExtenderConfig placement section in the "
+                                  "toposerve setup, e.g. {packUngrouped: false} (unset: "
+                                  "its defaults)")
+
+
 class ScaleScenario(Model):
     api_version: Literal["toposerve.io/v1"] = Field(alias="apiVersion")
     kind: Literal["ScaleScenario"]
@@ -217,6 +225,7 @@ class ScaleScenario(Model):
     churn: Churn = Churn()
     client_limits: ClientLimits = Field(default=ClientLimits(), alias="clientLimits")
     scheduler: SchedulerTuning = SchedulerTuning()
+    extender: ExtenderTuning = ExtenderTuning()
     gogc: dict[Literal["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
                        "kwok-controller"], Annotated[int, Field(ge=1)]] = Field(
         default_factory=dict,

@@ -85,25 +85,35 @@ def test_small_scenario_reports_every_figure_for_every_setup(tmp_path: Path) -> 
 @pytest.mark.timeout(600)
 def test_gpu_driver_alone_and_a_scheduler_gate_are_what_the_run_reports(tmp_path: Path) -> None:
     """The figures say what ran: slices of the drivers asked for only, and
-    the gate as the scheduler itself reports it."""
+    the gate as the scheduler itself reports it; the extender ran with the
+    scenario's placement settings, and --keep-logs kept every log."""
     f = tmp_path / "gate.yaml"
     f.write_text(yaml.safe_dump({
         "apiVersion": "toposerve.io/v1", "kind": "ScaleScenario", "name": "gate",
         "nodes": [{"profile": "hgx-h100", "count": 2, "partitioned": 0}],
         "workload": [{"kind": "claim", "shape": "one-gpu", "count": 6}],
-        "setups": ["default"], "drivers": ["gpu.toposerve.io"],
+        "setups": ["toposerve"], "drivers": ["gpu.toposerve.io"],
         "scheduler": {"featureGates": {"SchedulerPreQueueingHints": True}},
+        "extender": {"placement": {"packUngrouped": False}},
         "arrival": {"settleSeconds": 5, "timeoutSeconds": 180}}))
     out = tmp_path / "out"
     r = subprocess.run(_scale("-f", str(f), "--out", str(out), "--prefix", f"{PREFIX}-gate",
-                              "--no-progress"), capture_output=True, text=True, timeout=500)
+                              "--no-progress", "--keep-logs"), capture_output=True, text=True,
+                       timeout=500)
     assert r.returncode == 0, r.stderr[-3000:]
     (s,) = json.loads((out / "result.json").read_text())["setups"]
     assert s["bound"] == s["pods"] == 6
     assert s["pools_by_driver"] == {"gpu.toposerve.io": 2}
     assert s["scheduler_gates"] == {"SchedulerPreQueueingHints": True}
     md = (out / "report.md").read_text()
-    assert "| default | gpu.toposerve.io 2 | SchedulerPreQueueingHints=True |" in md
+    assert "| toposerve | gpu.toposerve.io 2 | SchedulerPreQueueingHints=True |" in md
+    logs = out / "logs" / "toposerve"
+    ext = yaml.safe_load((logs / "extender.yaml").read_text())
+    assert ext["placement"] == {"packUngrouped": False}
+    for component in ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager",
+                      "kwok-controller", "extender", "driver-simulate"):
+        assert (logs / f"{component}.log").stat().st_size > 0, component
+    assert "Successfully acquired lease" in (logs / "kube-scheduler.log").read_text()
 
 
 def _leftovers(name: str) -> list[str]:

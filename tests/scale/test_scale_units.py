@@ -66,6 +66,11 @@ def test_bad_scenarios_name_the_field_and_the_fix(tmp_path: Path) -> None:
     bad.write_text(yaml.safe_dump(doc))
     with pytest.raises(ConfigError, match=r"arrival.rate: Input should be greater than"):
         load_scenario(bad)
+    doc = yaml.safe_load(SMALL.read_text())
+    doc["extender"] = {"placement": {"packUngroupd": False}}
+    bad.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match=r"extender.placement.packUngroupd: Extra inputs"):
+        load_scenario(bad)
 
 
 def test_each_setup_writes_groups_its_own_way() -> None:
