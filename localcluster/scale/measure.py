@@ -114,6 +114,28 @@ def request_rates(before: str, after: str, seconds: float, top: int = 15
     return rows[:top]
 
 
+def _deltas(before: str, after: str, name: str, label: str) -> dict[str, float]:
+    def totals(text: str) -> dict[str, float]:
+        out: dict[str, float] = defaultdict(float)
+        for labels, v in samples(text, name):
+            out[labels.get(label, "")] += v
+        return out
+    t0, t1 = totals(before), totals(after)
+    return {k: v - t0.get(k, 0.0) for k, v in t1.items() if v - t0.get(k, 0.0) > 0}
+
+
+def scheduler_work(before: str, after: str) -> dict[str, Any]:
+    """Between two scrapes of kube-scheduler's /metrics: its attempts by
+    result, and the seconds spent per extension point (a pod tried again and
+    again shows as unschedulable attempts; a slow plugin as its point's seconds)."""
+    return {"attempts": _deltas(before, after, "scheduler_schedule_attempts_total", "result"),
+            "attempt_s": _deltas(before, after,
+                                 "scheduler_scheduling_attempt_duration_seconds_sum", "result"),
+            "point_s": _deltas(before, after,
+                               "scheduler_framework_extension_point_duration_seconds_sum",
+                               "extension_point")}
+
+
 # -- I/O ----------------------------------------------------------------------
 
 

@@ -103,6 +103,26 @@ def markdown(doc: dict[str, Any], pngs: list[str]) -> str:
                          f"{_pair(c['recreated_to_bound_s'], 'p50', 'p99')} | "
                          f"{c['nodes_added']} | {c['nodes_removed']} | "
                          f"{c['nodes_published_s']} |")
+    worked = [s for s in doc["setups"] if s.get("scheduler")]  # results before it lack it
+    if worked:
+        points = ("PreFilter", "Filter", "Score", "PreBind", "Bind")
+        lines += ["", "## Scheduler attempts and its seconds per extension point", "",
+                  "Attempts by result over the measured span (and churn); a pod tried "
+                  "again and again shows as unschedulable attempts. Seconds are summed "
+                  "over attempts (PreBind and Bind wait on the apiserver; the extender's "
+                  "calls fall outside these points).", "",
+                  "| setup | scheduled | unschedulable | error | attempts per pod bound | "
+                  + " | ".join(f"{p} s" for p in points) + " |",
+                  "|---|" + "---:|" * (4 + len(points))]
+        for s in worked:
+            w = s["scheduler"]
+            a = w["attempts"]
+            placed = s["bound"] + (s["churn"] or {}).get("pods_recreated_bound", 0)
+            per = sum(a.values()) / placed if placed else None
+            lines.append(f"| {s['setup']} | {a.get('scheduled', 0):.0f} | "
+                         f"{a.get('unschedulable', 0):.0f} | {a.get('error', 0):.0f} | "
+                         f"{_f(per, '{:.2f}')} | "
+                         + " | ".join(f"{w['point_s'].get(p, 0):.1f}" for p in points) + " |")
     lines += ["", "## Processes (CPU seconds and peak RSS over the setup)", "",
               "| setup | process | CPU s | peak RSS MiB |", "|---|---|---:|---:|"]
     for s in doc["setups"]:

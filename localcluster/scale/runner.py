@@ -409,6 +409,7 @@ def run_setup(sc: ScaleScenario, setup: Setup, name: str, workdir: Path, say: Sa
         try:
             api_before, ext_before = measure.scrape(api), ext and measure.scrape_url(
                 ext.url + "/metrics")
+            sched_before = profile.fetch(name, "kube-scheduler", "/metrics").decode()
             started = time.monotonic()
             # as scheduler_perf does: the unmeasured pods are scheduled before
             # the measured ones are created, so the measured span is theirs alone
@@ -426,6 +427,7 @@ def run_setup(sc: ScaleScenario, setup: Setup, name: str, workdir: Path, say: Sa
             churn = do_churn(sc, rest, p, pods, sub, children, say, show_bar, alive)
             seconds = time.monotonic() - started
             api_after = measure.scrape(api)
+            sched_after = profile.fetch(name, "kube-scheduler", "/metrics").decode()
             ext_after = ext and measure.scrape_url(ext.url + "/metrics")
             where = {x["metadata"]["name"]: x["spec"]["nodeName"]
                      for x in rest.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods",
@@ -452,6 +454,7 @@ def run_setup(sc: ScaleScenario, setup: Setup, name: str, workdir: Path, say: Sa
     result |= {
         "setup": setup.value, "cluster": name, "churn": churn,
         "apiserver_requests": measure.request_rates(api_before, api_after, seconds),
+        "scheduler": measure.scheduler_work(sched_before, sched_after),
         "extender_calls": measure.call_latency(ext_before, ext_after) if ext_before and
         ext_after else {},
         "placement": quality.as_dict(quality.placement(p.groups, where, paths, profiles,

@@ -61,6 +61,8 @@ def test_small_scenario_reports_every_figure_for_every_setup(tmp_path: Path) -> 
         assert q["groups"] == 5 and q["could_fit_one_domain"] == 5
         assert q["pending_groups"] == q["stranded_pods"] == 0
         assert q["kv_ms"] is not None and q["free_gpus"] > 0
+        w = s["scheduler"]
+        assert w["attempts"]["scheduled"] >= 78 and w["point_s"]["Filter"] > 0, w
         c = s["churn"]
         assert c["pods_recreated_bound"] == c["pods_deleted"] == 6
         assert c["nodes_added"] == c["nodes_removed"] == 2
@@ -73,8 +75,8 @@ def test_small_scenario_reports_every_figure_for_every_setup(tmp_path: Path) -> 
     assert setups["toposerve"]["placement"]["in_one_domain"] == 5
     assert setups["in-tree"]["placement"]["in_one_domain"] == 5
     md = (out / "report.md").read_text()
-    for heading in ("Throughput and latency", "Placement quality", "Churn", "Processes",
-                    "apiserver requests"):
+    for heading in ("Throughput and latency", "Placement quality", "Churn",
+                    "Scheduler attempts", "Processes", "apiserver requests"):
         assert f"## {heading}" in md
     for png in ("pods_per_s.png", "latency_cdf.png", "groups_landed.png"):
         assert (out / png).stat().st_size > 1000

@@ -280,6 +280,27 @@ def test_rates_and_call_latency_come_from_the_difference_of_two_scrapes() -> Non
     assert lat["p50_ms"] == pytest.approx(0.5556, rel=1e-3)
     assert 1 < lat["p99_ms"] <= 10
 
+    def sched(ok: int, retried: int, filter_s: float) -> str:
+        a, d = "scheduler_schedule_attempts_total", "scheduler_scheduling_attempt_duration_seconds"
+        p = "scheduler_framework_extension_point_duration_seconds"
+        return (f"# TYPE {a} counter\n"
+                f'{a}{{profile="default-scheduler",result="scheduled"}} {ok}\n'
+                f'{a}{{profile="default-scheduler",result="unschedulable"}} {retried}\n'
+                f"# TYPE {d} histogram\n"
+                f'{d}_sum{{profile="default-scheduler",result="scheduled"}} {ok / 10}\n'
+                f'{d}_count{{profile="default-scheduler",result="scheduled"}} {ok}\n'
+                f"# TYPE {p} histogram\n"
+                f'{p}_sum{{extension_point="Filter",profile="default-scheduler",'
+                f'status="Success"}} {filter_s}\n'
+                f'{p}_sum{{extension_point="Filter",profile="default-scheduler",'
+                f'status="Unschedulable"}} 1\n'
+                f'{p}_count{{extension_point="Filter",profile="default-scheduler",'
+                f'status="Success"}} {ok}\n')
+    work = measure.scheduler_work(sched(10, 5, 2.0), sched(30, 5, 5.5))
+    # a result that did not move is left out; a point's statuses add up
+    assert work == {"attempts": {"scheduled": 20}, "attempt_s": {"scheduled": 2.0},
+                    "point_s": {"Filter": 3.5}}
+
 
 def _paths() -> tuple[dict[str, DomainPath], dict[str, str]]:
     paths = {f"n{r}{i}": DomainPath(zone="z", block="b", rack=f"r{r}", nvlink=f"r{r}",
@@ -337,6 +358,7 @@ def test_report_renders_again_from_its_json(tmp_path: Path) -> None:
     path = report.write(doc, tmp_path)
     first = path.read_text()
     assert "| default | 5.0 | 2.0 | 3/3 | 30.0 |" in first
+    assert "## Scheduler attempts" not in first  # a result written before it was measured
     assert "Not run (the run stopped before them): in-tree, toposerve." in first
     for png in ("pods_per_s.png", "latency_cdf.png", "groups_landed.png"):
         assert (tmp_path / png).stat().st_size > 0
