@@ -37,6 +37,7 @@ KWOK_ARGS = ["--extra-args", "kwok-controller=cidr=127.15.0.0/16",
              "--extra-args", "kwok-controller=manage-all-nodes=false",
              "--extra-args",
              f"kwok-controller=manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake"]
+HEARTBEAT_FACTOR = 5
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?$")
 META_FILE = "toposerve.json"
 Progress = Callable[[str], None]
@@ -73,6 +74,10 @@ class ClusterSpec:
     # GOGC of Go components by name ("kube-apiserver": 400): the collector's
     # share of their CPU against the memory they hold (docs/scale.md)
     gogc: dict[str, int] = field(default_factory=dict)
+    # seconds between a kwok node's full status patches, 600 or more (kwok
+    # waits between this and 1.1x; None: kwokctl's 600 s, which sends every
+    # node's patch within the same ten seconds: 500 a second at 5,000 nodes)
+    node_status_s: int | None = None
 
 
 def kwok_workdir() -> Path:
@@ -124,6 +129,12 @@ def _config_documents(spec: ClusterSpec) -> str:
          "options": {"runtime": "binary", "bindAddress": "127.0.0.1",
                      "kubeAuthorization": True, "kubeAdmission": True}},
     ]
+    if spec.node_status_s:
+        # kwokctl multiplies the frequency by heartbeatFactor (the leases'
+        # duration too): pinned here to its default, 5
+        docs[0]["options"] |= {"heartbeatFactor": HEARTBEAT_FACTOR,
+                               "nodeStatusUpdateFrequencyMilliseconds":
+                                   spec.node_status_s * 1000 // HEARTBEAT_FACTOR}
     args: dict[str, list[dict[str, str]]] = {"kube-controller-manager": []}
     if spec.controller_manager_qps:
         # here, not as --extra-args: kwokctl 0.8.0 panics on five of those

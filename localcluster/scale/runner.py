@@ -101,6 +101,7 @@ def cluster_spec(sc: ScaleScenario, setup: Setup, name: str, sched_file: Path) -
                        feature_gates=WORKLOAD_GATES if gates else "",
                        scheduler_feature_gates=sc.scheduler.gates_flag(),
                        gogc={str(k): v for k, v in sc.gogc.items()},
+                       node_status_s=sc.node_status_seconds,
                        runtime_config=WORKLOAD_API if gates else "",
                        # the run makes the StatefulSets' pods itself, as LWS's are made
                        controllers="*,-statefulset-controller",
@@ -355,8 +356,10 @@ def setup_cluster(sc: ScaleScenario, setup: Setup, name: str, workdir: Path, say
             for c in reversed(children):
                 c.stop()
             figures["processes"] = sampler.stop()
-            for log in (cluster_dir(name) / "logs").glob("*.log"):  # gone with the cluster
-                shutil.copyfile(log, workdir / log.name)
+            # gone with the cluster: its logs, and kwok's config as kwokctl wrote it
+            for f in [*(cluster_dir(name) / "logs").glob("*.log"), cluster_dir(name) / "kwok.yaml"]:
+                if f.is_file():
+                    shutil.copyfile(f, workdir / f.name)
             down(name, progress=say)
 
 

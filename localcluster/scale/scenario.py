@@ -232,6 +232,12 @@ class ScaleScenario(Model):
         description="GOGC of control-plane components in every setup, e.g. {kube-apiserver: "
                     "400, kube-scheduler: 400}: less of their CPU on garbage collection for "
                     "more heap (unset: Go's 100)")
+    node_status_seconds: int = Field(
+        default=1800, ge=600, alias="nodeStatusSeconds",
+        description="seconds between a kwok node's full status patches, 600 or more (each "
+                    "wait drawn between this and 1.1x; leases are renewed apart from it). "
+                    "kwok's own 600 s sends every node's patch within the same ten seconds, "
+                    "500 a second at 5,000 nodes, a stall for whichever setup runs then")
     drivers: list[Driver] = Field(
         default_factory=lambda: list(ALL_DRIVERS), min_length=1,
         description="the DRA drivers whose slices are published (a cluster may run the GPU "

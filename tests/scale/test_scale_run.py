@@ -96,7 +96,7 @@ def test_gpu_driver_alone_and_a_scheduler_gate_are_what_the_run_reports(tmp_path
         "workload": [{"kind": "claim", "shape": "one-gpu", "count": 6}],
         "setups": ["toposerve"], "drivers": ["gpu.toposerve.io"],
         "scheduler": {"featureGates": {"SchedulerPreQueueingHints": True}},
-        "extender": {"placement": {"packUngrouped": False}},
+        "extender": {"placement": {"packUngrouped": False}}, "nodeStatusSeconds": 700,
         "arrival": {"settleSeconds": 5, "timeoutSeconds": 180}}))
     out = tmp_path / "out"
     r = subprocess.run(_scale("-f", str(f), "--out", str(out), "--prefix", f"{PREFIX}-gate",
@@ -116,6 +116,12 @@ def test_gpu_driver_alone_and_a_scheduler_gate_are_what_the_run_reports(tmp_path
                       "kwok-controller", "extender", "driver-simulate"):
         assert (logs / f"{component}.log").stat().st_size > 0, component
     assert "Successfully acquired lease" in (logs / "kube-scheduler.log").read_text()
+    # kwok as kwokctl configured it: each node's status patch 700 to 770 s apart
+    beat = next(d for d in yaml.safe_load_all((logs / "kwok.yaml").read_text())
+                if d and d.get("kind") == "Stage"
+                and d["metadata"]["name"] == "node-heartbeat-with-lease")
+    assert beat["spec"]["delay"] == {"durationMilliseconds": 700_000,
+                                     "jitterDurationMilliseconds": 770_000}
 
 
 def _leftovers(name: str) -> list[str]:

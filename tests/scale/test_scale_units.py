@@ -373,6 +373,7 @@ def test_report_renders_again_from_its_json(tmp_path: Path) -> None:
 
 
 def test_scheduler_config_states_the_client_limits_and_scoring_per_setup() -> None:
+    from localcluster.cluster import ClusterSpec, _config_documents
     from localcluster.scale.runner import cluster_spec, scheduler_config
 
     sc = scenario(clientLimits={"schedulerQps": 200, "schedulerBurst": 400,
@@ -387,6 +388,13 @@ def test_scheduler_config_states_the_client_limits_and_scoring_per_setup() -> No
     spec = cluster_spec(sc, Setup.IN_TREE, "x", Path("s.yaml"))
     assert "GenericWorkload=true" in spec.feature_gates and spec.controller_manager_qps is None
     assert cluster_spec(sc, Setup.DEFAULT, "x", Path("s.yaml")).feature_gates == ""
+    # kwok's nodes patch their status every half hour, not all at once every ten minutes
+    assert spec.node_status_s == 1800
+    docs = list(yaml.safe_load_all(_config_documents(spec)))
+    assert docs[0]["options"]["nodeStatusUpdateFrequencyMilliseconds"] == 360_000
+    assert docs[0]["options"]["heartbeatFactor"] == 5  # kwokctl's: it multiplies by it
+    assert "nodeStatusUpdateFrequencyMilliseconds" not in next(iter(yaml.safe_load_all(
+        _config_documents(ClusterSpec(name="x")))))["options"]
 
 
 def test_scheduler_gates_reach_the_scheduler_alone_in_every_setup() -> None:
