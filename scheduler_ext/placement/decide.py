@@ -489,12 +489,13 @@ def prioritize_ungrouped(view: View, demand: int, candidates: list[str], policy:
             tied.append(c)
     if len(tied) <= 1:
         return {tied[0]: MAX_SCORE} if tied else {}
-    tie = set(tied)
     rooms = _rooms(view, Tier.RACK, (), held)
-    for _, _, dom in sorted((room, _name(d), d) for d, room in rooms.items()):
-        if inside := [n for n in view.in_domain(Tier.RACK, dom) if n in tie]:
-            return {min(inside): MAX_SCORE}
-    return {min(tied): MAX_SCORE}  # nodes outside any rack
+    place = view.place(Tier.RACK)
+
+    def fullest_rack(n: str) -> tuple[int, int, tuple[str, ...], str]:
+        d = place.get(n)  # nodes outside any rack after those in one
+        return (1, 0, (), n) if d is None else (0, rooms[d], _name(d), n)
+    return {min(tied, key=fullest_rack): MAX_SCORE}
 
 
 def top(scores: dict[str, int]) -> str | None:

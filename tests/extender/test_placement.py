@@ -376,6 +376,9 @@ def test_a_pod_of_no_group_scores_the_node_it_fills_best_past_the_promises() -> 
     assert prioritize_ungrouped(view, 3, names, POLICY, 0) == {c: 10}
     only = [b]
     assert prioritize_ungrouped(view, 3, only, POLICY, 0) == {b: 10}
+    # all empty: equal racks by name, then the first node of the first rack
+    empty = View(cluster(("hgx-h100", 8)))
+    assert prioritize_ungrouped(empty, 3, names[::-1], POLICY, 0) == {names[0]: 10}
 
 
 def test_a_pod_of_a_group_with_unknown_members_counts_them() -> None:
