@@ -27,6 +27,10 @@ def _gates(gates: dict[str, bool]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(gates.items())) or "as shipped"
 
 
+def _settings(section: dict[str, Any] | None) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted((section or {}).items())) or "as shipped"
+
+
 def markdown(doc: dict[str, Any], pngs: list[str]) -> str:
     sc = doc["scenario"]
     lim = sc["clientLimits"]
@@ -46,7 +50,9 @@ def markdown(doc: dict[str, Any], pngs: list[str]) -> str:
              f"(with the extender: 100), feature gates "
              f"{_gates(sc.get('scheduler', {}).get('featureGates') or {})}. Slices of "
              f"{', '.join(sc.get('drivers') or ALL_DRIVERS)}; "
-             f"GOGC {gogc}. "
+             f"GOGC {gogc}; kwok node status every "
+             f"{sc.get('nodeStatusSeconds') or 600} s; extender placement "
+             f"{_settings((sc.get('extender') or {}).get('placement'))}. "
              f"Estimated memory "
              f"{doc['estimate_mib']:,} MiB. Started {doc['started']}.", "",
              *([f"Not run (the run stopped before them): {', '.join(missing)}.", ""]

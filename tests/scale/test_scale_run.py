@@ -109,6 +109,8 @@ def test_gpu_driver_alone_and_a_scheduler_gate_are_what_the_run_reports(tmp_path
     assert s["scheduler_gates"] == {"SchedulerPreQueueingHints": True}
     md = (out / "report.md").read_text()
     assert "| toposerve | gpu.toposerve.io 2 | SchedulerPreQueueingHints=True |" in md
+    assert "kwok node status every 700 s; extender placement " in md
+    assert "packUngrouped False" in md
     logs = out / "logs" / "toposerve"
     ext = yaml.safe_load((logs / "extender.yaml").read_text())
     assert ext["placement"] == {"packUngrouped": False}

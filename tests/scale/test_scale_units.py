@@ -359,6 +359,7 @@ def test_report_renders_again_from_its_json(tmp_path: Path) -> None:
     first = path.read_text()
     assert "| default | 5.0 | 2.0 | 3/3 | 30.0 |" in first
     assert "## Scheduler attempts" not in first  # a result written before it was measured
+    assert "kwok node status every 1800 s; extender placement as shipped." in first
     assert "Not run (the run stopped before them): in-tree, toposerve." in first
     for png in ("pods_per_s.png", "latency_cdf.png", "groups_landed.png"):
         assert (tmp_path / png).stat().st_size > 0
