@@ -11,13 +11,15 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 import urllib3
 from prometheus_client.parser import text_string_to_metric_families
 
 from dra_driver.framework.publisher import JsonApi, Reflector
+
+K = TypeVar("K")
 
 # -- pure ---------------------------------------------------------------------
 
@@ -92,48 +94,56 @@ def call_latency(before: str, after: str, metric: str = "toposerve_extender_call
     return result
 
 
+def _totals(text: str, name: str, key: Callable[[dict[str, str]], K]) -> dict[K, float]:
+    """A metric's samples summed by ``key`` of their labels."""
+    out: dict[K, float] = defaultdict(float)
+    for labels, v in samples(text, name):
+        out[key(labels)] += v
+    return out
+
+
+def _deltas(before: str, after: str, name: str,
+            key: Callable[[dict[str, str]], K]) -> dict[K, float]:
+    """What grew between two scrapes, summed by ``key`` of the labels."""
+    t0, t1 = _totals(before, name, key), _totals(after, name, key)
+    return {k: v - t0.get(k, 0.0) for k, v in t1.items() if v - t0.get(k, 0.0) > 0}
+
+
+def _verb_resource(labels: dict[str, str]) -> tuple[str, str]:
+    res = labels.get("resource", "")
+    if labels.get("subresource"):
+        res += "/" + labels["subresource"]
+    return labels.get("verb", ""), res or "(none)"
+
+
 def request_rates(before: str, after: str, seconds: float, top: int = 15
                   ) -> list[dict[str, Any]]:
     """The apiserver's requests a second by verb and resource between two
     scrapes of its ``apiserver_request_total``, busiest first."""
-    def totals(text: str) -> dict[tuple[str, str], float]:
-        out: dict[tuple[str, str], float] = defaultdict(float)
-        for labels, v in samples(text, "apiserver_request_total"):
-            res = labels.get("resource", "")
-            if labels.get("subresource"):
-                res += "/" + labels["subresource"]
-            out[(labels.get("verb", ""), res or "(none)")] += v
-        return out
-    t0, t1 = totals(before), totals(after)
-    rows: list[dict[str, Any]] = []
-    for (verb, res), n in t1.items():
-        d = n - t0.get((verb, res), 0.0)
-        if d > 0:
-            rows.append({"verb": verb, "resource": res, "per_s": d / seconds, "requests": d})
+    grown = _deltas(before, after, "apiserver_request_total", _verb_resource)
+    rows: list[dict[str, Any]] = [{"verb": verb, "resource": res, "per_s": d / seconds,
+                                   "requests": d}
+                                  for (verb, res), d in grown.items()]
     rows.sort(key=lambda r: -r["requests"])
     return rows[:top]
 
 
-def _deltas(before: str, after: str, name: str, label: str) -> dict[str, float]:
-    def totals(text: str) -> dict[str, float]:
-        out: dict[str, float] = defaultdict(float)
-        for labels, v in samples(text, name):
-            out[labels.get(label, "")] += v
-        return out
-    t0, t1 = totals(before), totals(after)
-    return {k: v - t0.get(k, 0.0) for k, v in t1.items() if v - t0.get(k, 0.0) > 0}
+def _label(name: str) -> Callable[[dict[str, str]], str]:
+    return lambda labels: labels.get(name, "")
 
 
 def scheduler_work(before: str, after: str) -> dict[str, Any]:
     """Between two scrapes of kube-scheduler's /metrics: its attempts by
     result, and the seconds spent per extension point (a pod tried again and
     again shows as unschedulable attempts; a slow plugin as its point's seconds)."""
-    return {"attempts": _deltas(before, after, "scheduler_schedule_attempts_total", "result"),
+    return {"attempts": _deltas(before, after, "scheduler_schedule_attempts_total",
+                                _label("result")),
             "attempt_s": _deltas(before, after,
-                                 "scheduler_scheduling_attempt_duration_seconds_sum", "result"),
+                                 "scheduler_scheduling_attempt_duration_seconds_sum",
+                                 _label("result")),
             "point_s": _deltas(before, after,
                                "scheduler_framework_extension_point_duration_seconds_sum",
-                               "extension_point")}
+                               _label("extension_point"))}
 
 
 # -- I/O ----------------------------------------------------------------------
