@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -28,27 +27,14 @@ def _run(args: argparse.Namespace) -> int:
         sc = load_scenario(resolve(args.file))
         out = Path(args.out or f"scale-results/{sc.name}")
         with tempfile.TemporaryDirectory(prefix="toposerve-scale-") as tmp:
-            try:
-                runner.run(sc, Path(tmp), prefix=args.prefix,
-                           show_bar=(not args.no_progress and sys.stderr.isatty())
-                           or args.progress,
-                           done=lambda doc: report.write(doc, out))
-            finally:
-                if args.keep_logs:
-                    _keep_logs(Path(tmp), out / "logs")
+            runner.run(sc, Path(tmp), prefix=args.prefix,
+                       show_bar=(not args.no_progress and sys.stderr.isatty()) or args.progress,
+                       done=lambda doc: report.write(doc, out),
+                       keep_logs_in=out / "logs" if args.keep_logs else None)
     except (ConfigError, DoesNotFit, ClusterError, ToolsMissing) as err:
         return _fail(str(err))
     print(out / report.REPORT)
     return 0
-
-
-def _keep_logs(workdir: Path, dest: Path) -> None:
-    """The logs of every process a run started (the control plane, kwok,
-    the extender, driver simulate) and the scheduler's and extender's
-    configs, per setup, kept past the run's temporary directory."""
-    for f in [*workdir.glob("*/*.log"), *workdir.glob("*/*.yaml")]:
-        (dest / f.parent.name).mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(f, dest / f.parent.name / f.name)
 
 
 def _report(args: argparse.Namespace) -> int:

@@ -281,11 +281,12 @@ def settle(names: set[str], pods: measure.Watched, settle_s: float, timeout_s: f
 
 
 @contextlib.contextmanager
-def setup_cluster(sc: ScaleScenario, setup: Setup, name: str, workdir: Path, say: Say
+def setup_cluster(sc: ScaleScenario, setup: Setup, name: str, workdir: Path, say: Say,
+                  keep: Path | None = None
                   ) -> Iterator[tuple[Any, dict[str, Any], list[Child]]]:
     """The setup's cluster, slices published and extender ready: (api,
     figures, children). Torn down on exit, when the figures get every
-    process's CPU and peak RSS."""
+    process's CPU and peak RSS (and ``keep``, when given, every log)."""
     ext_port = free_port()
     sched_file = workdir / "scheduler.yaml"
     sched_file.write_text(yaml.safe_dump(scheduler_config(sc, setup,
@@ -356,11 +357,20 @@ def setup_cluster(sc: ScaleScenario, setup: Setup, name: str, workdir: Path, say
             for c in reversed(children):
                 c.stop()
             figures["processes"] = sampler.stop()
-            # gone with the cluster: its logs, and kwok's config as kwokctl wrote it
-            for f in [*(cluster_dir(name) / "logs").glob("*.log"), cluster_dir(name) / "kwok.yaml"]:
-                if f.is_file():
-                    shutil.copyfile(f, workdir / f.name)
+            if keep is not None:
+                keep_logs(workdir, cluster_dir(name), keep)
             down(name, progress=say)
+
+
+def keep_logs(workdir: Path, cluster: Path, dest: Path) -> None:
+    """Before the cluster goes: the logs of every process the setup started
+    (the control plane, kwok, the extender, driver simulate), the
+    scheduler's and extender's configs and kwok's as kwokctl wrote it."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in [*workdir.glob("*.log"), *workdir.glob("*.yaml"),
+              *(cluster / "logs").glob("*.log"), cluster / "kwok.yaml"]:
+        if f.is_file():
+            shutil.copyfile(f, dest / f.name)
 
 
 def install_crds(rest: JsonApi) -> float:
@@ -390,9 +400,9 @@ def _create_objects(rest: JsonApi, p: Plan) -> ctl.Uids:
 
 
 def run_setup(sc: ScaleScenario, setup: Setup, name: str, workdir: Path, say: Say,
-              show_bar: bool) -> dict[str, Any]:
+              show_bar: bool, keep: Path | None = None) -> dict[str, Any]:
     p = plan(sc, setup)
-    with setup_cluster(sc, setup, name, workdir, say) as (api, figures, children):
+    with setup_cluster(sc, setup, name, workdir, say, keep) as (api, figures, children):
         rest = JsonApi(api)
         uids = _create_objects(rest, p)
         pods = measure.Watched(rest, f"/api/v1/namespaces/{NAMESPACE}/pods", SCALE_LABEL,
@@ -576,11 +586,13 @@ def _where(rest: JsonApi) -> dict[str, str]:
 
 def run(sc: ScaleScenario, workdir: Path, *, prefix: str = "ts-scale", say: Say = _stderr,
         show_bar: bool = True, available_mib: float | None = None,
-        done: Callable[[dict[str, Any]], object] = lambda doc: None) -> dict[str, Any]:
+        done: Callable[[dict[str, Any]], object] = lambda doc: None,
+        keep_logs_in: Path | None = None) -> dict[str, Any]:
     """Every setup of ``sc`` in turn; the whole result document, also given
     to ``done`` after each setup (so a long run interrupted late keeps the
     setups it finished). Refuses (fit.DoesNotFit) before anything starts
-    when the scenario does not fit."""
+    when the scenario does not fit. ``keep_logs_in``: each setup's logs go
+    to its subdirectory there, also when the setup fails."""
     est = fit.check(sc, fit.mem_available_mib() if available_mib is None else available_mib)
     # SIGTERM unwinds like Ctrl-C, so every cluster is torn down either way
     old = signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -593,8 +605,9 @@ def run(sc: ScaleScenario, workdir: Path, *, prefix: str = "ts-scale", say: Say 
             say(f"== setup {setup.value}")
             d = workdir / setup.value
             d.mkdir(parents=True, exist_ok=True)
-            doc["setups"].append(run_setup(sc, setup, f"{prefix}-{setup.value}"[:32], d, say,
-                                           show_bar))
+            doc["setups"].append(run_setup(
+                sc, setup, f"{prefix}-{setup.value}"[:32], d, say, show_bar,
+                keep_logs_in / setup.value if keep_logs_in is not None else None))
             done(doc)
         return doc
     finally:
