@@ -23,12 +23,8 @@ def _pair(d: dict[str, Any], a: str, b: str) -> str:
     return f"{_f(d.get(a), '{:.2f}')}/{_f(d.get(b), '{:.2f}')}"
 
 
-def _gates(gates: dict[str, bool]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in sorted(gates.items())) or "as shipped"
-
-
-def _settings(section: dict[str, Any] | None) -> str:
-    return ", ".join(f"{k} {v}" for k, v in sorted((section or {}).items())) or "as shipped"
+def _settings(section: dict[str, Any] | None, sep: str = " ") -> str:
+    return ", ".join(f"{k}{sep}{v}" for k, v in sorted((section or {}).items())) or "as shipped"
 
 
 def markdown(doc: dict[str, Any], pngs: list[str]) -> str:
@@ -48,7 +44,7 @@ def markdown(doc: dict[str, Any], pngs: list[str]) -> str:
              f"percentageOfNodesToScore "
              f"{sc.get('scheduler', {}).get('percentageOfNodesToScore') or 'adaptive'} "
              f"(with the extender: 100), feature gates "
-             f"{_gates(sc.get('scheduler', {}).get('featureGates') or {})}. Slices of "
+             f"{_settings(sc.get('scheduler', {}).get('featureGates'), '=')}. Slices of "
              f"{', '.join(sc.get('drivers') or ALL_DRIVERS)}; "
              f"GOGC {gogc}; kwok node status every "
              f"{sc.get('nodeStatusSeconds') or 600} s; extender placement "
@@ -85,7 +81,7 @@ def markdown(doc: dict[str, Any], pngs: list[str]) -> str:
         slices = ", ".join(f"{d} {n:,}" for d, n in sorted(
             (s.get("pools_by_driver") or {}).items())) or "not recorded"
         lines.append(f"| {s['setup']} | {slices} | "
-                     f"{_gates(s.get('scheduler_gates') or {})} |")
+                     f"{_settings(s.get('scheduler_gates'), '=')} |")
     lines += ["", "## Placement quality", "",
               "| setup | groups in one domain | of those that could | groups pending | "
               "pods stranded | pods never placed | free GPUs | largest free rack | "
