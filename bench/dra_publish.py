@@ -28,12 +28,12 @@ import psutil
 
 from bench import report
 from dra_driver.framework import slice_plan
-from dra_driver.framework.publisher import JsonApi
 from dra_driver.gpu.devices import gpu_pool
 from dra_driver.net.devices import nic_pool
 from dra_driver.simulate import LABELS
 from harness.cluster_claim import claimed
 from harness.procs import Proc, free_port, wait_http
+from kubeapi import JsonApi
 from localcluster.cluster import ClusterSpec, api_client, up
 from topology.model import DomainPath, NodeTopology
 from topology.profiles import load_profile

@@ -39,10 +39,10 @@ import urllib3
 import yaml
 
 from bench import report
-from dra_driver.framework.publisher import ApiError, JsonApi
 from dra_driver.gpu.devices import DRIVER as GPU_DRIVER
 from dra_driver.simulate import POOLS, Simulator, label_partitions
 from harness.cluster_claim import claimed
+from kubeapi import ApiError, JsonApi
 from localcluster.cluster import ClusterSpec, api_client, down, up
 from localcluster.nodes import KWOK_TOLERATION
 from localcluster.scale import profile

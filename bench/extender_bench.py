@@ -28,12 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import medians, pct, write
+from harness import extender_objects as k
+from harness.extender_cluster import GpuCluster, create_pods, gpu_cluster, pods, rest
+from harness.waiting import wait_for
 from scheduler_ext.config import ExtenderConfig
 from scheduler_ext.server import Extender
 from scheduler_ext.state.cache import ClusterState
-from tests.extender import objects as k
-from tests.extender.cluster import GpuCluster, create_pods, gpu_cluster, pods, rest
-from tests.waiting import wait_for
 from topology.distance import kv_transfer_seconds
 from topology.model import DomainPath
 from topology.profiles import load_profile

@@ -25,7 +25,7 @@ from typing import Any
 from kubernetes import client
 
 from bench import report
-from dra_driver.framework.publisher import JsonApi
+from kubeapi import JsonApi
 from localcluster.cluster import (
     ClusterSpec,
     api_client,

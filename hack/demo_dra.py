@@ -19,7 +19,7 @@ import urllib3
 import yaml
 from demo_support import TOPOSERVE, DemoError, background, create, free_port, items, wait_until
 
-from dra_driver.framework.publisher import JsonApi
+from kubeapi import JsonApi
 from localcluster.cluster import api_client
 from localcluster.nodes import KWOK_TOLERATION
 from manifests.values import DeviceClasses

@@ -19,7 +19,7 @@ from demo_support import DemoError, create, wait_until
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from dra_driver.framework.publisher import JsonApi
+from kubeapi import JsonApi
 from localcluster.cluster import api_client, kubeconfig_path
 from localcluster.realnode import nics
 from localcluster.realnode import node as realnode

@@ -29,7 +29,7 @@ from demo_support import (
     wait_until,
 )
 
-from dra_driver.framework.publisher import JsonApi
+from kubeapi import JsonApi
 from localcluster.cluster import api_client, kubeconfig_path
 from localcluster.nodes import KWOK_TOLERATION
 from localcluster.tools import find_tools

@@ -17,7 +17,7 @@ from demo_support import TOPOSERVE, Background, DemoError, background, create, i
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from dra_driver.framework.publisher import ApiError, JsonApi
+from kubeapi import ApiError, JsonApi
 from localcluster.cluster import api_client, kubeconfig_path
 from localcluster.realnode import node as realnode
 from localcluster.realnode.paths import NODE_NAME

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import urllib3
 
-from dra_driver.framework.publisher import ApiError, JsonApi
+from kubeapi import ApiError, JsonApi
 
 T = TypeVar("T")
 TOPOSERVE = [sys.executable, "-m", "toposerve_cli.main"]

@@ -23,9 +23,9 @@ from dra_driver.framework.checkpoint import Checkpoint, ClaimState, read_boot_id
 from dra_driver.gpu.driver import CDI_CLASS, CDI_VENDOR
 from harness import driver_proc
 from harness.dra_kubelet import Claim
+from harness.waiting import wait_for
 from localcluster.cluster import kubeconfig_path
 from localcluster.nodes import KWOK_TOLERATION, node_manifest
-from tests.waiting import wait_for
 from topology.labels import PRESETS, DialectName
 from topology.layout import PlannedNode
 from topology.model import DomainPath

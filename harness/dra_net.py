@@ -15,7 +15,6 @@ from typing import Any, ClassVar
 
 from kubernetes import client
 
-from dra_driver.framework.publisher import JsonApi
 from dra_driver.net.config import API_VERSION, KIND
 from dra_driver.net.driver import CDI_CLASS, CDI_VENDOR
 from harness.dra_gpu import RULES as GPU_RULES
@@ -23,8 +22,9 @@ from harness.dra_gpu import DriverSite
 from harness.dra_kubelet import Claim
 from harness.driver_proc import DriverProc
 from harness.net_standins import StandIns
+from harness.waiting import wait_for
+from kubeapi import JsonApi
 from localcluster.nodes import KWOK_TOLERATION
-from tests.waiting import wait_for
 
 DRIVER = "net.toposerve.io"
 NAMESPACE = "dra-net-test"

@@ -22,6 +22,7 @@ from typing import Any
 import urllib3
 import yaml
 
+from kubeapi import connect
 from localcluster.nodes import KWOK_ANNOTATION, MAX_NODES, node_manifest
 from localcluster.processes import commands_under, end_processes
 from localcluster.tools import Tools, ToolsMissing, find_tools, state_dir
@@ -190,15 +191,10 @@ def validate(spec: ClusterSpec) -> None:
 
 
 def api_client(name: str) -> Any:
-    from kubernetes import client, config
-
     path = kubeconfig_path(name)
     if not path.exists():
         raise ClusterError(f"no cluster named {name!r} (no {path})")
-    cfg = client.Configuration()
-    config.load_kube_config(config_file=str(path), client_configuration=cfg)
-    cfg.connection_pool_maxsize = 32
-    return client.ApiClient(cfg)
+    return connect(path, pool_size=32)
 
 
 def _create_nodes(api: Any, manifests: list[dict[str, Any]], progress: Progress) -> None:

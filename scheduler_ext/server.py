@@ -19,6 +19,7 @@ import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from kubeapi import connect
 from scheduler_ext.config import ExtenderConfig
 from scheduler_ext.metrics import Metrics
 from scheduler_ext.placement.decide import (
@@ -268,17 +269,8 @@ def ssl_context(cfg: ExtenderConfig) -> ssl.SSLContext | None:
 
 
 def api_client(kubeconfig: str | None) -> Any:
-    """A kubernetes ApiClient from a kubeconfig file, else in-cluster."""
-    from kubernetes import client, config
-
-    cfg = client.Configuration()
-    if kubeconfig:
-        config.load_kube_config(config_file=kubeconfig,  # type: ignore[no-untyped-call]
-                                client_configuration=cfg)
-    else:
-        config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-    cfg.connection_pool_maxsize = 16  # six long watches and the odd patch
-    return client.ApiClient(cfg)
+    """The extender's client (six long watches and the odd patch)."""
+    return connect(kubeconfig, pool_size=16)
 
 
 def serve(cfg: ExtenderConfig, kubeconfig: str | None) -> None:

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 import structlog
 
+from kubeapi import connect
 from topology.labels import DialectName
 from toposerve_cli import logs
 
@@ -26,19 +27,7 @@ def _fail(msg: str) -> int:
 
 
 def _api(kubeconfig: str | None) -> Any:
-    """A client from the kubeconfig (``--kubeconfig``, ``$KUBECONFIG`` or
-    ``~/.kube/config``), in-cluster config only when there is none."""
-    from kubernetes import client, config
-
-    cfg = client.Configuration()
-    path = kubeconfig or os.environ.get("KUBECONFIG") or str(Path.home() / ".kube/config")
-    if kubeconfig or Path(path).exists():
-        config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=path, client_configuration=cfg)
-    else:
-        config.load_incluster_config(  # type: ignore[no-untyped-call]
-            client_configuration=cfg)
-    return client.ApiClient(cfg)
+    return connect(kubeconfig)
 
 
 def _address(value: str) -> tuple[str, int]:

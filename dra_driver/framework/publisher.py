@@ -19,24 +19,21 @@ What to write is decided in ``slice_plan`` (pure functions).
 
 from __future__ import annotations
 
-import heapq
-import random
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 import structlog
-import urllib3
 from prometheus_client import Counter, Gauge
 
 from dra_driver.framework import slice_plan
 from dra_driver.framework.slice_plan import DesiredPool, Observed, Pool, Write
+from kubeapi import ApiError, JsonApi, Reflector, WorkQueue, backoff
 
-__all__ = ["ApiError", "JsonApi", "Pool", "ReconcileStats", "Reflector", "SlicePublisher"]
+__all__ = ["Pool", "ReconcileStats", "SlicePublisher"]
 
 log = structlog.get_logger("toposerve.dra.publisher")
 
@@ -53,14 +50,6 @@ SLICES = Gauge("toposerve_dra_slices", "ResourceSlices of the driver the watch s
 POOLS = Gauge("toposerve_dra_pools", "Pools the driver wants published", ["driver"])
 
 
-class ApiError(Exception):
-    """An apiserver answer other than success (``status`` 0: no answer at all)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"{status}: {message}" if status else message)
-        self.status = status
-
-
 @dataclass
 class ReconcileStats:
     creates: int = 0
@@ -75,166 +64,6 @@ class ReconcileStats:
         self.creates += other.creates
         self.updates += other.updates
         self.deletes += other.deletes
-
-
-class JsonApi:
-    """Raw JSON against the apiserver through the kubernetes client's
-    connection pool and auth: the typed models are too slow to (de)serialize
-    thousands of slices, and they would hide fields the server dropped."""
-
-    def __init__(self, api: Any) -> None:
-        self._api = api
-
-    def _url(self, method: str, path: str, query: Sequence[tuple[str, Any]],
-             accept: str = "application/json") -> tuple[str, dict[str, str]]:
-        _, url, headers, _, _ = self._api.param_serialize(
-            method, path, query_params=list(query),
-            header_params={"Accept": accept, "Content-Type": "application/json"},
-            auth_settings=["BearerToken"])
-        return url, headers
-
-    def request(self, method: str, path: str, query: Sequence[tuple[str, Any]] = (),
-                body: Any = None, timeout: float = 30, accept: str = "application/json") -> Any:
-        url, headers = self._url(method, path, query, accept)
-        try:
-            r = self._api.rest_client.pool_manager.request(
-                method, url, headers=headers, retries=False,
-                body=None if body is None else orjson.dumps(body),
-                timeout=urllib3.Timeout(connect=5, read=timeout))
-        except urllib3.exceptions.HTTPError as err:
-            raise ApiError(0, f"{method} {path}: {type(err).__name__}: {err}") from None
-        data = orjson.loads(r.data) if r.data else {}
-        if r.status >= 300:
-            msg = data.get("message", r.reason) if isinstance(data, dict) else r.reason
-            raise ApiError(r.status, f"{method} {path}: {msg}")
-        return data
-
-    def stream(self, path: str, query: Sequence[tuple[str, Any]], read_timeout: float,
-               opened: Callable[[Any], None]) -> Iterator[dict[str, Any]]:
-        """Watch events, one JSON object a line; ``opened`` gets the
-        response so another thread can shut it down."""
-        url, headers = self._url("GET", path, query)
-        try:
-            r = self._api.rest_client.pool_manager.request(
-                "GET", url, headers=headers, retries=False, preload_content=False,
-                timeout=urllib3.Timeout(connect=5, read=read_timeout))
-        except urllib3.exceptions.HTTPError as err:
-            raise ApiError(0, f"watch {path}: {type(err).__name__}: {err}") from None
-        opened(r)
-        try:
-            if r.status >= 300:
-                body = r.read()
-                msg = orjson.loads(body).get("message", r.reason) if body else r.reason
-                raise ApiError(r.status, f"watch {path}: {msg}")
-            for line in r:
-                if line.strip():
-                    yield orjson.loads(line)
-        except (urllib3.exceptions.HTTPError, OSError, orjson.JSONDecodeError) as err:
-            # a broken line too (seen once in a 1,000-node run): the caller
-            # watches again from the last resourceVersion it saw
-            raise ApiError(0, f"watch {path}: {type(err).__name__}: {err}") from None
-        finally:
-            r.release_conn()
-
-
-def backoff(failures: int, cap: float) -> float:
-    """Exponential from 0.25 s to ``cap``, jittered so retries spread out."""
-    base: float = min(cap, 0.25 * 2 ** min(max(failures, 1) - 1, 16))
-    return base * (0.5 + random.random() / 2)
-
-
-class Reflector:
-    """LIST, then WATCH from the list's resourceVersion: a watch that ends
-    (server timeout, dropped connection) resumes from the last version
-    seen, with bookmarks keeping it fresh; only 410 Gone relists. Errors
-    back off, forever: an apiserver outage is waited out."""
-
-    def __init__(self, rest: JsonApi, path: str, query: Sequence[tuple[str, Any]],
-                 on_list: Callable[[list[Any], int], None],
-                 on_event: Callable[[str, dict[str, Any]], None],
-                 on_error: Callable[[Exception], None], *, timeout: int = 300,
-                 max_backoff: float = 30.0,
-                 keep: Callable[[dict[str, Any]], Any] = lambda obj: obj) -> None:
-        self._rest = rest
-        self._keep = keep  # what of each listed object to keep, page by page
-        self._path = path
-        self._query = list(query)
-        self._on_list = on_list
-        self._on_event = on_event
-        self._on_error = on_error
-        self._timeout = timeout
-        self._max_backoff = max_backoff
-        self._resp: Any = None
-        self._rv = ""
-        self._stopping = threading.Event()
-        self.watching = False
-        self.lists = 0      # LISTs made: one, and one more per 410 Gone
-        self.watches = 0    # watch requests made (each resumes from the last version)
-
-    def list(self) -> tuple[list[Any], int]:
-        items: list[Any] = []
-        cont = ""
-        while True:
-            q = [*self._query, ("limit", 500)] + ([("continue", cont)] if cont else [])
-            data = self._rest.request("GET", self._path, q, timeout=60)
-            items += [self._keep(o) for o in data.get("items") or ()]
-            cont = data.get("metadata", {}).get("continue", "")
-            if not cont:
-                return items, int(data.get("metadata", {}).get("resourceVersion") or 0)
-
-    def relist(self) -> None:
-        items, rv = self.list()
-        self.lists += 1
-        self._rv = str(rv)
-        self._on_list(items, rv)
-
-    def run(self) -> None:
-        failures = 0
-        while not self._stopping.is_set():
-            try:
-                if not self._rv:
-                    self.relist()
-                self._watch()
-                failures = 0
-            except ApiError as err:
-                self.watching = False
-                if self._stopping.is_set():
-                    break
-                if err.status == 410:
-                    log.info("watch expired; relisting", path=self._path)
-                    self._rv = ""
-                    continue
-                failures += 1
-                self._on_error(err)
-                self._stopping.wait(backoff(failures, self._max_backoff))
-        self.watching = False
-
-    def stop(self) -> None:
-        self._stopping.set()
-        resp = self._resp
-        if resp is not None:
-            resp.shutdown()
-
-    def _watch(self) -> None:
-        q = [*self._query, ("watch", "true"), ("allowWatchBookmarks", "true"),
-             ("resourceVersion", self._rv), ("timeoutSeconds", self._timeout)]
-
-        def opened(resp: Any) -> None:
-            self._resp = resp
-            if self._stopping.is_set():
-                resp.shutdown()
-
-        self.watching = True
-        self.watches += 1
-        for ev in self._rest.stream(self._path, q, self._timeout + 30, opened):
-            kind, obj = str(ev.get("type")), ev.get("object") or {}
-            if kind == "ERROR":
-                raise ApiError(int(obj.get("code") or 0), obj.get("message", "watch error"))
-            rv = (obj.get("metadata") or {}).get("resourceVersion")
-            if rv:
-                self._rv = rv
-            if kind != "BOOKMARK":
-                self._on_event(kind, obj)
 
 
 class _Store:
@@ -329,71 +158,6 @@ class _Store:
             return {obs.pool} | ({before.pool} if before else set())
 
 
-class _Queue:
-    """Pool names to sync: each pool at most once in the queue and never by
-    two workers at once (like client-go's workqueue), with delayed adds."""
-
-    def __init__(self, clock: Callable[[], float]) -> None:
-        self._cv = threading.Condition()
-        self._ready: deque[str] = deque()
-        self._queued: set[str] = set()
-        self._busy: set[str] = set()
-        self._again: set[str] = set()
-        self._later: list[tuple[float, int, str]] = []
-        self._seq = 0
-        self._clock = clock
-        self.closed = False
-
-    def _push(self, pool: str) -> None:
-        """Ready now, or again once its worker is done (the lock is held)."""
-        if pool in self._busy:
-            self._again.add(pool)
-        elif pool not in self._queued:
-            self._queued.add(pool)
-            self._ready.append(pool)
-            self._cv.notify()
-
-    def add(self, pool: str, delay: float = 0) -> None:
-        with self._cv:
-            if delay > 0:
-                self._seq += 1
-                heapq.heappush(self._later, (self._clock() + delay, self._seq, pool))
-                self._cv.notify()
-            else:
-                self._push(pool)
-
-    def get(self) -> str | None:
-        with self._cv:
-            while not self.closed:
-                now = self._clock()
-                while self._later and self._later[0][0] <= now:
-                    self._push(heapq.heappop(self._later)[2])
-                if self._ready:
-                    pool = self._ready.popleft()
-                    self._queued.discard(pool)
-                    self._busy.add(pool)
-                    return pool
-                wait = self._later[0][0] - now if self._later else None
-                self._cv.wait(timeout=wait)
-            return None
-
-    def done(self, pool: str) -> None:
-        with self._cv:
-            self._busy.discard(pool)
-            if pool in self._again:
-                self._again.discard(pool)
-                self._push(pool)
-
-    def depth(self) -> int:
-        with self._cv:
-            return len(self._ready) + len(self._busy)
-
-    def close(self) -> None:
-        with self._cv:
-            self.closed = True
-            self._cv.notify_all()
-
-
 class SlicePublisher:
     """Publishes the pools of one driver and keeps them published.
 
@@ -417,7 +181,7 @@ class SlicePublisher:
         self._max_backoff = max_backoff
         self._clock = clock
         self._store = _Store(mutation_ttl, clock)
-        self._queue = _Queue(clock)
+        self._queue = WorkQueue(clock)
         self._lock = threading.Lock()
         self._desired: dict[str, DesiredPool] = {}
         self._forms: dict[str, tuple[str, str]] = {}
@@ -501,7 +265,7 @@ class SlicePublisher:
         for t in self._threads:
             t.join(timeout=10)
         self._threads = []
-        self._queue = _Queue(self._clock)
+        self._queue = WorkQueue(self._clock)
         self._reflector = self._new_reflector()
 
     def wait_synced(self, timeout: float = 30) -> bool:

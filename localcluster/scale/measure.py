@@ -17,7 +17,7 @@ import psutil
 import urllib3
 from prometheus_client.parser import text_string_to_metric_families
 
-from dra_driver.framework.publisher import JsonApi, Reflector
+from kubeapi import JsonApi, Reflector
 
 K = TypeVar("K")
 

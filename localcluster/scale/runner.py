@@ -28,8 +28,8 @@ import urllib3
 import yaml
 from tqdm import tqdm
 
-from dra_driver.framework.publisher import ApiError, JsonApi
 from dra_driver.simulate import label_partitions
+from kubeapi import ApiError, JsonApi
 from localcluster.cluster import (
     ClusterError,
     ClusterSpec,

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 import structlog
 
-from dra_driver.framework.publisher import ApiError, JsonApi, Reflector
+from kubeapi import ApiError, JsonApi, Reflector
 from scheduler_ext.placement.model import Decision, Group
 from scheduler_ext.state.cache import ClusterState
 from scheduler_ext.state.facts import (

@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from dra_driver.framework.publisher import ApiError, JsonApi
 from dra_driver.simulate import LABELS, Simulator
+from harness.waiting import wait_for
+from kubeapi import ApiError, JsonApi
 from localcluster.nodes import KWOK_TOLERATION
 from tests.conftest import Cluster
-from tests.waiting import wait_for
 from topology.profiles import load_profile
 
 pytestmark = pytest.mark.cluster

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from harness.waiting import wait_for
 from localcluster.nodes import KWOK_TOLERATION
 from tests.conftest import Cluster
-from tests.waiting import wait_for
 from topology.labels import PRESETS, PROFILE_LABEL, DialectName, from_labels
 from topology.layout import plan_nodes
 from topology.profiles import load_profile

@@ -26,12 +26,12 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
+from harness.waiting import wait_for
 from localcluster.cluster import kubeconfig_path
 from localcluster.tools import find_tools
 from manifests.render import GPU_DRIVER, NET_DRIVER, Names, render_objects
 from manifests.values import InstallValues, load_values
 from tests.conftest import Cluster
-from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from harness.waiting import wait_for
 from tests.cluster import test_dra_allocation as alloc
 from tests.cluster.test_dra_allocation import (
     NET,
@@ -28,7 +29,6 @@ from tests.cluster.test_dra_allocation import (
     _request,
     _run,
 )
-from tests.waiting import wait_for
 from topology.model import DeviceKind
 from topology.profiles import load_profile
 

@@ -34,8 +34,8 @@ from harness.dra_net import (
     teardown_env,
 )
 from harness.net_standins import StandIns, stand_ins
+from harness.waiting import wait_for
 from tests.conftest import Cluster
-from tests.waiting import wait_for
 from topology.profiles import load_profile
 
 pytestmark = pytest.mark.cluster

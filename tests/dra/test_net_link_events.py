@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from dra_driver.net.link_events import Debounce, LinkWatch
-from tests.waiting import wait_for
+from harness.waiting import wait_for
 
 
 def test_the_debounce_waits_for_quiet_but_not_for_ever() -> None:

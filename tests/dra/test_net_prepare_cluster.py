@@ -26,8 +26,8 @@ from harness.dra_net import (
     teardown_env,
 )
 from harness.net_standins import StandIns, stand_ins
+from harness.waiting import wait_for
 from tests.conftest import Cluster
-from tests.waiting import wait_for
 from topology.model import DeviceKind
 from topology.profiles import load_profile
 

@@ -35,7 +35,7 @@ from harness.dra_gpu import (
     token_kubeconfig,
 )
 from harness.dra_kubelet import Claim
-from tests.waiting import wait_for
+from harness.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 GPU_CONFIG = {"apiVersion": "toposerve.io/v1", "kind": "GpuConfig"}

@@ -18,10 +18,11 @@ from urllib.parse import urlparse
 import pytest
 from kubernetes import client
 
-from dra_driver.framework.publisher import JsonApi, Pool, SlicePublisher
+from dra_driver.framework.publisher import Pool, SlicePublisher
 from dra_driver.gpu.devices import gpu_pool
+from harness.waiting import wait_for
+from kubeapi import JsonApi
 from tests.conftest import Cluster
-from tests.waiting import wait_for
 from topology.model import DomainPath, NodeTopology
 from topology.profiles import load_profile
 

@@ -16,10 +16,8 @@ import orjson
 import pytest
 import urllib3
 
-from localcluster.scale import controllers as ctl
-from localcluster.scale.controllers import collection
-from tests.extender import objects as k
-from tests.extender.cluster import (
+from harness import extender_objects as k
+from harness.extender_cluster import (
     GpuCluster,
     LwsGroups,
     SlowBinder,
@@ -36,7 +34,9 @@ from tests.extender.cluster import (
     scheduling_events,
     wait_bound,
 )
-from tests.waiting import wait_for
+from harness.waiting import wait_for
+from localcluster.scale import controllers as ctl
+from localcluster.scale.controllers import collection
 
 pytestmark = pytest.mark.cluster
 

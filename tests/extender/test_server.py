@@ -19,13 +19,13 @@ import yaml
 from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestClient, TestServer
 
+from harness import extender_objects as k
 from localcluster.scale import controllers as ctl
 from scheduler_ext.config import ExtenderConfig, load_extender_config
 from scheduler_ext.placement.model import Decision
 from scheduler_ext.scheduler_config import scheduler_config
 from scheduler_ext.server import Extender
 from scheduler_ext.state.cache import ClusterState
-from tests.extender import objects as k
 from topology.config_file import ConfigError
 from topology.model import Tier
 from toposerve_cli.main import main

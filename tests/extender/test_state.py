@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from harness import extender_objects as k
 from localcluster.scale import controllers as ctl
 from scheduler_ext.config import ExtenderConfig
 from scheduler_ext.placement.groups import identify
 from scheduler_ext.placement.model import Decision, Shape, Source
 from scheduler_ext.state.cache import ClusterState
 from scheduler_ext.state.facts import PLACEMENT_ANNOTATION, decision_annotation
-from tests.extender import objects as k
 from topology.labels import PRESETS, DialectName
 from topology.layout import PlannedNode
 from topology.model import Tier

@@ -13,10 +13,10 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from harness.waiting import wait_for
 from localcluster.realnode import node as realnode
 from localcluster.realnode.paths import NODE_NAME, Layout, default_layout
 from tests.conftest import Cluster
-from tests.waiting import wait_for
 
 
 @dataclass

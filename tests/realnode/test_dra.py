@@ -19,6 +19,7 @@ from kubernetes.client.exceptions import ApiException
 from dra_driver.framework.cdi import CdiSpecs
 from dra_driver.framework.checkpoint import Checkpoint, ClaimState, read_boot_id
 from dra_driver.gpu.driver import CDI_CLASS, CDI_VENDOR
+from harness.waiting import wait_for
 from localcluster.cluster import kubeconfig_path
 from localcluster.realnode import node as realnode
 from localcluster.realnode.gpu_driver import CDI_ROOT, DRIVER, PLUGIN_DIR, GpuDriver
@@ -26,7 +27,6 @@ from localcluster.realnode.paths import NODE_NAME, default_layout
 from localcluster.realnode.pods import busybox_pod
 from tests.conftest import Cluster
 from tests.realnode.conftest import PodMaker, ensure_started, wait_phase
-from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.realnode]
 

@@ -21,10 +21,11 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from dra_driver.framework.publisher import JsonApi
 from dra_driver.net.handoff.journal import Journal
 from dra_driver.net.handoff.links import Namespace
 from dra_driver.net.records import all_records
+from harness.waiting import wait_for
+from kubeapi import JsonApi
 from localcluster.cluster import kubeconfig_path
 from localcluster.realnode import nics
 from localcluster.realnode import node as realnode
@@ -36,7 +37,6 @@ from localcluster.realnode.pods import busybox_pod
 from localcluster.realnode.teardown import leftovers
 from tests.conftest import Cluster
 from tests.realnode.conftest import PodMaker, ensure_started, wait_phase
-from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.realnode]
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.waiting import wait_for
 from localcluster.cluster import running_clusters
 from localcluster.realnode import node as realnode
 from localcluster.realnode.paths import default_layout
@@ -16,7 +17,6 @@ from localcluster.realnode.pods import busybox_pod
 from localcluster.realnode.teardown import alive, container_states, leftovers, our_processes
 from tests.conftest import Cluster
 from tests.realnode.conftest import MACHINE_WAIT_S, PodMaker, RealNode, wait_phase
-from tests.waiting import wait_for
 from toposerve_cli.main import main
 
 pytestmark = [pytest.mark.cluster, pytest.mark.realnode]

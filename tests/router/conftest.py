@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from harness.procs import free_port
-from tests.waiting import wait_for
+from harness.waiting import wait_for
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import time
 import httpx
 
 from harness.procs import MODEL, Proc, Procs
-from tests.waiting import wait_for
+from harness.waiting import wait_for
 
 
 def _post(url: str, max_tokens: int, **headers: str) -> httpx.Response:

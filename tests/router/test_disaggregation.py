@@ -15,8 +15,8 @@ import orjson
 import pytest
 
 from harness.procs import MODEL, Proc, Procs, free_port
+from harness.waiting import wait_for
 from tests.router.hangup import hanging_client
-from tests.waiting import wait_for
 from topology.model import DomainPath, Tier
 from topology.profiles import load_profile
 from wire.tokens import BYTES_PER_TOKEN

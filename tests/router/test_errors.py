@@ -13,8 +13,8 @@ import orjson
 import pytest
 
 from harness.procs import MODEL, Procs
+from harness.waiting import wait_for
 from tests.router.hangup import connect, hanging_client
-from tests.waiting import wait_for
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 3}
 

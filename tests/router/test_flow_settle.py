@@ -16,6 +16,7 @@ import yaml
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from harness.procs import MODEL, Procs
+from harness.waiting import wait_for
 from router.admission.flow_control import Admission, Classified
 from router.admission.ratelimit import Bucket
 from router.admission.usage import Answered, output_tokens
@@ -23,7 +24,6 @@ from router.config import RouterConfig
 from router.metrics import RouterMetrics
 from router.pool.endpoints import Endpoint, LoadSample
 from router.state import RouterState
-from tests.waiting import wait_for
 
 
 class Clock:

@@ -24,11 +24,11 @@ import pytest
 from kubernetes import client
 
 from harness.procs import MODEL, Proc, Procs
+from harness.waiting import wait_for
 from localcluster.cluster import kubeconfig_path
 from localcluster.pods import model_pod, wait_running
 from router.ha.pod_label import ROLE_LABEL
 from tests.conftest import Cluster
-from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 CONVERSATIONS = 12

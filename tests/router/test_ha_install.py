@@ -17,6 +17,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
+from harness.waiting import wait_for
 from localcluster.pods import model_pod
 from manifests.render import Names, render_objects
 from manifests.values import InstallValues, load_values
@@ -25,7 +26,6 @@ from router.ha.elector import Elector
 from router.ha.lease import Step
 from router.ha.pod_label import ROLE_LABEL, PodLabel
 from tests.conftest import Cluster
-from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 APPLIED = {"Namespace", "ServiceAccount", "Role", "RoleBinding", "ClusterRole",

@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 
 from harness.procs import Procs
+from harness.waiting import wait_for
 from tests.router.hangup import connect
-from tests.waiting import wait_for
 
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes.fromhex("000000040000000000")
 

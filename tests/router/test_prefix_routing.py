@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 
 from harness.procs import MODEL, Proc, Procs, free_port
-from tests.waiting import wait_for
+from harness.waiting import wait_for
 from wire.prompt import chat_prompt
 from wire.tokens import ByteTokenizer
 

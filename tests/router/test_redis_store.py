@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from harness.procs import MODEL, Procs
-from tests.waiting import wait_for
+from harness.waiting import wait_for
 
 
 def test_chain_continues_on_the_standby(procs: Procs, redis_url: str) -> None:

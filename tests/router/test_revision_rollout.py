@@ -17,10 +17,10 @@ import pytest
 from kubernetes import client
 
 from harness.procs import MODEL, Proc, Procs
+from harness.waiting import wait_for
 from localcluster.cluster import kubeconfig_path
 from localcluster.pods import model_pod, wait_running
 from tests.conftest import Cluster
-from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 PORT = 8000

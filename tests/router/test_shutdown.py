@@ -11,7 +11,7 @@ import httpx
 import orjson
 
 from harness.procs import MODEL, Procs
-from tests.waiting import wait_for
+from harness.waiting import wait_for
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}]}
 

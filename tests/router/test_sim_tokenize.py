@@ -11,7 +11,7 @@ import pytest
 import zmq
 
 from harness.procs import MODEL, Procs, free_port
-from tests.waiting import wait_for
+from harness.waiting import wait_for
 from wire.tokens import ByteTokenizer
 
 MESSAGES = [{"role": "system", "content": "You are terse. " * 40},

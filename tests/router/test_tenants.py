@@ -10,7 +10,7 @@ import httpx
 import yaml
 
 from harness.procs import MODEL, Procs
-from tests.waiting import wait_for
+from harness.waiting import wait_for
 
 
 def _keys(path: Path, tenants: dict[str, list[str]]) -> None:

@@ -14,9 +14,9 @@ import pytest
 from kubernetes import client
 
 from harness.procs import MODEL, Procs
+from harness.waiting import wait_for
 from localcluster.cluster import kubeconfig_path
 from tests.conftest import Cluster
-from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 

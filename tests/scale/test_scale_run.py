@@ -16,9 +16,9 @@ import psutil
 import pytest
 import yaml
 
+from harness.waiting import wait_for
 from localcluster.cluster import cluster_dir, running_clusters
 from localcluster.scale.scenario import Setup, builtins
-from tests.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 # never the session cluster's own name: the checks below look for leftovers by prefix

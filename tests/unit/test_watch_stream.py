@@ -11,7 +11,7 @@ from typing import Any
 import kubernetes.client
 import pytest
 
-from dra_driver.framework.publisher import ApiError, JsonApi
+from kubeapi import ApiError, JsonApi
 
 EVENT = b'{"type":"ADDED","object":{"metadata":{"name":"a","resourceVersion":"5"}}}\n'
 

@@ -21,16 +21,17 @@ import orjson
 import urllib3
 import yaml
 
-from dra_driver.framework.publisher import ApiError, JsonApi, SlicePublisher
+from dra_driver.framework.publisher import SlicePublisher
 from dra_driver.gpu.devices import DRIVER, gpu_pool
 from harness.cluster_claim import claimed
+from harness.extender_objects import GPU_CLASS, template
+from harness.waiting import wait_for
+from kubeapi import ApiError, JsonApi
 from localcluster.cluster import ClusterSpec, api_client, up
 from localcluster.scale import controllers as ctl
 from localcluster.scale.controllers import DS_API, LWS, LWS_API, collection
 from localcluster.scale.runner import install_crds as scale_install_crds
 from scheduler_ext.scheduler_config import render, scheduler_config
-from tests.extender.objects import GPU_CLASS, template
-from tests.waiting import wait_for
 from topology.labels import PRESETS, PROFILE_LABEL, DialectName, from_labels
 from topology.model import DomainPath, NodeTopology
 from topology.profiles import load_profile

@@ -1,0 +1,14 @@
+"""The Kubernetes client layer every part shares: raw JSON requests over the
+``kubernetes`` client's connection pool and auth (``rest``), one way to find
+the credentials (``connect``), list-and-watch that resumes from its
+resourceVersion (``reflector``), and a client-go style work queue
+(``workqueue``). It sits on floor one beside ``topology``: it imports no
+other toposerve package."""
+
+from kubeapi.connect import ConfigError, connect
+from kubeapi.errors import ApiError
+from kubeapi.reflector import Reflector, backoff
+from kubeapi.rest import JsonApi
+from kubeapi.workqueue import WorkQueue
+
+__all__ = ["ApiError", "ConfigError", "JsonApi", "Reflector", "WorkQueue", "backoff", "connect"]
