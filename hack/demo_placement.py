@@ -35,7 +35,6 @@ from localcluster.nodes import KWOK_TOLERATION
 from localcluster.tools import find_tools
 from manifests.values import DeviceClasses
 from scheduler_ext.config import ExtenderConfig
-from scheduler_ext.placement.groups import GROUP, GROUP_SIZE, LEVEL, PREFERRED_LEVEL, ROLE
 from scheduler_ext.placement.levels import display, domain_of, parse_level
 from scheduler_ext.state.facts import PLACEMENT_ANNOTATION
 from topology.distance import kv_transfer_seconds, node_tier
@@ -43,6 +42,7 @@ from topology.labels import PRESETS, PROFILE_LABEL, DialectName, from_labels
 from topology.model import DomainPath, Tier
 from topology.profiles import load_profile
 from topology.quantity import parse_quantity
+from topology.workloads import GROUP, GROUP_SIZE, LEVEL, PREFERRED_LEVEL, ROLE
 
 Say = Callable[[str], None]
 SCHEDULER = "toposerve-scheduler"

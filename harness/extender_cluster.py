@@ -29,12 +29,13 @@ from harness.waiting import wait_for
 from kubeapi import ApiError, JsonApi
 from localcluster.cluster import ClusterSpec, api_client, up
 from localcluster.scale import controllers as ctl
-from localcluster.scale.controllers import DS_API, LWS, LWS_API, collection
+from localcluster.scale.controllers import DS_API, LWS_API, collection
 from localcluster.scale.runner import install_crds as scale_install_crds
 from scheduler_ext.scheduler_config import render, scheduler_config
 from topology.labels import PRESETS, PROFILE_LABEL, DialectName, from_labels
 from topology.model import DomainPath, NodeTopology
 from topology.profiles import load_profile
+from topology.workloads import LWS
 
 WORKLOAD_GATES = "GenericWorkload=true,TopologyAwareWorkloadScheduling=true"
 WORKLOAD_API = "scheduling.k8s.io/v1beta1=true"

@@ -9,8 +9,9 @@ from typing import Any
 
 from localcluster.nodes import KWOK_TOLERATION
 from topology.labels import PROFILE_LABEL
+from topology.workloads import LLMD_ROLE
 
-ROLE_LABEL = "llm-d.ai/role"
+ROLE_LABEL = LLMD_ROLE
 
 
 def model_pod(name: str, app: str, role: str, node: str | None = None,

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from topology.config_file import load_file
 from topology.labels import DialectName
 from topology.place import NodePlace
+from topology.workloads import LLMD_ROLE
 from wire.kv_transfer import SGLANG_BOOTSTRAP_PORT
 
 
@@ -61,7 +62,7 @@ class KubernetesDiscovery(Section):
                                 description="which pods are model servers, e.g. app=vllm")
     port: int = Field(default=8000, ge=1, le=65535, description="their HTTP port")
     kubeconfig: str | None = Field(default=None, description="default: in-cluster")
-    role_label: str = Field(default="llm-d.ai/role", alias="roleLabel",
+    role_label: str = Field(default=LLMD_ROLE, alias="roleLabel",
                             description="pod label carrying the role")
     revision_label: str | None = Field(
         default=None, alias="revisionLabel",

@@ -12,6 +12,7 @@ from typing import Any
 
 from localcluster.nodes import KWOK_TOLERATION
 from topology.labels import PROFILE_LABEL
+from topology.workloads import DS, LLMD_ROLE, LWS
 
 
 def _meta(name: str, namespace: str, uid: str | None, owner: dict[str, Any] | None,
@@ -44,9 +45,7 @@ def pod(name: str, *, labels: dict[str, str] | None = None,
             "metadata": _meta(name, namespace, uid, owner, labels, annotations), "spec": body}
 
 
-LWS = "leaderworkerset.sigs.k8s.io"  # LeaderWorkerSet's label and annotation prefix
 LWS_API = "leaderworkerset.x-k8s.io/v1"
-DS = "disaggregatedset.x-k8s.io"  # DisaggregatedSet's API group and label prefix
 DS_API = f"{DS}/v1"
 
 
@@ -113,7 +112,7 @@ def disaggregated_lws(ds: dict[str, Any], slice_: int, revision: str) -> list[di
         out.append(leader_worker_set(
             f"{name}-{slice_}-{revision}-{role['name']}", role["replicas"],
             role["leaderWorkerTemplate"]["size"], labels=system,
-            template_labels={"llm-d.ai/role": role["name"], **system},
+            template_labels={LLMD_ROLE: role["name"], **system},
             owner=owner_ref(ds, block=False), namespace=ds["metadata"]["namespace"]))
     return out
 

@@ -28,6 +28,7 @@ from localcluster.scale.scenario import (
     WideEp,
 )
 from topology.labels import PROFILE_LABEL
+from topology.workloads import DS_ROLE, GROUP, GROUP_SIZE, LEVEL
 
 NAMESPACE = "default"
 RES = "resource.k8s.io/v1"
@@ -170,7 +171,7 @@ def _slice(g: GroupPlan, setup: Setup) -> tuple[list[tuple[str, dict[str, Any]]]
                     (ctl.collection("StatefulSet", NAMESPACE), sts)]
         for i in range(lws["spec"]["replicas"]):
             body = ctl.lws_leader(lws, sts, i, claim_template=_template(g), profile=g.profile)
-            pods.append(_member(body, g, setup, role=body["metadata"]["labels"][f"{ctl.DS}/role"]))
+            pods.append(_member(body, g, setup, role=body["metadata"]["labels"][DS_ROLE]))
     return objects, pods
 
 
@@ -223,8 +224,8 @@ def _gang_pod(g: GroupPlan, i: int, setup: Setup) -> PodPlan:
     if setup is Setup.IN_TREE:
         spec = {"schedulingGroup": {"podGroupName": g.name}}
     elif setup is Setup.TOPOSERVE:
-        labels.update({"toposerve.io/group": g.name, "toposerve.io/group-size": str(g.pods),
-                       "toposerve.io/topology-level": g.level})
+        labels.update({GROUP: g.name, GROUP_SIZE: str(g.pods),
+                       LEVEL: g.level})
     body = _pod(name, g.kind, template=_template(g), profile=g.profile, labels=labels,
                 spec=spec)
     return PodPlan(name, g.kind, body, gpus=g.gpus_per_pod, claims=True, group=g.name)

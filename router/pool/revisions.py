@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from router.pool.endpoints import Endpoint
 from router.scheduling.context import RequestContext
-from scheduler_ext.placement.groups import DS_REVISION, LWS_REVISION
+from topology.workloads import DS_REVISION, LWS_REVISION
 
 TOPOSERVE_REVISION = "toposerve.io/revision"
 CONTROLLER_REVISION = "controller-revision-hash"  # StatefulSet and DaemonSet pods

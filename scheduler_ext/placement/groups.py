@@ -12,31 +12,27 @@ from scheduler_ext.placement.levels import UnknownLevel, parse_level
 from scheduler_ext.placement.model import Source
 from topology.labels import Dialect
 from topology.model import Tier
-
-# ours
-GROUP = "toposerve.io/group"
-GROUP_SIZE = "toposerve.io/group-size"
-ROLE = "toposerve.io/role"
-LEVEL = "toposerve.io/topology-level"
-PREFERRED_LEVEL = "toposerve.io/preferred-topology-level"
-# llm-d
-LLMD_ROLE = "llm-d.ai/role"
-# LeaderWorkerSet
-LWS = "leaderworkerset.sigs.k8s.io"
-LWS_NAME = f"{LWS}/name"
-LWS_GROUP_KEY = f"{LWS}/group-key"
-LWS_GROUP_INDEX = f"{LWS}/group-index"
-LWS_WORKER_INDEX = f"{LWS}/worker-index"
-LWS_REVISION = f"{LWS}/template-revision-hash"
-LWS_SIZE = f"{LWS}/size"
-LWS_EXCLUSIVE = f"{LWS}/exclusive-topology"
-LWS_SUBGROUP_KEY = f"{LWS}/subgroup-key"
-LWS_SUBGROUP_SIZE = f"{LWS}/subgroup-size"
-LWS_SUBGROUP_EXCLUSIVE = f"{LWS}/subgroup-exclusive-topology"
-# DisaggregatedSet (LWS API disaggregatedset.x-k8s.io/v1)
-DS = "disaggregatedset.x-k8s.io"
-DS_NAME, DS_ROLE, DS_SLICE, DS_REVISION = f"{DS}/name", f"{DS}/role", f"{DS}/slice", \
-    f"{DS}/revision"
+from topology.workloads import (
+    DS_NAME,
+    DS_REVISION,
+    DS_ROLE,
+    DS_SLICE,
+    GROUP,
+    GROUP_SIZE,
+    LEVEL,
+    LLMD_ROLE,
+    LWS_EXCLUSIVE,
+    LWS_GROUP_INDEX,
+    LWS_GROUP_KEY,
+    LWS_NAME,
+    LWS_REVISION,
+    LWS_SIZE,
+    LWS_SUBGROUP_EXCLUSIVE,
+    LWS_SUBGROUP_KEY,
+    LWS_SUBGROUP_SIZE,
+    PREFERRED_LEVEL,
+    ROLE,
+)
 
 
 @dataclass(frozen=True)
