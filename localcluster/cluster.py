@@ -22,10 +22,16 @@ from typing import Any
 import urllib3
 import yaml
 
-from kubeapi import connect
+from localcluster.clusters import (
+    ClusterError,
+    api_client,
+    cluster_dir,
+    kubeconfig_path,
+    kwok_workdir,
+)
 from localcluster.nodes import KWOK_ANNOTATION, MAX_NODES, node_manifest
 from localcluster.processes import commands_under, end_processes
-from localcluster.tools import Tools, ToolsMissing, find_tools, state_dir
+from localcluster.tools import Tools, ToolsMissing, find_tools
 from topology.config_file import ConfigError
 from topology.labels import PRESETS, DialectName
 from topology.layout import plan_nodes
@@ -42,10 +48,6 @@ HEARTBEAT_FACTOR = 5
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?$")
 META_FILE = "toposerve.json"
 Progress = Callable[[str], None]
-
-
-class ClusterError(RuntimeError):
-    """A cluster operation failed; the message is one line for a person."""
 
 
 def _stderr(msg: str) -> None:
@@ -79,18 +81,6 @@ class ClusterSpec:
     # waits between this and 1.1x; None: kwokctl's 600 s, which sends every
     # node's patch within the same ten seconds: 500 a second at 5,000 nodes)
     node_status_s: int | None = None
-
-
-def kwok_workdir() -> Path:
-    return state_dir() / "kwok"
-
-
-def cluster_dir(name: str) -> Path:
-    return kwok_workdir() / "clusters" / name
-
-
-def kubeconfig_path(name: str) -> Path:
-    return cluster_dir(name) / "kubeconfig.yaml"
 
 
 def _kwokctl(tools: Tools, *args: str, check: bool = True,
@@ -188,13 +178,6 @@ def validate(spec: ClusterSpec) -> None:
         if comp not in COMPONENTS or value < 1:
             raise ClusterError(f"gogc: {comp}={value}: give a component of "
                                f"{', '.join(COMPONENTS)} and a GOGC of at least 1")
-
-
-def api_client(name: str) -> Any:
-    path = kubeconfig_path(name)
-    if not path.exists():
-        raise ClusterError(f"no cluster named {name!r} (no {path})")
-    return connect(path, pool_size=32)
 
 
 def _create_nodes(api: Any, manifests: list[dict[str, Any]], progress: Progress) -> None:

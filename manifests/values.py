@@ -16,7 +16,6 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
-from localcluster.tools import versions
 from router.config import RouterConfig
 from scheduler_ext.config import ExtenderConfig
 from topology.config_file import API_VERSION, ConfigError, parse_document
@@ -73,12 +72,19 @@ class ToposerveImage(Image):
                      description="image tag (default: the installed toposerve's version)")
 
 
+# The Kubernetes release the install targets (DRA's resource.k8s.io/v1 with
+# the fields the drivers publish) and whose kube-scheduler it runs. The local
+# cluster builds the same release (localcluster/versions.env); a test keeps
+# the two equal.
+KUBERNETES_VERSION = "v1.37.2"
+
+
 class SchedulerImage(Image):
     """The kube-scheduler image."""
 
     repository: Repository = Field(default="registry.k8s.io/kube-scheduler",
                                    description="image name without tag")
-    tag: Tag = Field(default_factory=lambda: versions()["K8S_VERSION"],
+    tag: Tag = Field(default=KUBERNETES_VERSION,
                      description="image tag (default: the Kubernetes version toposerve targets)")
 
 

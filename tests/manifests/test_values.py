@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from manifests.values import InstallValues, apply_sets, load_values
+from localcluster.tools import versions
+from manifests.values import KUBERNETES_VERSION, InstallValues, apply_sets, load_values
 from scheduler_ext.config import ExtenderConfig
 from tests.manifests.helpers import cli
 from topology.config_file import ConfigError
@@ -139,3 +140,12 @@ def test_install_page_reference_is_current() -> None:
 
     current = PAGE.read_text()
     assert page(current) == current, "run: python -m manifests.values_docs"
+
+
+def test_scheduler_version_is_the_local_clusters() -> None:
+    """The install's kube-scheduler release and the one the local cluster
+    builds are pinned in two places (the product cannot read the dev
+    cluster's pins); they must name the same release."""
+    assert versions()["K8S_VERSION"] == KUBERNETES_VERSION
+    assert InstallValues.model_validate(
+        {"apiServer": {"host": "127.0.0.1"}}).scheduler.image.tag == KUBERNETES_VERSION
