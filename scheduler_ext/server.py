@@ -1,6 +1,7 @@
 """The extender's HTTP face (aiohttp): ``filter``, ``prioritize`` and
-``preempt`` as kube-scheduler calls them (DESIGN §6: JSON keys are Go field
-names; names-only ``NodeNames`` or full ``Nodes``), ``/health``, ``/ready``
+``preempt`` as kube-scheduler calls them (``scheduler_ext.wire``: JSON keys
+are Go field names; names-only ``NodeNames`` or full ``Nodes``; a request of
+the wrong shape is a 400 naming the field), ``/health``, ``/ready``
 and ``/metrics``. Every answer is computed from the watched state; no call
 reads the API."""
 
@@ -36,6 +37,18 @@ from scheduler_ext.placement.levels import contains
 from scheduler_ext.placement.model import Decision, Group
 from scheduler_ext.state.cache import ClusterState
 from scheduler_ext.state.facts import PodFacts
+from scheduler_ext.wire import (
+    BadRequest,
+    ExtenderArgs,
+    ExtenderFilterResult,
+    ExtenderPreemptionArgs,
+    ExtenderPreemptionResult,
+    HostPriority,
+    HostPriorityList,
+    NodeList,
+    decode,
+    encode,
+)
 from topology.model import Tier
 
 log = structlog.get_logger("toposerve.extender")
@@ -43,38 +56,21 @@ log = structlog.get_logger("toposerve.extender")
 Persist = Callable[[str, str, Decision], None]
 
 
-class BadRequest(ValueError):
-    """The scheduler's request is not what the extender protocol says."""
-
-
 def _json(data: Any, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
 
 
 @dataclass
-class Candidates:
-    names: list[str]
-    nodes: dict[str, Any] | None  # full mode: name -> Node object, to send back
+class Filtered:
+    """A filter call's answer, and the decision it made to write on its pod."""
+
+    result: ExtenderFilterResult
+    changed: Decision | None
+    facts: PodFacts
 
 
-def _candidates(args: dict[str, Any]) -> Candidates:
-    if isinstance(args.get("NodeNames"), list):
-        return Candidates(args["NodeNames"], None)
-    nodes = args.get("Nodes")
-    if isinstance(nodes, dict) and isinstance(nodes.get("items"), list):
-        by_name = {str((n.get("metadata") or {}).get("name")): n for n in nodes["items"]
-                   if isinstance(n, dict)}
-        return Candidates(list(by_name), by_name)
-    raise BadRequest("expected NodeNames (a list of node names) or Nodes (a NodeList)")
-
-
-def _pod(args: Any) -> dict[str, Any]:
-    if not isinstance(args, dict):
-        raise BadRequest("expected a JSON object with Pod")
-    pod = args.get("Pod")
-    if not isinstance(pod, dict) or not isinstance(pod.get("metadata"), dict):
-        raise BadRequest("Pod is missing or not a Pod object")
-    return pod
+# the largest body taken: full ``Nodes`` at 5,000 nodes fit
+MAX_BODY = 64 * 2**20
 
 
 class Extender:
@@ -93,31 +89,29 @@ class Extender:
 
     # --- the decisions, synchronous and pure over the state ------------------------
 
-    def _member(self, pod: dict[str, Any]) -> tuple[PodFacts, Group | None]:
-        facts = self.state.observe(pod)
+    def _group(self, facts: PodFacts) -> Group | None:
         if facts.ref is None:
-            return facts, None
-        view = self.state.snapshot()
-        return facts, view.groups.get(facts.ref.key)
+            return None
+        return self.state.snapshot().groups.get(facts.ref.key)
 
-    def filter(self, args: Any) -> tuple[dict[str, Any], Decision | None, PodFacts]:
-        pod = _pod(args)
-        cands = _candidates(args)
-        with self.state.lock:
+    def filter(self, args: ExtenderArgs) -> Filtered:
+        pod = args.Pod.raw()
+        names = args.names()
+        with self.state.lock, self.state.observing(pod) as facts:
             # asked again: the scheduler did not place it where we scored it
-            self.state.unassume(str((pod.get("metadata") or {}).get("uid", "")))
-            facts, group = self._member(pod)
+            self.state.unassume(facts.uid)
+            group = self._group(facts)
             changed: Decision | None = None
             if facts.ref is not None and facts.ref.problem:
-                res = FilterResult([], dict.fromkeys(cands.names,
-                                                     f"cannot place the pod's group: "
-                                                     f"{facts.ref.problem}"),
-                                   outcome=Outcome.BAD_METADATA)
+                # the pod's own labels are wrong: preempting pods would not help
+                res = FilterResult([], dict.fromkeys(names, f"cannot place the pod's group: "
+                                                            f"{facts.ref.problem}"),
+                                   outcome=Outcome.BAD_METADATA, unresolvable=True)
             elif group is None:
                 res = filter_ungrouped(self.state.snapshot(), self.state.demand(facts),
-                                       cands.names, self.clock())
+                                       names, self.clock())
             else:
-                res = filter_member(self.state.view, group, facts.uid, cands.names,
+                res = filter_member(self.state.view, group, facts.uid, names,
                                     self.policy, self.clock())
                 if res.decision is not None and self.state.decide(res.decision):
                     changed = res.decision
@@ -130,56 +124,62 @@ class Extender:
                      level=d.tier.name.lower() if d else None,
                      domain="/".join(str(x) for x in d.domain) if d else None,
                      reason=next(iter(res.failed.values()), None) if not res.passed else None)
-        out: dict[str, Any] = {"FailedNodes": {} if res.unresolvable else res.failed,
-                               "Error": ""}
-        if res.unresolvable:  # the scheduler then tries no preemption for it
-            out["FailedAndUnresolvableNodes"] = res.failed
-        if cands.nodes is None:
-            out["NodeNames"] = res.passed
+        out = ExtenderFilterResult(
+            FailedNodes={} if res.unresolvable else res.failed,
+            # the scheduler then tries no preemption for it
+            FailedAndUnresolvableNodes=res.failed if res.unresolvable else None)
+        if args.NodeNames is not None:
+            out.NodeNames = res.passed
         else:
-            out["Nodes"] = {"metadata": {}, "items": [cands.nodes[n] for n in res.passed]}
-        return out, changed, facts
+            assert args.Nodes is not None
+            by_name = {n.metadata.name: n for n in args.Nodes.items}
+            out.Nodes = NodeList(metadata={}, items=[by_name[n] for n in res.passed])
+        return Filtered(out, changed, facts)
 
-    def prioritize(self, args: Any) -> list[dict[str, Any]]:
-        pod = _pod(args)
-        cands = _candidates(args)
-        with self.state.lock:
-            facts, group = self._member(pod)
+    def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
+        names = args.names()
+        with self.state.lock, self.state.observing(args.Pod.raw()) as facts:
+            group = self._group(facts)
             if facts.ref is not None and facts.ref.problem:
                 scores = neutral()
             elif group is None:
                 scores = prioritize_ungrouped(self.state.snapshot(), self.state.demand(facts),
-                                              cands.names, self.policy, self.clock())
+                                              names, self.policy, self.clock())
             else:
-                scores = prioritize_member(self.state.view, group, facts.uid, cands.names,
+                scores = prioritize_member(self.state.view, group, facts.uid, names,
                                            self.policy, self.clock())
             if (best := top(scores)) is not None:
                 self.state.assume(facts.uid, best)
         # a node left out scores 0, as neutral as it gets (and 5,000 entries less)
-        return [{"Host": n, "Score": s} for n, s in scores.items() if s]
+        return [HostPriority(Host=n, Score=s) for n, s in scores.items() if s]
 
-    def preempt(self, args: Any) -> dict[str, Any]:
+    def preempt(self, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
         """Keep the candidate nodes that the pod's group may use at all
         (inside its decided domain); victims are the scheduler's."""
-        pod = _pod(args)
-        meta = args.get("NodeNameToMetaVictims")
-        full = args.get("NodeNameToVictims")
-        if not isinstance(meta, dict):
-            if full is not None and not isinstance(full, dict):
-                raise BadRequest("NodeNameToVictims must be an object")
-            meta = {node: {"Pods": [{"UID": (p.get("metadata") or {}).get("uid", "")}
-                                    for p in (v or {}).get("Pods") or []],
-                           "NumPDBViolations": (v or {}).get("NumPDBViolations", 0)}
-                    for node, v in (full or {}).items()}
-        with self.state.lock:
-            _, group = self._member(pod)
+        meta = args.meta_victims()
+        with self.state.lock, self.state.observing(args.Pod.raw()) as facts:
+            group = self._group(facts)
             decision = self.state.view.decisions.get(group.key) if group else None
             if decision is not None and decision.holds(group, self.clock()):
                 view = self.state.view
                 meta = {n: v for n, v in meta.items() if n in view.nodes and
                         (d := view.nodes[n].domain(decision.tier)) is not None and
                         contains(decision.domain, d)}
-        return {"NodeNameToMetaVictims": meta}
+        return ExtenderPreemptionResult(NodeNameToMetaVictims=meta)
+
+    def answer(self, verb: str, body: bytes) -> tuple[int, bytes, Filtered | None]:
+        """One call, from the request's bytes to the answer's: (HTTP status,
+        body, the filter's outcome when it made a decision to write)."""
+        try:
+            if verb == "filter":
+                got = self.filter(decode(ExtenderArgs, body))
+                return 200, encode(got.result), got if got.changed is not None else None
+            if verb == "prioritize":
+                return 200, HostPriorityList.dump_json(
+                    self.prioritize(decode(ExtenderArgs, body))), None
+            return 200, encode(self.preempt(decode(ExtenderPreemptionArgs, body))), None
+        except BadRequest as err:
+            return 400, orjson.dumps({"Error": f"bad {verb} request: {err}"}), None
 
     def warm(self) -> None:
         """Once every watch has listed: build the view and its domain indexes
@@ -210,22 +210,21 @@ class Extender:
         self._writes.add(fut)
         fut.add_done_callback(self._writes.discard)
 
-    def _verb(self, verb: str, fn: Callable[[Any], Any]) -> Callable[
-            [web.Request], Awaitable[web.Response]]:
+    def _verb(self, verb: str) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handle(request: web.Request) -> web.Response:
             started = time.perf_counter()
             try:
-                args = orjson.loads(await request.read())
-                result = fn(args)
-                if verb == "filter":
-                    result, changed, facts = result
-                    if changed is not None and self.persist is not None:
-                        loop = asyncio.get_running_loop()
-                        self._remember(loop.run_in_executor(
-                            None, self.persist, facts.namespace, facts.name, changed))
-                resp = _json(result)
-            except (orjson.JSONDecodeError, BadRequest) as err:
-                resp = _json({"Error": f"bad {verb} request: {err}"}, status=400)
+                status, body, filtered = self.answer(verb, await request.read())
+            except web.HTTPRequestEntityTooLarge:
+                status, body, filtered = 413, orjson.dumps(
+                    {"Error": f"bad {verb} request: the body is over {MAX_BODY} bytes"}), None
+            if filtered is not None and filtered.changed is not None and \
+                    self.persist is not None:
+                loop = asyncio.get_running_loop()
+                self._remember(loop.run_in_executor(
+                    None, self.persist, filtered.facts.namespace, filtered.facts.name,
+                    filtered.changed))
+            resp = web.Response(body=body, status=status, content_type="application/json")
             self.metrics.calls.labels(verb, str(resp.status)).inc()
             self.metrics.latency.labels(verb).observe(time.perf_counter() - started)
             return resp
@@ -250,10 +249,9 @@ class Extender:
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 2**20)  # full Nodes at 5,000 nodes
-        app.router.add_post("/filter", self._verb("filter", self.filter))
-        app.router.add_post("/prioritize", self._verb("prioritize", self.prioritize))
-        app.router.add_post("/preempt", self._verb("preempt", self.preempt))
+        app = web.Application(client_max_size=MAX_BODY)
+        for verb in ("filter", "prioritize", "preempt"):
+            app.router.add_post(f"/{verb}", self._verb(verb))
         app.router.add_get("/health", self._health)
         app.router.add_get("/ready", self._ready)
         app.router.add_get("/metrics", self._metrics)

@@ -117,7 +117,7 @@ def _promised(view: View, now: float) -> dict[str, dict[str, int]]:
     layouts: dict[str, Layout] = {}
     for d in sorted(view.decisions.values(), key=lambda d: (d.decided_at, d.group)):
         group = view.groups.get(d.group)
-        if group is None or not d.holds(group, now):
+        if group is None or not d.holds(group, now) or group.too_big():
             continue
         lay = _layout(view, group, d, reserved)
         for n, held in lay.mine.items():
@@ -210,8 +210,8 @@ def _choose(view: View, group: Group, offered: AbstractSet[str], reserved: dict[
     ``offered`` nodes or the group's placed members. ``inside``: the new
     domain must contain this one."""
     bound = [m.node for m in group.bound() if m.node in view.nodes]
-    pending = group.pending()
-    need = sum(pending)
+    need = group.pending_demand()
+    pending: list[int] | None = None  # laid out once a domain has room for them all
     prefer = _bound_subdomains(view, group)
     for tier in levels:
         place = view.place(tier)
@@ -232,6 +232,7 @@ def _choose(view: View, group: Group, offered: AbstractSet[str], reserved: dict[
             if not pins and not any(n in offered for n in view.in_domain(tier, dom)):
                 continue
             free = _free(view, _nodes(view, tier, dom, profiles), reserved)
+            pending = group.pending() if pending is None else pending
             got = pack.plan(pending, free, {n: _subdomain(view, n) for n in free}, prefer)
             if got is None:
                 continue
@@ -275,8 +276,8 @@ def _levels(group: Group, policy: Policy) -> list[Tier]:
 
 def _no_fit_reason(view: View, group: Group, reserved: dict[str, int], levels: list[Tier],
                    profiles: tuple[str, ...]) -> str:
-    pods = len(group.pending())
-    need = sum(group.pending())
+    pods = group.pending_count()
+    need = group.pending_demand()
     where = level_name(levels[0]) if len(levels) == 1 else \
         f"{level_name(levels[0])} (nor any wider domain)"
     most = _largest(view, levels[0], reserved, profiles)
@@ -325,6 +326,9 @@ def filter_member(view: View, group: Group, uid: str, candidates: list[str], pol
     """Which candidate nodes member ``uid`` of ``group`` may go to."""
     member = group.member(uid)
     assert member is not None, "the pod being placed must be a member of its group"
+    if (too_big := group.too_big()) is not None:
+        return FilterResult([], dict.fromkeys(candidates, too_big), None, Outcome.NO_FIT,
+                            unresolvable=True)
     reserved = reservations(view, now, exclude=group.key)
     decision = view.decisions.get(group.key)
     outcome = Outcome.HELD
@@ -427,7 +431,8 @@ def prioritize_member(view: View, group: Group, uid: str, candidates: list[str],
     the plan), so the scheduler's pick is predictable (see ``top``)."""
     decision = view.decisions.get(group.key)
     member = group.member(uid)
-    if decision is None or member is None or not decision.holds(group, now):
+    if decision is None or member is None or not decision.holds(group, now) or \
+            group.too_big():
         return neutral()
     names = _nodes(view, decision.tier, decision.domain, decision.profiles)
     offered = set(candidates)

@@ -49,6 +49,10 @@ class Source(StrEnum):
 
 
 PREFILL, DECODE = "prefill", "decode"
+# the most pods a group may have: past it a group is refused at once (its
+# size comes from labels any pod author writes, and pending members are laid
+# out one by one)
+MAX_GROUP_SIZE = 100_000
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,23 @@ class Group:
         missing = self.size - len(self.members)
         out += [self.unknown_demand()] * max(0, missing)
         return out
+
+    def pending_count(self) -> int:
+        """``len(self.pending())`` without laying the list out."""
+        return sum(1 for m in self.members if m.node is None) + \
+            max(0, self.size - len(self.members))
+
+    def pending_demand(self) -> int:
+        """``sum(self.pending())`` without laying the list out."""
+        return sum(m.demand for m in self.members if m.node is None) + \
+            self.unknown_demand() * max(0, self.size - len(self.members))
+
+    def too_big(self) -> str | None:
+        """Why the group is refused whatever the cluster holds, if it is."""
+        if self.size > MAX_GROUP_SIZE:
+            return (f"group {self.key} has {self.size} pods; no group may have more than "
+                    f"{MAX_GROUP_SIZE}")
+        return None
 
     def total_demand(self) -> int:
         return sum(m.demand for m in self.members) + \

@@ -16,7 +16,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from scheduler_ext.config import ExtenderConfig
@@ -69,6 +70,16 @@ def _stub(kind: str, ident: str) -> dict[str, Any]:
         return {"metadata": {"name": ident}}
     ns, _, name = ident.partition("/")
     return {"metadata": {"namespace": ns, "name": name}}
+
+
+def _drop(index: dict[Any, set[str]], key: Any, uid: str) -> None:
+    """Take ``uid`` out of ``index[key]``, and the key with its last uid (an
+    index of pods that came and went must not grow with them)."""
+    got = index.get(key)
+    if got is not None:
+        got.discard(uid)
+        if not got:
+            del index[key]
 
 
 class ClusterState:
@@ -268,17 +279,25 @@ class ClusterState:
         with self.lock:
             self._set_pod(pod_facts(obj, self.dialect, self._extended), kind == "DELETED")
 
-    def observe(self, obj: dict[str, Any]) -> PodFacts:
+    @contextmanager
+    def observing(self, obj: dict[str, Any]) -> Iterator[PodFacts]:
         """The pod of a scheduler request: its watched record when the
-        watch has shown it, else this copy (the watch is behind)."""
+        watch has shown it; else this copy, counted for the call only and
+        gone after it (the watch may be behind, but a pod no watch has
+        shown is the caller's word: kept, it could fill racks with pods
+        that do not exist, and grow the cache by one per call)."""
         uid = (obj.get("metadata") or {}).get("uid", "")
         with self.lock:
             known = self._pods.get(uid)
             if known is not None:
-                return known
+                yield known
+                return
             facts = pod_facts(obj, self.dialect, self._extended)
             self._set_pod(facts, False)
-            return facts
+            try:
+                yield facts
+            finally:
+                self._set_pod(facts, True)
 
     def assume(self, uid: str, node: str) -> None:
         """The group member ``uid`` is (probably) going to ``node``."""
@@ -325,12 +344,12 @@ class ClusterState:
 
     def _unindex(self, p: PodFacts) -> None:
         if p.node:
-            self._pods_on[p.node].discard(p.uid)
+            _drop(self._pods_on, p.node, p.uid)
             self._dirty_nodes.add(p.node)
         for c in p.claims:
-            self._pods_of_claim[(p.namespace, c)].discard(p.uid)
+            _drop(self._pods_of_claim, (p.namespace, c), p.uid)
         if p.ref:
-            self._members[p.ref.key].discard(p.uid)
+            _drop(self._members, p.ref.key, p.uid)
             self._dirty_groups.add(p.ref.key)
 
     def _adopt(self, d: Decision) -> None:

@@ -116,6 +116,7 @@ def test_a_pod_of_no_group_asking_gpus_is_packed_and_counted_where_scored() -> N
     ext.state.relist("templates", [k.template("gpu4", 4), k.template("gpu1", 1)])
     ext.state.pod("ADDED", bound(ctl.pod("busy", claim_template="gpu1"), tray))
     one = ctl.pod("one", claim_template="gpu1", uid="u-one")
+    ext.state.pod("ADDED", one)  # watched: a pod known from the call alone is not kept
 
     async def check(c: TestClient[Any, Any]) -> None:
         _, scores = await post(c, "prioritize", {"Pod": one, "NodeNames": NAMES})
