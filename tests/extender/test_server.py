@@ -9,6 +9,7 @@ import gc
 import shutil
 import ssl
 import subprocess
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -284,3 +285,121 @@ def test_every_config_field_is_documented() -> None:
         return out
     missing = [f for f in fields(ExtenderConfig) if f"| `{f}` |" not in page]
     assert not missing, f"docs/extender.md does not describe {missing}"
+
+
+def _malformed() -> list[tuple[str, Any, str]]:
+    """(verb, body, the field the answer must name) for requests of the
+    wrong shape (each raised inside the extender, or was echoed, before)."""
+    def pod(**md: Any) -> dict[str, Any]:
+        p = ctl.pod("m", uid="u-m")
+        p["metadata"].update(md)
+        return p
+    grouped = k.toposerve_pods("m", 2, claim_template="gpu4", uid_prefix="m")[0]
+    grouped["metadata"]["labels"]["toposerve.io/topology-level"] = 5
+    return [
+        ("filter", {"Pod": ctl.pod("m"), "NodeNames": [[1]]}, "NodeNames.0"),
+        ("filter", {"Pod": ctl.pod("m"), "NodeNames": [1, None]}, "NodeNames.0"),
+        ("filter", {"Pod": {"metadata": "x"}, "NodeNames": NAMES}, "Pod.metadata"),
+        ("filter", {"Pod": pod(labels="x"), "NodeNames": NAMES}, "Pod.metadata.labels"),
+        ("prioritize", {"Pod": pod(annotations={"a": 1}), "NodeNames": NAMES},
+         "Pod.metadata.annotations.a"),
+        ("filter", {"Pod": {**ctl.pod("m"), "spec": "x"}, "NodeNames": NAMES}, "Pod.spec"),
+        ("filter", {"Pod": {**ctl.pod("m"), "spec": {"containers": ["x"]}},
+                    "NodeNames": NAMES}, "Pod.spec.containers.0"),
+        ("filter", {"Pod": {**ctl.pod("m"), "spec": {"resourceClaims": [{"name": 3}]}},
+                    "NodeNames": NAMES}, "Pod.spec.resourceClaims.0.name"),
+        ("filter", {"Pod": grouped, "NodeNames": NAMES},
+         "Pod.metadata.labels.toposerve.io/topology-level"),
+        ("filter", {"Pod": ctl.pod("m"), "Nodes": {"items": [{"metadata": {}}]}},
+         "Nodes.items.0.metadata.name"),
+        ("preempt", {"Pod": ctl.pod("m"), "NodeNameToVictims": {"n": {"Pods": "x"}}},
+         "NodeNameToVictims.n.Pods"),
+        ("preempt", {"Pod": ctl.pod("m"), "NodeNameToVictims": ["x"]}, "NodeNameToVictims"),
+        ("preempt", {"Pod": ctl.pod("m"), "NodeNameToMetaVictims": {
+            "n": {"Pods": [{"UID": 1}], "NumPDBViolations": 0}}},
+         "NodeNameToMetaVictims.n.Pods.0.UID"),
+        ("preempt", orjson.dumps({"Pod": ctl.pod("m")})[:-1] +
+         b',"NodeNameToMetaVictims":{"n":{"Pods":[],"NumPDBViolations":%d}}}' % 2**64,
+         "NodeNameToMetaVictims.n.NumPDBViolations"),
+        ("filter", [1], "(top level)"),
+        ("filter", b"\xff\xfe", "(top level)"),
+        ("filter", b'{"Pod": ' + b"[" * 1500 + b"]" * 1500 + b"}", "(top level)"),
+    ]
+
+
+def test_a_malformed_request_is_a_400_naming_the_field_never_a_crash_or_an_echo(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("scheduler_ext.server.MAX_BODY", 4096)
+    ext, written = extender()
+
+    async def check(c: TestClient[Any, Any]) -> None:
+        for verb, body, field in _malformed():
+            r = await c.post(f"/{verb}", data=body if isinstance(body, bytes) else
+                             orjson.dumps(body))
+            assert r.status == 400 and r.content_type == "application/json", (body, r.status)
+            error = orjson.loads(await r.read())["Error"]
+            assert error.startswith(f"bad {verb} request: ") and f"{field}:" in error, error
+        # a body past the bound: refused before it is read whole, in JSON too
+        r = await c.post("/filter", data=orjson.dumps({"Pod": ctl.pod("m"),
+                                                       "NodeNames": ["n" * 100] * 100}))
+        assert r.status == 413 and "over 4096 bytes" in orjson.loads(await r.read())["Error"]
+        # and the well-formed still pass
+        status, body = await post(c, "filter", {"Pod": ctl.pod("m"), "NodeNames": NAMES[:3]})
+        assert status == 200 and body["NodeNames"] == NAMES[:3]
+    run(ext, check)
+    assert written == []
+    assert ext.state.names("pods") == set()
+
+
+def test_a_group_bigger_than_any_cluster_is_refused_at_once_with_a_reason() -> None:
+    ext, written = extender()
+    sizes = {"10000000": "no group may have more than 100000",
+             "1000000000000": "no group may have more than 100000",
+             "9" * 30: "no group may have more than 100000",
+             # under the cap but past every accelerator there is: summed, not laid out
+             "90000": "needs 360000 accelerators for 90000 pods in one rack"}
+
+    async def check(c: TestClient[Any, Any]) -> None:
+        for size, reason in sizes.items():
+            p = k.toposerve_pods(f"g{len(size)}", 1, claim_template="gpu4", level="rack",
+                                 uid_prefix=f"g{len(size)}")[0]
+            p["metadata"]["labels"]["toposerve.io/group-size"] = size
+            started = time.perf_counter()
+            status, body = await post(c, "filter", {"Pod": p, "NodeNames": NAMES})
+            assert time.perf_counter() - started < 1.0, size
+            assert status == 200 and body["NodeNames"] == [] and body["FailedNodes"] == {}
+            assert reason in body["FailedAndUnresolvableNodes"][NAMES[0]], body
+            status, scores = await post(c, "prioritize", {"Pod": p, "NodeNames": NAMES})
+            assert status == 200 and scores == []
+    run(ext, check)
+    assert written == []
+
+
+def test_pods_known_only_from_a_call_inform_it_and_are_not_kept() -> None:
+    ext, _ = extender()
+    tray = NAMES[0]
+    with ext.state.lock:
+        before = ext.state.snapshot().nodes[tray].free
+    phantoms = []
+    for i in range(50):  # fake uids, "bound" to the tray, asking its GPUs
+        p = ctl.pod(f"ghost-{i}", uid=f"fake-{i}", labels={"toposerve.io/group": f"g{i}"},
+                    spec={"nodeName": tray, "containers": [
+                        {"name": "c", "resources": {"requests": {"nvidia.com/gpu": "4"}}}]})
+        phantoms.append(p)
+    real = k.toposerve_pods("real", 2, claim_template="gpu4", level="nvlink", uid_prefix="r")
+
+    async def check(c: TestClient[Any, Any]) -> None:
+        for p in phantoms:
+            assert (await post(c, "filter", {"Pod": p, "NodeNames": NAMES}))[0] == 200
+            assert (await post(c, "prioritize", {"Pod": p, "NodeNames": NAMES}))[0] == 200
+        # the call itself was answered from the pod it named: here a pod the
+        # watch has not shown yet, the first of its group, gets its domain
+        status, body = await post(c, "filter", {"Pod": real[0], "NodeNames": NAMES})
+        assert status == 200 and body["NodeNames"]
+    run(ext, check)
+    with ext.state.lock:
+        view = ext.state.snapshot()
+        assert view.nodes[tray].free == before  # no rack looks full of pods that are not
+        assert view.groups == {}
+    assert ext.state.names("pods") == set()
+    assert not ext.state._members and not ext.state._pods_on and not ext.state._assumed
