@@ -7,13 +7,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from localcluster.cluster import ClusterSpec, down, running_clusters, up
+from localcluster.results import table, write_json
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -40,13 +40,10 @@ def main(argv: list[str] | None = None) -> int:
         down(name, progress=lambda m: None)
         rows.append({"nodes": n, "profile": args.profile, "up_seconds": round(took, 1),
                      "down_seconds": round(time.monotonic() - t1, 1)})
-    print("| nodes | profile | cluster up (s) | cluster down (s) |")
-    print("|---:|---|---:|---:|")
-    for r in rows:
-        print(f"| {r['nodes']} | {r['profile']} | {r['up_seconds']} | {r['down_seconds']} |")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "cluster_up.json").write_text(json.dumps(rows, indent=2))
+    print(table(["nodes", "profile", "cluster up (s)", "cluster down (s)"],
+                ([r["nodes"], r["profile"], r["up_seconds"], r["down_seconds"]] for r in rows),
+                "rlrr"))
+    write_json(Path(args.out) / "cluster_up.json", rows)
     return 0
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from kubernetes import client
 
-from bench import report
+from bench.report import latency_table
 from harness.dra_gpu import (
     CLASS,
     DRIVER,
@@ -29,6 +29,8 @@ from harness.dra_gpu import (
     wait_slices,
 )
 from localcluster.cluster import ClusterSpec, api_client, down, kubeconfig_path, up
+from localcluster.results import write
+from localcluster.scale.measure import latency_ms
 from topology.profiles import load_profile
 from topology.sysfs import write_profile_sysfs
 
@@ -81,13 +83,9 @@ def run(claims: int, empty_calls: int, out: Path) -> None:
                     series["empty prepare"].append(_timed(lambda: kubelet.prepare([])))
             finally:
                 driver.stop()
-        rows = [{"call": k, "n": len(v), "p50_ms": report.pct(v, 0.5) * 1e3,
-                 "p99_ms": report.pct(v, 0.99) * 1e3, "max_ms": max(v) * 1e3}
-                for k, v in series.items()]
-        md = "\n".join(["| call | n | p50 ms | p99 ms | max ms |", "|---|---|---|---|---|",
-                        *(f"| {r['call']} | {r['n']} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
-                          f"{r['max_ms']:.1f} |" for r in rows)])
-        report.write(out, "dra_prepare", md, {"claims": claims, "rows": rows,
+        ms = {k: latency_ms(v) for k, v in series.items()}
+        rows = [{"call": k, **v} for k, v in ms.items()]
+        write(out, "dra_prepare", latency_table(ms, "call"), {"claims": claims, "rows": rows,
                                               "node": NODE, "client": "grpc over unix socket"})
     finally:
         down(CLUSTER)

@@ -14,27 +14,26 @@ which must write nothing.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import psutil
-
-from bench import report
 from dra_driver.framework import slice_plan
+
 from dra_driver.gpu.devices import gpu_pool
 from dra_driver.net.devices import nic_pool
 from dra_driver.simulate import LABELS
 from harness.cluster_claim import claimed
-from harness.procs import Proc, free_port, wait_http
+from harness.procs import Proc, wait_http
 from kubeapi import JsonApi
 from localcluster.cluster import ClusterSpec, api_client, up
+from localcluster.ports import free_port
+from localcluster.results import table, write
+from localcluster.scale.measure import ProcSampler, by_label, scrape_url, totals
 from topology.model import DomainPath, NodeTopology
 from topology.profiles import load_profile
 
@@ -64,25 +63,11 @@ def count_slices(rest: JsonApi) -> int:
             return n
 
 
-class Peak:
-    """The process's peak RSS, sampled every 0.2 s."""
-
-    def __init__(self, pid: int) -> None:
-        self._p = psutil.Process(pid)
-        self.rss = 0
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-        self._t.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.2):
-            with contextlib.suppress(psutil.Error):
-                self.rss = max(self.rss, self._p.memory_info().rss)
-
-    def stop(self) -> int:
-        self._stop.set()
-        self._t.join()
-        return self.rss
+def peak_rss(proc: Proc) -> ProcSampler:
+    """The process's peak RSS, sampled every 0.2 s until ``stop()``."""
+    sampler = ProcSampler(interval=0.2)
+    sampler.watch({proc.popen.pid: "simulate"})
+    return sampler.start()
 
 
 def start_simulate(cluster: str, log: Path) -> Proc:
@@ -99,11 +84,8 @@ def start_simulate(cluster: str, log: Path) -> Proc:
 
 
 def writes(proc: Proc) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for s in proc.samples():
-        if s.name == "toposerve_dra_slice_writes_total":
-            out[s.labels["op"]] = out.get(s.labels["op"], 0) + s.value
-    return out
+    return dict(totals(scrape_url(proc.url + "/metrics"), "toposerve_dra_slice_writes_total",
+                       by_label("op")))
 
 
 def wait_ready(proc: Proc, rest: JsonApi, want: int, timeout: float) -> float:
@@ -131,29 +113,29 @@ def run(nodes: int, profile: str, steady_s: float, tmp: Path) -> dict[str, Any]:
         want = nodes * slices
         # CPU from the process's start: imports, pools, writes, watch events
         sim = start_simulate(name, tmp / "simulate-1.log")
-        peak = Peak(sim.popen.pid)
+        peak = peak_rss(sim)
         publish_s = wait_ready(sim, rest, want, timeout=900)
         first = writes(sim)
         cpu_publish = sim.cpu_seconds()
         sim.stop()
-        rss_publish = peak.stop()
+        rss_publish = peak.stop()[0]["peak_rss_mib"]
         # a restarted publisher: LIST, compare every pool, write nothing
         sim = start_simulate(name, tmp / "simulate-2.log")
-        peak = Peak(sim.popen.pid)
+        peak = peak_rss(sim)
         resync_s = wait_ready(sim, rest, want, timeout=600)
         cpu_resync = sim.cpu_seconds()
         resync = writes(sim)
         time.sleep(steady_s)  # a window of kwok heartbeats and watch traffic
         steady = writes(sim)
         sim.stop()
-        rss_resync = peak.stop()
+        rss_resync = peak.stop()[0]["peak_rss_mib"]
     total = sum(first.values())
     return {"nodes": nodes, "profile": profile, "slices": want, "devices_per_node": devices,
             "publish_s": round(publish_s, 1), "writes": int(total),
             "writes_per_node": round(total / nodes, 2), "writes_by_op": first,
-            "cpu_publish_s": round(cpu_publish, 1), "peak_rss_mib": round(rss_publish / 2**20),
+            "cpu_publish_s": round(cpu_publish, 1), "peak_rss_mib": round(rss_publish),
             "resync_s": round(resync_s, 1), "resync_writes": int(sum(resync.values())),
-            "cpu_resync_s": round(cpu_resync, 1), "resync_peak_rss_mib": round(rss_resync / 2**20),
+            "cpu_resync_s": round(cpu_resync, 1), "resync_peak_rss_mib": round(rss_resync),
             "steady_s": steady_s, "steady_writes": int(sum(steady.values()))}
 
 
@@ -171,16 +153,14 @@ def main(argv: list[str] | None = None) -> int:
     for profile in args.profile:
         with tempfile.TemporaryDirectory() as tmp:
             rows.append(run(args.nodes, profile, args.steady, Path(tmp)))
-    md = "\n".join([
-        "| nodes | profile | devices / node | slices | all visible (s) | API writes / node "
-        "| publisher CPU (s) | peak RSS (MiB) | resync (s) | resync writes "
-        "| steady-state writes |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        *(f"| {r['nodes']} | {r['profile']} | {r['devices_per_node']} | {r['slices']} "
-          f"| {r['publish_s']} | {r['writes_per_node']} | {r['cpu_publish_s']} "
-          f"| {r['peak_rss_mib']} | {r['resync_s']} | {r['resync_writes']} "
-          f"| {r['steady_writes']} ({r['steady_s']:g} s) |" for r in rows)])
-    report.write(Path(args.out), "dra_publish", md, {"runs": rows})
+    md = table(["nodes", "profile", "devices / node", "slices", "all visible (s)",
+                "API writes / node", "publisher CPU (s)", "peak RSS (MiB)", "resync (s)",
+                "resync writes", "steady-state writes"],
+               ([r["nodes"], r["profile"], r["devices_per_node"], r["slices"], r["publish_s"],
+                 r["writes_per_node"], r["cpu_publish_s"], r["peak_rss_mib"], r["resync_s"],
+                 r["resync_writes"], f"{r['steady_writes']} ({r['steady_s']:g} s)"]
+                for r in rows), "rl" + "r" * 9)
+    write(Path(args.out), "dra_publish", md, {"runs": rows})
     ok = all(r["resync_writes"] == 0 and r["steady_writes"] == 0 for r in rows)
     if not ok:
         print("writes on resync or in steady state: there must be none", file=sys.stderr)

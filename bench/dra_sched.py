@@ -38,13 +38,14 @@ from typing import Any
 import urllib3
 import yaml
 
-from bench import report
 from dra_driver.gpu.devices import DRIVER as GPU_DRIVER
 from dra_driver.simulate import POOLS, Simulator, label_partitions
 from harness.cluster_claim import claimed
 from kubeapi import ApiError, JsonApi
 from localcluster.cluster import ClusterSpec, api_client, down, up
 from localcluster.nodes import KWOK_TOLERATION
+from localcluster.results import table as md_table
+from localcluster.results import write
 from localcluster.scale import profile
 from localcluster.scale.measure import Watched, bound_pod
 
@@ -235,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
             rows += run(args.nodes, args.profile, args.init_pods, args.measure_pods, args.qps,
                         Path(tmp), VARIANTS[n], cpu_profile=args.cpu_profile,
                         out=Path(args.out))
-    report.write(Path(args.out), "dra_sched", table(rows), {"rows": rows})
+    write(Path(args.out), "dra_sched", table(rows), {"rows": rows})
     return 0
 
 
@@ -243,17 +244,16 @@ def table(rows: list[dict[str, Any]]) -> str:
     """The rows, each variant's claim pods against its plain pods and the first variant's."""
     rate = {(r["variant"], r["mode"]): r["pods_per_s"] for r in rows}
     first = rows[0]["variant"] if rows else ""
-    lines = ["| variant | slices | pods | measured pods (after init) | seconds | pods/s "
-             f"| claims / plain | claims / {first} claims | client QPS |",
-             "|---|---|---|---:|---:|---:|---:|---:|---|"]
-    for r in rows:
+
+    def line(r: dict[str, Any]) -> list[object]:
         v, claims = r["variant"], r["mode"] == "claims"
         own = f"{rate[(v, 'claims')] / rate[(v, 'plain')]:.2f}x" if claims else ""
         base = f"{rate[(v, 'claims')] / rate[(first, 'claims')]:.2f}x" if claims else ""
-        lines.append(f"| {v} | {r['what']} | {r['mode']} | {r['measured_pods']} "
-                     f"(+{r['init_pods']}) | {r['seconds']} | {r['pods_per_s']} | {own} "
-                     f"| {base} | {r['client_qps']} |")
-    return "\n".join(lines)
+        return [v, r["what"], r["mode"], f"{r['measured_pods']} (+{r['init_pods']})",
+                r["seconds"], r["pods_per_s"], own, base, r["client_qps"]]
+    return md_table(["variant", "slices", "pods", "measured pods (after init)", "seconds",
+                     "pods/s", "claims / plain", f"claims / {first} claims", "client QPS"],
+                    map(line, rows), "lllrrrrrl")
 
 
 if __name__ == "__main__":

@@ -27,10 +27,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.report import medians, pct, write
+from bench.report import medians, pct
 from harness import extender_objects as k
 from harness.extender_cluster import GpuCluster, create_pods, gpu_cluster, pods, rest
 from harness.waiting import wait_for
+from localcluster.results import landed_bars, pyplot, save, write
+from localcluster.results import table as md_table
 from scheduler_ext.config import ExtenderConfig
 from scheduler_ext.server import Extender
 from scheduler_ext.state.cache import ClusterState
@@ -398,49 +400,35 @@ def latency_runs(nodes: list[int], calls: int, runs: int, cpu: bool = False) -> 
 
 def table(rows: list[Placement]) -> str:
     base = next((r.pods_per_s for r in rows if r.mode == "default"), float("nan"))
-    lines = ["| nodes | scheduler | groups in one rack | of those that could | pods stranded | "
-             "pods never placed | KV ms/request (P/D) | largest free GB200 rack (GPUs) | "
-             "GB200 racks wholly free | pods/s | vs default | extender filter p50 / p99 ms |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
+
+    def line(r: Placement) -> list[object]:
         ext = f"≤ {r.filter_p50_ms:g} / ≤ {r.filter_p99_ms:g}" \
             if r.filter_p99_ms == r.filter_p99_ms else "-"  # nan: no extender
-        lines.append(f"| {r.nodes} | {r.mode} | {r.single_domain}/{r.groups} | "
-                     f"{100 * r.single_domain / max(1, r.could):.0f}% | {r.stranded} | "
-                     f"{r.pending} | {r.kv_ms:.1f} | {r.largest_free_rack} | {r.free_racks} | "
-                     f"{r.pods_per_s:.1f} | {r.pods_per_s / base:.0%} | {ext} |")
-    return "\n".join(lines)
+        return [r.nodes, r.mode, f"{r.single_domain}/{r.groups}",
+                f"{100 * r.single_domain / max(1, r.could):.0f}%", r.stranded, r.pending,
+                f"{r.kv_ms:.1f}", r.largest_free_rack, r.free_racks, f"{r.pods_per_s:.1f}",
+                f"{r.pods_per_s / base:.0%}", ext]
+    return md_table(["nodes", "scheduler", "groups in one rack", "of those that could",
+                  "pods stranded", "pods never placed", "KV ms/request (P/D)",
+                  "largest free GB200 rack (GPUs)", "GB200 racks wholly free", "pods/s",
+                  "vs default", "extender filter p50 / p99 ms"], map(line, rows))
 
 
 def latency_table(lat: list[Latency]) -> str:
-    lines = ["| nodes | pod | calls | filter p50 ms | filter p99 ms | prioritize p50 ms "
-             "| prioritize p99 ms |", "|---|---|---|---|---|---|---|"]
-    lines += [f"| {x.nodes} | {x.kind} | {x.calls} | {x.filter_p50_ms:.2f} | "
-              f"{x.filter_p99_ms:.2f} | {x.prioritize_p50_ms:.2f} | {x.prioritize_p99_ms:.2f} |"
-              for x in lat]
-    return "\n".join(lines)
+    return md_table(["nodes", "pod", "calls", "filter p50 ms", "filter p99 ms", "prioritize p50 ms",
+                  "prioritize p99 ms"],
+                 ([x.nodes, x.kind, x.calls, *(f"{v:.2f}" for v in (
+                     x.filter_p50_ms, x.filter_p99_ms, x.prioritize_p50_ms,
+                     x.prioritize_p99_ms))] for x in lat))
 
 
 def plot(landed: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     modes = [m for m in MODES if m in landed]
-    fig, axes = plt.subplots(1, len(modes), figsize=(5 * len(modes), 4), sharey=True,
+    fig, axes = pyplot().subplots(1, len(modes), figsize=(5 * len(modes), 4), sharey=True,
                              squeeze=False)
     names = sorted({g for m in modes for r in landed[m + "/gpus"].values() for g in r})
-    colours = {g: matplotlib.colormaps["tab20"](i % 20) for i, g in enumerate(names)}
     for ax, mode in zip(axes[0], modes, strict=True):
-        use = landed[mode + "/gpus"]
-        racks = sorted(use)
-        bottom = [0] * len(racks)
-        for g in names:
-            vals = [use[r].get(g, 0) for r in racks]
-            ax.bar(range(len(racks)), vals, bottom=bottom, color=colours[g], label=g,
-                   edgecolor="white", linewidth=0.5)
-            bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+        racks = landed_bars(ax, landed[mode + "/gpus"], names, linewidth=0.5)
         ax.set_xticks(range(len(racks)), [r.split("-")[-1] if "gb200" not in r else
                                           "gb" + r.split("-")[-1] for r in racks],
                       rotation=45, fontsize=7)
@@ -449,8 +437,7 @@ def plot(landed: dict[str, Any], path: Path) -> None:
     axes[0][0].set_ylabel("GPUs of each group")
     axes[0][-1].legend(fontsize=6, ncol=2, loc="upper right")
     fig.suptitle("where each group's pods landed (one colour a group)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save(fig, path, dpi=120)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import tempfile
@@ -25,7 +24,9 @@ import httpx
 import orjson
 
 from bench.replay import added_latency, big_prompts
-from harness.procs import Proc, Procs, free_port
+from harness.procs import Proc, Procs
+from localcluster.ports import free_port
+from localcluster.results import table, write_json
 
 REPO = Path(__file__).resolve().parents[1]
 STACKS = ("aiohttp", "granian+aiohttp-client", "starlette+uvicorn+httpx")
@@ -212,17 +213,14 @@ def main(argv: list[str] | None = None) -> int:
                              "streams_per_s_at_32": round(rps, 1)})
         finally:
             procs.close()
-    print("| stack | added p50 ms | CPU ms per 195K-token request | CPU ms per small stream "
-          f"| CPU us per SSE event ({EVENT_STREAM_TOKENS}-token streams) "
-          "| streams/s at concurrency 32 |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for r in rows:
-        print(f"| {r['stack']} | {r['added_p50_ms']:.2f} | {r['cpu_ms_per_195k_request']:.1f} | "
-              f"{r['cpu_ms_per_small_stream']:.2f} | {r['cpu_us_per_sse_event']:.0f} | "
-              f"{r['streams_per_s_at_32']:.0f} |")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "http_stack.json").write_text(json.dumps(rows, indent=2))
+    print(table(["stack", "added p50 ms", "CPU ms per 195K-token request",
+                 "CPU ms per small stream",
+                 f"CPU us per SSE event ({EVENT_STREAM_TOKENS}-token streams)",
+                 "streams/s at concurrency 32"],
+                ([r["stack"], f"{r['added_p50_ms']:.2f}", f"{r['cpu_ms_per_195k_request']:.1f}",
+                  f"{r['cpu_ms_per_small_stream']:.2f}", f"{r['cpu_us_per_sse_event']:.0f}",
+                  f"{r['streams_per_s_at_32']:.0f}"] for r in rows), "lrrrrr"))
+    write_json(Path(args.out) / "http_stack.json", rows)
     return 0
 
 

@@ -25,7 +25,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import report
 from bench.router_bench import (
     CACHE_BLOCKS,
     MOONCAKE,
@@ -37,6 +36,8 @@ from bench.router_bench import (
     peers_missing,
     run_one,
 )
+from localcluster.results import pyplot, save, write
+from localcluster.results import table as md_table
 
 ROUND_ROBIN = "round-robin"
 DEFAULT_ROUTERS = [ROUND_ROBIN, "toposerve", "sglang-router cache_aware"]
@@ -67,7 +68,7 @@ def table(points: list[Point]) -> str:
     head += [f"{r} p50 below round-robin" for r in routers if r != ROUND_ROBIN]
     head += ["model: round-robin p50 ms", "model: oracle p50 ms",
              "model: oracle p50 below round-robin", "failed"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
+    lines = []
     for c in dict.fromkeys(p.compression for p in points):
         at = {p.router: p for p in points if p.compression == c}
         cells = [f"x{c:g}", f"{next(iter(at.values())).offered_rps:.1f}"]
@@ -79,16 +80,12 @@ def table(points: list[Point]) -> str:
                    f"{below(points, c, 'model: least-ttft', 'model: round-robin'):.0%}"]
                   if rr and oracle else ["", "", ""])
         cells.append(str(sum(p.failed for p in at.values())))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        lines.append(cells)
+    return md_table(head, lines, "r" * len(head))
 
 
 def plot(points: list[Point], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
     loads = sorted({p.offered_rps for p in points})
     names = list(dict.fromkeys(p.router for p in points))
@@ -114,8 +111,7 @@ def plot(points: list[Point], path: Path) -> None:
         ax.set_xlabel("offered requests/s (4 simulators)")
         ax.set_xticks(loads, [f"{x:.0f}" for x in loads])
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
                       file=sys.stderr, flush=True)
     doc: dict[str, Any] = {"requests": len(reqs), "arrivals": args.arrivals,
                            "points": [asdict(p) for p in points]}
-    report.write(Path(args.out), "load_sweep", table(points), doc,
+    write(Path(args.out), "load_sweep", table(points), doc,
                  lambda path: plot(points, path))
     return 0
 

@@ -21,10 +21,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import report
+from bench.report import pct
 from dra_driver.net.devices import discovered_pool
 from dra_driver.net.discovery import NetFilters, join, read_links, scan_pci
 from harness.net_standins import many_nics, stand_ins
+from localcluster.results import table, write
 from topology.model import DomainPath
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,7 +59,7 @@ def run(count: int, repeats: int) -> dict[str, Any]:
     for stage in STAGES:
         values = [t[stage] for t, _ in samples]
         row[stage] = round(statistics.median(values), 2)
-        row[stage.replace("_ms", "_p99_ms")] = round(report.pct(values, 0.99), 2)
+        row[stage.replace("_ms", "_p99_ms")] = round(pct(values, 0.99), 2)
     return row
 
 
@@ -71,14 +72,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     rows = [run(n, args.repeats) for n in args.nics]
     base = rows[0]["total_ms"]
-    md = "\n".join([
-        "| NICs | links in netns | sysfs scan (ms) | netlink (ms) | join (ms) | pool (ms) "
-        "| total median (ms) | total p99 (ms) | total vs first row |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        *(f"| {r['nics']} | {r['links']} | {r['sysfs_ms']} | {r['netlink_ms']} "
-          f"| {r['join_ms']} | {r['pool_ms']} | {r['total_ms']} | {r['total_p99_ms']} "
-          f"| {r['total_ms'] / base:.1f}x |" for r in rows)])
-    report.write(Path(args.out), "net_discovery", md, {"runs": rows})
+    md = table(["NICs", "links in netns", "sysfs scan (ms)", "netlink (ms)", "join (ms)",
+                "pool (ms)", "total median (ms)", "total p99 (ms)", "total vs first row"],
+               ([*(r[k] for k in ("nics", "links", "sysfs_ms", "netlink_ms", "join_ms",
+                                  "pool_ms", "total_ms", "total_p99_ms")),
+                 f"{r['total_ms'] / base:.1f}x"] for r in rows), "r" * 9)
+    write(Path(args.out), "net_discovery", md, {"runs": rows})
     return 0
 
 

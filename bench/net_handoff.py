@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import report
+from bench.report import latency_table
 from dra_driver.net.config import parse_net_config
 from dra_driver.net.handoff import forwarder
 from dra_driver.net.handoff.cni import PLUGIN_TYPE as NIC_PLUGIN
@@ -37,6 +37,8 @@ from dra_driver.net.handoff.server import HandoffServer
 from dra_driver.net.records import ClaimRecord, NicHandoff, write_record
 from harness.handoff_netns import NetEnv, net_env
 from localcluster.realnode import cni as pod_cni
+from localcluster.results import write
+from localcluster.scale.measure import latency_ms
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = parse_net_config({"apiVersion": "net.toposerve.io/v1", "kind": "NetConfig",
@@ -49,7 +51,7 @@ class Samples:
     values: dict[str, list[float]] = field(default_factory=dict)
 
     def add(self, what: str, seconds: float) -> None:
-        self.values.setdefault(what, []).append(seconds * 1000)
+        self.values.setdefault(what, []).append(seconds)
 
 
 def _run(argv: list[str], env: Mapping[str, str], stdin: str) -> tuple[float, dict[str, Any]]:
@@ -154,15 +156,8 @@ def _exec_floor(chain: Chain, s: Samples, n: int) -> None:
 
 
 def table(s: Samples) -> tuple[str, list[dict[str, Any]]]:
-    rows = []
-    lines = ["| what | n | p50 (ms) | p99 (ms) | max (ms) |", "|---|---:|---:|---:|---:|"]
-    for what, v in s.values.items():
-        row = {"what": what, "n": len(v), "p50_ms": round(report.pct(v, 0.5), 1),
-               "p99_ms": round(report.pct(v, 0.99), 1), "max_ms": round(max(v), 1)}
-        rows.append(row)
-        lines.append(f"| {what} | {row['n']} | {row['p50_ms']} | {row['p99_ms']} | "
-                     f"{row['max_ms']} |")
-    return "\n".join(lines), rows
+    ms = {what: latency_ms(v) for what, v in s.values.items()}
+    return latency_table(ms), [{"what": what, **v} for what, v in ms.items()]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -190,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     md, rows = table(s)
     load = os.getloadavg()[0]
     md += f"\n\n{args.pods} pods of each kind, load average {load:.1f} at the end"
-    report.write(args.out, "net_handoff", md, {"pods": args.pods, "load1": load, "rows": rows})
+    write(args.out, "net_handoff", md, {"pods": args.pods, "load1": load, "rows": rows})
     return 0
 
 

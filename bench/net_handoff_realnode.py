@@ -24,7 +24,7 @@ from typing import Any
 
 from kubernetes import client
 
-from bench import report
+from bench.report import latency_table
 from kubeapi import JsonApi
 from localcluster.cluster import (
     ClusterSpec,
@@ -37,6 +37,8 @@ from localcluster.realnode import node as realnode
 from localcluster.realnode.net_driver import DRIVER, NetDriver
 from localcluster.realnode.paths import default_layout
 from localcluster.realnode.pods import busybox_pod
+from localcluster.results import write
+from localcluster.scale.measure import latency_ms
 
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER = "bench-net-handoff"
@@ -186,15 +188,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         got = rows(run(args.pods, Path(tmp), args.wait))
-    ms = {k: {"n": len(v), "p50_ms": round(1000 * report.pct(v, 0.5), 1),
-              "p99_ms": round(1000 * report.pct(v, 0.99), 1),
-              "max_ms": round(1000 * max(v), 1) if v else None} for k, v in got.items()}
-    md = "\n".join(["| what | n | p50 (ms) | p99 (ms) | max (ms) |", "|---|---:|---:|---:|---:|",
-                    *(f"| {k} | {v['n']} | {v['p50_ms']} | {v['p99_ms']} | {v['max_ms']} |"
-                      for k, v in ms.items())])
+    ms = {k: latency_ms(v) for k, v in got.items()}
+    md = latency_table(ms)
     load = os.getloadavg()[0]
     md += f"\n\n{args.pods} pods of each kind, load average {load:.1f} at the end"
-    report.write(Path(args.out), "net_handoff_realnode", md,
+    write(Path(args.out), "net_handoff_realnode", md,
                  {"pods_each": args.pods, "load1": load, "latency": ms, "raw_s": got})
     return 0
 

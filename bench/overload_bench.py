@@ -23,9 +23,10 @@ from typing import Any
 import aiohttp
 import orjson
 
-from bench import report
 from bench.report import pct
 from harness.procs import MODEL, Proc, Procs
+from localcluster.results import pyplot, save, write
+from localcluster.results import table as md_table
 
 REPO = Path(__file__).resolve().parents[1]
 PEERS = REPO / ".venv-peers" / "bin"
@@ -289,35 +290,26 @@ def run_turns(procs: Procs, enabled: bool, sessions: int, turns: int,
 def table(rows: list[Row]) -> str:
     lines = [f"Critical traffic {CRITICAL_RATE:g}/s, batch (sheddable) {BURST}x; "
              f"{N_SIMS} simulators; goodput: critical answers with TTFT <= {SLO_MS:g} ms.", "",
-             "| router | critical TTFT p50 / p99 unloaded ms | critical TTFT p50 / p99 "
-             "overloaded ms | p99 ratio | critical goodput /s | critical failed | "
-             "batch ok | batch 429 | batch other |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        lines.append(f"| {r.router} | {r.ttft_p50_unloaded_ms:.0f} / "
-                     f"{r.ttft_p99_unloaded_ms:.0f} | {r.ttft_p50_ms:.0f} / {r.ttft_p99_ms:.0f} | "
-                     f"{r.p99_ratio:.2f} | {r.goodput_rps:.1f} | {r.critical_failed} | "
-                     f"{r.batch_ok} | {r.batch_429} | {r.batch_other} |")
+             md_table(["router", "critical TTFT p50 / p99 unloaded ms",
+                    "critical TTFT p50 / p99 overloaded ms", "p99 ratio", "critical goodput /s",
+                    "critical failed", "batch ok", "batch 429", "batch other"],
+                   ([r.router, f"{r.ttft_p50_unloaded_ms:.0f} / {r.ttft_p99_unloaded_ms:.0f}",
+                     f"{r.ttft_p50_ms:.0f} / {r.ttft_p99_ms:.0f}", f"{r.p99_ratio:.2f}",
+                     f"{r.goodput_rps:.1f}", r.critical_failed, r.batch_ok, r.batch_429,
+                     r.batch_other] for r in rows), "l" + "r" * 8)]
     return "\n".join(lines)
 
 
 def turn_table(rows: list[TurnRow]) -> str:
-    lines = ["| turn priority | agent turn TTFT p50 / p99 ms | agent session s (median) | "
-             "cold TTFT p50 / p99 ms | failed |", "|---|---:|---:|---:|---:|"]
-    for r in rows:
-        lines.append(f"| {r.turn_priority} | {r.agent_ttft_p50_ms:.0f} / "
-                     f"{r.agent_ttft_p99_ms:.0f} | {r.session_s:.2f} | "
-                     f"{r.cold_ttft_p50_ms:.0f} / {r.cold_ttft_p99_ms:.0f} | {r.failed} |")
-    return "\n".join(lines)
+    return md_table(["turn priority", "agent turn TTFT p50 / p99 ms", "agent session s (median)",
+                  "cold TTFT p50 / p99 ms", "failed"],
+                 ([r.turn_priority, f"{r.agent_ttft_p50_ms:.0f} / {r.agent_ttft_p99_ms:.0f}",
+                   f"{r.session_s:.2f}", f"{r.cold_ttft_p50_ms:.0f} / {r.cold_ttft_p99_ms:.0f}",
+                   r.failed] for r in rows), "lrrrr")
 
 
 def plot(rows: list[Row], turns: list[TurnRow], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    fig, axes = pyplot().subplots(1, 3, figsize=(15, 4.5))
     names = [r.router for r in rows]
     x = range(len(rows))
     axes[0].bar([i - 0.2 for i in x], [r.ttft_p99_unloaded_ms for r in rows], 0.4,
@@ -342,8 +334,7 @@ def plot(rows: list[Row], turns: list[TurnRow], path: Path) -> None:
     axes[2].set_title("TTFT with the endpoints full (ms)")
     axes[2].legend()
     fig.suptitle("flow control under a 10x sheddable burst, one run")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -366,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             procs.close()
     md = table(rows) + "\n\nTurn priority (one band, endpoints full):\n\n" + turn_table(turns)
-    report.write(Path(args.out), "overload", md,
+    write(Path(args.out), "overload", md,
                  {"sim": SIM, "slots": SLOTS, "critical_rate": CRITICAL_RATE, "burst": BURST,
                   "slo_ms": SLO_MS, "duration_s": duration,
                   "rows": [asdict(r) for r in rows], "turns": [asdict(t) for t in turns]},

@@ -28,7 +28,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import report
 from bench.replay import replay_trace
 from bench.report import medians, pct
 from bench.router_bench import (
@@ -39,7 +38,11 @@ from bench.router_bench import (
     peers_missing,
 )
 from bench.workloads import mooncake
-from harness.procs import Proc, Procs, free_port
+from harness.procs import Proc, Procs
+from localcluster.ports import free_port
+from localcluster.results import pyplot, save, write
+from localcluster.results import table as md_table
+from localcluster.scale.measure import by_label, scrape_url, totals
 from simulator.metrics import NAMES
 
 DOMAINS = ("nvl72-a", "nvl72-b")
@@ -154,11 +157,8 @@ class Row:
 
 
 def pulls_by_tier(sim: Proc) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for s in sim.samples():
-        if s.name == "toposerve_sim_kv_pulls_total":
-            out[s.labels["tier"]] = out.get(s.labels["tier"], 0.0) + s.value
-    return out
+    return dict(totals(scrape_url(sim.url + "/metrics"), "toposerve_sim_kv_pulls_total",
+                       by_label("tier")))
 
 
 def run_one(tmp: Path, name: str, reqs: list[Any]) -> Row:
@@ -207,16 +207,16 @@ def run_one(tmp: Path, name: str, reqs: list[Any]) -> Row:
 
 
 def table(rows: list[Row]) -> str:
-    lines = ["| hand-over | router | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | e2e p50 ms | "
-             "pulls inside the NVLink domain | KV pulled MB/req | KV pull ms/req | pull / mean "
-             "TTFT | prefill hit rate | failed |", "|---|---|" + "---:|" * 10]
-    for r in rows:
-        lines.append(f"| {r.protocol} | {r.router} | {r.ttft_p50_ms:.0f} | {r.ttft_p99_ms:.0f} | "
-                     f"{r.tpot_p50_ms:.1f} | {r.e2e_p50_ms:.0f} | "
-                     f"{'-' if math.isnan(r.in_domain) else format(r.in_domain, '.0%')} | "
-                     f"{r.pulled_mb_per_request:.0f} | "
-                     f"{r.pull_ms_per_request:.2f} | {r.pull_share_of_ttft:.1%} | "
-                     f"{r.prefill_hit_rate:.1%} | {r.failed} |")
+    lines = [md_table(
+        ["hand-over", "router", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "e2e p50 ms",
+         "pulls inside the NVLink domain", "KV pulled MB/req", "KV pull ms/req",
+         "pull / mean TTFT", "prefill hit rate", "failed"],
+        ([r.protocol, r.router, f"{r.ttft_p50_ms:.0f}", f"{r.ttft_p99_ms:.0f}",
+          f"{r.tpot_p50_ms:.1f}", f"{r.e2e_p50_ms:.0f}",
+          "-" if math.isnan(r.in_domain) else format(r.in_domain, ".0%"),
+          f"{r.pulled_mb_per_request:.0f}", f"{r.pull_ms_per_request:.2f}",
+          f"{r.pull_share_of_ttft:.1%}", f"{r.prefill_hit_rate:.1%}", r.failed] for r in rows),
+        "ll" + "r" * 10)]
     # each router against the first of its hand-over (ours as shipped)
     for protocol in dict.fromkeys(r.protocol for r in rows):
         base, *others = [r for r in rows if r.protocol == protocol]
@@ -233,12 +233,7 @@ def short(name: str) -> str:
 
 
 def plot(rows: list[Row], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 4, figsize=(18, 5))
+    fig, axes = pyplot().subplots(1, 4, figsize=(18, 5))
     metrics = [("in_domain", "KV pulls inside the NVLink domain"),
                ("pull_ms_per_request", "KV pull ms per request (wall)"),
                ("ttft_p50_ms", "TTFT p50 (ms)"), ("tpot_p50_ms", "TPOT p50 (ms)")]
@@ -249,8 +244,7 @@ def plot(rows: list[Row], path: Path) -> None:
                       fontsize=7, rotation=35, ha="right")
         ax.set_title(label)
     fig.suptitle("prefill/decode across two GB200 NVL72 domains, same simulators and requests")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -281,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"({time.monotonic() - t0:.0f}s)", file=sys.stderr, flush=True)
     rows = medians(runs, ("protocol", "router"))
     md = table(rows)
-    report.write(Path(args.out), "pd_bench", md, {
+    write(Path(args.out), "pd_bench", md, {
         "sim": SIM, "domains": DOMAINS, "per_domain": PER_DOMAIN, "repeats": args.repeats,
         "rows": [asdict(r) for r in rows], "runs": [asdict(r) for r in runs]},
         lambda path: plot(rows, path))

@@ -20,11 +20,13 @@ from typing import Any
 
 from kubernetes import client
 
-from bench import report
+from bench.report import latency_table
 from localcluster.cluster import ClusterSpec, api_client, down, kubeconfig_path, up
 from localcluster.realnode import node as realnode
 from localcluster.realnode.gpu_driver import DRIVER, GpuDriver
 from localcluster.realnode.pods import busybox_pod
+from localcluster.results import write
+from localcluster.scale.measure import latency_ms
 
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER = "bench-realnode"
@@ -119,13 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         times = run(args.pods, Path(tmp), args.wait)
-    ms = {k: {"n": len(v), "p50_ms": round(1000 * report.pct(v, 0.5), 1),
-              "p99_ms": round(1000 * report.pct(v, 0.99), 1),
-              "max_ms": round(1000 * max(v), 1) if v else None} for k, v in times.items()}
-    md = "\n".join(["| what | n | p50 (ms) | p99 (ms) | max (ms) |", "|---|---:|---:|---:|---:|",
-                    *(f"| {label} | {ms[k]['n']} | {ms[k]['p50_ms']} | {ms[k]['p99_ms']} "
-                      f"| {ms[k]['max_ms']} |" for k, label in ROWS)])
-    report.write(Path(args.out), "realnode_prepare", md,
+    ms = {k: latency_ms(v) for k, v in times.items()}
+    md = latency_table({label: ms[k] for k, label in ROWS})
+    write(Path(args.out), "realnode_prepare", md,
                  {"pods_each": args.pods, "poll_s": POLL_S, "latency": ms, "raw_s": times})
     return 0
 

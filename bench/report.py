@@ -1,26 +1,22 @@
-"""What the benchmarks share in reporting: percentiles, medians over
-repeats, and their outputs (a Markdown table printed and written, JSON, a
-PNG plot)."""
+"""What the benchmarks share in reporting beyond localcluster.results (the
+tables, JSON and plots): medians over repeats, and the table of latencies
+summed up by localcluster.scale.measure.latency_ms."""
 
 from __future__ import annotations
 
-import json
 import statistics
-import sys
-import time
-from collections.abc import Callable
 from dataclasses import fields
-from pathlib import Path
 from typing import Any, TypeVar
+
+from localcluster.results import table
+from localcluster.scale.measure import percentile
 
 T = TypeVar("T")
 
 
 def pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))]
+    """The observed value at quantile ``q`` (so a p99 is a request that happened)."""
+    return percentile(values, q, nearest=True)
 
 
 def medians(runs: list[T], keys: tuple[str, ...],
@@ -41,15 +37,8 @@ def medians(runs: list[T], keys: tuple[str, ...],
     return out
 
 
-def write(out: Path, name: str, md: str, doc: dict[str, Any],
-          plot: Callable[[Path], None] | None = None) -> None:
-    """Prints ``md`` and writes ``name``.md, .json (``doc`` with a time
-    stamp) and, given a ``plot``, .png into ``out``."""
-    print(md)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.json").write_text(json.dumps(
-        {"when": time.strftime("%Y%m%dT%H%M%S"), **doc}, indent=2))
-    (out / f"{name}.md").write_text(md + "\n")
-    if plot is not None:
-        plot(out / f"{name}.png")
-    print(f"wrote {out / name}.json, .md" + (" and .png" if plot else ""), file=sys.stderr)
+def latency_table(rows: dict[str, dict[str, Any]], what: str = "what") -> str:
+    """A row of n, p50, p99 and max (ms) for each ``latency_ms`` summary, by its name."""
+    return table([what, "n", "p50 (ms)", "p99 (ms)", "max (ms)"],
+                 ([k, v["n"], v["p50_ms"], v["p99_ms"], v["max_ms"]] for k, v in rows.items()),
+                 "lrrrr")

@@ -20,7 +20,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import report
 from bench.queue_model import model_ttfts_ms
 from bench.replay import (
     Result,
@@ -32,7 +31,10 @@ from bench.replay import (
 )
 from bench.report import medians, pct
 from bench.workloads import TraceRequest, agentic, mooncake
-from harness.procs import MODEL, Proc, Procs, free_port
+from harness.procs import MODEL, Proc, Procs
+from localcluster.ports import free_port
+from localcluster.results import pyplot, save, write
+from localcluster.results import table as md_table
 from router.config import ScrapeConfig
 from wire.hashing import byte_block_hashes
 from wire.tokens import BYTES_PER_TOKEN
@@ -316,24 +318,20 @@ def overheads(tmp: Path, names: list[str], n: int, big_n: int, big_tokens: int,
 
 
 def table(rows: list[Row], over: dict[str, dict[str, float]]) -> str:
-    head = ("| workload | router | hit rate | reuse captured | TTFT p50 ms | TTFT p99 ms | "
-            "TTFT outside engine ms | req/s | max/mean requests | max/mean work | "
-            "router CPU ms/req | added p50 ms | added TTFT p50 ms, streamed | "
-            "CPU ms per 195K req | idle CPU ms/s, 2 servers | failed |")
-    lines = [head, "|---|---|" + "---:|" * 14]
-    for r in rows:
+    def line(r: Row) -> list[object]:
         o = over.get(r.router, {})
-        lines.append(
-            f"| {r.workload} | {r.router} | {r.hit_rate:.1%} | {r.captured:.1%} | "
-            f"{r.ttft_p50_ms:.0f} | {r.ttft_p99_ms:.0f} | {r.outside_engine_ms:.1f} | "
-            f"{r.throughput_rps:.1f} | "
-            f"{r.max_over_mean_load:.2f} | {r.max_over_mean_work:.2f} | "
-            f"{r.cpu_ms_per_request:.2f} | "
-            f"{o.get('added_p50_ms', float('nan')):.2f} | "
-            f"{o.get('added_ttft_p50_ms', float('nan')):.2f} | "
-            f"{o.get('big_prompt_cpu_ms', float('nan')):.1f} | "
-            f"{o.get('idle_cpu_ms_per_s', float('nan')):.1f} | {r.failed} |")
-    return "\n".join(lines)
+        return [r.workload, r.router, f"{r.hit_rate:.1%}", f"{r.captured:.1%}",
+                f"{r.ttft_p50_ms:.0f}", f"{r.ttft_p99_ms:.0f}", f"{r.outside_engine_ms:.1f}",
+                f"{r.throughput_rps:.1f}", f"{r.max_over_mean_load:.2f}",
+                f"{r.max_over_mean_work:.2f}", f"{r.cpu_ms_per_request:.2f}",
+                *(f"{o.get(k, float('nan')):.{d}f}" for k, d in (
+                    ("added_p50_ms", 2), ("added_ttft_p50_ms", 2), ("big_prompt_cpu_ms", 1),
+                    ("idle_cpu_ms_per_s", 1))), r.failed]
+    return md_table(["workload", "router", "hit rate", "reuse captured", "TTFT p50 ms",
+                  "TTFT p99 ms", "TTFT outside engine ms", "req/s", "max/mean requests",
+                  "max/mean work", "router CPU ms/req", "added p50 ms",
+                  "added TTFT p50 ms, streamed", "CPU ms per 195K req",
+                  "idle CPU ms/s, 2 servers", "failed"], map(line, rows), "ll" + "r" * 14)
 
 
 def modelled(reqs: list[TraceRequest], cache_blocks: int) -> dict[str, dict[str, float]]:
@@ -350,26 +348,26 @@ def floors(rows: list[Row], models: dict[str, dict[str, dict[str, float]]]) -> s
     """Per workload: the TTFT no router can beat on these simulators (every
     reusable token a hit, no queueing), next to round-robin's; for open-loop
     workloads also the queueing model's round-robin and oracle."""
-    lines = ["| workload | TTFT p50 floor ms | TTFT p99 floor ms | round-robin p50 ms | "
-             "floor p50 below round-robin | modelled round-robin p50 ms | "
-             "modelled oracle p50 / p99 ms | oracle p50 below round-robin (model) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = []
     for wl in dict.fromkeys(r.workload for r in rows):
         mine = [r for r in rows if r.workload == wl]
         p50 = statistics.median(r.floor_p50_ms for r in mine)
         p99 = statistics.median(r.floor_p99_ms for r in mine)
         rr = next((r.ttft_p50_ms for r in mine if r.router == "round-robin"), None)
         # blank when round-robin was not run (--routers without it)
-        vs_rr = " | |" if rr is None else f" {rr:.0f} | {1 - p50 / rr:.0%} |"
-        line = f"| {wl} | {p50:.0f} | {p99:.0f} |{vs_rr}"
+        line = [wl, f"{p50:.0f}", f"{p99:.0f}",
+                *(["", ""] if rr is None else [f"{rr:.0f}", f"{1 - p50 / rr:.0%}"])]
         if m := models.get(wl):
             mrr, oracle = m["round-robin"]["p50_ms"], m["least-ttft"]
-            line += (f" {mrr:.0f} | {oracle['p50_ms']:.0f} / {oracle['p99_ms']:.0f} | "
-                     f"{1 - oracle['p50_ms'] / mrr:.0%} |")
+            line += [f"{mrr:.0f}", f"{oracle['p50_ms']:.0f} / {oracle['p99_ms']:.0f}",
+                     f"{1 - oracle['p50_ms'] / mrr:.0%}"]
         else:
-            line += " | | |"  # closed loop: arrivals hang on the answers, not modelled
+            line += ["", "", ""]  # closed loop: arrivals hang on the answers, not modelled
         lines.append(line)
-    return "\n".join(lines)
+    return md_table(["workload", "TTFT p50 floor ms", "TTFT p99 floor ms", "round-robin p50 ms",
+                  "floor p50 below round-robin", "modelled round-robin p50 ms",
+                  "modelled oracle p50 / p99 ms", "oracle p50 below round-robin (model)"],
+                 lines, "l" + "r" * 7)
 
 
 OURS = "toposerve"
@@ -382,14 +380,12 @@ def is_peer(name: str) -> bool:
 def per_seed(runs: list[Row]) -> str:
     """Every run by itself, seed by seed, and per workload on how many seeds
     ours had the lower TTFT p50 and p99 than every peer in the run."""
-    lines = ["| workload | seed | router | TTFT p50 ms | TTFT p99 ms | hit rate | "
-             "reuse captured | router CPU ms/req |", "|---|---:|---|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r.workload} | {r.seed} | {r.router} | {r.ttft_p50_ms:.1f} | "
-              f"{r.ttft_p99_ms:.0f} | {r.hit_rate:.1%} | {r.captured:.1%} | "
-              f"{r.cpu_ms_per_request:.2f} |" for r in runs]
-    lines += ["", "| workload | seeds | ours ahead of every peer at p50 | at p99 | "
-                  "ours / best peer p50, per seed | ours / best peer p99, per seed |",
-              "|---|---:|---:|---:|---|---|"]
+    each = md_table(["workload", "seed", "router", "TTFT p50 ms", "TTFT p99 ms", "hit rate",
+                  "reuse captured", "router CPU ms/req"],
+                 ([r.workload, r.seed, r.router, f"{r.ttft_p50_ms:.1f}", f"{r.ttft_p99_ms:.0f}",
+                   f"{r.hit_rate:.1%}", f"{r.captured:.1%}", f"{r.cpu_ms_per_request:.2f}"]
+                  for r in runs), "lrlrrrrr")
+    ahead = []
     for wl in dict.fromkeys(r.workload for r in runs):
         seeds = sorted({r.seed for r in runs if r.workload == wl})
         p50s, p99s, ahead50, ahead99 = [], [], 0, 0
@@ -406,23 +402,21 @@ def per_seed(runs: list[Row]) -> str:
             p50s.append(f"{ours.ttft_p50_ms / b50:.2f}")
             p99s.append(f"{ours.ttft_p99_ms / b99:.2f}")
         if p50s:
-            lines.append(f"| {wl} | {len(p50s)} | {ahead50}/{len(p50s)} | "
-                         f"{ahead99}/{len(p50s)} | {' '.join(p50s)} | {' '.join(p99s)} |")
-    return "\n".join(lines)
+            ahead.append([wl, len(p50s), f"{ahead50}/{len(p50s)}", f"{ahead99}/{len(p50s)}",
+                          " ".join(p50s), " ".join(p99s)])
+    return each + "\n\n" + md_table(
+        ["workload", "seeds", "ours ahead of every peer at p50", "at p99",
+         "ours / best peer p50, per seed", "ours / best peer p99, per seed"], ahead, "lrrrll")
 
 
 def plot_seeds(runs: list[Row], path: Path) -> None:
     """TTFT p50 and p99 of every run, seed by seed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     groups = list(dict.fromkeys((r.workload, r.seed) for r in runs))
     names = list(dict.fromkeys(r.router for r in runs))
     fig, axes = plt.subplots(2, 1, figsize=(max(8, 1.2 * len(groups) + 4), 7))
     width = 0.8 / len(names)
-    colors = matplotlib.colormaps["tab20"]
+    colors = plt.get_cmap("tab20")
     for ax, field, label in zip(axes, ("ttft_p50_ms", "ttft_p99_ms"),
                                 ("TTFT p50 (ms)", "TTFT p99 (ms)"), strict=True):
         for i, name in enumerate(names):
@@ -435,8 +429,7 @@ def plot_seeds(runs: list[Row], path: Path) -> None:
         ax.set_yscale("log")  # a loaded run's seconds next to a quiet one's milliseconds
         ax.set_title(f"{label}, each run")
     axes[0].legend(fontsize=8, ncol=3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path)
 
 
 def order(names: list[str], repeat: int) -> list[str]:
@@ -447,18 +440,14 @@ def order(names: list[str], repeat: int) -> list[str]:
 
 
 def plot(rows: list[Row], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     workloads = sorted({r.workload for r in rows})
     names = list(dict.fromkeys(r.router for r in rows))
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
     metrics = [("ttft_p50_ms", "TTFT p50 (ms)"), ("ttft_p99_ms", "TTFT p99 (ms)"),
                ("captured", "share of available reuse captured")]
     width = 0.8 / len(names)
-    colors = matplotlib.colormaps["tab20"]  # tab10 repeats after ten routers
+    colors = plt.get_cmap("tab20")  # tab10 repeats after ten routers
     for ax, (field, label) in zip(axes, metrics, strict=True):
         for i, name in enumerate(names):
             vals = [next((getattr(r, field) for r in rows
@@ -471,8 +460,7 @@ def plot(rows: list[Row], path: Path) -> None:
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False)
     fig.suptitle("toposerve router vs peers: same simulators, same workloads, one run")
-    fig.tight_layout(rect=(0, 0.12, 1, 1))
-    fig.savefig(path, dpi=110)
+    save(fig, path, rect=(0, 0.12, 1, 1))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -543,7 +531,7 @@ def main(argv: list[str] | None = None) -> int:
         plot(rows, path)
         plot_seeds(runs, path.with_name(path.stem + "_seeds.png"))
 
-    report.write(Path(args.out), "router_bench",
+    write(Path(args.out), "router_bench",
                  table(rows, over) + "\n\n" + floors(rows, models) + "\n\n" + per_seed(runs), {
                      "sim": SIM, "sims": N_SIMS, "repeats": args.repeats,
                      "rows": [asdict(r) for r in rows], "runs": [asdict(r) for r in runs],

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.http_stack import EVENT_SIM, EVENT_STREAM_TOKENS, streams
-from bench.report import write
 from bench.router_bench import REPO, ROUTERS, Start, ours_at, ours_with, peers_missing
 from harness.procs import Procs
+from localcluster.results import table, write
 
 CONTENDERS: dict[str, Start] = {
     **{name: ROUTERS[name] for name in ("toposerve", "sglang-router cache_aware",
@@ -79,13 +79,12 @@ def main(argv: list[str] | None = None) -> int:
             name, start = ours_at(args.against, Path(tmp))
             CONTENDERS[name] = start
         rows = [measure(Path(tmp), name) for _ in range(args.rounds) for name in CONTENDERS]
-    md = "\n".join([
-        f"| router | idle CPU ms a second, {SIMS} servers | the servers' idle CPU ms a second | "
-        "CPU ms per one-token request | CPU us per further SSE event |",
-        "|---|---:|---:|---:|---:|",
-        *(f"| {r['router']} | {r['idle_cpu_ms_per_s']:.1f} | "
-          f"{r['servers_idle_cpu_ms_per_s']:.1f} | {r['cpu_ms_per_request']:.2f} | "
-          f"{r['cpu_us_per_sse_event']:.0f} |" for r in rows)])
+    md = table(["router", f"idle CPU ms a second, {SIMS} servers",
+                "the servers' idle CPU ms a second", "CPU ms per one-token request",
+                "CPU us per further SSE event"],
+               ([r["router"], f"{r['idle_cpu_ms_per_s']:.1f}",
+                 f"{r['servers_idle_cpu_ms_per_s']:.1f}", f"{r['cpu_ms_per_request']:.2f}",
+                 f"{r['cpu_us_per_sse_event']:.0f}"] for r in rows), "lrrrr")
     write(Path(args.out), "router_cpu", md, {"rows": rows})
     return 0
 

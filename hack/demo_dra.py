@@ -17,11 +17,12 @@ from typing import Any
 import orjson
 import urllib3
 import yaml
-from demo_support import TOPOSERVE, DemoError, background, create, free_port, items, wait_until
+from demo_support import TOPOSERVE, DemoError, background, create, items, wait_until
 
 from kubeapi import JsonApi
 from localcluster.cluster import api_client
 from localcluster.nodes import KWOK_TOLERATION
+from localcluster.ports import free_port
 from manifests.values import DeviceClasses
 from topology.labels import PROFILE_LABEL
 

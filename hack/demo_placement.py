@@ -23,7 +23,6 @@ from demo_support import (
     DemoError,
     background,
     create,
-    free_port,
     http_ok,
     items,
     wait_until,
@@ -32,6 +31,7 @@ from demo_support import (
 from kubeapi import JsonApi
 from localcluster.cluster import api_client, kubeconfig_path
 from localcluster.nodes import KWOK_TOLERATION
+from localcluster.ports import free_port
 from localcluster.tools import find_tools
 from manifests.values import DeviceClasses
 from scheduler_ext.config import ExtenderConfig

@@ -4,7 +4,6 @@ that are always stopped, waiting with a deadline, and raw JSON calls."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -23,12 +22,6 @@ TOPOSERVE = [sys.executable, "-m", "toposerve_cli.main"]
 
 class DemoError(RuntimeError):
     """A demo step did not show what it should; the message says what."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_until(what: str, check: Callable[[], T | None], timeout: float,

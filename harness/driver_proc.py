@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import ClassVar, Generic, Protocol, TypeVar
 
 from dra_driver.framework.cdi import CdiSpecs
+
 from harness.dra_kubelet import Kubelet, end_plugin, launch_plugin
-from harness.procs import free_port
+from localcluster.ports import free_port
 
 
 class DriverEnv(Protocol):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,14 +19,15 @@ from typing import Any
 import orjson
 import urllib3
 import yaml
-
 from dra_driver.framework.publisher import SlicePublisher
+
 from dra_driver.gpu.devices import DRIVER, gpu_pool
 from harness.cluster_claim import claimed
 from harness.extender_objects import GPU_CLASS, template
 from harness.waiting import wait_for
 from kubeapi import ApiError, JsonApi
 from localcluster.cluster import ClusterSpec, api_client, up
+from localcluster.ports import free_port
 from localcluster.scale import controllers as ctl
 from localcluster.scale.controllers import DS_API, LWS_API, collection
 from localcluster.scale.runner import install_crds as scale_install_crds
@@ -43,12 +43,6 @@ WORKLOAD_API = "scheduling.k8s.io/v1beta1=true"
 # them, owned by StatefulSets that exist (else the garbage collector deletes the
 # pods) but that no StatefulSet controller may act on (it would make its own)
 CONTROLLERS = "*,-statefulset-controller"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -24,15 +24,29 @@ K = TypeVar("K")
 # -- pure ---------------------------------------------------------------------
 
 
-def percentile(values: Iterable[float], q: float) -> float:
-    """Linear interpolation between closest ranks; NaN for no values."""
+def percentile(values: Iterable[float], q: float, nearest: bool = False) -> float:
+    """Linear interpolation between closest ranks, or with ``nearest`` the
+    value at rank ``q * n`` (always one observed: the benchmarks' tables);
+    NaN for no values."""
     s = sorted(values)
     if not s:
         return math.nan
+    if nearest:
+        return s[min(len(s) - 1, int(q * len(s)))]
     k = (len(s) - 1) * q
     lo = math.floor(k)
     hi = min(lo + 1, len(s) - 1)
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def latency_ms(seconds: list[float]) -> dict[str, Any]:
+    """How many, and p50, p99 (observed values) and the longest in ms to 0.1 ms
+    (None without any)."""
+    def ms(x: float) -> float | None:
+        return None if x != x else round(1000 * x, 1)  # NaN: no values
+    return {"n": len(seconds), "p50_ms": ms(percentile(seconds, 0.5, nearest=True)),
+            "p99_ms": ms(percentile(seconds, 0.99, nearest=True)),
+            "max_ms": ms(max(seconds, default=math.nan))}
 
 
 def timeline(times: Iterable[float], start: float, step: float = 1.0) -> list[tuple[float, float]]:
@@ -94,7 +108,7 @@ def call_latency(before: str, after: str, metric: str = "toposerve_extender_call
     return result
 
 
-def _totals(text: str, name: str, key: Callable[[dict[str, str]], K]) -> dict[K, float]:
+def totals(text: str, name: str, key: Callable[[dict[str, str]], K]) -> dict[K, float]:
     """A metric's samples summed by ``key`` of their labels."""
     out: dict[K, float] = defaultdict(float)
     for labels, v in samples(text, name):
@@ -105,7 +119,7 @@ def _totals(text: str, name: str, key: Callable[[dict[str, str]], K]) -> dict[K,
 def _deltas(before: str, after: str, name: str,
             key: Callable[[dict[str, str]], K]) -> dict[K, float]:
     """What grew between two scrapes, summed by ``key`` of the labels."""
-    t0, t1 = _totals(before, name, key), _totals(after, name, key)
+    t0, t1 = totals(before, name, key), totals(after, name, key)
     return {k: v - t0.get(k, 0.0) for k, v in t1.items() if v - t0.get(k, 0.0) > 0}
 
 
@@ -128,7 +142,8 @@ def request_rates(before: str, after: str, seconds: float, top: int = 15
     return rows[:top]
 
 
-def _label(name: str) -> Callable[[dict[str, str]], str]:
+def by_label(name: str) -> Callable[[dict[str, str]], str]:
+    """A key for ``totals``: one label's value."""
     return lambda labels: labels.get(name, "")
 
 
@@ -137,13 +152,13 @@ def scheduler_work(before: str, after: str) -> dict[str, Any]:
     result, and the seconds spent per extension point (a pod tried again and
     again shows as unschedulable attempts; a slow plugin as its point's seconds)."""
     return {"attempts": _deltas(before, after, "scheduler_schedule_attempts_total",
-                                _label("result")),
+                                by_label("result")),
             "attempt_s": _deltas(before, after,
                                  "scheduler_scheduling_attempt_duration_seconds_sum",
-                                 _label("result")),
+                                 by_label("result")),
             "point_s": _deltas(before, after,
                                "scheduler_framework_extension_point_duration_seconds_sum",
-                               _label("extension_point"))}
+                               by_label("extension_point"))}
 
 
 # -- I/O ----------------------------------------------------------------------

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from localcluster.results import landed_bars, pyplot, save, table, write_json
 from localcluster.scale.scenario import ALL_DRIVERS
 
 RESULT = "result.json"
@@ -53,58 +54,49 @@ def markdown(doc: dict[str, Any], pngs: list[str]) -> str:
              f"{doc['estimate_mib']:,} MiB. Started {doc['started']}.", "",
              *([f"Not run (the run stopped before them): {', '.join(missing)}.", ""]
                if missing else []),
-             "## Throughput and latency", "",
-             "| setup | cluster up s | slices published s | pods bound | pods/s | "
-             "create→claim made p50/p99 s | create→allocated p50/p99 s | "
-             "create→bound p50/p99 s | extender filter p50/p99 ms | prioritize p50/p99 ms |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "## Throughput and latency", ""]
     errors = [f"{s['setup']}: {s['create_errors']} pods not created, e.g. "
               f"{s['first_create_error']}" for s in doc["setups"] if s["create_errors"]]
     errors += [f"{s['setup']}: never bound: " + ", ".join(
         f"{n} {k}" for k, n in sorted(s["unbound_by_kind"].items()))
         for s in doc["setups"] if s.get("unbound_by_kind")]
-    for s in doc["setups"]:
+    def speed(s: dict[str, Any]) -> list[object]:
         ext = s.get("extender_calls") or {}
-        fil, pri = ext.get("filter", {}), ext.get("prioritize", {})
-        lat = [_pair(s.get(k) or {}, "p50", "p99")
-               for k in ("to_claim_made_s", "to_allocated_s", "to_bound_s")]
-        lines.append(
-            f"| {s['setup']} | {s['cluster_up_s']} | {s['slice_publish_s']} | "
-            f"{s['bound']}/{s['pods']} | {_f(s['pods_per_s'])} | {' | '.join(lat)} | "
-            f"{_pair(fil, 'p50_ms', 'p99_ms')} | {_pair(pri, 'p50_ms', 'p99_ms')} |")
+        return [s["setup"], s["cluster_up_s"], s["slice_publish_s"], f"{s['bound']}/{s['pods']}",
+                _f(s["pods_per_s"]),
+                *(_pair(s.get(k) or {}, "p50", "p99")
+                  for k in ("to_claim_made_s", "to_allocated_s", "to_bound_s")),
+                *(_pair(ext.get(v, {}), "p50_ms", "p99_ms") for v in ("filter", "prioritize"))]
+    lines.append(table(
+        ["setup", "cluster up s", "slices published s", "pods bound", "pods/s",
+         "create→claim made p50/p99 s", "create→allocated p50/p99 s", "create→bound p50/p99 s",
+         "extender filter p50/p99 ms", "prioritize p50/p99 ms"],
+        map(speed, doc["setups"]), "l" + "r" * 9))
     lines += ["", *errors] if errors else []
     lines += ["", "What each setup ran with, as its parts report it: the nodes "
               "`driver simulate` published for per driver and the scheduler's asked-for "
               "feature gates from its `kubernetes_feature_enabled` metric.", "",
-              "| setup | nodes published per driver | scheduler gates |", "|---|---|---|"]
-    for s in doc["setups"]:
-        slices = ", ".join(f"{d} {n:,}" for d, n in sorted(
-            (s.get("pools_by_driver") or {}).items())) or "not recorded"
-        lines.append(f"| {s['setup']} | {slices} | "
-                     f"{_settings(s.get('scheduler_gates'), '=')} |")
-    lines += ["", "## Placement quality", "",
-              "| setup | groups in one domain | of those that could | groups pending | "
-              "pods stranded | pods never placed | free GPUs | largest free rack | "
-              "fragmentation | KV ms/request (P/D) |", "|---|---:|---:|---:|---:|---:|---:|"
-              "---:|---:|---:|"]
-    for s in doc["setups"]:
-        q = s["placement"]
-        lines.append(f"| {s['setup']} | {q['in_one_domain']}/{q['groups']} | "
-                     f"{q['could_fit_one_domain']} | {q['pending_groups']} | "
-                     f"{q['stranded_pods']} | {q['never_placed_pods']} | {q['free_gpus']} | "
-                     f"{q['largest_free_rack']} | {q['fragmentation']:.2f} | "
-                     f"{_f(q['kv_ms'], '{:.2f}')} |")
+              table(["setup", "nodes published per driver", "scheduler gates"],
+                    ([s["setup"], ", ".join(f"{d} {n:,}" for d, n in sorted(
+                        (s.get("pools_by_driver") or {}).items())) or "not recorded",
+                      _settings(s.get("scheduler_gates"), "=")] for s in doc["setups"]))]
+    lines += ["", "## Placement quality", "", table(
+        ["setup", "groups in one domain", "of those that could", "groups pending",
+         "pods stranded", "pods never placed", "free GPUs", "largest free rack",
+         "fragmentation", "KV ms/request (P/D)"],
+        ([s["setup"], f"{q['in_one_domain']}/{q['groups']}", q["could_fit_one_domain"],
+          q["pending_groups"], q["stranded_pods"], q["never_placed_pods"], q["free_gpus"],
+          q["largest_free_rack"], f"{q['fragmentation']:.2f}", _f(q["kv_ms"], "{:.2f}")]
+         for s in doc["setups"] for q in [s["placement"]]), "l" + "r" * 9)]
     churned = [s for s in doc["setups"] if s["churn"]]
     if churned:
-        lines += ["", "## Churn", "", "| setup | pods deleted | re-created bound | "
-                  "re-created→bound p50/p99 s | nodes added | nodes removed | "
-                  "slices caught up s |", "|---|---:|---:|---:|---:|---:|---:|"]
-        for s in churned:
-            c = s["churn"]
-            lines.append(f"| {s['setup']} | {c['pods_deleted']} | {c['pods_recreated_bound']} | "
-                         f"{_pair(c['recreated_to_bound_s'], 'p50', 'p99')} | "
-                         f"{c['nodes_added']} | {c['nodes_removed']} | "
-                         f"{c['nodes_published_s']} |")
+        lines += ["", "## Churn", "", table(
+            ["setup", "pods deleted", "re-created bound", "re-created→bound p50/p99 s",
+             "nodes added", "nodes removed", "slices caught up s"],
+            ([s["setup"], c["pods_deleted"], c["pods_recreated_bound"],
+              _pair(c["recreated_to_bound_s"], "p50", "p99"), c["nodes_added"],
+              c["nodes_removed"], c["nodes_published_s"]]
+             for s in churned for c in [s["churn"]]), "l" + "r" * 6)]
     worked = [s for s in doc["setups"] if s.get("scheduler")]  # results before it lack it
     if worked:
         points = ("PreFilter", "Filter", "Score", "PreBind", "Bind")
@@ -112,29 +104,28 @@ def markdown(doc: dict[str, Any], pngs: list[str]) -> str:
                   "Attempts by result over the measured span (and churn); a pod tried "
                   "again and again shows as unschedulable attempts. Seconds are summed "
                   "over attempts (PreBind and Bind wait on the apiserver; the extender's "
-                  "calls fall outside these points).", "",
-                  "| setup | scheduled | unschedulable | error | attempts per pod bound | "
-                  + " | ".join(f"{p} s" for p in points) + " |",
-                  "|---|" + "---:|" * (4 + len(points))]
-        for s in worked:
+                  "calls fall outside these points).", ""]
+
+        def work(s: dict[str, Any]) -> list[object]:
             w = s["scheduler"]
             a = w["attempts"]
             placed = s["bound"] + (s["churn"] or {}).get("pods_recreated_bound", 0)
             per = sum(a.values()) / placed if placed else None
-            lines.append(f"| {s['setup']} | {a.get('scheduled', 0):.0f} | "
-                         f"{a.get('unschedulable', 0):.0f} | {a.get('error', 0):.0f} | "
-                         f"{_f(per, '{:.2f}')} | "
-                         + " | ".join(f"{w['point_s'].get(p, 0):.1f}" for p in points) + " |")
+            return [s["setup"], *(f"{a.get(k, 0):.0f}" for k in
+                                  ("scheduled", "unschedulable", "error")),
+                    _f(per, "{:.2f}"), *(f"{w['point_s'].get(p, 0):.1f}" for p in points)]
+        lines.append(table(["setup", "scheduled", "unschedulable", "error",
+                            "attempts per pod bound", *(f"{p} s" for p in points)],
+                           map(work, worked), "l" + "r" * (4 + len(points))))
     lines += ["", "## Processes (CPU seconds and peak RSS over the setup)", "",
-              "| setup | process | CPU s | peak RSS MiB |", "|---|---|---:|---:|"]
-    for s in doc["setups"]:
-        lines += [f"| {s['setup']} | {p['process']} | {p['cpu_s']} | {p['peak_rss_mib']} |"
-                  for p in s["processes"]]
+              table(["setup", "process", "CPU s", "peak RSS MiB"],
+                    ([s["setup"], p["process"], p["cpu_s"], p["peak_rss_mib"]]
+                     for s in doc["setups"] for p in s["processes"]), "llrr")]
     lines += ["", "## apiserver requests by verb and resource (busiest, per second)", "",
-              "| setup | verb | resource | requests | per s |", "|---|---|---|---:|---:|"]
-    for s in doc["setups"]:
-        lines += [f"| {s['setup']} | {r['verb']} | {r['resource']} | {r['requests']:.0f} | "
-                  f"{r['per_s']:.1f} |" for r in s["apiserver_requests"]]
+              table(["setup", "verb", "resource", "requests", "per s"],
+                    ([s["setup"], r["verb"], r["resource"], f"{r['requests']:.0f}",
+                      f"{r['per_s']:.1f}"] for s in doc["setups"]
+                     for r in s["apiserver_requests"]), "lllrr")]
     lines += ["", *[f"![{p}]({p})" for p in pngs], ""]
     return "\n".join(lines)
 
@@ -147,11 +138,7 @@ def smoothed(timeline: list[list[float]], bins: int = 120) -> list[tuple[float, 
 
 
 def plots(doc: dict[str, Any], out: Path) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     names = []
     setups = doc["setups"]
     fig, ax = plt.subplots(figsize=(8, 4))
@@ -164,9 +151,7 @@ def plots(doc: dict[str, Any], out: Path) -> list[str]:
     ax.set_title("pods/s over time")
     if ax.get_lines():
         ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "pods_per_s.png", dpi=110)
-    plt.close(fig)
+    save(fig, out / "pods_per_s.png")
     names.append("pods_per_s.png")
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
@@ -181,39 +166,27 @@ def plots(doc: dict[str, Any], out: Path) -> list[str]:
         if ax.get_lines():
             ax.legend()
     axes[0].set_ylabel("fraction of pods")
-    fig.tight_layout()
-    fig.savefig(out / "latency_cdf.png", dpi=110)
-    plt.close(fig)
+    save(fig, out / "latency_cdf.png")
     names.append("latency_cdf.png")
 
     if any(s["landed"] for s in setups):
         fig, axes = plt.subplots(1, len(setups), figsize=(5 * len(setups), 4), squeeze=False,
                                  sharey=True)
         groups = sorted({g for s in setups for r in s["landed"].values() for g in r})
-        colours = {g: matplotlib.colormaps["tab20"](i % 20) for i, g in enumerate(groups)}
         for ax, s in zip(axes[0], setups, strict=True):
-            racks = sorted(s["landed"])
-            bottom = [0] * len(racks)
-            for g in groups:
-                vals = [s["landed"][r].get(g, 0) for r in racks]
-                ax.bar(range(len(racks)), vals, bottom=bottom, color=colours[g],
-                       edgecolor="white", linewidth=0.4)
-                bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+            racks = landed_bars(ax, s["landed"], groups, linewidth=0.4)
             ax.set_xticks(range(len(racks)), racks, rotation=90, fontsize=6)
             ax.set_title(s["setup"])
             ax.set_xlabel("rack")
         axes[0][0].set_ylabel("GPUs of each group (one colour a group)")
         fig.suptitle("where the groups landed")
-        fig.tight_layout()
-        fig.savefig(out / "groups_landed.png", dpi=110)
-        plt.close(fig)
+        save(fig, out / "groups_landed.png")
         names.append("groups_landed.png")
     return names
 
 
 def write(doc: dict[str, Any], out: Path) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / RESULT).write_text(json.dumps(doc, indent=1))
+    write_json(out / RESULT, doc, indent=1)
     return render(out)
 
 

@@ -11,7 +11,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -40,6 +39,7 @@ from localcluster.cluster import (
     up,
 )
 from localcluster.nodes import node_manifest
+from localcluster.ports import free_port
 from localcluster.processes import commands_under
 from localcluster.scale import controllers as ctl
 from localcluster.scale import fit, measure, profile, quality
@@ -65,12 +65,6 @@ Say = Callable[[str], None]
 
 def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def scheduler_config(sc: ScaleScenario, setup: Setup, extender_url: str) -> dict[str, Any]:

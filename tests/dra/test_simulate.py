@@ -21,10 +21,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from dra_driver.gpu.devices import DRIVER as GPU_DRIVER
 from dra_driver.gpu.devices import PARTITIONS_LABEL
 from dra_driver.simulate import LABELS, label_partitions, sim_node
-from harness.procs import free_port
 from harness.waiting import wait_for
 from kubeapi import ApiError, JsonApi
 from localcluster.nodes import node_manifest
+from localcluster.ports import free_port
 from tests.conftest import Cluster
 from topology.labels import PRESETS, DialectName
 from topology.layout import plan_nodes

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from harness.procs import free_port
 from harness.waiting import wait_for
+from localcluster.ports import free_port
 
 
 @pytest.fixture

@@ -14,8 +14,9 @@ import openai
 import orjson
 import pytest
 
-from harness.procs import MODEL, Proc, Procs, free_port
+from harness.procs import MODEL, Proc, Procs
 from harness.waiting import wait_for
+from localcluster.ports import free_port
 from tests.router.hangup import hanging_client
 from topology.model import DomainPath, Tier
 from topology.profiles import load_profile

@@ -10,8 +10,9 @@ from typing import Any
 
 import httpx
 
-from harness.procs import MODEL, Proc, Procs, free_port
+from harness.procs import MODEL, Proc, Procs
 from harness.waiting import wait_for
+from localcluster.ports import free_port
 from wire.prompt import chat_prompt
 from wire.tokens import ByteTokenizer
 

@@ -10,8 +10,9 @@ import msgpack
 import pytest
 import zmq
 
-from harness.procs import MODEL, Procs, free_port
+from harness.procs import MODEL, Procs
 from harness.waiting import wait_for
+from localcluster.ports import free_port
 from wire.tokens import ByteTokenizer
 
 MESSAGES = [{"role": "system", "content": "You are terse. " * 40},

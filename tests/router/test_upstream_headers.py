@@ -17,7 +17,8 @@ import pytest
 import yaml
 from aiohttp import web
 
-from harness.procs import MODEL, Procs, free_port
+from harness.procs import MODEL, Procs
+from localcluster.ports import free_port
 from router.pool.scrape import KV_USAGE, RUNNING, WAITING
 
 
