@@ -32,9 +32,9 @@ node-tools: tools
 	bash hack/build-node-tools.sh
 
 # the NIC hand-off's CNI plugin toposerve-nic: a static Go binary (stdlib only),
-# cached under a hash of its source (dra_driver/net/handoff/forwarder.py)
+# cached under a hash of its source (localcluster/realnode/forwarder.py)
 nic-cni: venv
-	$(PY) -m dra_driver.net.handoff.forwarder
+	$(PY) -m localcluster.realnode.forwarder
 
 # gRPC stubs for the kubelet protos (committed; tests/dra/test_protos.py checks they are current)
 protos: venv

@@ -22,10 +22,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dra_driver.framework import slice_plan
-
 from dra_driver.gpu.devices import gpu_pool
 from dra_driver.net.devices import nic_pool
+from dra_driver.resourceslice import slice_plan
 from dra_driver.simulate import LABELS
 from harness.cluster_claim import claimed
 from harness.procs import Proc, wait_http

@@ -30,20 +30,21 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import latency_table
-from dra_driver.net.config import parse_net_config
-from dra_driver.net.handoff import forwarder
+from dra_driver.kubeletplugin import parse_opaque
+from dra_driver.net.config import NetConfig
 from dra_driver.net.handoff.cni import PLUGIN_TYPE as NIC_PLUGIN
 from dra_driver.net.handoff.server import HandoffServer
 from dra_driver.net.records import ClaimRecord, NicHandoff, write_record
 from harness.handoff_netns import NetEnv, net_env
 from localcluster.realnode import cni as pod_cni
+from localcluster.realnode import forwarder
 from localcluster.results import write
 from localcluster.scale.measure import latency_ms
 
 REPO = Path(__file__).resolve().parent.parent
-CONFIG = parse_net_config({"apiVersion": "net.toposerve.io/v1", "kind": "NetConfig",
-                           "interfaceName": "net1", "addresses": ["198.18.0.2/24"],
-                           "mtu": 1400})
+CONFIG = parse_opaque({"apiVersion": "net.toposerve.io/v1", "kind": "NetConfig",
+                       "interfaceName": "net1", "addresses": ["198.18.0.2/24"], "mtu": 1400},
+                      NetConfig)
 
 
 @dataclass

@@ -23,12 +23,12 @@ import orjson
 import structlog
 from kubernetes.client import CoreV1Api
 
-from dra_driver.framework.liveness import HttpEndpoints, metrics_route
-from dra_driver.framework.publisher import Pool, SlicePublisher
 from dra_driver.gpu.devices import DRIVER as GPU_DRIVER
 from dra_driver.gpu.devices import PARTITIONS_LABEL, gpu_pool, partitions_wanted
+from dra_driver.kubeletplugin.liveness import HttpEndpoints, metrics_route
 from dra_driver.net.devices import DRIVER as NET_DRIVER
 from dra_driver.net.devices import nic_pool
+from dra_driver.resourceslice import Pool, SlicePublisher
 from kubeapi import ApiError, JsonApi, Reflector
 from topology.config_file import ConfigError
 from topology.labels import PRESETS, PROFILE_LABEL, DialectName, from_labels

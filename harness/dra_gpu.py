@@ -19,8 +19,8 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from dra_driver.framework.checkpoint import Checkpoint, ClaimState, read_boot_id
 from dra_driver.gpu.driver import CDI_CLASS, CDI_VENDOR
+from dra_driver.kubeletplugin.checkpoint import Checkpoint, ClaimState, read_boot_id
 from harness import driver_proc
 from harness.dra_kubelet import Claim
 from harness.waiting import wait_for

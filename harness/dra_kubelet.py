@@ -25,7 +25,7 @@ from dra_driver._generated import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
-from dra_driver.framework.sockets import grpc_target
+from dra_driver.kubeletplugin.sockets import grpc_target
 from harness.waiting import wait_for
 
 DRA = {"v1": (dra_v1_pb2, dra_v1_pb2_grpc), "v1beta1": (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc)}

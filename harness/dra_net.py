@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 from kubernetes import client
 
-from dra_driver.net.config import API_VERSION, KIND
+from dra_driver.net.config import NetConfig
 from dra_driver.net.driver import CDI_CLASS, CDI_VENDOR
 from harness.dra_gpu import RULES as GPU_RULES
 from harness.dra_gpu import DriverSite
@@ -47,7 +47,7 @@ def canonical(doc: Any) -> Any:
 
 
 def net_config(**fields: Any) -> dict[str, Any]:
-    return {"apiVersion": API_VERSION, "kind": KIND, **fields}
+    return {"apiVersion": NetConfig.API_VERSION, "kind": NetConfig.KIND, **fields}
 
 
 @dataclass

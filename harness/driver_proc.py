@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Generic, Protocol, TypeVar
 
-from dra_driver.framework.cdi import CdiSpecs
-
+from dra_driver.kubeletplugin.cdi import CdiSpecs
 from harness.dra_kubelet import Kubelet, end_plugin, launch_plugin
 from localcluster.ports import free_port
 

@@ -19,9 +19,9 @@ from typing import Any
 import orjson
 import urllib3
 import yaml
-from dra_driver.framework.publisher import SlicePublisher
 
 from dra_driver.gpu.devices import DRIVER, gpu_pool
+from dra_driver.resourceslice import SlicePublisher
 from harness.cluster_claim import claimed
 from harness.extender_objects import GPU_CLASS, template
 from harness.waiting import wait_for

@@ -34,8 +34,8 @@ def liveness_script(driver: str) -> str:
     an empty NodePrepareResources) on the registration socket its pod UID
     names; sys.exit(message) fails the probe and says why."""
     return ("import os, sys; from pathlib import Path; "
-            "from dra_driver.framework.liveness import probe; "
-            "from dra_driver.framework.sockets import PluginPaths; "
+            "from dra_driver.kubeletplugin.liveness import probe; "
+            "from dra_driver.kubeletplugin.sockets import PluginPaths; "
             f"p = PluginPaths({driver!r}, registry_dir=Path(sys.argv[1]), "
             "pod_uid=os.environ['POD_UID']); "
             "sys.exit(probe(p.registration_socket, p.driver))")

@@ -97,11 +97,15 @@ def _net(args: argparse.Namespace) -> int:
 
 
 def _install_cni(args: argparse.Namespace) -> int:
-    from dra_driver.net.handoff.forwarder import binary
-    from dra_driver.net.handoff.install import InstallError, install, plugin_entry
+    from dra_driver.net.handoff.install import (
+        DEFAULT_PLUGIN,
+        InstallError,
+        install,
+        plugin_entry,
+    )
 
     try:
-        changed = install(args.bin_dir, args.plugin or binary(), args.conf_dir,
+        changed = install(args.bin_dir, args.plugin or DEFAULT_PLUGIN, args.conf_dir,
                           args.chain_into, plugin_entry(args.kubelet_dir))
     except (InstallError, OSError) as err:
         return _fail(str(err))
@@ -111,8 +115,8 @@ def _install_cni(args: argparse.Namespace) -> int:
 
 def _serve(driver: _Driver, args: argparse.Namespace) -> int:
     """Run until SIGTERM/SIGINT, with /healthz and /metrics; or ``--uninstall``."""
-    from dra_driver.framework.checkpoint import CorruptCheckpoint
-    from dra_driver.framework.liveness import HttpEndpoints, healthz_route, metrics_route
+    from dra_driver.kubeletplugin.checkpoint import CorruptCheckpoint
+    from dra_driver.kubeletplugin.liveness import HttpEndpoints, healthz_route, metrics_route
     from dra_driver.net.handoff.journal import CorruptJournal
 
     if args.uninstall:
@@ -242,8 +246,9 @@ def register(sub: Any) -> None:
     i.add_argument("--bin-dir", type=Path, default=Path("/opt/cni/bin"),
                    help="the runtime's CNI bin dir (default %(default)s)")
     i.add_argument("--plugin", type=Path,
-                   help="the toposerve-nic binary to install (default: the build of this "
-                        "checkout's source in the tool cache, `make nic-cni`)")
+                   help="the toposerve-nic binary to install (default: where the image "
+                        "has it, /usr/local/libexec/toposerve/toposerve-nic; `make nic-cni` "
+                        "builds one)")
     i.add_argument("--conf-dir", type=Path, default=Path("/etc/cni/net.d"),
                    help="the runtime's CNI config dir (default %(default)s)")
     i.add_argument("--chain-into", metavar="FILE",

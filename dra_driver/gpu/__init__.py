@@ -1,1 +1,2 @@
-"""The GPU DRA driver ``gpu.toposerve.io`` on the framework (``dra_driver.framework``)."""
+"""The GPU DRA driver ``gpu.toposerve.io`` on the framework
+(``dra_driver.kubeletplugin``, ``dra_driver.resourceslice``)."""

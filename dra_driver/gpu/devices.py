@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from dra_driver.framework.publisher import Pool
+from dra_driver.resourceslice import Pool
 from topology.config_file import ConfigError
 from topology.model import DeviceKind, DevicePlace, NodeTopology
 from topology.profiles import DeviceModel, PartitionLayout, PartitionProfile, catalog, load_profile

@@ -1,6 +1,6 @@
 """The GPU driver ``gpu.toposerve.io``: discovery from sysfs and the node's
 labels -> one pool (``devices.gpu_pool``) -> the publisher; prepare and
-unprepare through the framework (``kubelet_plugin``); health from sysfs.
+unprepare through the framework (``dra_driver.kubeletplugin``); health from sysfs.
 """
 
 from __future__ import annotations
@@ -11,13 +11,19 @@ from typing import Any
 
 from kubernetes.client import ApiClient, CoreV1Api
 
-from dra_driver.framework.device_kind import AllocatedDevice, ClaimRef, PreparedEdits
-from dra_driver.framework.driver_process import DriverProcess, Latest, PluginOptions
-from dra_driver.framework.health import HealthBoard
-from dra_driver.framework.publisher import Pool
-from dra_driver.gpu.config import GpuConfig, merge, parse_gpu_config
+from dra_driver.driver_process import DriverProcess, Latest, PluginOptions
+from dra_driver.gpu.config import GpuConfig
 from dra_driver.gpu.devices import DRIVER, gpu_pool, partitions_wanted
 from dra_driver.gpu.edits import gpu_edits, resolve
+from dra_driver.kubeletplugin import (
+    AllocatedDevice,
+    ClaimRef,
+    HealthBoard,
+    PreparedEdits,
+    merge_opaque,
+    parse_opaque,
+)
+from dra_driver.resourceslice import Pool
 from topology.discovery import discover
 from topology.labels import PRESETS, PROFILE_LABEL, from_labels
 from topology.model import NodeTopology
@@ -73,15 +79,16 @@ class GpuKind:
         return [self.discover().pool]
 
     def validate_config(self, parameters: Mapping[str, Any]) -> GpuConfig:
-        return parse_gpu_config(parameters)
+        return parse_opaque(parameters, GpuConfig)
 
     def prepare(self, claim: ClaimRef, devices: Sequence[AllocatedDevice]) -> PreparedEdits:
         found = self.current()
         gpus = resolve([d.device for d in devices], found.devices, found.node.hardware)
-        configs: list[GpuConfig] = []
+        configs: list[object] = []
         for d in devices:  # one claim, one set of container env: every device's configs
             configs.extend(c for c in d.configs if c not in configs)
-        return gpu_edits(gpus, found.node.hardware, merge(configs), self.opts.dev_root)
+        return gpu_edits(gpus, found.node.hardware, merge_opaque(configs, GpuConfig),
+                         self.opts.dev_root)
 
     def unprepare(self, claim: ClaimRef, devices: Sequence[str]) -> None:
         pass  # nothing beyond the CDI spec, which the framework removes

@@ -27,9 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dra_driver.framework.cdi import ContainerEdits, DeviceNode
-from dra_driver.framework.device_kind import PreparedEdits
 from dra_driver.gpu.config import GpuConfig
+from dra_driver.kubeletplugin import ContainerEdits, DeviceNode, PreparedEdits
 from topology.model import Device, DeviceKind, DevicePlace, NodeHardware
 
 NVIDIA, AMD = "0x10de", "0x1002"

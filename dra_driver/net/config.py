@@ -11,13 +11,13 @@ how the NIC looks once it is in the pod's network namespace.
     - {destination: 198.19.0.0/16, gateway: 198.18.0.1}
 
 Configs of the class come first and the claim's after; a field a later
-config sets replaces the earlier value (lists are replaced, not merged).
+config sets replaces the earlier value (lists are replaced, not merged;
+``merge_opaque``).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
 from ipaddress import (
     IPv4Address,
     IPv4Interface,
@@ -29,14 +29,12 @@ from ipaddress import (
     ip_interface,
     ip_network,
 )
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, ClassVar, Self
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from dra_driver.framework.opaque import parse_opaque
+from dra_driver.kubeletplugin.opaque import OpaqueConfig
 
-API_VERSION = "net.toposerve.io/v1"
-KIND = "NetConfig"
 # Linux interface names: at most 15 bytes (IFNAMSIZ - 1), no '/', ':' or
 # whitespace, and not "." or "..".
 IFNAME = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
@@ -104,12 +102,11 @@ class Route(BaseModel):
         return self
 
 
-class NetConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class NetConfig(OpaqueConfig):
+    API_VERSION: ClassVar[str] = "net.toposerve.io/v1"
+    KIND: ClassVar[str] = "NetConfig"
 
-    apiVersion: Literal["net.toposerve.io/v1"] = "net.toposerve.io/v1"
-    kind: Literal["NetConfig"] = "NetConfig"
-    interfaceName: str | None = Field(
+    interface_name: str | None = Field(
         default=None, description="the interface's name inside the pod (default: keep the "
                                   "host's name)")
     addresses: list[Address] = Field(
@@ -119,7 +116,7 @@ class NetConfig(BaseModel):
     routes: list[Route] = Field(default_factory=list,
                                 description="routes through this interface, in the pod")
 
-    @field_validator("interfaceName")
+    @field_validator("interface_name")
     @classmethod
     def _ifname(cls, v: str | None) -> str | None:
         return None if v is None else check_ifname(v)
@@ -144,22 +141,3 @@ class NetConfig(BaseModel):
                                  "of the addresses' networks (add an address on its subnet)")
         return self
 
-
-DEFAULT = NetConfig()
-
-
-def parse_net_config(parameters: Mapping[str, Any]) -> NetConfig:
-    """One opaque config; a ``ValueError`` naming the field and the fix."""
-    return parse_opaque(parameters, NetConfig, API_VERSION, KIND)
-
-
-def merge(configs: Sequence[NetConfig]) -> NetConfig:
-    """Later configs replace the fields they set."""
-    out = DEFAULT
-    for c in configs:
-        update = {name: getattr(c, name) for name in c.model_fields_set
-                  if name not in ("apiVersion", "kind")}
-        out = out.model_copy(update=update)
-    # model_copy does not validate: check the merged whole (a class's routes
-    # with a claim's addresses).
-    return NetConfig.model_validate(out.model_dump())

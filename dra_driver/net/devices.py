@@ -17,8 +17,8 @@ import re
 from functools import cache
 from typing import Any
 
-from dra_driver.framework.publisher import Pool
 from dra_driver.net.discovery import Nic
+from dra_driver.resourceslice import Pool
 from topology.model import Device, DeviceKind, DevicePlace, DomainPath, NodeTopology
 from topology.profiles import DeviceModel, catalog
 from topology.resourceslice import (

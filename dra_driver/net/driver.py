@@ -1,6 +1,6 @@
 """The NIC driver ``net.toposerve.io``: discovery (sysfs + netlink) and the
 node's labels -> one pool (``devices.discovered_pool``) -> the publisher;
-prepare and unprepare through the framework (``kubelet_plugin``).
+prepare and unprepare through the framework (``dra_driver.kubeletplugin``).
 
 ``prepare`` moves nothing: it checks each NIC's merged ``NetConfig``,
 writes the claim's hand-off record (``records``) for the CNI plugin that
@@ -22,15 +22,19 @@ from typing import Any
 
 import structlog
 from kubernetes.client import ApiClient, CoreV1Api
-from pydantic import ValidationError
 
-from dra_driver.framework.cdi import ContainerEdits, DeviceNode
-from dra_driver.framework.device_kind import AllocatedDevice, ClaimRef, PreparedEdits
-from dra_driver.framework.driver_process import DriverProcess, Latest, PluginOptions
-from dra_driver.framework.health import HealthBoard
-from dra_driver.framework.opaque import problems
-from dra_driver.framework.publisher import Pool
-from dra_driver.net.config import NetConfig, merge, parse_net_config
+from dra_driver.driver_process import DriverProcess, Latest, PluginOptions
+from dra_driver.kubeletplugin import (
+    AllocatedDevice,
+    ClaimRef,
+    ContainerEdits,
+    DeviceNode,
+    HealthBoard,
+    PreparedEdits,
+    merge_opaque,
+    parse_opaque,
+)
+from dra_driver.net.config import NetConfig
 from dra_driver.net.devices import DRIVER, discovered_pool
 from dra_driver.net.discovery import NetFilters, Nic, discover
 from dra_driver.net.handoff import cni
@@ -46,6 +50,7 @@ from dra_driver.net.records import (
     remove_record,
     write_record,
 )
+from dra_driver.resourceslice import Pool
 from topology.labels import PRESETS, from_labels
 from topology.model import DomainPath
 
@@ -84,7 +89,7 @@ class _Discovered:
 
 def network_data(nic: Nic, host_if_name: str, cfg: NetConfig) -> dict[str, Any]:
     """``status.devices[].networkData``: the interface as the pod will see it."""
-    out: dict[str, Any] = {"interfaceName": cfg.interfaceName or host_if_name}
+    out: dict[str, Any] = {"interfaceName": cfg.interface_name or host_if_name}
     if cfg.addresses:
         out["ips"] = [str(a) for a in cfg.addresses]
     if nic.link is not None:
@@ -98,7 +103,7 @@ def check_claim(configs: Mapping[str, NetConfig], host_names: Mapping[str, str])
     names: dict[str, str] = {}
     addresses: dict[str, str] = {}
     for device, cfg in configs.items():
-        name = cfg.interfaceName or host_names[device]
+        name = cfg.interface_name or host_names[device]
         if name in names:
             raise ValueError(f"devices {names[name]} and {device} would both be {name!r} in "
                              "the pod: give each request its own interfaceName")
@@ -154,7 +159,7 @@ class NetKind:
         return [self.discover().pool]
 
     def validate_config(self, parameters: Mapping[str, Any]) -> NetConfig:
-        return parse_net_config(parameters)
+        return parse_opaque(parameters, NetConfig)
 
     def _nic(self, device: str) -> Nic:
         nic = self.current().nics.get(device)
@@ -174,10 +179,9 @@ class NetKind:
                 raise ValueError(f"device {d.device} has no network interface to hand over")
             hosts[d.device] = nic.if_name
             try:
-                configs[d.device] = merge([c for c in d.configs if isinstance(c, NetConfig)])
-            except ValidationError as err:
-                raise ValueError(f"device {d.device}: the class's and the claim's configs "
-                                 f"together are invalid: {problems(err)}") from None
+                configs[d.device] = merge_opaque(d.configs, NetConfig)
+            except ValueError as err:
+                raise ValueError(f"device {d.device}: {err}") from None
         check_claim(configs, hosts)
         write_record(self.opts.state_dir, ClaimRecord(
             claimUid=claim.uid, claim=f"{claim.namespace}/{claim.name}",

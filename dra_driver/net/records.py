@@ -19,8 +19,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from dra_driver.framework.files import remove_temp_files, write_atomic
-from dra_driver.framework.opaque import problems
+from dra_driver.kubeletplugin.files import remove_temp_files, write_atomic
+from dra_driver.kubeletplugin.opaque import problems
 from dra_driver.net.config import NetConfig
 
 VERSION = 1

@@ -3,7 +3,7 @@
 layout as the GPU driver's, so GPU and NIC share PCIe roots), its NICs
 veth stand-ins in the host's namespace (``nics``) named as that tree names
 them. The hand-off into pods: the node always chains the CNI plugin
-``toposerve-nic`` (the static Go forwarder, ``dra_driver.net.handoff.forwarder``),
+``toposerve-nic`` (the static Go forwarder, ``localcluster.realnode.forwarder``),
 which has this process's resident hand-off server do the move."""
 
 from __future__ import annotations

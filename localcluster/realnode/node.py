@@ -21,9 +21,9 @@ from typing import Any
 import yaml
 
 from dra_driver.net.handoff import cni as nic_cni
-from dra_driver.net.handoff.forwarder import build as build_forwarder
 from dra_driver.net.handoff.install import install as install_nic_cni
 from localcluster.realnode import cni, config, images, teardown
+from localcluster.realnode.forwarder import build as build_forwarder
 from localcluster.realnode.paths import (
     BUSYBOX_IMAGE,
     KUBELET_HEALTHZ_PORT,

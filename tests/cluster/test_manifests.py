@@ -332,8 +332,8 @@ def test_rbac_is_enough_for_the_real_publisher(cluster: Cluster, install: Instal
     """The driver's own publisher, acting as its service account from a pod on
     one node: it publishes, updates and uninstalls that node's pool; a pool
     for another node is refused by the policy and reported."""
-    from dra_driver.framework.publisher import SlicePublisher
-    from dra_driver.framework.slice_plan import Pool
+    from dra_driver.resourceslice import SlicePublisher
+    from dra_driver.resourceslice.slice_plan import Pool
 
     own, other = install.nodes
     admin: Any = client.ResourceV1Api(cluster.api)

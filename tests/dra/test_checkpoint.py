@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.framework.checkpoint import (
+from dra_driver.kubeletplugin.checkpoint import (
     Checkpoint,
     CheckpointData,
     ClaimEntry,

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from dra_driver.framework.claims import ClaimError, allocated_devices
-from dra_driver.framework.device_kind import ClaimRef
+from dra_driver.kubeletplugin.claims import ClaimError, allocated_devices
+from dra_driver.kubeletplugin.device_kind import ClaimRef
 
 REF = ClaimRef(namespace="ns", name="c", uid="u1")
 DRIVER = "gpu.toposerve.io"

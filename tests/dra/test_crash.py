@@ -12,8 +12,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from dra_driver.framework.checkpoint import ClaimState
-from dra_driver.framework.kubelet_plugin import POINTS
+from dra_driver.kubeletplugin.checkpoint import ClaimState
+from dra_driver.kubeletplugin.plugin import POINTS
 from harness.dra_gpu import (
     DriverProc,
     GpuEnv,

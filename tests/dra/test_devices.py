@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
-from dra_driver.framework import slice_plan
 from dra_driver.gpu.devices import PARTITIONS_LABEL, gpu_pool, partitions_wanted
 from dra_driver.net.devices import nic_pool
+from dra_driver.resourceslice import slice_plan
 from topology.config_file import ConfigError, load_file
 from topology.model import DomainPath, NodeTopology
 from topology.profiles import HardwareProfile, bundled_names, load_profile

@@ -8,13 +8,20 @@ from typing import Any
 
 import pytest
 
-from dra_driver.gpu.config import DEFAULT, merge, parse_gpu_config
+from dra_driver.gpu.config import GpuConfig
 from dra_driver.gpu.devices import gpu_pool
 from dra_driver.gpu.edits import gpu_edits, resolve
+from dra_driver.kubeletplugin import merge_opaque, parse_opaque
+from dra_driver.net.config import NetConfig
 from topology.model import DomainPath, NodeTopology
 from topology.profiles import load_profile
 
-CFG = {"apiVersion": "toposerve.io/v1", "kind": "GpuConfig"}
+CFG = {"apiVersion": "gpu.toposerve.io/v1", "kind": "GpuConfig"}
+DEFAULT = GpuConfig()
+
+
+def parse_gpu_config(parameters: dict[str, Any]) -> GpuConfig:
+    return parse_opaque(parameters, GpuConfig)
 
 
 @pytest.mark.parametrize("params, message", [
@@ -23,7 +30,9 @@ CFG = {"apiVersion": "toposerve.io/v1", "kind": "GpuConfig"}
     ({**CFG, "nicAligment": "root"}, "nicAligment: Extra inputs are not permitted (unknown field"),
     ({**CFG, "env": {"1BAD": "x"}}, "env: Value error, not an environment variable name: 1BAD"),
     ({**CFG, "kind": "NicConfig"}, "kind: expected 'GpuConfig', got 'NicConfig'"),
-    ({"kind": "GpuConfig"}, "apiVersion: expected 'toposerve.io/v1', got None"),
+    ({"kind": "GpuConfig"}, "apiVersion: expected 'gpu.toposerve.io/v1', got None"),
+    ({**CFG, "apiVersion": "net.toposerve.io/v1"},
+     "apiVersion: expected 'gpu.toposerve.io/v1', got 'net.toposerve.io/v1'"),
 ])
 def test_bad_config_names_the_field(params: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError) as err:
@@ -35,10 +44,25 @@ def test_bad_config_names_the_field(params: dict[str, Any], message: str) -> Non
 def test_merge_later_wins_env_accumulates() -> None:
     cls = parse_gpu_config({**CFG, "nicAlignment": "numa", "env": {"A": "class", "B": "b"}})
     claim = parse_gpu_config({**CFG, "topologyEnv": False, "env": {"A": "claim"}})
-    got = merge([cls, claim])
+    # another driver's config among them is not this one's to merge
+    got = merge_opaque([cls, NetConfig(mtu=9000), claim], GpuConfig)
     assert (got.nic_alignment, got.topology_env, got.env) == (
         "numa", False, {"A": "claim", "B": "b"})
-    assert merge([]) == DEFAULT
+    assert merge_opaque([], GpuConfig) == DEFAULT
+
+
+def test_the_old_api_version_is_still_accepted() -> None:
+    """``toposerve.io/v1`` (before the group matched the driver's name) is a
+    deprecated alias: claims written with it keep working."""
+    old = parse_gpu_config({**CFG, "apiVersion": "toposerve.io/v1", "nicAlignment": "root"})
+    assert old == parse_gpu_config({**CFG, "nicAlignment": "root"}) != DEFAULT
+
+
+def test_fields_are_camel_case_on_the_wire_and_snake_case_in_python() -> None:
+    cfg = GpuConfig(topology_env=False, nic_alignment="numa")
+    assert cfg.model_dump(mode="json") == {"topologyEnv": False, "nicAlignment": "numa",
+                                           "env": {}}
+    assert parse_gpu_config({**CFG, **cfg.model_dump(mode="json")}) == cfg
 
 
 def _node(profile: str) -> NodeTopology:

@@ -15,13 +15,13 @@ from typing import Any
 import grpc
 import pytest
 
-from dra_driver.framework.cdi import CdiSpecs, ContainerEdits
-from dra_driver.framework.checkpoint import CorruptCheckpoint
-from dra_driver.framework.device_kind import AllocatedDevice, ClaimRef, PreparedEdits
-from dra_driver.framework.kubelet_plugin import KubeletPlugin, PluginConfig
-from dra_driver.framework.liveness import HttpEndpoints, healthz_route, metrics_route, probe
-from dra_driver.framework.publisher import Pool
-from dra_driver.framework.sockets import GRPC_PATH_MAX, PluginPaths
+from dra_driver.kubeletplugin.cdi import CdiSpecs, ContainerEdits
+from dra_driver.kubeletplugin.checkpoint import CorruptCheckpoint
+from dra_driver.kubeletplugin.device_kind import AllocatedDevice, ClaimRef, PreparedEdits
+from dra_driver.kubeletplugin.liveness import HttpEndpoints, healthz_route, metrics_route, probe
+from dra_driver.kubeletplugin.plugin import KubeletPlugin, PluginConfig
+from dra_driver.kubeletplugin.sockets import GRPC_PATH_MAX, PluginPaths
+from dra_driver.resourceslice import Pool
 from harness.dra_kubelet import Kubelet
 
 DRIVER = "fake.toposerve.io"

@@ -17,18 +17,20 @@ from typing import Any
 
 import pytest
 
-from dra_driver.net.config import NetConfig, parse_net_config
-from dra_driver.net.handoff import cni, forwarder
+from dra_driver.kubeletplugin import parse_opaque
+from dra_driver.net.config import NetConfig
+from dra_driver.net.handoff import cni
 from dra_driver.net.handoff.journal import Step
 from dra_driver.net.handoff.links import Namespace
 from dra_driver.net.handoff.mover import HandoffError
 from dra_driver.net.records import ClaimRecord, NicHandoff, write_record
 from harness.handoff_netns import NetEnv, net_env
+from localcluster.realnode import forwarder
 
-CONFIG = parse_net_config({
+CONFIG = parse_opaque({
     "apiVersion": "net.toposerve.io/v1", "kind": "NetConfig", "interfaceName": "net1",
     "addresses": ["198.18.0.2/24"], "mtu": 1400,
-    "routes": [{"destination": "198.19.0.0/24", "gateway": "198.18.0.1"}]})
+    "routes": [{"destination": "198.19.0.0/24", "gateway": "198.18.0.1"}]}, NetConfig)
 
 
 @pytest.fixture
@@ -43,7 +45,7 @@ def _assert_in_pod(env: NetEnv, config: NetConfig = CONFIG) -> None:
     nic = env.nics[0]
     [(where, link)] = env.where(nic)
     assert where == env.pod
-    assert link.name == config.interfaceName and link.up and link.mtu == config.mtu
+    assert link.name == config.interface_name and link.up and link.mtu == config.mtu
     assert {a for a in link.addresses if not a.ip.is_link_local} == set(config.addresses)
     with Namespace(env.pod) as pod:
         assert ("198.19.0.0/24", "198.18.0.1") in pod.routes_of(link)
@@ -74,10 +76,10 @@ def test_attach_configures_the_nic_in_the_pod_and_detach_restores_it(env: NetEnv
     assert env.journal.entries() == []
 
 
-DUAL = parse_net_config({
+DUAL = parse_opaque({
     "apiVersion": "net.toposerve.io/v1", "kind": "NetConfig", "interfaceName": "net1",
     "addresses": ["198.18.0.2/24", "2001:db8:18::2/64"], "mtu": 1400,
-    "routes": [{"destination": "2001:db8:19::/64", "gateway": "2001:db8:18::1"}]})
+    "routes": [{"destination": "2001:db8:19::/64", "gateway": "2001:db8:18::1"}]}, NetConfig)
 
 
 def test_ipv6_addresses_and_routes_in_the_pod(env: NetEnv) -> None:
@@ -150,7 +152,7 @@ def test_a_nic_in_one_pod_is_refused_to_another(env: NetEnv) -> None:
 
 def test_a_name_taken_in_the_pod_fails_and_leaves_the_nic_on_the_host(env: NetEnv) -> None:
     mover = env.mover()
-    mover.attach("sb1", env.pod, "nic1", NetConfig(interfaceName="net1"))
+    mover.attach("sb1", env.pod, "nic1", NetConfig(interface_name="net1"))
     with pytest.raises(HandoffError, match="already has an interface named net1"):
         mover.attach("sb1", env.pod, "nic0", CONFIG)
     assert [w for w, _ in env.where(env.nics[0])] == [env.host]

@@ -72,7 +72,7 @@ def _on_host_as_it_was(env: NetEnv, nic: Nic, where: str, link: Link) -> bool:
 def _in_pod_configured(env: NetEnv, where: str, link: Link) -> bool:
     own = {a for a in link.addresses if not a.ip.is_link_local}
     return where == env.pod and (link.name, link.mtu, link.up, own) == (
-        CONFIG.interfaceName, CONFIG.mtu, True, set(CONFIG.addresses))
+        CONFIG.interface_name, CONFIG.mtu, True, set(CONFIG.addresses))
 
 
 def test_a_mover_killed_at_random_never_loses_the_nic(env: NetEnv) -> None:

@@ -7,11 +7,20 @@ from typing import Any
 
 import pytest
 
-from dra_driver.net.config import API_VERSION, KIND, NetConfig, Route, merge, parse_net_config
+from dra_driver.kubeletplugin import merge_opaque, parse_opaque
+from dra_driver.net.config import NetConfig, Route
 
 
 def _params(**fields: Any) -> dict[str, Any]:
-    return {"apiVersion": API_VERSION, "kind": KIND, **fields}
+    return {"apiVersion": NetConfig.API_VERSION, "kind": NetConfig.KIND, **fields}
+
+
+def parse_net_config(parameters: dict[str, Any]) -> NetConfig:
+    return parse_opaque(parameters, NetConfig)
+
+
+def merge(configs: list[NetConfig]) -> NetConfig:
+    return merge_opaque(configs, NetConfig)
 
 
 def test_full_config_parses() -> None:
@@ -19,18 +28,28 @@ def test_full_config_parses() -> None:
         interfaceName="net1", addresses=["198.18.0.2/24", "fd00::2/64"], mtu=9000,
         routes=[{"destination": "198.19.0.0/16", "gateway": "198.18.0.1"},
                 {"destination": "0.0.0.0/0"}]))
-    assert c.interfaceName == "net1" and c.mtu == 9000
+    assert c.interface_name == "net1" and c.mtu == 9000
     assert c.addresses == [IPv4Interface("198.18.0.2/24"), IPv6Interface("fd00::2/64")]
     assert c.routes == [Route(destination=ip_network("198.19.0.0/16"),
                               gateway=ip_address("198.18.0.1")),
                         Route(destination=ip_network("0.0.0.0/0"))]
-    # The JSON form (as in a hand-off record) reads back to the same config.
+    # The JSON form (as in a hand-off record) is the wire's, camelCase, and
+    # reads back to the same config.
+    assert c.model_dump(mode="json")["interfaceName"] == "net1"
     assert NetConfig.model_validate(c.model_dump(mode="json")) == c
+
+
+def test_a_record_written_with_apiversion_and_kind_still_reads() -> None:
+    """Hand-off records of drivers before the shared convention embedded
+    the config with its apiVersion and kind."""
+    old: dict[str, Any] = {"apiVersion": "net.toposerve.io/v1", "kind": "NetConfig",
+                           "interfaceName": "net1", "addresses": [], "mtu": None, "routes": []}
+    assert NetConfig.model_validate(old) == NetConfig(interface_name="net1")
 
 
 def test_empty_config_keeps_everything() -> None:
     c = parse_net_config(_params())
-    assert c == NetConfig() and c.interfaceName is None and not c.addresses and not c.routes
+    assert c == NetConfig() and c.interface_name is None and not c.addresses and not c.routes
 
 
 @pytest.mark.parametrize("fields, error", [
@@ -65,9 +84,9 @@ def test_bad_config_is_one_clear_line(fields: dict[str, Any], error: str) -> Non
 
 
 @pytest.mark.parametrize("params, error", [
-    ({"kind": KIND}, "apiVersion: expected 'net.toposerve.io/v1', got None"),
-    ({"apiVersion": "toposerve.io/v1", "kind": KIND}, "apiVersion: expected"),
-    ({"apiVersion": API_VERSION, "kind": "GpuConfig"}, "kind: expected 'NetConfig'"),
+    ({"kind": "NetConfig"}, "apiVersion: expected 'net.toposerve.io/v1', got None"),
+    ({"apiVersion": "toposerve.io/v1", "kind": "NetConfig"}, "apiVersion: expected"),
+    ({"apiVersion": "net.toposerve.io/v1", "kind": "GpuConfig"}, "kind: expected 'NetConfig'"),
 ])
 def test_wrong_kind_or_version(params: dict[str, Any], error: str) -> None:
     with pytest.raises(ValueError, match=error):
@@ -77,7 +96,7 @@ def test_wrong_kind_or_version(params: dict[str, Any], error: str) -> None:
 def test_merge_later_fields_win_and_the_whole_is_checked() -> None:
     cls = parse_net_config(_params(mtu=9000, interfaceName="rdma0"))
     claim = parse_net_config(_params(interfaceName="net1", addresses=["198.18.0.2/24"]))
-    assert merge([cls, claim]) == NetConfig(interfaceName="net1", mtu=9000,
+    assert merge([cls, claim]) == NetConfig(interface_name="net1", mtu=9000,
                                             addresses=[IPv4Interface("198.18.0.2/24")])
     assert merge([]) == NetConfig()
     # Each config is valid alone, together the MTU is too small for IPv6.

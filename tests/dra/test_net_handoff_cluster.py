@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from dra_driver.net.config import NetConfig, parse_net_config
-from dra_driver.net.handoff import forwarder
+from dra_driver.kubeletplugin import parse_opaque
+from dra_driver.net.config import NetConfig
 from dra_driver.net.handoff.journal import Entry, Journal, Step
 from dra_driver.net.handoff.links import Namespace
 from dra_driver.net.records import read_record
@@ -35,13 +35,14 @@ from harness.dra_net import (
 )
 from harness.net_standins import StandIns, stand_ins
 from harness.waiting import wait_for
+from localcluster.realnode import forwarder
 from tests.conftest import Cluster
 from topology.profiles import load_profile
 
 pytestmark = pytest.mark.cluster
 HW = load_profile("hgx-h100").hardware()
 NETNS_DIR = Path("/var/run/netns")
-POD_CONFIG = parse_net_config(net_config(interfaceName="net1"))
+POD_CONFIG = parse_opaque(net_config(interfaceName="net1"), NetConfig)
 
 
 @pytest.fixture(scope="module")

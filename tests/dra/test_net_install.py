@@ -12,13 +12,14 @@ from typing import Any
 
 import pytest
 
-from dra_driver.net.handoff import forwarder
 from dra_driver.net.handoff.install import (
+    DEFAULT_PLUGIN,
     InstallError,
     chained,
     install,
     plugin_entry,
 )
+from localcluster.realnode import forwarder
 from toposerve_cli.driver_cmd import main
 
 ENTRY = plugin_entry(Path("/var/lib/kubelet"))
@@ -76,11 +77,11 @@ def test_install_writes_once_and_keeps_the_files_mode(tmp_path: Path) -> None:
 
 
 def test_the_cli_installs_the_static_go_forwarder(tmp_path: Path) -> None:
-    """By default the build of this checkout's source (``forwarder``): one
-    static executable that needs nothing on the node."""
+    """The build of this checkout's source (``forwarder``): one static
+    executable that needs nothing on the node."""
     built = forwarder.build()
     assert main(["--log-level", "error", "driver", "net-install-cni", "--bin-dir",
-                 str(tmp_path)]) == 0
+                 str(tmp_path), "--plugin", str(built)]) == 0
     exe = tmp_path / "toposerve-nic"
     assert exe.read_bytes() == built.read_bytes()
     assert exe.read_bytes()[:4] == b"\x7fELF" and b"ld-linux" not in exe.read_bytes()  # static
@@ -97,6 +98,17 @@ def test_a_missing_binary_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixt
     assert rc == 2 and "\n" not in err
     assert err.startswith(f"error: {tmp_path / 'nope'}: cannot read the toposerve-nic binary")
     assert "make nic-cni" in err
+
+
+def test_by_default_the_cli_installs_the_images_binary(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The driver takes the binary's path; without ``--plugin`` it is where
+    the image has it (no build: that is tooling, ``make nic-cni``)."""
+    assert not DEFAULT_PLUGIN.exists()  # not on this machine: the error names it
+    rc = main(["--log-level", "error", "driver", "net-install-cni", "--bin-dir",
+               str(tmp_path)])
+    assert rc == 2
+    assert capsys.readouterr().err.startswith(f"error: {DEFAULT_PLUGIN}: cannot read")
 
 
 @pytest.mark.parametrize("body, error", [

@@ -102,7 +102,7 @@ def test_prepare_writes_the_record_cdi_and_network_data(net_env: NetEnv,
     assert rec.claim == f"{claim.namespace}/one-nic"
     [nic] = rec.nics
     assert nic.device == device and nic.hostIfName in driver.nics.interfaces
-    assert nic.config.interfaceName == "net1" and nic.config.mtu == 9000
+    assert nic.config.interface_name == "net1" and nic.config.mtu == 9000
     assert [str(a) for a in nic.config.addresses] == ["198.18.0.2/24"]
     assert nic.rdmaDevice is not None and nic.rdmaDevice.startswith("mlx5_")
 

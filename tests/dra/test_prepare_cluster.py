@@ -16,9 +16,9 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from dra_driver.framework.checkpoint import Checkpoint, ClaimState
-from dra_driver.framework.claim_status import DeviceStatus, apply_device_status
-from dra_driver.framework.device_kind import ClaimRef
+from dra_driver.kubeletplugin.checkpoint import Checkpoint, ClaimState
+from dra_driver.kubeletplugin.claim_status import DeviceStatus, apply_device_status
+from dra_driver.kubeletplugin.device_kind import ClaimRef
 from harness.dra_gpu import (
     DRIVER,
     NAMESPACE,
@@ -38,7 +38,7 @@ from harness.dra_kubelet import Claim
 from harness.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
-GPU_CONFIG = {"apiVersion": "toposerve.io/v1", "kind": "GpuConfig"}
+GPU_CONFIG = {"apiVersion": "gpu.toposerve.io/v1", "kind": "GpuConfig"}
 
 
 def _answer(resp: dict[str, Any]) -> dict[str, Any]:

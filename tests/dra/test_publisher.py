@@ -18,8 +18,8 @@ from urllib.parse import urlparse
 import pytest
 from kubernetes import client
 
-from dra_driver.framework.publisher import Pool, SlicePublisher
 from dra_driver.gpu.devices import gpu_pool
+from dra_driver.resourceslice import Pool, SlicePublisher
 from harness.waiting import wait_for
 from kubeapi import JsonApi
 from tests.conftest import Cluster

@@ -8,8 +8,8 @@ from typing import Any
 
 import orjson
 
-from dra_driver.framework import slice_plan as sp
-from dra_driver.framework.slice_plan import Pool
+from dra_driver.resourceslice import slice_plan as sp
+from dra_driver.resourceslice.slice_plan import Pool
 from kubeapi import Reflector
 
 DRIVER = "gpu.toposerve.io"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dra_driver.framework.sockets import (
+from dra_driver.kubeletplugin.sockets import (
     UNIX_PATH_MAX,
     PluginPaths,
     registration_socket_name,

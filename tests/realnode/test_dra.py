@@ -16,9 +16,9 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from dra_driver.framework.cdi import CdiSpecs
-from dra_driver.framework.checkpoint import Checkpoint, ClaimState, read_boot_id
 from dra_driver.gpu.driver import CDI_CLASS, CDI_VENDOR
+from dra_driver.kubeletplugin.cdi import CdiSpecs
+from dra_driver.kubeletplugin.checkpoint import Checkpoint, ClaimState, read_boot_id
 from harness.waiting import wait_for
 from localcluster.cluster import kubeconfig_path
 from localcluster.realnode import node as realnode

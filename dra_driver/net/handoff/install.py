@@ -11,8 +11,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dra_driver.framework.files import write_atomic
+from dra_driver.kubeletplugin.files import write_atomic
 from dra_driver.net.handoff.cni import PLUGIN_TYPE
+
+# Where the image has the static binary (``make nic-cni`` builds it; the
+# chart's ``netDriver.cni.plugin`` default names the same path).
+DEFAULT_PLUGIN = Path("/usr/local/libexec/toposerve/toposerve-nic")
 
 
 class InstallError(RuntimeError):
@@ -42,7 +46,7 @@ def chained(conflist: Mapping[str, Any], entry: Mapping[str, Any]) -> dict[str, 
 def install(bin_dir: Path, plugin: Path, conf_dir: Path | None = None,
             chain_into: str | None = None, entry: Mapping[str, Any] | None = None
             ) -> list[str]:
-    """Copy the executable ``plugin`` (the Go forwarder, ``forwarder``) into
+    """Copy the executable ``plugin`` (the Go forwarder) into
     ``bin_dir``; chain ``entry`` into ``conf_dir/chain_into`` when given.
     Returns what changed (file paths)."""
     changed = []

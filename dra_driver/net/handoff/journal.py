@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from dra_driver.framework.files import remove_temp_files, write_atomic
+from dra_driver.kubeletplugin.files import remove_temp_files, write_atomic
 from dra_driver.net.config import NetConfig, check_ifname
 
 VERSION = 1

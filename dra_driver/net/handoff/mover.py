@@ -42,7 +42,7 @@ class Attached:
 
 
 def pod_name(host_ifname: str, config: NetConfig) -> str:
-    return config.interfaceName or host_ifname
+    return config.interface_name or host_ifname
 
 
 def _netns_exists(path: str) -> bool:

@@ -17,7 +17,7 @@ import structlog
 from dra_driver._generated import dra_v1_pb2, dra_v1_pb2_grpc
 from dra_driver._generated import pluginregistration_pb2 as reg_pb2
 from dra_driver._generated import pluginregistration_pb2_grpc as reg_grpc
-from dra_driver.framework.sockets import grpc_target
+from dra_driver.kubeletplugin.sockets import grpc_target
 
 log = structlog.get_logger("dra.liveness")
 

@@ -29,11 +29,11 @@ import orjson
 import structlog
 from prometheus_client import Counter, Gauge
 
-from dra_driver.framework import slice_plan
-from dra_driver.framework.slice_plan import DesiredPool, Observed, Pool, Write
+from dra_driver.resourceslice import slice_plan
+from dra_driver.resourceslice.slice_plan import DesiredPool, Observed, Pool, Write
 from kubeapi import ApiError, JsonApi, Reflector, WorkQueue, backoff
 
-__all__ = ["Pool", "ReconcileStats", "SlicePublisher"]
+__all__ = ["ReconcileStats", "SlicePublisher"]
 
 log = structlog.get_logger("toposerve.dra.publisher")
 

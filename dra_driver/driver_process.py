@@ -13,13 +13,13 @@ from typing import Any, Generic, TypeVar
 
 import structlog
 
-from dra_driver.framework import metrics
-from dra_driver.framework.cdi import DEFAULT_CDI_ROOT, CdiSpecs
-from dra_driver.framework.checkpoint import BOOT_ID_FILE, read_boot_id
-from dra_driver.framework.device_kind import DeviceKind
-from dra_driver.framework.kubelet_plugin import KubeletPlugin, PluginConfig
-from dra_driver.framework.publisher import SlicePublisher
-from dra_driver.framework.sockets import KUBELET_REGISTRY_DIR, PluginPaths
+from dra_driver.kubeletplugin import metrics
+from dra_driver.kubeletplugin.cdi import DEFAULT_CDI_ROOT, CdiSpecs
+from dra_driver.kubeletplugin.checkpoint import BOOT_ID_FILE, read_boot_id
+from dra_driver.kubeletplugin.device_kind import DeviceKind
+from dra_driver.kubeletplugin.plugin import KubeletPlugin, PluginConfig
+from dra_driver.kubeletplugin.sockets import KUBELET_REGISTRY_DIR, PluginPaths
+from dra_driver.resourceslice import SlicePublisher
 from topology.labels import DialectName
 
 T = TypeVar("T")

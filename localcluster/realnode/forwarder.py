@@ -1,9 +1,11 @@
-"""The ``toposerve-nic`` executable containerd runs: a static Go binary
-(``cni-forwarder/``, stdlib only, ``CGO_ENABLED=0``) that forwards each CNI
-call to the NIC driver's resident hand-off server (``server``), so a node
-needs no Python for it. Built into the tool cache keyed by a hash of its
-source (``make nic-cni``, or ``python -m dra_driver.net.handoff.forwarder``,
-which prints the path)."""
+"""Building ``toposerve-nic``, the executable containerd runs: a static Go
+binary (``dra_driver/net/handoff/cni-forwarder/``, stdlib only,
+``CGO_ENABLED=0``) that forwards each CNI call to the NIC driver's resident
+hand-off server, so a node needs no Python for it. Built into the tool cache
+keyed by a hash of its source (``make nic-cni``, or ``python -m
+localcluster.realnode.forwarder``, which prints the path). Tooling: the
+driver only takes the built binary's path (``toposerve driver net install
+--plugin``)."""
 
 from __future__ import annotations
 
@@ -14,10 +16,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import dra_driver.net.handoff
+from dra_driver.net.handoff.cni import PLUGIN_TYPE as NAME
 from localcluster.tools import cache_dir
 
-SOURCE = Path(__file__).parent / "cni-forwarder"
-NAME = "toposerve-nic"
+SOURCE = Path(dra_driver.net.handoff.__file__).parent / "cni-forwarder"
 
 
 class ForwarderMissing(RuntimeError):

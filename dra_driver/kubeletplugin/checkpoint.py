@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from dra_driver.framework.files import write_atomic
+from dra_driver.kubeletplugin.files import write_atomic
 
 VERSION = 1
 BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
