@@ -4,6 +4,7 @@ file gets one error per field naming it and the fix."""
 
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
 from typing import Literal
 
@@ -106,6 +107,29 @@ class ExtenderConfig(Section):
         default=True, alias="persistDecisions",
         description="write each group's domain onto its pods (annotation "
                     "toposerve.io/placement) so a restarted or second extender keeps it")
+    decision_key_file: str | None = Field(
+        default=None, alias="decisionKeyFile",
+        description="file holding the key that signs the decisions written on pods (a "
+                    "mounted Secret, shared by every replica); only decisions signed with "
+                    "it are read back. Unset: a key made at start, so decisions written "
+                    "before a restart are decided afresh")
+
+    @field_validator("decision_key_file")
+    @classmethod
+    def _key_file(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                key = Path(v).read_bytes()
+            except OSError as err:
+                raise ValueError(f"cannot read {v}: {err.strerror}") from None
+            if len(key.strip()) < 16:
+                raise ValueError(f"{v}: the key must be at least 16 bytes")
+        return v
+
+    def decision_key(self) -> bytes:
+        if self.decision_key_file is None:
+            return secrets.token_bytes(32)
+        return Path(self.decision_key_file).read_bytes().strip()
 
     def dialect(self) -> Dialect:
         return PRESETS[self.topology_labels]

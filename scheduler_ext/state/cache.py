@@ -93,6 +93,8 @@ class ClusterState:
         self.on_size_known: Callable[[Group, list[tuple[str, str]]], None] | None = None
         self.clock = clock
         self.assume_ttl_s = assume_ttl_s
+        # signs the decisions written on pods; only those signed with it are adopted
+        self.key = cfg.decision_key()
         self.dialect = cfg.dialect()
         self._classes = set(cfg.accelerators.device_classes)
         self._drivers = set(cfg.accelerators.drivers)
@@ -277,7 +279,7 @@ class ClusterState:
 
     def pod(self, kind: str, obj: dict[str, Any]) -> None:
         with self.lock:
-            self._set_pod(pod_facts(obj, self.dialect, self._extended), kind == "DELETED")
+            self._set_pod(pod_facts(obj, self.dialect, self._extended, self.key), kind == "DELETED")
 
     @contextmanager
     def observing(self, obj: dict[str, Any]) -> Iterator[PodFacts]:
@@ -292,7 +294,7 @@ class ClusterState:
             if known is not None:
                 yield known
                 return
-            facts = pod_facts(obj, self.dialect, self._extended)
+            facts = pod_facts(obj, self.dialect, self._extended, self.key)
             self._set_pod(facts, False)
             try:
                 yield facts

@@ -3,6 +3,8 @@ parsed from the API's JSON, so the cache never holds whole objects."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,24 +126,38 @@ def template_demand(obj: dict[str, Any], classes: set[str]) -> tuple[tuple[str, 
             requests_demand((inner.get("devices") or {}).get("requests") or [], classes))
 
 
-def decision_annotation(d: Decision) -> str:
-    return orjson.dumps({"group": d.group, "level": config_name(d.tier), "domain": d.domain,
-                         "decidedAt": d.decided_at, "expiresAt": d.expires_at,
-                         "required": d.required, "profiles": d.profiles}).decode()
+def _signature(fields: dict[str, Any], key: bytes) -> str:
+    return hmac.new(key, orjson.dumps(fields, option=orjson.OPT_SORT_KEYS),
+                    hashlib.sha256).hexdigest()
 
 
-def parse_decision(text: str, dialect: Dialect) -> Decision | None:
+def decision_annotation(d: Decision, key: bytes) -> str:
+    """The decision as written on a pod, signed with ``key`` (HMAC-SHA256):
+    a pod's author can write the annotation too, and only what an extender
+    holding the key decided is read back as a promise."""
+    fields = {"group": d.group, "level": config_name(d.tier), "domain": list(d.domain),
+              "decidedAt": d.decided_at, "expiresAt": d.expires_at, "required": d.required,
+              "profiles": list(d.profiles)}
+    return orjson.dumps({**fields, "signature": _signature(fields, key)}).decode()
+
+
+def parse_decision(text: str, dialect: Dialect, key: bytes) -> Decision | None:
+    """A decision read from a pod, if an extender holding ``key`` wrote it."""
     try:
         raw = orjson.loads(text)
+        signature = str(raw.pop("signature", ""))
+        if not hmac.compare_digest(signature, _signature(raw, key)):
+            return None
         return Decision(str(raw["group"]), parse_level(str(raw["level"]), dialect),
                         tuple(raw["domain"]), float(raw["decidedAt"]),
                         float(raw["expiresAt"]), bool(raw.get("required", False)),
                         tuple(str(p) for p in raw.get("profiles") or ()))
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None  # not ours to trust: decided afresh
 
 
-def pod_facts(obj: dict[str, Any], dialect: Dialect, extended: list[str]) -> PodFacts:
+def pod_facts(obj: dict[str, Any], dialect: Dialect, extended: list[str],
+              key: bytes) -> PodFacts:
     md = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
@@ -165,4 +181,4 @@ def pod_facts(obj: dict[str, Any], dialect: Dialect, extended: list[str]) -> Pod
     return PodFacts(md.get("uid", ""), md.get("namespace", "default"), md.get("name", ""),
                     spec.get("nodeName") or None, is_active(obj), identify(obj, dialect),
                     tuple(claims), tuple(templates), ext,
-                    parse_decision(note, dialect) if note else None)
+                    parse_decision(note, dialect, key) if note else None)

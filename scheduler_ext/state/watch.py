@@ -106,8 +106,9 @@ class Watches:
     def persist(self, namespace: str, pod: str, decision: Decision) -> None:
         """Write the group's decision on one of its pods (merge patch), so
         that a restarted or second extender finds it in its pod watch."""
-        self._annotate(namespace, pod, PLACEMENT_ANNOTATION, decision_annotation(decision),
-                       decision.group, "could not record the group's placement on its pod")
+        self._annotate(namespace, pod, PLACEMENT_ANNOTATION,
+                       decision_annotation(decision, self.state.key), decision.group,
+                       "could not record the group's placement on its pod")
 
     def nudge(self, group: Group, pods: list[tuple[str, str]]) -> None:
         """The group's size is known now: annotate its waiting pods (off the

@@ -3,7 +3,12 @@ pods; groups as each controller labels them; decisions read back from pods."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+import orjson
+import pytest
+from pydantic import ValidationError
 
 from harness import extender_objects as k
 from localcluster.scale import controllers as ctl
@@ -194,8 +199,8 @@ def test_a_decision_written_on_a_pod_is_found_again_and_the_oldest_wins() -> Non
     rack = (nodes[0].path.zone, nodes[0].path.block, nodes[0].path.rack)
     older = Decision(ref.key, Tier.RACK, rack, 100.0, 200.0)
     newer = Decision(ref.key, Tier.RACK, ("z", "b", "other"), 150.0, 250.0)
-    p[0]["metadata"]["annotations"][PLACEMENT_ANNOTATION] = decision_annotation(newer)
-    p[1]["metadata"]["annotations"][PLACEMENT_ANNOTATION] = decision_annotation(older)
+    p[0]["metadata"]["annotations"][PLACEMENT_ANNOTATION] = decision_annotation(newer, st.key)
+    p[1]["metadata"]["annotations"][PLACEMENT_ANNOTATION] = decision_annotation(older, st.key)
     st.pod("ADDED", p[0])
     st.pod("ADDED", p[1])
     assert st.snapshot().decisions[ref.key] == older
@@ -281,3 +286,40 @@ def test_the_room_per_domain_follows_a_bind_without_a_rebuild() -> None:
     assert rack is not None and kept[rack] == 72 - 4
     view.memo.clear()
     assert view.room(*key) == kept
+
+
+def test_a_placement_a_pod_wrote_itself_is_never_a_promise(tmp_path: Path) -> None:
+    st, nodes = state_with(("gb200-nvl72", 36))
+    racks = sorted({(n.path.zone, n.path.block, n.path.rack) for n in nodes})
+    forged = []
+    for i, rack in enumerate(racks):  # two pending pods hold a rack each for ages
+        p = k.toposerve_pods(f"hog{i}", 18, claim_template="gpu4", level="rack",
+                             uid_prefix=f"hog{i}")[0]
+        ref = identify(p, TOPO)
+        assert ref is not None
+        d = Decision(ref.key, Tier.RACK, rack, 0.0, 1e18)
+        unsigned = orjson.loads(decision_annotation(d, st.key))
+        del unsigned["signature"]
+        forged.append(orjson.dumps(unsigned).decode())
+        # signed, but with a key this extender does not hold
+        forged.append(decision_annotation(d, b"someone else's key"))
+        p["metadata"]["annotations"][PLACEMENT_ANNOTATION] = forged[-1 - i % 2]
+        st.pod("ADDED", p)
+    assert st.snapshot().decisions == {}
+    p = k.toposerve_pods("hog0", 18, claim_template="gpu4", level="rack", uid_prefix="x")[1]
+    for text in forged:
+        p["metadata"]["annotations"][PLACEMENT_ANNOTATION] = text
+        st.pod("MODIFIED", p)
+        assert st.snapshot().decisions == {}
+    # a restarted extender with the same key (a mounted Secret) reads its own back
+    key = tmp_path / "key"
+    key.write_bytes(b"0123456789abcdef0123456789abcdef\n")
+    cfg = ExtenderConfig.model_validate({"decisionKeyFile": str(key)})
+    first, second = ClusterState(cfg), ClusterState(cfg)
+    d = Decision("toposerve/default/hog0", Tier.RACK, racks[0], 100.0, 220.0)
+    p["metadata"]["annotations"][PLACEMENT_ANNOTATION] = decision_annotation(d, first.key)
+    second.pod("ADDED", p)
+    assert second.snapshot().decisions == {d.group: d}
+    with pytest.raises(ValidationError, match="at least 16 bytes"):
+        key.write_bytes(b"short")
+        ExtenderConfig.model_validate({"decisionKeyFile": str(key)})
