@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "toposerve needs Python >= 3.11"'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev]'  # dev pulls every extra
 	@rm -f $(VENV)/.installed-*; touch $@
 
 tools:
@@ -36,13 +36,22 @@ node-tools: tools
 nic-cni: venv
 	$(PY) -m localcluster.realnode.forwarder
 
+# the install's images as OCI archives in ~/.cache/toposerve/images, built with
+# buildah, no registry (docs/install.md): toposerve, kube-scheduler, redis
+.PHONY: image
+image: venv tools nic-cni
+	bash hack/build-image.sh "$$($(MAKE) -s --no-print-directory nic-cni | tail -n1)"
+
 # gRPC stubs for the kubelet protos (committed; tests/dra/test_protos.py checks they are current)
 protos: venv
 	$(PY) -m dra_driver.protos.generate
 
+# ruff, mypy strict, and the architecture's import contracts (pyproject's
+# [tool.importlinter]: the floors of docs/design.md)
 lint: venv
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy topology localcluster toposerve_cli router simulator wire harness dra_driver scheduler_ext manifests bench hack tests
+	$(VENV)/bin/mypy topology kubeapi wire localcluster toposerve_cli router simulator harness dra_driver scheduler_ext manifests bench hack tests
+	$(VENV)/bin/lint-imports
 
 # the tests that need no cluster and no subprocess: well under a minute
 .PHONY: unit

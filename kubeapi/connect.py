@@ -37,7 +37,7 @@ def connect(kubeconfig: str | os.PathLike[str] | None = None, *, pool_size: int 
                 client_configuration=cfg)
     except ConfigException as err:
         where = path if explicit or Path(path).exists() else "in-cluster config"
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0].rstrip(".")
         raise ConfigError(f"{where}: {first}; give --kubeconfig, set $KUBECONFIG, or run "
                           "in a pod with a service account") from None
     cfg.connection_pool_maxsize = pool_size

@@ -20,6 +20,21 @@ from toposerve_cli import (
 )
 
 
+# The optional dependencies (pyproject's extras) by the module a part imports.
+EXTRAS = {"pyroute2": "net", "tokenizers": "precise", "tqdm": "scale", "psutil": "scale",
+          "matplotlib": "scale"}
+
+
+def missing_extra(err: ModuleNotFoundError) -> str | None:
+    """The line for a person when ``err`` is an extra that is not installed."""
+    module = (err.name or "").split(".")[0]
+    extra = EXTRAS.get(module)
+    if extra is None:
+        return None
+    return (f"error: this needs {module}, from the {extra!r} extra: "
+            f"pip install 'toposerve[{extra}]'")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="toposerve",
@@ -48,6 +63,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except ModuleNotFoundError as err:
+        line = missing_extra(err)
+        if line is None:
+            raise
+        print(line, file=sys.stderr)
+        return 2
     except kubeapi.ConfigError as err:  # no credentials, from any subcommand
         print(f"error: {err}", file=sys.stderr)
         return 2
