@@ -271,13 +271,15 @@ def api_client(kubeconfig: str | None) -> Any:
     return connect(kubeconfig, pool_size=16)
 
 
-def serve(cfg: ExtenderConfig, kubeconfig: str | None) -> None:
+def serve(cfg: ExtenderConfig, api: Any, listening: Callable[[], None] = lambda: None) -> None:
+    """Serve until stopped; ``listening`` is called once the socket listens
+    (an address that cannot be had raises ``OSError`` before)."""
     import uvloop
 
     from scheduler_ext.state.watch import Watches
 
     state = ClusterState(cfg)
-    watches = Watches(api_client(kubeconfig), state)
+    watches = Watches(api, state)
     ext = Extender(cfg, state, persist=watches.persist, missing=watches.missing)
 
     async def start(_: web.Application) -> None:
@@ -306,4 +308,4 @@ def serve(cfg: ExtenderConfig, kubeconfig: str | None) -> None:
     app.cleanup_ctx.append(metrics_loop)
     uvloop.install()
     web.run_app(app, host=cfg.server.host, port=cfg.server.port, ssl_context=ssl_context(cfg),
-                access_log=None, print=lambda *_: None, shutdown_timeout=5)
+                access_log=None, print=lambda *_: listening(), shutdown_timeout=5)

@@ -55,6 +55,8 @@ def load_file(path: str | Path, model: type[M], kind: str) -> M:
         text = p.read_text()
     except OSError as err:
         raise ConfigError(f"{p}: cannot read: {err.strerror}") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{p}: not UTF-8 text (byte {err.start}): give a YAML file") from None
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as err:

@@ -26,13 +26,17 @@ def _run(args: argparse.Namespace) -> int:
     if args.port is not None:
         server["port"] = args.port
     cfg = cfg.model_copy(update={"server": ServerConfig.model_validate(server)})
-    from scheduler_ext.server import serve
+    from scheduler_ext.server import api_client, serve
 
+    api = api_client(args.kubeconfig)  # no credentials: one line, before anything serves
     scheme = "https" if cfg.server.cert_file else "http"
-    structlog.get_logger("toposerve.extender").info(
-        "serving", url=f"{scheme}://{cfg.server.host}:{cfg.server.port}",
-        kubeconfig=args.kubeconfig or "(in-cluster)")
-    serve(cfg, args.kubeconfig)
+    url = f"{scheme}://{cfg.server.host}:{cfg.server.port}"
+    try:
+        serve(cfg, api, listening=lambda: structlog.get_logger("toposerve.extender").info(
+            "serving", url=url, kubeconfig=args.kubeconfig or "(in-cluster)"))
+    except OSError as err:  # the port is taken, the address not ours, ...
+        print(f"error: cannot listen on {url}: {err.strerror or err}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -403,3 +403,42 @@ def test_pods_known_only_from_a_call_inform_it_and_are_not_kept() -> None:
         assert view.groups == {}
     assert ext.state.names("pods") == set()
     assert not ext.state._members and not ext.state._pods_on and not ext.state._assumed
+
+
+def _extender_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    import os
+    import sys
+    env = {**os.environ, "HOME": str(tmp_path), "KUBECONFIG": ""}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    return subprocess.run([sys.executable, "-m", "toposerve_cli.main", "extender", *args],
+                          capture_output=True, text=True, timeout=60, env=env,
+                          cwd=Path(__file__).parents[2])
+
+
+def test_the_command_fails_in_one_line_before_it_says_serving(tmp_path: Path) -> None:
+    import socket
+    # no kubeconfig anywhere, no cluster around it
+    got = _extender_cli(tmp_path, "--port", "0")
+    assert got.returncode != 0 and "serving" not in got.stdout + got.stderr
+    assert len(got.stderr.strip().splitlines()) == 1 and "kubeconfig" in got.stderr
+    # a config file that is not UTF-8
+    odd = tmp_path / "odd.yaml"
+    odd.write_bytes(b"apiVersion: toposerve.io/v1\nkind: ExtenderConfig\n# \xff\xfe\n")
+    got = _extender_cli(tmp_path, "--config", str(odd))
+    assert got.returncode == 2 and got.stderr.strip().splitlines() == [
+        f"error: {odd}: not UTF-8 text (byte 51): give a YAML file"]
+    # a port that is taken (a kubeconfig whose API is nowhere: the watches retry)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "x",
+        "clusters": [{"name": "x", "cluster": {"server": "http://127.0.0.1:9"}}],
+        "contexts": [{"name": "x", "context": {"cluster": "x", "user": "x"}}],
+        "users": [{"name": "x", "user": {}}]}))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        got = _extender_cli(tmp_path, "--kubeconfig", str(kubeconfig), "--port", str(port))
+    assert got.returncode == 1 and "serving" not in got.stdout + got.stderr
+    assert got.stderr.strip().splitlines()[-1].startswith(
+        f"error: cannot listen on http://127.0.0.1:{port}: ")
