@@ -14,7 +14,7 @@ the NIC driver's slices beside the GPUs', the requeue scan that every
 claim creation starts (``SchedulerPreQueueingHints``, alpha in 1.37), and
 the garbage collector's share of the apiserver and scheduler (GOGC).
 
-Client rate limits decide throughput here (DESIGN §8): by default the
+Client rate limits decide throughput here (docs/design.md §7): by default the
 scheduler runs with ``clientConnection: {qps: 1000, burst: 1000}`` and the
 controller-manager (which makes the claims from the template) with
 ``--kube-api-qps/--kube-api-burst 1000``; ``--qps 0`` keeps the components'
@@ -42,7 +42,8 @@ from dra_driver.gpu.devices import DRIVER as GPU_DRIVER
 from dra_driver.simulate import POOLS, Simulator, label_partitions
 from harness.cluster_claim import claimed
 from kubeapi import ApiError, JsonApi
-from localcluster.cluster import ClusterSpec, api_client, down, up
+from localcluster.cluster import ClusterSpec, down, up
+from localcluster.clusters import api_client
 from localcluster.nodes import KWOK_TOLERATION
 from localcluster.results import table as md_table
 from localcluster.results import write

@@ -1,7 +1,7 @@
 """Benchmark workloads, scaled to this machine but keeping their shape.
 
 * ``agentic``: coding-agent sessions shaped by llm-d's study of production
-  agent traffic (DESIGN section 9): long, slowly growing prompts, heavy-
+  agent traffic (docs/design.md §8): long, slowly growing prompts, heavy-
   tailed think times, sub-agent groups that share their parent's prefix.
   Closed loop: each turn appends the real answer of the previous one.
 * ``mooncake``: the Mooncake conversation trace, replayed open-loop at its

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds what a real kubelet node needs (DESIGN §10) into the same
+# Builds what a real kubelet node needs (docs/design.md §9) into the same
 # version-keyed cache as hack/build-cluster-tools.sh: kubelet (from that
 # script's wrapper module, so it must have run first), containerd with ctr
 # and the runc shim, and our static pause binary. runc and busybox come from

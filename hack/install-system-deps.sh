@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Debian packages the tests need: redis-server (the router's hot-standby
-# responses store is tested against a real one); for the real node (DESIGN
-# §10) runc, a static busybox for test images and openssl for the kubelet's
+# responses store is tested against a real one); for the real node (docs/design.md
+# §9) runc, a static busybox for test images and openssl for the kubelet's
 # client certificate. Idempotent.
 set -euo pipefail
 need=()

@@ -24,7 +24,7 @@ from dra_driver.kubeletplugin.checkpoint import Checkpoint, ClaimState, read_boo
 from harness import driver_proc
 from harness.dra_kubelet import Claim
 from harness.waiting import wait_for
-from localcluster.cluster import kubeconfig_path
+from localcluster.clusters import kubeconfig_path
 from localcluster.nodes import KWOK_TOLERATION, node_manifest
 from topology.labels import PRESETS, DialectName
 from topology.layout import PlannedNode
@@ -38,7 +38,7 @@ NODE = "dra-gpu-node-0"
 PROFILE = "hgx-h100"
 CLASS = "dra-test-gpu"
 SERVICE_ACCOUNT = "gpu-driver"
-# The driver's least RBAC (DESIGN §4); the manifests carry the same rules.
+# The driver's least RBAC (docs/design.md §3); the manifests carry the same rules.
 RULES: list[dict[str, Any]] = [
     {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
     {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/status"],

@@ -69,7 +69,7 @@ class ClusterSpec:
     controllers: str = ""
     # Kubernetes feature gates and built-in APIs for every component, e.g. the
     # in-tree workload scheduling: "GenericWorkload=true,TopologyAwareWorkloadScheduling=true"
-    # and "scheduling.k8s.io/v1beta1=true" (DESIGN §6)
+    # and "scheduling.k8s.io/v1beta1=true" (docs/design.md §5)
     feature_gates: str = ""
     runtime_config: str = ""
     # gates for the scheduler alone, e.g. "SchedulerPreQueueingHints=true"

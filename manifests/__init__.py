@@ -1,1 +1,3 @@
-"""Jinja2 templates that install toposerve, and their renderer (later issues)."""
+"""The install: ``values`` (the InstallValues model, which is the values'
+schema and reference), jinja2 ``templates`` and ``render``, which turns
+values into the Kubernetes objects of every component."""

@@ -14,7 +14,7 @@ def scheduler_config(url: str, *, weight: int = 1, timeout_s: float = 5.0,
     """``url``: the extender's URL prefix (``http://127.0.0.1:8888``); the
     scheduler posts to ``<url>/filter``, ``/prioritize`` and ``/preempt``.
     ``qps``: the scheduler's own client rate limit (the local cluster's
-    benchmarks raise it, DESIGN §8)."""
+    benchmarks raise it, docs/design.md §7)."""
     extender = {
         "urlPrefix": url.rstrip("/"),
         "filterVerb": "filter",

@@ -1,4 +1,4 @@
-"""The prefill/decode hand-over contracts (DESIGN 7), shared by the router,
+"""The prefill/decode hand-over contracts (docs/design.md §6), shared by the router,
 which splits requests, and the simulator, which answers them: vLLM
 NixlConnector's ``kv_transfer_params`` and SGLang's bootstrap port."""
 

@@ -1,2 +1,2 @@
 """One real kubelet node (kubelet + containerd + runc) beside the kwok nodes
-of a local cluster (DESIGN §10): started, watched and torn down from here."""
+of a local cluster (docs/design.md §9): started, watched and torn down from here."""

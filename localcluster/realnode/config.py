@@ -1,5 +1,5 @@
 """The real node's configuration files, as pure functions of its layout
-(DESIGN §10 says which settings this machine needs, and why)."""
+(docs/design.md §9 says which settings this machine needs, and why)."""
 
 from __future__ import annotations
 

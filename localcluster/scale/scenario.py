@@ -157,7 +157,7 @@ class Churn(Model):
 
 class ClientLimits(Model):
     """Client rate limits of the components (they decide throughput on the
-    local cluster, DESIGN §8); 0 keeps the component's own default."""
+    local cluster, docs/design.md §7); 0 keeps the component's own default."""
 
     scheduler_qps: int = Field(default=1000, ge=0, alias="schedulerQps")
     scheduler_burst: int = Field(default=1000, ge=0, alias="schedulerBurst")

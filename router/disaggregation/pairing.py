@@ -1,4 +1,4 @@
-"""Prefill/decode disaggregation (DESIGN 7). vLLM's NixlConnector: the
+"""Prefill/decode disaggregation (docs/design.md §6). vLLM's NixlConnector: the
 prompt goes to a prefill endpoint as a one-token, non-streamed request that
 leaves its KV there (``do_remote_decode``); the prefill's answer carries the
 ``kv_transfer_params`` a decode endpoint needs to pull that KV; the original
@@ -17,11 +17,11 @@ import orjson
 
 from router.config import RouterConfig
 from router.pool.endpoints import Endpoint
-from router.pool.revisions import RevisionFilter, Revisions
+from router.pool.revisions import Revisions
 from router.prefix.kv_index import KVIndex
-from router.scheduling.context import RequestContext
+from router.request import RequestContext
 from router.scheduling.cycle import CycleState
-from router.scheduling.filters import RoleFilter
+from router.scheduling.filters import RevisionFilter, RoleFilter
 from router.scheduling.profile import Decision, Scheduler
 from router.scheduling.scorers import APPROX_BLOCK_BYTES, approx_match
 from router.state import RouterState

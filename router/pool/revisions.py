@@ -22,12 +22,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from router.pool.endpoints import Endpoint
-from router.scheduling.context import RequestContext
 from topology.workloads import DS_REVISION, LWS_REVISION
 
 TOPOSERVE_REVISION = "toposerve.io/revision"
 CONTROLLER_REVISION = "controller-revision-hash"  # StatefulSet and DaemonSet pods
-# in order: the first a pod carries is its revision (DESIGN §6)
+# in order: the first a pod carries is its revision (docs/design.md §5)
 REVISION_LABELS = (DS_REVISION, LWS_REVISION, TOPOSERVE_REVISION, CONTROLLER_REVISION)
 MAX_SESSIONS = 200_000
 # roles that can answer a request: a revision of prefill endpoints only serves nothing
@@ -110,26 +109,3 @@ class Revisions:
             while len(self._sessions) > MAX_SESSIONS:
                 self._sessions.popitem(last=False)
         return picked
-
-
-@dataclass
-class RevisionFilter:
-    """First filter of every profile: the endpoints of the request's
-    revision. The revision is chosen once per request (kept on its
-    context) and chosen again only if it loses its last ready endpoint
-    while the request waits; a decode stage keeps to its prefill's."""
-
-    revisions: Revisions
-
-    def filter(self, ctx: RequestContext, eps: list[Endpoint]) -> list[Endpoint]:
-        if ctx.prefill is not None:
-            return [e for e in eps if key_of(e) == key_of(ctx.prefill)]
-        if len({key_of(e) for e in eps}) <= 1:
-            return eps  # one revision (the usual case): nothing to choose
-        capacity = ready_capacity(eps)
-        if ctx.revision is None or capacity.get(ctx.revision, 0) == 0:
-            chosen = self.revisions.choose(ctx.session, capacity)
-            if chosen is None:
-                return eps  # nothing ready in any revision: later filters say so
-            ctx.revision = chosen
-        return [e for e in eps if key_of(e) == ctx.revision]

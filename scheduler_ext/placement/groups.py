@@ -1,5 +1,5 @@
 """Which group a pod belongs to, read from the labels and fields the real
-controllers write (DESIGN §6): our own ``toposerve.io/*`` labels, in-tree
+controllers write (docs/design.md §5): our own ``toposerve.io/*`` labels, in-tree
 PodGroups (``spec.schedulingGroup.podGroupName``), DisaggregatedSet slices,
 LeaderWorkerSet groups. Pods of none of these are not grouped."""
 

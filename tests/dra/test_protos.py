@@ -1,5 +1,5 @@
 """The committed stubs are what ``make protos`` makes from the protos, and
-the protos say what the kubelet 1.37 speaks (DESIGN §5)."""
+the protos say what the kubelet 1.37 speaks (docs/design.md §4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The real node (a real kubelet + containerd + runc, DESIGN §10) on the
+"""The real node (a real kubelet + containerd + runc, docs/design.md §9) on the
 session's control plane: added for this package's tests, then removed, so
 the kwok tests elsewhere never see it."""
 
