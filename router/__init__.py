@@ -1,10 +1,25 @@
 """The OpenAI-compatible router. Its subpackages follow a request's path:
-``http`` takes it in (the aiohttp app, its handlers, and the proxy that
-forwards to the endpoint that answers), ``admission`` may hold it while
-every endpoint is saturated, ``scheduling`` ranks the endpoints by a
-profile of filters, scorers and a picker, reading the ``prefix`` indexes
-and the endpoint ``pool`` (its scraped load and its discovery),
-``disaggregation`` splits it between a prefill and a decode endpoint, and
-``responses`` keeps Responses-API turns. ``config`` and ``metrics`` are
-shared by all of them; ``docgen`` writes their reference pages. The
+``http`` takes it in (the aiohttp app and its handlers), ``request`` is
+what is known of it, ``admission`` may hold it while every endpoint is
+saturated, ``scheduling`` ranks the endpoints by a profile of filters,
+scorers and a picker, reading the ``prefix`` indexes and the endpoint
+``pool`` (its scraped load, saturation and discovery), ``relay`` forwards
+it to the endpoint that answers, ``disaggregation`` splits it between a
+prefill and a decode endpoint, ``responses`` keeps Responses-API turns,
+and ``ha`` makes two replicas a hot-standby pair. ``config`` and
+``metrics`` are shared by all of them; ``docgen`` writes their reference pages. The
 formats it shares with the model servers live in ``wire``."""
+
+# Layers, top to bottom: a module imports only from its own package or a
+# layer below it; packages sharing a line import neither each other.
+#   http | docgen
+#   ha | disaggregation | responses
+#   relay
+#   admission | scheduling
+#   metrics
+#   state
+#   prefix
+#   request
+#   pool
+#   config
+# Outside the router it imports only topology, wire and kubeapi.

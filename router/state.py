@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from router.admission.saturation import saturated
 from router.config import RouterConfig
 from router.pool.endpoints import Endpoint, Pool
+from router.pool.saturation import saturated
 from router.prefix.index import PrefixIndex
 
 MAX_SESSIONS = 200_000

@@ -1,6 +1,6 @@
 """The flow controller: who goes now, who waits in the router, who is
 refused. The order of waiting requests is ``router.admission.queues``, the
-saturation maths ``router.admission.saturation``, tenants and their keys
+saturation maths ``router.pool.saturation``, tenants and their keys
 ``router.admission.tenants``; this module ties them to requests and to the
 event loop.
 
@@ -32,13 +32,13 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from router.admission.queues import BandCaps, FlowQueues, Item, LeastAttained, RoundRobin
-from router.admission.saturation import free_slots, pool_saturation, saturated, shed_probability
 from router.admission.tenants import TENANT, Tenants
 from router.admission.usage import ANSWERED, OUTPUT_TOKENS, output_tokens
 from router.config import FlowControlConfig
 from router.metrics import RouterMetrics
 from router.pool.endpoints import Endpoint
-from router.scheduling.context import RequestContext
+from router.pool.saturation import free_slots, pool_saturation, saturated, shed_probability
+from router.request import RequestContext
 from router.state import RouterState
 from wire.errors import ApiError
 

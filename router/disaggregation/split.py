@@ -20,10 +20,10 @@ from router.disaggregation.pairing import (
     kv_params_of,
     prefill_body,
 )
-from router.http.proxy import Proxy, Upstream
 from router.metrics import RouterMetrics
 from router.pool.endpoints import Endpoint, Work
-from router.scheduling.context import RequestContext
+from router.relay.proxy import Proxy, Upstream
+from router.request import RequestContext
 from router.scheduling.profile import Decision, Scheduler
 from topology.distance import node_tier
 from wire.errors import ApiError

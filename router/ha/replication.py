@@ -33,7 +33,7 @@ import structlog
 from router.config import SnapshotConfig
 from router.ha.snapshot import DecisionLog, SnapshotError, parse
 from router.pool.endpoints import Endpoint, Pool
-from router.scheduling.context import RequestContext
+from router.request import RequestContext
 from router.scheduling.cycle import CycleState
 from router.scheduling.profile import Decision, Scheduler
 

@@ -1,6 +1,3 @@
 """The HTTP front: the aiohttp app with the OpenAI-compatible handlers,
-/health, /ready and /metrics, and the error middleware (``server``); and
-forwarding one request upstream with failover before the first byte and a
-chunk-by-chunk SSE relay after it (``proxy``), on the relay's own HTTP/1.1
-client, which pipes a stream from the upstream socket to the client's
-(``upstream``)."""
+/health, /ready and /metrics, and the error middleware (``server``).
+Forwarding to an endpoint is ``router.relay``."""

@@ -21,17 +21,18 @@ from router.config import RouterConfig
 from router.disaggregation.pairing import RESPONSES_PATH, Disaggregation
 from router.disaggregation.split import Call, Route, Splitter
 from router.ha.standby import HotStandby
-from router.http.proxy import Proxy, Upstream, forward_headers
 from router.metrics import RouterMetrics
 from router.pool.endpoints import Endpoint
 from router.pool.kubernetes import KubernetesWatcher
-from router.pool.revisions import RevisionFilter, Revisions
+from router.pool.revisions import Revisions
 from router.pool.scrape import scrape_loop
 from router.pool.static import load_static
 from router.prefix.kv_index import KVIndex
+from router.relay.proxy import Proxy, Upstream, forward_headers
+from router.request import RequestContext
 from router.responses.relay import ResponsesTap, output_text
 from router.responses.store import ResponsesStore, keep_or_fail, make_store, tenant_of
-from router.scheduling.context import RequestContext
+from router.scheduling.filters import RevisionFilter
 from router.scheduling.profile import Decision, Scheduler
 from router.state import RouterState
 from wire.errors import ApiError, error_response, from_validation

@@ -18,7 +18,7 @@ import zmq
 import zmq.asyncio
 
 from router.prefix.index import PrefixIndex
-from router.scheduling.context import RequestContext
+from router.request import RequestContext
 from wire.hashing import SEED, token_block_hashes
 from wire.kv_events import (
     AllBlocksCleared,

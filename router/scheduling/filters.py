@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from router.pool.endpoints import Endpoint
-from router.scheduling.context import RequestContext
+from router.pool.revisions import Revisions, key_of, ready_capacity
+from router.request import RequestContext
 from router.state import RouterState
 
 
@@ -53,3 +54,26 @@ class NotSaturatedFilter:
     def filter(self, ctx: RequestContext, eps: list[Endpoint]) -> list[Endpoint]:
         ok = [e for e in eps if not self.state.saturated(e)]
         return ok or eps
+
+
+@dataclass
+class RevisionFilter:
+    """First filter of every profile: the endpoints of the request's
+    revision. The revision is chosen once per request (kept on its
+    context) and chosen again only if it loses its last ready endpoint
+    while the request waits; a decode stage keeps to its prefill's."""
+
+    revisions: Revisions
+
+    def filter(self, ctx: RequestContext, eps: list[Endpoint]) -> list[Endpoint]:
+        if ctx.prefill is not None:
+            return [e for e in eps if key_of(e) == key_of(ctx.prefill)]
+        if len({key_of(e) for e in eps}) <= 1:
+            return eps  # one revision (the usual case): nothing to choose
+        capacity = ready_capacity(eps)
+        if ctx.revision is None or capacity.get(ctx.revision, 0) == 0:
+            chosen = self.revisions.choose(ctx.session, capacity)
+            if chosen is None:
+                return eps  # nothing ready in any revision: later filters say so
+            ctx.revision = chosen
+        return [e for e in eps if key_of(e) == ctx.revision]

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import ClassVar, Protocol
 
 from router.pool.endpoints import Endpoint
-from router.scheduling.context import RequestContext
+from router.request import RequestContext
 from router.scheduling.cycle import CycleState
 
 

@@ -9,8 +9,8 @@ from router.config import ProfileConfig
 from router.pool.endpoints import Endpoint, Work
 from router.prefix.index import Sent
 from router.prefix.kv_index import KVIndex
+from router.request import RequestContext
 from router.scheduling import registry
-from router.scheduling.context import RequestContext
 from router.scheduling.cycle import CycleState
 from router.scheduling.plugins import Filter, Picker, Scorer
 from router.scheduling.scoring import decisive, weighted_total

@@ -12,7 +12,7 @@ from typing import ClassVar
 from router.pool.endpoints import Endpoint
 from router.prefix.index import PrefixIndex
 from router.prefix.kv_index import KVIndex
-from router.scheduling.context import RequestContext
+from router.request import RequestContext
 from router.scheduling.cycle import CycleState, PrefixMatch, StateKey, candidates_key
 from router.scheduling.scoring import lower_is_better
 from router.state import RouterState

@@ -19,7 +19,7 @@ from router.ha.replication import Replication
 from router.ha.snapshot import VERSION, DecisionLog, SnapshotError, parse
 from router.pool.endpoints import Endpoint, Pool
 from router.pool.static import load_static
-from router.scheduling.context import RequestContext
+from router.request import RequestContext
 from router.scheduling.profile import Scheduler
 from router.state import RouterState
 

@@ -13,14 +13,14 @@ from router.config import RouterConfig
 from router.disaggregation.pairing import Disaggregation
 from router.pool.endpoints import Endpoint
 from router.pool.revisions import (
-    RevisionFilter,
     Revisions,
     ready_capacity,
     rendezvous,
     revision_of,
     split_weights,
 )
-from router.scheduling.context import RequestContext
+from router.request import RequestContext
+from router.scheduling.filters import RevisionFilter
 from router.state import RouterState
 
 

@@ -1,4 +1,4 @@
-"""The relay's own HTTP/1.1 client (router/http/upstream.py) against real
+"""The relay's own HTTP/1.1 client (router/relay/upstream.py) against real
 servers on loopback in this process: bodies read whole and piped as chunks,
 kept-alive connections reused, a kept-alive connection the server dropped
 retried once, a silent upstream timed out, a malformed answer refused, a
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from router.http.upstream import HIGH_WATER, UpstreamError, Upstreams
+from router.relay.upstream import HIGH_WATER, UpstreamError, Upstreams
 
 RawHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 HEADERS = {"Content-Type": "application/json", "X-Request-Id": "abc"}

@@ -8,30 +8,11 @@ import pytest
 
 from router.config import RouterConfig
 from router.pool.endpoints import Endpoint, LoadSample
-from router.scheduling.context import RequestContext
+from router.request import RequestContext
 from router.scheduling.cycle import CycleState
 from router.scheduling.profile import Decision, Scheduler
 from router.state import RouterState
-
-
-def make_state(scorers: list[dict[str, object]] | None = None) -> RouterState:
-    doc: dict[str, object] = {"apiVersion": "toposerve.io/v1", "kind": "RouterConfig",
-                              "discovery": {"static": [{"url": "http://e:1"}]}}
-    if scorers is not None:
-        doc["profile"] = {"scorers": scorers}
-    state = RouterState(RouterConfig.model_validate(doc))
-    for i in range(4):
-        ep = state.pool.upsert(Endpoint(url=f"http://e{i}:8000", models=frozenset({"m"})))
-        ep.healthy = True
-        ep.load = LoadSample(at=time.monotonic())
-    return state
-
-
-def ctx(prompt: str) -> RequestContext:
-    return RequestContext(model="m", prompt=prompt.encode())
-
-
-LONG = "shared system prompt " * 2000
+from tests.router.pipeline import LONG, ctx, make_state
 
 
 def route(sched: Scheduler, c: RequestContext) -> Decision:

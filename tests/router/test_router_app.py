@@ -17,7 +17,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from router.config import RouterConfig
 from router.http.server import ROUTER, Router, build_app
-from router.scheduling.context import RequestContext
+from router.request import RequestContext
 from router.scheduling.profile import Decision
 from simulator.config import SimConfig
 from simulator.server import build_app as build_sim

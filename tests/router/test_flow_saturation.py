@@ -11,16 +11,16 @@ import pytest
 
 from router.admission.keys import read_file, secret_table
 from router.admission.ratelimit import Bucket
-from router.admission.saturation import (
+from router.admission.tenants import bearer
+from router.config import RouterConfig
+from router.pool.endpoints import Endpoint, LoadSample
+from router.pool.saturation import (
     free_slots,
     pool_saturation,
     saturated,
     shed_probability,
     utilisation,
 )
-from router.admission.tenants import bearer
-from router.config import RouterConfig
-from router.pool.endpoints import Endpoint, LoadSample
 from topology.config_file import ConfigError
 
 

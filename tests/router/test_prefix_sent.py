@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from router.prefix.index import SENT_HOLD_S, PrefixIndex, common_prefix
 from router.scheduling.profile import Scheduler
-from tests.unit.test_scheduling import LONG, ctx, make_state
+from tests.router.pipeline import LONG, ctx, make_state
 
 
 class Clock:

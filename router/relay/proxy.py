@@ -1,6 +1,6 @@
 """Forwarding one request upstream: try the ranked endpoints in order until
 one answers; relay a stream chunk by chunk as it arrives (the relay's own
-client, ``router.http.upstream``; aiohttp's for ``fetch``); end a stream
+client, ``router.relay.upstream``; aiohttp's for ``fetch``); end a stream
 that breaks after its first byte with an SSE error event, never silently."""
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from aiohttp import web
 
 from router.admission.tenants import KEY_CHECKED
 from router.admission.usage import ANSWERED, Answered
-from router.http.upstream import Answer, UpstreamError, Upstreams
 from router.metrics import RouterMetrics
 from router.pool.endpoints import Endpoint, Work
+from router.relay.upstream import Answer, UpstreamError, Upstreams
 from wire.errors import error_response, sse_error
 
-log = structlog.get_logger("router.http.proxy")
+log = structlog.get_logger("router.relay.proxy")
 
 # hop-by-hop (RFC 9110 7.6.1) and length headers are the proxy's own
 # business; the router answered the client's Expect itself
