@@ -22,21 +22,24 @@ class JsonApi:
         self._api = api
 
     def _url(self, method: str, path: str, query: Sequence[tuple[str, Any]],
-             accept: str = "application/json") -> tuple[str, dict[str, str]]:
+             accept: str = "application/json", content_type: str = "application/json"
+             ) -> tuple[str, dict[str, str]]:
         _, url, headers, _, _ = self._api.param_serialize(
             method, path, query_params=list(query),
-            header_params={"Accept": accept, "Content-Type": "application/json"},
+            header_params={"Accept": accept, "Content-Type": content_type},
             auth_settings=["BearerToken"])
         return url, headers
 
     def request(self, method: str, path: str, query: Sequence[tuple[str, Any]] = (),
-                body: Any = None, timeout: float = 30, accept: str = "application/json") -> Any:
-        url, headers = self._url(method, path, query, accept)
+                body: Any = None, timeout: float = 30, accept: str = "application/json",
+                content_type: str = "application/json") -> Any:
+        """``content_type``: a PATCH names its kind (e.g. merge-patch+json)."""
+        url, headers = self._url(method, path, query, accept, content_type)
         try:
             r = self._api.rest_client.pool_manager.request(
                 method, url, headers=headers, retries=False,
                 body=None if body is None else orjson.dumps(body),
-                timeout=urllib3.Timeout(connect=5, read=timeout))
+                timeout=urllib3.Timeout(connect=min(5, timeout), read=timeout))
         except urllib3.exceptions.HTTPError as err:
             raise ApiError(0, f"{method} {path}: {type(err).__name__}: {err}") from None
         data = orjson.loads(r.data) if r.data else {}

@@ -61,7 +61,8 @@ class KubernetesDiscovery(Section):
     label_selector: str = Field(alias="labelSelector", min_length=1,
                                 description="which pods are model servers, e.g. app=vllm")
     port: int = Field(default=8000, ge=1, le=65535, description="their HTTP port")
-    kubeconfig: str | None = Field(default=None, description="default: in-cluster")
+    kubeconfig: str | None = Field(
+        default=None, description="default: $KUBECONFIG, ~/.kube/config, then in-cluster")
     role_label: str = Field(default=LLMD_ROLE, alias="roleLabel",
                             description="pod label carrying the role")
     revision_label: str | None = Field(
@@ -247,7 +248,8 @@ class LeaseConfig(Section):
 
     name: str = Field(default="toposerve-router", min_length=1, description="the Lease's name")
     namespace: str = Field(default="default", description="the Lease's namespace")
-    kubeconfig: str | None = Field(default=None, description="default: in-cluster")
+    kubeconfig: str | None = Field(
+        default=None, description="default: $KUBECONFIG, ~/.kube/config, then in-cluster")
     identity: str | None = Field(default=None,
                                  description="this replica's holderIdentity (default: $POD_NAME, "
                                              "else host name and process id)")
@@ -438,7 +440,8 @@ class SecretKeys(Section):
 
     namespace: str = Field(default="default", description="the Secret's namespace")
     name: str = Field(min_length=1, description="the Secret's name")
-    kubeconfig: str | None = Field(default=None, description="default: in-cluster")
+    kubeconfig: str | None = Field(
+        default=None, description="default: $KUBECONFIG, ~/.kube/config, then in-cluster")
 
 
 class KeysConfig(Section):

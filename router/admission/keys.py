@@ -1,7 +1,7 @@
 """Where tenants' API keys come from, kept current without a restart: a
 YAML file (``kind: APIKeys``) re-read when it changes, or a Kubernetes
-Secret watched like the pod discovery (one LIST, then a WATCH resumed
-from its resourceVersion). Either yields one table, key digest -> tenant;
+Secret watched like the pod discovery (a ``kubeapi.Reflector``: one LIST,
+then a WATCH resumed from its resourceVersion). Either yields one table, key digest -> tenant;
 a bad new version is logged and the last good table kept."""
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import os
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from kubeapi import JsonApi, Reflector, connect
 from router.config import KeysConfig, SecretKeys
-from router.pool.list_watch import list_watch_cycle
 from topology.config_file import ConfigError, load_file
 
 log = structlog.get_logger("router.admission.keys")
@@ -81,9 +81,8 @@ class KeySource:
 
     def __init__(self, cfg: KeysConfig, on_change: Callable[[KeyTable], None]) -> None:
         self.cfg, self.on_change = cfg, on_change
-        self._stop = threading.Event()
         self._task: asyncio.Task[None] | None = None
-        self._thread: threading.Thread | None = None
+        self._reflector: Reflector | None = None
 
     def load_now(self) -> None:
         """The file's table before the server starts: a bad file fails the start."""
@@ -97,13 +96,15 @@ class KeySource:
         if self.cfg.file is not None:
             self._task = asyncio.create_task(self._poll(self.cfg.file, self.cfg.reload_s))
         elif self.cfg.secret is not None:
-            loop = asyncio.get_running_loop()
-            self._thread = threading.Thread(target=self._watch, args=(self.cfg.secret, loop),
-                                            name="key-secret-watch", daemon=True)
-            self._thread.start()
+            # credentials now, so that missing ones fail the start
+            self._reflector = self._watch(self.cfg.secret, connect(self.cfg.secret.kubeconfig),
+                                          asyncio.get_running_loop())
+            threading.Thread(target=self._reflector.run, name="key-secret-watch",
+                             daemon=True).start()
 
     async def stop(self) -> None:
-        self._stop.set()
+        if self._reflector is not None:
+            self._reflector.stop()
         if self._task is not None:
             self._task.cancel()
 
@@ -125,17 +126,7 @@ class KeySource:
                 log.error("api keys not reloaded: the file is invalid; the last good keys stay",
                           file=path, error=str(err))
 
-    def _watch(self, s: SecretKeys, loop: asyncio.AbstractEventLoop) -> None:
-        from kubernetes import client, config
-
-        if s.kubeconfig:
-            api = client.CoreV1Api(config.new_client_from_config(config_file=s.kubeconfig))
-        else:
-            config.load_incluster_config()
-            api = client.CoreV1Api()
-        rv: str | None = None
-        selector = f"metadata.name={s.name}"
-
+    def _watch(self, s: SecretKeys, api: Any, loop: asyncio.AbstractEventLoop) -> Reflector:
         def apply(data: Mapping[str, str] | None) -> None:
             try:
                 t = secret_table(data)
@@ -145,13 +136,15 @@ class KeySource:
                 return
             loop.call_soon_threadsafe(self.on_change, t)
 
-        while not self._stop.is_set():
-            rv = list_watch_cycle(
-                api.list_namespaced_secret, rv, self._stop,
-                on_list=lambda found: apply(found.items[0].data if found.items else None),
-                on_event=lambda kind, obj: apply(None if kind == "DELETED" else obj.data),
-                timeout_s=300, what="api key secret", namespace=s.namespace,
-                field_selector=selector)
+        def failed(err: Exception) -> None:
+            log.warning("watch failed", what="api key secret", error=str(err))
+
+        return Reflector(
+            JsonApi(api), f"/api/v1/namespaces/{s.namespace}/secrets",
+            [("fieldSelector", f"metadata.name={s.name}")],
+            on_list=lambda found, _rv: apply(found[0].get("data") if found else None),
+            on_event=lambda kind, obj: apply(None if kind == "DELETED" else obj.get("data")),
+            on_error=failed)
 
 
 def _stamp(path: str) -> tuple[int, int, int] | None:

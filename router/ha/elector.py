@@ -1,5 +1,5 @@
-"""The Lease I/O of leader election: a thread on the synchronous
-``kubernetes`` client reads the Lease every renew interval and writes
+"""The Lease I/O of leader election: a thread on ``kubeapi.JsonApi``
+reads the Lease every renew interval and writes
 what ``router.ha.lease`` decides (a write carries the resourceVersion it
 read, so of two replicas racing for a free Lease one gets 409 and
 follows). ``leader`` is read from the event loop."""
@@ -16,9 +16,9 @@ from typing import Any
 
 import structlog
 
+from kubeapi import ApiError, JsonApi, connect
 from router.config import LeaseConfig
 from router.ha.lease import LeaseRecord, Seen, Step, claimed, leading, observe, released, step
-from router.pool.kubernetes import api_client
 
 log = structlog.get_logger("router.ha")
 
@@ -32,11 +32,21 @@ def _micro(t: datetime | None) -> str | None:
     return None if t is None else t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def record_of(lease: Any) -> LeaseRecord:
-    s = lease.spec
-    return LeaseRecord(holder=s.holder_identity or "", duration_s=s.lease_duration_seconds or 1,
-                       renew_time=s.renew_time, acquire_time=s.acquire_time,
-                       transitions=s.lease_transitions or 0)
+def _time(t: str | None) -> datetime | None:
+    return None if not t else datetime.fromisoformat(t)
+
+
+def record_of(lease: dict[str, Any]) -> LeaseRecord:
+    s = lease.get("spec") or {}
+    return LeaseRecord(holder=s.get("holderIdentity") or "",
+                       duration_s=s.get("leaseDurationSeconds") or 1,
+                       renew_time=_time(s.get("renewTime")),
+                       acquire_time=_time(s.get("acquireTime")),
+                       transitions=s.get("leaseTransitions") or 0)
+
+
+def _version(lease: dict[str, Any]) -> str | None:
+    return (lease.get("metadata") or {}).get("resourceVersion")
 
 
 def lease_body(cfg: LeaseConfig, r: LeaseRecord, resource_version: str | None
@@ -55,13 +65,13 @@ class Elector:
                  eligible: Callable[[], bool] = lambda: True,
                  clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], datetime] = lambda: datetime.now(UTC),
-                 api: Any = None) -> None:
+                 api: JsonApi | None = None) -> None:
         """``on_change`` is told (from the election thread) whether this
         replica leads: once at start (False), then at each change.
         ``eligible``: whether it could serve now; only then does it take
         a Lease (a replica that has not yet found a ready endpoint would
-        lead nobody anywhere). ``api``: a CoordinationV1Api (default: from
-        the Lease's kubeconfig, at start)."""
+        lead nobody anywhere). ``api``: the client (default: from the
+        Lease's kubeconfig, at start)."""
         self.cfg, self.on_change, self.eligible = cfg, on_change, eligible
         self.clock, self.wall = clock, wall
         self.identity = cfg.identity or default_identity()
@@ -70,17 +80,17 @@ class Elector:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._was = False
-        self._api: Any = api
+        self._api = api
+        base = f"/apis/coordination.k8s.io/v1/namespaces/{cfg.namespace}/leases"
+        self._leases, self._lease = base, f"{base}/{cfg.name}"
 
     @property
     def leader(self) -> bool:
         return leading(self._renewed_at, self.clock(), self.cfg.renew_deadline_s)
 
     def start(self) -> None:
-        from kubernetes import client
-
         if self._api is None:
-            self._api = client.CoordinationV1Api(api_client(self.cfg.kubeconfig))
+            self._api = JsonApi(connect(self.cfg.kubeconfig))
         self._thread = threading.Thread(target=self._run, name="lease", daemon=True)
         self._thread.start()
 
@@ -102,11 +112,8 @@ class Elector:
         try:
             lease = self._read()
             rec = released(record_of(lease), self.identity, self.wall()) if lease else None
-            if rec is not None:
-                self._api.replace_namespaced_lease(
-                    self.cfg.name, self.cfg.namespace,
-                    lease_body(self.cfg, rec, lease.metadata.resource_version),
-                    _request_timeout=self.cfg.renew_deadline_s)
+            if lease is not None and rec is not None:
+                self._write("PUT", self._lease, lease_body(self.cfg, rec, _version(lease)))
                 log.info("lease released", lease=self.cfg.name, identity=self.identity)
         except Exception as err:  # the standby takes over after a lease duration instead
             log.warning("lease release failed", error=repr(err))
@@ -119,16 +126,20 @@ class Elector:
                      identity=self.identity)
             self.on_change(now)
 
-    def _read(self) -> Any:
-        from kubernetes.client.exceptions import ApiException
-
+    def _read(self) -> dict[str, Any] | None:
+        assert self._api is not None
         try:
-            return self._api.read_namespaced_lease(self.cfg.name, self.cfg.namespace,
-                                                   _request_timeout=self.cfg.renew_deadline_s)
-        except ApiException as err:
+            lease: dict[str, Any] = self._api.request("GET", self._lease,
+                                                      timeout=self.cfg.renew_deadline_s)
+        except ApiError as err:
             if err.status == 404:
                 return None
             raise
+        return lease
+
+    def _write(self, method: str, path: str, body: dict[str, Any]) -> None:
+        assert self._api is not None
+        self._api.request(method, path, body=body, timeout=self.cfg.renew_deadline_s)
 
     def _run(self) -> None:
         self.on_change(False)
@@ -142,8 +153,6 @@ class Elector:
 
     def round(self) -> Step:
         """One read and, if this replica should hold the Lease, one write."""
-        from kubernetes.client.exceptions import ApiException
-
         lease = self._read()
         now = self.clock()
         record = record_of(lease) if lease is not None else None
@@ -153,16 +162,14 @@ class Elector:
             return Step.FOLLOW
         body = lease_body(self.cfg, claimed(record, self.identity, self.cfg.duration_s,
                                             self.wall()),
-                          lease.metadata.resource_version if lease is not None else None)
+                          _version(lease) if lease is not None else None)
         sent = self.clock()  # leadership counts from the send, not the answer
         try:
             if lease is None:
-                self._api.create_namespaced_lease(self.cfg.namespace, body,
-                                                  _request_timeout=self.cfg.renew_deadline_s)
+                self._write("POST", self._leases, body)
             else:
-                self._api.replace_namespaced_lease(self.cfg.name, self.cfg.namespace, body,
-                                                   _request_timeout=self.cfg.renew_deadline_s)
-        except ApiException as err:
+                self._write("PUT", self._lease, body)
+        except ApiError as err:
             if err.status in (409, 422):  # another replica wrote first
                 return Step.FOLLOW
             raise

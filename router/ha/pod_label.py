@@ -9,9 +9,10 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any
 
 import structlog
+
+from kubeapi import JsonApi
 
 log = structlog.get_logger("router.ha")
 ROLE_LABEL = "toposerve.io/router-role"
@@ -21,8 +22,8 @@ class PodLabel:
     """Writes the latest role from a thread of its own, so a slow API never
     holds up the election (whose renewals must not wait)."""
 
-    def __init__(self, core: Any, namespace: str, name: str) -> None:
-        self.core, self.namespace, self.name = core, namespace, name
+    def __init__(self, api: JsonApi, namespace: str, name: str) -> None:
+        self.api, self.namespace, self.name = api, namespace, name
         self._want: bool | None = None
         self._written: bool | None = None
         self._wake = threading.Condition()
@@ -47,9 +48,9 @@ class PodLabel:
     def _write(self, leader: bool) -> bool:
         role = "leader" if leader else "standby"
         try:
-            self.core.patch_namespaced_pod(self.name, self.namespace,
-                                           {"metadata": {"labels": {ROLE_LABEL: role}}},
-                                           _request_timeout=2.0)
+            self.api.request("PATCH", f"/api/v1/namespaces/{self.namespace}/pods/{self.name}",
+                             body={"metadata": {"labels": {ROLE_LABEL: role}}}, timeout=2.0,
+                             content_type="application/strategic-merge-patch+json")
             return True
         except Exception as err:  # the Service keeps its old view; readiness still guards it
             log.warning("pod role label not written", pod=self.name, role=role,
@@ -57,6 +58,6 @@ class PodLabel:
             return False
 
 
-def from_env(core: Any) -> PodLabel | None:
+def from_env(api: JsonApi) -> PodLabel | None:
     name, namespace = os.environ.get("POD_NAME"), os.environ.get("POD_NAMESPACE")
-    return PodLabel(core, namespace, name) if name and namespace else None
+    return PodLabel(api, namespace, name) if name and namespace else None

@@ -13,12 +13,12 @@ from collections.abc import Callable, Mapping
 import structlog
 from aiohttp import web
 
+from kubeapi import JsonApi, connect
 from router.config import HAConfig
 from router.ha.elector import Elector
 from router.ha.pod_label import PodLabel, from_env
 from router.ha.replication import Replication
 from router.pool.endpoints import Pool
-from router.pool.kubernetes import api_client
 from router.scheduling.profile import Decision, Scheduler
 
 log = structlog.get_logger("router.ha")
@@ -59,9 +59,7 @@ class HotStandby:
             self.label.set(leader)
 
     def start(self) -> None:
-        from kubernetes import client
-
-        self.label = from_env(client.CoreV1Api(api_client(self.cfg.lease.kubeconfig)))
+        self.label = from_env(JsonApi(connect(self.cfg.lease.kubeconfig)))
         self.elector.start()
         self.replication.start()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self._terminate)

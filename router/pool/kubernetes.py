@@ -4,25 +4,26 @@ IP; models from the server's own /v1/models, since a model name such as
 ``org/model`` cannot be a label value); a pod that goes away or turns unready is drained, so no new
 request goes to it and the ones in flight finish.
 
-The watch runs on the synchronous ``kubernetes`` client in a thread and
-hands pod states to the event loop. It lists once, then watches from the
-list's resourceVersion; each watch the server ends is resumed from the last
+The watch is a ``kubeapi.Reflector`` over raw JSON in a thread, handing pod
+states to the event loop. It lists once, then watches from the list's
+resourceVersion; each watch the server ends is resumed from the last
 version seen (bookmarks keep it current while nothing changes), so a quiet
-namespace costs one watch request per ``watchTimeoutSeconds``, not a LIST."""
+namespace costs one watch request per ``watchTimeoutSeconds``, not a LIST;
+only 410 Gone lists again, and errors back off."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
+from kubeapi import ApiError, JsonApi, Reflector, backoff, connect
 from router.config import KubernetesDiscovery
 from router.pool.endpoints import Endpoint, Pool
-from router.pool.list_watch import list_watch_cycle
 from router.pool.revisions import revision_of
 from topology.labels import PRESETS, from_labels
 from topology.model import DomainPath
@@ -39,25 +40,39 @@ class PodView:
     path: DomainPath | None = None  # where its node sits
 
 
-def pod_view(pod: Any, cfg: KubernetesDiscovery, path: DomainPath | None = None) -> PodView:
-    labels = pod.metadata.labels or {}
-    ready = (pod.status.phase == "Running" and pod.metadata.deletion_timestamp is None
-             and any(c.type == "Ready" and c.status == "True"
-                     for c in pod.status.conditions or []))
-    ip = pod.status.pod_ip
-    return PodView(name=pod.metadata.name, url=f"http://{ip}:{cfg.port}" if ready and ip else None,
+def pod_view(pod: dict[str, Any], cfg: KubernetesDiscovery,
+             path: DomainPath | None = None) -> PodView:
+    """The pod as the API gives it (raw JSON)."""
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    labels = meta.get("labels") or {}
+    ready = (status.get("phase") == "Running" and meta.get("deletionTimestamp") is None
+             and any(c.get("type") == "Ready" and c.get("status") == "True"
+                     for c in status.get("conditions") or []))
+    ip = status.get("podIP")
+    return PodView(name=meta["name"], url=f"http://{ip}:{cfg.port}" if ready and ip else None,
                    role=labels.get(cfg.role_label),
                    revision=revision_of(labels, cfg.revision_label), path=path)
 
 
-def api_client(kubeconfig: str | None) -> Any:
-    """A client from ``kubeconfig``, or the pod's own service account."""
-    from kubernetes import client, config
+class _Counted(JsonApi):
+    """The reflector's requests, each told to ``count``: a LIST (its first
+    page; later pages continue it) or a WATCH."""
 
-    if kubeconfig:
-        return config.new_client_from_config(config_file=kubeconfig)
-    config.load_incluster_config()
-    return client.ApiClient()
+    def __init__(self, api: Any, count: Callable[[str], None]) -> None:
+        super().__init__(api)
+        self._count = count
+
+    def request(self, method: str, path: str, query: Sequence[tuple[str, Any]] = (),
+                body: Any = None, timeout: float = 30, accept: str = "application/json",
+                content_type: str = "application/json") -> Any:
+        if not any(k == "continue" for k, _ in query):
+            self._count("list")
+        return super().request(method, path, query, body, timeout, accept, content_type)
+
+    def stream(self, path: str, query: Sequence[tuple[str, Any]], read_timeout: float,
+               opened: Callable[[Any], None]) -> Iterator[dict[str, Any]]:
+        self._count("watch")
+        return super().stream(path, query, read_timeout, opened)
 
 
 class KubernetesWatcher:
@@ -72,17 +87,23 @@ class KubernetesWatcher:
         self._stop = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._reflector: Reflector | None = None
+        self._api: Any = None
         self.synced = asyncio.Event()
         self._drains: set[asyncio.Task[None]] = set()
         self._paths: dict[str, DomainPath] = {}  # node name -> its place; nodes do not move
 
     def start(self) -> None:
+        """Finds the credentials now, so that missing ones fail the start."""
+        self._api = connect(self.cfg.kubeconfig)
         self._loop = asyncio.get_running_loop()
         self._thread = threading.Thread(target=self._run, name="pod-watch", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+        if self._reflector is not None:
+            self._reflector.stop()
 
     # runs on the loop
     def _apply(self, view: PodView) -> None:
@@ -128,16 +149,15 @@ class KubernetesWatcher:
         assert self._loop is not None
         self._loop.call_soon_threadsafe(fn, *args)
 
-    def _view(self, core: Any, pod: Any) -> PodView:
+    def _view(self, rest: JsonApi, pod: dict[str, Any]) -> PodView:
         """The pod, with its node's place in the topology read from the
         node's labels (once per node; without access, the node name only)."""
-        from kubernetes.client.exceptions import ApiException
-
-        node = pod.spec.node_name
+        node = (pod.get("spec") or {}).get("nodeName")
         if node and node not in self._paths:
             try:
-                labels = core.read_node(node).metadata.labels or {}
-            except ApiException as err:
+                labels = rest.request("GET", f"/api/v1/nodes/{node}")["metadata"].get(
+                    "labels") or {}
+            except ApiError as err:
                 log.warning("node labels unreadable; pairing by node name only", node=node,
                             status=err.status)
                 labels = {}
@@ -145,29 +165,37 @@ class KubernetesWatcher:
         return pod_view(pod, self.cfg, self._paths.get(node) if node else None)
 
     def _run(self) -> None:
-        from kubernetes import client
+        rest = JsonApi(self._api)
 
-        core = client.CoreV1Api(api_client(self.cfg.kubeconfig))
-        rv: str | None = None  # where the next watch resumes; None: list first
-        while not self._stop.is_set():
-            rv = self._cycle(core, rv)
+        def listed(pods: list[dict[str, Any]], _rv: int) -> None:
+            for p in pods:
+                self._call(self._apply, self._view(rest, p))
+            self._call(self._resync, {p["metadata"]["name"] for p in pods})
 
-    def _cycle(self, core: Any, rv: str | None) -> str | None:
-        """One list-then-watch cycle (router.pool.list_watch): resumes from
-        ``rv``, relists only after 410 Gone."""
-        def listed(pods: Any) -> None:
-            for p in pods.items:
-                self._call(self._apply, self._view(core, p))
-            self._call(self._resync, {p.metadata.name for p in pods.items})
-
-        def event(kind: str, pod: Any) -> None:
+        def event(kind: str, pod: dict[str, Any]) -> None:
             if kind == "DELETED":
-                self._call(self._deleted, pod.metadata.name)
+                self._call(self._deleted, pod["metadata"]["name"])
             else:
-                self._call(self._apply, self._view(core, pod))
+                self._call(self._apply, self._view(rest, pod))
 
-        return list_watch_cycle(core.list_namespaced_pod, rv, self._stop, on_list=listed,
-                                on_event=event, timeout_s=self.cfg.watch_timeout_s,
-                                what="pods", count=self.requests,
-                                namespace=self.cfg.namespace,
-                                label_selector=self.cfg.label_selector)
+        def failed(err: Exception) -> None:
+            log.warning("watch failed", what="pods", error=str(err))
+
+        failures = 0
+        while True:
+            # a fresh reflector lists again: after an error of our own, what
+            # was applied of the last list or event is not known
+            self._reflector = Reflector(
+                _Counted(self._api, self.requests),
+                f"/api/v1/namespaces/{self.cfg.namespace}/pods",
+                [("labelSelector", self.cfg.label_selector)], listed, event, failed,
+                timeout=self.cfg.watch_timeout_s)
+            if self._stop.is_set():  # after the assignment: stop() stops what it finds
+                return
+            try:
+                self._reflector.run()  # returns once stopped
+                return
+            except Exception as err:  # a pod's JSON we did not expect: keep watching
+                failures += 1
+                log.warning("watch error", what="pods", error=repr(err))
+                self._stop.wait(backoff(failures, 30.0))

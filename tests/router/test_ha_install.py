@@ -18,6 +18,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
 from harness.waiting import wait_for
+from kubeapi import JsonApi
 from localcluster.pods import model_pod
 from manifests.render import Names, render_objects
 from manifests.values import InstallValues, load_values
@@ -115,7 +116,7 @@ def test_router_rbac_is_enough_and_no_more(
     me = _as(cluster, f"system:serviceaccount:{ns}:{names.router}")
     # the election: create, then renew, the Lease the config names
     lease = LeaseConfig(name=names.router, namespace=ns, identity="replica-0")
-    elector = Elector(lease, api=client.CoordinationV1Api(me))
+    elector = Elector(lease, api=JsonApi(me))
     assert elector.round() is Step.CREATE
     assert elector.round() is Step.RENEW
     coordination: Any = client.CoordinationV1Api(me)
@@ -123,7 +124,7 @@ def test_router_rbac_is_enough_and_no_more(
     # its own pod's role label
     core: Any = client.CoreV1Api(cluster.api)
     core.create_namespaced_pod(ns, model_pod("router-0", "router", "router"))
-    PodLabel(client.CoreV1Api(me), ns, "router-0").set(True)
+    PodLabel(JsonApi(me), ns, "router-0").set(True)
     wait_for("the role label", lambda: (core.read_namespaced_pod("router-0", ns).metadata
                                         .labels or {}).get(ROLE_LABEL) == "leader")
     # discovery: model pods in their namespace, nodes' labels
