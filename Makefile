@@ -56,7 +56,7 @@ lint: venv
 # the tests that need no cluster and no subprocess: well under a minute
 .PHONY: unit
 unit: venv
-	$(PYTEST) tests/unit; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
+	$(PYTEST) -m unit tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # pytest exits 5 when it collects nothing: that must fail, not pass.
 test: setup lint

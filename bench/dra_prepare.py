@@ -28,7 +28,8 @@ from harness.dra_gpu import (
     delete_claim,
     wait_slices,
 )
-from localcluster.cluster import ClusterSpec, api_client, down, kubeconfig_path, up
+from localcluster.cluster import ClusterSpec, down, up
+from localcluster.clusters import api_client, kubeconfig_path
 from localcluster.results import write
 from localcluster.scale.measure import latency_ms
 from topology.profiles import load_profile

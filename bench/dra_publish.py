@@ -29,7 +29,8 @@ from dra_driver.simulate import LABELS
 from harness.cluster_claim import claimed
 from harness.procs import Proc, wait_http
 from kubeapi import JsonApi
-from localcluster.cluster import ClusterSpec, api_client, up
+from localcluster.cluster import ClusterSpec, up
+from localcluster.clusters import api_client
 from localcluster.ports import free_port
 from localcluster.results import table, write
 from localcluster.scale.measure import ProcSampler, by_label, scrape_url, totals

@@ -26,13 +26,8 @@ from kubernetes import client
 
 from bench.report import latency_table
 from kubeapi import JsonApi
-from localcluster.cluster import (
-    ClusterSpec,
-    api_client,
-    down,
-    kubeconfig_path,
-    up,
-)
+from localcluster.cluster import ClusterSpec, down, up
+from localcluster.clusters import api_client, kubeconfig_path
 from localcluster.realnode import node as realnode
 from localcluster.realnode.net_driver import DRIVER, NetDriver
 from localcluster.realnode.paths import default_layout

@@ -21,7 +21,8 @@ from typing import Any
 from kubernetes import client
 
 from bench.report import latency_table
-from localcluster.cluster import ClusterSpec, api_client, down, kubeconfig_path, up
+from localcluster.cluster import ClusterSpec, down, up
+from localcluster.clusters import api_client, kubeconfig_path
 from localcluster.realnode import node as realnode
 from localcluster.realnode.gpu_driver import DRIVER, GpuDriver
 from localcluster.realnode.pods import busybox_pod

@@ -34,14 +34,8 @@ from demo_realnode import real_node_pod
 from kubernetes import client
 
 from harness.procs import MODEL, Procs
-from localcluster.cluster import (
-    ClusterSpec,
-    api_client,
-    down,
-    kubeconfig_path,
-    running_clusters,
-    up,
-)
+from localcluster.cluster import ClusterSpec, down, running_clusters, up
+from localcluster.clusters import api_client, kubeconfig_path
 from localcluster.nodes import node_labels
 from localcluster.pods import model_pod, wait_running
 from topology.labels import PRESETS, DialectName, from_labels

@@ -20,7 +20,7 @@ import yaml
 from demo_support import TOPOSERVE, DemoError, background, create, items, wait_until
 
 from kubeapi import JsonApi
-from localcluster.cluster import api_client
+from localcluster.clusters import api_client
 from localcluster.nodes import KWOK_TOLERATION
 from localcluster.ports import free_port
 from manifests.values import DeviceClasses

@@ -20,7 +20,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kubeapi import JsonApi
-from localcluster.cluster import api_client, kubeconfig_path
+from localcluster.clusters import api_client, kubeconfig_path
 from localcluster.realnode import nics
 from localcluster.realnode import node as realnode
 from localcluster.realnode.gpu_driver import GpuDriver

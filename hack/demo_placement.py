@@ -29,7 +29,7 @@ from demo_support import (
 )
 
 from kubeapi import JsonApi
-from localcluster.cluster import api_client, kubeconfig_path
+from localcluster.clusters import api_client, kubeconfig_path
 from localcluster.nodes import KWOK_TOLERATION
 from localcluster.ports import free_port
 from localcluster.tools import find_tools

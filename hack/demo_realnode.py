@@ -18,7 +18,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from kubeapi import ApiError, JsonApi
-from localcluster.cluster import api_client, kubeconfig_path
+from localcluster.clusters import api_client, kubeconfig_path
 from localcluster.realnode import node as realnode
 from localcluster.realnode.paths import NODE_NAME
 from localcluster.realnode.pods import busybox_pod

@@ -26,7 +26,8 @@ from harness.cluster_claim import claimed
 from harness.extender_objects import GPU_CLASS, template
 from harness.waiting import wait_for
 from kubeapi import ApiError, JsonApi
-from localcluster.cluster import ClusterSpec, api_client, up
+from localcluster.cluster import ClusterSpec, up
+from localcluster.clusters import api_client
 from localcluster.ports import free_port
 from localcluster.scale import controllers as ctl
 from localcluster.scale.controllers import DS_API, LWS_API, collection

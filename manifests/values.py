@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from difflib import get_close_matches
 from ipaddress import ip_address
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -18,7 +17,7 @@ from pydantic.alias_generators import to_camel
 
 from router.config import RouterConfig
 from scheduler_ext.config import ExtenderConfig
-from topology.config_file import API_VERSION, ConfigError, parse_document
+from topology.config_file import API_VERSION, ConfigError, parse_document, read_document
 
 KIND = "InstallValues"
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -411,12 +410,7 @@ def load_values(path: str | Path | None = None, sets: Sequence[str] = ()) -> Ins
     source = "values"
     if path is not None:
         source = str(path)
-        try:
-            doc = yaml.safe_load(Path(path).read_text())
-        except OSError as err:
-            raise ConfigError(f"{path}: cannot read: {err.strerror}") from None
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{path}: not valid YAML: {err}") from None
+        doc = read_document(path)
         if not isinstance(doc, dict):
             raise ConfigError(f"{path}: expected a YAML mapping with apiVersion and kind")
     if sets:
@@ -425,39 +419,7 @@ def load_values(path: str | Path | None = None, sets: Sequence[str] = ()) -> Ins
     try:
         return parse_document(doc, InstallValues, KIND, source)
     except ConfigError as err:
-        text = str(err)
-        for where, name in _misspelt(doc):
-            # the unknown field's line says which known field it is close to
-            text = re.sub(rf"(?m)^(  {re.escape(where)}: .*)\(unknown field: [^)]*\)$",
-                          rf"\1(unknown field: did you mean {name}?)", text)
-        text = text.replace("  apiServer: Field required (required: add it)",
-                            "  apiServer: Field required (required: add it, e.g. --set "
-                            "apiServer.host=ADDRESS; pods use no in-cluster address)")
-        raise ConfigError(text) from None
-
-
-def _models(annotation: Any) -> list[type[BaseModel]]:
-    """The models a field holds (itself, a list's items, an optional's value)."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
-    return [m for arg in get_args(annotation) for m in _models(arg)]
-
-
-def _misspelt(doc: Any, model: type[BaseModel] = InstallValues,
-              where: str = "") -> list[tuple[str, str]]:
-    """(path, closest field name) for every unknown key close to a real one."""
-    if not isinstance(doc, dict):
-        return []
-    fields = {f.alias or n: f for n, f in model.model_fields.items()}
-    out = []
-    for key, value in doc.items():
-        path = f"{where}.{key}" if where else str(key)
-        if key not in fields:
-            close = get_close_matches(str(key), list(fields), n=1, cutoff=0.6)
-            out += [(path, close[0])] if close else []
-            continue
-        for sub in _models(fields[key].annotation):
-            items = value if isinstance(value, list) else [value]
-            for i, item in enumerate(items):
-                out += _misspelt(item, sub, f"{path}.{i}" if isinstance(value, list) else path)
-    return out
+        raise ConfigError(str(err).replace(
+            "apiServer: Field required (required: add it)",
+            "apiServer: Field required (required: add it, e.g. --set "
+            "apiServer.host=ADDRESS; pods use no in-cluster address)")) from None

@@ -15,7 +15,8 @@ import pytest
 
 from harness.cluster_claim import claimed
 from harness.procs import Procs
-from localcluster.cluster import ClusterSpec, api_client, up
+from localcluster.cluster import ClusterSpec, up
+from localcluster.clusters import api_client
 
 # Overridable so that two test runs on one machine do not tear down each other's cluster.
 TEST_CLUSTER = os.environ.get("TOPOSERVE_TEST_CLUSTER", "toposerve-test")

@@ -22,6 +22,7 @@ import yaml
 
 from dra_driver.net.handoff import cni as nic_cni
 from dra_driver.net.handoff.install import install as install_nic_cni
+from localcluster.clusters import ClusterError, api_client, cluster_dir, kubeconfig_path
 from localcluster.realnode import cni, config, images, teardown
 from localcluster.realnode.forwarder import build as build_forwarder
 from localcluster.realnode.paths import (
@@ -292,8 +293,6 @@ def start(cluster: str, progress: Progress = _stderr, ready_timeout_s: float = 9
     Ready. While another cluster has the machine's real node, waits up to
     ``wait_s`` for it to be released (another test run, say). A failed start
     tears down whatever it had started."""
-    from localcluster.cluster import api_client, kubeconfig_path
-
     layout = layout or default_layout()
     tools = find_node_tools()
     api = api_client(cluster)
@@ -316,8 +315,6 @@ def start(cluster: str, progress: Progress = _stderr, ready_timeout_s: float = 9
 
 def _start_locked(cluster: str, api: Any, tools: NodeTools, layout: Layout,
                   progress: Progress, ready_timeout_s: float) -> str:
-    from localcluster.cluster import cluster_dir, kubeconfig_path
-
     if not teardown.our_processes(layout):
         _check_ports()  # before touching the kubelet's paths: is another kubelet here?
     try:
@@ -413,8 +410,6 @@ def stop(cluster: str | None = None, progress: Progress = _stderr,
          layout: Layout | None = None) -> bool:
     """Tear the real node down (only if it belongs to ``cluster``, when one is
     named); True if there was one. Always leaves the host clean."""
-    from localcluster.cluster import ClusterError, api_client
-
     layout = layout or default_layout()
     if not _ours_present(layout):
         return False  # no lock taken: `cluster down` works without root and a real node

@@ -14,7 +14,7 @@ from typing import Any
 import urllib3
 import yaml
 
-from localcluster.cluster import cluster_dir
+from localcluster.clusters import cluster_dir
 
 
 def component(cluster: str, name: str) -> tuple[str, Path]:

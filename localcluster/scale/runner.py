@@ -29,15 +29,8 @@ from tqdm import tqdm
 
 from dra_driver.simulate import label_partitions
 from kubeapi import ApiError, JsonApi
-from localcluster.cluster import (
-    ClusterError,
-    ClusterSpec,
-    api_client,
-    cluster_dir,
-    down,
-    running_clusters,
-    up,
-)
+from localcluster.cluster import ClusterSpec, down, running_clusters, up
+from localcluster.clusters import ClusterError, api_client, cluster_dir
 from localcluster.nodes import node_manifest
 from localcluster.ports import free_port
 from localcluster.processes import commands_under

@@ -69,6 +69,9 @@ def test_wheel_holds_the_product_only(tmp_path: Path) -> None:
     tops = {n.split("/")[0] for n in names if not n.startswith("toposerve-")}
     assert tops == set(PRODUCT)
     assert not [n for n in names if "/tests/" in n or n.split("/")[0] in TOOLING]
+    # ... and all of the product: every module of the source tree
+    sources = {str(p.relative_to(ROOT)) for pkg in PRODUCT for p in (ROOT / pkg).rglob("*.py")}
+    assert sources - set(names) == set()
     # the data the product reads at run time travels with it
     assert "manifests/templates/" in "".join(names)
     assert any(n.startswith("topology/profiles/") and n.endswith(".yaml") for n in names)

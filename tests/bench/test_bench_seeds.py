@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from bench.router_bench import Row, order, per_seed, plot_seeds
+
+pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`
 
 
 def _row(router: str, seed: int, p50: float, p99: float, workload: str = "agentic") -> Row:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from bench.report import medians
 from bench.router_bench import Row, floors, table
+
+pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`
 
 
 def _row(router: str, p50: float, failed: int) -> Row:

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from bench.overload_bench import Outcome, TurnRow, plot, row, table, turn_table
+
+pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`
 
 
 def _outs(name: str, ttfts_ms: list[float], status: int = 200) -> list[Outcome]:

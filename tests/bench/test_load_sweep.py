@@ -7,7 +7,11 @@ import json
 import math
 from pathlib import Path
 
+import pytest
+
 from bench.load_sweep import Point, below, table
+
+pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`
 
 
 def _points(c: float, rr: float, ours: float, model_rr: float, oracle: float,

@@ -8,6 +8,8 @@ import pytest
 from bench.queue_model import model_ttfts_ms
 from bench.workloads import TraceRequest, text_tokens
 
+pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`
+
 # 1 ms overhead, 0.1 ms a token, wall time = model time
 SIM = {"time_scale": 1.0, "overhead_s": 0.001, "prefill_s_per_token": 0.0001, "block_size": 16}
 SHARED = text_tokens(1600, "shared")  # 100 blocks

@@ -9,6 +9,8 @@ import pytest
 
 from bench.workloads import mooncake, spread_ticks
 
+pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`
+
 
 def test_a_ticks_requests_are_spaced_evenly_until_the_next_tick() -> None:
     # three at 0 over a 3,000 ms tick, one alone at 3,000 (to the next tick

@@ -112,9 +112,8 @@ def test_cli_bad_values_exit_2_with_the_error(tmp_path: Path,
     out, err = capsys.readouterr()
     assert out == ""
     assert err.splitlines() == [
-        f"error: {f}: invalid configuration",
-        "  gpuDriver.kubeletDirectory: Extra inputs are not permitted (unknown field: did you "
-        "mean kubeletDir?)"]
+        f"error: {f}: gpuDriver.kubeletDirectory: Extra inputs are not permitted (unknown "
+        "field: did you mean kubeletDir?)"]
     assert cli(["manifests", "render", "-f", str(tmp_path / "none.yaml")]) == 2
     assert "cannot read" in capsys.readouterr().err
 

@@ -20,7 +20,7 @@ from dra_driver.gpu.driver import CDI_CLASS, CDI_VENDOR
 from dra_driver.kubeletplugin.cdi import CdiSpecs
 from dra_driver.kubeletplugin.checkpoint import Checkpoint, ClaimState, read_boot_id
 from harness.waiting import wait_for
-from localcluster.cluster import kubeconfig_path
+from localcluster.clusters import kubeconfig_path
 from localcluster.realnode import node as realnode
 from localcluster.realnode.gpu_driver import CDI_ROOT, DRIVER, PLUGIN_DIR, GpuDriver
 from localcluster.realnode.paths import NODE_NAME, default_layout

@@ -26,7 +26,7 @@ from dra_driver.net.handoff.links import Namespace
 from dra_driver.net.records import all_records
 from harness.waiting import wait_for
 from kubeapi import JsonApi
-from localcluster.cluster import kubeconfig_path
+from localcluster.clusters import kubeconfig_path
 from localcluster.realnode import nics
 from localcluster.realnode import node as realnode
 from localcluster.realnode.gpu_driver import DRIVER as GPU_DRIVER

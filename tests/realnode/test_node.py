@@ -7,7 +7,8 @@ import ipaddress
 
 import pytest
 
-from localcluster.cluster import cluster_dir, status
+from localcluster.cluster import status
+from localcluster.clusters import cluster_dir
 from localcluster.realnode.paths import POD_SUBNET, REAL_NODE_LABEL, REAL_NODE_TAINT
 from localcluster.realnode.pods import busybox_pod
 from localcluster.tools import versions

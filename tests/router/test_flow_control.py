@@ -19,6 +19,8 @@ from router.pool.endpoints import Endpoint, LoadSample
 from router.state import RouterState
 from wire.errors import ApiError
 
+pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`
+
 
 class Clock:
     def __init__(self) -> None:

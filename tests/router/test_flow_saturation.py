@@ -23,6 +23,8 @@ from router.pool.saturation import (
 )
 from topology.config_file import ConfigError
 
+pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`
+
 
 def _cfg(**flow: Any) -> RouterConfig:
     return RouterConfig.model_validate({

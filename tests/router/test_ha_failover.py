@@ -25,7 +25,7 @@ from kubernetes import client
 
 from harness.procs import MODEL, Proc, Procs
 from harness.waiting import wait_for
-from localcluster.cluster import kubeconfig_path
+from localcluster.clusters import kubeconfig_path
 from localcluster.pods import model_pod, wait_running
 from router.ha.pod_label import ROLE_LABEL
 from tests.conftest import Cluster

@@ -14,6 +14,8 @@ import pytest
 
 from router.relay.upstream import HIGH_WATER, UpstreamError, Upstreams
 
+pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`
+
 RawHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 HEADERS = {"Content-Type": "application/json", "X-Request-Id": "abc"}
 

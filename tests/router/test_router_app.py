@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 import structlog
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
@@ -21,6 +22,8 @@ from router.request import RequestContext
 from router.scheduling.profile import Decision
 from simulator.config import SimConfig
 from simulator.server import build_app as build_sim
+
+pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`
 
 MODEL = "toposerve/sim-model"
 LONG = "a system prompt long enough to fill several prefix blocks. " * 100

@@ -34,6 +34,8 @@ from wire.kv_events import (
 from wire.prompt import chat_prompt
 from wire.tokens import ByteTokenizer
 
+pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`
+
 
 @pytest.mark.parametrize("enc", list(EventEncoding))
 def test_event_roundtrip_both_encodings(enc: EventEncoding) -> None:

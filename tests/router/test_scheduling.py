@@ -14,6 +14,8 @@ from router.scheduling.profile import Decision, Scheduler
 from router.state import RouterState
 from tests.router.pipeline import LONG, ctx, make_state
 
+pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`
+
 
 def route(sched: Scheduler, c: RequestContext) -> Decision:
     """Schedule, and answer from the first-ranked endpoint, as the proxy

@@ -15,7 +15,7 @@ from kubernetes import client
 
 from harness.procs import MODEL, Procs
 from harness.waiting import wait_for
-from localcluster.cluster import kubeconfig_path
+from localcluster.clusters import kubeconfig_path
 from tests.conftest import Cluster
 
 pytestmark = pytest.mark.cluster

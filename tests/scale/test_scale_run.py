@@ -17,7 +17,8 @@ import pytest
 import yaml
 
 from harness.waiting import wait_for
-from localcluster.cluster import cluster_dir, running_clusters
+from localcluster.cluster import running_clusters
+from localcluster.clusters import cluster_dir
 from localcluster.scale.scenario import Setup, builtins
 
 pytestmark = pytest.mark.cluster

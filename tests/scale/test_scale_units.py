@@ -424,7 +424,8 @@ def test_scheduler_gates_reach_the_scheduler_alone_in_every_setup() -> None:
     assert set(patches) == {"kube-apiserver", "kube-controller-manager", "kube-scheduler"}
     with pytest.raises(ValueError, match=r"gogc\.kube-proxy"):
         scenario(gogc={"kube-proxy": 200})
-    from localcluster.cluster import ClusterError, ClusterSpec, validate
+    from localcluster.cluster import ClusterSpec, validate
+    from localcluster.clusters import ClusterError
     with pytest.raises(ClusterError, match=r"gogc: kube-apiserver=0: give a component of etcd"):
         validate(ClusterSpec(name="x", groups=[("hgx-h100", 1)], gogc={"kube-apiserver": 0}))
 

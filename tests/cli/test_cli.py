@@ -10,6 +10,8 @@ import pytest
 
 from toposerve_cli.main import main
 
+pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`
+
 
 def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
     rc = main(argv)

@@ -12,6 +12,8 @@ import pytest
 from harness import cluster_claim
 from harness.cluster_claim import ClusterInUse, claimed, live_holder
 
+pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`
+
 
 def _record(pid: int) -> str:
     return f"{pid} {psutil.Process(pid).create_time():.2f}"

@@ -11,6 +11,8 @@ from topology.model import DeviceKind
 from topology.profiles import bundled_names, load_profile
 from topology.sysfs import write_profile_sysfs
 
+pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`
+
 
 @pytest.mark.parametrize("name", bundled_names())
 def test_fake_tree_roundtrip(name: str, tmp_path: Path) -> None:

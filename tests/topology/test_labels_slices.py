@@ -1,5 +1,6 @@
 import re
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -8,6 +9,8 @@ from topology.layout import plan_nodes
 from topology.model import DomainPath
 from topology.profiles import bundled_names, load_profile
 from topology.resourceslice import MAX_ATTRIBUTES, device_entry
+
+pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`
 
 values = st.one_of(st.none(), st.from_regex(r"[a-z][a-z0-9-]{0,10}", fullmatch=True))
 

@@ -1,11 +1,14 @@
 """Invariants of the distance and cost functions, checked by hypothesis."""
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from topology.distance import device_affinity, kv_transfer_seconds, node_tier
 from topology.model import Affinity, DomainPath, Tier
 from topology.profiles import bundled_names, load_profile
+
+pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`
 
 labels = st.sampled_from(["a", "b", None])
 paths = st.builds(DomainPath, zone=labels, block=labels, rack=labels, nvlink=labels,

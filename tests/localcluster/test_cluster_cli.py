@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from localcluster.cluster import cluster_dir
+from localcluster.clusters import cluster_dir
 from localcluster.processes import processes_under
 from tests.conftest import Cluster
 

@@ -9,7 +9,8 @@ import pytest
 from kubernetes import client
 
 from harness.cluster_claim import claimed
-from localcluster.cluster import ClusterSpec, api_client, up
+from localcluster.cluster import ClusterSpec, up
+from localcluster.clusters import api_client
 
 pytestmark = [pytest.mark.cluster, pytest.mark.scale]
 

@@ -27,7 +27,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
 from harness.waiting import wait_for
-from localcluster.cluster import kubeconfig_path
+from localcluster.clusters import kubeconfig_path
 from localcluster.tools import find_tools
 from manifests.render import GPU_DRIVER, NET_DRIVER, Names, render_objects
 from manifests.values import InstallValues, load_values

@@ -13,6 +13,8 @@ import pytest
 
 from kubeapi import ApiError, JsonApi
 
+pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`
+
 EVENT = b'{"type":"ADDED","object":{"metadata":{"name":"a","resourceVersion":"5"}}}\n'
 
 

@@ -17,8 +17,8 @@ from collections.abc import Iterator
 import pytest
 
 from harness.waiting import wait_for
-from tests.cluster import test_dra_allocation as alloc
-from tests.cluster.test_dra_allocation import (
+from tests.dra import test_dra_allocation as alloc
+from tests.dra.test_dra_allocation import (
     NET,
     RES,
     STD,

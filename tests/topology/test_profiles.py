@@ -9,6 +9,8 @@ from topology.distance import device_affinity
 from topology.model import Affinity, DeviceKind
 from topology.profiles import HardwareProfile, bundled_names, load_profile
 
+pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`
+
 
 def test_bundled_profiles_present() -> None:
     assert {"hgx-h100", "gb200-nvl72", "mi300x"} <= set(bundled_names())

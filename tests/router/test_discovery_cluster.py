@@ -18,7 +18,7 @@ from kubernetes import client
 
 from harness.procs import MODEL, Proc, Procs
 from harness.waiting import wait_for
-from localcluster.cluster import kubeconfig_path
+from localcluster.clusters import kubeconfig_path
 from localcluster.pods import model_pod, wait_running
 from tests.conftest import Cluster
 
