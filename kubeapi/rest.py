@@ -34,6 +34,19 @@ class JsonApi:
                 body: Any = None, timeout: float = 30, accept: str = "application/json",
                 content_type: str = "application/json") -> Any:
         """``content_type``: a PATCH names its kind (e.g. merge-patch+json)."""
+        r = self._send(method, path, query, body, timeout, accept, content_type)
+        try:
+            return orjson.loads(r.data) if r.data else {}
+        except orjson.JSONDecodeError:
+            raise ApiError(r.status, f"{method} {path}: an answer that is not JSON") from None
+
+    def text(self, path: str, timeout: float = 60) -> str:
+        """A GET whose answer is text (``/metrics``)."""
+        return str(self._send("GET", path, (), None, timeout, "text/plain",
+                              "application/json").data.decode())
+
+    def _send(self, method: str, path: str, query: Sequence[tuple[str, Any]], body: Any,
+              timeout: float, accept: str, content_type: str) -> Any:
         url, headers = self._url(method, path, query, accept, content_type)
         try:
             r = self._api.rest_client.pool_manager.request(
@@ -42,11 +55,14 @@ class JsonApi:
                 timeout=urllib3.Timeout(connect=min(5, timeout), read=timeout))
         except urllib3.exceptions.HTTPError as err:
             raise ApiError(0, f"{method} {path}: {type(err).__name__}: {err}") from None
-        data = orjson.loads(r.data) if r.data else {}
         if r.status >= 300:
+            try:
+                data = orjson.loads(r.data) if r.data else {}
+            except orjson.JSONDecodeError:
+                data = {}
             msg = data.get("message", r.reason) if isinstance(data, dict) else r.reason
             raise ApiError(r.status, f"{method} {path}: {msg}")
-        return data
+        return r
 
     def stream(self, path: str, query: Sequence[tuple[str, Any]], read_timeout: float,
                opened: Callable[[Any], None]) -> Iterator[dict[str, Any]]:

@@ -22,6 +22,7 @@ from typing import Any
 import urllib3
 import yaml
 
+from kubeapi import ApiError, JsonApi
 from localcluster.clusters import (
     ClusterError,
     api_client,
@@ -47,6 +48,7 @@ KWOK_ARGS = ["--extra-args", "kwok-controller=cidr=127.15.0.0/16",
 HEARTBEAT_FACTOR = 5
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,30}[a-z0-9])?$")
 META_FILE = "toposerve.json"
+NODES = "/api/v1/nodes"
 Progress = Callable[[str], None]
 
 
@@ -181,30 +183,27 @@ def validate(spec: ClusterSpec) -> None:
 
 
 def _create_nodes(api: Any, manifests: list[dict[str, Any]], progress: Progress) -> None:
-    from kubernetes import client
-
-    core = client.CoreV1Api(api)
+    rest = JsonApi(api)
     done = 0
     with ThreadPoolExecutor(max_workers=16) as pool:
-        for _ in pool.map(lambda m: core.create_node(m), manifests):
+        for _ in pool.map(lambda m: rest.request("POST", NODES, body=m), manifests):
             done += 1
             if done % 250 == 0 or done == len(manifests):
                 progress(f"created {done}/{len(manifests)} nodes")
 
 
-def _ready(node: Any) -> bool:
-    return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+def _ready(node: dict[str, Any]) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (node.get("status") or {}).get("conditions") or [])
 
 
 def wait_nodes_ready(api: Any, count: int, timeout_s: float, progress: Progress,
                      name: str) -> None:
-    from kubernetes import client
-
-    core = client.CoreV1Api(api)
+    rest = JsonApi(api)
     deadline = time.monotonic() + timeout_s
     last = -1
     while True:
-        nodes = core.list_node(label_selector="type=kwok").items
+        nodes = rest.request("GET", NODES, [("labelSelector", "type=kwok")]).get("items") or []
         ready = sum(1 for n in nodes if _ready(n))
         if ready != last:
             progress(f"{ready}/{count} nodes Ready")
@@ -241,16 +240,13 @@ def check_components(name: str) -> None:
 
 def wait_default_service_account(api: Any, timeout_s: float = 120) -> None:
     """Pods are refused until the controller-manager makes ``default/default``."""
-    from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
-
-    core = client.CoreV1Api(api)
+    rest = JsonApi(api)
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            core.read_namespaced_service_account("default", "default")
+            rest.request("GET", "/api/v1/namespaces/default/serviceaccounts/default")
             return
-        except ApiException as err:
+        except ApiError as err:
             if err.status != 404 or time.monotonic() > deadline:
                 raise ClusterError("default service account never appeared") from err
         time.sleep(0.5)
@@ -370,13 +366,11 @@ def status() -> list[ClusterStatus]:
         st = ClusterStatus(name=name, kubeconfig=str(kubeconfig_path(name)), nodes_ready=None,
                            nodes_total=None, groups=[tuple(g) for g in meta.get("groups", [])])
         try:
-            from kubernetes import client
-
-            nodes = client.CoreV1Api(api_client(name)).list_node(_request_timeout=5).items
+            nodes = JsonApi(api_client(name)).request("GET", NODES, timeout=5).get("items") or []
             st.nodes_total = len(nodes)
             st.nodes_ready = sum(1 for n in nodes if _ready(n))
-            st.real_nodes = [str(n.metadata.name) for n in nodes if n.metadata
-                             and KWOK_ANNOTATION not in (n.metadata.annotations or {})]
+            st.real_nodes = [str(n["metadata"]["name"]) for n in nodes if KWOK_ANNOTATION
+                             not in (n["metadata"].get("annotations") or {})]
         except Exception as err:  # report, don't crash: status is for diagnosis
             st.error = f"apiserver not answering: {type(err).__name__}"
         out.append(st)

@@ -22,6 +22,7 @@ import yaml
 
 from dra_driver.net.handoff import cni as nic_cni
 from dra_driver.net.handoff.install import install as install_nic_cni
+from kubeapi import ApiError, JsonApi
 from localcluster.clusters import ClusterError, api_client, cluster_dir, kubeconfig_path
 from localcluster.realnode import cni, config, images, teardown
 from localcluster.realnode.forwarder import build as build_forwarder
@@ -269,22 +270,25 @@ def _import_images(layout: Layout, tools: NodeTools) -> None:
 
 
 def _node_ready(api: Any) -> bool:
-    from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
-
     try:
-        node = client.CoreV1Api(api).read_node(NODE_NAME, _request_timeout=5)
-    except ApiException:
+        node = JsonApi(api).request("GET", f"/api/v1/nodes/{NODE_NAME}", timeout=5)
+    except ApiError:
         return False
-    conditions = node.status.conditions if node.status else None
-    return any(c.type == "Ready" and c.status == "True" for c in conditions or [])
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (node.get("status") or {}).get("conditions") or [])
 
 
-def _pods_on_node(core: Any) -> list[tuple[str, str]]:
+def _pods_on_node(rest: JsonApi) -> list[tuple[str, str]]:
     """(namespace, name) of every pod bound to the real node."""
-    pods = core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={NODE_NAME}",
-                                            _request_timeout=5).items
-    return [(str(p.metadata.namespace), str(p.metadata.name)) for p in pods if p.metadata]
+    pods = rest.request("GET", "/api/v1/pods", [("fieldSelector", f"spec.nodeName={NODE_NAME}")],
+                        timeout=5).get("items") or []
+    return [(str(p["metadata"]["namespace"]), str(p["metadata"]["name"])) for p in pods]
+
+
+def _delete_pod(rest: JsonApi, namespace: str, name: str, grace_s: int) -> None:
+    with contextlib.suppress(ApiError):
+        rest.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}",
+                     [("gracePeriodSeconds", grace_s)], timeout=5)
 
 
 def start(cluster: str, progress: Progress = _stderr, ready_timeout_s: float = 90,
@@ -353,34 +357,25 @@ def _drain(api: Any, grace_s: float, progress: Progress) -> None:
     """Delete the node's pods while the kubelet still runs, so it stops their
     containers and unprepares their claims; bounded, a stuck pod is
     force-deleted after the kubelet is gone."""
-    from kubernetes import client
-
-    core = client.CoreV1Api(api)
-    pods = _pods_on_node(core)
+    rest = JsonApi(api)
+    pods = _pods_on_node(rest)
     for namespace, name in pods:
-        with contextlib.suppress(client.exceptions.ApiException):
-            core.delete_namespaced_pod(name, namespace, grace_period_seconds=1,
-                                       _request_timeout=5)
+        _delete_pod(rest, namespace, name, 1)
     deadline = time.monotonic() + grace_s
     while pods and time.monotonic() < deadline:
         time.sleep(0.2)
-        pods = _pods_on_node(core)
+        pods = _pods_on_node(rest)
     if pods:
         progress(f"{len(pods)} pods still on {NODE_NAME} after {grace_s:.0f}s")
 
 
 def _forget_node(api: Any) -> None:
     """Force-delete pods left on the node, then the Node object."""
-    from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
-
-    core = client.CoreV1Api(api)
-    for namespace, name in _pods_on_node(core):
-        with contextlib.suppress(ApiException):
-            core.delete_namespaced_pod(name, namespace, grace_period_seconds=0,
-                                       _request_timeout=5)
-    with contextlib.suppress(ApiException):
-        core.delete_node(NODE_NAME, _request_timeout=5)
+    rest = JsonApi(api)
+    for namespace, name in _pods_on_node(rest):
+        _delete_pod(rest, namespace, name, 0)
+    with contextlib.suppress(ApiError):
+        rest.request("DELETE", f"/api/v1/nodes/{NODE_NAME}", timeout=5)
 
 
 def _clean(layout: Layout, tools: NodeTools, progress: Progress, api: Any | None) -> None:

@@ -166,11 +166,7 @@ def scheduler_work(before: str, after: str) -> dict[str, Any]:
 
 def scrape(api: Any, path: str = "/metrics") -> str:
     """The apiserver's own metrics text, with the cluster's credentials."""
-    _, url, headers, _, _ = api.param_serialize("GET", path, header_params={
-        "Accept": "text/plain"}, auth_settings=["BearerToken"])
-    r = api.rest_client.pool_manager.request("GET", url, headers=headers, retries=False,
-                                             timeout=urllib3.Timeout(connect=5, read=60))
-    return str(r.data.decode())
+    return JsonApi(api).text(path)
 
 
 def scrape_url(url: str) -> str:
