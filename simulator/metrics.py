@@ -1,4 +1,5 @@
-"""Prometheus metrics of the simulator, under vLLM's or SGLang's names."""
+"""Prometheus metrics of the simulator, under vLLM's or SGLang's names and
+labels (checked against tests/wire/fixtures: vLLM v0.33.0, SGLang v0.5.23)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Callable, Sequence
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 
-from simulator.config import Dialect, SimConfig
+from simulator.config import Dialect, DisaggregationMode, SimConfig
 from simulator.engine import Engine
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
@@ -19,8 +20,9 @@ NAMES = {
     "running": ("vllm:num_requests_running", "sglang:num_running_reqs"),
     "waiting": ("vllm:num_requests_waiting", "sglang:num_queue_reqs"),
     "usage": ("vllm:kv_cache_usage_perc", "sglang:token_usage"),
-    "prefix_queries": ("vllm:prefix_cache_queries", "sglang:prefix_cache_queries"),
-    "prefix_hits": ("vllm:prefix_cache_hits", "sglang:prefix_cache_hits"),
+    # SGLang counts cached prompt tokens but not the tokens looked up
+    "prefix_queries": ("vllm:prefix_cache_queries", "toposerve_sim_prefix_cache_queries"),
+    "prefix_hits": ("vllm:prefix_cache_hits", "sglang:cached_tokens"),
     "prompt_tokens": ("vllm:prompt_tokens", "sglang:prompt_tokens"),
     "generation_tokens": ("vllm:generation_tokens", "sglang:generation_tokens"),
     "ttft": ("vllm:time_to_first_token_seconds", "sglang:time_to_first_token_seconds"),
@@ -31,19 +33,28 @@ NAMES = {
     "kv_pull_bytes": ("vllm:nixl_bytes_transferred", "toposerve_sim_kv_pull_bytes"),
 }
 
+# SGLang's engine_type label, by --disaggregation-mode
+SGLANG_ENGINE_TYPE = {DisaggregationMode.NULL: "unified", DisaggregationMode.PREFILL: "prefill",
+                      DisaggregationMode.DECODE: "decode"}
+
 
 class SimMetrics:
     def __init__(self, cfg: SimConfig, engine: Engine) -> None:
         self.registry = r = CollectorRegistry()
         s = engine.stats
         vllm = cfg.dialect == Dialect.VLLM
-        lab = {"model_name": cfg.names[0], **({"engine": "0"} if vllm else {})}
+        # vLLM: every series by engine index. SGLang: its tokenizer's series
+        # by model and engine type, its scheduler's (the gauges) by rank too
+        lab = {"model_name": cfg.names[0], **({"engine": "0"} if vllm else {
+            "engine_type": SGLANG_ENGINE_TYPE[cfg.disaggregation_mode]})}
+        gauge_lab = lab if vllm else {**lab, "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}
 
         def name(role: str) -> str:
             return NAMES[role][0 if vllm else 1]
 
         def gauge(role: str, doc: str, fn: Callable[[], float]) -> None:
-            Gauge(name(role), doc, list(lab), registry=r).labels(**lab).set_function(fn)
+            Gauge(name(role), doc, list(gauge_lab), registry=r).labels(
+                **gauge_lab).set_function(fn)
 
         def counter(role: str, doc: str) -> Counter:
             return Counter(name(role), doc, list(lab), registry=r).labels(**lab)
@@ -75,8 +86,8 @@ class SimMetrics:
             Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
                   list(info), registry=r).labels(**info).set(1)
         else:
-            Gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", list(lab),
-                  registry=r).labels(**lab).set_function(
+            Gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", list(gauge_lab),
+                  registry=r).labels(**gauge_lab).set_function(
                 lambda: s.prefix_hits / s.prefix_queries if s.prefix_queries else 0.0)
 
     def render(self, names: Sequence[str] = (), accept: str = "",

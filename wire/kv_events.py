@@ -1,8 +1,10 @@
 """vLLM KV-cache events, encoded (by the simulator) and decoded (by the
-router's precise prefix index) here, in both encodings: older vLLM sends
-each event as a positional array with its tag first, newer vLLM as a map
-with a ``"type"`` key. Decoded block hashes may be ints or bytes; we keep
-their low 64 bits."""
+router's precise prefix index) here, in both encodings: older vLLM (v0.11)
+sends each event as a positional array with its tag first, newer vLLM
+(v0.33) and SGLang (v0.5.23) as a map with a ``"type"`` key; the batch is
+an array ``[ts, events, dp_rank]`` in all of them (tests/wire/fixtures).
+Decoded block hashes may be ints or bytes; we keep their low 64 bits, as
+vLLM's own int hashes do."""
 
 from __future__ import annotations
 
@@ -21,11 +23,13 @@ class BlockStored:
     parent_block_hash: int | None
     token_ids: list[int]
     block_size: int
+    medium: str | None = "GPU"  # the cache tier; CPU and disk ones come with offloading
 
 
 @dataclass(frozen=True)
 class BlockRemoved:
     block_hashes: list[int]
+    medium: str | None = "GPU"
 
 
 @dataclass(frozen=True)
@@ -48,11 +52,18 @@ def low64(h: Any) -> int:
     raise BadEvent(f"block hash of type {type(h).__name__}")
 
 
+# the array encoding's positions after the tag (vLLM v0.11); the map
+# encoding has the same names
 _FIELDS = {
-    "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size"),
-    "BlockRemoved": ("block_hashes",),
+    "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
+                    "medium"),
+    "BlockRemoved": ("block_hashes", "medium"),
     "AllBlocksCleared": (),
 }
+
+
+def _medium(m: Any) -> str | None:
+    return None if m is None else str(m)
 
 
 def decode_event(raw: Any) -> Event | None:
@@ -71,9 +82,11 @@ def decode_event(raw: Any) -> Event | None:
         return BlockStored(block_hashes=[low64(h) for h in fields.get("block_hashes") or []],
                            parent_block_hash=None if parent is None else low64(parent),
                            token_ids=list(fields.get("token_ids") or []),
-                           block_size=int(fields.get("block_size") or 0))
+                           block_size=int(fields.get("block_size") or 0),
+                           medium=_medium(fields.get("medium")))
     if tag == "BlockRemoved":
-        return BlockRemoved(block_hashes=[low64(h) for h in fields.get("block_hashes") or []])
+        return BlockRemoved(block_hashes=[low64(h) for h in fields.get("block_hashes") or []],
+                            medium=_medium(fields.get("medium")))
     if tag == "AllBlocksCleared":
         return AllBlocksCleared()
     return None
@@ -95,26 +108,23 @@ class EventEncoding(StrEnum):
     MAP = "map"
 
 
-# fields the map encoding's vLLM added after the array encoding's six; every
-# one is written, null here (no LoRA, no extra hash keys, one KV cache group)
-# as vLLM writes them, and strict decoders want them all
-_MAP_ONLY_STORED = {"lora_name": None, "extra_keys": None, "group_idx": None}
-
-
+# what vLLM v0.33 writes in the map encoding beyond the array's fields for a
+# plain text prompt: no LoRA, one KV-cache group; its optional fields left
+# None are not written at all (msgspec's omit_defaults)
 def encode_stored(s: BlockStored, enc: EventEncoding) -> Any:
-    # the decoder's field order is the array encoding's positions
-    fields = {k: getattr(s, k) for k in _FIELDS["BlockStored"]} | {"lora_id": None,
-                                                                   "medium": "GPU"}
+    fields = {"block_hashes": s.block_hashes, "parent_block_hash": s.parent_block_hash,
+              "token_ids": s.token_ids, "block_size": s.block_size, "lora_id": None,
+              "medium": s.medium}
     if enc == EventEncoding.MAP:
-        return {"type": "BlockStored", **fields, **_MAP_ONLY_STORED}
+        return {"type": "BlockStored", **fields, "lora_name": None,
+                "extra_keys": [None] * len(s.block_hashes), "group_idx": 0}
     return ["BlockStored", *fields.values()]
 
 
 def encode_removed(hashes: list[int], enc: EventEncoding) -> Any:
-    fields = dict(zip(_FIELDS["BlockRemoved"], [hashes], strict=True)) | {"medium": "GPU"}
     if enc == EventEncoding.MAP:
-        return {"type": "BlockRemoved", **fields, "group_idx": None}
-    return ["BlockRemoved", *fields.values()]
+        return {"type": "BlockRemoved", "block_hashes": hashes, "medium": "GPU", "group_idx": 0}
+    return ["BlockRemoved", hashes, "GPU"]
 
 
 def encode_cleared(enc: EventEncoding) -> Any:

@@ -32,6 +32,8 @@ from wire.tokens import Tokenizer
 
 log = structlog.get_logger("router.prefix.kv_index")
 REPLAY_TIMEOUT_S = 2.0
+# the events of device memory (vLLM and SGLang name it "GPU"; None: unsaid)
+GPU_MEDIA = (None, "GPU")
 
 
 class KVIndex:
@@ -49,6 +51,8 @@ class KVIndex:
     def apply(self, url: str, events: list[Event]) -> None:
         emap = self._keys.setdefault(url, {})
         for ev in events:
+            if isinstance(ev, BlockStored | BlockRemoved) and ev.medium not in GPU_MEDIA:
+                continue  # an offloading tier's copy: says nothing of the GPU's
             if isinstance(ev, BlockStored):
                 if ev.parent_block_hash is None:
                     parent = SEED
