@@ -30,7 +30,8 @@ STREAMS = {"vllm-v0.11.0": fx.VLLM_V0_11_0, "vllm-v0.11.0-bytes": fx.VLLM_V0_11_
 
 
 def _payload(batch: Any) -> bytes:
-X
+    out: bytes = msgpack.packb(batch, use_bin_type=True)  # as msgspec's encoder writes it
+    return out
 
 
 def _index() -> tuple[KVIndex, PrefixIndex]:
