@@ -56,19 +56,20 @@ key() {
   done | sha256sum | cut -c1-16
 }
 
-# A Debian root filesystem with these packages, from Debian's mirror (merged
-# /usr, no docs, man pages, locales or apt lists), imported as an image
+# A Debian root filesystem with these packages, from Debian's mirror: the
+# Essential set and their dependencies (no apt: images are built, not patched;
+# merged /usr; no docs, man pages or locales), imported as an image
 # labelled io.toposerve.debian.<package>=<version>; cached under a hash of the
 # recipe. Prints the image name.
 debian_base() {
   local name=$1; shift
-  local opts=(--variant=minbase "--include=$(IFS=,; echo "$*")"
+  local opts=(--variant=essential "--include=$(IFS=,; echo "$*")"
     --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr
     --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/info/*'
     --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-exclude=/usr/share/doc/*'
     --dpkgopt='path-include=/usr/share/doc/*/copyright'
     --aptopt='Acquire::Languages "none"'
-    --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/* "$1"/var/log/*')
+    --customize-hook='rm -rf "$1"/var/lib/apt "$1"/var/cache/apt "$1"/var/log/*')
   local sources=("deb $MIRROR/debian $SUITE main" "deb $MIRROR/debian $SUITE-updates main"
                  "deb $MIRROR/debian-security $SUITE-security main")
   local image; image="localhost/toposerve-base/$name:$SUITE-$(key "${opts[@]}" "${sources[@]}")"
@@ -168,7 +169,8 @@ version="$("$PY" -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "
 if [[ -n ${TOPOSERVE_IMAGE_BASE:-} ]]; then
   py_base=$TOPOSERVE_IMAGE_BASE; pull=()
 else
-  py_base="$(debian_base python3 python3 python3-venv)"; pull=(--pull-never)
+  # manylinux wheels (grpcio, tokenizers) use the system's libstdc++
+  py_base="$(debian_base python3 python3 python3-venv libstdc++6)"; pull=(--pull-never)
 fi
 ctx="$WORK/toposerve"
 stage_toposerve "$ctx" "$(wheelhouse "$py_base")"
