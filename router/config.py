@@ -320,13 +320,39 @@ class ResponsesStoreConfig(Section):
     ttl_s: float = Field(default=3600.0, alias="ttlSeconds", gt=0,
                          description="a stored turn expires after this")
     redis_url: str | None = Field(default=None, alias="redisUrl",
-                                  description="redis://HOST:PORT/DB, for backend: redis")
+                                  description="redis://HOST:PORT/DB, for backend: redis; "
+                                              "rediss:// for TLS")
+    redis_password_file: str | None = Field(
+        default=None, alias="redisPasswordFile",
+        description="file holding the Redis password (AUTH), e.g. a key of a mounted Secret; "
+                    "the Responses store and HA replication both use it")
+    redis_ca_file: str | None = Field(
+        default=None, alias="redisCaFile",
+        description="CA bundle that verifies a TLS Redis (rediss://); unset: the system's")
+    allow_unauthenticated: bool = Field(
+        default=False, alias="allowUnauthenticated",
+        description="start even when the Redis answers without a password. Off: such a Redis "
+                    "stops the start, since whoever reaches it reads every tenant's stored "
+                    "turns and can feed the replicas false routing decisions")
 
     @model_validator(mode="after")
     def _redis(self) -> ResponsesStoreConfig:
         if self.backend == "redis" and not self.redis_url:
             raise ValueError("backend: redis needs redisUrl (e.g. redis://127.0.0.1:6379/0)")
+        if self.redis_ca_file and not (self.redis_url or "").startswith("rediss://"):
+            raise ValueError("redisCaFile needs a TLS redisUrl (rediss://HOST:PORT/DB)")
         return self
+
+    def redis_options(self) -> dict[str, Any]:
+        """redis-py client options beyond the URL: the password, read from its
+        file now (a rotated Secret takes a restart), and the TLS CA."""
+        out: dict[str, Any] = {}
+        if self.redis_password_file is not None:
+            with open(self.redis_password_file, encoding="utf-8") as f:
+                out["password"] = f.read().strip()
+        if self.redis_ca_file is not None:
+            out["ssl_ca_certs"] = self.redis_ca_file
+        return out
 
 
 class KVEventsConfig(Section):

@@ -90,14 +90,16 @@ class Replication:
                  count: Callable[[str, int], None] = lambda outcome, n: None,
                  snapshot: SnapshotConfig | None = None,
                  leading: Callable[[], bool] = lambda: False,
-                 count_snapshot: Callable[[str], None] = lambda outcome: None) -> None:
+                 count_snapshot: Callable[[str], None] = lambda outcome: None,
+                 redis_options: Mapping[str, Any] | None = None) -> None:
         """``count`` is told of messages sent, received and dropped;
         ``count_snapshot`` of snapshots written, loaded, ignored and
         missing. ``leading``: whether this replica leads (only the leader
-        answers a request for a snapshot)."""
+        answers a request for a snapshot). ``redis_options``: redis-py's
+        beyond the URL (password, TLS CA: ResponsesStoreConfig.redis_options)."""
         import redis.asyncio as redis
 
-        self._r = redis.from_url(redis_url)
+        self._r = redis.from_url(redis_url, **(redis_options or {}))
         self.channel, self.identity = channel, identity
         # the sender of this process's messages: a restarted replica's
         # sequence numbers start afresh under a name of their own

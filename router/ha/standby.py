@@ -14,7 +14,7 @@ import structlog
 from aiohttp import web
 
 from kubeapi import JsonApi, connect
-from router.config import HAConfig
+from router.config import HAConfig, ResponsesStoreConfig
 from router.ha.elector import Elector
 from router.ha.pod_label import PodLabel, from_env
 from router.ha.replication import Replication
@@ -29,7 +29,8 @@ def _exit() -> None:
 
 
 class HotStandby:
-    def __init__(self, cfg: HAConfig, redis_url: str, schedulers: Mapping[str, Scheduler],
+    def __init__(self, cfg: HAConfig, redis: ResponsesStoreConfig,
+                 schedulers: Mapping[str, Scheduler],
                  pool: Pool, leading: Callable[[bool], None],
                  count: Callable[[str, int], None],
                  count_snapshot: Callable[[str], None] = lambda outcome: None) -> None:
@@ -39,11 +40,13 @@ class HotStandby:
         self.label: PodLabel | None = None
         self.elector = Elector(cfg.lease, on_change=self._role,
                                eligible=lambda: any(e.healthy for e in pool.routable()))
-        self.replication = Replication(redis_url,
+        assert redis.redis_url is not None  # RouterConfig guarantees it with ha.enabled
+        self.replication = Replication(redis.redis_url,
                                        f"toposerve:decisions:{cfg.lease.namespace}/"
                                        f"{cfg.lease.name}",
                                        self.elector.identity, schedulers, pool, count,
-                                       cfg.snapshot, lambda: self.leader, count_snapshot)
+                                       cfg.snapshot, lambda: self.leader, count_snapshot,
+                                       redis.redis_options())
         self.stopping = False
 
     @property

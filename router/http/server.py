@@ -67,10 +67,9 @@ class Router:
         self.store: ResponsesStore = make_store(cfg.responses)
         self.ha: HotStandby | None = None
         if cfg.ha.enabled:
-            assert cfg.responses.redis_url is not None  # RouterConfig guarantees it
             stages = {"profile": self.scheduler} | (
                 {"prefill": self.pd.prefill, "decode": self.pd.decode} if self.pd else {})
-            self.ha = HotStandby(cfg.ha, cfg.responses.redis_url, stages, self.state.pool,
+            self.ha = HotStandby(cfg.ha, cfg.responses, stages, self.state.pool,
                                  leading=lambda on: self.metrics.leader.set(1 if on else 0),
                                  count=lambda outcome, n: self.metrics.replication
                                  .labels(outcome).inc(n),

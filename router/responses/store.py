@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
+from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 import structlog
@@ -18,6 +19,7 @@ from aiohttp import web
 from router.admission.tenants import TENANT
 from router.config import ResponsesStoreConfig
 from router.pool.endpoints import Endpoint
+from topology.config_file import ConfigError
 from wire.errors import ApiError
 
 log = structlog.get_logger("router.responses.store")
@@ -72,12 +74,13 @@ class MemoryStore:
 class RedisStore:
     PREFIX = "toposerve:response:"
 
-    def __init__(self, url: str, ttl_s: float) -> None:
+    def __init__(self, url: str, ttl_s: float,
+                 options: Mapping[str, Any] | None = None) -> None:
         import redis.asyncio as redis
 
         # bounded waits: a Redis that hangs must cost a request an error, not forever
         self._r = redis.from_url(url, socket_timeout=REDIS_TIMEOUT_S,
-                                 socket_connect_timeout=REDIS_TIMEOUT_S)
+                                 socket_connect_timeout=REDIS_TIMEOUT_S, **(options or {}))
         self._errors = (redis.RedisError, OSError)
         self.ttl_ms = int(ttl_s * 1000)
 
@@ -137,8 +140,51 @@ def keep_or_fail(keep: Keep, failed: Callable[[], None]) -> KeepOrFail:
     return kept
 
 
+def _without_credentials(url: str) -> str:
+    # redis-py lets a URL's user and password win over its keyword arguments
+    u = urlsplit(url)
+    host = u.netloc.rpartition("@")[2]
+    return urlunsplit(u._replace(netloc=host))
+
+
+def refuse_open_redis(cfg: ResponsesStoreConfig, options: Mapping[str, Any]) -> None:
+    """Stops the start (ConfigError) when the Redis answers a PING sent
+    without credentials, unless ``allowUnauthenticated``: such a Redis gives
+    every pod that reaches it every tenant's stored turns. A Redis that
+    cannot be reached now is left to the store's own errors (503s until it
+    answers): a router may start before its Redis."""
+    import redis
+
+    assert cfg.redis_url is not None  # the config model guarantees it
+    probe = redis.Redis.from_url(
+        _without_credentials(cfg.redis_url), socket_timeout=REDIS_TIMEOUT_S,
+        socket_connect_timeout=REDIS_TIMEOUT_S,
+        **{k: v for k, v in options.items() if k != "password"})
+    try:
+        probe.ping()
+    except redis.AuthenticationError:
+        return  # NOAUTH: it needs a password
+    except (redis.ConnectionError, redis.TimeoutError, OSError) as err:
+        log.warning("cannot check that Redis needs a password", error=str(err))
+        return
+    finally:
+        probe.close()
+    if not cfg.allow_unauthenticated:
+        raise ConfigError(
+            f"responses.redisUrl {_without_credentials(cfg.redis_url)}: this Redis answers "
+            "without a password, so whoever reaches it reads every tenant's stored turns; "
+            "give it one (requirepass) and the router responses.redisPasswordFile, or set "
+            "responses.allowUnauthenticated: true")
+
+
 def make_store(cfg: ResponsesStoreConfig) -> ResponsesStore:
     if cfg.backend == "redis":
         assert cfg.redis_url is not None  # the config model guarantees it
-        return RedisStore(cfg.redis_url, cfg.ttl_s)
+        try:
+            options = cfg.redis_options()
+        except OSError as err:
+            raise ConfigError(f"responses.redisPasswordFile: cannot read "
+                              f"{cfg.redis_password_file}: {err.strerror}") from None
+        refuse_open_redis(cfg, options)
+        return RedisStore(cfg.redis_url, cfg.ttl_s, options)
     return MemoryStore(cfg.max_items, cfg.ttl_s)

@@ -1,4 +1,5 @@
-"""Fixtures of the router tests: a real redis-server on loopback."""
+"""Fixtures of the router tests: a real redis-server on loopback, with a
+password (the URL carries it)."""
 
 from __future__ import annotations
 
@@ -13,16 +14,20 @@ import redis
 from harness.waiting import wait_for
 from localcluster.ports import free_port
 
+REDIS_PASSWORD = "router-tests"
+
 
 @pytest.fixture
 def redis_server(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     server = shutil.which("redis-server")
     assert server, "redis-server missing: `make setup` installs it (hack/install-system-deps.sh)"
     port = free_port()
+    # with a password, as the install runs it: the router refuses an open Redis
     p = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                          "--appendonly", "no", "--dir", str(tmp_path)],
+                          "--appendonly", "no", "--dir", str(tmp_path),
+                          "--requirepass", REDIS_PASSWORD],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
+    url = f"redis://:{REDIS_PASSWORD}@127.0.0.1:{port}/0"
 
     def answers() -> bool:
         try:

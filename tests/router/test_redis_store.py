@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
 import openai
 import pytest
@@ -95,7 +96,8 @@ def test_a_stream_whose_turn_redis_cannot_keep_ends_failed(
     assert router.counters().get("toposerve_router_responses_unstored_total") == 1.0
     port = url.rsplit(":", 1)[1].split("/")[0]
     back = subprocess.Popen(["redis-server", "--port", port, "--bind", "127.0.0.1",
-                             "--save", "", "--appendonly", "no"],
+                             "--save", "", "--appendonly", "no",
+                             "--requirepass", urlsplit(url).password or ""],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for("redis back", lambda: _answers(url), interval=0.05)

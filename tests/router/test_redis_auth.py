@@ -1,0 +1,137 @@
+"""The router and a real redis-server: a Redis that answers without a
+password stops the router's start unless its config allows it in so many
+words; with the password from a file (a mounted Secret, as the install
+gives it) the store and the replication work."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+import redis
+import yaml
+
+from harness.waiting import wait_for
+from localcluster.ports import free_port
+from router.config import ResponsesStoreConfig
+from router.ha.replication import Replication
+from router.pool.endpoints import Pool
+from router.responses.store import make_store
+from topology.config_file import ConfigError
+
+
+@pytest.fixture
+def open_redis(tmp_path: Path) -> Iterator[str]:
+    server = shutil.which("redis-server")
+    assert server, "redis-server missing: `make setup` installs it (hack/install-system-deps.sh)"
+    port = free_port()
+    p = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                          "--appendonly", "no", "--dir", str(tmp_path)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    wait_for("redis to answer", lambda: _answers(url), interval=0.05)
+    try:
+        yield url
+    finally:
+        p.terminate()
+        p.wait(10)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return bool(redis.Redis.from_url(url).ping())
+    except redis.ConnectionError:
+        return False
+
+
+def _store(**fields: object) -> ResponsesStoreConfig:
+    return ResponsesStoreConfig.model_validate({"backend": "redis", **fields})
+
+
+def test_an_open_redis_stops_the_router_start(open_redis: str, tmp_path: Path) -> None:
+    cfg = {"apiVersion": "toposerve.io/v1", "kind": "RouterConfig",
+           "server": {"host": "127.0.0.1", "port": free_port()},
+           "discovery": {"static": [{"url": "http://127.0.0.1:1"}]},
+           "responses": {"backend": "redis", "redisUrl": open_redis}}
+    (tmp_path / "router.yaml").write_text(yaml.safe_dump(cfg))
+    proc = subprocess.run([sys.executable, "-m", "toposerve_cli.main", "router",
+                           f"--config={tmp_path / 'router.yaml'}"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert (f"responses.redisUrl {open_redis}: this Redis answers without a password"
+            in proc.stderr), proc.stderr[-2000:]
+    assert "responses.allowUnauthenticated: true" in proc.stderr
+
+
+def test_an_open_redis_is_refused_even_with_a_password_configured(
+        open_redis: str, tmp_path: Path) -> None:
+    """The router's password does not make an open Redis safe: the probe is
+    sent without it (and without one in the URL)."""
+    (tmp_path / "pw").write_text("s3cret\n")
+    with_pw = open_redis.replace("redis://", "redis://:s3cret@")
+    for cfg in (_store(redisUrl=open_redis, redisPasswordFile=str(tmp_path / "pw")),
+                _store(redisUrl=with_pw)):
+        with pytest.raises(ConfigError, match="answers without a password"):
+            make_store(cfg)
+
+
+def test_allow_unauthenticated_lets_an_open_redis_in(open_redis: str) -> None:
+    store = make_store(_store(redisUrl=open_redis, allowUnauthenticated=True))
+
+    async def roundtrip() -> object:
+        try:
+            await store.put("r1", {"x": 1}, "t")
+            return await store.get("r1", "t")
+        finally:
+            await store.close()
+
+    assert asyncio.run(roundtrip()) == {"x": 1, "tenant": "t"}
+
+
+def test_password_file_authenticates_store_and_replication(
+        redis_url: str, tmp_path: Path) -> None:
+    """The install's way: a password-protected Redis, the URL without the
+    password, the password in a mounted file."""
+    u = urlsplit(redis_url)
+    bare = redis_url.replace(f":{u.password}@", "")
+    (tmp_path / "pw").write_text(f"{u.password}\n")
+    missing = _store(redisUrl=bare, redisPasswordFile=str(tmp_path / "nope"))
+    with pytest.raises(ConfigError, match="redisPasswordFile: cannot read"):
+        make_store(missing)
+    cfg = _store(redisUrl=bare, redisPasswordFile=str(tmp_path / "pw"))
+    store = make_store(cfg)  # it needs a password: no refusal
+
+    async def roundtrip() -> object:
+        rep = Replication(bare, "toposerve:test", "a", {}, Pool(),
+                          redis_options=cfg.redis_options())
+        try:
+            await store.put("r1", {"x": 1}, "t")
+            await rep._r.ping()  # authenticated, else NOAUTH
+            return await store.get("r1", "t")
+        finally:
+            await store.close()
+            await rep.close()
+
+    assert asyncio.run(roundtrip()) == {"x": 1, "tenant": "t"}
+    # and without the file, the same Redis refuses the store's commands
+    unauth = make_store(_store(redisUrl=bare))
+
+    async def refused() -> None:
+        try:
+            await unauth.get("r1", "t")
+        finally:
+            await unauth.close()
+
+    with pytest.raises(Exception, match="unavailable"):
+        asyncio.run(refused())
+
+
+def test_ca_file_needs_tls() -> None:
+    with pytest.raises(ValueError, match="redisCaFile needs a TLS redisUrl"):
+        _store(redisUrl="redis://127.0.0.1:6379/0", redisCaFile="/etc/ca.crt")
