@@ -86,6 +86,7 @@ class Extender:
         self.metrics = Metrics()
         self.warmed = False
         self._writes: set[asyncio.Future[None]] = set()
+        self._noted: set[str] = set()  # undecided demand already logged
 
     # --- the decisions, synchronous and pure over the state ------------------------
 
@@ -116,6 +117,11 @@ class Extender:
                 if res.decision is not None and self.state.decide(res.decision):
                     changed = res.decision
             self.metrics.decisions.labels(res.outcome.value).inc()
+            if notes := self.state.demand_notes(facts):
+                self._note(facts, notes)
+                # one wording for every node, so the scheduler's event still aggregates
+                res.failed = {n: f"{r} (demand: {'; '.join(notes)})"
+                              for n, r in res.failed.items()}
         if res.outcome in (Outcome.DECIDED, Outcome.CLIMBED, Outcome.NO_FIT,
                            Outcome.BAD_METADATA, Outcome.SIZE_UNKNOWN):
             d = res.decision
@@ -136,6 +142,17 @@ class Extender:
             by_name = {n.metadata.name: n for n in args.Nodes.items}
             out.Nodes = NodeList(metadata={}, items=[by_name[n] for n in res.passed])
         return Filtered(out, changed, facts)
+
+    def _note(self, facts: PodFacts, notes: tuple[str, ...]) -> None:
+        """Log what of a pod's device requests could not be decided, once
+        per wording (it recurs on every call of the pod and its likes)."""
+        fresh = [n for n in notes if n not in self._noted]
+        if fresh:
+            if len(self._noted) > 1024:
+                self._noted.clear()
+            self._noted.update(fresh)
+            log.warning("device requests not decided; counted conservatively",
+                        pod=f"{facts.namespace}/{facts.name}", notes=fresh)
 
     def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
         names = args.names()

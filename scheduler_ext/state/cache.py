@@ -5,6 +5,7 @@ read from the API per call) and turned into the placement ``View``:
 - ResourceSlices (the newest generation of each pool) -> accelerator units
   per node;
 - ResourceClaims -> units allocated, and what each claim asks for;
+- DeviceClasses -> which requests ask for accelerators (``demand``);
 - Pods -> groups, roles, members placed and pending, what each needs
   (its claims or templates) and the placement decisions written on them.
 
@@ -33,6 +34,7 @@ from scheduler_ext.placement.model import (
     Source,
     View,
 )
+from scheduler_ext.state.demand import Demands, Evaluated, Profile, Request, profile
 from scheduler_ext.state.facts import (
     COUNTERS,
     ClaimFacts,
@@ -44,20 +46,20 @@ from scheduler_ext.state.facts import (
     node_facts,
     pod_facts,
     slice_facts,
-    template_demand,
+    template_requests,
 )
 from topology.model import Tier
 
 Key = tuple[str, str]
 ASSUME_TTL_S = 30.0  # a pod scheduled where we scored it binds well within this
-KINDS = ("nodes", "pods", "slices", "claims", "templates", "podgroups", "lws")
+KINDS = ("nodes", "pods", "slices", "claims", "templates", "classes", "podgroups", "lws")
 
 
 def _ident(kind: str, obj: dict[str, Any]) -> str:
     md = obj.get("metadata") or {}
     if kind == "pods":
         return str(md.get("uid", ""))
-    if kind in ("nodes", "slices"):
+    if kind in ("nodes", "slices", "classes"):
         return str(md.get("name", ""))
     return f"{md.get('namespace', 'default')}/{md.get('name', '')}"
 
@@ -66,7 +68,7 @@ def _stub(kind: str, ident: str) -> dict[str, Any]:
     """Enough of a vanished object for its DELETED handler."""
     if kind == "pods":
         return {"metadata": {"uid": ident}}
-    if kind in ("nodes", "slices"):
+    if kind in ("nodes", "slices", "classes"):
         return {"metadata": {"name": ident}}
     ns, _, name = ident.partition("/")
     return {"metadata": {"namespace": ns, "name": name}}
@@ -96,15 +98,17 @@ class ClusterState:
         # signs the decisions written on pods; only those signed with it are adopted
         self.key = cfg.decision_key()
         self.dialect = cfg.dialect()
-        self._classes = set(cfg.accelerators.device_classes)
         self._drivers = set(cfg.accelerators.drivers)
+        self.demands = Demands(self._drivers, cfg.accelerators.device_classes)
+        self._demand_generation = self.demands.generation  # as the view was built
+        self._profile_of: dict[str, Profile] = {}  # node -> its accelerators' profile
         self._extended = list(cfg.accelerators.extended_resources)
         self.lock = threading.RLock()
         self.view = View(nodes={})
         self._nodes: dict[str, NodeFacts] = {}
         self._slices: dict[str, SliceFacts] = {}
         self._claims: dict[Key, ClaimFacts] = {}
-        self._templates: dict[Key, int] = {}
+        self._templates: dict[Key, tuple[Request, ...]] = {}
         self._pods: dict[str, PodFacts] = {}
         self._pod_groups: dict[Key, tuple[int | None, Tier | None, str | None]] = {}
         # LeaderWorkerSets of DisaggregatedSet slices: (their slice's group, pods)
@@ -129,6 +133,7 @@ class ClusterState:
         self._handlers: dict[str, Callable[[str, dict[str, Any]], None]] = {
             "nodes": self.node, "pods": self.pod, "slices": self.resource_slice,
             "claims": self.resource_claim, "templates": self.claim_template,
+            "classes": self.device_class,
             "podgroups": self.pod_group, "lws": self.leader_worker_set}
 
     def handler(self, kind: str) -> Callable[[str, dict[str, Any]], None]:
@@ -202,7 +207,7 @@ class ClusterState:
 
     def resource_claim(self, kind: str, obj: dict[str, Any]) -> None:
         with self.lock:
-            new = claim_facts(obj, self._classes)
+            new = claim_facts(obj)
             deleted = kind == "DELETED"
             self._place_claim(new.key, None if deleted else new)  # reads the old record
             if deleted:
@@ -213,13 +218,20 @@ class ClusterState:
 
     def claim_template(self, kind: str, obj: dict[str, Any]) -> None:
         with self.lock:
-            key, demand = template_demand(obj, self._classes)
+            key, requests = template_requests(obj)
             if kind == "DELETED":
                 self._templates.pop(key, None)
             else:
-                self._templates[key] = demand
+                self._templates[key] = requests
             self._touch_pods(uid for uid, p in self._pods.items()
                              if p.namespace == key[0] and key[1] in p.templates)
+
+    def device_class(self, kind: str, obj: dict[str, Any]) -> None:
+        """Which devices a class's requests ask for: a change moves the
+        demand of every pod (``snapshot`` rebuilds them)."""
+        with self.lock:
+            name = (obj.get("metadata") or {}).get("name", "")
+            self.demands.set_class(name, None if kind == "DELETED" else obj)
 
     def pod_group(self, kind: str, obj: dict[str, Any]) -> None:
         md = obj.get("metadata") or {}
@@ -391,12 +403,18 @@ class ClusterState:
     def _node_state(self, name: str) -> NodeState | None:
         f = self._nodes.get(name)
         if f is None:
+            self.demands.move_profile(self._profile_of.pop(name, None), None)
             return None
-        units: set[str] = set()
-        for s in self._slices_of.get(name, ()):
-            sl = self._slices[s]
-            units |= {u for d, u in sl.units if self._device.get((sl.driver, sl.pool, d),
-                                                                  ("", ""))[0] == name}
+        shaped = [(u, shape) for s in self._slices_of.get(name, ())
+                  for (d, u), shape in zip(self._slices[s].units, self._slices[s].shapes,
+                                           strict=True)
+                  if self._device.get((self._slices[s].driver, self._slices[s].pool, d),
+                                      ("", ""))[0] == name]
+        units = {u for u, _ in shaped}
+        new = profile(shaped) if shaped else None
+        self.demands.move_profile(self._profile_of.pop(name, None), new)
+        if new is not None:
+            self._profile_of[name] = new
         used_units: set[str] = set()
         for key in self._claims_on.get(name, ()):
             c = self._claims.get(key)
@@ -419,18 +437,25 @@ class ClusterState:
                         for d in self._claims[(p.namespace, c)].devices if d in self._device)
         return max(0, self._demand(p) - p.extended - allocated) + p.extended
 
+    def _evaluated(self, p: PodFacts) -> list[Evaluated]:
+        """What each of the pod's claims and templates asks, where known."""
+        got = [self.demands.evaluate(claim.requests) for c in p.claims
+               if (claim := self._claims.get((p.namespace, c))) is not None]
+        got += [self.demands.evaluate(self._templates[(p.namespace, t)]) for t in p.templates
+                if (p.namespace, t) in self._templates]
+        return got
+
     def _demand(self, p: PodFacts) -> int:
-        total = p.extended
-        for c in p.claims:
-            claim = self._claims.get((p.namespace, c))
-            total += claim.demand if claim else 0
-        for t in p.templates:
-            total += self._templates.get((p.namespace, t), 0)
-        return total
+        return p.extended + sum(e.count for e in self._evaluated(p))
 
     def demand(self, p: PodFacts) -> int:
         with self.lock:
             return self._demand(p)
+
+    def demand_notes(self, p: PodFacts) -> tuple[str, ...]:
+        """What of the pod's requests could not be decided, and how it counts."""
+        with self.lock:
+            return tuple(dict.fromkeys(n for e in self._evaluated(p) for n in e.notes))
 
     def _group(self, key: str) -> Group | None:
         pods = [self._pods[u] for u in sorted(self._members.get(key, ())) if u in self._pods]
@@ -468,16 +493,14 @@ class ClusterState:
             for uid in [u for u, (_, until) in self._assumed.items() if until <= now]:
                 self.unassume(uid)
             before: dict[str, NodeState | None] = {}
-            for name in self._dirty_nodes:
-                ns = self._node_state(name)
-                old = self.view.nodes.get(name)
-                if ns == old:
-                    continue  # the same object stays: layouts made from it stay valid
-                before[name] = old
-                if ns is None:
-                    self.view.nodes.pop(name, None)
-                else:
-                    self.view.nodes[name] = ns
+            self._rebuild_nodes(before)
+            if self.demands.generation != self._demand_generation:
+                # a class or a kind of node came or went: every pod's demand may move
+                self._demand_generation = self.demands.generation
+                self._dirty_groups.update(self._members)
+                self._dirty_nodes.update(n for n, uids in self._pods_on.items() if uids)
+                self._dirty_nodes.update(n for n, _ in self._assumed.values())
+                self._rebuild_nodes(before)
             for key in self._dirty_groups:
                 g = self._group(key)
                 if g is None:
@@ -490,9 +513,22 @@ class ClusterState:
                 self._moved = False
             elif before or self._dirty_groups:
                 self.view.forget(before)
-            self._dirty_nodes.clear()
             self._dirty_groups.clear()
             return self.view
+
+    def _rebuild_nodes(self, before: dict[str, NodeState | None]) -> None:
+        """The dirty nodes' states; ``before`` gets what each replaced."""
+        for name in self._dirty_nodes:
+            ns = self._node_state(name)
+            old = self.view.nodes.get(name)
+            if ns == old:
+                continue  # the same object stays: layouts made from it stay valid
+            before.setdefault(name, old)
+            if ns is None:
+                self.view.nodes.pop(name, None)
+            else:
+                self.view.nodes[name] = ns
+        self._dirty_nodes.clear()
 
     # for list replacement
     def names(self, kind: str) -> set[str]:
@@ -501,6 +537,7 @@ class ClusterState:
                     "pods": lambda: set(self._pods),
                     "claims": lambda: {f"{k[0]}/{k[1]}" for k in self._claims},
                     "templates": lambda: {f"{k[0]}/{k[1]}" for k in self._templates},
+                    "classes": lambda: set(self.demands.classes),
                     "podgroups": lambda: {f"{k[0]}/{k[1]}" for k in self._pod_groups},
                     "lws": lambda: {f"{k[0]}/{k[1]}" for k in self._lws},
                     }[kind]()

@@ -13,6 +13,7 @@ import orjson
 from scheduler_ext.placement.groups import GroupRef, identify, is_active
 from scheduler_ext.placement.levels import config_name, parse_level
 from scheduler_ext.placement.model import Decision
+from scheduler_ext.state.demand import DeviceShape, Request, device_shape, parse_requests
 from topology.labels import PROFILE_LABEL, Dialect, from_labels
 from topology.model import DomainPath
 from topology.quantity import parse_quantity
@@ -42,12 +43,13 @@ class SliceFacts:
     generation: int
     node: str | None
     units: tuple[tuple[str, str], ...]  # (device, unit): devices sharing a counter set share a unit
+    shapes: tuple[DeviceShape, ...]  # each device's, as selectors see it (in units' order)
 
 
 @dataclass(frozen=True)
 class ClaimFacts:
     key: tuple[str, str]  # (namespace, name)
-    demand: int
+    requests: tuple[Request, ...]
     devices: tuple[DeviceId, ...]  # allocation results; () while unallocated
     reserved_for: tuple[str, ...]  # pod uids
 
@@ -85,45 +87,36 @@ def node_facts(obj: dict[str, Any], dialect: Dialect, extended: list[str]) -> No
 def slice_facts(obj: dict[str, Any]) -> SliceFacts:
     spec = obj.get("spec") or {}
     pool = spec.get("pool") or {}
+    driver = spec.get("driver", "")
     units = []
+    shapes = []
     for d in spec.get("devices") or []:
         sets = [c.get("counterSet") for c in d.get("consumesCounters") or [] if
                 c.get("counterSet")]
         units.append((d["name"], f"{COUNTERS}{sets[0]}" if sets else d["name"]))
-    return SliceFacts((obj.get("metadata") or {})["name"], spec.get("driver", ""),
+        shapes.append(device_shape(driver, d))
+    return SliceFacts((obj.get("metadata") or {})["name"], driver,
                       pool.get("name", ""), int(pool.get("generation") or 0),
-                      spec.get("nodeName"), tuple(units))
+                      spec.get("nodeName"), tuple(units), tuple(shapes))
 
 
-def requests_demand(requests: list[dict[str, Any]], classes: set[str]) -> int:
-    """Accelerators asked for by a claim's device requests (the first
-    alternative of a prioritized list)."""
-    total = 0
-    for r in requests:
-        spec = r.get("exactly") or (r.get("firstAvailable") or [None])[0] or r
-        if spec.get("deviceClassName") in classes and spec.get("allocationMode",
-                                                               "ExactCount") == "ExactCount":
-            total += int(spec.get("count") or 1)
-    return total
-
-
-def claim_facts(obj: dict[str, Any], classes: set[str]) -> ClaimFacts:
+def claim_facts(obj: dict[str, Any]) -> ClaimFacts:
     md = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
     results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
     return ClaimFacts(
         (md.get("namespace", "default"), md["name"]),
-        requests_demand((spec.get("devices") or {}).get("requests") or [], classes),
+        parse_requests((spec.get("devices") or {}).get("requests") or []),
         tuple((r.get("driver", ""), r.get("pool", ""), r.get("device", "")) for r in results),
         tuple(r.get("uid", "") for r in status.get("reservedFor") or []))
 
 
-def template_demand(obj: dict[str, Any], classes: set[str]) -> tuple[tuple[str, str], int]:
+def template_requests(obj: dict[str, Any]) -> tuple[tuple[str, str], tuple[Request, ...]]:
     md = obj.get("metadata") or {}
     inner = (obj.get("spec") or {}).get("spec") or {}
     return ((md.get("namespace", "default"), md["name"]),
-            requests_demand((inner.get("devices") or {}).get("requests") or [], classes))
+            parse_requests((inner.get("devices") or {}).get("requests") or []))
 
 
 def _signature(fields: dict[str, Any], key: bytes) -> str:

@@ -32,11 +32,13 @@ PATHS = {
     "slices": ("/apis/resource.k8s.io/v1/resourceslices", []),
     "claims": ("/apis/resource.k8s.io/v1/resourceclaims", []),
     "templates": ("/apis/resource.k8s.io/v1/resourceclaimtemplates", []),
+    "classes": ("/apis/resource.k8s.io/v1/deviceclasses", []),
     "podgroups": ("/apis/scheduling.k8s.io/v1beta1/podgroups", []),
     "lws": ("/apis/leaderworkerset.x-k8s.io/v1/leaderworkersets", []),
 }
-# served only with scheduling.k8s.io/v1beta1 enabled, or the LWS CRDs installed
-OPTIONAL = {"podgroups", "lws"}
+# served only with scheduling.k8s.io/v1beta1 enabled, or the LWS CRDs installed;
+# DeviceClasses: a role without them still counts the configured classes
+OPTIONAL = {"podgroups", "lws", "classes"}
 
 
 class Watches:

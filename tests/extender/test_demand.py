@@ -1,0 +1,196 @@
+"""A claim's accelerators read as the DRA allocator reads its requests: any
+DeviceClass whose selectors (CEL, on the devices of our slices) pick
+accelerator devices counts; firstAvailable, count and All; what cannot be
+decided counts conservatively and says so."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from harness import extender_objects as k
+from scheduler_ext.config import ExtenderConfig
+from scheduler_ext.state import demand as dm
+from scheduler_ext.state.cache import ClusterState
+
+pytestmark = pytest.mark.unit
+
+GPU = "gpu.toposerve.io"
+MIB = 2**20
+
+
+def device_class(name: str, *exprs: str) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+            "metadata": {"name": name},
+            "spec": {"selectors": [{"cel": {"expression": e}} for e in exprs]}}
+
+
+def exactly(cls: str, count: int = 1, *exprs: str, all_: bool = False) -> dict[str, Any]:
+    spec: dict[str, Any] = {"deviceClassName": cls, "count": count}
+    if all_:
+        spec = {"deviceClassName": cls, "allocationMode": "All"}
+    if exprs:
+        spec["selectors"] = [{"cel": {"expression": e}} for e in exprs]
+    return spec
+
+
+def state(*groups: tuple[str, int], classes: list[dict[str, Any]] = ()  # type: ignore[assignment]
+          ) -> ClusterState:
+    st = ClusterState(ExtenderConfig())
+    nodes = k.planned(*groups)
+    st.relist("nodes", [k.node(n) for n in nodes])
+    slices = [k.gpu_slice(n) for n in nodes]
+    slices += [s for n in nodes if (s := k.counter_slice(n)) is not None]
+    st.relist("slices", slices)
+    st.relist("classes", list(classes))
+    st.snapshot()  # the nodes' profiles
+    return st
+
+
+def asked(st: ClusterState, *requests: dict[str, Any]) -> dm.Evaluated:
+    return st.demands.evaluate(dm.parse_requests(list(requests)))
+
+
+def one(spec: dict[str, Any]) -> dict[str, Any]:
+    return {"name": "r", "exactly": spec}
+
+
+SITE = device_class("site-gpu", f"device.driver == '{GPU}'")
+BIG = device_class("big-gpu", f"device.driver == '{GPU}'",
+                   f'device.capacity["{GPU}"].memory.compareTo(quantity("100Gi")) > 0')
+H100 = device_class("h100", f"device.driver == '{GPU}' && "
+                            f'device.attributes["{GPU}"].productName.startsWith("NVIDIA H100")')
+NIC = device_class("nic", "device.driver == 'nic.toposerve.io'")
+
+
+def test_a_site_class_for_our_driver_counts_like_ours() -> None:
+    st = state(("gb200-nvl72", 2), classes=[SITE, NIC])
+    assert asked(st, one(exactly("site-gpu", 4))) == dm.Evaluated(4)
+    assert asked(st, one(exactly(GPU, 4))) == dm.Evaluated(4)  # configured, no object
+    assert asked(st, one(exactly("nic", 1))) == dm.Evaluated(0)  # another driver's devices
+
+
+def test_attribute_and_capacity_selectors_pick_the_products_they_name() -> None:
+    gb = state(("gb200-nvl72", 1), classes=[BIG, H100])
+    hgx = state(("hgx-h100", 1), classes=[BIG, H100])
+    assert asked(gb, one(exactly("big-gpu", 4))).count == 4  # 186Gi
+    assert asked(gb, one(exactly("h100", 4))).count == 0
+    assert asked(hgx, one(exactly("big-gpu", 4))).count == 0  # 80Gi and partitions
+    assert asked(hgx, one(exactly("h100", 2))).count == 2
+    # the request's own selectors narrow the class's: version and quantity functions
+    newer = f'device.attributes["{GPU}"].driverVersion.isGreaterThan(semver("570.0.0"))'
+    older = f'device.attributes["{GPU}"].cudaComputeCapability.isLessThan(semver("9.0.0"))'
+    unseen = asked(hgx, one(exactly("site-gpu", 2, newer)))  # the class is not seen here
+    assert unseen.count == 2 and "not seen: counted as 2" in unseen.notes[0]  # driver named
+    hgx.device_class("ADDED", SITE)
+    assert asked(hgx, one(exactly("site-gpu", 2, newer))) == dm.Evaluated(2)
+    assert asked(hgx, one(exactly("site-gpu", 2, older))).count == 0
+    assert asked(hgx, one(exactly(GPU, 1, f'device.capacity["{GPU}"].memory.isLessThan('
+                                          'quantity("20Gi")) && '
+                                          'device.allowMultipleAllocations == false'))).count == 1
+
+
+def test_all_counts_the_matching_units_of_the_largest_node() -> None:
+    st = state(("gb200-nvl72", 1), ("hgx-h100", 1), classes=[SITE, H100])
+    # a GPU and its partitions are one unit: 8 on HGX, not 80 devices
+    assert asked(st, one(exactly("site-gpu", all_=True))).count == 8
+    assert asked(st, one(exactly("h100", all_=True))).count == 8
+    mig = f'device.attributes["{GPU}"].type == "mig"'
+    assert asked(st, one(exactly("site-gpu", 1, mig, all_=True))).count == 8
+    gb = state(("gb200-nvl72", 1), classes=[SITE])
+    assert asked(gb, one(exactly("site-gpu", all_=True))).count == 4
+
+
+def test_first_available_counts_the_first_some_node_can_satisfy() -> None:
+    st = state(("gb200-nvl72", 2), classes=[SITE, H100, NIC])
+
+    def first(*subs: dict[str, Any]) -> int:
+        return asked(st, {"name": "r", "firstAvailable": [
+            {"name": f"s{i}", **s} for i, s in enumerate(subs)]}).count
+    assert first(exactly("site-gpu", 8), exactly("site-gpu", 4)) == 4  # 4 GPUs a node
+    assert first(exactly("h100", 2), exactly("site-gpu", 2)) == 2  # no H100 here: the next
+    assert first(exactly("site-gpu", 2), exactly("site-gpu", 1)) == 2
+    assert first(exactly("site-gpu", 16), exactly("site-gpu", 8)) == 8  # none can: smallest
+    # a first choice of other devices may be the one allocated: the smallest
+    assert first(exactly("nic", 1), exactly("site-gpu", 4)) == 0
+
+
+def test_counts_add_up_over_requests_and_a_claim_of_the_v1beta1_shape() -> None:
+    st = state(("gb200-nvl72", 1), classes=[SITE])
+    got = asked(st, one(exactly("site-gpu", 2)), {"name": "b", **exactly(GPU, 1)},
+                one(exactly("site-gpu")))
+    assert got == dm.Evaluated(4)
+
+
+@pytest.mark.parametrize(("expr", "counted", "why"), [
+    (f"device.driver == '{GPU}' &&", 4, "does not compile"),
+    (f"device.driver == '{GPU}' && device.vendorMagic('x')", 4, "uses vendorMagic"),
+    ("device.driver.startsWith('gpu') && lookup(device) > 1", 0, "uses lookup"),
+    (f'device.attributes["{GPU}"].uuid == "GPU-1"', 4, "identity or place"),
+    (f'device.attributes["{GPU}"].noSuchAttribute == "x"', 4, "failed"),
+])
+def test_what_cannot_be_decided_counts_by_the_driver_it_names(expr: str, counted: int,
+                                                              why: str) -> None:
+    st = state(("gb200-nvl72", 1), classes=[device_class("odd", expr)])
+    got = asked(st, one(exactly("odd", 4)))
+    assert got.count == counted
+    (note,) = got.notes
+    assert why in note
+    assert ("not counted" in note) == (counted == 0)
+
+
+def test_an_unseen_class_counts_only_when_its_name_names_an_accelerator_driver() -> None:
+    st = state(("gb200-nvl72", 1))
+    unseen = asked(st, one(exactly("someone-elses", 2)))
+    assert unseen.count == 0 and "DeviceClass 'someone-elses' not seen" in unseen.notes[0]
+    named = asked(st, one(exactly(f"{GPU}-large", 2)))
+    assert named.count == 2 and "counted as 2 of gpu.toposerve.io" in named.notes[0]
+
+
+def test_a_pods_demand_follows_its_class_and_the_view_is_rebuilt() -> None:
+    st = state(("gb200-nvl72", 18))
+    members = k.toposerve_pods("g", 3, claim_template="site4", level="rack")
+    tmpl = k.template("site4", 4)
+    tmpl["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = "site-gpu"
+    st.relist("templates", [tmpl])
+    for i, p in enumerate(members):
+        p["metadata"]["uid"] = f"u{i}"
+        st.pod("ADDED", p)
+    view = st.snapshot()
+    assert [m.demand for m in view.groups["toposerve/default/g"].members] == [0, 0, 0]
+    facts = next(iter(st._pods.values()))
+    assert "DeviceClass 'site-gpu' not seen" in st.demand_notes(facts)[0]
+    st.device_class("ADDED", SITE)
+    view = st.snapshot()
+    assert [m.demand for m in view.groups["toposerve/default/g"].members] == [4, 4, 4]
+    assert st.demand_notes(facts) == ()
+    st.device_class("DELETED", SITE)
+    assert [m.demand for m in st.snapshot().groups["toposerve/default/g"].members] == [0, 0, 0]
+
+
+def test_expressions_compile_once_and_shapes_are_few() -> None:
+    st = state(("gb200-nvl72", 18), ("hgx-h100", 4), classes=[SITE, BIG])
+    d = st.demands
+    asked(st, one(exactly("site-gpu", 1)))
+    program = d._programs[f"device.driver == '{GPU}'"]
+    asked(st, one(exactly("big-gpu", 1)))  # shares the driver selector
+    assert d._programs[f"device.driver == '{GPU}'"] is program
+    shapes = {s for p in d.profiles for group, _ in p for s in group}
+    assert len(shapes) <= 8  # a GB200 GPU, an H100 and its partition kinds
+    assert len(d.profiles) == 2  # one per kind of node
+    # a claim beyond the API's limits is cut there, not evaluated
+    many = [one(exactly("site-gpu", 1))] * (dm.MAX_REQUESTS + 5)
+    assert asked(st, *many).count == dm.MAX_REQUESTS
+
+
+def test_quantities_and_versions_as_kubernetes_writes_them() -> None:
+    q = dm.parse_quantity
+    assert q("80Gi").value == 80 * 1024 * MIB
+    assert q("1.5k") == q("1500") and q("100m").value * 10 == 1 and q("1e3") == q("1k")
+    with pytest.raises(dm.CelError):
+        q("eighty")
+    v = dm.parse_semver
+    assert dm.FUNCTIONS["isGreaterThan"](v("1.10.0"), v("1.9.3"))
+    assert dm.FUNCTIONS["isLessThan"](v("1.0.0-rc.1"), v("1.0.0"))
+    assert dm.FUNCTIONS["compareTo"](q("1Gi"), q("1024Mi")) == 0
