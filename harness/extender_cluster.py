@@ -23,7 +23,7 @@ import yaml
 from dra_driver.gpu.devices import DRIVER, gpu_pool
 from dra_driver.resourceslice import SlicePublisher
 from harness.cluster_claim import claimed
-from harness.extender_objects import GPU_CLASS, template
+from harness.extender_objects import GPU_CLASS, device_class, template
 from harness.waiting import wait_for
 from kubeapi import ApiError, JsonApi
 from localcluster.cluster import ClusterSpec, up
@@ -244,10 +244,8 @@ def create_disaggregated(api: Any, name: str, slice_: int, roles: dict[str, tupl
 
 
 def create_classes_and_templates(api: Any, gpus: list[int], namespace: str = "default") -> None:
-    create(api, "/apis/resource.k8s.io/v1/deviceclasses", {
-        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-        "metadata": {"name": GPU_CLASS},
-        "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}'"}}]}})
+    create(api, "/apis/resource.k8s.io/v1/deviceclasses",
+           device_class(GPU_CLASS, f"device.driver == '{DRIVER}'"))
     for g in gpus:
         create(api, f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates",
                template(f"gpu{g}", g, namespace))

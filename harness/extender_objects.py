@@ -63,11 +63,25 @@ def counter_slice(n: PlannedNode) -> dict[str, Any] | None:
                      "sharedCounters": [dict(c) for c in pool.shared_counters]}}
 
 
-def template(name: str, gpus: int, namespace: str = "default") -> dict[str, Any]:
+def selectors(*exprs: str) -> list[dict[str, Any]]:
+    return [{"cel": {"expression": e}} for e in exprs]
+
+
+def device_class(name: str, *exprs: str) -> dict[str, Any]:
+    """A DeviceClass as a site writes one: its name, its CEL selectors."""
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+            "metadata": {"name": name}, "spec": {"selectors": selectors(*exprs)}}
+
+
+def template(name: str, gpus: int, namespace: str = "default", *,
+             device_class: str = GPU_CLASS, exprs: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Claims of ``gpus`` devices of ``device_class``, narrowed by ``exprs``."""
+    exactly: dict[str, Any] = {"deviceClassName": device_class, "count": gpus}
+    if exprs:
+        exactly["selectors"] = selectors(*exprs)
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
             "metadata": {"name": name, "namespace": namespace},
-            "spec": {"spec": {"devices": {"requests": [
-                {"name": "gpu", "exactly": {"deviceClassName": GPU_CLASS, "count": gpus}}]}}}}
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}}
 
 
 def lws_pods(name: str, group: int, size: int, *, claim_template: str,

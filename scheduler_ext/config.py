@@ -35,13 +35,17 @@ class ServerConfig(Section):
 class Accelerators(Section):
     """What counts as an accelerator: devices of these DRA drivers in
     ResourceSlices (a partitionable GPU counts once, by its counter set),
-    claims' requests of these DeviceClasses, and these extended resources."""
+    claims' requests whose class and selectors pick them (these classes:
+    all of them, while their DeviceClass is not seen), and these extended
+    resources."""
 
     drivers: list[str] = Field(default_factory=lambda: ["gpu.toposerve.io"],
                                description="DRA drivers whose devices are accelerators")
     device_classes: list[str] = Field(
         default_factory=lambda: ["gpu.toposerve.io"], alias="deviceClasses",
-        description="DeviceClasses whose requests in a claim ask for accelerators")
+        description="DeviceClasses counted as every accelerator device while their "
+                    "DeviceClass object is not seen (any class whose selectors pick "
+                    "accelerator devices counts anyway)")
     extended_resources: list[str] = Field(
         default_factory=lambda: ["nvidia.com/gpu"], alias="extendedResources",
         description="container resource names counted as accelerators (node allocatable "

@@ -16,12 +16,14 @@ import orjson
 import pytest
 import urllib3
 
+from dra_driver.gpu.devices import DRIVER
 from harness import extender_objects as k
 from harness.extender_cluster import (
     GpuCluster,
     LwsGroups,
     SlowBinder,
     bound_nodes,
+    create,
     create_disaggregated,
     create_lws,
     create_pods,
@@ -106,6 +108,40 @@ def test_wide_ep_groups_land_whole_in_one_rack_in_any_interleaving(clean: GpuClu
     assert racks(gc, placed["lws-a"]) != racks(gc, placed["ep-b"])
     assert owner_chain(gc, workers[-1]) == ["StatefulSet", "Pod", "StatefulSet",
                                             "LeaderWorkerSet"]
+
+
+def test_groups_claiming_through_a_sites_own_device_classes_land_whole(
+        clean: GpuCluster) -> None:
+    # a site's classes for our driver, not named as the extender's config names
+    # them: counted as no GPUs, three groups were promised one rack and 9 pods
+    # never scheduled
+    gc = clean
+    big = f'device.capacity["{DRIVER}"].memory.compareTo(quantity("100Gi")) >= 0'
+    for c in (k.device_class("site-gpu", f"device.driver == '{DRIVER}'"),
+              k.device_class("site-gb200", f"device.driver == '{DRIVER}'",
+                             f'device.attributes["{DRIVER}"].productName == "NVIDIA GB200"',
+                             big)):
+        create(gc.api, "/apis/resource.k8s.io/v1/deviceclasses", c)
+    templates = {"ep-x": k.template("site4", 4, device_class="site-gpu"),
+                 "ep-y": k.template("gb4", 4, device_class="site-gb200"),
+                 "ep-z": k.template("site4-big", 4, device_class="site-gpu", exprs=(big,))}
+    for t in templates.values():
+        create(gc.api, "/apis/resource.k8s.io/v1/namespaces/default/resourceclaimtemplates", t)
+    two = sorted({str(p.rack) for n, p in gc.paths.items() if n.startswith("gb200")})[:2]
+    only = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "topology.toposerve.io/rack", "operator": "In", "values": two}]}]}}}
+    groups = []
+    for name, t in templates.items():
+        members = k.toposerve_pods(name, 9, claim_template=t["metadata"]["name"], level="rack")
+        for p in members:
+            p["spec"]["affinity"] = only
+        groups.append(members)
+    create_pods(gc.api, [p for trio in zip(*groups, strict=True) for p in trio])  # interleaved
+    placed = {g: wait_bound(gc.api, f"toposerve.io/group={g}", 9) for g in templates}
+    for group, nodes in placed.items():
+        assert len(racks(gc, nodes)) == 1, f"{group} split over {racks(gc, nodes)}"
+    assert set().union(*(racks(gc, nodes) for nodes in placed.values())) == set(two)
 
 
 def test_a_group_that_fits_nowhere_waits_whole_with_a_reason(clean: GpuCluster) -> None:
