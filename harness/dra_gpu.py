@@ -48,6 +48,8 @@ RULES: list[dict[str, Any]] = [
     {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
      "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"]},
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+    # the Node event when GPUs are withheld from NVIDIA's plugins (coexistence)
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 ]
 
 

@@ -14,6 +14,14 @@ published (unless the node's ``gpu.toposerve.io/partitions`` label is
 slices, multiprocessors and memory; the whole GPU consumes all of it,
 each partition its part, so the scheduler never hands out a GPU and one of
 its partitions, nor two partitions that overlap.
+
+With NVML (``nvml.NvmlNode``), a GPU NVML reports is published as NVML
+describes it, matched by PCI bus id: its real UUID, product name, memory,
+architecture, compute capability, minor number, the driver's and CUDA's
+versions, its MIG profiles as the partitions (instead of the catalog's)
+and, once its NVLink fabric is up, ``nvlinkDomain`` = ``<cluster
+UUID>.<clique id>`` from the hardware (over the node's label). Sysfs still
+gives every GPU's place (PCIe root, switch, NUMA node).
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from dra_driver.gpu.nvml import NvmlGpu, NvmlNode
 from dra_driver.resourceslice import Pool
 from topology.config_file import ConfigError
 from topology.model import DeviceKind, DevicePlace, NodeTopology
@@ -65,6 +74,7 @@ def _index(place: DevicePlace) -> int:
 
 def _vendor_attributes(m: DeviceModel | None, nvidia: bool, driver_version: str,
                        cuda_driver_version: str) -> dict[str, Any]:
+    """What the catalog knows (a GPU NVML does not report)."""
     attrs: dict[str, Any] = {"driverVersion": version(driver_version)}
     if m is not None:
         for key, value in (("productName", m.product_name), ("brand", m.brand),
@@ -76,6 +86,41 @@ def _vendor_attributes(m: DeviceModel | None, nvidia: bool, driver_version: str,
     if nvidia:
         attrs["cudaDriverVersion"] = version(cuda_driver_version)
     return attrs
+
+
+def _nvml_attributes(g: NvmlGpu, node: NvmlNode, catalog_model: str) -> dict[str, Any]:
+    """What NVML says, over the catalog; a product the catalog does not
+    know is named by NVML, never ``unknown-...``."""
+    attrs: dict[str, Any] = {
+        "uuid": string(g.uuid), "minor": integer(g.minor), "productName": string(g.name),
+        "cudaComputeCapability": version(g.compute_capability),
+        "driverVersion": version(node.driver_version),
+        "cudaDriverVersion": version(node.cuda_driver_version)}
+    if catalog_model.startswith("unknown-"):
+        attrs["model"] = string(g.name)
+    if g.brand:
+        attrs["brand"] = string(g.brand)
+    if g.architecture:
+        attrs["architecture"] = string(g.architecture)
+    if g.nvlink_domain:
+        attrs["nvlinkDomain"] = string(g.nvlink_domain)
+    return attrs
+
+
+def nvml_layout(g: NvmlGpu) -> PartitionLayout | None:
+    """The GPU's MIG profiles as a partition layout (None: not MIG-capable):
+    memory slices and multiprocessors of the whole GPU are those of its
+    largest profiles."""
+    profiles = [p for p in g.mig_profiles or () if p.placements]
+    if not profiles:
+        return None
+    return PartitionLayout.model_validate({
+        "type": "mig",
+        "memorySlices": max(start + p.slices for p in profiles for start in p.placements),
+        "multiprocessors": max(p.multiprocessors for p in profiles),
+        "profiles": [{"name": p.name, "memory": f"{p.memory_mb}Mi",
+                      "multiprocessors": p.multiprocessors, "memorySlices": p.slices,
+                      "placements": list(p.placements)} for p in profiles]})
 
 
 def counter_set_name(index: int) -> str:
@@ -124,10 +169,13 @@ def partitions_wanted(labels: Mapping[str, str]) -> bool:
 
 def gpu_pool(node: NodeTopology, *, driver_version: str = DEFAULT_DRIVER_VERSION,
              cuda_driver_version: str = DEFAULT_CUDA_DRIVER_VERSION, node_uid: str = "",
-             partitions: bool = True) -> Pool:
+             partitions: bool = True, nvml: NvmlNode | None = None,
+             withheld: frozenset[str] = frozenset()) -> Pool:
     """The node's GPUs (and, with ``partitions``, their partitions) as one
-    pool named for the node."""
-    places = sorted((p for p in node.hardware.places() if p.device.kind == DeviceKind.GPU),
+    pool named for the node; NVML's facts where it reports the GPU; GPUs
+    whose PCI bus id is in ``withheld`` are left out."""
+    places = sorted((p for p in node.hardware.places()
+                     if p.device.kind == DeviceKind.GPU and p.device.pci_bus_id not in withheld),
                     key=_index)
     wholes: list[dict[str, Any]] = []
     parts: list[dict[str, Any]] = []
@@ -142,9 +190,19 @@ def gpu_pool(node: NodeTopology, *, driver_version: str = DEFAULT_DRIVER_VERSION
             "type": string("gpu"), "uuid": string(uuid_), "index": integer(i),
             "minor": integer(i),
             **_vendor_attributes(m, nvidia, driver_version, cuda_driver_version)})
-        layout = m.partitions if m is not None and partitions else None
-        if layout is not None and d.memory_bytes is not None:
-            memory = format_bytes(d.memory_bytes)
+        g = nvml.gpus.get(d.pci_bus_id) if nvml is not None else None
+        layout = m.partitions if m is not None else None
+        memory_bytes = d.memory_bytes
+        if g is not None and nvml is not None:
+            entry["attributes"].update(_nvml_attributes(g, nvml, d.model))
+            uuid_ = g.uuid
+            memory_bytes = g.memory_bytes
+            entry.setdefault("capacity", {})["memory"] = quantity(format_bytes(memory_bytes))
+            layout = nvml_layout(g)
+        if not partitions:
+            layout = None
+        if layout is not None and memory_bytes is not None:
+            memory = format_bytes(memory_bytes)
             entry["capacity"]["multiprocessors"] = quantity(str(layout.multiprocessors))
             everything = _counters(memory, layout.multiprocessors, range(layout.memory_slices))
             counter_sets.append({"name": counter_set_name(i), "counters": everything})

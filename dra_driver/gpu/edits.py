@@ -41,6 +41,7 @@ class GpuDevice:
 
     name: str
     index: int          # of the whole GPU (a partition's parent)
+    minor: int          # of the whole GPU: /dev/nvidia<minor>
     visible_id: str     # what *_VISIBLE_DEVICES names it by
     place: DevicePlace  # of the whole GPU
     partition: bool
@@ -62,12 +63,16 @@ def resolve(names: Sequence[str], published: Mapping[str, Mapping[str, Any]],
         index = int(_attr(dev, "index"))
         parent = _attr(dev, "parentUUID")
         place = hw.place(f"gpu-{index}")
+        whole = published.get(f"gpu-{index}", dev)
+        minor = _attr(whole, "minor")
         if parent is not None:
             # Stable per parent and partition, as MIG UUIDs are per instance.
             visible = f"MIG-{uuid.uuid5(uuid.NAMESPACE_URL, f'{parent}/{name}')}"
         else:
             visible = str(_attr(dev, "uuid"))
-        out.append(GpuDevice(name=name, index=index, visible_id=visible, place=place,
+        out.append(GpuDevice(name=name, index=index,
+                             minor=index if minor is None else int(minor),
+                             visible_id=visible, place=place,
                              partition=parent is not None))
     return out
 
@@ -100,7 +105,7 @@ def _device_nodes(g: GpuDevice, vendor: str, dev_root: Path) -> tuple[DeviceNode
     if vendor == AMD:
         return (_node(f"dri/card{g.index}", dev_root),
                 _node(f"dri/renderD{128 + g.index}", dev_root))
-    return (_node(f"nvidia{g.index}", dev_root),)
+    return (_node(f"nvidia{g.minor}", dev_root),)
 
 
 def _unique(values: Sequence[str]) -> str:
