@@ -68,7 +68,9 @@ def _gpu(args: argparse.Namespace) -> int:
     common = _common(args)
     if isinstance(common, str):
         return _fail(common)
-    opts = GpuDriverOptions(**common, health_interval_s=args.health_interval)
+    opts = GpuDriverOptions(**common, health_interval_s=args.health_interval,
+                            nvml=not args.no_nvml, nvml_library=args.nvml_library,
+                            allow_shared_with_nvidia=args.allow_shared_with_nvidia)
     return _serve(GpuDriver(_api(args.kubeconfig), opts), args)
 
 
@@ -207,6 +209,14 @@ def register(sub: Any) -> None:
     _plugin_arguments(g, "gpu.toposerve.io", "GPUs", 9465)
     g.add_argument("--health-interval", type=float, default=10.0,
                    help="seconds between device health checks (default %(default)s)")
+    g.add_argument("--nvml-library", type=Path, default=None,
+                   help="the libnvidia-ml.so.1 to load (e.g. under a GPU Operator driver "
+                        "root); default: the loader's search path")
+    g.add_argument("--no-nvml", action="store_true",
+                   help="discover GPUs from sysfs only, without NVML")
+    g.add_argument("--allow-shared-with-nvidia", action="store_true",
+                   help="publish GPUs that NVIDIA's device plugin or DRA driver already "
+                        "advertise on this node (two allocators may then hand out one GPU)")
     g.set_defaults(handler=_gpu)
 
     n = dsub.add_parser("net", help="the NIC driver net.toposerve.io")
