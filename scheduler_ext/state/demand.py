@@ -186,8 +186,10 @@ class DeviceShape:
     """A device as selectors may see it, without its identity (``IDENTITY``)."""
 
     driver: str
-    attributes: tuple[tuple[str, str, str, Any], ...]  # (domain, name, type, value), sorted
-    capacity: tuple[tuple[str, str, str], ...]  # (domain, name, quantity), sorted
+    # as the slice writes them (a name without a domain is in the driver's):
+    # devices of one driver list them in one order, so alike devices are equal
+    attributes: tuple[tuple[str, str, Any], ...]  # (name, type, value)
+    capacity: tuple[tuple[str, str], ...]  # (name, quantity)
     multiple: bool
 
 
@@ -199,18 +201,18 @@ def _qualified(driver: str, name: str) -> tuple[str, str]:
 _SHAPES: dict[DeviceShape, DeviceShape] = {}  # one object per shape: thousands of devices share it
 
 
+def _identity(name: str) -> bool:
+    return name.rpartition("/")[2] in IDENTITY
+
+
 def device_shape(driver: str, device: dict[str, Any]) -> DeviceShape:
-    attrs = []
-    for name, value in (device.get("attributes") or {}).items():
-        domain, short = _qualified(driver, name)
-        if short in IDENTITY or not isinstance(value, dict) or len(value) != 1:
-            continue
-        ((kind, v),) = value.items()
-        attrs.append((domain, short, str(kind), v))
-    caps = [(*_qualified(driver, name), str((c or {}).get("value", "0")))
-            for name, c in (device.get("capacity") or {}).items()]
-    shape = DeviceShape(driver, tuple(sorted(attrs)), tuple(sorted(caps)),
-                        bool(device.get("allowMultipleAllocations")))
+    """Cheap: every device of every slice goes through it (80 an HGX node)."""
+    attrs = tuple((name, kind, v) for name, value in (device.get("attributes") or {}).items()
+                  if not _identity(name) and isinstance(value, dict) and len(value) == 1
+                  for kind, v in value.items())
+    caps = tuple((name, str((c or {}).get("value", "0")))
+                 for name, c in (device.get("capacity") or {}).items())
+    shape = DeviceShape(driver, attrs, caps, bool(device.get("allowMultipleAllocations")))
     if len(_SHAPES) >= MAX_MEMO:
         _SHAPES.clear()
     return _SHAPES.setdefault(shape, shape)
@@ -235,13 +237,15 @@ _VALUE: dict[str, Callable[[Any], Any]] = {
 def _activation(shape: DeviceShape) -> dict[str, Any]:
     S = celtypes.StringType
     attrs: dict[Any, Any] = {}
-    for domain, name, kind, value in shape.attributes:
+    for qualified, kind, value in shape.attributes:
+        domain, name = _qualified(shape.driver, qualified)
         try:
             attrs.setdefault(S(domain), celtypes.MapType())[S(name)] = _VALUE[kind](value)
         except (KeyError, CelError):
             continue  # a type or value we cannot read: as if the device did not have it
     caps: dict[Any, Any] = {}
-    for domain, name, text in shape.capacity:
+    for qualified, text in shape.capacity:
+        domain, name = _qualified(shape.driver, qualified)
         try:
             caps.setdefault(S(domain), celtypes.MapType())[S(name)] = parse_quantity(text)
         except CelError:
