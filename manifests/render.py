@@ -5,8 +5,10 @@ values, byte for byte."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
+import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +22,7 @@ from router.config import RouterConfig
 from router.ha.pod_label import ROLE_LABEL
 from scheduler_ext.config import ExtenderConfig
 from scheduler_ext.scheduler_config import scheduler_config
+from scheduler_ext.state.facts import PLACEMENT_ANNOTATION, SIZE_SEEN_ANNOTATION
 
 GPU_DRIVER = "gpu.toposerve.io"
 NET_DRIVER = "net.toposerve.io"
@@ -27,6 +30,10 @@ NET_DRIVER = "net.toposerve.io"
 KUBECONFIG_DIR = "/etc/toposerve/kubeconfig"
 KUBECONFIG_FILE = f"{KUBECONFIG_DIR}/kubeconfig"
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+# where the router finds the Redis password and CA, the extender its decision key
+REDIS_AUTH_DIR = "/etc/toposerve/redis-auth"
+REDIS_TLS_DIR = "/etc/toposerve/redis-tls"
+EXTENDER_KEY_DIR = "/etc/toposerve/extender-key"
 
 
 def liveness_script(driver: str) -> str:
@@ -50,6 +57,7 @@ TEMPLATES: dict[Component | None, str] = {
     "extender": "extender.yaml.j2",
     "scheduler": "scheduler.yaml.j2",
     "router": "router.yaml.j2",
+    "secrets": "secrets.yaml.j2",
 }
 NAMESPACED: frozenset[Component] = frozenset({"gpu-driver", "net-driver",
                                               "extender", "scheduler", "router"})
@@ -73,13 +81,18 @@ class Names:
     router: str
     router_redis: str
     router_keys: str
+    router_redis_auth: str
+    extender_key: str
+    pod_policy: str
 
     @classmethod
     def of(cls, prefix: str) -> Names:
         suffixes = {"gpu_driver": "gpu-driver", "net_driver": "net-driver",
                     "slice_policy": "resourceslices-own-node", "extender": "extender",
                     "scheduler": "scheduler", "kubeconfig": "kubeconfig", "router": "router",
-                    "router_redis": "router-redis", "router_keys": "router-keys"}
+                    "router_redis": "router-redis", "router_keys": "router-keys",
+                    "router_redis_auth": "router-redis-auth", "extender_key": "extender-key",
+                    "pod_policy": "pod-writes"}
         return cls(**{k: f"{prefix}-{v}" for k, v in suffixes.items()})
 
 
@@ -120,6 +133,8 @@ def extender_config(values: InstallValues) -> ExtenderConfig:
     host = "0.0.0.0" if values.scheduler.extender_url else "127.0.0.1"
     update: dict[str, Any] = {
         "server": cfg.server.model_copy(update={"host": host, "port": values.extender.port})}
+    # every replica signs and checks decisions with the one key of its Secret
+    update["decision_key_file"] = f"{EXTENDER_KEY_DIR}/key"
     if "accelerators" not in cfg.model_fields_set:
         # claims name the GPU class this install creates
         update["accelerators"] = cfg.accelerators.model_copy(
@@ -149,7 +164,36 @@ def router_redis_url(values: InstallValues) -> str:
     r = values.router.redis
     if r.url is not None:
         return r.url
-    return f"redis://{Names.of(values.name_prefix).router_redis}.{values.namespace}.svc:{r.port}/0"
+    scheme = "rediss" if r.tls_secret else "redis"
+    return (f"{scheme}://{Names.of(values.name_prefix).router_redis}.{values.namespace}.svc:"
+            f"{r.port}/0")
+
+
+def router_redis_password_secret(values: InstallValues) -> str | None:
+    """The Secret of the Redis password; None when Redis runs without one."""
+    r = values.router.redis
+    if r.allow_unauthenticated:
+        return None
+    return r.password_secret or Names.of(values.name_prefix).router_redis_auth
+
+
+def extender_key_secret(values: InstallValues) -> str:
+    return values.extender.decision_key_secret or Names.of(values.name_prefix).extender_key
+
+
+def generated_secrets(values: InstallValues) -> list[dict[str, str]]:
+    """The Secrets ``--component secrets`` makes, each with a fresh random
+    value: those the values do not name as existing ones."""
+    names = Names.of(values.name_prefix)
+    out = []
+    r = values.router.redis
+    if (values.router.enabled and not r.allow_unauthenticated
+            and r.password_secret is None):
+        out.append({"name": names.router_redis_auth, "key": "password", "component": "router"})
+    if values.extender.enabled and values.extender.decision_key_secret is None:
+        out.append({"name": names.extender_key, "key": "key", "component": "extender"})
+    return [{**s, "value": base64.b64encode(
+        secrets.token_urlsafe(32).encode()).decode()} for s in out]
 
 
 def router_keys_secret(values: InstallValues) -> str:
@@ -167,7 +211,12 @@ def router_config(values: InstallValues) -> dict[str, Any]:
     if "kubernetes" in doc["discovery"]:
         doc["discovery"]["kubernetes"]["kubeconfig"] = KUBECONFIG_FILE
     doc["responses"] = {**doc["responses"], "backend": "redis",
-                        "redisUrl": router_redis_url(values)}
+                        "redisUrl": router_redis_url(values),
+                        "allowUnauthenticated": r.redis.allow_unauthenticated}
+    if router_redis_password_secret(values) is not None:
+        doc["responses"]["redisPasswordFile"] = f"{REDIS_AUTH_DIR}/password"
+    if r.redis.tls_secret:
+        doc["responses"]["redisCaFile"] = f"{REDIS_TLS_DIR}/ca.crt"
     doc["ha"] = {**doc["ha"], "enabled": r.replicas > 1, "shutdownDelaySeconds":
                  r.shutdown_delay_seconds, "lease": {
                      **doc["ha"]["lease"], "name": Names.of(values.name_prefix).router,
@@ -185,6 +234,8 @@ def router_config(values: InstallValues) -> dict[str, Any]:
 def _context(values: InstallValues) -> dict[str, Any]:
     names = Names.of(values.name_prefix)
     restricted = [service_account_user(values.namespace, names.gpu_driver)]
+    router_user = service_account_user(values.namespace, names.router)
+    extender_user = service_account_user(values.namespace, names.extender)
     if values.admission_policy.include_net_driver or values.net_driver.enabled:
         restricted.append(service_account_user(values.namespace, names.net_driver))
 
@@ -203,6 +254,15 @@ def _context(values: InstallValues) -> dict[str, Any]:
         "v": values, "names": names, "labels": labels, "selector": selector,
         "gpu_driver": GPU_DRIVER, "net_driver": NET_DRIVER, "liveness_script": liveness_script,
         "restricted_users": restricted,
+        # what each service account may change on a pod: nothing else
+        "role_label": ROLE_LABEL,
+        "extender_annotations": [PLACEMENT_ANNOTATION, SIZE_SEEN_ANNOTATION],
+        "router_user": router_user, "extender_user": extender_user,
+        "redis_auth_dir": REDIS_AUTH_DIR, "redis_tls_dir": REDIS_TLS_DIR,
+        "extender_key_dir": EXTENDER_KEY_DIR,
+        "redis_password_secret": router_redis_password_secret(values),
+        "extender_key_secret": extender_key_secret(values),
+        "generated_secrets": lambda: generated_secrets(values),
         "kubeconfig_dir": KUBECONFIG_DIR, "kubeconfig_file": KUBECONFIG_FILE,
         "sa_dir": SA_DIR,
         "extender_config": yaml.safe_dump(

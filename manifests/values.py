@@ -31,10 +31,10 @@ Repository = Annotated[str, Field(min_length=1, pattern=r"^\S+$")]
 Tag = Annotated[str, Field(pattern=r"^\w[\w.-]{0,127}$")]
 Component = Literal["gpu-driver", "net-driver",
                     "admission-policy", "device-classes", "extender", "scheduler",
-                    "router"]
+                    "router", "secrets"]
 COMPONENTS: tuple[Component, ...] = ("gpu-driver", "net-driver",
                                      "admission-policy", "device-classes",
-                                     "extender", "scheduler", "router")
+                                     "extender", "scheduler", "router", "secrets")
 
 
 class Section(BaseModel):
@@ -222,9 +222,10 @@ class NetDriver(PluginDriver):
 
 
 class AdmissionPolicy(Section):
-    """The ValidatingAdmissionPolicy that lets a node's driver write only the
+    """The ValidatingAdmissionPolicies: a node's driver writes only the
     ResourceSlices of its own node (`spec.nodeName` equal to the node name in
-    its service-account token)."""
+    its service-account token); the router and the extender change on pods
+    only the label or annotations they own, never a pod's spec."""
 
     enabled: bool = Field(default=True, description="render this component")
     include_net_driver: bool = Field(
@@ -253,6 +254,10 @@ class Extender(Placement):
     enabled: bool = Field(default=True, description="render this component")
     replicas: int = Field(default=1, ge=1, description="extender pods")
     port: int = Field(default=8888, ge=1, le=65535, description="HTTP port on the node")
+    decision_key_secret: Label | None = Field(
+        default=None, description="Secret whose `key` signs the placement decisions, mounted "
+                                  "into every replica; default `<namePrefix>-extender-key`, "
+                                  "made by `--component secrets`")
     config: ExtenderConfig = Field(
         default_factory=ExtenderConfig,
         description="its `ExtenderConfig` (docs/extender.md); `server` is set by the install: "
@@ -301,6 +306,18 @@ class RouterRedis(Placement):
                             description="an existing Redis instead, redis://HOST:PORT/DB")
     image: RedisImage = Field(default_factory=RedisImage)
     port: int = Field(default=6379, ge=1, le=65535, description="its Service port")
+    password_secret: Label | None = Field(
+        default=None, description="Secret whose `password` Redis requires and the router "
+                                  "sends; default `<namePrefix>-router-redis-auth`, made by "
+                                  "`--component secrets`")
+    tls_secret: Label | None = Field(
+        default=None, description="a `kubernetes.io/tls` Secret (`tls.crt`, `tls.key`, "
+                                  "`ca.crt`) for `<namePrefix>-router-redis.<namespace>.svc`: "
+                                  "Redis then serves TLS only and the router verifies it; "
+                                  "with `url`, only its `ca.crt` is used")
+    allow_unauthenticated: bool = Field(
+        default=False, description="no password: Redis open to whatever reaches it (the "
+                                   "NetworkPolicy still admits only the router's pods)")
 
 
 class RouterKeys(Section):
@@ -368,7 +385,9 @@ class InstallValues(Section):
               "admission-policy": self.admission_policy.enabled,
               "device-classes": self.device_classes.enabled,
               "extender": self.extender.enabled, "scheduler": self.scheduler.enabled,
-              "router": self.router.enabled}
+              "router": self.router.enabled,
+              # random values: rendered only when asked for (docs/security.md)
+              "secrets": False}
         return [c for c in COMPONENTS if on[c]]
 
 

@@ -23,6 +23,15 @@ def one(objs: list[Obj], kind: str, name: str | None = None) -> Obj:
     return found[0]
 
 
+def slice_policy(*sets: str) -> Obj:
+    """The own-node ResourceSlice policy (the admission-policy component has
+    the pod-writes policy too)."""
+    (vap,) = [o for o in objects(*sets, only=["admission-policy"])
+              if o["kind"] == "ValidatingAdmissionPolicy"
+              and o["metadata"]["name"].endswith("-resourceslices-own-node")]
+    return vap
+
+
 def cli(argv: list[str]) -> int:
     """``toposerve ARGV`` in this process, without ``main``'s logging setup
     (it would bind the logs to this test's captured, soon closed, stderr)."""

@@ -7,6 +7,7 @@ a pod's token carries."""
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -434,7 +435,11 @@ def test_extender_deployment_command_serves(cluster: Cluster, tmp_path: Path) ->
                                              f"extender.port={port}"]), ["extender"])
     cm = next(o for o in objs if o["kind"] == "ConfigMap"
               and o["metadata"]["name"].endswith("-extender"))
-    (tmp_path / "config.yaml").write_text(cm["data"]["config.yaml"])
+    # the decision key its Secret mounts: a file of the same kind here
+    cfg = yaml.safe_load(cm["data"]["config.yaml"])
+    (tmp_path / "key").write_text("k" * 32)
+    cfg["decisionKeyFile"] = str(tmp_path / "key")
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(cfg))
     dep = next(o for o in objs if o["kind"] == "Deployment")
     cmd = dep["spec"]["template"]["spec"]["containers"][0]["command"]
     cmd = [f"--config={tmp_path / 'config.yaml'}" if a.startswith("--config=")
@@ -458,3 +463,88 @@ def test_extender_deployment_command_serves(cluster: Cluster, tmp_path: Path) ->
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def _patcher(cluster: Cluster, install: Install, component: str,
+             request: pytest.FixtureRequest) -> Any:
+    """A client acting as ``component``'s service account, with its rendered
+    RBAC applied (the router's Role, the extender's ClusterRole; the
+    namespaced ones go with the namespace, the cluster's when the test ends)."""
+    dyn: Any = DynamicClient(cluster.api)  # type: ignore[no-untyped-call]
+    for obj in install.objects:
+        if (obj["kind"] in ("Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding",
+                            "ServiceAccount")
+                and obj["metadata"].get("labels", {}).get(COMPONENT) == component
+                and obj["metadata"].get("namespace", install.values.namespace)
+                == install.values.namespace):
+            _apply(dyn, obj, dry_run=False)
+            if obj["kind"].startswith("Cluster"):
+                resource = dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+                request.addfinalizer(functools.partial(dyn.delete, resource,
+                                                       name=obj["metadata"]["name"]))
+    name = getattr(install.names, component)
+    return client.CoreV1Api(_as(cluster, f"system:serviceaccount:{install.values.namespace}:"
+                                         f"{name}", None))
+
+
+def test_router_and_extender_change_only_their_own_pod_metadata(
+        cluster: Cluster, install: Install, request: pytest.FixtureRequest) -> None:
+    """The pod-writes policy on the real apiserver, by impersonation: the
+    router may set its role label on its own pods and nothing else; the
+    extender its placement annotations; neither a pod's spec (its image)."""
+    ns = install.values.namespace
+    core: Any = client.CoreV1Api(cluster.api)
+    router_labels = next(o for o in install.objects if o["kind"] == "Deployment"
+                         and o["metadata"]["name"] == install.names.router
+                         )["spec"]["selector"]["matchLabels"]
+
+    def pod(name: str, labels: dict[str, str]) -> str:
+        core.create_namespaced_pod(ns, {
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"containers": [{"name": "c", "image": "localhost/driver:1"}],
+                     "nodeName": install.nodes[0]}})
+        return name
+
+    router_pod = pod("router-0", router_labels)
+    driver_pod = pod("gpu-driver-0", {COMPONENT: "gpu-driver"})
+    router = _patcher(cluster, install, "router", request)
+    extender = _patcher(cluster, install, "extender", request)
+    role = {"metadata": {"labels": {"toposerve.io/router-role": "leader"}}}
+    image = {"spec": {"containers": [{"name": "c", "image": "evil:1"}]}}
+
+    def denied_by_policy() -> str | None:
+        try:
+            router.patch_namespaced_pod(driver_pod, ns, image)
+        except ApiException as err:
+            if err.status == 403 and "ValidatingAdmissionPolicy" in str(err.body):
+                return str(err.body)
+            if err.status == 403:
+                return None  # RBAC not there yet
+            raise
+        raise AssertionError("the router changed a driver pod's image")
+
+    msg: Any = wait_for("pod policy enforced", denied_by_policy, timeout=30)
+    assert "may not change a pod's spec" in msg
+    router.patch_namespaced_pod(router_pod, ns, role)
+    assert core.read_namespaced_pod(router_pod, ns).metadata.labels[
+        "toposerve.io/router-role"] == "leader"
+    assert "may label only its own pods" in _denied(
+        router.patch_namespaced_pod, driver_pod, ns, role)
+    assert "the router may change only toposerve.io/router-role" in _denied(
+        router.patch_namespaced_pod, router_pod, ns, {"metadata": {"labels": {"x": "y"}}})
+    assert "may not change a pod's spec" in _denied(
+        router.patch_namespaced_pod, router_pod, ns, image)
+    assert "the router none" in _denied(router.patch_namespaced_pod, router_pod, ns, {
+        "metadata": {"annotations": {"toposerve.io/placement": "{}"}}})
+
+    extender.patch_namespaced_pod(driver_pod, ns, {"metadata": {"annotations": {
+        "toposerve.io/placement": "{}", "toposerve.io/group-size-seen": "4"}}})
+    assert "may not change a pod's spec" in _denied(
+        extender.patch_namespaced_pod, driver_pod, ns, image)
+    assert "the extender none" in _denied(extender.patch_namespaced_pod, driver_pod, ns, role)
+    assert "the extender may change only" in _denied(
+        extender.patch_namespaced_pod, driver_pod, ns,
+        {"metadata": {"annotations": {"other": "x"}}})
+    got = core.read_namespaced_pod(driver_pod, ns)
+    assert got.spec.containers[0].image == "localhost/driver:1"
+    assert "toposerve.io/router-role" not in (got.metadata.labels or {})

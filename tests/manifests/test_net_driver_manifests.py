@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from manifests.render import NET_DRIVER
-from tests.manifests.helpers import Obj, objects, one
+from tests.manifests.helpers import Obj, objects, one, slice_policy
 
 
 def _named(objs: list[Obj], name: str) -> list[Obj]:
@@ -16,7 +16,7 @@ def _named(objs: list[Obj], name: str) -> list[Obj]:
 
 
 def _policy_users(*sets: str) -> str:
-    vap = one(objects(*sets, only=["admission-policy"]), "ValidatingAdmissionPolicy")
+    vap = slice_policy(*sets)
     expr: str = vap["spec"]["matchConditions"][0]["expression"]
     return expr
 

@@ -14,7 +14,7 @@ import yaml
 from manifests.render import RenderError, _parse, render, to_yaml
 from manifests.values import COMPONENTS, load_values
 from scheduler_ext.state.watch import PATHS as WATCH_PATHS
-from tests.manifests.helpers import Obj, cli, objects, one
+from tests.manifests.helpers import Obj, cli, objects, one, slice_policy
 from topology.config_file import ConfigError
 
 
@@ -131,7 +131,7 @@ def test_gpu_driver_rbac_is_exactly_the_listed_rules() -> None:
 
 def test_admission_policy_covers_the_net_driver_when_asked() -> None:
     def users(*sets: str) -> str:
-        vap = one(objects(*sets, only=["admission-policy"]), "ValidatingAdmissionPolicy")
+        vap = slice_policy(*sets)
         expr: str = vap["spec"]["matchConditions"][0]["expression"]
         return expr
 
@@ -140,7 +140,8 @@ def test_admission_policy_covers_the_net_driver_when_asked() -> None:
     assert users("admissionPolicy.includeNetDriver=true", "namespace=ts", "namePrefix=p") == (
         'request.userInfo.username in ["system:serviceaccount:ts:p-gpu-driver", '
         '"system:serviceaccount:ts:p-net-driver"]')
-    binding = one(objects(only=["admission-policy"]), "ValidatingAdmissionPolicyBinding")
+    binding = one(objects(only=["admission-policy"]), "ValidatingAdmissionPolicyBinding",
+                  "toposerve-resourceslices-own-node")
     assert binding["spec"] == {"policyName": "toposerve-resourceslices-own-node",
                                "validationActions": ["Deny"]}
 
