@@ -201,18 +201,25 @@ def _qualified(driver: str, name: str) -> tuple[str, str]:
 _SHAPES: dict[DeviceShape, DeviceShape] = {}  # one object per shape: thousands of devices share it
 
 
-def _identity(name: str) -> bool:
-    return name.rpartition("/")[2] in IDENTITY
+_KEPT: dict[str, bool] = {}  # attribute name -> not an identity (few names, many devices)
 
 
 def device_shape(driver: str, device: dict[str, Any]) -> DeviceShape:
     """Cheap: every device of every slice goes through it (80 an HGX node)."""
-    attrs = tuple((name, kind, v) for name, value in (device.get("attributes") or {}).items()
-                  if not _identity(name) and isinstance(value, dict) and len(value) == 1
-                  for kind, v in value.items())
+    attrs = []
+    for name, value in (device.get("attributes") or {}).items():
+        kept = _KEPT.get(name)
+        if kept is None:
+            if len(_KEPT) >= MAX_MEMO:
+                _KEPT.clear()
+            kept = _KEPT[name] = name.rpartition("/")[2] not in IDENTITY
+        if kept and type(value) is dict:
+            for kind, v in value.items():  # one typed value: {"string": "x"}
+                attrs.append((name, kind, v))
     caps = tuple((name, str((c or {}).get("value", "0")))
                  for name, c in (device.get("capacity") or {}).items())
-    shape = DeviceShape(driver, attrs, caps, bool(device.get("allowMultipleAllocations")))
+    shape = DeviceShape(driver, tuple(attrs), caps,
+                        bool(device.get("allowMultipleAllocations")))
     if len(_SHAPES) >= MAX_MEMO:
         _SHAPES.clear()
     return _SHAPES.setdefault(shape, shape)
