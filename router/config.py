@@ -517,6 +517,11 @@ class TenantsConfig(Section):
     tenants: list[TenantConfig] = Field(default_factory=list,
                                         description="settings per tenant; a tenant in the "
                                                     "keys without an entry gets the defaults")
+    metric_tenants: int = Field(
+        default=100, alias="metricTenants", ge=0,
+        description="most tenant label values in /metrics: each tenant listed in `tenants`, "
+                    "then others as they first send, up to this many in all; the rest "
+                    "count under `other` (a series per tenant stays bounded)")
 
     @model_validator(mode="after")
     def _unique(self) -> TenantsConfig:

@@ -90,7 +90,8 @@ class RouterMetrics:
                                  "queue-full, rate-limited.", ["outcome"], registry=r)
         self.tenant_requests = Counter("toposerve_router_tenant_requests",
                                        "Admission decisions per tenant of an API key "
-                                       "(outcomes as toposerve_router_admission).",
+                                       "(outcomes as toposerve_router_admission); beyond "
+                                       "flowControl.tenants.metricTenants tenants, 'other'.",
                                        ["tenant", "outcome"], registry=r)
         self.saturation = Gauge("toposerve_router_flow_saturation",
                                 "The candidate endpoints' mean use of their capacity at the "

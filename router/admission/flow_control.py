@@ -159,7 +159,8 @@ class Admission:
     def _count(self, c: Classified, outcome: str) -> None:
         self.metrics.admission.labels(outcome).inc()
         if c.tenant:
-            self.metrics.tenant_requests.labels(c.tenant, outcome).inc()
+            self.metrics.tenant_requests.labels(self.tenants.metric_label(c.tenant),
+                                                outcome).inc()
 
     # --- the decision -----------------------------------------------------------
     def _has_room(self, eps: list[Endpoint]) -> bool:

@@ -25,6 +25,8 @@ TENANT: web.RequestKey[str] = web.RequestKey("tenant")
 # set when the router checked the client's key: that key is the router's
 # credential, so it is not sent on to the model servers
 KEY_CHECKED: web.RequestKey[bool] = web.RequestKey("tenant_key_checked")
+# the metrics' tenant label of those beyond flowControl.tenants.metricTenants
+OTHER_TENANTS = "other"
 # probes and scrapes carry no key
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
 
@@ -55,6 +57,8 @@ class Tenants:
         self.cfg = cfg.tenants
         self.settings = {t.name: t for t in self.cfg.tenants}
         self._limits = {t.name: _Limits(t) for t in self.cfg.tenants}
+        # the tenants with a label value of their own: the configured first
+        self._labelled = set(list(self.settings)[:self.cfg.metric_tenants])
         self.keys: KeyTable | None = None  # None: no keys configured
         self.source = (KeySource(self.cfg.keys, self._replace) if self.cfg.keys is not None
                        else None)
@@ -75,6 +79,15 @@ class Tenants:
             return ""
         key = bearer(authorization)
         return None if key is None else self.keys.get(digest(key))
+
+    def metric_label(self, tenant: str) -> str:
+        """The tenant's label value in /metrics: its name while there are
+        fewer than ``metricTenants`` of them, else ``other``."""
+        if tenant not in self._labelled:
+            if len(self._labelled) >= self.cfg.metric_tenants:
+                return OTHER_TENANTS
+            self._labelled.add(tenant)
+        return tenant
 
     def objective(self, tenant: str) -> str | None:
         t = self.settings.get(tenant)
