@@ -7,12 +7,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 
 from harness import extender_objects as k
 from scheduler_ext.config import ExtenderConfig
+from scheduler_ext.server import Extender
 from scheduler_ext.state import demand as dm
 from scheduler_ext.state.cache import ClusterState
+from scheduler_ext.wire import ExtenderArgs, decode
 
 pytestmark = pytest.mark.unit
 
@@ -194,3 +197,21 @@ def test_quantities_and_versions_as_kubernetes_writes_them() -> None:
     assert dm.FUNCTIONS["isGreaterThan"](v("1.10.0"), v("1.9.3"))
     assert dm.FUNCTIONS["isLessThan"](v("1.0.0-rc.1"), v("1.0.0"))
     assert dm.FUNCTIONS["compareTo"](q("1Gi"), q("1024Mi")) == 0
+
+
+def test_an_undecided_demand_is_said_in_the_filter_reason() -> None:
+    # a group of 19 pods of 4 devices of a class nobody created, named after our
+    # driver: counted as 4 GPUs each, too many for a rack, and the reason says why
+    st = state(("gb200-nvl72", 18))
+    st.relist("templates", [k.template("odd4", 4, device_class=f"{GPU}-odd")])
+    huge = k.toposerve_pods("huge", 19, claim_template="odd4", level="rack")
+    for i, p in enumerate(huge):
+        p["metadata"]["uid"] = f"h{i}"
+        st.pod("ADDED", p)
+    ext = Extender(ExtenderConfig(), st, clock=lambda: 1000.0)
+    names = sorted(st.snapshot().nodes)
+    got = ext.filter(decode(ExtenderArgs, orjson.dumps({"Pod": huge[0], "NodeNames": names})))
+    reasons = set((got.result.FailedAndUnresolvableNodes or {}).values())
+    (reason,) = reasons  # one wording: the scheduler's event aggregates it
+    assert "needs 76 accelerators" in reason
+    assert f"(demand: DeviceClass '{GPU}-odd' not seen: counted as 4 of {GPU}" in reason
