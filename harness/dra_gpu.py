@@ -21,7 +21,7 @@ from kubernetes.client.exceptions import ApiException
 
 from dra_driver.gpu.driver import CDI_CLASS, CDI_VENDOR
 from dra_driver.kubeletplugin.checkpoint import Checkpoint, ClaimState, read_boot_id
-from harness import driver_proc
+from harness import driver_proc, fake_nvml
 from harness.dra_kubelet import Claim
 from harness.waiting import wait_for
 from localcluster.clusters import kubeconfig_path
@@ -201,12 +201,19 @@ class DriverProc(driver_proc.DriverProc[GpuEnv]):
     cdi_class: ClassVar[str] = CDI_CLASS
 
     def start(self, crash_at: str | None = None, health_interval: float = 0.2,
-              console_script: bool = False) -> None:
+              console_script: bool = False, nvml: Path | None = None) -> None:
+        """``nvml``: a fake NVML scenario (``harness.fake_nvml``) for the
+        driver to read its GPUs from; without one, sysfs only (a real
+        libnvidia-ml on the test machine is not ours to read)."""
+        nvml_args = ["--nvml-library", str(fake_nvml.build())] if nvml else ["--no-nvml"]
         argv = self.argv(self.env.sysfs, self.env.dev, "--health-interval",
-                         str(health_interval), console_script=console_script)
-        env = {k: v for k, v in os.environ.items() if k != "TOPOSERVE_DRA_CRASH_AT"}
+                         str(health_interval), *nvml_args, console_script=console_script)
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("TOPOSERVE_DRA_CRASH_AT", fake_nvml.ENV)}
         if crash_at:
             env["TOPOSERVE_DRA_CRASH_AT"] = crash_at
+        if nvml:
+            env[fake_nvml.ENV] = str(nvml)
         self.launch(argv, env)
 
     def log_tail(self) -> str:
