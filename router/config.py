@@ -24,8 +24,32 @@ class ServerConfig(Section):
 
     host: str = Field(default="127.0.0.1", description="address to listen on")
     port: int = Field(default=8080, ge=0, le=65535, description="port to listen on")
-    max_body_bytes: int = Field(default=64 * 2**20, alias="maxBodyBytes", gt=0,
-                                description="larger request bodies get 413")
+    # 1M tokens of text is about 4 MiB (some 4 bytes a token); JSON framing
+    # and escaping at most double it
+    max_body_bytes: int = Field(default=8 * 2**20, alias="maxBodyBytes", gt=0,
+                                description="larger request bodies get 413; the default "
+                                            "holds a 1M-token prompt (about 4 MiB of text "
+                                            "at some 4 bytes a token) twice over, for JSON "
+                                            "framing and escaping")
+    max_inflight_bytes: int = Field(default=128 * 2**20, alias="maxInflightBytes", gt=0,
+                                    description="request bodies held at once, counted as "
+                                                "they are read: a request that would pass "
+                                                "it (by its Content-Length, or as it is "
+                                                "read) gets 429 with Retry-After; at least "
+                                                "maxBodyBytes")
+    max_inflight_requests: int = Field(default=4096, alias="maxInflightRequests", gt=0,
+                                       description="requests held at once (waiting in flow "
+                                                   "control included); the next gets 429 "
+                                                   "with Retry-After")
+    retry_after_s: int = Field(default=1, alias="retryAfterSeconds", ge=1, le=60,
+                               description="the Retry-After of a 429 for either limit above "
+                                           "(the OpenAI SDKs wait that long, up to 60 s, "
+                                           "before they retry)")
+    max_header_bytes: int = Field(default=8192, alias="maxHeaderBytes", ge=1024,
+                                  description="a longer header line gets 431, a longer "
+                                              "request line 414 (JSON errors); lines over "
+                                              "8 times this are cut off by the HTTP parser "
+                                              "(a plain-text 400)")
     upstream_timeout_s: float = Field(default=600.0, alias="upstreamTimeoutSeconds", gt=0,
                                       description="longest silence from a model server")
     connect_timeout_s: float = Field(default=3.0, alias="connectTimeoutSeconds", gt=0,
@@ -36,6 +60,14 @@ class ServerConfig(Section):
                                    description="how long in-flight requests may take to "
                                                "finish when their endpoint is removed or the "
                                                "router stops (SIGTERM)")
+
+    @model_validator(mode="after")
+    def _a_body_fits(self) -> ServerConfig:
+        if self.max_body_bytes > self.max_inflight_bytes:
+            raise ValueError(f"maxBodyBytes ({self.max_body_bytes}) is over maxInflightBytes "
+                             f"({self.max_inflight_bytes}): a body that large could never be "
+                             "read; raise maxInflightBytes or lower maxBodyBytes")
+        return self
 
 
 class StaticEndpoint(Section, NodePlace):
@@ -317,8 +349,20 @@ class ResponsesStoreConfig(Section):
                                                 description="redis: shared by a router pair")
     max_items: int = Field(default=100_000, alias="maxItems", gt=0,
                            description="memory backend: oldest dropped beyond this")
+    max_bytes: int = Field(default=256 * 2**20, alias="maxBytes", gt=0,
+                           description="memory backend: the turns' stored bytes (their "
+                                       "JSON); the oldest are dropped beyond this")
     ttl_s: float = Field(default=3600.0, alias="ttlSeconds", gt=0,
-                         description="a stored turn expires after this")
+                         description="a stored turn expires after this; a chain's earlier "
+                                     "turns live as long as its newest")
+    sweep_interval_s: float = Field(default=30.0, alias="sweepIntervalSeconds", gt=0,
+                                    description="memory backend: how often expired turns are "
+                                                "dropped (Redis expires its own)")
+    max_chain_turns: int = Field(default=1000, alias="maxChainTurns", ge=1,
+                                 description="each turn stores its own input and output and "
+                                             "a link to the one before; a "
+                                             "previous_response_id whose chain is longer "
+                                             "gets 400")
     redis_url: str | None = Field(default=None, alias="redisUrl",
                                   description="redis://HOST:PORT/DB, for backend: redis; "
                                               "rediss:// for TLS")

@@ -8,7 +8,7 @@ import logging
 import sys
 
 import structlog
-from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.http_exceptions import HttpProcessingError, InvalidHeader, LineTooLong
 
 # ours and the libraries' records: stamped alike first, rendered alike last
 _STAMP: list[structlog.types.Processor] = [
@@ -35,7 +35,11 @@ class ClientProtocolErrors(logging.Filter):
             record.msg, record.args = f"malformed HTTP: {record.getMessage()}", ()
             record.exc_info, record.exc_text = None, None
             record.__dict__["status"] = exc.code
-            record.__dict__["error"] = exc.message.strip().splitlines()[0] if exc.message else ""
+            # a header line may carry a credential: of those, only the kind is logged
+            record.__dict__["error"] = (
+                f"{type(exc).__name__}: a header or request line not shown"
+                if isinstance(exc, LineTooLong | InvalidHeader)
+                else exc.message.strip().splitlines()[0] if exc.message else "")
         return True
 
 

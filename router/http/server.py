@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -15,6 +16,7 @@ import structlog
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from router.admission.budget import Budget, Overloaded
 from router.admission.flow_control import MAX_TOKENS, Admission
 from router.admission.usage import OUTPUT_TOKENS, requested_output, responses_output
 from router.config import RouterConfig
@@ -31,7 +33,14 @@ from router.prefix.kv_index import KVIndex
 from router.relay.proxy import Proxy, Upstream, forward_headers
 from router.request import RequestContext
 from router.responses.relay import ResponsesTap, output_text
-from router.responses.store import ResponsesStore, keep_or_fail, make_store, tenant_of
+from router.responses.store import (
+    ResponsesStore,
+    keep_or_fail,
+    make_store,
+    new_id,
+    read_chain,
+    tenant_of,
+)
 from router.scheduling.filters import RevisionFilter
 from router.scheduling.profile import Decision, Scheduler
 from router.state import RouterState
@@ -43,6 +52,9 @@ from wire.tokens import load_tokenizer
 log = structlog.get_logger("router")
 SESSION_HEADERS = ("x-session-id", "x-llm-d-session-id")
 DRAIN_GRACE_S = 1.0
+# aiohttp's own line limits, this many times server.maxHeaderBytes: lines
+# between the two get the router's JSON error, longer ones aiohttp's 400
+PARSER_SLACK = 8
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -64,6 +76,7 @@ class Router:
                    if cfg.disaggregation.enabled else None)
         self.split: Splitter | None = None
         self.admission = Admission(cfg.flow_control, self.state, self.metrics)
+        self.budget = Budget(cfg.server)
         self.store: ResponsesStore = make_store(cfg.responses)
         self.ha: HotStandby | None = None
         if cfg.ha.enabled:
@@ -123,6 +136,7 @@ class Router:
             scrape_loop(self.session, self.state.pool, sc.interval_s, sc.timeout_s,
                         sc.health_interval_s)))
         self._tasks.append(asyncio.create_task(self.admission.run(sc.interval_s)))
+        self._tasks.append(asyncio.create_task(self.store.run()))
         if self.ha is not None:
             self.ha.start()
 
@@ -159,12 +173,7 @@ class Router:
     # --- request parsing -----------------------------------------------------
     async def _json(self, request: web.Request, model: type[BaseModel]
                     ) -> tuple[bytes, dict[str, Any], Any]:
-        limit = self.cfg.server.max_body_bytes
-        try:
-            body = await request.read()  # aiohttp enforces client_max_size (= the limit)
-        except web.HTTPRequestEntityTooLarge:
-            raise ApiError(413, f"request body over {limit} bytes (server.maxBodyBytes)"
-                           ) from None
+        body = await self.budget.read_body(request)
         try:
             doc = orjson.loads(body)
         except orjson.JSONDecodeError as err:
@@ -190,8 +199,11 @@ class Router:
             raise ApiError(404, f"The model `{model}` does not exist.", "model")
 
     def _context(self, request: web.Request, model: str | None, prompt: str) -> RequestContext:
-        session = next((request.headers[h] for h in SESSION_HEADERS if h in request.headers),
-                       None)
+        raw = next((request.headers[h] for h in SESSION_HEADERS if h in request.headers), None)
+        # kept by its hash: the tables of sessions hold 32 characters a
+        # session, whatever length of header a client sends
+        session = None if raw is None else hashlib.blake2b(
+            raw.encode("utf-8", "surrogateescape"), digest_size=16).hexdigest()
         return RequestContext(model=model, prompt=prompt.encode("utf-8", "surrogatepass"),
                               session=session)
 
@@ -245,14 +257,17 @@ class Router:
         _body, doc, req = await self._json(request, ResponsesRequest)
         self._check_model(req.model)
         history: list[dict[str, Any]] = []
+        earlier: list[str] = []
         affinity = revision = None
         if req.previous_response_id is not None:
-            rec = await self.store.get(req.previous_response_id, tenant_of(request))
-            if rec is None:
+            chain = await read_chain(self.store, req.previous_response_id, tenant_of(request),
+                                     self.cfg.responses.max_chain_turns)
+            if chain is None:
                 raise ApiError(404, f"Response with id '{req.previous_response_id}' not "
                                       "found.", "previous_response_id")
-            history, affinity = rec["conversation"], rec["endpoint"]
-            revision = rec.get("revision")
+            earlier, turns = chain
+            history = [m for t in turns for m in [*responses_items(t["input"]), t["output"]]]
+            affinity, revision = turns[-1]["endpoint"], turns[-1].get("revision")
         conversation = history + responses_items(doc["input"])
         upstream_doc = {k: v for k, v in doc.items() if k != "previous_response_id"}
         upstream_doc.update(input=[{"type": "message", "role": m["role"],
@@ -274,22 +289,24 @@ class Router:
             d = await self._schedule(request, ctx)
             route = Route(d.ranked, body, d.work())
         assert self.proxy is not None
+        rid = new_id()  # the turn's id, whatever the upstream calls its answer
 
         async def keep(ep: Endpoint, resp: dict[str, Any], text: str) -> None:
             if (n := responses_output(resp)) is not None:
                 request[OUTPUT_TOKENS] = n  # flow control settles on the answer's usage
-            # a split chain's next turn prefers the prefill endpoint: it holds the prefix
+            # a split chain's next turn prefers the prefill endpoint: it holds the prefix;
+            # the turn stores its own input and output, the chain before it is linked
             if req.store is not False:
-                await self.store.put(resp["id"], {
+                await self.store.put(rid, {
                     "endpoint": (route.prefill or ep).url, "response": resp,
-                    "revision": ep.revision or "",
-                    "conversation": [*conversation, {"role": "assistant", "content": text}]},
-                    tenant_of(request))
+                    "revision": ep.revision or "", "previous": req.previous_response_id,
+                    "input": doc["input"], "output": {"role": "assistant", "content": text}},
+                    tenant_of(request), earlier)
 
         if req.stream:
             return await self.proxy.relay(
                 request, route.ranked, RESPONSES_PATH, route.body, call.headers, route.work,
-                started, ResponsesTap(req.previous_response_id, keep_or_fail(
+                started, ResponsesTap(rid, req.previous_response_id, keep_or_fail(
                     keep, self.metrics.responses_unstored.inc)), route.headers)
         up = await self.proxy.fetch(route.ranked, RESPONSES_PATH, route.body, call.headers,
                                     route.work)
@@ -299,23 +316,72 @@ class Router:
             return web.Response(status=up.status, body=up.body, content_type=None,
                                 headers={"Content-Type": up.content_type})
         resp = orjson.loads(up.body)
-        resp["previous_response_id"] = req.previous_response_id
+        resp["id"], resp["previous_response_id"] = rid, req.previous_response_id
         await keep(up.endpoint, resp, output_text(resp))
         return web.Response(body=orjson.dumps(resp), content_type="application/json",
                             headers={"X-Request-Id": call.headers["X-Request-Id"],
                                      "X-Toposerve-Endpoint": up.endpoint.name, **route.headers})
 
-    async def get_response(self, request: web.Request) -> web.StreamResponse:
-        rec = await self.store.get(request.match_info["id"], tenant_of(request))
+    async def _turn(self, request: web.Request) -> tuple[str, dict[str, Any]]:
+        rid = request.match_info["id"]
+        rec = await self.store.get(rid, tenant_of(request))
         if rec is None:
-            raise ApiError(404, f"Response with id '{request.match_info['id']}' not found.")
+            raise ApiError(404, f"Response with id '{rid}' not found.")
+        return rid, rec
+
+    async def get_response(self, request: web.Request) -> web.StreamResponse:
+        _rid, rec = await self._turn(request)
         return web.Response(body=orjson.dumps(rec["response"]), content_type="application/json")
 
+    async def delete_response(self, request: web.Request) -> web.StreamResponse:
+        rid = request.match_info["id"]
+        if not await self.store.delete(rid, tenant_of(request)):
+            raise ApiError(404, f"Response with id '{rid}' not found.")
+        return web.Response(body=orjson.dumps({"id": rid, "object": "response",
+                                               "deleted": True}),
+                            content_type="application/json")
+
+    async def input_items(self, request: web.Request) -> web.StreamResponse:
+        """The turn's own input items, as OpenAI lists them (newest first
+        unless ``order=asc``; ``limit``, ``after``)."""
+        rid, rec = await self._turn(request)
+        raw = rec["input"]
+        items = [{"type": "message", "role": "user", "content": raw}] if isinstance(
+            raw, str) else [i for i in raw if isinstance(i, dict)]
+        listed = [{**item, "id": item.get("id") or f"msg_{rid[5:]}_{n}",
+                   **({"type": "message", "status": "completed",
+                       "content": _input_content(item.get("content"))}
+                      if item.get("type", "message") == "message" else {})}
+                  for n, item in enumerate(items)]
+        q = request.query
+        if q.get("order", "desc") == "desc":
+            listed.reverse()
+        if (after := q.get("after")) is not None:
+            ids = [i["id"] for i in listed]
+            listed = listed[ids.index(after) + 1:] if after in ids else []
+        try:
+            limit = min(max(int(q.get("limit", "20")), 1), 100)
+        except ValueError:
+            raise ApiError(400, "limit must be an integer", "limit") from None
+        page = listed[:limit]
+        return web.Response(body=orjson.dumps({
+            "object": "list", "data": page, "has_more": len(listed) > limit,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None}), content_type="application/json")
+
+    def _served(self) -> list[str]:
+        return sorted({m for ep in self.state.pool.routable() if ep.healthy for m in ep.models})
+
     async def models(self, request: web.Request) -> web.StreamResponse:
-        names = sorted({m for ep in self.state.pool.routable() if ep.healthy for m in ep.models})
-        data = [{"id": n, "object": "model", "owned_by": "toposerve"} for n in names]
+        data = [_model(n) for n in self._served()]
         return web.Response(body=orjson.dumps({"object": "list", "data": data}),
                             content_type="application/json")
+
+    async def model(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["model"]
+        if name not in self._served():
+            raise ApiError(404, f"The model `{name}` does not exist.", "model")
+        return web.Response(body=orjson.dumps(_model(name)), content_type="application/json")
 
     async def health(self, request: web.Request) -> web.StreamResponse:
         return web.Response(text="ok")
@@ -336,6 +402,29 @@ class Router:
 
 
 
+def _model(name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "toposerve"}
+
+
+def _input_content(content: Any) -> Any:
+    """A message's content as OpenAI lists an input item's: parts."""
+    return [{"type": "input_text", "text": content}] if isinstance(content, str) else content
+
+
+def _oversized(request: web.Request, limit: int) -> web.Response | None:
+    """The JSON error for a request line or header line over ``limit``
+    bytes; it names the header, never its value (a bearer token)."""
+    line = len(request.method) + len(request.raw_path) + 10
+    if line > limit:
+        return error_response(414, f"request line over {limit} bytes (server.maxHeaderBytes)")
+    for name, value in request.raw_headers:
+        if len(name) + len(value) + 2 > limit:
+            shown = name.decode("latin-1")[:64]
+            return error_response(431, f"header {shown} over {limit} bytes "
+                                       "(server.maxHeaderBytes)")
+    return None
+
+
 # the Router an app serves, for tests that reach in
 ROUTER = web.AppKey("router", Router)
 
@@ -349,7 +438,10 @@ def build_app(cfg: RouterConfig) -> web.Application:
         path = request.match_info.route.resource.canonical if (
             request.match_info.route.resource is not None) else "unmatched"
         try:
-            resp = await handler(request)
+            resp = (_oversized(request, cfg.server.max_header_bytes)
+                    or await handler(request))
+        except Overloaded as err:
+            resp = error_response(err.status, err.message, err.param, err.headers)
         except ApiError as err:
             resp = error_response(err.status, err.message, err.param)
         except web.HTTPException as err:
@@ -364,14 +456,18 @@ def build_app(cfg: RouterConfig) -> web.Application:
         router.metrics.answered(path, resp.status, time.monotonic() - started)
         return resp
 
-    app = web.Application(middlewares=[errors, router.admission.middleware()],
+    app = web.Application(middlewares=[errors, router.budget.middleware(),
+                                       router.admission.middleware()],
                           client_max_size=cfg.server.max_body_bytes)
     app[ROUTER] = router
     app.router.add_post("/v1/chat/completions", router.chat)
     app.router.add_post("/v1/completions", router.completions)
     app.router.add_post("/v1/responses", router.create_response)
     app.router.add_get("/v1/responses/{id}", router.get_response)
+    app.router.add_delete("/v1/responses/{id}", router.delete_response)
+    app.router.add_get("/v1/responses/{id}/input_items", router.input_items)
     app.router.add_get("/v1/models", router.models)
+    app.router.add_get("/v1/models/{model:.+}", router.model)  # names hold slashes
     app.router.add_get("/health", router.health)
     app.router.add_get("/ready", router.ready)
     app.router.add_get("/metrics", router.metrics_endpoint)
@@ -387,6 +483,8 @@ def serve(cfg: RouterConfig) -> None:
     uvloop.install()
     web.run_app(build_app(cfg), host=cfg.server.host, port=cfg.server.port, access_log=None,
                 print=lambda *_: None,
+                max_line_size=PARSER_SLACK * cfg.server.max_header_bytes,
+                max_field_size=PARSER_SLACK * cfg.server.max_header_bytes,
                 shutdown_timeout=cfg.server.drain_timeout_s + DRAIN_GRACE_S,
                 # a client that goes away cancels its handler, which closes the
                 # upstream connection: the model server aborts the generation

@@ -1,8 +1,9 @@
 """Relaying a streamed Responses-API answer while keeping the turn: events
 pass through as they complete; those carrying the whole response get the
-chain's ``previous_response_id`` back (the model server saw the full
-conversation, not the chain), and ``response.completed`` is stored before
-the client sees it, so the next turn can name it at once."""
+router's id for the turn and the chain's ``previous_response_id`` back (the
+model server saw the full conversation, not the chain), and
+``response.completed`` is stored before the client sees it, so the next
+turn can name it at once."""
 
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ def output_text(resp: dict[str, Any]) -> str:
 
 
 class ResponsesTap:
-    def __init__(self, previous_response_id: str | None, keep: KeepOrFail) -> None:
-        self.previous, self.keep = previous_response_id, keep
+    def __init__(self, rid: str, previous_response_id: str | None, keep: KeepOrFail) -> None:
+        self.rid, self.previous, self.keep = rid, previous_response_id, keep
         self._buf = b""
 
     async def feed(self, ep: Endpoint, chunk: bytes) -> bytes:
@@ -55,7 +56,7 @@ class ResponsesTap:
             resp = data.get("response") if isinstance(data, dict) else None
             if not isinstance(resp, dict):
                 return ev
-            resp["previous_response_id"] = self.previous
+            resp["id"], resp["previous_response_id"] = self.rid, self.previous
             if data.get("type") == "response.completed" and (
                     err := await self.keep(ep, resp, output_text(resp))) is not None:
                 return failed_event(data, err)  # not stored: the stream ends failed

@@ -1,14 +1,24 @@
 """Stored Responses-API turns, so a ``previous_response_id`` chain works on
-any endpoint. In memory (bounded, with a TTL) for one router, or in Redis
-for a hot-standby pair. Each turn belongs to the tenant that created it:
-to any other tenant it does not exist (the router answers 404, not 403,
-so ids of other tenants' responses cannot be probed)."""
+any endpoint. In memory (bounded in bytes and count, expired turns swept
+in the background) for one router, or in Redis for a hot-standby pair.
+
+Each turn stores its own input and output and a link to the turn before
+(``previous``), never the conversation so far, so a chain's bytes grow
+with its turns, not their square; reading a chain walks the links, at
+most ``maxChainTurns`` of them. A turn's id is minted by the router and
+written only where nothing is (Redis: SET NX), so no client or upstream
+can choose a key that replaces another's turn. Each turn belongs to the
+tenant that created it: to any other tenant it does not exist (the router
+answers 404, not 403, so ids of other tenants' responses cannot be
+probed)."""
 
 from __future__ import annotations
 
+import asyncio
+import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
@@ -26,11 +36,26 @@ log = structlog.get_logger("router.responses.store")
 REDIS_TIMEOUT_S = 2.0
 
 
+def new_id() -> str:
+    """A turn's id: the router's, whatever id the upstream (or a client,
+    through vLLM's ``request_id``) gave its answer."""
+    return "resp_" + secrets.token_hex(24)
+
+
 class ResponsesStore(Protocol):
     async def get(self, rid: str, tenant: str) -> dict[str, Any] | None:
         """The turn if ``tenant`` stored it, else None."""
 
-    async def put(self, rid: str, record: dict[str, Any], tenant: str) -> None: ...
+    async def put(self, rid: str, record: dict[str, Any], tenant: str,
+                  earlier: Sequence[str] = ()) -> None:
+        """Stores a new turn (an id already taken is refused) and keeps the
+        ``earlier`` turns of its chain as long as it."""
+
+    async def delete(self, rid: str, tenant: str) -> bool:
+        """Whether ``tenant``'s turn ``rid`` was there to delete."""
+
+    async def run(self) -> None:
+        """What the store does in the background while the router runs."""
 
     async def close(self) -> None: ...
 
@@ -46,29 +71,91 @@ def _owned(record: dict[str, Any] | None, tenant: str) -> dict[str, Any] | None:
     return record if record is not None and record.get("tenant", "") == tenant else None
 
 
+def _taken(rid: str) -> ApiError:
+    return ApiError(500, f"response id {rid} is taken; nothing was stored")
+
+
+async def read_chain(store: ResponsesStore, rid: str, tenant: str, max_turns: int
+                     ) -> tuple[list[str], list[dict[str, Any]]] | None:
+    """The chain ending with turn ``rid``, oldest first (ids and records);
+    None when ``rid`` is not ``tenant``'s. An earlier turn gone (deleted)
+    or a chain over ``max_turns`` is an error naming it."""
+    ids: list[str] = []
+    turns: list[dict[str, Any]] = []
+    cur: str | None = rid
+    while cur is not None:
+        if len(turns) == max_turns:
+            raise ApiError(400, f"the chain of '{rid}' is longer than {max_turns} turns "
+                                "(responses.maxChainTurns)", "previous_response_id")
+        rec = await store.get(cur, tenant)
+        if rec is None:
+            if not turns:
+                return None
+            raise ApiError(404, f"Response with id '{cur}', an earlier turn of '{rid}', "
+                                "not found.", "previous_response_id")
+        ids.append(cur)
+        turns.append(rec)
+        cur = rec.get("previous")
+    return ids[::-1], turns[::-1]
+
+
 class MemoryStore:
-    def __init__(self, max_items: int, ttl_s: float) -> None:
-        self._items: OrderedDict[str, tuple[float, dict[str, Any]]] = OrderedDict()
-        self.max_items, self.ttl_s = max_items, ttl_s
+    def __init__(self, cfg: ResponsesStoreConfig) -> None:
+        # in expiry order: every write and refresh moves a turn to the end
+        self._items: OrderedDict[str, tuple[float, bytes]] = OrderedDict()
+        self.cfg = cfg
+        self.bytes = 0
 
     async def get(self, rid: str, tenant: str) -> dict[str, Any] | None:
         item = self._items.get(rid)
-        if item is None:
+        if item is None or time.monotonic() > item[0]:
             return None
-        expires, record = item
-        if time.monotonic() > expires:
-            del self._items[rid]
-            return None
+        record: dict[str, Any] = orjson.loads(item[1])
         return _owned(record, tenant)
 
-    async def put(self, rid: str, record: dict[str, Any], tenant: str) -> None:
-        self._items[rid] = (time.monotonic() + self.ttl_s, {**record, "tenant": tenant})
-        self._items.move_to_end(rid)
-        while len(self._items) > self.max_items:
-            self._items.popitem(last=False)
+    def _pop(self, rid: str) -> None:
+        self.bytes -= len(self._items.pop(rid)[1])
+
+    async def put(self, rid: str, record: dict[str, Any], tenant: str,
+                  earlier: Sequence[str] = ()) -> None:
+        if rid in self._items:
+            raise _taken(rid)
+        raw = orjson.dumps({**record, "tenant": tenant})
+        expires = time.monotonic() + self.cfg.ttl_s
+        for e in earlier:
+            if (item := self._items.get(e)) is not None:
+                self._items[e] = (expires, item[1])
+                self._items.move_to_end(e)
+        self._items[rid] = (expires, raw)
+        self.bytes += len(raw)
+        # the oldest go first; the new turn stays even if it alone is over
+        while len(self._items) > 1 and (len(self._items) > self.cfg.max_items
+                                        or self.bytes > self.cfg.max_bytes):
+            self._pop(next(iter(self._items)))
+
+    async def delete(self, rid: str, tenant: str) -> bool:
+        if await self.get(rid, tenant) is None:
+            return False
+        self._pop(rid)
+        return True
+
+    def sweep(self, now: float | None = None) -> int:
+        """Drops the expired turns (at the front); how many."""
+        now = time.monotonic() if now is None else now
+        gone = 0
+        while self._items and next(iter(self._items.values()))[0] < now:
+            self._pop(next(iter(self._items)))
+            gone += 1
+        return gone
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.sweep_interval_s)
+            self.sweep()
 
     async def close(self) -> None:
         self._items.clear()
+        self.bytes = 0
 
 
 class RedisStore:
@@ -96,12 +183,32 @@ class RedisStore:
         record: dict[str, Any] | None = None if raw is None else orjson.loads(raw)
         return _owned(record, tenant)
 
-    async def put(self, rid: str, record: dict[str, Any], tenant: str) -> None:
+    async def put(self, rid: str, record: dict[str, Any], tenant: str,
+                  earlier: Sequence[str] = ()) -> None:
         try:
-            await self._r.set(self.PREFIX + rid, orjson.dumps({**record, "tenant": tenant}),
-                              px=self.ttl_ms)
+            async with self._r.pipeline(transaction=False) as pipe:
+                pipe.set(self.PREFIX + rid, orjson.dumps({**record, "tenant": tenant}),
+                         px=self.ttl_ms, nx=True)  # never over another turn
+                for e in earlier:
+                    pipe.pexpire(self.PREFIX + e, self.ttl_ms)
+                done = await pipe.execute()
         except self._errors as err:
             raise self._unavailable(err) from err
+        if not done[0]:
+            raise _taken(rid)
+
+    async def delete(self, rid: str, tenant: str) -> bool:
+        if await self.get(rid, tenant) is None:
+            return False
+        try:
+            # ids are minted and written once, so the turn read is the one deleted
+            await self._r.delete(self.PREFIX + rid)
+        except self._errors as err:
+            raise self._unavailable(err) from err
+        return True
+
+    async def run(self) -> None:
+        """Redis expires turns itself."""
 
     async def close(self) -> None:
         await self._r.aclose()
@@ -187,4 +294,4 @@ def make_store(cfg: ResponsesStoreConfig) -> ResponsesStore:
                               f"{cfg.redis_password_file}: {err.strerror}") from None
         refuse_open_redis(cfg, options)
         return RedisStore(cfg.redis_url, cfg.ttl_s, options)
-    return MemoryStore(cfg.max_items, cfg.ttl_s)
+    return MemoryStore(cfg)

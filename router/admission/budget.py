@@ -1,0 +1,86 @@
+"""The router's global in-flight budget: how many requests it holds at once
+and how many bytes of their bodies, counted as they are read. A request
+that would pass either gets 429 with a ``Retry-After`` (which the OpenAI
+SDKs honour) instead of the router's memory growing with whatever its
+clients send at once."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from router.admission.tenants import OPEN_PATHS
+from router.config import ServerConfig
+from wire.errors import ApiError
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# the body bytes a request holds of the budget
+HELD: web.RequestKey[int] = web.RequestKey("budget_held")
+
+
+class Overloaded(ApiError):
+    """429 with the Retry-After the client should wait."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(429, message)
+        self.headers = {"Retry-After": str(retry_after_s)}
+
+
+class Budget:
+    def __init__(self, cfg: ServerConfig) -> None:
+        self.cfg = cfg
+        self.bytes = 0  # body bytes read and held by requests in flight
+        self.requests = 0
+
+    def _overloaded(self, what: str) -> Overloaded:
+        return Overloaded(f"the router holds too many {what} at once; retry shortly",
+                          self.cfg.retry_after_s)
+
+    def middleware(self) -> Middleware:
+        """Counts each request (probes and scrapes aside) while it is in
+        flight; gives its body's bytes back when it ends."""
+        @web.middleware
+        async def budget(request: web.Request, handler: Handler) -> web.StreamResponse:
+            if request.path in OPEN_PATHS:
+                return await handler(request)
+            if self.requests >= self.cfg.max_inflight_requests:
+                raise self._overloaded("requests (server.maxInflightRequests)")
+            self.requests += 1
+            request[HELD] = 0
+            try:
+                return await handler(request)
+            finally:
+                self.requests -= 1
+                self.bytes -= request[HELD]
+
+        return budget
+
+    def _take(self, request: web.Request, n: int) -> None:
+        if self.bytes + n > self.cfg.max_inflight_bytes:
+            raise self._overloaded("request bytes (server.maxInflightBytes)")
+        self.bytes += n
+        request[HELD] += n
+
+    async def read_body(self, request: web.Request) -> bytes:
+        """The body, counted against the budget as it arrives: refused
+        before a byte is read when its Content-Length is over the body limit
+        or over what the budget has left."""
+        limit = self.cfg.max_body_bytes
+        too_large = ApiError(413, f"request body over {limit} bytes (server.maxBodyBytes)")
+        declared = request.content_length
+        if declared is not None:
+            if declared > limit:
+                raise too_large
+            if self.bytes + declared > self.cfg.max_inflight_bytes:
+                raise self._overloaded("request bytes (server.maxInflightBytes)")
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.content.iter_any():
+            size += len(chunk)
+            if size > limit:
+                raise too_large
+            self._take(request, len(chunk))
+            chunks.append(chunk)
+        return b"".join(chunks)
