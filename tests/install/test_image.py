@@ -155,7 +155,10 @@ def test_kube_scheduler_image_is_the_static_binary_alone(images: dict[str, Image
 
 def test_redis_image_runs_debians_redis_server(images: dict[str, Image]) -> None:
     image = images[f"localhost/redis:{images_redis_tag(images)}"]
-    assert image.files["usr/bin/redis-server"].isfile()
+    server = image.files["usr/bin/redis-server"]
+    if server.issym():  # Debian's is a link to the one redis binary
+        server = image.files[f"usr/bin/{server.linkname}"]
+    assert server.isfile() and server.mode & 0o111
     assert image.config["Entrypoint"][0] == "redis-server"
     assert image.config["User"] == "999:999"
 
@@ -166,7 +169,7 @@ def buildah(tmp_path: Path) -> Iterator[list[str]]:
     if shutil.which("buildah") is None:
         pytest.fail("buildah is not installed: make sysdeps")
     cmd = ["buildah", "--root", str(tmp_path / "root"), "--runroot", str(tmp_path / "run"),
-           "--storage-driver", "vfs"]
+           "--storage-driver", "overlay"]
     try:
         yield cmd
     finally:
