@@ -37,7 +37,7 @@ nic-cni: venv
 	$(PY) -m localcluster.realnode.forwarder
 
 # the install's images as OCI archives in ~/.cache/toposerve/images, built with
-# buildah, no registry (docs/install.md): toposerve, kube-scheduler, redis
+# buildah, no registry (docs/image.md): toposerve, kube-scheduler, redis
 .PHONY: image
 image: venv tools nic-cni
 	bash hack/build-image.sh "$$($(MAKE) -s --no-print-directory nic-cni | tail -n1)"
