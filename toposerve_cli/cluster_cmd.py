@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -10,12 +11,15 @@ from typing import Any
 from localcluster.cluster import (
     ClusterError,
     ClusterSpec,
+    ClusterStatus,
     down,
     kubeconfig_path,
     running_clusters,
     status,
     up,
 )
+from localcluster.clusters import api_client
+from localcluster.install import InstallError, install, install_status
 from localcluster.realnode.node import RealNodeError
 from localcluster.realnode.node import start as start_real_node
 from localcluster.realnode.tools import find_node_tools
@@ -53,17 +57,22 @@ def _up(args: argparse.Namespace) -> int:
                            scheduler_config=Path(args.scheduler_config)
                            if args.scheduler_config else None,
                            dialect=DialectName(args.dialect))
+        if (args.install or args.values or args.set) and not args.real_node:
+            raise ClusterError("--install runs the stack's pods on the real node: "
+                               "add --real-node")
         if args.real_node:
             find_node_tools()  # fail before the cluster starts, not after
         kubeconfig = up(spec)
         if args.real_node:
             try:
                 start_real_node(spec.name)
+                if args.install or args.values or args.set:
+                    install(spec.name, args.values, args.set or [])
             except BaseException:
                 down(spec.name)  # all or nothing, like `up` itself
                 raise
         print(kubeconfig)
-    except (ClusterError, ToolsMissing, RealNodeError) as err:
+    except (ClusterError, ToolsMissing, RealNodeError, InstallError) as err:
         return _fail(str(err))
     return 0
 
@@ -81,6 +90,9 @@ def _status(args: argparse.Namespace) -> int:
         clusters = status()
     except (ClusterError, ToolsMissing) as err:
         return _fail(str(err))
+    if args.output == "json":
+        print(json.dumps([_status_doc(c) for c in clusters], indent=2))
+        return 0
     if not clusters:
         print("no local clusters")
     for c in clusters:
@@ -90,6 +102,20 @@ def _status(args: argparse.Namespace) -> int:
         real = "".join(f"; real node {n} (kubelet)" for n in c.real_nodes)
         print(f"{c.name}: {nodes}; profiles {groups}{real}; kubeconfig {c.kubeconfig}")
     return 0
+
+
+def _status_doc(c: ClusterStatus) -> dict[str, Any]:
+    """A cluster's status with what is installed on it (the components,
+    their pods and phases, the router's URL) when its apiserver answers."""
+    doc: dict[str, Any] = {"name": c.name, "kubeconfig": c.kubeconfig, "nodesReady": c.nodes_ready,
+           "nodesTotal": c.nodes_total, "profiles": dict(c.groups), "realNodes": c.real_nodes,
+           "error": c.error}
+    if c.nodes_total is not None:
+        try:
+            doc["install"] = install_status(api_client(c.name))
+        except Exception as err:  # report, don't crash: status is for diagnosis
+            doc["install"] = {"error": f"{type(err).__name__}: {err}"[:200]}
+    return doc
 
 
 def _kubeconfig(args: argparse.Namespace) -> int:
@@ -117,6 +143,13 @@ def register(sub: Any) -> None:
                    help="which node labels carry the domain tree")
     s.add_argument("--real-node", action="store_true",
                    help="also run one real kubelet node (containerd + runc; root, one per machine)")
+    s.add_argument("--install", action="store_true",
+                   help="with --real-node: install toposerve from its manifests on the real "
+                        "node (the images of `make image` imported, never pulled)")
+    s.add_argument("-f", "--values", help="with --install: an InstallValues file over the "
+                                          "local cluster's values")
+    s.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="with --install: a value over the file's (repeatable)")
     s.set_defaults(handler=_up)
 
     s = csub.add_parser("down", help="stop a cluster and every process it started")
@@ -124,6 +157,8 @@ def register(sub: Any) -> None:
     s.set_defaults(handler=_down)
 
     s = csub.add_parser("status", help="list local clusters")
+    s.add_argument("-o", "--output", choices=["text", "json"], default="text",
+                   help="json: also the installed components, their pods and the router's URL")
     s.set_defaults(handler=_status)
 
     s = csub.add_parser("kubeconfig", help="print a cluster's kubeconfig path")

@@ -1,0 +1,394 @@
+"""The whole install from its manifests on the local cluster's real node
+(docs/install.md, docs/real-node.md): the locally built images imported into
+the node's containerd (never pulled), values that fit the local cluster, the
+rendered objects applied server-side, and a wait until every workload is
+available. kwok nodes get no DaemonSet pod: they keep their simulated slices."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import yaml
+
+from kubeapi import ApiError, JsonApi
+from localcluster.clusters import api_client, kubeconfig_path
+from localcluster.realnode.fakedev import stand_in_dev_root
+from localcluster.realnode.paths import (
+    NODE_NAME,
+    REAL_NODE_LABEL,
+    REAL_NODE_TOLERATION,
+    Layout,
+    default_layout,
+)
+from localcluster.realnode.tools import find_node_tools
+from localcluster.tools import cache_dir
+from manifests.render import render_objects
+from manifests.values import KIND, InstallValues, apply_sets
+from topology.config_file import API_VERSION, ConfigError, parse_document, read_document
+from topology.profiles import load_profile
+from topology.sysfs import write_profile_sysfs
+
+Progress = Callable[[str], None]
+FIELD_MANAGER = "toposerve-cluster-install"
+# what `make image` writes (docs/image.md): the values section of each image
+IMAGE_VALUES = {"toposerve": "image", "kube-scheduler": "scheduler.image",
+                "redis": "router.redis.image"}
+# the real node's stand-in GPUs (topology/profiles) for the driver's DaemonSet
+PROFILE = "hgx-h100"
+WORKLOADS = ("DaemonSet", "Deployment")
+# where the toposerve image has the NIC hand-off's CNI plugin (Containerfile)
+IMAGE_NIC_PLUGIN = "/opt/toposerve/bin/toposerve-nic"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+
+
+class InstallError(RuntimeError):
+    """The install failed; one line for a person."""
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _archive_ref(archive: Path) -> str | None:
+    """The reference an OCI archive is imported as (its index's annotation:
+    containerd's own, or the full reference buildah writes as the OCI ref name)."""
+    try:
+        with tarfile.open(archive) as tar:
+            f = tar.extractfile("index.json")
+            index = json.loads(f.read()) if f else {}
+    except (OSError, tarfile.TarError, KeyError, ValueError):
+        return None
+    for m in index.get("manifests") or []:
+        notes = m.get("annotations") or {}
+        ref = notes.get("io.containerd.image.name") or notes.get(
+            "org.opencontainers.image.ref.name")
+        if ref and ":" in ref and "/" in ref:
+            return str(ref)
+    return None
+
+
+def built_images(images_dir: Path | None = None) -> dict[str, Path]:
+    """``make image``'s archives by reference, the newest of each name."""
+    images_dir = images_dir or cache_dir() / "images"
+    found: dict[str, Path] = {}
+    archives = sorted(images_dir.glob("*.oci.tar"), key=lambda p: p.stat().st_mtime)
+    for archive in archives:  # oldest first: a newer build of a name wins
+        ref = _archive_ref(archive)
+        if ref:
+            found[ref] = archive
+    names = {_image_name(r) for r in found}
+    missing = sorted(set(IMAGE_VALUES) - names)
+    if missing:
+        raise InstallError(f"no image archive for {', '.join(missing)} in {images_dir}: "
+                           "run `make image` (docs/image.md)")
+    return found
+
+
+def _image_name(ref: str) -> str:
+    return ref.rsplit(":", 1)[0].rsplit("/", 1)[-1]
+
+
+def import_images(archives: Iterable[Path], layout: Layout | None = None) -> None:
+    """``ctr -n k8s.io images import`` into the real node's containerd: the
+    images are then present, and the pods' ``imagePullPolicy: Never`` never pulls."""
+    layout = layout or default_layout()
+    ctr = find_node_tools().ctr
+    for archive in archives:
+        proc = subprocess.run([str(ctr), "--address", str(layout.containerd_socket), "-n",
+                               "k8s.io", "images", "import", "--local", str(archive)],
+                              capture_output=True, text=True, timeout=300, check=False)
+        if proc.returncode != 0:
+            raise InstallError(f"importing {archive.name} failed: "
+                               f"{(proc.stderr or proc.stdout).strip()[-300:]}")
+
+
+def fake_hardware(layout: Layout | None = None, profile: str = PROFILE) -> tuple[Path, Path]:
+    """The real node's stand-in GPUs: a fake sysfs tree and device nodes on
+    the host, under the node's config (removed with the node)."""
+    base = (layout or default_layout()).config / "hardware"
+    sysfs = base / "sysfs"
+    if not sysfs.exists():
+        write_profile_sysfs(load_profile(profile), sysfs)
+    return sysfs, stand_in_dev_root(base / "dev")
+
+
+def api_address(cluster: str) -> tuple[str, int]:
+    """The API server's loopback host and port, from the cluster's kubeconfig."""
+    server = yaml.safe_load(kubeconfig_path(cluster).read_text())["clusters"][0]["cluster"][
+        "server"]
+    url = urlparse(server)
+    if not url.hostname or not url.port:
+        raise InstallError(f"the kubeconfig's server {server!r} names no host and port")
+    return url.hostname, url.port
+
+
+def local_sets(cluster: str, images: Mapping[str, Path], sysfs: Path, dev: Path) -> list[str]:
+    """``--set`` values that fit the local cluster; the user's come after
+    them and win: the API server's loopback address (no pod dials the service
+    range), the imported images never pulled, every pod on the real node only
+    (kwok nodes keep their simulated slices) and the stand-in GPUs."""
+    host, port = api_address(cluster)
+    sets = [f"apiServer.host={host}", f"apiServer.port={port}"]
+    for ref in images:
+        section = IMAGE_VALUES.get(_image_name(ref))
+        if section:
+            repo, tag = ref.rsplit(":", 1)
+            sets += [f"{section}.repository={repo}", f"{section}.tag={tag}",
+                     f"{section}.pullPolicy=Never"]
+    on_real = json.dumps({REAL_NODE_LABEL: "real"})
+    tolerate = json.dumps([REAL_NODE_TOLERATION])
+    for section in ("gpuDriver", "netDriver", "extender", "scheduler", "router",
+                    "router.redis"):
+        sets += [f"{section}.nodeSelector={on_real}", f"{section}.tolerations={tolerate}"]
+    sets += [f"gpuDriver.sysfsRoot={sysfs}", f"gpuDriver.devRoot={dev}",
+             f"netDriver.cni.plugin={IMAGE_NIC_PLUGIN}",
+             # the router's Redis is a Service name, which nothing on loopback
+             # resolves: off unless asked for (--set router.enabled=true)
+             "router.enabled=false"]
+    return sets
+
+
+def local_values(cluster: str, images: Mapping[str, Path], sysfs: Path, dev: Path,
+                 values_file: str | Path | None = None, sets: Sequence[str] = ()
+                 ) -> InstallValues:
+    """Ours, then the values file over them, then the user's ``--set``."""
+    doc = apply_sets({"apiVersion": API_VERSION, "kind": KIND},
+                     local_sets(cluster, images, sysfs, dev))
+    source = "the local cluster's values"
+    if values_file is not None:
+        source += f", {values_file}"
+        file_doc = read_document(values_file)
+        if not isinstance(file_doc, dict):
+            raise ConfigError(f"{values_file}: expected a YAML mapping")
+        doc = _merge(doc, file_doc)
+    if sets:
+        source += " with --set " + " ".join(sets)
+    return parse_document(apply_sets(doc, sets), InstallValues, KIND, source)
+
+
+def _merge(a: dict[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = (_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict)
+                  else v)
+    return out
+
+
+def _path(obj: Mapping[str, Any], name: bool = True) -> str:
+    api = obj["apiVersion"]
+    base = f"/api/{api}" if "/" not in api else f"/apis/{api}"
+    kind = str(obj["kind"]).lower()
+    plural = (kind[:-1] + "ies" if kind.endswith("y") else kind + "es" if kind.endswith("s")
+              else kind + "s")
+    ns = obj["metadata"].get("namespace")
+    path = f"{base}/namespaces/{ns}/{plural}" if ns else f"{base}/{plural}"
+    return f"{path}/{obj['metadata']['name']}" if name else path
+
+
+def apply(api: Any, objects: Iterable[Mapping[str, Any]]) -> int:
+    """Server-side apply, ours the field manager, conflicts forced; strict
+    field validation: a misspelt field is an error, not dropped."""
+    rest = JsonApi(api)
+    n = 0
+    for obj in objects:
+        rest.request("PATCH", _path(obj), [("fieldManager", FIELD_MANAGER), ("force", "true"),
+                                           ("fieldValidation", "Strict")],
+                     body=obj, content_type="application/apply-patch+yaml")
+        n += 1
+    return n
+
+
+def create_secrets(api: Any, values: InstallValues) -> list[str]:
+    """The generated Secrets (--component secrets) those that do not exist
+    yet: created once, never replaced (a new key would split the replicas)."""
+    rest = JsonApi(api)
+    made = []
+    for obj in render_objects(values, ["secrets"]):
+        try:
+            rest.request("POST", _path(obj, name=False), body=obj)
+            made.append(str(obj["metadata"]["name"]))
+        except ApiError as err:
+            if err.status != 409:
+                raise
+    return made
+
+
+def _available(obj: Mapping[str, Any]) -> tuple[bool, str]:
+    st = obj.get("status") or {}
+    fresh = st.get("observedGeneration", 0) >= obj["metadata"].get("generation", 0)
+    if obj["kind"] == "DaemonSet":
+        want = st.get("desiredNumberScheduled", 0)
+        have = st.get("numberAvailable", 0)
+        ok = fresh and want >= 1 and have == want and st.get("updatedNumberScheduled") == want
+    else:
+        want = (obj.get("spec") or {}).get("replicas", 1)
+        have = st.get("availableReplicas", 0)
+        ok = fresh and have == want and st.get("updatedReplicas") == want
+    return ok, f"{have}/{want}"
+
+
+def wait_available(api: Any, objects: Iterable[Mapping[str, Any]], timeout_s: float = 300,
+                   progress: Progress = _stderr) -> float:
+    """Until every DaemonSet and Deployment is available; the seconds it took.
+    A line each time a workload's count changes."""
+    rest = JsonApi(api)
+    workloads = [o for o in objects if o["kind"] in WORKLOADS]
+    started = time.monotonic()
+    said: dict[str, str] = {}
+    while True:
+        waiting = []
+        for w in workloads:
+            name = f"{w['kind'].lower()}/{w['metadata']['name']}"
+            try:
+                ok, count = _available(rest.request("GET", _path(w), timeout=10))
+            except ApiError as err:
+                ok, count = False, f"unreadable ({err.status})"
+            if said.get(name) != count:
+                said[name] = count
+                progress(f"  {name}: {count} available")
+            if not ok:
+                waiting.append(name)
+        took = time.monotonic() - started
+        if not waiting:
+            return took
+        if took > timeout_s:
+            raise InstallError(f"not available after {timeout_s:.0f}s: {', '.join(waiting)}: "
+                               + _pod_problems(rest, workloads))
+        time.sleep(0.5)
+
+
+def _pod_problems(rest: JsonApi, workloads: Sequence[Mapping[str, Any]]) -> str:
+    """The waiting reasons of the install's pods: what to look at first."""
+    out = []
+    for ns in sorted({str(w["metadata"]["namespace"]) for w in workloads}):
+        for p in rest.request("GET", f"/api/v1/namespaces/{ns}/pods").get("items") or []:
+            for c in (p.get("status") or {}).get("containerStatuses") or []:
+                why = (c.get("state") or {}).get("waiting") or {}
+                if why:
+                    out.append(f"{p['metadata']['name']}: {why.get('reason')} "
+                               f"{why.get('message', '')[:120]}")
+    return "; ".join(out) or "(no pod waits)"
+
+
+@dataclass(frozen=True)
+class Installed:
+    values: InstallValues
+    objects: list[dict[str, Any]]
+    seconds: float  # from the first import to every workload available
+
+
+def install(cluster: str, values_file: str | Path | None = None, sets: Sequence[str] = (),
+            progress: Progress = _stderr, timeout_s: float = 300,
+            layout: Layout | None = None) -> Installed:
+    """Import, render, apply, wait: the whole stack on the real node of
+    ``cluster`` (which runs: ``toposerve cluster up --real-node``)."""
+    layout = layout or default_layout()
+    started = time.monotonic()
+    images = built_images()
+    import_images(images.values(), layout)
+    progress(f"imported {', '.join(sorted(images))} in {time.monotonic() - started:.1f}s")
+    sysfs, dev = fake_hardware(layout)
+    try:
+        values = local_values(cluster, images, sysfs, dev, values_file, sets)
+    except ConfigError as err:
+        raise InstallError(str(err)) from None
+    objects = render_objects(values)
+    api = api_client(cluster)
+    n = apply(api, objects)
+    made = create_secrets(api, values)
+    progress(f"applied {n} objects" + (f", created {', '.join(made)}" if made else ""))
+    wait_available(api, objects, timeout_s, progress)
+    took = time.monotonic() - started
+    progress(f"installed: every workload available in {took:.1f}s")
+    return Installed(values, objects, took)
+
+
+def uninstall(cluster: str, objects: Sequence[Mapping[str, Any]], values: InstallValues,
+              progress: Progress = _stderr, timeout_s: float = 120) -> None:
+    """Delete the rendered objects (the Namespace last) and wait for their
+    pods to go, then the GPU driver's slice cleanup (``driver gpu
+    --uninstall``) on the host: its slices outlive its pods on purpose."""
+    api = api_client(cluster)
+    rest = JsonApi(api)
+    for obj in reversed(objects):
+        with contextlib.suppress(ApiError):  # gone already
+            rest.request("DELETE", _path(obj), [("propagationPolicy", "Foreground")])
+    ns = values.namespace
+
+    def pods_left() -> list[str]:
+        try:
+            items = rest.request("GET", f"/api/v1/namespaces/{ns}/pods").get("items") or []
+        except ApiError:
+            return []
+        return [str(p["metadata"]["name"]) for p in items]
+
+    deadline = time.monotonic() + timeout_s
+    while (left := pods_left()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if left:
+        raise InstallError(f"pods still there after {timeout_s:.0f}s: {', '.join(left)}")
+    if values.gpu_driver.enabled:
+        proc = subprocess.run(
+            [sys.executable, "-m", "toposerve_cli.driver_cmd", "driver", "gpu",
+             "--uninstall", "--node-name", NODE_NAME,
+             "--kubeconfig", str(kubeconfig_path(cluster)),
+             "--sysfs-root", values.gpu_driver.sysfs_root],
+            capture_output=True, text=True, timeout=60, check=False)
+        if proc.returncode != 0:
+            raise InstallError(f"the GPU driver's slice cleanup failed: "
+                               f"{(proc.stderr or proc.stdout).strip()[-300:]}")
+        progress(proc.stdout.strip())
+    progress("uninstalled")
+
+
+def install_status(api: Any, values_namespace: str = "toposerve-system") -> dict[str, Any]:
+    """The installed components, their pods and phases, and the router's URL
+    (its pods on the real node's host network, 127.0.0.1) if it runs."""
+    rest = JsonApi(api)
+    try:
+        pods = rest.request("GET", f"/api/v1/namespaces/{values_namespace}/pods",
+                            timeout=5).get("items") or []
+        workloads = [(kind, w) for kind in WORKLOADS for w in rest.request(
+            "GET", f"/apis/apps/v1/namespaces/{values_namespace}/{kind.lower()}s",
+            timeout=5).get("items") or []]
+    except ApiError as err:
+        if err.status == 404:
+            return {"namespace": values_namespace, "components": []}
+        raise
+    components = []
+    for kind, w in workloads:
+        sel = ((w.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+        ok, count = _available({**w, "kind": kind})
+        mine = [p for p in pods if sel and all(
+            (p["metadata"].get("labels") or {}).get(k) == v for k, v in sel.items())]
+        components.append({
+            "name": w["metadata"]["name"], "kind": kind,
+            "component": (w["metadata"].get("labels") or {}).get(COMPONENT_LABEL),
+            "available": ok, "ready": count,
+            "pods": [{"name": p["metadata"]["name"],
+                      "node": (p.get("spec") or {}).get("nodeName"),
+                      "phase": (p.get("status") or {}).get("phase")} for p in mine]})
+    out: dict[str, Any] = {"namespace": values_namespace, "components": components}
+    router = next((c for c in components if c["component"] == "router"), None)
+    if router is not None:
+        port = _router_port(rest, values_namespace)
+        if port is not None:
+            out["routerURL"] = f"http://127.0.0.1:{port}"
+    return out
+
+
+def _router_port(rest: JsonApi, namespace: str) -> int | None:
+    for s in rest.request("GET", f"/api/v1/namespaces/{namespace}/services").get("items") or []:
+        if (s["metadata"].get("labels") or {}).get(COMPONENT_LABEL) == "router":
+            return int(s["spec"]["ports"][0]["port"])
+    return None
