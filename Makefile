@@ -65,19 +65,20 @@ test: setup lint
 demo: setup
 	bash hack/demo.sh
 
-# the peer routers live in their own venv so their pins never touch ours
+# the peer routers live in their own venv so their pins never touch ours;
+# the stamp holds the pins installed, so a changed pin installs again
 PEERS := .venv-peers
-peers: $(PEERS)/.installed
-
-$(PEERS)/.installed:
+PEER_PINS := vllm-router==0.1.17 sglang-router==0.3.2 smg==1.13.0
+peers:
 	@test -x $(PEERS)/bin/python || $(PYTHON) -m venv $(PEERS)
-	$(PEERS)/bin/pip install --quiet vllm-router==0.1.17 sglang-router==0.3.2
-	@touch $@
+	@grep -qxF '$(PEER_PINS)' $(PEERS)/.installed 2>/dev/null || { \
+		$(PEERS)/bin/pip install --quiet $(PEER_PINS) && echo '$(PEER_PINS)' > $(PEERS)/.installed; }
 
 bench: setup peers
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) -m bench.http_stack
 	$(PY) -m bench.router_cpu
+	$(PY) -m bench.router_overhead
 	$(PY) -m bench.router_bench --ablation --repeats 3
 	$(PY) -m bench.load_sweep
 	$(PY) -m bench.pd_bench --repeats 3

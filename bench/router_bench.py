@@ -78,7 +78,7 @@ def mooncake_requests(compression: float = MOONCAKE_COMPRESSION, quick: bool = F
 
 def peers_missing() -> str | None:
     """The error to print when the Rust routers are not installed, else None."""
-    missing = [p for p in ("vllm-router", "sglang-router") if not (PEERS / p).exists()]
+    missing = [p for p in ("vllm-router", "sglang-router", "smg") if not (PEERS / p).exists()]
     return (f"error: peer routers missing ({', '.join(missing)}): run `make peers`"
             if missing else None)
 

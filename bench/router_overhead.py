@@ -1,0 +1,362 @@
+"""What a router itself costs: every router in front of the same null
+backends (bench.null_backend: an answer at once), closed-loop clients at
+rising concurrency, TTFT through each router against TTFT straight to a
+backend in the same round. Added latency at p50/p99/p99.9, router CPU per
+request (its process tree, from /proc) and RSS; then the same at 4, 16 and
+64 endpoints, for what routing costs as the fleet grows.
+
+    python -m bench.router_overhead            # table + bench/results/router_overhead.{json,md,png}
+    python -m bench.router_overhead --quick    # a smoke run
+
+The routers are pinned to one CPU (``--router-cpu``, every thread of their
+process tree), the clients and the null backends to another, so "saturation"
+is one core's worth of router; on a one-CPU machine nothing is pinned.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import functools
+import os
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httptools
+import orjson
+import psutil
+
+from bench.report import medians, pct
+from bench.router_bench import REPO, Start, order, ours, peer, peers_missing
+from harness.procs import MODEL, Proc, Procs
+from localcluster.ports import free_port
+from localcluster.results import pyplot, save, table, write
+
+DIRECT = "direct"
+ROUTERS: dict[str, Start] = {
+    "toposerve": ours,
+    "vllm-router cache_aware": peer("vllm-router", "--policy", "cache_aware"),
+    "sglang-router cache_aware": peer("sglang-router", "launch", "--policy", "cache_aware"),
+    "smg cache_aware": peer("smg", "launch", "--policy", "cache_aware"),
+}
+CONCURRENCY = (1, 4, 16, 64, 128)
+FLEETS = (4, 16, 64)
+FLEET_CONCURRENCY = 16  # the fleet runs': busy, short of saturation
+PROMPTS = 64  # distinct conversations, 16 to a shared system prompt
+# one measurement's bounds: no new request after BUDGET_S (a router that
+# answers in 40 ms gets 250 requests a client, not its full count), and
+# whatever is still unanswered DEADLINE_S after the start counts as failed
+BUDGET_S, DEADLINE_S = 8.0, 30.0
+
+
+def bodies(n: int = PROMPTS, system_bytes: int = 2000) -> list[bytes]:
+    """Streamed one-token chat requests: ``n`` conversations, four system
+    prompts, so the cache-aware policies have prefixes to match."""
+    systems = [f"system prompt {k}: " + "you are a helpful assistant. " * (system_bytes // 29)
+               for k in range(4)]
+    return [orjson.dumps({"model": MODEL, "stream": True, "max_tokens": 1, "messages": [
+        {"role": "system", "content": systems[i % 4]},
+        {"role": "user", "content": f"question {i}: what is {i} squared?"}]}) for i in range(n)]
+
+
+def requests_of(host: str, port: int, payloads: list[bytes]) -> list[bytes]:
+    return [(f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\n"
+             f"Content-Type: application/json\r\nContent-Length: {len(b)}\r\n\r\n").encode() + b
+            for b in payloads]
+
+
+class _Client(asyncio.Protocol):
+    """One closed-loop client on one kept-alive connection: a request, its
+    first body byte (TTFT), its end, the next request."""
+
+    def __init__(self, run: _Run, k: int) -> None:
+        self.run, self.k = run, k
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.t0 = self.first = 0.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.send()
+
+    def send(self) -> None:
+        run = self.run
+        assert self.transport is not None
+        if run.sent >= run.total or time.perf_counter() > run.stop_at:
+            self.transport.close()
+            return
+        req = run.requests[(run.sent + self.k) % len(run.requests)]
+        run.sent += 1
+        self.parser = httptools.HttpResponseParser(self)
+        self.first = 0.0
+        self.t0 = time.perf_counter()
+        self.transport.write(req)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:  # counted as failed: sent, never answered
+            assert self.transport is not None
+            self.transport.close()
+
+    def on_body(self, body: bytes) -> None:
+        if not self.first:
+            self.first = time.perf_counter()
+
+    def on_message_complete(self) -> None:
+        if self.parser.get_status_code() == 200 and self.first:
+            self.run.ttfts.append(self.first - self.t0)
+        self.send()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.run.closed += 1
+        self.run.check()
+
+
+class _Run:
+    def __init__(self, requests: list[bytes], total: int) -> None:
+        self.requests, self.total = requests, total
+        self.sent = self.closed = 0
+        self.stop_at = time.perf_counter() + BUDGET_S
+        self.ttfts: list[float] = []
+        self.done = asyncio.get_running_loop().create_future()
+        self.clients = 0
+
+    def check(self) -> None:
+        # a client closes once it sends no more, after its last answer (or on an error)
+        if self.closed >= self.clients and not self.done.done():
+            self.done.set_result(None)
+
+
+async def load(url: str, concurrency: int, total: int, payloads: list[bytes],
+               deadline_s: float = DEADLINE_S) -> tuple[list[float], int, float]:
+    """Up to ``total`` requests (as many as BUDGET_S allows) from
+    ``concurrency`` closed-loop clients: each answered request's TTFT (s),
+    the failures (a request not answered by the deadline counts as one)
+    and the wall time."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    run = _Run(requests_of(host, int(port), payloads), total)
+    loop = asyncio.get_running_loop()
+    run.clients = concurrency
+    t0 = time.perf_counter()
+    transports = [(await loop.create_connection(functools.partial(_Client, run, k), host,
+                                                int(port)))[0] for k in range(concurrency)]
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.shield(run.done), deadline_s)
+    wall = time.perf_counter() - t0
+    for t in transports:
+        t.close()
+    return run.ttfts, run.sent - len(run.ttfts), wall
+
+
+def start_backends(procs: Procs, n: int) -> list[Proc]:
+    """``n`` null endpoints, one process: a Proc an endpoint (all the same process)."""
+    ports = [free_port() for _ in range(n)]
+    first = procs.command([sys.executable, "-m", "bench.null_backend", "--ports",
+                           *map(str, ports)], "null", f"http://127.0.0.1:{ports[0]}",
+                          ("/health",))
+    return [Proc(f"http://127.0.0.1:{p}", first.popen, first.log) for p in ports]
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of ``pid``'s process tree onto ``cpus`` (a thread keeps
+    its own mask: pinning the process alone leaves its workers where they were)."""
+    root = psutil.Process(pid)
+    for p in [root, *root.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess, FileNotFoundError):
+            for tid in os.listdir(f"/proc/{p.pid}/task"):
+                with contextlib.suppress(ProcessLookupError):
+                    os.sched_setaffinity(int(tid), cpus)
+
+
+def rss_mb(pid: int) -> float:
+    root = psutil.Process(pid)
+    total = 0
+    for p in [root, *root.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            total += p.memory_info().rss
+    return total / 2**20
+
+
+@dataclass
+class Row:
+    router: str
+    fleet: int
+    concurrency: int
+    requests: int
+    failed: int
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    ttft_p999_ms: float
+    added_p50_ms: float  # over direct, at the same concurrency, in the same round
+    added_p99_ms: float
+    added_p999_ms: float
+    rps: float
+    cpu_ms_per_request: float  # the router's process tree, its idle rate taken off
+    rss_mb: float
+    load1: float  # the machine's 1-minute load average at the measurement
+    repeat: int = 0
+
+
+def measure(name: str, url: str, proc: Proc | None, fleet: int, concurrency: int, total: int,
+            payloads: list[bytes], idle_cpu_s: float, repeat: int) -> Row:
+    asyncio.run(load(url, concurrency, 2 * concurrency, payloads))  # connections made
+    cpu0 = proc.cpu_seconds() if proc else 0.0
+    ttfts, failed, wall = asyncio.run(load(url, concurrency, total, payloads))
+    cpu = (proc.cpu_seconds() - cpu0 - idle_cpu_s * wall) if proc else 0.0
+    ms = [1000 * t for t in ttfts]
+    p = (pct(ms, 0.5), pct(ms, 0.99), pct(ms, 0.999))
+    return Row(router=name, fleet=fleet, concurrency=concurrency, requests=len(ttfts) + failed,
+               failed=failed,
+               ttft_p50_ms=p[0], ttft_p99_ms=p[1], ttft_p999_ms=p[2],
+               added_p50_ms=0.0, added_p99_ms=0.0, added_p999_ms=0.0,
+               rps=len(ttfts) / wall if wall else 0.0,
+               cpu_ms_per_request=1000 * cpu / max(1, len(ttfts)),
+               rss_mb=rss_mb(proc.popen.pid) if proc else 0.0, load1=os.getloadavg()[0],
+               repeat=repeat)
+
+
+def added(rows: list[Row]) -> list[Row]:
+    """Each router row's TTFT percentiles over the direct row of its round
+    (the same fleet, concurrency and repeat)."""
+    direct = {(r.fleet, r.concurrency, r.repeat): r for r in rows if r.router == DIRECT}
+    for r in rows:
+        if (d := direct.get((r.fleet, r.concurrency, r.repeat))) is not None:
+            r.added_p50_ms = r.ttft_p50_ms - d.ttft_p50_ms
+            r.added_p99_ms = r.ttft_p99_ms - d.ttft_p99_ms
+            r.added_p999_ms = r.ttft_p999_ms - d.ttft_p999_ms
+    return rows
+
+
+def fleet_table(rows: list[Row]) -> str:
+    """Per router: CPU per request at each fleet size, and the largest
+    fleet's over the smallest's."""
+    fleets = sorted({r.fleet for r in rows})
+    lines = []
+    for name in dict.fromkeys(r.router for r in rows if r.router != DIRECT):
+        cost = {r.fleet: r.cpu_ms_per_request for r in rows
+                if r.router == name and r.concurrency == FLEET_CONCURRENCY}
+        p50 = {r.fleet: r.added_p50_ms for r in rows
+               if r.router == name and r.concurrency == FLEET_CONCURRENCY}
+        ratio = (f"{cost[fleets[-1]] / cost[fleets[0]]:.2f}"
+                 if len(fleets) > 1 and cost.get(fleets[0]) and fleets[-1] in cost else "")
+        lines.append([name, *(f"{cost[f]:.3f}" if f in cost else "" for f in fleets), ratio,
+                      *(f"{p50[f]:.2f}" if f in p50 else "" for f in fleets)])
+    return table(["router", *(f"CPU ms/req, {f} endpoints" for f in fleets),
+                  f"CPU {fleets[-1]} / {fleets[0]}",
+                  *(f"added p50 ms, {f} endpoints" for f in fleets)],
+                 lines, "l" + "r" * (2 * len(fleets) + 1))
+
+
+def main_table(rows: list[Row]) -> str:
+    return table(["router", "endpoints", "clients", "TTFT p50 ms", "p99", "p99.9",
+                  "added p50 ms", "added p99", "added p99.9", "req/s", "router CPU ms/req",
+                  "RSS MiB", "load (1 min)", "failed"],
+                 ([r.router, r.fleet, r.concurrency, f"{r.ttft_p50_ms:.3f}",
+                   f"{r.ttft_p99_ms:.2f}", f"{r.ttft_p999_ms:.2f}",
+                   *(("", "", "") if r.router == DIRECT else (
+                       f"{r.added_p50_ms:.3f}", f"{r.added_p99_ms:.2f}",
+                       f"{r.added_p999_ms:.2f}")),
+                   f"{r.rps:.0f}", "" if r.router == DIRECT else f"{r.cpu_ms_per_request:.3f}",
+                   "" if r.router == DIRECT else f"{r.rss_mb:.0f}", f"{r.load1:.1f}", r.failed]
+                  for r in rows), "lrr" + "r" * 11)
+
+
+def plot(rows: list[Row], fleet: int, path: Path) -> None:
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    for ax, field, label in zip(axes, ("added_p50_ms", "added_p99_ms", "added_p999_ms"),
+                                ("p50", "p99", "p99.9"), strict=True):
+        for name in dict.fromkeys(r.router for r in rows if r.router != DIRECT):
+            mine = sorted((r for r in rows if r.router == name and r.fleet == fleet),
+                          key=lambda r: r.concurrency)
+            ax.plot([r.concurrency for r in mine], [getattr(r, field) for r in mine],
+                    marker="o", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("closed-loop clients")
+        ax.set_ylabel("ms over a direct call")
+        ax.set_title(f"added TTFT {label}, {fleet} null endpoints")
+    axes[0].legend(fontsize=8)
+    save(fig, path)
+
+
+def run(tmp: Path, names: list[str], fleets: tuple[int, ...], levels: tuple[int, ...],
+        total: int, repeats: int, cpus: tuple[set[int], set[int]] | None) -> list[Row]:
+    payloads = bodies()
+    rows: list[Row] = []
+    for fleet in fleets:
+        procs = Procs(tmp)
+        try:
+            backends = start_backends(procs, fleet)
+            routers = {name: ROUTERS[name](procs, backends) for name in names}
+            if cpus is not None:
+                pin(backends[0].popen.pid, cpus[0])
+                for proc in routers.values():
+                    pin(proc.popen.pid, cpus[1])
+            time.sleep(1.0)
+            cpu0 = {n: r.cpu_seconds() for n, r in routers.items()}
+            idle_s = 3.0
+            time.sleep(idle_s)
+            idle = {n: (r.cpu_seconds() - cpu0[n]) / idle_s for n, r in routers.items()}
+            for repeat in range(repeats):
+                for c in levels if fleet == fleets[0] else (FLEET_CONCURRENCY,):
+                    rows.append(measure(DIRECT, backends[0].url, None, fleet, c, total,
+                                        payloads, 0.0, repeat))
+                    for name in order(names, repeat):
+                        r = measure(name, routers[name].url, routers[name], fleet, c, total,
+                                    payloads, idle[name], repeat)
+                        rows.append(r)
+                        print(f"  {fleet:3} endpoints, {c:3} clients, {name:26} TTFT p50 "
+                              f"{r.ttft_p50_ms:7.3f} p99 {r.ttft_p99_ms:7.2f} ms  "
+                              f"{r.rps:6.0f} req/s  {r.cpu_ms_per_request:.3f} ms CPU/req  "
+                              f"load {r.load1:.1f}", file=sys.stderr, flush=True)
+        finally:
+            procs.close()
+    return added(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.router_overhead", description=__doc__)
+    ap.add_argument("--out", default=str(REPO / "bench" / "results"))
+    ap.add_argument("--quick", action="store_true", help="fewer requests, one repeat")
+    ap.add_argument("--routers", nargs="+", default=list(ROUTERS), choices=list(ROUTERS))
+    ap.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY))
+    ap.add_argument("--fleets", type=int, nargs="+", default=list(FLEETS),
+                    help="endpoint counts; the first gets every concurrency, the others "
+                         f"{FLEET_CONCURRENCY} clients")
+    ap.add_argument("--requests", type=int, default=2000, help="per measurement")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--router-cpu", type=int, default=1)
+    ap.add_argument("--client-cpu", type=int, default=0)
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.requests, args.repeats = 300, 1
+    if any(n != "toposerve" for n in args.routers) and (err := peers_missing()):
+        print(err, file=sys.stderr)
+        return 2
+    cpus = None
+    if len(os.sched_getaffinity(0)) > 1:
+        cpus = ({args.client_cpu}, {args.router_cpu})
+        os.sched_setaffinity(0, cpus[0])  # this process: the clients
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = run(Path(tmp), args.routers, tuple(args.fleets), tuple(args.concurrency),
+                   args.requests, args.repeats, cpus)
+    rows = medians(runs, ("router", "fleet", "concurrency"))
+    md = main_table(rows) + "\n\n" + fleet_table(rows)
+    write(Path(args.out), "router_overhead", md, {
+        "requests": args.requests, "repeats": args.repeats,
+        "pinned": None if cpus is None else {"clients_and_backends": sorted(cpus[0]),
+                                             "routers": sorted(cpus[1])},
+        "load_before": load_before, "load_after": os.getloadavg(), "cpus": os.cpu_count(),
+        "rows": [asdict(r) for r in rows], "runs": [asdict(r) for r in runs]},
+        lambda path: plot(rows, args.fleets[0], path))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
