@@ -1,0 +1,210 @@
+"""The whole install from its manifests on the real node (docs/install.md,
+docs/real-node.md): the images of `make image` imported, never pulled; the
+GPU driver's DaemonSet pod registered with the real kubelet, its slices
+written under its service account; a claim prepared for a pod and
+unprepared; a rolling restart of the driver under a running claim; and an
+uninstall that leaves no slice, socket or CDI spec behind."""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from dra_driver.gpu.driver import CDI_CLASS, CDI_VENDOR
+from dra_driver.kubeletplugin.cdi import CdiSpecs
+from harness.waiting import wait_for
+from localcluster import install as inst
+from localcluster.nodes import KWOK_ANNOTATION
+from localcluster.realnode.gpu_driver import CDI_ROOT, DRIVER, PLUGIN_DIR
+from localcluster.realnode.paths import NODE_NAME, default_layout
+from localcluster.realnode.pods import busybox_pod
+from localcluster.realnode.tools import find_node_tools
+from tests.conftest import Cluster
+from tests.realnode.conftest import PodMaker, ensure_started, wait_phase
+
+pytestmark = [pytest.mark.cluster, pytest.mark.realnode]
+
+PREFIX = "rn-install"  # namespace and name prefix: nothing shared with other tests
+GPU_CLASS = "rn-install-gpu.toposerve.io"
+TEMPLATE = "rn-install-one-gpu"
+REGISTRY = Path("/var/lib/kubelet/plugins_registry")
+SELECTOR = "app.kubernetes.io/component=gpu-driver"
+
+
+@dataclass
+class Stack:
+    cluster: Cluster
+    core: Any
+    apps: Any
+    res: Any
+    installed: inst.Installed
+    cdi: CdiSpecs
+    uninstalled: bool = False
+
+
+@pytest.fixture(scope="module")
+def stack(real_node_cluster: Cluster) -> Iterator[Stack]:
+    ensure_started(real_node_cluster)
+    lines: list[str] = []
+    installed = inst.install(real_node_cluster.name, sets=[
+        f"namespace={PREFIX}", f"namePrefix={PREFIX}", f"deviceClasses.gpu={GPU_CLASS}",
+        "deviceClasses.nic=rn-install-nic.toposerve.io",
+        "deviceClasses.rdmaNic=rn-install-rdma-nic.toposerve.io"], progress=lines.append)
+    print("\n".join(lines))  # the progress lines and the time it took, in -s output
+    res: Any = client.ResourceV1Api(real_node_cluster.api)
+    res.create_namespaced_resource_claim_template("default", {
+        "metadata": {"name": TEMPLATE},
+        "spec": {"spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": GPU_CLASS}}]}}}})
+    s = Stack(cluster=real_node_cluster, core=client.CoreV1Api(real_node_cluster.api),
+              apps=client.AppsV1Api(real_node_cluster.api), res=res, installed=installed,
+              cdi=CdiSpecs(CDI_ROOT, CDI_VENDOR, CDI_CLASS))
+    try:
+        yield s
+    finally:
+        with contextlib.suppress(ApiException):
+            res.delete_namespaced_resource_claim_template(TEMPLATE, "default")
+        if not s.uninstalled:
+            inst.uninstall(real_node_cluster.name, installed.objects, installed.values)
+
+
+def _driver_pods(s: Stack) -> list[Any]:
+    return list(s.core.list_namespaced_pod(PREFIX, label_selector=SELECTOR).items)
+
+
+def _gpus(s: Stack) -> list[Any]:
+    return list(s.res.list_resource_slice(
+        field_selector=f"spec.nodeName={NODE_NAME},spec.driver={DRIVER}").items)
+
+
+def _sockets() -> list[Path]:
+    return sorted([*REGISTRY.glob(f"{DRIVER}*"), *PLUGIN_DIR.glob("*.sock")])
+
+
+def _gpu_pod(s: Stack, make_pod: PodMaker, name: str) -> tuple[str, str]:
+    """A busybox pod with one GPU claim, Running; its name and claim UID."""
+    make_pod(busybox_pod(name, "env; ls /dev; sleep 3600",
+                         claims=[{"name": "gpu", "resourceClaimTemplateName": TEMPLATE}]))
+    pod = wait_phase(s.core, name, {"Running"})
+    claim = s.res.read_namespaced_resource_claim(
+        pod.status.resource_claim_statuses[0].resource_claim_name, "default")
+    return name, str(claim.metadata.uid)
+
+
+def _delete_and_wait_unprepared(s: Stack, name: str, claim_uid: str) -> None:
+    s.core.delete_namespaced_pod(name, "default", grace_period_seconds=1)
+    wait_for(f"pod {name} gone", lambda: not s.core.list_namespaced_pod(
+        "default", field_selector=f"metadata.name={name}").items, timeout=60)
+    assert not s.cdi.path(claim_uid).exists()
+
+
+def test_images_imported_and_never_pulled(stack: Stack) -> None:
+    tools = find_node_tools()
+    layout = default_layout()
+    listed = subprocess.run([str(tools.ctr), "--address", str(layout.containerd_socket), "-n",
+                             "k8s.io", "images", "ls", "-q"], capture_output=True, text=True,
+                            check=True).stdout.split()
+    assert set(inst.built_images()) <= set(listed)
+    log = (layout.logs / "containerd.log").read_text()
+    assert "PullImage" not in log and "resolving" not in log and "fetch" not in log.lower()
+    # every container's image is one imported, never pulled; every container
+    # that may use the API gets the loopback address, not the service range
+    v = stack.installed.values
+    for obj in stack.installed.objects:
+        pod = ((obj.get("spec") or {}).get("template") or {}).get("spec")
+        if not pod:
+            continue
+        assert pod["hostNetwork"] is True, obj["metadata"]["name"]
+        for c in pod["containers"] + pod.get("initContainers", []):
+            assert c["imagePullPolicy"] == "Never" and c["image"] in listed, c["name"]
+        for c in pod["containers"]:
+            env = {e["name"]: e.get("value") for e in c.get("env", [])}
+            assert env["KUBERNETES_SERVICE_HOST"] == v.api_server.host == "127.0.0.1"
+            assert env["KUBERNETES_SERVICE_PORT"] == str(v.api_server.port)
+
+
+def test_every_workload_available_on_the_real_node_only(stack: Stack) -> None:
+    status = inst.install_status(stack.cluster.api, PREFIX)
+    kinds = {(c["kind"], c["component"]): c for c in status["components"]}
+    assert set(kinds) == {("DaemonSet", "gpu-driver"), ("Deployment", "extender"),
+                          ("Deployment", "scheduler")}
+    for c in status["components"]:
+        assert c["available"], c
+        assert c["pods"] and all(p["node"] == NODE_NAME and p["phase"] == "Running"
+                                 for p in c["pods"]), c
+    # kwok nodes run no driver pod: they keep their simulated slices
+    nodes = stack.core.list_node().items
+    assert any(KWOK_ANNOTATION in (n.metadata.annotations or {}) for n in nodes)
+    ds = stack.apps.read_namespaced_daemon_set(f"{PREFIX}-gpu-driver", PREFIX)
+    assert ds.status.desired_number_scheduled == 1
+
+
+def test_driver_pod_registers_and_publishes_its_nodes_slices(stack: Stack) -> None:
+    pod, = _driver_pods(stack)
+    # the pod-UID socket mode: the registration socket carries the pod's UID
+    wait_for("the pod's registration socket", lambda: any(
+        pod.metadata.uid in p.name for p in REGISTRY.glob(f"{DRIVER}*")), timeout=30)
+    kubelet_log = (default_layout().logs / "kubelet.log").read_text()
+    assert f'driverName="{DRIVER}"' in kubelet_log and "connected=true" in kubelet_log
+    wait_for("8 GPUs published", lambda: sum(
+        len(x.spec.devices or []) for x in _gpus(stack)) >= 8, timeout=60)
+    # written by the pod's service account: its field manager, under the
+    # own-node policy (bound to exactly that account)
+    policy: Any = client.AdmissionregistrationV1Api(stack.cluster.api)
+    got = policy.read_validating_admission_policy(f"{PREFIX}-resourceslices-own-node")
+    assert f"system:serviceaccount:{PREFIX}:{PREFIX}-gpu-driver" in str(got.spec)
+
+
+def test_claim_pod_sees_the_cdi_edits_and_unprepares(stack: Stack, make_pod: PodMaker) -> None:
+    name, claim_uid = _gpu_pod(stack, make_pod, "rn-install-gpu")
+
+    def log_shows() -> bool:
+        log = stack.core.read_namespaced_pod_log(name, "default")
+        return "NVIDIA_VISIBLE_DEVICES=" in log and "nvidiactl" in log
+
+    wait_for("the CDI edits in the container's env", log_shows, timeout=30)
+    assert stack.cdi.path(claim_uid).exists()
+    _delete_and_wait_unprepared(stack, name, claim_uid)
+
+
+def test_rolling_restart_under_a_running_claim(stack: Stack, make_pod: PodMaker) -> None:
+    name, claim_uid = _gpu_pod(stack, make_pod, "rn-install-roll")
+    old, = _driver_pods(stack)
+    stack.apps.patch_namespaced_daemon_set(f"{PREFIX}-gpu-driver", PREFIX, {
+        "spec": {"template": {"metadata": {"annotations": {
+            "kubectl.kubernetes.io/restartedAt": "rn-install-test"}}}}})
+
+    def replaced() -> bool:
+        pods = _driver_pods(stack)
+        return (len(pods) == 1 and pods[0].metadata.uid != old.metadata.uid
+                and pods[0].status.phase == "Running"
+                and all(c.ready for c in pods[0].status.container_statuses or []))
+
+    wait_for("the driver pod replaced", replaced, timeout=120)
+    inst.wait_available(stack.cluster.api, [o for o in stack.installed.objects
+                                            if o["kind"] == "DaemonSet"], timeout_s=60)
+    new, = _driver_pods(stack)
+    wait_for("only the new pod's sockets", lambda: any(
+        new.metadata.uid in p.name for p in _sockets()) and not any(
+        old.metadata.uid in p.name for p in _sockets()), timeout=30)
+    assert stack.core.read_namespaced_pod(name, "default").status.phase == "Running"
+    assert stack.cdi.path(claim_uid).exists()
+    _delete_and_wait_unprepared(stack, name, claim_uid)
+
+
+def test_uninstall_leaves_no_slices_sockets_or_cdi_specs(stack: Stack) -> None:
+    inst.uninstall(stack.cluster.name, stack.installed.objects, stack.installed.values)
+    stack.uninstalled = True
+    assert not _gpus(stack)
+    assert not _driver_pods(stack)
+    assert not _sockets()
+    assert not list(CDI_ROOT.glob(f"{CDI_VENDOR}_{CDI_CLASS}-*"))
+    assert inst.install_status(stack.cluster.api, PREFIX)["components"] == []
