@@ -73,7 +73,6 @@ class FakeGpu:
     memory: int = 85520809984
     arch: int = HOPPER
     cc: str = "9.0"
-    numa: int = 0
     minor: int = 0
     brand: int = 14  # NVML_BRAND_NVIDIA
     pci_device_id: str = "2330"
@@ -86,7 +85,7 @@ class FakeGpu:
         out = ["gpu", f"uuid {self.uuid or f'GPU-{uuid.uuid5(_NS, self.bus_id)}'}",
                f"name {self.name}", f"bus_id {self.bus_id.upper().rjust(16, '0')}",
                f"memory {self.memory}", f"arch {self.arch}", f"cc {self.cc}",
-               f"numa {self.numa}", f"minor {self.minor}",
+               f"minor {self.minor}",
                f"brand {self.brand}", f"pci_device_id {self.pci_device_id}"]
         if self.mig_mode is not None:
             out.append(f"mig_mode {self.mig_mode}")
@@ -120,7 +119,7 @@ def gpus_of(hw: NodeHardware, **kw: object) -> list[FakeGpu]:
     places = [p for p in hw.places()
               if p.device.kind == DeviceKind.GPU and p.device.vendor_id == "0x10de"]
     places.sort(key=lambda p: p.device.pci_bus_id)
-    return [FakeGpu(bus_id=p.device.pci_bus_id, numa=p.numa, minor=i, **kw)  # type: ignore[arg-type]
+    return [FakeGpu(bus_id=p.device.pci_bus_id, minor=i, **kw)  # type: ignore[arg-type]
             for i, p in enumerate(places)]
 
 

@@ -1,6 +1,6 @@
 """What NVML says about the node's NVIDIA GPUs, through NVIDIA's Python
 binding ``nvidia-ml-py`` (module ``pynvml``): identity (UUID, product,
-memory, architecture, compute capability, PCI bus id, NUMA node, minor),
+memory, architecture, compute capability, PCI bus id, minor),
 the driver and CUDA versions, MIG profiles, the NVLink fabric (cluster UUID
 and clique of GB200-class GPUs), and health (critical XID events, lost GPUs).
 
@@ -60,7 +60,6 @@ class NvmlGpu:
     architecture: str | None
     compute_capability: str
     pci_bus_id: str          # lower case, 4-digit domain: as sysfs names it
-    numa: int | None
     minor: int
     mig_enabled: bool
     mig_profiles: tuple[MigProfile, ...] | None  # None: not MIG-capable
@@ -178,7 +177,6 @@ class Nvml:
             architecture=_ARCHITECTURES.get(self._optional(nv.nvmlDeviceGetArchitecture, h, -1)),
             compute_capability=f"{major}.{minor}",
             pci_bus_id=bus_id(_text(nv.nvmlDeviceGetPciInfo(h).busId)),
-            numa=self._optional(nv.nvmlDeviceGetNumaNodeId, h, None),
             minor=nv.nvmlDeviceGetMinorNumber(h), mig_enabled=mig, mig_profiles=profiles,
             nvlink_domain=self._fabric(h))
 

@@ -55,7 +55,7 @@ struct gpu {
     char uuid[96], name[96], bus_id[32];
     unsigned long long memory;
     unsigned int arch, minor, brand, device_id, pci_sub;
-    int cc_major, cc_minor, numa;
+    int cc_major, cc_minor;
     int mig_capable, mig_mode;
     int has_fabric;
     unsigned char fabric_uuid[16];
@@ -119,7 +119,6 @@ static int load(void) {
         else if (!strcmp(key, "minor")) g->minor = (unsigned int)atoi(rest);
         else if (!strcmp(key, "brand")) g->brand = (unsigned int)atoi(rest);
         else if (!strcmp(key, "pci_device_id")) g->device_id = (unsigned int)strtoul(rest, NULL, 16);
-        else if (!strcmp(key, "numa")) g->numa = atoi(rest);
         else if (!strcmp(key, "cc")) sscanf(rest, "%d.%d", &g->cc_major, &g->cc_minor);
         else if (!strcmp(key, "mig_mode")) { g->mig_capable = 1; g->mig_mode = atoi(rest); }
         else if (!strcmp(key, "fabric_cluster")) { g->has_fabric = 1; hex_uuid(rest, g->fabric_uuid); }
@@ -259,11 +258,6 @@ nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t d, nvmlPciInfo_t *p) {
     snprintf(p->busIdLegacy, sizeof p->busIdLegacy, "%s", d->bus_id + 4);
     sscanf(d->bus_id, "%x:%x:%x", &p->domain, &p->bus, &p->device);
     p->pciDeviceId = d->device_id << 16 | 0x10de;
-    return OK;
-}
-nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t d, unsigned int *n) {
-    CHECK(d, !n);
-    *n = (unsigned int)d->numa;
     return OK;
 }
 nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t d, unsigned int *m) {
