@@ -3,10 +3,11 @@ are the schema and the reference: every field says what it does."""
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 import structlog
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from topology.config_file import load_file
 from topology.labels import DialectName
@@ -74,7 +75,7 @@ class StaticEndpoint(Section, NodePlace):
     """One model server; its node's place pairs a decode endpoint with a prefill
     endpoint near it."""
 
-    url: str = Field(pattern=r"^https?://[^/\s]+$", description="http://HOST:PORT")
+    url: str = Field(description="http://HOST:PORT")
     role: str | None = Field(default=None, description="prefill, decode or prefill-decode")
     revision: str | None = Field(default=None, description="the model revision it serves")
     bootstrap_port: int | None = Field(default=None, alias="bootstrapPort", ge=1, le=65535,
@@ -84,6 +85,14 @@ class StaticEndpoint(Section, NodePlace):
                                   description="ZMQ endpoint of its KV events, tcp://HOST:PORT")
     kv_events_replay: str | None = Field(default=None, alias="kvEventsReplay",
                                          description="ZMQ replay socket, tcp://HOST:PORT")
+
+    @field_validator("url")
+    @classmethod
+    def _base_url(cls, v: str) -> str:
+        if not re.fullmatch(r"https?://[^/\s]+", v):
+            raise ValueError(f"{v!r}: give a URL with http:// or https:// and without /v1 "
+                             "or another path, e.g. http://127.0.0.1:8000")
+        return v
 
 
 class KubernetesDiscovery(Section):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import ClassVar
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, field_validator
 
 from topology.config_file import ConfigError
 from topology.model import Tier, TierLink
@@ -82,13 +82,14 @@ class SimConfig(NodePlace):
     slow_start_s: float = Field(default=0.0, ge=0, description="unready for this long")
     seed: int = 0
 
-    @model_validator(mode="after")
-    def _known_profile(self) -> SimConfig:
+    @field_validator("hardware_profile")
+    @classmethod
+    def _known_profile(cls, v: str) -> str:
         try:
-            load_profile(self.hardware_profile)
+            load_profile(v)
         except ConfigError as err:
-            raise ValueError(f"hardware_profile: {err}") from None
-        return self
+            raise ValueError(str(err)) from None
+        return v
 
     @property
     def names(self) -> list[str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import socket
 import time
 import uuid
 from collections import OrderedDict
@@ -502,11 +503,15 @@ def build_app(cfg: SimConfig) -> web.Application:
     return app
 
 
-def serve(cfg: SimConfig) -> None:
+def serve(cfg: SimConfig, sock: socket.socket | None = None) -> None:
+    """Serve until stopped, on ``sock`` when given (bound already, so that a
+    taken address fails before the server starts), else on the configured
+    address."""
     import uvloop
 
     uvloop.install()
+    where: dict[str, Any] = {"sock": sock} if sock else {"host": cfg.host, "port": cfg.port}
     # handler_cancellation: a client that disconnects aborts its request,
     # streamed or not, as vLLM's with_cancellation handlers do
-    web.run_app(build_app(cfg), host=cfg.host, port=cfg.port, access_log=None,
+    web.run_app(build_app(cfg), **where, access_log=None,
                 print=lambda *_: None, handler_cancellation=True)

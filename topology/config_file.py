@@ -3,8 +3,10 @@ into pydantic models, with errors that name the field and say what to fix."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from difflib import get_close_matches
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -22,16 +24,47 @@ def _where(loc: tuple[int | str, ...]) -> str:
     return ".".join(str(p) for p in loc) or "(top level)"
 
 
-def explain(err: ValidationError, source: str) -> str:
-    lines = [f"{source}: invalid configuration"]
+def _models(annotation: Any) -> list[type[BaseModel]]:
+    """The models a field holds (itself, a list's or a mapping's items, an
+    optional's value)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models(arg)]
+
+
+def _known_near(model: type[BaseModel], loc: tuple[int | str, ...]) -> str | None:
+    """The field (as written in files) closest to the unknown one at ``loc``."""
+    models = [model]
+    for part in loc[:-1]:
+        fields = [f for m in models for n, f in m.model_fields.items()
+                  if part in (n, f.alias)]
+        if fields:  # else a list index, a mapping's key or a union's tag
+            models = [m for f in fields for m in _models(f.annotation)]
+    known = [f.alias or n for m in models for n, f in m.model_fields.items()]
+    close = get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def explain(err: ValidationError, source: str, model: type[BaseModel] | None = None,
+            name: Callable[[tuple[int | str, ...]], str] = _where) -> str:
+    """One line for one error (``source: field: what (fix)``); for several, a
+    heading line and one line per field. With ``model``, an unknown field
+    close to a known one is named as a likely misspelling; ``name`` says
+    what to call a field (a command line names its flag)."""
+    lines = []
     for e in err.errors():
         hint = ""
-        if e["type"] == "extra_forbidden":
+        near = _known_near(model, e["loc"]) if model and e["type"] == "extra_forbidden" else None
+        if near:
+            hint = f" (unknown field: did you mean {near}?)"
+        elif e["type"] == "extra_forbidden":
             hint = " (unknown field: remove it or check its spelling)"
         elif e["type"] == "missing":
             hint = " (required: add it)"
-        lines.append(f"  {_where(e['loc'])}: {e['msg']}{hint}")
-    return "\n".join(lines)
+        lines.append(f"{name(e['loc'])}: {e['msg']}{hint}")
+    if len(lines) == 1:
+        return f"{source}: {lines[0]}"
+    return "\n".join([f"{source}: invalid configuration", *(f"  {line}" for line in lines)])
 
 
 def parse_document(doc: Any, model: type[M], kind: str, source: str) -> M:
@@ -46,19 +79,23 @@ def parse_document(doc: Any, model: type[M], kind: str, source: str) -> M:
     try:
         return model.model_validate(doc)
     except ValidationError as err:
-        raise ConfigError(explain(err, source)) from None
+        raise ConfigError(explain(err, source, model)) from None
 
 
-def load_file(path: str | Path, model: type[M], kind: str) -> M:
+def read_document(path: str | Path) -> Any:
+    """The YAML document in ``path``; ``ConfigError`` when it cannot be read."""
     p = Path(path)
     try:
-        text = p.read_text()
+        text = p.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"{p}: cannot read: {err.strerror}") from None
     except UnicodeDecodeError as err:
         raise ConfigError(f"{p}: not UTF-8 text (byte {err.start}): give a YAML file") from None
     try:
-        doc = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise ConfigError(f"{p}: not valid YAML: {err}") from None
-    return parse_document(doc, model, kind, str(p))
+
+
+def load_file(path: str | Path, model: type[M], kind: str) -> M:
+    return parse_document(read_document(path), model, kind, str(Path(path)))

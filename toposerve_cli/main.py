@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import select
 import sys
 from collections.abc import Callable, Sequence
 
@@ -18,7 +20,7 @@ from toposerve_cli import (
     sim_cmd,
     topology_cmd,
 )
-
+from toposerve_cli.listen import ListenError
 
 # The optional dependencies (pyproject's extras) by the module a part imports.
 EXTRAS = {"pyroute2": "net", "tokenizers": "precise", "tqdm": "scale", "psutil": "scale",
@@ -33,6 +35,13 @@ def missing_extra(err: ModuleNotFoundError) -> str | None:
         return None
     return (f"error: this needs {module}, from the {extra!r} extra: "
             f"pip install 'toposerve[{extra}]'")
+
+
+def _reader_gone() -> bool:
+    """Whether stdout is a pipe whose reader closed it (``| head``)."""
+    poll = select.poll()
+    poll.register(sys.stdout.fileno(), select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poll.poll(0))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,7 +68,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.configure(args.log_level)
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
-        return handler(args)
+        code = handler(args)
+        sys.stdout.flush()  # a reader gone away shows here, not at exit
+        return code
+    except BrokenPipeError:
+        if not _reader_gone():
+            raise  # another pipe: a fault, not the end of the output
+        # stop quietly, as a tool that SIGPIPE ends does; stdout goes nowhere
+        # so the flush at exit is silent too
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13  # the status of a process SIGPIPE ended
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -72,6 +90,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except kubeapi.ConfigError as err:  # no credentials, from any subcommand
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except ListenError as err:  # a server's address is taken or not ours
+        print(f"error: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

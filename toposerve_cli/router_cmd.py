@@ -7,10 +7,20 @@ import sys
 from typing import Any
 
 import structlog
+from pydantic import ValidationError
 
+from kubeapi import connect
 from router.config import RouterConfig, load_router_config, quick_config
 from router.scheduling.registry import PluginError
-from topology.config_file import ConfigError
+from topology.config_file import ConfigError, explain
+from toposerve_cli.listen import listen
+
+
+def _flag(loc: tuple[int | str, ...]) -> str:
+    """The flag a field of the quick-start configuration comes from."""
+    if loc[:2] == ("discovery", "static"):
+        return "--endpoint"
+    return "--" + str(loc[-1]) if loc[:1] == ("server",) else ".".join(map(str, loc))
 
 
 def _load(args: argparse.Namespace) -> RouterConfig:
@@ -22,8 +32,14 @@ def _load(args: argparse.Namespace) -> RouterConfig:
         raise ConfigError("give --config FILE or at least one --endpoint http://HOST:PORT")
     try:
         return quick_config(args.endpoint, args.host, args.port)
-    except ValueError as err:
-        raise ConfigError(f"--endpoint: {err}") from None
+    except ValidationError as err:
+        raise ConfigError(explain(err, "toposerve router", name=_flag)) from None
+
+
+def _kubeconfigs(cfg: RouterConfig) -> list[str | None]:
+    """The credentials the router will need: the pod watch's, the Lease's."""
+    out = [cfg.discovery.kubernetes.kubeconfig] if cfg.discovery.kubernetes else []
+    return out + ([cfg.ha.lease.kubeconfig] if cfg.ha.enabled else [])
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -35,9 +51,14 @@ def _run(args: argparse.Namespace) -> int:
     except (ConfigError, PluginError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    for kubeconfig in _kubeconfigs(cfg):
+        connect(kubeconfig)  # no credentials: one line, before anything serves
+    sock = listen(cfg.server.host, cfg.server.port,
+                  f"server.host or server.port in {args.config}" if args.config
+                  else "--host or --port")
     structlog.get_logger("toposerve.router").info(
-        "serving", url=f"http://{cfg.server.host}:{cfg.server.port}")
-    serve(cfg)
+        "serving", url=f"http://{cfg.server.host}:{sock.getsockname()[1]}")
+    serve(cfg, sock)
     return 0
 
 

@@ -12,9 +12,15 @@ from pydantic import ValidationError
 
 from simulator.config import SimConfig
 from topology.config_file import explain
+from toposerve_cli.listen import listen
 
 # flag -> SimConfig field; every field gets a flag with its default and help
 _SKIP = {"served_model_names"}
+
+
+def _flag(loc: tuple[int | str, ...]) -> str:
+    """The flag of a field (an error of the whole configuration: the command's)."""
+    return "--" + str(loc[0]).replace("_", "-") if loc else "(all flags)"
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -25,16 +31,15 @@ def _run(args: argparse.Namespace) -> int:
     try:
         cfg = SimConfig(**values)
     except ValidationError as err:
-        # name the flag; an error of the whole configuration names none
-        print(explain(err, "toposerve sim").replace("  ", "  --", 1)
-              .replace("--(top level): ", ""), file=sys.stderr)
+        print(f"error: {explain(err, 'toposerve sim', name=_flag)}", file=sys.stderr)
         return 2
     from simulator.server import serve
 
+    sock = listen(cfg.host, cfg.port, "--host or --port")
     structlog.get_logger("toposerve.sim").info(
-        "serving", url=f"http://{cfg.host}:{cfg.port}", dialect=cfg.dialect.value,
+        "serving", url=f"http://{cfg.host}:{sock.getsockname()[1]}", dialect=cfg.dialect.value,
         models=list(cfg.names))
-    serve(cfg)
+    serve(cfg, sock)
     return 0
 
 

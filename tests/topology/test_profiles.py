@@ -72,7 +72,12 @@ def test_unknown_field_is_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         load_file(_write(tmp_path, doc), HardwareProfile, "HardwareProfile")
     msg = str(err.value)
-    assert "spec.grouping.nodesPerRak" in msg and "remove it or check its spelling" in msg
+    assert "spec.grouping.nodesPerRak" in msg and "did you mean nodesPerRack?" in msg
+    doc["spec"]["grouping"]["zzz"] = doc["spec"]["grouping"].pop("nodesPerRak")
+    with pytest.raises(ConfigError) as err:
+        load_file(_write(tmp_path, doc), HardwareProfile, "HardwareProfile")
+    msg = str(err.value)
+    assert "spec.grouping.zzz" in msg and "remove it or check its spelling" in msg
 
 
 def test_non_monotonic_tiers_rejected(tmp_path: Path) -> None:

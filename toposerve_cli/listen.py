@@ -1,0 +1,23 @@
+"""The listening socket of a server command, bound before anything starts,
+so an address that cannot be had is one line naming what to change."""
+
+from __future__ import annotations
+
+import socket
+
+
+class ListenError(Exception):
+    """The address cannot be listened on; the message is for a person."""
+
+
+def listen(host: str, port: int, change: str) -> socket.socket:
+    """A socket listening on ``host:port``; ``change`` says what to change
+    when it cannot be had (the flag or config field)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=1024)
+    except OSError as err:  # taken, not an address of this host, a name that does not resolve
+        where = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
+        # the bare reason: create_server adds the address to it
+        why = str(err.strerror or err).split(" (while attempting", 1)[0]
+        raise ListenError(f"cannot listen on {where}: {why}; change {change}") from None
