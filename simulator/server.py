@@ -194,11 +194,15 @@ class SimServer:
             raise ApiError(500, f"KV transfer for room {room} failed: {got}")
         return room, got
 
-    def _kv_response(self, job: Job) -> dict[str, Any]:
+    def _kv_response(self, job: Job, rid: str) -> dict[str, Any]:
+        """What vLLM v0.33's NixlConnector answers a prefill with (block ids
+        per KV-cache group; tests/wire/fixtures/kv_transfer.json)."""
         n_blocks = -(-len(job.tokens) // self.cfg.block_size)
         out = {"do_remote_prefill": True, "do_remote_decode": False,
-               "remote_engine_id": self.engine_id, "remote_block_ids": list(range(n_blocks)),
-               "remote_host": self.cfg.host, "remote_port": self.cfg.port, "tp_size": 1}
+               "remote_block_ids": [list(range(n_blocks))], "remote_engine_id": self.engine_id,
+               "remote_request_id": rid, "remote_host": self.cfg.host,
+               "remote_port": self.cfg.port, "tp_size": 1, "dcp_size": 1, "pp_size": 1,
+               "remote_num_tokens": len(job.tokens)}
         if (place := self.cfg.path) is not None:
             out[PLACE_FIELD] = place.model_dump()
         return out
@@ -260,7 +264,7 @@ class SimServer:
         rid = (f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-"
                f"{request.headers.get('X-Request-Id') or uuid.uuid4().hex}")
         created = int(time.time())
-        extra = {"kv_transfer_params": self._kv_response(job)} if remote_decode else {}
+        extra = {"kv_transfer_params": self._kv_response(job, rid)} if remote_decode else {}
         if body.get("stream"):
             return await self._stream(request, job, kind, rid, model, created, body, extra)
         produced = await self._generate_all(job)
@@ -379,7 +383,7 @@ class SimServer:
             "output": [], "previous_response_id": prev, "instructions": instructions,
             "parallel_tool_calls": True, "tools": [], "usage": None}
         if remote_decode:
-            resp["kv_transfer_params"] = self._kv_response(job)
+            resp["kv_transfer_params"] = self._kv_response(job, rid)
 
         def complete(produced: int) -> dict[str, Any]:
             text = filler(produced)
