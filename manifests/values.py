@@ -6,7 +6,7 @@ field it got wrong."""
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from ipaddress import ip_address
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -103,7 +103,7 @@ class ApiServer(Section):
         try:
             ip_address(v)
         except ValueError:
-            if not HOSTNAME.match(v):
+            if not HOSTNAME.fullmatch(v):
                 raise ValueError("give an IP address or a DNS name, without scheme or "
                                  "port (the port is apiServer.port)") from None
         return v
@@ -247,6 +247,30 @@ class DeviceClasses(Section):
                           max_length=253, description="NICs whose `rdma` attribute is true")
 
 
+def merged(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``over`` laid on ``base``: mappings merge key by key, anything else (a
+    list, a scalar, null) replaces what was there."""
+    out = dict(base)
+    for key, value in over.items():
+        below = out.get(key)
+        out[key] = (merged(below, value) if isinstance(below, Mapping)
+                    and isinstance(value, Mapping) else value)
+    return out
+
+
+def _over(default: Mapping[str, Any]) -> Any:
+    """A component's ``config`` in values: a mapping is merged over the
+    install's default for it (apiVersion and kind included) and then
+    validated by the component's own model, so values give only what
+    they change."""
+    def validate(value: Any) -> Any:
+        return merged(default, value) if isinstance(value, Mapping) else value
+    return field_validator("config", mode="before")(validate)
+
+
+EXTENDER_CONFIG: dict[str, Any] = {"apiVersion": API_VERSION, "kind": "ExtenderConfig"}
+
+
 class Extender(Placement):
     """The scheduler extender (`toposerve extender`): Deployment, Service,
     RBAC and its `ExtenderConfig`."""
@@ -263,6 +287,8 @@ class Extender(Placement):
         description="its `ExtenderConfig` (docs/extender.md); `server` is set by the install: "
                     "`port` above, on 127.0.0.1, or on every address when "
                     "`scheduler.extenderURL` is given")
+
+    _config_over_default = _over(EXTENDER_CONFIG)
 
 
 class Scheduler(Placement):
@@ -330,10 +356,14 @@ class RouterKeys(Section):
                                                                 "`<namePrefix>-router-keys`")
 
 
+# the model servers an install routes to unless told otherwise
+ROUTER_CONFIG: dict[str, Any] = {
+    "apiVersion": API_VERSION, "kind": "RouterConfig",
+    "discovery": {"kubernetes": {"namespace": "default", "labelSelector": "app=vllm"}}}
+
+
 def _model_servers() -> RouterConfig:
-    return RouterConfig.model_validate({
-        "apiVersion": "toposerve.io/v1", "kind": "RouterConfig",
-        "discovery": {"kubernetes": {"namespace": "default", "labelSelector": "app=vllm"}}})
+    return RouterConfig.model_validate(ROUTER_CONFIG)
 
 
 class Router(Placement):
@@ -355,6 +385,8 @@ class Router(Placement):
                     "`ha`, the Redis `responses` store, the key Secret and every kubeconfig")
     redis: RouterRedis = Field(default_factory=RouterRedis)
     api_keys: RouterKeys = Field(default_factory=RouterKeys, alias="apiKeys")
+
+    _config_over_default = _over(ROUTER_CONFIG)
 
 
 class InstallValues(Section):
@@ -389,6 +421,38 @@ class InstallValues(Section):
               # random values: rendered only when asked for (docs/security.md)
               "secrets": False}
         return [c for c in COMPONENTS if on[c]]
+
+
+def _over_schema(defs: Mapping[str, Any], prop: dict[str, Any],
+                 default: Mapping[str, Any]) -> dict[str, Any]:
+    """``prop``'s schema as values give it over ``default``: what the default
+    holds is required at no depth (its model inlined without those
+    requirements); list items stay whole, as a list replaces the default's."""
+    if "anyOf" in prop:
+        return {**prop, "anyOf": [_over_schema(defs, a, default) for a in prop["anyOf"]]}
+    if "$ref" not in prop:
+        return prop
+    model = dict(defs[prop["$ref"].rsplit("/", 1)[-1]])
+    required = [r for r in model.pop("required", []) if r not in default]
+    model["properties"] = {
+        k: _over_schema(defs, p, default[k]) if isinstance(default.get(k), Mapping) else p
+        for k, p in model.get("properties", {}).items()}
+    return {**model, **({"required": required} if required else {}),
+            **{k: v for k, v in prop.items() if k != "$ref"}}
+
+
+def values_schema() -> dict[str, Any]:
+    """The JSON Schema of a values file (what a Helm chart ships as
+    ``values.schema.json``): the models' own, except that a file names its
+    apiVersion and kind (defaults only without a file) and a component's
+    ``config`` need not repeat what the install's default for it holds."""
+    schema = InstallValues.model_json_schema(by_alias=True)
+    schema["required"] = ["apiVersion", "kind", *schema.get("required", [])]
+    defs = schema["$defs"]
+    for section, default in ((Extender, EXTENDER_CONFIG), (Router, ROUTER_CONFIG)):
+        props = defs[section.__name__]["properties"]
+        props["config"] = _over_schema(defs, props["config"], default)
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
 
 
 def _scalar(text: str) -> Any:

@@ -1,14 +1,17 @@
 """``toposerve manifests render``: print the install as multi-document YAML
-(``kubectl apply -f -`` takes it), from a values file and ``--set`` flags."""
+(``kubectl apply -f -`` takes it), from a values file and ``--set`` flags;
+``toposerve manifests schema``: the values' JSON Schema."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from manifests.render import RenderError, render
-from manifests.values import COMPONENTS, load_values
+from manifests.values import COMPONENTS, load_values, values_schema
 from topology.config_file import ConfigError
 
 
@@ -20,6 +23,19 @@ def _render(args: argparse.Namespace) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     sys.stdout.write(text)
+    return 0
+
+
+def _schema(args: argparse.Namespace) -> int:
+    text = json.dumps(values_schema(), indent=2) + "\n"
+    if args.output is None:
+        sys.stdout.write(text)
+        return 0
+    try:
+        Path(args.output).write_text(text, encoding="utf-8")
+    except OSError as err:
+        print(f"error: {args.output}: cannot write: {err.strerror}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -36,3 +52,9 @@ def register(sub: Any) -> None:
     r.add_argument("--component", action="append", choices=COMPONENTS,
                    help="render only this component (repeatable; default: every enabled one)")
     r.set_defaults(handler=_render)
+    s = msub.add_parser(
+        "schema", help="print the values' JSON Schema",
+        description="The JSON Schema of a values file (what a Helm chart ships as "
+                    "values.schema.json): for editors and CI checks of values files.")
+    s.add_argument("-o", "--output", metavar="FILE", help="write it here instead of stdout")
+    s.set_defaults(handler=_schema)

@@ -42,6 +42,35 @@ def test_file_and_sets_merge(tmp_path: Path) -> None:
     assert v.scheduler.extender_url == "http://127.0.0.1:9999"
 
 
+def test_component_configs_merge_over_their_defaults(tmp_path: Path) -> None:
+    """A component's config in values gives only what it changes: mappings
+    merge over the install's default for it, lists and scalars replace."""
+    f = tmp_path / "values.yaml"
+    f.write_text("apiVersion: toposerve.io/v1\nkind: InstallValues\n"
+                 "router: {config: {discovery: {kubernetes: {port: 9000}},\n"
+                 "                  profile: {scorers: [{type: queue}]}}}\n"
+                 "extender: {config: {placement: {promiseTTLSeconds: 30}}}\n")
+    v = load_values(f, ["apiServer.host=127.0.0.1",
+                        "router.config.discovery.kubernetes.labelSelector=app=sglang",
+                        "extender.config.persistDecisions=false"])
+    k8s = v.router.config.discovery.kubernetes
+    assert k8s is not None
+    assert (k8s.namespace, k8s.label_selector, k8s.port) == ("default", "app=sglang", 9000)
+    assert [s.type for s in v.router.config.profile.scorers] == ["queue"]
+    default = InstallValues.model_validate({"apiServer": {"host": "127.0.0.1"}})
+    assert v.router.config.profile.filters == default.router.config.profile.filters
+    assert v.extender.config.placement.promise_ttl_seconds == 30
+    assert not v.extender.config.persist_decisions
+    # what values leave out of the extender's config is theirs to fill in
+    assert v.extender.config.model_fields_set == {"api_version", "kind", "placement",
+                                                  "persist_decisions"}
+    # null replaces too: model servers from a static list only
+    v = load_values(None, ["apiServer.host=127.0.0.1", "router.config.discovery.kubernetes=null",
+                           "router.config.discovery.static=[{url: 'http://127.0.0.1:8000'}]"])
+    assert v.router.config.discovery.kubernetes is None
+    assert [e.url for e in v.router.config.discovery.static] == ["http://127.0.0.1:8000"]
+
+
 def test_ipv6_api_server_url() -> None:
     assert load_values(None, ["apiServer.host=::1"]).api_server.url == "https://[::1]:6443"
 
@@ -65,6 +94,13 @@ def test_ipv6_api_server_url() -> None:
     (["namespace=Toposerve"], "namespace: String should match pattern"),
     (["kind=Values"], "kind: expected 'InstallValues', got 'Values'"),
     (["gpuDriver=on"], "gpuDriver: Input should be a valid dictionary or instance of GpuDriver"),
+    (["router.config.discovery.kubernetes.labelSelecter=app=x"],
+     "router.config.discovery.kubernetes.labelSelecter: Extra inputs are not permitted (unknown "
+     "field: did you mean labelSelector?)"),
+    (["extender.config.placement.promiseTTLSecond=3"],
+     "extender.config.placement.promiseTTLSecond: Extra inputs are not permitted (unknown "
+     "field: did you mean promiseTTLSeconds?)"),
+    (["router.config.kind=ExtenderConfig"], "router.config.kind: Input should be 'RouterConfig'"),
 ])
 def test_bad_values_name_the_field(sets: list[str], message: str) -> None:
     with pytest.raises(ConfigError) as err:
