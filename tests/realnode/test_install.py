@@ -152,8 +152,12 @@ def test_driver_pod_registers_and_publishes_its_nodes_slices(stack: Stack) -> No
     # the pod-UID socket mode: the registration socket carries the pod's UID
     wait_for("the pod's registration socket", lambda: any(
         pod.metadata.uid in p.name for p in REGISTRY.glob(f"{DRIVER}*")), timeout=30)
-    kubelet_log = (default_layout().logs / "kubelet.log").read_text()
-    assert f'driverName="{DRIVER}"' in kubelet_log and "connected=true" in kubelet_log
+
+    def kubelet_registered() -> bool:
+        log = (default_layout().logs / "kubelet.log").read_text()
+        return f'driverName="{DRIVER}"' in log and "connected=true" in log
+
+    wait_for("the kubelet to register the pod's driver", kubelet_registered, timeout=30)
     wait_for("8 GPUs published", lambda: sum(
         len(x.spec.devices or []) for x in _gpus(stack)) >= 8, timeout=60)
     # written by the pod's service account: its field manager, under the
