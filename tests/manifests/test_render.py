@@ -126,7 +126,10 @@ def test_gpu_driver_rbac_is_exactly_the_listed_rules() -> None:
         (("resource.k8s.io",), ("resourceclaims/driver",), ("gpu.toposerve.io",),
          ("associated-node:patch", "associated-node:update")),
         (("",), ("nodes",), (), ("get",)),
+        (("",), ("events",), (), ("create",)),  # a Node Warning when GPUs are withheld
     }
+    net = one(objects("netDriver.enabled=true", only=["net-driver"]), "ClusterRole")
+    assert not [r for r in net["rules"] if "events" in r["resources"]]
 
 
 def test_admission_policy_covers_the_net_driver_when_asked() -> None:
