@@ -10,6 +10,7 @@ from typing import Any, TypeVar, get_args
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 API_VERSION = "toposerve.io/v1"
 
@@ -45,23 +46,26 @@ def _known_near(model: type[BaseModel], loc: tuple[int | str, ...]) -> str | Non
     return close[0] if close else None
 
 
+def hint(error: ErrorDetails, model: type[BaseModel] | None = None) -> str:
+    """What to do about one error, `` (fix)``, or nothing. With ``model``
+    (the one validated), an unknown field close to a known one is named as
+    a likely misspelling."""
+    if error["type"] == "extra_forbidden":
+        near = _known_near(model, error["loc"]) if model else None
+        if near:
+            return f" (unknown field: did you mean {near}?)"
+        return " (unknown field: remove it or check its spelling)"
+    if error["type"] == "missing":
+        return " (required: add it)"
+    return ""
+
+
 def explain(err: ValidationError, source: str, model: type[BaseModel] | None = None,
             name: Callable[[tuple[int | str, ...]], str] = _where) -> str:
     """One line for one error (``source: field: what (fix)``); for several, a
-    heading line and one line per field. With ``model``, an unknown field
-    close to a known one is named as a likely misspelling; ``name`` says
-    what to call a field (a command line names its flag)."""
-    lines = []
-    for e in err.errors():
-        hint = ""
-        near = _known_near(model, e["loc"]) if model and e["type"] == "extra_forbidden" else None
-        if near:
-            hint = f" (unknown field: did you mean {near}?)"
-        elif e["type"] == "extra_forbidden":
-            hint = " (unknown field: remove it or check its spelling)"
-        elif e["type"] == "missing":
-            hint = " (required: add it)"
-        lines.append(f"{name(e['loc'])}: {e['msg']}{hint}")
+    heading line and one line per field. ``model``: as for ``hint``;
+    ``name`` says what to call a field (a command line names its flag)."""
+    lines = [f"{name(e['loc'])}: {e['msg']}{hint(e, model)}" for e in err.errors()]
     if len(lines) == 1:
         return f"{source}: {lines[0]}"
     return "\n".join([f"{source}: invalid configuration", *(f"  {line}" for line in lines)])

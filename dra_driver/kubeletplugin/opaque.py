@@ -13,6 +13,8 @@ from typing import Any, ClassVar, TypeVar
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
+from topology.config_file import hint
+
 ENVELOPE = ("apiVersion", "kind")
 
 
@@ -43,18 +45,15 @@ class OpaqueConfig(BaseModel):
 C = TypeVar("C", bound=OpaqueConfig)
 
 
-def problems(err: ValidationError) -> str:
-    """Every error of a validation, ``field: message (hint)``, joined by ``; ``."""
+def problems(err: ValidationError, model: type[BaseModel] | None = None) -> str:
+    """Every error of a validation, ``field: message (hint)``, joined by ``; ``
+    (with ``model``, the one validated, a misspelt field's likely name)."""
     out = []
     for e in err.errors():
         where = ".".join(str(p) for p in e["loc"])
-        hint = ""
-        if e["type"] == "extra_forbidden":
-            hint = " (unknown field: remove it or check its spelling)"
-        elif e["type"] == "missing":
-            hint = " (required: add it)"
+        line = f"{e['msg']}{hint(e, model)}"
         # A check of the whole model names its fields in its message.
-        out.append(f"{where}: {e['msg']}{hint}" if where else f"{e['msg']}{hint}")
+        out.append(f"{where}: {line}" if where else line)
     return "; ".join(out)
 
 
@@ -69,7 +68,7 @@ def parse_opaque(parameters: Mapping[str, Any], model: type[C]) -> C:
     try:
         return model.model_validate(parameters)
     except ValidationError as err:
-        raise ValueError(problems(err)) from None
+        raise ValueError(problems(err, model)) from None
 
 
 def merge_opaque(configs: Iterable[object], model: type[C]) -> C:
@@ -92,4 +91,4 @@ def merge_opaque(configs: Iterable[object], model: type[C]) -> C:
         return model.model_validate(fields)
     except ValidationError as err:
         raise ValueError("the class's and the claim's configs together are invalid: "
-                         f"{problems(err)}") from None
+                         f"{problems(err, model)}") from None

@@ -54,7 +54,7 @@ def test_empty_config_keeps_everything() -> None:
 
 @pytest.mark.parametrize("fields, error", [
     ({"adresses": ["198.18.0.2/24"]},
-     "adresses: Extra inputs are not permitted (unknown field: remove it or check its spelling)"),
+     "adresses: Extra inputs are not permitted (unknown field: did you mean addresses?)"),
     ({"addresses": ["198.18.0.300/24"]},
      "addresses.0: Value error, '198.18.0.300/24' is not a CIDR (address/prefix, "
      "e.g. 198.18.0.2/24)"),

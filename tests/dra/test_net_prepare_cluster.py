@@ -128,7 +128,7 @@ def test_prepare_writes_the_record_cdi_and_network_data(net_env: NetEnv,
 
 @pytest.mark.parametrize("bad, error", [
     ({"adresses": ["198.18.0.3/24"]},
-     "adresses: Extra inputs are not permitted (unknown field: remove it or check its spelling)"),
+     "adresses: Extra inputs are not permitted (unknown field: did you mean addresses?)"),
     ({"addresses": ["198.18.0.300/24"]},
      "addresses.0: Value error, '198.18.0.300/24' is not a CIDR"),
 ])
