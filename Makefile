@@ -62,7 +62,7 @@ unit: venv
 test: setup lint
 	$(PYTEST) tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
-demo: setup
+demo: setup image
 	bash hack/demo.sh
 
 # the peer routers live in their own venv so their pins never touch ours;

@@ -1,11 +1,10 @@
 """``make demo``, DRA: ``toposerve driver simulate`` publishes GPU and NIC
-ResourceSlices for every kwok node, the shipped DeviceClasses are applied
-from ``toposerve manifests render``, and the real kube-scheduler allocates
-a claim for a GPU and a NIC on one PCIe root."""
+ResourceSlices for every kwok node and the real kube-scheduler allocates a
+claim for a GPU and a NIC on one PCIe root, by the DeviceClasses the
+install applied."""
 
 from __future__ import annotations
 
-import subprocess
 import tempfile
 import time
 from collections import defaultdict
@@ -16,7 +15,6 @@ from typing import Any
 
 import orjson
 import urllib3
-import yaml
 from demo_support import TOPOSERVE, DemoError, background, create, items, wait_until
 
 from kubeapi import JsonApi
@@ -84,25 +82,6 @@ def _slice_summary(slices: list[dict[str, Any]]) -> list[str]:
             for drv in sorted(count)]
 
 
-def _apply_device_classes(api: Any) -> None:
-    # the renderer asks every install for the API server's address, even
-    # for the DeviceClasses alone (they do not use it)
-    cmd = [*TOPOSERVE, "manifests", "render", "--component", "device-classes",
-           "--set", "apiServer.host=127.0.0.1"]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if out.returncode != 0:
-        raise DemoError(f"toposerve manifests render failed: {out.stderr.strip()}")
-    rest = JsonApi(api)
-    print("   DeviceClasses from `toposerve manifests render --component device-classes`, "
-          "applied:")
-    for doc in yaml.safe_load_all(out.stdout):
-        if not doc:
-            continue
-        create(rest, "/apis/resource.k8s.io/v1/deviceclasses", doc)
-        sel = " && ".join(s["cel"]["expression"] for s in doc["spec"]["selectors"])
-        print(f"     {doc['metadata']['name']:22} {sel}")
-
-
 def _claim() -> dict[str, Any]:
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": "gpu-and-nic"},
@@ -132,7 +111,8 @@ def _device_attributes(rest: JsonApi, driver: str, pool: str,
     raise DemoError(f"allocated device {driver}/{pool}/{device} is in no published slice")
 
 
-def _allocate(api: Any, profile: str = "hgx-h100") -> None:
+def _allocate(api: Any, profile: str = "hgx-h100") -> list[str]:
+    """The claim allocated; one line per device it got, for the summary."""
     rest = JsonApi(api)
     create(rest, CLAIMS, _claim())
     create(rest, PODS, _claim_pod(profile))
@@ -150,29 +130,31 @@ def _allocate(api: Any, profile: str = "hgx-h100") -> None:
         node = rest.request("GET", f"{PODS}/gpu-and-nic")["spec"].get("nodeName")
         print(f"   kube-scheduler allocated it in {time.monotonic() - started:.1f}s and "
               f"bound the pod to {node}:")
-        roots = set()
+        roots, got = set(), []
         for r in results:
             attrs = _device_attributes(rest, r["driver"], r["pool"], r["device"])
             roots.add(attrs.get(PCIE_ROOT))
+            got.append(f"{r['request']}: {r['pool']}/{r['device']} "
+                       f"(pcieRoot {attrs.get(PCIE_ROOT)})")
             print(f"     {r['request']:4} -> {r['driver']} {r['pool']}/{r['device']:8} "
                   f"pcieRoot {attrs.get(PCIE_ROOT)}  pciBusID {attrs.get(PCI_BUS_ID)}  "
                   f"NUMA {attrs.get('resource.kubernetes.io/numaNode')}")
         if len(roots) != 1 or len(results) != 2:
             raise DemoError(f"the claim got {len(results)} devices on PCIe roots {roots}")
         print(f"     one PCIe root ({roots.pop()}): the GPU and the NIC are aligned")
+        return got
     finally:
         rest.request("DELETE", f"{PODS}/gpu-and-nic", [("gracePeriodSeconds", 0)])
         rest.request("DELETE", f"{CLAIMS}/gpu-and-nic")
 
 
 @contextmanager
-def dra_slices(name: str, say: Say) -> Iterator[None]:
-    """Step: slices, DeviceClasses and a GPU+NIC claim. The slices stay
-    published (``driver simulate`` keeps running) inside the ``with``."""
-    say("5. DRA: ResourceSlices for the whole cluster, DeviceClasses, a GPU+NIC claim")
+def dra_slices(name: str, say: Say) -> Iterator[list[str]]:
+    """Step: the kwok nodes' slices and a GPU+NIC claim on them (the
+    DeviceClasses are the install's); yields what the claim got. The slices
+    stay published (``driver simulate`` keeps running) inside the ``with``."""
+    say("3. DRA: ResourceSlices for every kwok node, a GPU+NIC claim on one PCIe root")
     api = api_client(name)
     with tempfile.TemporaryDirectory(prefix="toposerve-demo-dra-") as tmp, \
             _published(api, name, Path(tmp)):
-        _apply_device_classes(api)
-        _allocate(api)
-        yield
+        yield _allocate(api)

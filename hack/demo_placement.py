@@ -1,5 +1,5 @@
-"""``make demo``, placement: the extender wired into a real kube-scheduler
-(a second scheduler, ``toposerve-scheduler``, as the install runs it) places
+"""``make demo``, placement: the installed extender and the second
+kube-scheduler that calls it (``toposerve-scheduler``, pods on the real node) place
 a wide-EP group and two P/D sets; the same pods, in the same interleaved
 order, are placed once by kube-scheduler alone. The demo prints where each
 pod landed (rack / NVLink domain), why, and the two side by side."""
@@ -7,21 +7,16 @@ pod landed (rack / NVLink domain), why, and the two side by side."""
 from __future__ import annotations
 
 import random
-import subprocess
-import tempfile
 import textwrap
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import orjson
 from demo_support import (
-    TOPOSERVE,
     DemoError,
-    background,
     create,
     http_ok,
     items,
@@ -29,11 +24,9 @@ from demo_support import (
 )
 
 from kubeapi import JsonApi
-from localcluster.clusters import api_client, kubeconfig_path
+from localcluster.clusters import api_client
 from localcluster.nodes import KWOK_TOLERATION
-from localcluster.ports import free_port
-from localcluster.tools import find_tools
-from manifests.values import DeviceClasses
+from manifests.values import DeviceClasses, Scheduler
 from scheduler_ext.config import ExtenderConfig
 from scheduler_ext.placement.levels import display, domain_of, parse_level
 from scheduler_ext.state.facts import PLACEMENT_ANNOTATION
@@ -45,7 +38,7 @@ from topology.quantity import parse_quantity
 from topology.workloads import GROUP, GROUP_SIZE, LEVEL, PREFERRED_LEVEL, ROLE
 
 Say = Callable[[str], None]
-SCHEDULER = "toposerve-scheduler"
+SCHEDULER = Scheduler().scheduler_name  # the install's default
 DIALECT = PRESETS[DialectName.TOPOSERVE]
 GPU_CLASS = DeviceClasses().gpu
 WHOLE_GPU = "device.attributes['gpu.toposerve.io'].type == 'gpu'"
@@ -267,6 +260,20 @@ def _why(g: GroupSpec, placed: Placed, paths: dict[str, DomainPath],
             *pull]
 
 
+def summary_rows(runs: list[tuple[str, Placed]], paths: dict[str, DomainPath]
+                 ) -> list[list[str]]:
+    """group, scheduler, where it landed, why: a row each, for the summary."""
+    out = []
+    for g in GROUPS:
+        for (title, placed), (_, scheduler, _) in zip(runs, RUNS, strict=True):
+            d = placed.decisions.get(g.name) if scheduler == SCHEDULER else None
+            why = ("one pod at a time, any node with 4 free GPUs" if d is None else
+                   f"extender chose {display(tuple(d['domain']), parse_level(d['level'], DIALECT))}"
+                   f" ({'required' if d['required'] else 'preferred'} level {d['level']})")
+            out.append([g.name, title, _summary(g, placed, paths), why])
+    return out
+
+
 def _check_held(placed: Placed, paths: dict[str, DomainPath]) -> None:
     """Every group inside the domain the extender decided for it."""
     for g in GROUPS:
@@ -295,15 +302,6 @@ def _report(runs: list[tuple[str, Placed]], paths: dict[str, DomainPath]) -> Non
               f"{_summary(g, runs[1][1], paths)}")
 
 
-def _scheduler_config(url: str, kubeconfig: Path, out: Path) -> None:
-    cmd = [*TOPOSERVE, "extender", "scheduler-config", "--url", url,
-           "--scheduler-name", SCHEDULER, "--kubeconfig", str(kubeconfig)]
-    got = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if got.returncode != 0:
-        raise DemoError(f"toposerve extender scheduler-config failed: {got.stderr.strip()}")
-    out.write_text(got.stdout)
-
-
 def _decisions(url: str) -> str:
     import urllib3
 
@@ -316,48 +314,37 @@ def _decisions(url: str) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "(none)"
 
 
-def placement(name: str, say: Say) -> None:
-    """Step: the groups placed with the extender and without it."""
-    say("6. Placement: a wide-EP group and a P/D set, with the extender and without it")
-    api = api_client(name)
-    rest = JsonApi(api)
+def placement(name: str, say: Say, extender_url: str
+              ) -> tuple[list[tuple[str, Placed]], dict[str, DomainPath]]:
+    """Step: the groups placed by the installed second scheduler and
+    extender, and by kube-scheduler alone; both runs and the places of the
+    nodes they could use."""
+    say("5. Placement: a wide-EP group and a P/D set, with the extender and without it")
+    rest = JsonApi(api_client(name))
+    # the groups' profile's nodes: where they can land
+    profiles = {g.profile for g in GROUPS}
     paths = {n["metadata"]["name"]: from_labels(n["metadata"]["name"],
-                                                n["metadata"].get("labels") or {}, DIALECT)
-             for n in items(rest, "/api/v1/nodes")}
-    kubeconfig = kubeconfig_path(name)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    with tempfile.TemporaryDirectory(prefix="toposerve-demo-placement-") as tmp:
-        work = Path(tmp)
-        _scheduler_config(url, kubeconfig, work / "scheduler.yaml")
-        ext_cmd = [*TOPOSERVE, "extender", "--kubeconfig", str(kubeconfig), "--port", str(port)]
-        # its own profile name, no leader election against the cluster's
-        # kube-scheduler, no serving port to collide with it
-        sched_cmd = [str(find_tools().kube_scheduler), "--config", str(work / "scheduler.yaml"),
-                     "--leader-elect=false", "--secure-port=0"]
-        with background("toposerve extender", ext_cmd, work / "extender.log") as ext, \
-                background(f"kube-scheduler {SCHEDULER}", sched_cmd,
-                           work / "scheduler.log") as sched:
-            took = ext.wait_http(f"{url}/ready", timeout=60)
-            print(f"   `toposerve extender` on {url}: ready in {took:.1f}s (watch caches "
-                  f"synced)\n   a second kube-scheduler (schedulerName {SCHEDULER}) runs "
-                  f"the config printed by\n     `toposerve extender scheduler-config --url {url} "
-                  f"--scheduler-name {SCHEDULER}`\n     (filter, prioritize, preempt; names "
-                  "only; percentageOfNodesToScore 100; ignorable)")
-            print("   the same pods, shuffled together, submitted once to each scheduler "
-                  "(GPUs by DRA claim templates):")
-            for g in GROUPS:
-                print(f"     {g.name:9} {g.what}")
+                                                n["metadata"]["labels"], DIALECT)
+             for n in items(rest, "/api/v1/nodes")
+             if (n["metadata"].get("labels") or {}).get(PROFILE_LABEL) in profiles}
+    print(f"   the installed extender ({extender_url}, the real node's network) and the "
+          f"second kube-scheduler\n   (schedulerName {SCHEDULER}) that calls it: filter, "
+          "prioritize, preempt")
+    print("   the same pods, shuffled together, submitted once to each scheduler "
+          "(GPUs by DRA claim templates):")
+    for g in GROUPS:
+        print(f"     {g.name:9} {g.what}")
 
-            def alive() -> bool:
-                return ext.alive() and sched.alive()
-            runs: list[tuple[str, Placed]] = []
-            for title, scheduler, namespace in RUNS:
-                runs.append((title, _submit_and_wait(rest, namespace, scheduler, alive)))
-                _clean(rest, namespace)
-            _report(runs, paths)
-            _check_held(runs[1][1], paths)
-            _no_fit(rest, alive)
-            if not http_ok(f"{url}/ready"):
-                raise DemoError("the extender stopped answering /ready")
-            print(f"   extender filter outcomes: {_decisions(url)}")
+    def alive() -> bool:
+        if not http_ok(f"{extender_url}/ready"):
+            raise DemoError("the installed extender stopped answering /ready")
+        return True
+    runs: list[tuple[str, Placed]] = []
+    for title, scheduler, namespace in RUNS:
+        runs.append((title, _submit_and_wait(rest, namespace, scheduler, alive)))
+        _clean(rest, namespace)
+    _report(runs, paths)
+    _check_held(runs[1][1], paths)
+    _no_fit(rest, alive)
+    print(f"   extender filter outcomes: {_decisions(extender_url)}")
+    return runs, paths
