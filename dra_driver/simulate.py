@@ -289,7 +289,11 @@ def run(api: Any, *, profile: str | None, dialect: DialectName, workers: int,
             raise ValueError(f"cannot delete the simulated slices: {err}") from None
         print(f"deleted {n} simulated ResourceSlices")
         return 0
-    http = endpoints(*http_address, sim) if http_address else None
+    try:
+        http = endpoints(*http_address, sim) if http_address else None
+    except OSError as err:  # before anything is published
+        raise ValueError(f"--http-address {':'.join(map(str, http_address or ()))}: cannot "
+                         f"listen: {err.strerror or err}; give a free address") from None
     sim.start()
     if http is not None:
         http.start()

@@ -15,6 +15,22 @@ class ConfigError(Exception):
     """No usable credentials; the message is one line naming the cause and the fix."""
 
 
+def _readable(path: str) -> None:
+    """ConfigError unless ``path`` holds a YAML mapping (the client's loader
+    would raise whatever its parser hits)."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read: {err.strerror}") from None
+    except (UnicodeDecodeError, yaml.YAMLError):
+        doc = None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: not a kubeconfig (a YAML mapping with clusters, users "
+                          "and contexts); give the path of one")
+
+
 def connect(kubeconfig: str | os.PathLike[str] | None = None, *, pool_size: int = 16) -> Any:
     """A ``kubernetes`` ApiClient. ``pool_size`` bounds the connections kept
     open (long watches hold one each)."""
@@ -30,6 +46,7 @@ def connect(kubeconfig: str | os.PathLike[str] | None = None, *, pool_size: int 
                 what = "--kubeconfig" if kubeconfig else "$KUBECONFIG"
                 raise ConfigError(f"{what} {path}: no such file; give the path of a "
                                   "kubeconfig (or unset it inside a pod)")
+            _readable(path)
             config.load_kube_config(  # type: ignore[no-untyped-call]
                 config_file=path, client_configuration=cfg)
         else:

@@ -160,7 +160,7 @@ def _config_documents(spec: ClusterSpec) -> str:
 
 def validate(spec: ClusterSpec) -> None:
     """Every check that needs no cluster, so bad input fails before anything starts."""
-    if not NAME_RE.match(spec.name):
+    if not NAME_RE.fullmatch(spec.name):
         raise ClusterError(f"--name {spec.name!r}: use 1-32 lower-case letters, digits and '-'")
     if not spec.groups:
         raise ClusterError("give at least one --profile (e.g. --profile hgx-h100 --nodes 4)")

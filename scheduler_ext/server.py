@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import socket
 import ssl
 import time
 from collections.abc import Awaitable, Callable
@@ -289,9 +290,12 @@ def api_client(kubeconfig: str | None) -> Any:
     return connect(kubeconfig, pool_size=16)
 
 
-def serve(cfg: ExtenderConfig, api: Any, listening: Callable[[], None] = lambda: None) -> None:
+def serve(cfg: ExtenderConfig, api: Any, listening: Callable[[], None] = lambda: None,
+          sock: socket.socket | None = None) -> None:
     """Serve until stopped; ``listening`` is called once the socket listens
-    (an address that cannot be had raises ``OSError`` before)."""
+    (an address that cannot be had raises ``OSError`` before). On ``sock``
+    when given: bound already, so a taken address fails before the watches
+    start."""
     import uvloop
 
     from scheduler_ext.state.watch import Watches
@@ -325,5 +329,7 @@ def serve(cfg: ExtenderConfig, api: Any, listening: Callable[[], None] = lambda:
 
     app.cleanup_ctx.append(metrics_loop)
     uvloop.install()
-    web.run_app(app, host=cfg.server.host, port=cfg.server.port, ssl_context=ssl_context(cfg),
+    where: dict[str, Any] = ({"sock": sock} if sock else
+                             {"host": cfg.server.host, "port": cfg.server.port})
+    web.run_app(app, **where, ssl_context=ssl_context(cfg),
                 access_log=None, print=lambda *_: listening(), shutdown_timeout=5)

@@ -61,7 +61,7 @@ def _placement(sysfs: Path, bdf: str) -> tuple[str, str | None]:
     roots = [i for i, p in enumerate(parts) if p.startswith("pci")]
     if not roots:
         raise ValueError(f"{bdf}: cannot find its PCIe root in {real}")
-    chain = [p for p in parts[roots[-1] + 1:] if BDF_RE.match(p)]
+    chain = [p for p in parts[roots[-1] + 1:] if BDF_RE.fullmatch(p)]
     switch = chain[-3] if len(chain) >= 4 else None
     return parts[roots[-1]], switch
 
@@ -79,7 +79,7 @@ def _device_link_bdf(entry: Path) -> str | None:
     if not link.exists():
         return None  # virtual interface (bridge, veth, loopback)
     name = Path(os.path.realpath(link)).name
-    return name if BDF_RE.match(name) else None
+    return name if BDF_RE.fullmatch(name) else None
 
 
 def _scan(sysfs: Path) -> list[_Found]:

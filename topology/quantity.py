@@ -13,7 +13,7 @@ _RE = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
 
 
 def parse_quantity(text: str) -> int:
-    m = _RE.match(text)
+    m = _RE.fullmatch(text)
     if not m:
         raise ValueError(f"{text!r} is not a whole-number quantity such as 80Gi or 400000")
     return int(m.group(1)) * _SUFFIX[m.group(2) or ""]

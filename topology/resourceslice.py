@@ -52,7 +52,7 @@ def version(v: str) -> dict[str, Any]:
     parts = core.split(".")
     if len(parts) <= 3 and all(p.isdigit() for p in parts):
         v = ".".join([str(int(p)) for p in parts] + ["0"] * (3 - len(parts))) + sep + rest
-    if not SEMVER.match(v) or len(v) > MAX_STRING:
+    if not SEMVER.fullmatch(v) or len(v) > MAX_STRING:
         raise ValueError(f"{v!r} is not a semantic version (such as 1.2.3)")
     return {"version": v}
 
@@ -117,7 +117,7 @@ def device_entry(place: DevicePlace, path: DomainPath | None = None) -> dict[str
 
 @cache
 def _valid_name(key: str) -> bool:
-    return ATTRIBUTE_NAME.match(key) is not None
+    return ATTRIBUTE_NAME.fullmatch(key) is not None
 
 
 def check_entry(entry: dict[str, Any]) -> None:

@@ -128,19 +128,25 @@ def _serve(driver: _Driver, args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    http = None
+    if args.http_address:  # bound first: a taken address fails before the plugin registers
+        host, port = args.http_address
+        try:
+            http = HttpEndpoints(host, port, {
+                "/healthz": healthz_route(driver.plugin.cfg.paths.registration_socket,
+                                          driver.kind.driver),
+                "/metrics": metrics_route})
+        except OSError as err:
+            return _fail(f"--http-address {host}:{port}: cannot listen: {err.strerror or err}; "
+                         "give a free address")
+        http.start()  # /healthz fails until the plugin is registered
     try:
         driver.start()
     except (CorruptCheckpoint, CorruptJournal) as err:
         driver.stop()
+        if http is not None:
+            http.stop()
         return _fail(str(err))
-    http = None
-    if args.http_address:
-        host, port = args.http_address
-        http = HttpEndpoints(host, port, {
-            "/healthz": healthz_route(driver.plugin.cfg.paths.registration_socket,
-                                      driver.kind.driver),
-            "/metrics": metrics_route})
-        http.start()
     stop.wait()
     log.info("shutting down", driver=driver.kind.driver)
     if http is not None:

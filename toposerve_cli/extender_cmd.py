@@ -10,6 +10,7 @@ from typing import Any
 import structlog
 
 from topology.config_file import ConfigError
+from toposerve_cli.listen import listen
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -29,11 +30,15 @@ def _run(args: argparse.Namespace) -> int:
     from scheduler_ext.server import api_client, serve
 
     api = api_client(args.kubeconfig)  # no credentials: one line, before anything serves
+    sock = listen(cfg.server.host, cfg.server.port,
+                  "--host or --port" + (f" (server.host, server.port in {args.config})"
+                                        if args.config else ""))
     scheme = "https" if cfg.server.cert_file else "http"
-    url = f"{scheme}://{cfg.server.host}:{cfg.server.port}"
+    url = f"{scheme}://{cfg.server.host}:{sock.getsockname()[1]}"
     try:
-        serve(cfg, api, listening=lambda: structlog.get_logger("toposerve.extender").info(
-            "serving", url=url, kubeconfig=args.kubeconfig or "(in-cluster)"))
+        serve(cfg, api, sock=sock,
+              listening=lambda: structlog.get_logger("toposerve.extender").info(
+                  "serving", url=url, kubeconfig=args.kubeconfig or "(in-cluster)"))
     except OSError as err:  # the port is taken, the address not ours, ...
         print(f"error: cannot listen on {url}: {err.strerror or err}", file=sys.stderr)
         return 1

@@ -43,7 +43,12 @@ def _report(args: argparse.Namespace) -> int:
     out = Path(args.dir)
     if not (out / report.RESULT).is_file():
         return _fail(f"{out}: no {report.RESULT} (give the --out directory of a scale run)")
-    print(report.render(out))
+    try:
+        print(report.render(out))
+    except report.ReportError as err:
+        return _fail(str(err))
+    except OSError as err:  # report.md or a plot cannot be written there
+        return _fail(f"{out}: cannot write the report: {err.strerror or err}")
     return 0
 
 

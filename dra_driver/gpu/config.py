@@ -41,7 +41,7 @@ class GpuConfig(OpaqueConfig):
     @field_validator("env")
     @classmethod
     def _names(cls, v: dict[str, str]) -> dict[str, str]:
-        bad = [k for k in v if not ENV_NAME.match(k)]
+        bad = [k for k in v if not ENV_NAME.fullmatch(k)]
         if bad:
             raise ValueError(f"not an environment variable name: {', '.join(bad)}")
         return v

@@ -53,7 +53,7 @@ class ContainerEdits:
     mounts: tuple[Mount, ...] = ()
 
     def __post_init__(self) -> None:
-        bad = [k for k in self.env if not ENV_NAME.match(k)]
+        bad = [k for k in self.env if not ENV_NAME.fullmatch(k)]
         if bad:
             raise ValueError(f"not an environment variable name: {', '.join(bad)}")
 

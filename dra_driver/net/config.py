@@ -80,7 +80,7 @@ Gateway = Annotated[IPv4Address | IPv6Address, BeforeValidator(_address)]
 
 
 def check_ifname(name: str) -> str:
-    if not IFNAME.match(name) or name in (".", ".."):
+    if not IFNAME.fullmatch(name) or name in (".", ".."):
         raise ValueError(f"{name!r} is not a Linux interface name (1-15 of A-Z a-z 0-9 _ . -)")
     return name
 

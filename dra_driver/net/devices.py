@@ -39,7 +39,7 @@ MAC = re.compile(r"^([0-9a-f]{2}:){5}[0-9a-f]{2}$")  # an Ethernet MAC (IPoIB's 
 
 
 def _is_mac(mac: str) -> bool:
-    return MAC.match(mac) is not None
+    return MAC.fullmatch(mac) is not None
 
 
 def _dranet(d: Device, numa: int, *, type_: str, encapsulation: str, state: str,

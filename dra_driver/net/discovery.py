@@ -150,7 +150,7 @@ def _pci_of(path: Path) -> str | None:
     """The BDF of the PCI function a sysfs device is, or sits under (a
     virtio NIC's interface hangs off ``virtio0``, a child of the function)."""
     for part in reversed(Path(os.path.realpath(path)).parts):
-        if BDF_RE.match(part):
+        if BDF_RE.fullmatch(part):
             return part
     return None
 

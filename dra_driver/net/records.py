@@ -56,7 +56,7 @@ class ClaimRecord(BaseModel):
 
 
 def _uid(uid: str) -> str:
-    if not UID.match(uid):
+    if not UID.fullmatch(uid):
         raise ValueError(f"{uid!r} is not a Kubernetes UID")
     return uid
 

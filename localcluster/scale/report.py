@@ -190,9 +190,30 @@ def write(doc: dict[str, Any], out: Path) -> Path:
     return render(out)
 
 
+class ReportError(ValueError):
+    """result.json cannot be read or lacks what the report shows; the
+    message is for a person."""
+
+
 def render(out: Path) -> Path:
     """report.md and the PNGs from ``out``/result.json; the report's path."""
-    doc = json.loads((out / RESULT).read_text())
-    md = markdown(doc, plots(doc, out))
+    path = out / RESULT
+    try:
+        doc = json.loads(path.read_bytes())
+    except OSError as err:
+        raise ReportError(f"{path}: cannot read: {err.strerror}") from None
+    except ValueError as err:  # not JSON, or not UTF-8
+        raise ReportError(f"{path}: not valid JSON ({err}); give the result.json a scale "
+                          "run wrote") from None
+    if not isinstance(doc, dict):
+        raise ReportError(f"{path}: expected a JSON object, got {type(doc).__name__}")
+    try:
+        md = markdown(doc, plots(doc, out))
+    except (KeyError, TypeError, IndexError, AttributeError) as err:
+        # a file from another version, or edited by hand
+        what = (f"no {err.args[0]!r}" if isinstance(err, KeyError)
+                else f"a value of the wrong type ({err})")
+        raise ReportError(f"{path}: {what} where the report needs it; give the result.json "
+                          "a scale run of this version wrote") from None
     (out / REPORT).write_text(md)
     return out / REPORT

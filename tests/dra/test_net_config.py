@@ -73,6 +73,9 @@ def test_empty_config_keeps_everything() -> None:
     ({"interfaceName": "much-too-long-name"},
      "interfaceName: Value error, 'much-too-long-name' is not a Linux interface name"),
     ({"interfaceName": "a/b"}, "interfaceName: Value error, 'a/b' is not a Linux interface name"),
+    # re's $ matches before a final newline: the name is matched whole
+    ({"interfaceName": "eth0\n"},
+     "interfaceName: Value error, 'eth0\\n' is not a Linux interface name"),
     ({"mtu": 40}, "mtu 40 is out of range 68-65535"),
     ({"mtu": 1000, "addresses": ["fd00::2/64"]},
      "mtu 1000 is out of range 1280-65535 (IPv6 needs at least 1280)"),
