@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import socket
 import subprocess
 import sys
 import tarfile
@@ -22,6 +23,7 @@ import yaml
 
 from kubeapi import ApiError, JsonApi
 from localcluster.clusters import api_client, kubeconfig_path
+from localcluster.ports import free_port
 from localcluster.realnode.fakedev import stand_in_dev_root
 from localcluster.realnode.paths import (
     NODE_NAME,
@@ -34,6 +36,7 @@ from localcluster.realnode.tools import find_node_tools
 from localcluster.tools import cache_dir
 from manifests.render import render_objects
 from manifests.values import KIND, InstallValues, apply_sets
+from router.ha.pod_label import ROLE_LABEL
 from topology.config_file import API_VERSION, ConfigError, parse_document, read_document
 from topology.profiles import load_profile
 from topology.sysfs import write_profile_sysfs
@@ -152,10 +155,29 @@ def local_sets(cluster: str, images: Mapping[str, Path], sysfs: Path, dev: Path)
         sets += [f"{section}.nodeSelector={on_real}", f"{section}.tolerations={tolerate}"]
     sets += [f"gpuDriver.sysfsRoot={sysfs}", f"gpuDriver.devRoot={dev}",
              f"netDriver.cni.plugin={IMAGE_NIC_PLUGIN}",
-             # the router's Redis is a Service name, which nothing on loopback
-             # resolves: off unless asked for (--set router.enabled=true)
-             "router.enabled=false"]
+             # the pod network is not reachable from the host, and nothing on
+             # loopback resolves a Service name: the router pair and Redis on
+             # the node's loopback, each replica on a port of its own
+             "router.hostNetwork=true", f"router.port={_free_pair()}",
+             f"router.redis.port={free_port()}"]
     return sets
+
+
+def _free_pair() -> int:
+    """A free port whose next one is free too: the two router replicas'."""
+    while True:
+        port = free_port()
+        if port < 65535 and _is_free(port + 1):
+            return port
+
+
+def _is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def local_values(cluster: str, images: Mapping[str, Path], sysfs: Path, dev: Path,
@@ -388,6 +410,12 @@ def install_status(api: Any, values_namespace: str = "toposerve-system") -> dict
 
 
 def _router_port(rest: JsonApi, namespace: str) -> int | None:
+    """The leading replica's port on the host network; else the Service's."""
+    leaders = rest.request("GET", f"/api/v1/namespaces/{namespace}/pods", [(
+        "labelSelector", f"{COMPONENT_LABEL}=router,{ROLE_LABEL}=leader")]).get("items") or []
+    for p in leaders:
+        if (p.get("spec") or {}).get("hostNetwork"):
+            return int(p["spec"]["containers"][0]["ports"][0]["containerPort"])
     for s in rest.request("GET", f"/api/v1/namespaces/{namespace}/services").get("items") or []:
         if (s["metadata"].get("labels") or {}).get(COMPONENT_LABEL) == "router":
             return int(s["spec"]["ports"][0]["port"])

@@ -34,6 +34,8 @@ SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 REDIS_AUTH_DIR = "/etc/toposerve/redis-auth"
 REDIS_TLS_DIR = "/etc/toposerve/redis-tls"
 EXTENDER_KEY_DIR = "/etc/toposerve/extender-key"
+# on the host network, which of the router's per-replica Deployments a pod is of
+REPLICA_LABEL = "toposerve.io/router-replica"
 
 
 def liveness_script(driver: str) -> str:
@@ -164,6 +166,8 @@ def router_redis_url(values: InstallValues) -> str:
     r = values.router.redis
     if r.url is not None:
         return r.url
+    if values.router.host_network:  # Redis on the node's loopback, beside the router
+        return f"redis://127.0.0.1:{r.port}/0"
     scheme = "rediss" if r.tls_secret else "redis"
     return (f"{scheme}://{Names.of(values.name_prefix).router_redis}.{values.namespace}.svc:"
             f"{r.port}/0")
@@ -200,14 +204,16 @@ def router_keys_secret(values: InstallValues) -> str:
     return values.router.api_keys.secret_name or Names.of(values.name_prefix).router_keys
 
 
-def router_config(values: InstallValues) -> dict[str, Any]:
+def router_config(values: InstallValues, replica: int = 0) -> dict[str, Any]:
     """The router's configuration as its pods get it: listening on every
-    address at the values' port, a hot-standby pair on a Lease named like
+    address at the values' port (on the host network: on 127.0.0.1, replica
+    ``replica`` at port + replica), a hot-standby pair on a Lease named like
     the Deployment, the Responses store in the install's Redis, keys from
     its Secret, and every client on the mounted kubeconfig."""
     r = values.router
     doc = r.config.model_dump(by_alias=True, mode="json", exclude_none=True)
-    doc["server"] = {**doc["server"], "host": "0.0.0.0", "port": r.port}
+    doc["server"] = ({**doc["server"], "host": "127.0.0.1", "port": r.port + replica}
+                     if r.host_network else {**doc["server"], "host": "0.0.0.0", "port": r.port})
     if "kubernetes" in doc["discovery"]:
         doc["discovery"]["kubernetes"]["kubeconfig"] = KUBECONFIG_FILE
     doc["responses"] = {**doc["responses"], "backend": "redis",
@@ -229,6 +235,22 @@ def router_config(values: InstallValues) -> dict[str, Any]:
     # checked as the router will read it, then written without the defaults
     return RouterConfig.model_validate(doc).model_dump(by_alias=True, mode="json",
                                                        exclude_none=True, exclude_defaults=True)
+
+
+def router_deployments(values: InstallValues) -> list[dict[str, Any]]:
+    """The router's Deployments: one of ``replicas`` pods; on the host
+    network one per replica instead, each with its own port and config."""
+    r, name = values.router, Names.of(values.name_prefix).router
+    if not r.host_network:
+        return [{"name": name, "replicas": r.replicas, "replica": {}, "port": r.port,
+                 "config_key": "config.yaml", "config": _yaml(router_config(values))}]
+    return [{"name": f"{name}-{i}", "replicas": 1, "replica": {REPLICA_LABEL: str(i)},
+             "port": r.port + i, "config_key": f"config-{i}.yaml",
+             "config": _yaml(router_config(values, i))} for i in range(r.replicas)]
+
+
+def _yaml(doc: Mapping[str, Any]) -> str:
+    return yaml.safe_dump(dict(doc), sort_keys=False)
 
 
 def _context(values: InstallValues) -> dict[str, Any]:
@@ -270,8 +292,7 @@ def _context(values: InstallValues) -> dict[str, Any]:
         "scheduler_config": yaml.safe_dump(second_scheduler_config(values, url),
                                            sort_keys=False),
         "extender_write_rules": EXTENDER_WRITES,
-        "router_config": yaml.safe_dump(router_config(values), sort_keys=False)
-        if values.router.enabled else "",
+        "router_deployments": lambda: router_deployments(values),
         "router_redis_url": router_redis_url(values),
         "router_keys_secret": router_keys_secret(values),
         "router_models": values.router.config.discovery.kubernetes,

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from router.config import RouterConfig
@@ -385,8 +385,23 @@ class Router(Placement):
                     "`ha`, the Redis `responses` store, the key Secret and every kubeconfig")
     redis: RouterRedis = Field(default_factory=RouterRedis)
     api_keys: RouterKeys = Field(default_factory=RouterKeys, alias="apiKeys")
+    host_network: bool = Field(
+        default=False,
+        description="the router and its Redis on the node's network, listening on 127.0.0.1 "
+                    "only: for a node whose pod network the host cannot reach (the local "
+                    "cluster's real node). Replica i is then a Deployment of its own on "
+                    "`port` + i (two pods of one node cannot share a port), Redis listens on "
+                    "127.0.0.1:`redis.port` and the router dials it there; a client dials the "
+                    "leading replica's port, the Service and the NetworkPolicy do not apply")
 
     _config_over_default = _over(ROUTER_CONFIG)
+
+    @model_validator(mode="after")
+    def _host_network_redis(self) -> Router:
+        if self.host_network and self.redis.tls_secret and self.redis.url is None:
+            raise ValueError("redis.tlsSecret names the Redis Service, which hostNetwork "
+                             "does not use: give redis.url with it, or no TLS")
+        return self
 
 
 class InstallValues(Section):

@@ -2,18 +2,22 @@
 docs/real-node.md): the images of `make image` imported, never pulled; the
 GPU driver's DaemonSet pod registered with the real kubelet, its slices
 written under its service account; a claim prepared for a pod and
-unprepared; a rolling restart of the driver under a running claim; and an
+unprepared; a rolling restart of the driver under a running claim; the
+router pair and its Redis on the node's loopback in front of simulator pods,
+and the standby taking over when the leader's pod is deleted; and an
 uninstall that leaves no slice, socket or CDI spec behind."""
 
 from __future__ import annotations
 
 import contextlib
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -23,10 +27,17 @@ from dra_driver.kubeletplugin.cdi import CdiSpecs
 from harness.waiting import wait_for
 from localcluster import install as inst
 from localcluster.nodes import KWOK_ANNOTATION
+from localcluster.ports import free_port
 from localcluster.realnode.gpu_driver import CDI_ROOT, DRIVER, PLUGIN_DIR
-from localcluster.realnode.paths import NODE_NAME, default_layout
+from localcluster.realnode.paths import (
+    NODE_NAME,
+    REAL_NODE_LABEL,
+    REAL_NODE_TOLERATION,
+    default_layout,
+)
 from localcluster.realnode.pods import busybox_pod
 from localcluster.realnode.tools import find_node_tools
+from router.ha.pod_label import ROLE_LABEL
 from tests.conftest import Cluster
 from tests.realnode.conftest import PodMaker, ensure_started, wait_phase
 
@@ -37,6 +48,14 @@ GPU_CLASS = "rn-install-gpu.toposerve.io"
 TEMPLATE = "rn-install-one-gpu"
 REGISTRY = Path("/var/lib/kubelet/plugins_registry")
 SELECTOR = "app.kubernetes.io/component=gpu-driver"
+# the model servers: `toposerve sim` pods of the installed image, found by
+# the router's pod discovery by this label, on the node's loopback
+# (one: on the host network, every pod's IP is the node's, so the discovery's
+# one port names one server)
+SIM = "rn-install-sim"
+SIM_MODEL = "rn-install/sim"
+SIM_PORT = free_port()
+FAILOVER_S = 2.0  # docs/router-ha.md: the standby takes over within 2 s
 
 
 @dataclass
@@ -50,21 +69,52 @@ class Stack:
     uninstalled: bool = False
 
 
+def _sim_pod(image: str) -> dict[str, Any]:
+    """`toposerve sim` of the installed image on the node's loopback; Ready
+    once it answers, which the router's discovery waits for."""
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": SIM, "labels": {"app": SIM}},
+            "spec": {"nodeSelector": {REAL_NODE_LABEL: "real"},
+                     "tolerations": [REAL_NODE_TOLERATION], "hostNetwork": True,
+                     "dnsPolicy": "Default", "automountServiceAccountToken": False,
+                     "enableServiceLinks": False, "terminationGracePeriodSeconds": 1,
+                     "containers": [{
+                         "name": "sim", "image": image, "imagePullPolicy": "Never",
+                         "command": ["toposerve", "sim", "--host=127.0.0.1",
+                                     f"--port={SIM_PORT}", f"--model={SIM_MODEL}"],
+                         "readinessProbe": {"periodSeconds": 1, "httpGet": {
+                             "host": "127.0.0.1", "port": SIM_PORT, "path": "/health"}}}]}}
+
+
 @pytest.fixture(scope="module")
 def stack(real_node_cluster: Cluster) -> Iterator[Stack]:
     ensure_started(real_node_cluster)
+    core: Any = client.CoreV1Api(real_node_cluster.api)
+    # the model server first: the routers are ready (warm) once they find one
+    images = inst.built_images()
+    inst.import_images(images.values())
+    image = next(ref for ref in images if inst._image_name(ref) == "toposerve")
+    core.create_namespaced_pod("default", _sim_pod(image))
     lines: list[str] = []
-    installed = inst.install(real_node_cluster.name, sets=[
-        f"namespace={PREFIX}", f"namePrefix={PREFIX}", f"deviceClasses.gpu={GPU_CLASS}",
-        "deviceClasses.nic=rn-install-nic.toposerve.io",
-        "deviceClasses.rdmaNic=rn-install-rdma-nic.toposerve.io"], progress=lines.append)
-    print("\n".join(lines))  # the progress lines and the time it took, in -s output
+    try:
+        installed = inst.install(real_node_cluster.name, sets=[
+            f"namespace={PREFIX}", f"namePrefix={PREFIX}", f"deviceClasses.gpu={GPU_CLASS}",
+            "deviceClasses.nic=rn-install-nic.toposerve.io",
+            "deviceClasses.rdmaNic=rn-install-rdma-nic.toposerve.io",
+            f"router.config.discovery.kubernetes.labelSelector=app={SIM}",
+            f"router.config.discovery.kubernetes.port={SIM_PORT}",
+            "router.apiKeys.enabled=false"], progress=lines.append)
+    except BaseException:
+        core.delete_namespaced_pod(SIM, "default", grace_period_seconds=1)
+        raise
+    finally:
+        print("\n".join(lines))  # the progress lines and the time it took, in -s output
     res: Any = client.ResourceV1Api(real_node_cluster.api)
     res.create_namespaced_resource_claim_template("default", {
         "metadata": {"name": TEMPLATE},
         "spec": {"spec": {"devices": {"requests": [
             {"name": "gpu", "exactly": {"deviceClassName": GPU_CLASS}}]}}}})
-    s = Stack(cluster=real_node_cluster, core=client.CoreV1Api(real_node_cluster.api),
+    s = Stack(cluster=real_node_cluster, core=core,
               apps=client.AppsV1Api(real_node_cluster.api), res=res, installed=installed,
               cdi=CdiSpecs(CDI_ROOT, CDI_VENDOR, CDI_CLASS))
     try:
@@ -72,6 +122,8 @@ def stack(real_node_cluster: Cluster) -> Iterator[Stack]:
     finally:
         with contextlib.suppress(ApiException):
             res.delete_namespaced_resource_claim_template(TEMPLATE, "default")
+        with contextlib.suppress(ApiException):
+            core.delete_namespaced_pod(SIM, "default", grace_period_seconds=1)
         if not s.uninstalled:
             inst.uninstall(real_node_cluster.name, installed.objects, installed.values)
 
@@ -125,6 +177,8 @@ def test_images_imported_and_never_pulled(stack: Stack) -> None:
         assert pod["hostNetwork"] is True, obj["metadata"]["name"]
         for c in pod["containers"] + pod.get("initContainers", []):
             assert c["imagePullPolicy"] == "Never" and c["image"] in listed, c["name"]
+        if pod.get("automountServiceAccountToken") is False:
+            continue  # Redis: no token, no API
         for c in pod["containers"]:
             env = {e["name"]: e.get("value") for e in c.get("env", [])}
             assert env["KUBERNETES_SERVICE_HOST"] == v.api_server.host == "127.0.0.1"
@@ -135,7 +189,11 @@ def test_every_workload_available_on_the_real_node_only(stack: Stack) -> None:
     status = inst.install_status(stack.cluster.api, PREFIX)
     kinds = {(c["kind"], c["component"]): c for c in status["components"]}
     assert set(kinds) == {("DaemonSet", "gpu-driver"), ("Deployment", "extender"),
-                          ("Deployment", "scheduler")}
+                          ("Deployment", "scheduler"), ("Deployment", "router"),
+                          ("Deployment", "router-redis")}
+    # the router pair: a Deployment per replica, each on a port of its own
+    assert sorted(c["name"] for c in status["components"] if c["component"] == "router") == [
+        f"{PREFIX}-router-0", f"{PREFIX}-router-1"]
     for c in status["components"]:
         assert c["available"], c
         assert c["pods"] and all(p["node"] == NODE_NAME and p["phase"] == "Running"
@@ -202,6 +260,56 @@ def test_rolling_restart_under_a_running_claim(stack: Stack, make_pod: PodMaker)
     assert stack.core.read_namespaced_pod(name, "default").status.phase == "Running"
     assert stack.cdi.path(claim_uid).exists()
     _delete_and_wait_unprepared(stack, name, claim_uid)
+
+
+def _routers(s: Stack) -> dict[str, Any]:
+    """The router pods by role, once there are a leader and a standby."""
+    pods = [p for p in s.core.list_namespaced_pod(
+        PREFIX, label_selector="app.kubernetes.io/component=router").items
+        if p.metadata.deletion_timestamp is None and p.status.phase == "Running"]
+    by = {str((p.metadata.labels or {}).get(ROLE_LABEL)): p for p in pods}
+    return by if len(pods) == 2 and set(by) == {"leader", "standby"} else {}
+
+
+def _url(pod: Any) -> str:
+    assert pod.spec.host_network
+    return f"http://127.0.0.1:{pod.spec.containers[0].ports[0].container_port}"
+
+
+def _chat(url: str) -> httpx.Response:
+    return httpx.post(url + "/v1/chat/completions", timeout=10, json={
+        "model": SIM_MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+
+
+def test_router_pair_serves_the_sim_and_the_standby_takes_over(stack: Stack) -> None:
+    by_role = wait_for("a leading and a standing-by router pod", lambda: _routers(stack),
+                       timeout=60)
+    leader, standby = _url(by_role["leader"]), _url(by_role["standby"])
+    assert leader != standby
+    assert inst.install_status(stack.cluster.api, PREFIX)["routerURL"] == leader
+    r = _chat(leader)
+    assert r.status_code == 200, r.text
+    assert r.headers["X-Toposerve-Endpoint"] == f"http://127.0.0.1:{SIM_PORT}"
+    assert httpx.get(standby + "/ready", timeout=5).status_code == 503
+    # a Responses turn stored by the leader is read by the standby: one
+    # Redis, on the node's loopback, with the password of the Secret
+    turn = httpx.post(leader + "/v1/responses", timeout=10, json={
+        "model": SIM_MODEL, "input": "hi", "max_output_tokens": 2})
+    assert turn.status_code == 200, turn.text
+    got = httpx.get(f"{standby}/v1/responses/{turn.json()['id']}", timeout=5)
+    assert got.status_code == 200, got.text
+
+    stack.core.delete_namespaced_pod(by_role["leader"].metadata.name, PREFIX)
+    deleted = time.monotonic()
+    wait_for("the standby to lead", lambda: httpx.get(
+        standby + "/ready", timeout=1).status_code == 200, timeout=10, interval=0.02)
+    leads = time.monotonic() - deleted
+    r = _chat(standby)
+    served = time.monotonic() - deleted
+    print(f"router failover: the standby led {leads:.2f}s and served {served:.2f}s "
+          "after the leader's pod was deleted")
+    assert r.status_code == 200, r.text
+    assert served < FAILOVER_S
 
 
 def test_uninstall_leaves_no_slices_sockets_or_cdi_specs(stack: Stack) -> None:
