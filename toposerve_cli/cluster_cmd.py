@@ -8,17 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from localcluster.cluster import (
-    ClusterError,
-    ClusterSpec,
-    ClusterStatus,
-    down,
-    kubeconfig_path,
-    running_clusters,
-    status,
-    up,
-)
-from localcluster.clusters import api_client
+from localcluster.cluster import ClusterSpec, ClusterStatus, down, running_clusters, status, up
+from localcluster.clusters import ClusterError, api_client, kubeconfig_path
 from localcluster.install import InstallError, install, install_status
 from localcluster.realnode.node import RealNodeError
 from localcluster.realnode.node import start as start_real_node

@@ -159,7 +159,7 @@ def _simulate(args: argparse.Namespace) -> int:
     from dra_driver.simulate import run
 
     if args.cluster:
-        from localcluster.cluster import ClusterError, api_client
+        from localcluster.clusters import ClusterError, api_client
 
         try:
             api = api_client(args.cluster)

@@ -17,7 +17,7 @@ def _fail(msg: str) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from localcluster.cluster import ClusterError
+    from localcluster.clusters import ClusterError
     from localcluster.scale import report, runner
     from localcluster.scale.fit import DoesNotFit
     from localcluster.scale.scenario import load_scenario, resolve

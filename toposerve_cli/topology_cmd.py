@@ -61,7 +61,7 @@ def _show(args: argparse.Namespace) -> int:
         return 0
     from kubernetes import client
 
-    from localcluster.cluster import ClusterError, api_client
+    from localcluster.clusters import ClusterError, api_client
     from localcluster.nodes import node_labels
 
     try:
