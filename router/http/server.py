@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import socket
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -478,16 +477,11 @@ def build_app(cfg: RouterConfig) -> web.Application:
     return app
 
 
-def serve(cfg: RouterConfig, sock: socket.socket | None = None) -> None:
-    """Serve until stopped, on ``sock`` when given (bound already, so that a
-    taken address fails before the router starts), else on the configured
-    address."""
+def serve(cfg: RouterConfig) -> None:
     import uvloop
 
     uvloop.install()
-    where: dict[str, Any] = ({"sock": sock} if sock else
-                             {"host": cfg.server.host, "port": cfg.server.port})
-    web.run_app(build_app(cfg), **where, access_log=None,
+    web.run_app(build_app(cfg), host=cfg.server.host, port=cfg.server.port, access_log=None,
                 print=lambda *_: None,
                 max_line_size=PARSER_SLACK * cfg.server.max_header_bytes,
                 max_field_size=PARSER_SLACK * cfg.server.max_header_bytes,

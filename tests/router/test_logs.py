@@ -36,7 +36,9 @@ def _at_least_two_warnings(log: Path) -> list[dict[str, object]]:
 def test_malformed_http_is_one_warning_line(procs: Procs) -> None:
     sim = procs.sim()
     router = procs.router(endpoints=[sim.url])
-    long_header = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20_000 + b"\r\n\r\n"
+    # over aiohttp's line limit (the router's is 8 times server.maxHeaderBytes;
+    # a shorter oversized header gets the router's own JSON 431)
+    long_header = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 100_000 + b"\r\n\r\n"
     for target in (router, sim):
         assert _send_raw(target.url, H2_PREFACE).split(b" ")[1] == b"400"
         assert _send_raw(target.url, long_header).split(b" ")[1] in (b"400", b"431")

@@ -21,6 +21,7 @@ from openai._models import FinalRequestOptions
 from harness.procs import MODEL, Procs
 from harness.waiting import wait_for
 from router.config import ResponsesStoreConfig
+from router.http.server import session_key
 from router.responses.store import MemoryStore, RedisStore
 from tests.router.hangup import connect
 from wire.errors import ApiError
@@ -212,19 +213,8 @@ def test_long_session_ids_are_kept_hashed(procs: Procs) -> None:
 
 
 def test_session_ids_are_hashed_to_32_chars() -> None:
-    from aiohttp.test_utils import make_mocked_request
-
-    from router.config import RouterConfig
-    from router.http.server import Router
-
-    cfg = RouterConfig.model_validate({"apiVersion": "toposerve.io/v1", "kind": "RouterConfig",
-                                       "discovery": {"static": [{"url": "http://127.0.0.1:1"}]}})
-    router = Router(cfg)
-    a = router._context(make_mocked_request("POST", "/", headers={"x-session-id": "s" * 8000}),
-                        None, "")
-    b = router._context(make_mocked_request("POST", "/", headers={"x-session-id": "t" * 8000}),
-                        None, "")
-    assert a.session is not None and len(a.session) == 32 and a.session != b.session
+    a, b = session_key("s" * 8000), session_key("t" * 8000)
+    assert len(a) == 32 and a != b and session_key("s" * 8000) == a
 
 
 def test_an_oversized_header_is_a_json_error_and_no_secret_is_logged(procs: Procs) -> None:

@@ -17,7 +17,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from router.config import RouterConfig
-from router.http.server import ROUTER, Router, build_app
+from router.http.server import ROUTER, Router, build_app, session_key
 from router.request import RequestContext
 from router.scheduling.profile import Decision
 from simulator.config import SimConfig
@@ -102,7 +102,7 @@ def test_prefix_is_remembered_where_the_answer_came_from() -> None:
             assert r.status == 200, await r.text()
             assert r.headers["X-Toposerve-Endpoint"] == good.removeprefix("http://")
             assert s.router.state.approx.match(blocks, [good])[good] == len(blocks)
-            assert s.router.state.sessions["s1"] == good
+            assert s.router.state.sessions[session_key("s1")] == good
 
     run(go)
 
