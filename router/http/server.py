@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -200,10 +201,7 @@ class Router:
 
     def _context(self, request: web.Request, model: str | None, prompt: str) -> RequestContext:
         raw = next((request.headers[h] for h in SESSION_HEADERS if h in request.headers), None)
-        # kept by its hash: the tables of sessions hold 32 characters a
-        # session, whatever length of header a client sends
-        session = None if raw is None else hashlib.blake2b(
-            raw.encode("utf-8", "surrogateescape"), digest_size=16).hexdigest()
+        session = None if raw is None else session_key(raw)
         return RequestContext(model=model, prompt=prompt.encode("utf-8", "surrogatepass"),
                               session=session)
 
@@ -402,6 +400,14 @@ class Router:
 
 
 
+def session_key(header: str) -> str:
+    """A session as the router keeps it: by its hash, so the tables of
+    sessions hold 32 characters a session, whatever length of header a
+    client sends."""
+    return hashlib.blake2b(header.encode("utf-8", "surrogateescape"),
+                           digest_size=16).hexdigest()
+
+
 def _model(name: str) -> dict[str, Any]:
     return {"id": name, "object": "model", "created": 0, "owned_by": "toposerve"}
 
@@ -477,11 +483,16 @@ def build_app(cfg: RouterConfig) -> web.Application:
     return app
 
 
-def serve(cfg: RouterConfig) -> None:
+def serve(cfg: RouterConfig, sock: socket.socket | None = None) -> None:
+    """Serve until stopped, on ``sock`` when given (bound already, so that a
+    taken address fails before the router starts), else on the configured
+    address."""
     import uvloop
 
     uvloop.install()
-    web.run_app(build_app(cfg), host=cfg.server.host, port=cfg.server.port, access_log=None,
+    where: dict[str, Any] = ({"sock": sock} if sock else
+                             {"host": cfg.server.host, "port": cfg.server.port})
+    web.run_app(build_app(cfg), **where, access_log=None,
                 print=lambda *_: None,
                 max_line_size=PARSER_SLACK * cfg.server.max_header_bytes,
                 max_field_size=PARSER_SLACK * cfg.server.max_header_bytes,
