@@ -3,16 +3,48 @@ StatefulSet controller write them, as plain JSON, for clusters where those
 controllers do not run (scale runs, tests): minimal CRDs for the two APIs;
 DisaggregatedSet -> a LeaderWorkerSet per role -> leader StatefulSet ->
 leader pods -> worker StatefulSet -> workers, each owned by the one before.
-Owner references carry the owner's uid when it has one (from the API)."""
+Owner references carry the owner's uid when it has one (from the API).
+Labels and annotations are those of kubernetes-sigs/lws at 060ab4d: the LWS
+controller's StatefulSet templates, its pod webhook's group and subgroup
+labels, the DisaggregatedSet controller's system labels
+(pkg/controllers/leaderworkerset_controller.go, pod_controller.go,
+pkg/webhooks/pod_webhook.go, pkg/controllers/disaggregatedset/lws_manager.go).
+The CRDs are upstream's schemas (crds/lws.yaml)."""
 
 from __future__ import annotations
 
+import copy
 import hashlib
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from localcluster.nodes import KWOK_TOLERATION
 from topology.labels import PROFILE_LABEL
-from topology.workloads import DS, LLMD_ROLE, LWS
+from topology.workloads import (
+    DS,
+    DS_NAME,
+    DS_REVISION,
+    DS_ROLE,
+    DS_SLICE,
+    LLMD_ROLE,
+    LWS_EXCLUSIVE,
+    LWS_GROUP_INDEX,
+    LWS_GROUP_KEY,
+    LWS_LEADER_NAME,
+    LWS_NAME,
+    LWS_REPLICAS,
+    LWS_REVISION,
+    LWS_SIZE,
+    LWS_SUBDOMAIN_POLICY,
+    LWS_SUBGROUP_EXCLUSIVE,
+    LWS_SUBGROUP_INDEX,
+    LWS_SUBGROUP_KEY,
+    LWS_SUBGROUP_POLICY,
+    LWS_SUBGROUP_SIZE,
+    LWS_WORKER_INDEX,
+)
 
 
 def _meta(name: str, namespace: str, uid: str | None, owner: dict[str, Any] | None,
@@ -73,60 +105,104 @@ def with_owner_uids(obj: dict[str, Any], uids: Uids) -> dict[str, Any]:
     return {**obj, "metadata": {**obj["metadata"], "ownerReferences": filled}}
 
 
+def _lws_spec(replicas: int, size: int, template_labels: dict[str, str] | None,
+              subgroup: tuple[int, str] | None) -> dict[str, Any]:
+    template = {"metadata": {"labels": dict(template_labels or {})},
+                "spec": {"containers": [{"name": "main", "image": "vllm/vllm-openai"}]}}
+    lwt: dict[str, Any] = {"size": size, "workerTemplate": template}
+    if subgroup:
+        lwt["subGroupPolicy"] = {"subGroupSize": subgroup[0], "subGroupPolicyType": subgroup[1]}
+    return {"replicas": replicas, "startupPolicy": "LeaderCreated", "leaderWorkerTemplate": lwt}
+
+
 def leader_worker_set(name: str, replicas: int, size: int, *, exclusive: str | None = None,
                       template_labels: dict[str, str] | None = None,
+                      subgroup: tuple[int, str] | None = None,
+                      subgroup_exclusive: str | None = None,
                       labels: dict[str, str] | None = None, owner: dict[str, Any] | None = None,
                       uid: str | None = None, namespace: str = "default") -> dict[str, Any]:
     """A ``leaderworkerset.x-k8s.io/v1`` LeaderWorkerSet; exclusive placement
-    is an annotation on it, copied onto its StatefulSets and pods."""
-    notes = {f"{LWS}/exclusive-topology": exclusive} if exclusive else {}
-    template = {"metadata": {"labels": dict(template_labels or {})},
-                "spec": {"containers": [{"name": "main", "image": "vllm/vllm-openai"}]}}
+    (of each group, of each subgroup) is an annotation on it, copied onto its
+    StatefulSets and pods; ``subgroup``: its subGroupPolicy (subGroupSize,
+    LeaderWorker or LeaderExcluded)."""
+    notes = {**({LWS_EXCLUSIVE: exclusive} if exclusive else {}),
+             **({LWS_SUBGROUP_EXCLUSIVE: subgroup_exclusive} if subgroup_exclusive else {})}
     return {"apiVersion": LWS_API, "kind": "LeaderWorkerSet",
             "metadata": _meta(name, namespace, uid, owner, labels, notes),
-            "spec": {"replicas": replicas, "startupPolicy": "LeaderCreated",
-                     "leaderWorkerTemplate": {"size": size, "workerTemplate": template}}}
+            "spec": _lws_spec(replicas, size, template_labels, subgroup)}
 
 
 def disaggregated_set(name: str, roles: dict[str, tuple[int, int]], *, uid: str | None = None,
                       namespace: str = "default") -> dict[str, Any]:
-    """A ``disaggregatedset.x-k8s.io/v1`` DisaggregatedSet: per role,
-    ``replicas`` leader-worker groups of ``size`` pods."""
+    """A ``disaggregatedset.x-k8s.io/v1`` DisaggregatedSet as a user writes
+    it: per role, a LeaderWorkerSet spec of ``replicas`` groups of ``size``
+    pods whose template carries the role's llm-d label."""
     return {"apiVersion": DS_API, "kind": "DisaggregatedSet",
             "metadata": _meta(name, namespace, uid, None),
-            "spec": {"roles": [{"name": role, "replicas": replicas,
-                                "leaderWorkerTemplate": {"size": size}}
+            "spec": {"roles": [{"name": role,
+                                "spec": _lws_spec(replicas, size, {LLMD_ROLE: role}, None)}
                                for role, (replicas, size) in roles.items()]}}
 
 
 def disaggregated_lws(ds: dict[str, Any], slice_: int, revision: str) -> list[dict[str, Any]]:
     """The LeaderWorkerSets a DisaggregatedSet's controller makes for one
     slice at one revision: one per role, named ``<set>-<slice>-<revision>-<role>``,
-    its system labels on the LWS and its pod template, owned by the set
-    (the llm-d role label comes from the user's template)."""
-    name = ds["metadata"]["name"]
+    the role's spec with the system labels merged over the role's own
+    labels and over its pod templates' labels, owned by the set."""
+    name, ns = ds["metadata"]["name"], ds["metadata"]["namespace"]
     out = []
     for role in ds["spec"]["roles"]:
-        system = {"app": f"{name}-{slice_}-{role['name']}", f"{DS}/role": role["name"],
-                  f"{DS}/slice": str(slice_), f"{DS}/name": name, f"{DS}/revision": revision}
-        out.append(leader_worker_set(
-            f"{name}-{slice_}-{revision}-{role['name']}", role["replicas"],
-            role["leaderWorkerTemplate"]["size"], labels=system,
-            template_labels={LLMD_ROLE: role["name"], **system},
-            owner=owner_ref(ds, block=False), namespace=ds["metadata"]["namespace"]))
+        system = {"app": f"{name}-{slice_}-{role['name']}", DS_ROLE: role["name"],
+                  DS_SLICE: str(slice_), DS_NAME: name, DS_REVISION: revision}
+        spec = copy.deepcopy(role["spec"])
+        lwt = spec["leaderWorkerTemplate"]
+        for t in (lwt.get("leaderTemplate"), lwt["workerTemplate"]):
+            if t is not None:
+                t.setdefault("metadata", {})["labels"] = {
+                    **(t["metadata"].get("labels") or {}), **system}
+        md = role.get("metadata") or {}
+        out.append({"apiVersion": LWS_API, "kind": "LeaderWorkerSet",
+                    "metadata": _meta(f"{name}-{slice_}-{revision}-{role['name']}", ns, None,
+                                      owner_ref(ds, block=False),
+                                      {**(md.get("labels") or {}), **system},
+                                      dict(md.get("annotations") or {})),
+                    "spec": spec})
     return out
 
 
-def _template_labels(lws: dict[str, Any]) -> dict[str, str]:
-    labels: dict[str, str] = lws["spec"]["leaderWorkerTemplate"]["workerTemplate"][
-        "metadata"]["labels"]
-    return dict(labels)
+def _template_labels(lws: dict[str, Any], *, leader: bool = False) -> dict[str, str]:
+    """The labels of the leader's pod template (the worker template's
+    without a leader template) or the workers'."""
+    lwt = lws["spec"]["leaderWorkerTemplate"]
+    template = (lwt.get("leaderTemplate") if leader else None) or lwt["workerTemplate"]
+    return dict((template.get("metadata") or {}).get("labels") or {})
 
 
 def _exclusive(lws: dict[str, Any]) -> dict[str, str]:
-    key = f"{LWS}/exclusive-topology"
     notes = lws["metadata"].get("annotations") or {}
-    return {key: notes[key]} if key in notes else {}
+    return {LWS_EXCLUSIVE: notes[LWS_EXCLUSIVE]} if notes.get(LWS_EXCLUSIVE) else {}
+
+
+def _pod_notes(lws: dict[str, Any]) -> dict[str, str]:
+    """The annotations both StatefulSet templates give every pod: the group
+    size, exclusive placement and the subgroup policy."""
+    lwt, notes = lws["spec"]["leaderWorkerTemplate"], lws["metadata"].get("annotations") or {}
+    out = {LWS_SIZE: str(lwt.get("size", 1)), **_exclusive(lws)}
+    if (sub := lwt.get("subGroupPolicy")) is not None:
+        out[LWS_SUBGROUP_POLICY] = sub.get("subGroupPolicyType", "LeaderWorker")
+        out[LWS_SUBGROUP_SIZE] = str(sub["subGroupSize"])
+        if notes.get(LWS_SUBGROUP_EXCLUSIVE):
+            out[LWS_SUBGROUP_EXCLUSIVE] = notes[LWS_SUBGROUP_EXCLUSIVE]
+    return out
+
+
+def subgroup_index(size: int, subgroup_size: int, worker: int) -> int:
+    """A worker's subgroup, as LWS's pod webhook numbers them: when only
+    ``size - 1`` divides into subgroups the leader is the extra pod of the
+    first (or, LeaderExcluded, in none)."""
+    if (size - 1) % subgroup_size == 0 and size % subgroup_size != 0:
+        return (worker - 1) // subgroup_size
+    return worker // subgroup_size
 
 
 def _statefulset(name: str, lws: dict[str, Any], owner: dict[str, Any], replicas: int,
@@ -153,11 +229,11 @@ def leader_statefulset(lws: dict[str, Any], revision: str,
     """The LWS's leader StatefulSet (named as the LWS, owned by it): one
     leader pod per replica."""
     name = lws["metadata"]["name"]
-    own = {f"{LWS}/name": name, f"{LWS}/template-revision-hash": revision}
-    labels = {**_template_labels(lws), f"{LWS}/worker-index": "0", **own}
+    own = {LWS_NAME: name, LWS_REVISION: revision}
+    labels = {**_template_labels(lws, leader=True), LWS_WORKER_INDEX: "0", **own}
     return _statefulset(name, lws, owner_ref(lws), lws["spec"]["replicas"],
-                        {f"{LWS}/name": name, f"{LWS}/worker-index": "0"}, own, labels,
-                        {f"{LWS}/replicas": str(lws["spec"]["replicas"])}, uid)
+                        {LWS_NAME: name, LWS_WORKER_INDEX: "0"}, own, labels,
+                        {LWS_REPLICAS: str(lws["spec"]["replicas"])}, uid)
 
 
 def worker_statefulset(lws: dict[str, Any], leader: dict[str, Any], *,
@@ -166,10 +242,8 @@ def worker_statefulset(lws: dict[str, Any], leader: dict[str, Any], *,
     ordinals from 1; with exclusive placement created once the leader is
     bound, pinned by node selector to the leader's ``topology`` value."""
     ll = leader["metadata"]["labels"]
-    keys = (f"{LWS}/group-index", f"{LWS}/name", f"{LWS}/group-key")
-    selector = {k: ll[k] for k in keys}
-    own = {**selector,
-           f"{LWS}/template-revision-hash": ll[f"{LWS}/template-revision-hash"]}
+    selector = {k: ll[k] for k in (LWS_GROUP_INDEX, LWS_NAME, LWS_GROUP_KEY)}
+    own = {**selector, LWS_REVISION: ll[LWS_REVISION]}
     labels = {**_template_labels(lws), **own}
     exclusive = _exclusive(lws)
     pin = {**leader["spec"].get("nodeSelector", {}),
@@ -179,8 +253,32 @@ def worker_statefulset(lws: dict[str, Any], leader: dict[str, Any], *,
                         {}, uid, start=1, node_selector=pin)
 
 
-def _group_key(namespace: str, leader: str) -> str:
-    return hashlib.sha1(f"{namespace}/{leader}".encode()).hexdigest()
+def _group_key(first: str, second: str) -> str:
+    """LWS's genGroupUniqueKey: the sha1 of "<first>/<second>"."""
+    return hashlib.sha1(f"{first}/{second}".encode()).hexdigest()
+
+
+def _exclusive_affinity(p: dict[str, Any], key: str, topology: str, label: str) -> None:
+    """LWS's SetExclusiveAffinities: the pods whose ``label`` is ``key`` share
+    a ``topology`` domain, and no other pod with that label enters it."""
+    aff = p["spec"].setdefault("affinity", {})
+    aff.setdefault("podAffinity", {}).setdefault(
+        "requiredDuringSchedulingIgnoredDuringExecution", []).append(
+        {"labelSelector": {"matchExpressions": [
+            {"key": label, "operator": "In", "values": [key]}]}, "topologyKey": topology})
+    aff.setdefault("podAntiAffinity", {}).setdefault(
+        "requiredDuringSchedulingIgnoredDuringExecution", []).append(
+        {"labelSelector": {"matchExpressions": [
+            {"key": label, "operator": "Exists"},
+            {"key": label, "operator": "NotIn", "values": [key]}]}, "topologyKey": topology})
+
+
+def _subgroup(p: dict[str, Any], notes: dict[str, str], leader: str, index: int) -> None:
+    """The subgroup labels (and exclusive affinity) LWS's pod webhook adds."""
+    key = _group_key(leader, str(index))
+    p["metadata"]["labels"].update({LWS_SUBGROUP_INDEX: str(index), LWS_SUBGROUP_KEY: key})
+    if topology := notes.get(LWS_SUBGROUP_EXCLUSIVE):
+        _exclusive_affinity(p, key, topology, LWS_SUBGROUP_KEY)
 
 
 def _sts_pod(sts: dict[str, Any], ordinal: int, labels: dict[str, str],
@@ -203,24 +301,21 @@ def lws_leader(lws: dict[str, Any], sts: dict[str, Any], group: int, *, claim_te
                profile: str | None = "gb200-nvl72", uid: str | None = None) -> dict[str, Any]:
     """Leader ``group`` of an LWS: the leader StatefulSet's pod, with what
     LWS's pod webhook adds (group index, group key, and for exclusive
-    placement the affinity that keeps other groups out of its domain)."""
+    placement the affinity that keeps other groups out of its domain; the
+    first subgroup's labels unless the leader is excluded from subgroups)."""
     md = lws["metadata"]
     name = f"{md['name']}-{group}"
     key = _group_key(md["namespace"], name)
-    notes = {f"{LWS}/size": str(lws["spec"]["leaderWorkerTemplate"]["size"]), **_exclusive(lws)}
-    p = _sts_pod(sts, group, {f"{LWS}/group-index": str(group), f"{LWS}/group-key": key},
+    notes = _pod_notes(lws)
+    network = lws["spec"].get("networkConfig") or {}
+    if network.get("subdomainPolicy") == "UniquePerReplica":
+        notes[LWS_SUBDOMAIN_POLICY] = "UniquePerReplica"
+    p = _sts_pod(sts, group, {LWS_GROUP_INDEX: str(group), LWS_GROUP_KEY: key},
                  notes, claim_template, profile, uid)
-    if exclusive := _exclusive(lws):
-        topo, label = next(iter(exclusive.values())), f"{LWS}/group-key"
-        p["spec"]["affinity"] = {
-            "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-                {"labelSelector": {"matchExpressions": [
-                    {"key": label, "operator": "In", "values": [key]}]}, "topologyKey": topo}]},
-            "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-                {"labelSelector": {"matchExpressions": [
-                    {"key": label, "operator": "Exists"},
-                    {"key": label, "operator": "NotIn", "values": [key]}]},
-                 "topologyKey": topo}]}}
+    if exclusive := notes.get(LWS_EXCLUSIVE):
+        _exclusive_affinity(p, key, exclusive, LWS_GROUP_KEY)
+    if LWS_SUBGROUP_SIZE in notes and notes[LWS_SUBGROUP_POLICY] != "LeaderExcluded":
+        _subgroup(p, notes, name, 0)
     return p
 
 
@@ -228,30 +323,21 @@ def lws_worker(lws: dict[str, Any], leader: dict[str, Any], sts: dict[str, Any],
                *, claim_template: str, profile: str | None = "gb200-nvl72",
                uid: str | None = None) -> dict[str, Any]:
     """Worker ``worker`` (1..size-1) of a leader's group: the worker
-    StatefulSet's pod, with the worker index LWS's pod webhook adds."""
-    notes = {f"{LWS}/size": str(lws["spec"]["leaderWorkerTemplate"]["size"]),
-             f"{LWS}/leader-name": leader["metadata"]["name"], **_exclusive(lws)}
-    return _sts_pod(sts, worker, {f"{LWS}/worker-index": str(worker)}, notes, claim_template,
-                    profile, uid)
+    StatefulSet's pod, with the worker index (and subgroup) LWS's pod
+    webhook adds."""
+    leader_name = leader["metadata"]["name"]
+    notes = {**_pod_notes(lws), LWS_LEADER_NAME: leader_name}
+    p = _sts_pod(sts, worker, {LWS_WORKER_INDEX: str(worker)}, notes, claim_template,
+                 profile, uid)
+    if LWS_SUBGROUP_SIZE in notes:
+        _subgroup(p, notes, leader_name, subgroup_index(
+            int(notes[LWS_SIZE]), int(notes[LWS_SUBGROUP_SIZE]), worker))
+    return p
 
 
-def crd(group: str, kind: str, plural: str) -> dict[str, Any]:
-    """A minimal namespaced CRD (v1, any spec and status): enough for owner
-    objects that no controller reconciles here."""
-    free = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-    return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-            "metadata": {"name": f"{plural}.{group}"},
-            "spec": {"group": group, "scope": "Namespaced",
-                     "names": {"kind": kind, "plural": plural, "singular": kind.lower(),
-                               "listKind": f"{kind}List"},
-                     "versions": [{"name": "v1", "served": True, "storage": True,
-                                   "schema": {"openAPIV3Schema": {
-                                       "type": "object",
-                                       "properties": {"spec": free, "status": free}}}}]}}
-
-
-CRDS = [crd("leaderworkerset.x-k8s.io", "LeaderWorkerSet", "leaderworkersets"),
-        crd(DS, "DisaggregatedSet", "disaggregatedsets")]
+# LeaderWorkerSet, DisaggregatedSet and DisaggregatedSetRoleScaler with upstream's schemas
+CRDS: list[dict[str, Any]] = yaml.safe_load(
+    (Path(__file__).parent / "crds" / "lws.yaml").read_text())["items"]
 
 
 def collection(kind: str, namespace: str = "default") -> str:
