@@ -28,7 +28,9 @@ from topology.workloads import (
     LWS_REVISION,
     LWS_SIZE,
     LWS_SUBGROUP_EXCLUSIVE,
+    LWS_SUBGROUP_INDEX,
     LWS_SUBGROUP_KEY,
+    LWS_SUBGROUP_POLICY,
     LWS_SUBGROUP_SIZE,
     PREFERRED_LEVEL,
     ROLE,
@@ -107,14 +109,31 @@ def identify(pod: dict[str, Any], dialect: Dialect) -> GroupRef | None:
         exclusive = notes.get(LWS_EXCLUSIVE)
         sub_exclusive = notes.get(LWS_SUBGROUP_EXCLUSIVE)
         key = f"lws/{ns}/{lws}/{group}/{rev}"
-        if sub_exclusive and not exclusive and labels.get(LWS_SUBGROUP_KEY):
+        if sub_exclusive and not exclusive:
             # only the subgroups must each share a domain: each is a group of its own
-            key += f"/{labels[LWS_SUBGROUP_KEY]}"
-            size, exclusive = _int(notes.get(LWS_SUBGROUP_SIZE)), sub_exclusive
+            if sub := labels.get(LWS_SUBGROUP_KEY):
+                key += f"/{sub}"
+                size, exclusive = _subgroup_size(size, notes, labels), sub_exclusive
+            else:  # a leader excluded from the subgroups: alone, anywhere
+                key, size = f"{key}/leader", 1
         lws_req, bad = _level(exclusive, dialect, LWS_EXCLUSIVE)
         return GroupRef(key, Source.LWS, size, required or lws_req, preferred, role,
                         problem=problem or bad)
     return None
+
+
+def _subgroup_size(size: int | None, notes: dict[str, str],
+                   labels: dict[str, str]) -> int | None:
+    """How many pods LWS puts in the pod's subgroup: ``subgroup-size``, one
+    more in the first when only ``size - 1`` divides into subgroups and the
+    leader joins it (policy LeaderWorker; pkg/webhooks/pod_webhook.go)."""
+    sub = _int(notes.get(LWS_SUBGROUP_SIZE))
+    if sub is None or sub < 1 or size is None:
+        return sub
+    leader_extra = (size - 1) % sub == 0 and size % sub != 0
+    first = labels.get(LWS_SUBGROUP_INDEX) == "0"
+    joins = notes.get(LWS_SUBGROUP_POLICY, "LeaderWorker") != "LeaderExcluded"
+    return sub + 1 if leader_extra and first and joins else sub
 
 
 def disaggregated_key(namespace: str, labels: dict[str, str]) -> str:
