@@ -289,7 +289,7 @@ def test_router_pair_serves_the_sim_and_the_standby_takes_over(stack: Stack) -> 
     assert inst.install_status(stack.cluster.api, PREFIX)["routerURL"] == leader
     r = _chat(leader)
     assert r.status_code == 200, r.text
-    assert r.headers["X-Toposerve-Endpoint"] == f"http://127.0.0.1:{SIM_PORT}"
+    assert r.headers["X-Toposerve-Endpoint"] == f"127.0.0.1:{SIM_PORT}"
     assert httpx.get(standby + "/ready", timeout=5).status_code == 503
     # a Responses turn stored by the leader is read by the standby: one
     # Redis, on the node's loopback, with the password of the Secret
