@@ -29,16 +29,37 @@ from pathlib import Path
 import httptools
 import orjson
 import psutil
+import yaml
 
 from bench.report import medians, pct
-from bench.router_bench import REPO, Start, order, ours, peer, peers_missing
+from bench.router_bench import REPO, SCRAPE_S, Start, order, ours, ours_at, peer, peers_missing
 from harness.procs import MODEL, Proc, Procs
 from localcluster.ports import free_port
 from localcluster.results import pyplot, save, table, write
 
 DIRECT = "direct"
+# our router with Python's own collector settings (no gc.freeze, the
+# default thresholds): what router.http.server's tuning saves, in the same run
+_UNTUNED_GC = ("import gc, sys; import router.http.server as s, toposerve_cli.main as m; "
+               "gc.freeze = lambda: None; s.GC_THRESHOLDS = gc.get_threshold(); "
+               "sys.argv[0] = 'toposerve'; m.main()")
+
+
+def ours_untuned_gc(procs: Procs, backends: list[Proc]) -> Proc:
+    port = free_port()
+    cfg = {"apiVersion": "toposerve.io/v1", "kind": "RouterConfig",
+           "server": {"host": "127.0.0.1", "port": port},
+           "discovery": {"static": [{"url": b.url} for b in backends]},
+           "scrape": {"intervalSeconds": SCRAPE_S}}
+    path = procs.tmp / f"router-untuned-gc-{port}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return procs.command([sys.executable, "-c", _UNTUNED_GC, "router", "--config", str(path)],
+                         "router-untuned-gc", f"http://127.0.0.1:{port}", ("/ready",))
+
+
 ROUTERS: dict[str, Start] = {
     "toposerve": ours,
+    "toposerve[Python's default GC]": ours_untuned_gc,
     "vllm-router cache_aware": peer("vllm-router", "--policy", "cache_aware"),
     "sglang-router cache_aware": peer("sglang-router", "launch", "--policy", "cache_aware"),
     "smg cache_aware": peer("smg", "launch", "--policy", "cache_aware"),
@@ -50,7 +71,7 @@ PROMPTS = 64  # distinct conversations, 16 to a shared system prompt
 # one measurement's bounds: no new request after BUDGET_S (a router that
 # answers in 40 ms gets 250 requests a client, not its full count), and
 # whatever is still unanswered DEADLINE_S after the start counts as failed
-BUDGET_S, DEADLINE_S = 8.0, 30.0
+BUDGET_S, DEADLINE_S = 5.0, 30.0
 
 
 def bodies(n: int = PROMPTS, system_bytes: int = 2000) -> list[bytes]:
@@ -81,7 +102,6 @@ class _Client(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
-        self.send()
 
     def send(self) -> None:
         run = self.run
@@ -142,14 +162,20 @@ async def load(url: str, concurrency: int, total: int, payloads: list[bytes],
     run = _Run(requests_of(host, int(port), payloads), total)
     loop = asyncio.get_running_loop()
     run.clients = concurrency
+    # every client connected (and, the first request answered, accepted)
+    # before any sends: a router busy with the first clients accepts the
+    # later ones' connections late, which is no per-request cost
+    clients = [(await loop.create_connection(functools.partial(_Client, run, k), host,
+                                             int(port)))[1] for k in range(concurrency)]
     t0 = time.perf_counter()
-    transports = [(await loop.create_connection(functools.partial(_Client, run, k), host,
-                                                int(port)))[0] for k in range(concurrency)]
+    for c in clients:
+        c.send()
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(asyncio.shield(run.done), deadline_s)
     wall = time.perf_counter() - t0
-    for t in transports:
-        t.close()
+    for c in clients:
+        if c.transport is not None:
+            c.transport.close()
     return run.ttfts, run.sent - len(run.ttfts), wall
 
 
@@ -330,12 +356,14 @@ def main(argv: list[str] | None = None) -> int:
                          f"{FLEET_CONCURRENCY} clients")
     ap.add_argument("--requests", type=int, default=2000, help="per measurement")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--against", metavar="REV",
+                    help="also measure our router as committed at REV (an A/B in one run)")
     ap.add_argument("--router-cpu", type=int, default=1)
     ap.add_argument("--client-cpu", type=int, default=0)
     args = ap.parse_args(argv)
     if args.quick:
         args.requests, args.repeats = 300, 1
-    if any(n != "toposerve" for n in args.routers) and (err := peers_missing()):
+    if any(not n.startswith("toposerve") for n in args.routers) and (err := peers_missing()):
         print(err, file=sys.stderr)
         return 2
     cpus = None
@@ -344,6 +372,10 @@ def main(argv: list[str] | None = None) -> int:
         os.sched_setaffinity(0, cpus[0])  # this process: the clients
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
+        if args.against:
+            name, start = ours_at(args.against, Path(tmp))
+            ROUTERS[name] = start
+            args.routers.append(name)
         runs = run(Path(tmp), args.routers, tuple(args.fleets), tuple(args.concurrency),
                    args.requests, args.repeats, cpus)
     rows = medians(runs, ("router", "fleet", "concurrency"))
