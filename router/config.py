@@ -414,6 +414,11 @@ class KVEventsConfig(Section):
     tokenizer: str | None = Field(
         default=None, description="HF tokenizer.json, or 'bytes' for the simulator's byte "
                                   "tokens; unset: prefix-precise falls back to prefix-approx")
+    chat_template: str | None = Field(
+        default=None, alias="chatTemplate",
+        description="a .jinja chat template for chat requests' tokens, as the engines' "
+                    "--chat-template; unset: the one beside the tokenizer "
+                    "(chat_template.jinja, or tokenizer_config.json's chat_template)")
     block_size: int = Field(default=16, alias="blockSize", gt=0,
                             description="the engines' KV block size, in tokens")
 

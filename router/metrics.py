@@ -64,6 +64,11 @@ class RouterMetrics:
         self.midstream = Counter("toposerve_router_midstream_failures",
                                  "Answers whose upstream broke after it began answering.",
                                  registry=r)
+        self.chat_template_fallbacks = Counter(
+            "toposerve_router_chat_template_fallbacks",
+            "Chat requests the precise prefix index keyed from the approximate prompt, "
+            "not the model's chat template (reason: no_template, render_error, unsupported).",
+            ["reason"], registry=r)
         self.scheduling = Histogram("toposerve_router_scheduling_seconds",
                                     "Time to pick an endpoint (parse, hash, score).",
                                     buckets=(0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025,

@@ -5,7 +5,9 @@ belongs to a scheduling cycle (``router.scheduling.cycle``)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from router.pool.endpoints import Endpoint
 from wire.hashing import byte_block_hashes
@@ -16,6 +18,8 @@ from wire.tokens import BYTES_PER_TOKEN
 class RequestContext:
     model: str | None
     prompt: bytes  # canonical prompt bytes (see wire.prompt)
+    # a chat request's document: the precise index renders its chat template
+    chat: Mapping[str, Any] | None = None
     session: str | None = None
     affinity_url: str | None = None  # endpoint that served the previous response
     prefill: Endpoint | None = None  # a split request's prefill endpoint, once picked

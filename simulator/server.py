@@ -30,6 +30,7 @@ from simulator.metrics import SimMetrics
 from simulator.responses_stream import ResponseEvents
 from topology.distance import node_tier
 from topology.model import DomainPath
+from wire.chat_template import chat_text, load_chat_template
 from wire.errors import ApiError, error_response, from_validation
 from wire.kv_events import BlockStored, encode_removed, encode_stored
 from wire.kv_transfer import REMOTE_PREFILL_FIELDS, SGLANG_BOOTSTRAP_PORT
@@ -59,6 +60,8 @@ class SimServer:
     def __init__(self, cfg: SimConfig) -> None:
         self.cfg = cfg
         self.tokenizer = load_tokenizer(cfg.tokenizer)
+        # the model's chat template beside tokenizer.json, as vLLM renders chat
+        self.chat_template = load_chat_template(cfg.tokenizer)
         self.publisher: KVEventPublisher | None = None
         self.cache = BlockCache(cfg.num_gpu_blocks, cfg.block_size,
                                 on_stored=self._stored, on_removed=self._removed)
@@ -352,7 +355,7 @@ class SimServer:
         if (fault := await self._faults(request)) is not None:
             return fault
         body = await self._body(request, ChatRequest)
-        return await self._run(request, body, chat_prompt(body["messages"]),
+        return await self._run(request, body, chat_text(self.chat_template, body)[0],
                                self._max_tokens(body, "max_completion_tokens", "max_tokens"),
                                "chat")
 
@@ -438,7 +441,7 @@ class SimServer:
         prompt (or these messages, through the same chat template) is
         prefilled and cached with, so routers can key KV events by them."""
         body = await self._body(request, TokenizeRequest)
-        text = (chat_prompt(body["messages"]) if body.get("messages") is not None
+        text = (chat_text(self.chat_template, body)[0] if body.get("messages") is not None
                 else body["prompt"])
         tokens = self.tokenizer.encode(text)
         return web.json_response({"count": len(tokens), "max_model_len": self.cfg.max_model_len,

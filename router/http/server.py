@@ -46,6 +46,7 @@ from router.scheduling.filters import RevisionFilter
 from router.scheduling.profile import Decision, Scheduler
 from router.state import RouterState
 from wire.errors import ApiError, error_response, from_validation
+from wire.chat_template import load_chat_template
 from wire.openai import ChatRequest, CompletionRequest, ResponsesRequest
 from wire.prompt import chat_prompt, completion_prompt, responses_items
 from wire.tokens import load_tokenizer
@@ -67,9 +68,10 @@ class Router:
         self.kv: KVIndex | None = None
         if any(s.type == "prefix-precise" for s in cfg.profile.scorers) and (
                 cfg.kv_events.tokenizer is not None):
-            tok = load_tokenizer(None if cfg.kv_events.tokenizer == "bytes"
-                                 else cfg.kv_events.tokenizer)
-            self.kv = KVIndex(self.state.precise, tok, cfg.kv_events.block_size)
+            path = None if cfg.kv_events.tokenizer == "bytes" else cfg.kv_events.tokenizer
+            self.kv = KVIndex(self.state.precise, load_tokenizer(path), cfg.kv_events.block_size,
+                              load_chat_template(path, cfg.kv_events.chat_template),
+                              lambda why: self.metrics.chat_template_fallbacks.labels(why).inc())
         self.revisions = Revisions(cfg.revisions.weights)
         self.scheduler = Scheduler(self.state, cfg.profile, self.kv, "profile",
                                    [RevisionFilter(self.revisions)])
@@ -234,6 +236,8 @@ class Router:
         ctx = self._context(request, req.model, prompt_of(doc))
         headers = forward_headers(request)
         call = Call(request, path, body, doc, ctx, headers, started)
+        if model is ChatRequest:
+            ctx.chat = doc  # the precise index tokenizes it through the chat template
         if self.split is not None and self.split.splits(call):
             return await self.split.serve(call)
         d = await self._schedule(request, ctx)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 
 import structlog
 import zmq
@@ -19,6 +20,7 @@ import zmq.asyncio
 
 from router.prefix.index import PrefixIndex
 from router.request import RequestContext
+from wire.chat_template import ChatTemplate, chat_text
 from wire.hashing import SEED, token_block_hashes
 from wire.kv_events import (
     AllBlocksCleared,
@@ -37,9 +39,15 @@ GPU_MEDIA = (None, "GPU")
 
 
 class KVIndex:
-    def __init__(self, index: PrefixIndex, tokenizer: Tokenizer, block_size: int) -> None:
+    def __init__(self, index: PrefixIndex, tokenizer: Tokenizer, block_size: int,
+                 template: ChatTemplate | None = None,
+                 fallback: Callable[[str], None] = lambda reason: None) -> None:
         self.index = index
         self.tokenizer = tokenizer
+        # chat requests are tokenized as the engine renders them; when they
+        # cannot be, ``fallback`` hears why and the approximate prompt serves
+        self.template = template
+        self.fallback = fallback
         self.block_size = block_size
         self._keys: dict[str, dict[int, int]] = {}  # url -> engine hash -> our key
         self._tasks: dict[str, asyncio.Task[None]] = {}
@@ -73,7 +81,13 @@ class KVIndex:
 
     def request_keys(self, ctx: RequestContext) -> list[int]:
         if ctx.token_keys is None:
-            tokens = self.tokenizer.encode(ctx.prompt.decode("utf-8", "replace"))
+            if ctx.chat is None:
+                text = ctx.prompt.decode("utf-8", "replace")
+            else:
+                text, reason = chat_text(self.template, ctx.chat)
+                if reason is not None:
+                    self.fallback(reason)
+            tokens = self.tokenizer.encode(text)
             ctx.token_keys = token_block_hashes(tokens, self.block_size)
         return ctx.token_keys
 
