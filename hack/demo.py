@@ -2,9 +2,10 @@
 
 1. a real local cluster with three hardware profiles (kwok nodes) and a
    real kubelet node, its topology printed;
-2. the stack installed from its manifests on the real node: the images of
-   ``make image`` imported, the GPU and NIC drivers' DaemonSets, the
-   extender, the second kube-scheduler, the DeviceClasses
+2. three model-server pods (kwok), simulated vLLM on their IPs; then the
+   stack installed from its manifests on the real node: the images of
+   ``make image`` imported, the GPU driver's DaemonSet, the extender, the
+   second kube-scheduler, the router pair and its Redis, the DeviceClasses
    (localcluster/install.py);
 3. ``toposerve driver simulate`` publishing every kwok node's GPU and NIC
    slices, and a GPU+NIC claim on one PCIe root allocated by kube-scheduler
@@ -13,8 +14,8 @@
    (hack/demo_realnode.py);
 5. a wide-EP group and a P/D set placed by the installed second scheduler
    and extender, next to kube-scheduler alone (hack/demo_placement.py);
-6. simulated vLLM servers on pod IPs, conversations through the router
-   beside round-robin (hack/demo_serving.py);
+6. conversations through the installed router beside round-robin over
+   the same servers (hack/demo_serving.py);
 7. prefill and decode pods in two GB200 NVL72 domains, the router
    splitting each request, the decode half in the prefill half's domain;
 8. a one-screen summary, its JSON and two PNGs (hack/demo_report.py);
@@ -34,7 +35,8 @@ from demo_dra import dra_slices
 from demo_placement import placement
 from demo_realnode import real_node_pod
 from demo_report import report
-from demo_serving import pd_split, routed_traffic
+from demo_serving import APP, PORT, model_pods, pd_split, routed_traffic
+from demo_support import wait_until
 
 from harness.procs import Procs
 from localcluster.cluster import ClusterSpec, down, running_clusters, up
@@ -48,9 +50,7 @@ from localcluster.tools import ToolsMissing
 
 NAME = "demo"
 OUT = Path(tempfile.gettempdir()) / "toposerve-demo"
-# the install leaves the router off on the local cluster (its Redis is a
-# Service name nothing on loopback resolves): the demo runs it on the host
-ROUTER_WHERE = "router as a host process"
+ROUTER_WHERE = "the installed router pair, leader's pod on the real node"
 
 
 def say(msg: str) -> None:
@@ -77,12 +77,14 @@ def _cannot_run() -> str | None:
 
 
 def _show_install(installed: Installed) -> str:
-    """The installed components and their pods; the extender's URL."""
-    st = install_status(api_client(NAME), installed.values.namespace)
+    """The installed components and their pods; the router leader's URL."""
+    ns = installed.values.namespace
+    st = wait_until("the router's leader", lambda: (
+        s if "routerURL" in (s := install_status(api_client(NAME), ns)) else None), timeout=60)
     for c in st["components"]:
         pods = ", ".join(f"{p['name']} on {p['node']}" for p in c["pods"])
         print(f"   {c['kind'].lower()}/{c['name']}: {c['ready']} available ({pods})")
-    return f"http://127.0.0.1:{installed.values.extender.port}"
+    return str(st["routerURL"])
 
 
 def main() -> int:
@@ -102,14 +104,20 @@ def main() -> int:
         realnode.start(NAME, progress=progress)
         subprocess.run([sys.executable, "-m", "toposerve_cli.main", "topology", "show",
                         "--name", NAME], check=True)
-        say(f"2. Install: the stack from its manifests on the real node {NODE_NAME} "
+        urls = model_pods(NAME, say, procs)
+        say(f"2b. Install: the stack from its manifests on the real node {NODE_NAME} "
             "(`toposerve cluster up --real-node --install`)")
-        installed = install(NAME, progress=progress)
-        extender = _show_install(installed)
+        # the router finds the model pods by label, as the simulators
+        # serve them: no API keys in the demo
+        installed = install(NAME, progress=progress, sets=[
+            f"router.config.discovery.kubernetes.labelSelector=app={APP}",
+            f"router.config.discovery.kubernetes.port={PORT}", "router.apiKeys.enabled=false"])
+        router = _show_install(installed)
         with dra_slices(NAME, say) as kwok_claim:  # the slices stay for the placement step
             real_claim = real_node_pod(NAME, say)
-            runs, paths = placement(NAME, say, extender)
-        traffic = routed_traffic(NAME, say, procs)
+            runs, paths = placement(NAME, say,
+                                    f"http://127.0.0.1:{installed.values.extender.port}")
+        traffic = routed_traffic(say, urls, router)
         pd_split(NAME, say, procs)
         say(f"8. Summary ({ROUTER_WHERE}; {time.monotonic() - started:.0f}s so far)")
         report(OUT, runs, paths, {"gpu-and-nic (a kwok HGX H100 node, kube-scheduler)":

@@ -1,9 +1,9 @@
 """``make demo``, serving: simulated vLLM servers on the pod IPs of
-kwok-run pods, the router (a host process: the install leaves it off on
-the local cluster) finding them through the Kubernetes API; multi-turn
+kwok-run pods, the installed router (on the real node's network: the pod
+IPs are loopback) finding them through the Kubernetes API; multi-turn
 conversations streamed through it and, beside it, round-robin over the
 same servers (TTFT and prefix-cache hits of each); then prefill/decode
-pods in two GB200 NVL72 domains with the router splitting each request."""
+pods in two GB200 NVL72 domains with a router splitting each request."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from localcluster.pods import model_pod, wait_running
 from topology.labels import PRESETS, DialectName, from_labels
 
 Say = Callable[[str], None]
+APP, PORT = "vllm", 8000  # the model pods' label and the simulators' port
 SESSIONS = 5  # not a multiple of the 3 servers: round-robin moves a session each turn
 TURNS = 4
 # a long shared system prompt per session: what a prefix-cache hit saves
@@ -120,37 +121,43 @@ def _run_pods(core: Any, app: str, pods: dict[str, tuple[str, str | None]]
     return wait_running(core, list(pods))
 
 
-def routed_traffic(name: str, say: Say, procs: Procs) -> list[Traffic]:
-    """Step: the pods, the router beside round-robin; both results."""
-    say("6. Three model-server pods (kube-scheduler, kwok), the router beside round-robin")
+def model_pods(name: str, say: Say, procs: Procs) -> list[str]:
+    """Step: three model-server pods placed by kube-scheduler, a simulator
+    on each pod's IP; their URLs. Before the install: the installed router
+    is ready once it finds one."""
+    say("2a. Three model-server pods (kube-scheduler, kwok), simulated vLLM on their IPs")
     core = client.CoreV1Api(api_client(name))
-    ips = _run_pods(core, "vllm", {f"vllm-{i}": ("prefill-decode", None) for i in range(3)})
-    sims = []
+    ips = _run_pods(core, APP, {f"{APP}-{i}": ("prefill-decode", None) for i in range(3)})
+    urls = []
     for pod, (ip, node) in sorted(ips.items()):
-        sims.append(procs.sim(host=ip, port=8000, time_scale=1.0))
-        print(f"   {pod} on {node}: simulated vLLM listening on {ip}:8000")
-    router = procs.router({"discovery": {"kubernetes": {
-        "namespace": "default", "labelSelector": "app=vllm", "port": 8000,
-        "kubeconfig": str(kubeconfig_path(name))}}})
-    print(f"   router (a host process) on {router.url}, servers from the Kubernetes API; "
-          f"/ready: {httpx.get(router.url + '/ready').text}")
+        urls.append(procs.sim(host=ip, port=PORT, time_scale=1.0).url)
+        print(f"   {pod} on {node}: simulated vLLM listening on {ip}:{PORT}")
+    return urls
+
+
+def routed_traffic(say: Say, urls: list[str], router: str) -> list[Traffic]:
+    """Step: the same conversations through round-robin over ``urls`` and
+    through the installed router at ``router``; both results."""
+    say("6. Conversations through the installed router, beside round-robin")
+    print(f"   the installed router's leader on {router} (a pod on the real node's network), "
+          f"its servers from the Kubernetes API; /ready: {httpx.get(router + '/ready').text}")
     print(f"   {SESSIONS} conversations x {TURNS} turns, each with a long system prompt, "
           "streamed; first round-robin, then the router")
-    urls = [s.url for s in sims]
     rr = _converse(Traffic("round-robin"), lambda k: urls[k % len(urls)])
-    routed = _converse(Traffic("toposerve router"), lambda _: router.url)
+    routed = _converse(Traffic("toposerve router"), lambda _: router)
     for t in (rr, routed):
         print(f"   {t.name:16}: TTFT p50 {t.p(0.5):6.1f} ms, p90 {t.p(0.9):6.1f} ms; "
               f"{100 * t.hit_rate():4.1f}% of prompt tokens from cache; "
               f"{t.moves} of {SESSIONS * (TURNS - 1)} later turns on another server")
     print("   routing decisions by reason:\n     " + "\n     ".join(
-        _metric_lines(router.url, "toposerve_router_decisions_total")))
+        _metric_lines(router, "toposerve_router_decisions_total")))
     return [rr, routed]
 
 
 def pd_split(name: str, say: Say, procs: Procs) -> None:
-    """Step: prefill and decode pods in two NVL72 domains, the router
-    splitting each request, the decode half in the prefill half's domain."""
+    """Step: prefill and decode pods in two NVL72 domains, a router on the
+    host (the installed one serves the pods above) splitting each request,
+    the decode half in the prefill half's domain."""
     say("7. Prefill/decode split across two GB200 NVL72 domains")
     core = client.CoreV1Api(api_client(name))
     gb200 = node_labels(core, "topology.toposerve.io/profile=gb200-nvl72")
