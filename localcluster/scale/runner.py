@@ -361,8 +361,9 @@ def keep_logs(workdir: Path, cluster: Path, dest: Path) -> None:
 
 
 def install_crds(rest: JsonApi) -> float:
-    """LeaderWorkerSet and DisaggregatedSet, served before the extender
-    starts (it looks for them once); the seconds it took."""
+    """The LWS project's CRDs with upstream's schemas (LeaderWorkerSet,
+    DisaggregatedSet and its role scaler), served before the extender starts
+    (it looks for them once); the seconds it took."""
     path = ctl.collection("CustomResourceDefinition")
     for c in ctl.CRDS:
         with contextlib.suppress(ApiError):
