@@ -36,11 +36,12 @@ def _pods(objects: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
 
 def test_every_pod_on_the_real_node_with_imported_images_and_the_loopback_api() -> None:
     v = inst.local_values("c", IMAGES, Path("/hw/sysfs"), Path("/hw/dev"),
-                          sets=["netDriver.enabled=true", "router.enabled=true"])
+                          sets=["netDriver.enabled=true"])
     pods = _pods(render_objects(v))
     assert {n for n, _ in pods} >= {"toposerve-gpu-driver", "toposerve-net-driver",
                                     "toposerve-extender", "toposerve-scheduler",
-                                    "toposerve-router", "toposerve-router-redis"}
+                                    "toposerve-router-0", "toposerve-router-1",
+                                    "toposerve-router-redis"}
     for name, pod in pods:
         assert pod["nodeSelector"] == {REAL_NODE_LABEL: "real"}, name
         assert pod["tolerations"] == [REAL_NODE_TOLERATION], name
@@ -54,9 +55,19 @@ def test_every_pod_on_the_real_node_with_imported_images_and_the_loopback_api() 
     assert v.api_server.url == "https://127.0.0.1:34567"
 
 
-def test_router_off_unless_asked_for() -> None:
+def test_router_pair_and_redis_on_the_nodes_loopback() -> None:
+    """The host cannot reach the real node's pod network and nothing on
+    loopback resolves a Service name: the router replicas and Redis listen on
+    127.0.0.1, each replica on a port of its own."""
     v = inst.local_values("c", IMAGES, Path("/s"), Path("/d"))
-    assert not v.router.enabled and v.gpu_driver.enabled
+    assert v.router.enabled and v.router.host_network and v.gpu_driver.enabled
+    pods = dict(_pods(render_objects(v)))
+    ports = set()
+    for name in ("toposerve-router-0", "toposerve-router-1", "toposerve-router-redis"):
+        assert pods[name]["hostNetwork"] is True, name
+        ports |= {p["containerPort"] for c in pods[name]["containers"]
+                  for p in c.get("ports", [])}
+    assert v.router.port in ports and v.router.port + 1 in ports
 
 
 def test_values_file_over_ours_and_set_over_the_file(tmp_path: Path) -> None:
