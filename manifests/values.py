@@ -176,6 +176,12 @@ class GpuDriver(PluginDriver):
     """The accelerator DRA driver `gpu.toposerve.io`: a DaemonSet of
     `toposerve driver gpu`, its service account and RBAC."""
 
+    nvidia_driver_root: AbsPath = Field(
+        default="/",
+        description="the host's NVIDIA driver root: `/`, or `/run/nvidia/driver` with the GPU "
+                    "Operator's containerized driver; mounted read-only at /driver-root, where "
+                    "the driver searches `libnvidia-ml.so.1` (not found: sysfs only)")
+
 
 class NetDriverCni(Section):
     """The NIC hand-off's CNI plugin `toposerve-nic`, installed on each node by

@@ -70,6 +70,7 @@ def _gpu(args: argparse.Namespace) -> int:
         return _fail(common)
     opts = GpuDriverOptions(**common, health_interval_s=args.health_interval,
                             nvml=not args.no_nvml, nvml_library=args.nvml_library,
+                            nvidia_driver_root=args.nvidia_driver_root,
                             allow_shared_with_nvidia=args.allow_shared_with_nvidia)
     return _serve(GpuDriver(_api(args.kubeconfig), opts), args)
 
@@ -215,9 +216,12 @@ def register(sub: Any) -> None:
     _plugin_arguments(g, "gpu.toposerve.io", "GPUs", 9465)
     g.add_argument("--health-interval", type=float, default=10.0,
                    help="seconds between device health checks (default %(default)s)")
+    g.add_argument("--nvidia-driver-root", type=Path, default=None,
+                   help="the host's NVIDIA driver root as mounted here (the host's / or the "
+                        "GPU Operator's /run/nvidia/driver): libnvidia-ml.so.1 is searched "
+                        "in its library dirs; default: the loader's search path")
     g.add_argument("--nvml-library", type=Path, default=None,
-                   help="the libnvidia-ml.so.1 to load (e.g. under a GPU Operator driver "
-                        "root); default: the loader's search path")
+                   help="the libnvidia-ml.so.1 to load, over --nvidia-driver-root")
     g.add_argument("--no-nvml", action="store_true",
                    help="discover GPUs from sysfs only, without NVML")
     g.add_argument("--allow-shared-with-nvidia", action="store_true",

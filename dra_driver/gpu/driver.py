@@ -49,7 +49,8 @@ CDI_CLASS = "gpu"
 class GpuDriverOptions(PluginOptions):
     health_interval_s: float = 10.0
     nvml: bool = True                 # False: sysfs only, NVML not even tried
-    nvml_library: Path | None = None  # load this libnvidia-ml.so.1 (a driver root's)
+    nvml_library: Path | None = None  # load this libnvidia-ml.so.1, whatever the root
+    nvidia_driver_root: Path | None = None  # else search the library under it
     allow_shared_with_nvidia: bool = False  # publish GPUs NVIDIA's plugins advertise too
 
 
@@ -130,7 +131,8 @@ class GpuKind:
     def __init__(self, api: ApiClient, opts: GpuDriverOptions) -> None:
         self.api = api
         self.opts = opts
-        self.nvml = Nvml.open(DRIVER, opts.nvml_library) if opts.nvml else None
+        self.nvml = (Nvml.open(DRIVER, opts.nvml_library, opts.nvidia_driver_root)
+                     if opts.nvml else None)
         self.faults = Faults()
         self._neighbours = None if opts.allow_shared_with_nvidia else NvidiaNeighbours(
             api, opts.node_name, DRIVER)

@@ -6,7 +6,8 @@ and clique of GB200-class GPUs), and health (critical XID events, lost GPUs).
 
 ``Nvml.open`` returns None when ``libnvidia-ml.so.1`` cannot be loaded or
 initialized: the driver then discovers from sysfs alone, says so once in
-its log, and ``toposerve_dra_nvml_available`` is 0.
+its log, and ``toposerve_dra_nvml_available`` is 0. In a pod the library
+is the host's, found under its driver root (``find_library``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,11 @@ _BRANDS = {1: "Quadro", 2: "Tesla", 3: "NVS", 5: "GeForce", 6: "Titan", 12: "Qua
 _PLAIN_PROFILE = re.compile(r"^[0-9]+g\.[0-9]+gb$")
 # Application XIDs that leave the GPU healthy; NVIDIA's drivers ignore them too.
 IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+SONAME = "libnvidia-ml.so.1"
+# Where a driver root keeps it (RHEL-like, Debian-like x86 and Arm, others),
+# searched in this order as NVIDIA's DRA driver does.
+LIBRARY_DIRS = ("usr/lib64", "usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu",
+                "lib64", "usr/lib")
 
 
 @dataclass(frozen=True)
@@ -94,6 +100,22 @@ def _cuda_version(v: int) -> str:
     return f"{v // 1000}.{v % 1000 // 10}"
 
 
+def find_library(driver_root: Path) -> Path | None:
+    """The first ``libnvidia-ml.so.1`` in ``LIBRARY_DIRS`` of a driver root
+    (``/`` of the host, or the GPU Operator's ``/run/nvidia/driver``, as
+    mounted in the pod), or None."""
+    for d in LIBRARY_DIRS:
+        if (candidate := driver_root / d / SONAME).is_file():
+            return candidate
+    return None
+
+
+def _unavailable(driver: str, reason: str, **fields: str) -> None:
+    log.warning("NVML unavailable, discovering GPUs from sysfs only", driver=driver,
+                reason=reason, **fields)
+    NVML_AVAILABLE.labels(driver).set(0)
+
+
 class Nvml:
     """An initialized NVML. Calls may come from any thread (NVML is
     thread-safe); the XID event set belongs to the one thread calling
@@ -107,32 +129,36 @@ class Nvml:
         self._registered: set[str] = set()  # bus ids in the event set
 
     @classmethod
-    def open(cls, driver: str, library: Path | None = None) -> Nvml | None:
+    def open(cls, driver: str, library: Path | None = None,
+             driver_root: Path | None = None) -> Nvml | None:
         """NVML initialized, or None (logged once, metric 0) when the library
         is missing or will not initialize. ``library`` loads that file first,
-        so ``libnvidia-ml.so.1`` resolves to it (a driver root such as the GPU
-        Operator's ``/run/nvidia/driver``, or a test's fake)."""
+        so ``libnvidia-ml.so.1`` resolves to it (a test's fake, or a path
+        given by hand); otherwise ``driver_root`` is searched for it
+        (``find_library``); with neither, the loader's search path."""
         try:
             import pynvml  # type: ignore[import-untyped]
         except ImportError:
-            log.warning("NVML unavailable, discovering GPUs from sysfs only", driver=driver,
-                        reason="the nvidia-ml-py package is not installed "
-                               "(pip install 'toposerve[nvidia]')")
-            NVML_AVAILABLE.labels(driver).set(0)
+            _unavailable(driver, "the nvidia-ml-py package is not installed "
+                                 "(pip install 'toposerve[nvidia]')")
             return None
+        if library is None and driver_root is not None:
+            library = find_library(driver_root)
+            if library is None:
+                _unavailable(driver, f"no {SONAME} under the driver root {driver_root} "
+                                     f"(searched {', '.join(LIBRARY_DIRS)})")
+                return None
         try:
             if library is not None:
-                # pynvml dlopens the soname; a library loaded by path with that
-                # soname is the one it gets
+                # pynvml's loader takes no path, only the soname; a library
+                # already loaded by path with that soname is the one it gets
                 ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
             pynvml.nvmlInit()
         except (OSError, pynvml.NVMLError) as err:
-            log.warning("NVML unavailable, discovering GPUs from sysfs only", driver=driver,
-                        library=str(library or "libnvidia-ml.so.1"), reason=str(err))
-            NVML_AVAILABLE.labels(driver).set(0)
+            _unavailable(driver, str(err), library=str(library or SONAME))
             return None
         NVML_AVAILABLE.labels(driver).set(1)
-        log.info("NVML initialized", driver=driver,
+        log.info("NVML initialized", driver=driver, library=str(library or SONAME),
                  driver_version=pynvml.nvmlSystemGetDriverVersion())
         return cls(pynvml)
 

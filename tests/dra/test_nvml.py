@@ -7,6 +7,8 @@ NVIDIA's own plugins advertise are withheld."""
 
 from __future__ import annotations
 
+import ctypes
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -14,13 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 
 from dra_driver.gpu import coexistence, driver
 from dra_driver.gpu.config import GpuConfig
-from dra_driver.gpu.devices import gpu_pool
+from dra_driver.gpu.devices import gpu_pool, gpu_uuid
 from dra_driver.gpu.driver import TAINT_GPU_LOST, TAINT_XID, GpuDriverOptions, GpuKind
 from dra_driver.gpu.edits import gpu_edits, resolve
-from dra_driver.gpu.nvml import NVML_AVAILABLE, Nvml, XidEvent
+from dra_driver.gpu.nvml import NVML_AVAILABLE, Nvml, XidEvent, find_library
 from dra_driver.kubeletplugin import AllocatedDevice, ClaimRef, HealthBoard
 from dra_driver.kubeletplugin.health import Health
 from harness.fake_nvml import (
@@ -193,6 +196,86 @@ def test_no_capacity_left_fails_the_check(nvml_of: Any) -> None:
 def test_without_the_library_it_is_sysfs_only(tmp_path: Path) -> None:
     assert Nvml.open("gpu.toposerve.io", tmp_path / "libnvidia-ml.so.1") is None
     assert NVML_AVAILABLE.labels("gpu.toposerve.io")._value.get() == 0
+
+
+# -- the host's driver root, as the pod mounts it ------------------------------
+
+
+def _driver_root(root: Path, library: Path, lib_dir: str) -> Path:
+    """``library`` installed under ``root/lib_dir`` as a driver installs it:
+    the versioned file and the soname a relative link to it."""
+    d = root / lib_dir
+    d.mkdir(parents=True, exist_ok=True)
+    shutil.copy(library, d / "libnvidia-ml.so.580.65.06")
+    (d / "libnvidia-ml.so.1").symlink_to("libnvidia-ml.so.580.65.06")
+    return d / "libnvidia-ml.so.1"
+
+
+@pytest.fixture
+def loaded(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths Nvml.open loads (pynvml's own loader imported CDLL apart)."""
+    paths: list[str] = []
+    real = ctypes.CDLL
+
+    def spy(name: str, *args: Any, **kw: Any) -> ctypes.CDLL:
+        paths.append(name)
+        return real(name, *args, **kw)
+    monkeypatch.setattr(ctypes, "CDLL", spy)
+    return paths
+
+
+def test_the_library_is_found_under_the_driver_root(
+        library: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        loaded: list[str]) -> None:
+    root = tmp_path / "driver-root"
+    found = _driver_root(root, library, "usr/lib/x86_64-linux-gnu")
+    _driver_root(root, library, "usr/lib")  # later in the search order
+    assert find_library(root) == found
+    monkeypatch.setenv(ENV, str(Scenario(gpus_of(HW)).write(tmp_path / "scenario")))
+    nvml = Nvml.open("gpu.toposerve.io", driver_root=root)
+    assert nvml is not None
+    try:
+        assert loaded == [str(found)]
+        assert len(nvml.node().gpus) == 8
+        assert NVML_AVAILABLE.labels("gpu.toposerve.io")._value.get() == 1
+    finally:
+        nvml.close()
+
+
+def test_an_empty_driver_root_logs_one_line_and_keeps_sysfs(
+        tmp_path: Path, dev_root: Path, loaded: list[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "driver-root"
+    root.mkdir()
+    sysfs = write_profile_sysfs(load_profile("hgx-h100"), tmp_path / "sysfs")
+    monkeypatch.setattr(driver, "CoreV1Api", _Core())
+    opts = GpuDriverOptions(node_name=NODE, sysfs_root=sysfs, dev_root=dev_root,
+                            nvidia_driver_root=root, allow_shared_with_nvidia=True)
+    with structlog.testing.capture_logs() as logs:
+        kind = GpuKind(api=None, opts=opts)  # type: ignore[arg-type]
+    assert kind.nvml is None and loaded == []
+    (line,) = logs
+    assert line["log_level"] == "warning"
+    assert line["reason"] == (
+        f"no libnvidia-ml.so.1 under the driver root {root} (searched usr/lib64, "
+        "usr/lib/x86_64-linux-gnu, usr/lib/aarch64-linux-gnu, lib64, usr/lib)")
+    assert NVML_AVAILABLE.labels("gpu.toposerve.io")._value.get() == 0
+    kind.discover()
+    (pool,) = kind.enumerate()
+    # sysfs alone: the stand-in UUID
+    assert _attrs(pool, "gpu-0")["uuid"] == gpu_uuid(NODE, HW.place("gpu-0").device.pci_bus_id)
+
+
+def test_an_explicit_library_wins_over_the_driver_root(
+        library: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        loaded: list[str]) -> None:
+    root = tmp_path / "driver-root"
+    _driver_root(root, library, "usr/lib64")
+    monkeypatch.setenv(ENV, str(Scenario(gpus_of(HW)).write(tmp_path / "scenario")))
+    nvml = Nvml.open("gpu.toposerve.io", library, driver_root=root)
+    assert nvml is not None
+    nvml.close()
+    assert loaded == [str(library)]
 
 
 # -- the driver's kind: health and taints ---------------------------------------

@@ -105,6 +105,21 @@ def test_gpu_driver_daemonset() -> None:
                    if p.startswith(("/var/lib/k", "/run/cdi")))
 
 
+@pytest.mark.parametrize("root", ["/", "/run/nvidia/driver"])
+def test_gpu_driver_mounts_the_nvidia_driver_root(root: str) -> None:
+    """The image has no libnvidia-ml.so.1: the host's driver root is mounted
+    read-only and the driver told to search it."""
+    sets = () if root == "/" else (f"gpuDriver.nvidiaDriverRoot={root}",)
+    ds = one(objects(*sets, only=["gpu-driver"]), "DaemonSet")
+    c = _container(ds)
+    assert "--nvidia-driver-root=/driver-root" in c["command"]
+    mount = next(m for m in c["volumeMounts"] if m["mountPath"] == "/driver-root")
+    assert mount["readOnly"] is True
+    volume = next(v for v in ds["spec"]["template"]["spec"]["volumes"]
+                  if v["name"] == mount["name"])
+    assert volume["hostPath"] == {"path": root, "type": "Directory"}
+
+
 def test_kubeconfig_names_the_values_api_server() -> None:
     cm = one(objects("apiServer.host=api.example.test", "apiServer.port=443"), "ConfigMap",
              "toposerve-kubeconfig")
