@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hashlib
 import socket
 import time
@@ -45,8 +46,8 @@ from router.responses.store import (
 from router.scheduling.filters import RevisionFilter
 from router.scheduling.profile import Decision, Scheduler
 from router.state import RouterState
-from wire.errors import ApiError, error_response, from_validation
 from wire.chat_template import load_chat_template
+from wire.errors import ApiError, error_response, from_validation
 from wire.openai import ChatRequest, CompletionRequest, ResponsesRequest
 from wire.prompt import chat_prompt, completion_prompt, responses_items
 from wire.tokens import load_tokenizer
@@ -58,6 +59,7 @@ DRAIN_GRACE_S = 1.0
 # between the two get the router's JSON error, longer ones aiohttp's 400
 PARSER_SLACK = 8
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+GC_THRESHOLDS = (50_000, 20, 100)
 
 
 class Router:
@@ -234,10 +236,10 @@ class Router:
         body, doc, req = await self._json(request, model)
         self._check_model(req.model)
         ctx = self._context(request, req.model, prompt_of(doc))
-        headers = forward_headers(request)
-        call = Call(request, path, body, doc, ctx, headers, started)
         if model is ChatRequest:
             ctx.chat = doc  # the precise index tokenizes it through the chat template
+        headers = forward_headers(request)
+        call = Call(request, path, body, doc, ctx, headers, started)
         if self.split is not None and self.split.splits(call):
             return await self.split.serve(call)
         d = await self._schedule(request, ctx)
@@ -494,6 +496,13 @@ def serve(cfg: RouterConfig, sock: socket.socket | None = None) -> None:
     import uvloop
 
     uvloop.install()
+    # what exists by now (modules, config, the models) lives as long as the
+    # process: frozen, a full collection no longer walks it (a full one took
+    # up to 0.3 s under load); young collections every 50,000 allocations,
+    # not 700 (docs/benchmarks.md, "Router overhead")
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
     where: dict[str, Any] = ({"sock": sock} if sock else
                              {"host": cfg.server.host, "port": cfg.server.port})
     web.run_app(build_app(cfg), **where, access_log=None,
