@@ -59,12 +59,24 @@ class HttpEndpoints:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 route = routes.get(self.path.split("?", 1)[0])
-                code, body, ctype = route() if route else (404, b"not found\n", "text/plain")
+                self._send(*(route() if route else (404, b"not found\n", "text/plain")))
+
+            def _not_allowed(self) -> None:
+                # 405, not http.server's 501: another method is the client's error
+                self._send(405, b"method not allowed\n", "text/plain", {"Allow": "GET"})
+
+            do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _not_allowed
+
+            def _send(self, code: int, body: bytes, ctype: str,
+                      headers: Mapping[str, str] | None = None) -> None:
                 self.send_response(code)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
                 self.end_headers()
-                self.wfile.write(body)
+                if self.command != "HEAD":
+                    self.wfile.write(body)
 
             def log_message(self, format: str, *args: object) -> None:
                 pass  # probes every few seconds would flood the log
