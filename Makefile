@@ -83,6 +83,7 @@ bench: setup peers
 	$(PY) -m bench.load_sweep
 	$(PY) -m bench.pd_bench --repeats 3
 	$(PY) -m bench.overload_bench
+	$(PY) -m bench.abuse_bench
 	$(PY) -m bench.dra_prepare
 	$(PY) -m bench.realnode_prepare
 	$(PY) -m bench.net_handoff
