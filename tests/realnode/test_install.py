@@ -10,6 +10,8 @@ uninstall that leaves no slice, socket or CDI spec behind."""
 from __future__ import annotations
 
 import contextlib
+import random
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -18,15 +20,19 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
+import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from dra_driver.gpu.driver import CDI_CLASS, CDI_VENDOR
 from dra_driver.kubeletplugin.cdi import CdiSpecs
+from dra_driver.simulate import LABELS as SIM_LABELS
+from dra_driver.simulate import Simulator
 from harness.waiting import wait_for
 from localcluster import install as inst
-from localcluster.nodes import KWOK_ANNOTATION
+from localcluster.nodes import KWOK_ANNOTATION, KWOK_TOLERATION
 from localcluster.ports import free_port
 from localcluster.realnode.gpu_driver import CDI_ROOT, DRIVER, PLUGIN_DIR
 from localcluster.realnode.paths import (
@@ -38,8 +44,12 @@ from localcluster.realnode.paths import (
 from localcluster.realnode.pods import busybox_pod
 from localcluster.realnode.tools import find_node_tools
 from router.ha.pod_label import ROLE_LABEL
+from scheduler_ext.placement.levels import domain_of, parse_level
+from scheduler_ext.state.facts import PLACEMENT_ANNOTATION
 from tests.conftest import Cluster
 from tests.realnode.conftest import PodMaker, ensure_started, wait_phase
+from topology.labels import PRESETS, PROFILE_LABEL, DialectName, from_labels
+from topology.workloads import GROUP, GROUP_SIZE, LEVEL, ROLE
 
 pytestmark = [pytest.mark.cluster, pytest.mark.realnode]
 
@@ -311,6 +321,219 @@ def test_router_pair_serves_the_sim_and_the_standby_takes_over(stack: Stack) -> 
     assert r.status_code == 200, r.text
     assert served < FAILOVER_S
 
+
+
+# -- the second scheduler and the extender place groups whole (kwok nodes) --
+
+PLACE = "rn-install-place"  # the namespace of the placed groups and their templates
+WHOLE_GPU = "device.attributes['gpu.toposerve.io'].type == 'gpu'"
+DIALECT = PRESETS[DialectName.TOPOSERVE]
+
+
+@dataclass(frozen=True)
+class Group:
+    name: str
+    profile: str
+    roles: tuple[tuple[str, int], ...]  # (role, pods); role "" for a wide-EP gang
+    gpus: int  # per pod, whole GPUs
+    level: str  # required topology level
+
+    def pods(self) -> list[tuple[str, str]]:
+        return [(f"{self.name}-{role + '-' if role else ''}{i}", role)
+                for role, n in self.roles for i in range(n)]
+
+
+# the session's cluster has one GB200 rack (18 trays) and one HGX rack of 4
+# nodes, each its own NVLink domain: the P/D set must share one node
+GROUPS = (Group("wide-ep", "gb200-nvl72", (("", 4),), 4, "rack"),
+          Group("pd", "hgx-h100", (("prefill", 1), ("decode", 2)), 2, "nvlink"))
+
+
+@pytest.fixture
+def kwok_gpus(stack: Stack) -> Iterator[Simulator]:
+    """``driver simulate``'s GPU slices for every kwok node and a namespace
+    for the groups; the namespace (pods, claims) and the slices gone after."""
+    sim = Simulator(stack.cluster.api, drivers=(DRIVER,), sync_delay=0.2)
+    sim.start()
+    try:
+        wait_for("driver simulate's slices for every kwok node", sim.ready, timeout=120,
+                 interval=0.5)
+        stack.core.create_namespace({"metadata": {"name": PLACE}})
+        wait_for("the namespace's default service account", lambda: stack.core.
+                 list_namespaced_service_account(PLACE, field_selector="metadata.name=default"
+                                                 ).items, timeout=60)
+        yield sim
+    finally:
+        with contextlib.suppress(ApiException):
+            stack.core.delete_namespace(PLACE, grace_period_seconds=0)
+        wait_for(f"namespace {PLACE} gone", lambda: not stack.core.list_namespace(
+            field_selector=f"metadata.name={PLACE}").items, timeout=120)
+        sim.stop()
+        sim.uninstall()
+        selector = ",".join(f"{k}={v}" for k, v in SIM_LABELS.items())
+        wait_for("the simulated slices gone", lambda: not stack.res.list_resource_slice(
+            label_selector=selector).items, timeout=60)
+
+
+def _kwok_pod(g: Group, name: str, role: str, scheduler: str) -> dict[str, Any]:
+    labels = {"app": PLACE, GROUP: g.name, GROUP_SIZE: str(len(g.pods())), LEVEL: g.level}
+    if role:
+        labels[ROLE] = role
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels},
+            "spec": {"schedulerName": scheduler, "tolerations": [KWOK_TOLERATION],
+                     "nodeSelector": {PROFILE_LABEL: g.profile},
+                     "containers": [{"name": "main", "image": "vllm/vllm-openai",
+                                     "resources": {"claims": [{"name": "gpu"}]}}],
+                     "resourceClaims": [{"name": "gpu",
+                                         "resourceClaimTemplateName": f"gpus-{g.gpus}"}]}}
+
+
+def _placed(s: Stack, count: int) -> list[Any]:
+    """Every group pod, once all are Running (kwok's word for bound) and
+    each group carries the extender's decision (written just after it
+    answers the filter call)."""
+    pods = s.core.list_namespaced_pod(PLACE, label_selector=f"app={PLACE}").items
+    decided = {p.metadata.labels[GROUP] for p in pods
+               if PLACEMENT_ANNOTATION in (p.metadata.annotations or {})}
+    ok = (len(pods) == count and all(p.status.phase == "Running" for p in pods)
+          and decided == {g.name for g in GROUPS})
+    return list(pods) if ok else []
+
+
+def _scheduling_events(s: Stack) -> str:
+    evs = s.core.list_namespaced_event(PLACE, field_selector="reason=FailedScheduling").items
+    return "; ".join(f"{e.involved_object.name}: {e.message}" for e in evs[-6:]) or "(none)"
+
+
+def test_second_scheduler_and_extender_place_groups_whole(stack: Stack, kwok_gpus: Simulator
+                                                          ) -> None:
+    scheduler = stack.installed.values.scheduler.scheduler_name
+    for gpus in {g.gpus for g in GROUPS}:
+        stack.res.create_namespaced_resource_claim_template(PLACE, {
+            "metadata": {"name": f"gpus-{gpus}"},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": GPU_CLASS, "count": gpus,
+                "selectors": [{"cel": {"expression": WHOLE_GPU}}]}}]}}}})
+    # the groups' pods interleaved, as controllers of two workloads would make them
+    pods = [(g, name, role) for g in GROUPS for name, role in g.pods()]
+    random.Random(28).shuffle(pods)
+    for g, name, role in pods:
+        stack.core.create_namespaced_pod(PLACE, _kwok_pod(g, name, role, scheduler))
+    try:
+        got = wait_for(f"{len(pods)} pods bound by {scheduler} and Running on kwok nodes",
+                       lambda: _placed(stack, len(pods)), timeout=120, interval=0.5)
+    except AssertionError as err:
+        raise AssertionError(f"{err}; scheduler events: {_scheduling_events(stack)}") from None
+    nodes = {n.metadata.name: n for n in stack.core.list_node().items}
+    for g in GROUPS:
+        mine = [p for p in got if p.metadata.labels[GROUP] == g.name]
+        where = {p.spec.node_name for p in mine}
+        # kwok nodes only: no pod of the real node's, whose DaemonSets they do not run
+        assert all(KWOK_ANNOTATION in (nodes[n].metadata.annotations or {}) for n in where)
+        tier = parse_level(g.level, DIALECT)
+        domains = {domain_of(from_labels(n, nodes[n].metadata.labels, DIALECT), tier)
+                   for n in where}
+        decision = next(orjson.loads(p.metadata.annotations[PLACEMENT_ANNOTATION])
+                        for p in mine if PLACEMENT_ANNOTATION in (p.metadata.annotations or {}))
+        assert domains == {tuple(decision["domain"])}, (g.name, where, decision)
+        assert decision["required"] and decision["level"] == g.level
+        assert all(p.spec.scheduler_name == scheduler for p in mine)
+
+
+# -- the cookbook's claims on the real node, against the installed driver --
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLE = f"{PREFIX}-example"  # the examples' names' prefix: none is the fixture's TEMPLATE
+
+
+def _example_on_real_node(s: Stack, make_pod: PodMaker, file: str) -> tuple[Any, str]:
+    """An example's claim templates and pod as they are, but for names of
+    this module's, the installed GPU class, and the real node's own pod
+    settings (busybox_pod's: the local busybox image, never pulled; the
+    node's selector and toleration; no token). The pod Running, its claim UID."""
+    base = busybox_pod("base", "")["spec"]
+    pod: dict[str, Any] = {}
+    for obj in yaml.safe_load_all((EXAMPLES / file).read_text()):
+        obj["metadata"]["name"] = f"{EXAMPLE}-{obj['metadata']['name']}"
+        if obj["kind"] == "ResourceClaimTemplate":
+            for r in obj["spec"]["spec"]["devices"]["requests"]:
+                r["exactly"]["deviceClassName"] = GPU_CLASS
+            s.res.create_namespaced_resource_claim_template("default", obj)
+        else:
+            pod = obj
+    spec = pod["spec"]
+    for c in spec["resourceClaims"]:
+        c["resourceClaimTemplateName"] = f"{EXAMPLE}-{c['resourceClaimTemplateName']}"
+    spec.update({k: base[k] for k in ("nodeSelector", "tolerations",
+                                      "automountServiceAccountToken", "enableServiceLinks",
+                                      "terminationGracePeriodSeconds")})
+    for c in spec["containers"]:
+        c.update(image=base["containers"][0]["image"], imagePullPolicy="Never")
+    make_pod(pod)
+    got = wait_phase(s.core, pod["metadata"]["name"], {"Running"})
+    claim = s.res.read_namespaced_resource_claim(
+        got.status.resource_claim_statuses[0].resource_claim_name, "default")
+    return claim, str(got.metadata.name)
+
+
+def _allocated(s: Stack, claim: Any) -> dict[str, str]:
+    """The string attributes of the claim's one device, as the node's slices publish it."""
+    result, = claim.status.allocation.devices.results
+    assert result.driver == DRIVER and result.pool == NODE_NAME
+    device = next(d for x in _gpus(s) for d in x.spec.devices or [] if d.name == result.device)
+    return {k: v.string for k, v in device.attributes.items() if v.string is not None}
+
+
+def _cdi_env(s: Stack, claim_uid: str) -> dict[str, str]:
+    """The env the claim's CDI spec adds: spec-wide and per device."""
+    spec = orjson.loads(s.cdi.path(claim_uid).read_bytes())
+    edits = [spec.get("containerEdits") or {}, *(d["containerEdits"] for d in spec["devices"])]
+    return dict(e.split("=", 1) for x in edits for e in x.get("env") or [])
+
+
+def _log(s: Stack, name: str, line: str) -> list[str]:
+    got: list[str] = wait_for(f"{line!r} in the log of {name}", lambda: (
+        lines if line in (lines := s.core.read_namespaced_pod_log(name, "default").splitlines())
+        else []), timeout=30)
+    return got
+
+
+@pytest.fixture
+def cleanup_templates(stack: Stack) -> Iterator[None]:
+    yield
+    for t in stack.res.list_namespaced_resource_claim_template("default").items:
+        if t.metadata.name.startswith(f"{EXAMPLE}-"):
+            with contextlib.suppress(ApiException):
+                stack.res.delete_namespaced_resource_claim_template(t.metadata.name, "default")
+
+
+@pytest.mark.usefixtures("cleanup_templates")
+def test_example_01_one_gpu_on_the_real_node(stack: Stack, make_pod: PodMaker) -> None:
+    claim, name = _example_on_real_node(stack, make_pod, "01-one-gpu.yaml")
+    assert _allocated(stack, claim)["type"] == "gpu"
+    env = _cdi_env(stack, claim.metadata.uid)
+    assert env["NVIDIA_VISIBLE_DEVICES"].startswith("GPU-")
+    # the example's own command: `env | grep -E 'VISIBLE_DEVICES|TOPOSERVE_'`
+    wanted = sorted(f"{k}={v}" for k, v in env.items()
+                    if re.search("VISIBLE_DEVICES|TOPOSERVE_", k))
+    lines = _log(stack, name, wanted[0])
+    assert set(wanted) <= set(lines), (wanted, lines)
+    _delete_and_wait_unprepared(stack, name, claim.metadata.uid)
+
+
+@pytest.mark.usefixtures("cleanup_templates")
+def test_example_06_partition_on_the_real_node(stack: Stack, make_pod: PodMaker) -> None:
+    # the stand-in H100s publish their partitions; the example's profile is one of them
+    profiles = {d.attributes["profile"].string for x in _gpus(stack) for d in x.spec.devices or []
+                if "profile" in d.attributes}
+    assert "1g.10gb" in profiles, profiles
+    claim, name = _example_on_real_node(stack, make_pod, "06-gpu-partition.yaml")
+    device = _allocated(stack, claim)
+    assert (device["type"], device["profile"]) == ("mig", "1g.10gb")
+    env = _cdi_env(stack, claim.metadata.uid)
+    assert env["CUDA_VISIBLE_DEVICES"].startswith("MIG-")
+    _log(stack, name, env["CUDA_VISIBLE_DEVICES"])  # `echo $CUDA_VISIBLE_DEVICES`
+    _delete_and_wait_unprepared(stack, name, claim.metadata.uid)
 
 def test_uninstall_leaves_no_slices_sockets_or_cdi_specs(stack: Stack) -> None:
     inst.uninstall(stack.cluster.name, stack.installed.objects, stack.installed.values)
