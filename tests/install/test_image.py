@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from harness.images import make_images
 from localcluster.realnode.images import is_static_elf
 from localcluster.tools import versions
 from toposerve_cli.main import EXTRAS
@@ -94,13 +95,7 @@ def _load(ref: str, archive: Path) -> Image:
 @pytest.fixture(scope="module")
 def images() -> dict[str, Image]:
     """``make image``'s archives by reference (its stdout names each one)."""
-    if os.geteuid() != 0:
-        pytest.fail("make image needs root (buildah's overlay storage, mmdebstrap)")
-    done = subprocess.run(["make", "-s", "--no-print-directory", "image"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=1500, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    built = dict(re.findall(r"^(localhost/\S+) (/\S+\.oci\.tar)$", done.stdout, re.M))
-    return {ref: _load(ref, Path(archive)) for ref, archive in built.items()}
+    return {ref: _load(ref, archive) for ref, archive in make_images().items()}
 
 
 def images_redis_tag(images: dict[str, Image]) -> str:

@@ -30,6 +30,7 @@ from dra_driver.gpu.driver import CDI_CLASS, CDI_VENDOR
 from dra_driver.kubeletplugin.cdi import CdiSpecs
 from dra_driver.simulate import LABELS as SIM_LABELS
 from dra_driver.simulate import Simulator
+from harness.images import make_images
 from harness.waiting import wait_for
 from localcluster import install as inst
 from localcluster.nodes import KWOK_ANNOTATION, KWOK_TOLERATION
@@ -100,8 +101,10 @@ def _sim_pod(image: str) -> dict[str, Any]:
 def stack(real_node_cluster: Cluster) -> Iterator[Stack]:
     ensure_started(real_node_cluster)
     core: Any = client.CoreV1Api(real_node_cluster.api)
-    # the model server first: the routers are ready (warm) once they find one
-    images = inst.built_images()
+    # this tree's images (an archive built from older code under the same tag
+    # would run that code); the model server first: the routers are ready
+    # (warm) once they find one
+    images = make_images()
     inst.import_images(images.values())
     image = next(ref for ref in images if inst._image_name(ref) == "toposerve")
     core.create_namespaced_pod("default", _sim_pod(image))
