@@ -298,29 +298,37 @@ class SimServer:
         obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
         usage_wanted = bool((body.get("stream_options") or {}).get("include_usage"))
 
-        def chunk(delta_text: str | None, finish: str | None, first: bool = False) -> bytes:
-            if kind == "chat":
-                delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else \
-                    {"content": delta_text}
-                choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None,
-                                          "finish_reason": finish}
-            else:
-                choice = {"index": 0, "text": delta_text or "", "logprobs": None,
-                          "finish_reason": finish, "stop_reason": None}
-            data = {"id": rid, "object": obj, "created": created, "model": model,
-                    "choices": [choice]}
-            return b"data: " + orjson.dumps(data) + b"\n\n"
+        def event(data: dict[str, Any]) -> bytes:
+            return b"data: " + orjson.dumps({"id": rid, "object": obj, "created": created,
+                                             "model": model, **data}) + b"\n\n"
+
+        def token(text: str, last: bool) -> bytes:
+            # as vLLM v0.33: finish_reason (with the chunk's kv_transfer_params)
+            # rides on the last token's chunk, not on a chunk of its own
+            reason = "length" if last else None
+            choice: dict[str, Any] = (
+                {"index": 0, "delta": {"content": text}, "logprobs": None,
+                 "finish_reason": reason, **({"stop_reason": None} if last else {})}
+                if kind == "chat" else
+                {"index": 0, "text": text, "logprobs": None, "finish_reason": reason,
+                 "stop_reason": None})
+            return event({"choices": [choice],
+                          **({"kv_transfer_params": extra.get("kv_transfer_params")}
+                             if last else {})})
 
         produced = 0
         fail_mid = (self.cfg.midstream_failure_rate
                     and self.rng.random() < self.cfg.midstream_failure_rate)
         async for n in self._steps(job):
-            if produced == 0 and kind == "chat":
-                await resp.write(chunk(None, None, first=True))
+            if produced == 0 and kind == "chat":  # chat alone opens with the role
+                await resp.write(event({"choices": [{
+                    "index": 0, "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None, "finish_reason": None}]}))
             text = filler(n, produced)
             produced += n
             last = produced >= job.max_tokens
-            await resp.write(b"".join(chunk(text[i * 4:(i + 1) * 4], None) for i in range(n)))
+            await resp.write(b"".join(token(text[i * 4:(i + 1) * 4], last and i == n - 1)
+                                      for i in range(n)))
             if fail_mid:
                 assert request.transport is not None
                 request.transport.close()
@@ -328,17 +336,8 @@ class SimServer:
             if last:
                 break
         self._finished(produced)
-        final: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": model,
-                                 "choices": [{"index": 0, "delta": {}, "logprobs": None,
-                                              "finish_reason": "length"} if kind == "chat" else
-                                             {"index": 0, "text": "", "logprobs": None,
-                                              "finish_reason": "length", "stop_reason": None}],
-                                 **extra}
-        await resp.write(b"data: " + orjson.dumps(final) + b"\n\n")
         if usage_wanted:
-            u = {"id": rid, "object": obj, "created": created, "model": model, "choices": [],
-                 "usage": self._usage(job, produced)}
-            await resp.write(b"data: " + orjson.dumps(u) + b"\n\n")
+            await resp.write(event({"choices": [], "usage": self._usage(job, produced)}))
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp

@@ -7,7 +7,10 @@ number of SSE ``data:`` events and the last bytes; a stream it did not
 see (none recorded) keeps the estimate. The answer's own usage
 counts when it is there (a whole JSON body, a stream's usage chunk,
 ``response.completed``); otherwise a stream's token events are counted
-(one event a token, as vLLM and SGLang stream them)."""
+(one event a token, as vLLM and SGLang stream them): its data events less
+those that carry none, which are told by their bytes rather than by route,
+since chat and completions, vLLM and SGLang frame a stream differently
+(tests/wire/fixtures)."""
 
 from __future__ import annotations
 
@@ -27,23 +30,31 @@ OUTPUT_TOKENS: web.RequestKey[int] = web.RequestKey("output_tokens")
 
 # chat/completions: completion_tokens; the Responses API: output_tokens
 _USAGE = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*(\d+)')
-# a stream's events that carry no token: the closing chunk (finish_reason)
-# and data: [DONE]
-_FRAMING_EVENTS = 2
+# a chat stream's opening chunk (one a choice) names the role, and no other
+# chunk does (a key: a quote inside generated text is escaped)
+_ROLE = b'"role":'
+# a stream's last events that carry no token: data: [DONE]; SGLang's finish
+# chunk (vLLM puts finish_reason on the last token's chunk)
+_DONE = b"data: [DONE]"
+_SGLANG_FINISH = b'"delta":{"reasoning_content":null},'
 
 
 @dataclass
 class Answered:
     """What the proxy relayed of one answer: ``events`` SSE data events (0
-    for a whole body) and its last bytes (the whole body, or a stream's
-    last two chunks: a usage chunk may come just before ``[DONE]``)."""
+    for a whole body), ``roles`` chat role chunks among them, and its last
+    bytes (the whole body, or a stream's last two chunks: a usage chunk or
+    SGLang's finish chunk may come just before ``[DONE]``)."""
 
     events: int = 0
+    roles: int = 0
     prev: bytes = b""
     last: bytes = b""
 
     def saw(self, chunk: bytes) -> None:
+        # on the hot path: two scans of the chunk, no parsing
         self.events += chunk.count(b"data:")
+        self.roles += chunk.count(_ROLE)
         self.prev, self.last = self.last, chunk
 
 
@@ -53,10 +64,12 @@ ANSWERED: web.RequestKey[Answered] = web.RequestKey("answered")
 def output_tokens(answered: Answered) -> int:
     """The answer's output tokens: its usage if it says, else its counted
     token events."""
-    found = _USAGE.findall(answered.prev + answered.last)
+    tail = answered.prev + answered.last
+    found = _USAGE.findall(tail)
     if found:
         return int(found[-1])
-    return max(0, answered.events - _FRAMING_EVENTS)
+    framing = answered.roles + tail.count(_DONE) + tail.count(_SGLANG_FINISH)
+    return max(0, answered.events - framing)
 
 
 def responses_output(resp: dict[str, Any]) -> int | None:

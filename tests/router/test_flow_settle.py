@@ -66,10 +66,11 @@ def test_output_counted_from_usage_or_events() -> None:
     whole.saw(body)
     assert output_tokens(whole) == 7
     stream = Answered()
-    for chunk in [b'data: {"a":1}\n\ndata: {"b":2}\n\n', b'data: {"c":3}\n\n',
-                  b'data: {"fin":1}\n\n', b"data: [DONE]\n\n"]:
+    for chunk in [b'data: {"delta":{"role":"assistant","content":""}}\n\ndata: {"a":1}\n\n',
+                  b'data: {"b":2}\n\n', b'data: {"c":3,"finish_reason":"length"}\n\n',
+                  b"data: [DONE]\n\n"]:
         stream.saw(chunk)
-    assert output_tokens(stream) == 3  # five events less the closing one and [DONE]
+    assert output_tokens(stream) == 3  # five events less chat's role chunk and [DONE]
     usage = Answered()
     for chunk in [b'data: {"a":1}\n\n', b'data: {"choices":[],"usage":{"completion_tokens":'
                                         b'41}}\n\n', b"data: [DONE]\n\n"]:
