@@ -120,7 +120,9 @@ class MemoryStore:
                   earlier: Sequence[str] = ()) -> None:
         if rid in self._items:
             raise _taken(rid)
-        raw = orjson.dumps({**record, "tenant": tenant})
+        # copied to its own size: orjson's result keeps the buffer it sized for
+        # the worst case (a 1 MiB turn held 16 MiB), and the budget counts len
+        raw = bytes(memoryview(orjson.dumps({**record, "tenant": tenant})))
         expires = time.monotonic() + self.cfg.ttl_s
         for e in earlier:
             if (item := self._items.get(e)) is not None:

@@ -278,3 +278,22 @@ def test_delete_input_items_and_model_retrieve(procs: Procs, tmp_path: Path) -> 
     with pytest.raises(openai.NotFoundError):
         red.responses.delete(second.id)
     assert red.responses.retrieve(first.id).id == first.id
+
+
+def test_a_stored_turn_holds_about_its_own_bytes() -> None:
+    """The byte budget counts each turn's encoded length; what the store
+    keeps must be about that. orjson's result keeps the buffer it sized for
+    the worst case: a 1 MiB turn held 16 MiB, so a 64 MiB store grew the
+    router by 250 MiB over 240 turns."""
+    import tracemalloc
+
+    store = MemoryStore(ResponsesStoreConfig())
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        asyncio.run(store.put("resp_big", {"input": "y" * (1 << 20)}, "t"))
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert store.bytes > 1 << 20
+    assert held < 2 * store.bytes, held
