@@ -11,7 +11,9 @@ from harness.dra_gpu import DriverProc, GpuEnv, running, setup_env, teardown_env
 from tests.conftest import Cluster
 
 
-@pytest.fixture(scope="session")
+# the package's, not the session's: its node must be gone before other
+# packages count the session cluster's nodes
+@pytest.fixture(scope="package")
 def gpu_env(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GpuEnv]:
     env = setup_env(cluster.name, cluster.api, tmp_path_factory.mktemp("gpu-env"))
     try:

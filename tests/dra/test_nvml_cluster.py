@@ -100,7 +100,9 @@ def test_xid_and_lost_gpu_are_taints_until_the_gpu_is_back(
     inject_xid(scenario, 6, 79)
     wait_for("gpu-6 tainted by XID 79",
              lambda: (f"{DRIVER}/xid", "79") in _taints(gpu_env.api, "gpu-6"))
-    assert (f"{DRIVER}/xid", "79") in _taints(gpu_env.api, "gpu-6-1g10gb-3")
+    # its partitions too; they may sit in another slice, written a moment later
+    wait_for("gpu-6's partition tainted by XID 79",
+             lambda: (f"{DRIVER}/xid", "79") in _taints(gpu_env.api, "gpu-6-1g10gb-3"))
     assert _taints(gpu_env.api, "gpu-5") == []
     set_lost(scenario, [6])
     wait_for("gpu-6 lost", lambda: (f"{DRIVER}/gpu-lost", None) in _taints(gpu_env.api, "gpu-6"))
