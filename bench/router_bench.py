@@ -1,7 +1,8 @@
-"""``make bench``: the same simulators, the same workloads, five routers side
+"""``make bench``: the same simulators, the same workloads, the routers side
 by side in one run. Prints a table, writes JSON and a PNG plot.
 
     python -m bench.router_bench [--quick] [--out bench/results]
+    python -m bench.router_bench --sim-cmd 'PATH --port {port} ...'  # another simulator
 """
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import math
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -30,7 +33,7 @@ from bench.replay import (
     replay_trace,
 )
 from bench.report import medians, pct
-from bench.workloads import TraceRequest, agentic, mooncake
+from bench.workloads import AgentSession, TraceRequest, agentic, mooncake, working_set_tokens
 from harness.procs import MODEL, Proc, Procs
 from localcluster.ports import free_port
 from localcluster.results import pyplot, save, write
@@ -54,8 +57,66 @@ SIM: dict[str, Any] = {"time_scale": 0.2, "overhead_s": 0.01, "prefill_s_per_tok
 # requests at a quarter of their length), so what a router captures is
 # its placement, not the cache size (at 40,000 blocks every router lost a
 # tenth of the reuse to evictions).
-CACHE_BLOCKS = {"agentic": 6250, "mooncake": 120_000}
+CACHE_BLOCKS = {"agentic": 6250, "mooncake": 120_000, "uneven": 6250}
 N_SIMS = 4
+# KV-cache pressure: more agentic sessions than the fleet's caches hold.
+# Each simulator caches a quarter of the sessions' working set over
+# KV_PRESSURE (workloads.working_set_tokens: for 32 sessions of 6 turns,
+# 2,800-3,200 blocks, 45-50K tokens, each), so prefixes are evicted whatever
+# the placement and a router that keeps a session where its prefix still is,
+# and spreads the sessions' footprints evenly, loses the least to it.
+KV_PRESSURE = 2.5
+KV_PRESSURE_SESSIONS = 32
+KV_PRESSURE_TURNS = 6
+# Uneven endpoints: the agentic sessions (the same seeds) on four simulators,
+# the first of which (where a tie goes first) prefills and decodes 4x slower
+# and runs 4 sequences at a time, not 32: a load-blind router that keeps a
+# session there for its prefix makes that session wait.
+SLOW_SIM: dict[str, Any] = {"prefill_s_per_token": 4 * SIM["prefill_s_per_token"],
+                            "decode_s_per_token": 4 * SIM["decode_s_per_token"],
+                            "max_num_seqs": 4}
+WORKLOADS = ("agentic", "mooncake", "kv-pressure", "uneven")
+CLOSED_LOOP = ("agentic", "kv-pressure", "uneven")  # agentic sessions
+# what a run on another simulator (--sim-cmd) adds to its workloads' names
+EXTERNAL = " (external sim)"
+# routers that read the simulators' KV events, which an external simulator
+# is not started to publish here
+NEEDS_EVENTS = ("vllm-router kv_aware",)
+
+
+def kv_pressure_blocks(sessions: list[AgentSession]) -> int:
+    """Blocks a simulator caches under KV-cache pressure: the sessions'
+    working set is KV_PRESSURE times the fleet's blocks together."""
+    block: int = SIM["block_size"]
+    return max(1, math.ceil(working_set_tokens(sessions) / KV_PRESSURE / N_SIMS / block))
+
+
+def cache_blocks(workload: str, payload: Any) -> int:
+    """Blocks each simulator caches for ``workload`` (its ``payload`` sizes
+    the KV-pressure one)."""
+    return kv_pressure_blocks(payload) if workload == "kv-pressure" else CACHE_BLOCKS[workload]
+
+
+def sim_flags(workload: str, payload: Any, index: int) -> dict[str, Any]:
+    """Flags of the ``index``-th simulator for ``workload``."""
+    flags = {**SIM, "num_gpu_blocks": cache_blocks(workload, payload)}
+    if workload == "uneven" and index == 0:
+        flags.update(SLOW_SIM)
+    return flags
+
+
+def external_sims(procs: Procs, template: str, workload: str, payload: Any) -> list[Proc]:
+    """N_SIMS simulators of someone else's from a command template, each on
+    a loopback port of its own: ``{port}``, ``{model}``, ``{blocks}`` (the
+    workload's cache blocks) and ``{block_size}`` are filled in."""
+    out = []
+    for _ in range(N_SIMS):
+        port = free_port()
+        argv = shlex.split(template.format(port=port, model=MODEL, block_size=SIM["block_size"],
+                                           blocks=cache_blocks(workload, payload)))
+        out.append(procs.command(argv, "external-sim", f"http://127.0.0.1:{port}",
+                                 ("/health", "/v1/models")))
+    return out
 # The trace's clock runs this much faster in the replay: about 60 requests
 # a second, where round-robin's four simulators are saturated (finding half
 # the reuse, they prefill a quarter more tokens) and a cache-aware fleet's
@@ -189,6 +250,7 @@ ROUTERS: dict[str, Start] = {
     "vllm-router kv_aware": peer("vllm-router", "--policy", "kv_aware", kv_events=True),
     "vllm-router power_of_two": peer("vllm-router", "--policy", "power_of_two"),
     "sglang-router cache_aware": peer("sglang-router", "launch", "--policy", "cache_aware"),
+    "smg cache_aware": peer("smg", "launch", "--policy", "cache_aware"),
 }
 
 
@@ -235,17 +297,22 @@ class Row:
     max_over_mean_work: float  # tokens computed: uncached prompt + generated
     cpu_ms_per_request: float
     seed: int = 0  # the repeat (agentic: its workload's seed); a median row's is meaningless
+    cache_blocks: int = 0  # each simulator's
 
 
-def run_one(tmp: Path, name: str, workload: str, payload: Any, seed: int = 0) -> Row:
+def run_one(tmp: Path, name: str, workload: str, payload: Any, seed: int = 0,
+            sim_cmd: str | None = None) -> Row:
+    """``name`` in front of fresh simulators (ours, or N_SIMS of ``sim_cmd``,
+    whose hit counters, if any, count its own tokens: no reuse captured and
+    no floor then) through ``workload``."""
     procs = Procs(tmp)
     try:
-        sims = [sim_with_events(procs, **{**SIM, "num_gpu_blocks": CACHE_BLOCKS[workload]})
-                for _ in range(N_SIMS)]
+        sims = (external_sims(procs, sim_cmd, workload, payload) if sim_cmd else
+                [sim_with_events(procs, **sim_flags(workload, payload, i)) for i in range(N_SIMS)])
         router = ROUTERS[name](procs, sims)
         time.sleep(0.5)
         cpu0 = router.cpu_seconds()
-        if workload == "agentic":
+        if workload in CLOSED_LOOP:
             run = asyncio.run(replay_agentic(router.url, payload, SIM["time_scale"]))
         else:
             run = asyncio.run(replay_trace(router.url, payload, 1.0))
@@ -261,21 +328,23 @@ def run_one(tmp: Path, name: str, workload: str, payload: Any, seed: int = 0) ->
     ok = run.ok
     ttfts = [r.ttft * 1000 for r in ok if r.ttft is not None]
     reuse = reusable_tokens(run)
-    avail = sum(n for _, n in reuse)
-    floor = floor_ttfts_ms(reuse)
+    avail = 0 if sim_cmd else sum(n for _, n in reuse)
+    floor = [math.nan] if sim_cmd else floor_ttfts_ms(reuse)
     ttft_n = sum(c.get("vllm:time_to_first_token_seconds_count", 0) for c in counters)
     engine_ms = 1000 * sum(c.get("vllm:time_to_first_token_seconds_sum", 0)
                            for c in counters) / max(1, ttft_n)
-    return Row(workload=workload, router=name, requests=len(run.results),
-               failed=len(run.results) - len(ok), hit_rate=hits / queries if queries else 0.0,
-               captured=hits / avail if avail else 0.0, ttft_p50_ms=pct(ttfts, 0.5),
+    return Row(workload=workload + (EXTERNAL if sim_cmd else ""), router=name,
+               requests=len(run.results), failed=len(run.results) - len(ok),
+               hit_rate=hits / queries if queries else math.nan,
+               captured=hits / avail if avail else math.nan, ttft_p50_ms=pct(ttfts, 0.5),
                ttft_p99_ms=pct(ttfts, 0.99),
                outside_engine_ms=statistics.mean(ttfts) - engine_ms if ttfts else 0.0,
                floor_p50_ms=pct(floor, 0.5), floor_p99_ms=pct(floor, 0.99),
                throughput_rps=len(ok) / run.wall_s,
                max_over_mean_load=max(served) / statistics.mean(served) if any(served) else 0,
                max_over_mean_work=max(work) / statistics.mean(work) if any(work) else 0,
-               cpu_ms_per_request=1000 * cpu / max(1, len(run.results)), seed=seed)
+               cpu_ms_per_request=1000 * cpu / max(1, len(run.results)), seed=seed,
+               cache_blocks=cache_blocks(workload, payload))
 
 
 def overheads(tmp: Path, names: list[str], n: int, big_n: int, big_tokens: int,
@@ -347,9 +416,10 @@ def modelled(reqs: list[TraceRequest], cache_blocks: int) -> dict[str, dict[str,
 def floors(rows: list[Row], models: dict[str, dict[str, dict[str, float]]]) -> str:
     """Per workload: the TTFT no router can beat on these simulators (every
     reusable token a hit, no queueing), next to round-robin's; for open-loop
-    workloads also the queueing model's round-robin and oracle."""
+    workloads also the queueing model's round-robin and oracle. Not for another
+    simulator's runs: the floor is ours."""
     lines = []
-    for wl in dict.fromkeys(r.workload for r in rows):
+    for wl in dict.fromkeys(r.workload for r in rows if not r.workload.endswith(EXTERNAL)):
         mine = [r for r in rows if r.workload == wl]
         p50 = statistics.median(r.floor_p50_ms for r in mine)
         p99 = statistics.median(r.floor_p99_ms for r in mine)
@@ -477,7 +547,17 @@ def main(argv: list[str] | None = None) -> int:
                          "routers' order rotated each time; the main table shows medians, "
                          "failures summed, the per-seed table every run")
     ap.add_argument("--workloads", nargs="+", default=["agentic", "mooncake"],
-                    choices=["agentic", "mooncake"])
+                    choices=WORKLOADS,
+                    help="kv-pressure: more agentic sessions than the caches hold; uneven: "
+                         "the agentic sessions with one simulator 4x slower")
+    ap.add_argument("--sim-cmd", metavar="TEMPLATE",
+                    help="run every workload on N_SIMS of another simulator instead of ours: "
+                         "a command line with {port} (and optionally {model}, {blocks}, "
+                         "{block_size}) filled in per simulator, serving on 127.0.0.1:{port} "
+                         "(docs/benchmarks.md: llm-d-inference-sim); not for uneven, and "
+                         "without the routers that read KV events")
+    ap.add_argument("--name", help="the results' file name (default: router_bench, "
+                                   "router_bench_external with --sim-cmd)")
     ap.add_argument("--no-overheads", action="store_true",
                     help="skip the idle latency and CPU runs (their columns read nan)")
     ap.add_argument("--against", metavar="REV",
@@ -493,15 +573,28 @@ def main(argv: list[str] | None = None) -> int:
     trace = functools.cache(lambda: mooncake_requests(quick=args.quick))
 
     def payloads(wl: str, repeat: int) -> Any:
-        if wl == "agentic":  # another seed each repeat: other sessions, same shape
+        if wl in ("agentic", "uneven"):  # another seed each repeat: other sessions, same shape
             return agentic(sessions=6 if args.quick else args.sessions,
                            turns=4 if args.quick else 8, seed=repeat)
+        if wl == "kv-pressure":
+            return agentic(sessions=12 if args.quick else KV_PRESSURE_SESSIONS,
+                           turns=4 if args.quick else KV_PRESSURE_TURNS, seed=repeat)
         return trace()
 
-    names = list(args.workloads)
+    names = list(dict.fromkeys(args.workloads))
     if "mooncake" in names and not MOONCAKE.exists():
         print(f"skipping the Mooncake workload: {MOONCAKE} not found", file=sys.stderr)
         names.remove("mooncake")
+    if args.sim_cmd:
+        if "uneven" in names:
+            print("skipping the uneven workload: it slows one of our simulators by its flags",
+                  file=sys.stderr)
+            names.remove("uneven")
+        for r in NEEDS_EVENTS:
+            if r in args.routers:
+                print(f"skipping {r}: it reads KV events the external simulators do not "
+                      "publish here", file=sys.stderr)
+                args.routers.remove(r)
     runs: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp:
         if args.against:
@@ -513,7 +606,7 @@ def main(argv: list[str] | None = None) -> int:
                 payload = payloads(wl, repeat)
                 for name in order(args.routers, repeat):
                     t0 = time.monotonic()
-                    row = run_one(Path(tmp), name, wl, payload, repeat)
+                    row = run_one(Path(tmp), name, wl, payload, repeat, args.sim_cmd)
                     runs.append(row)
                     print(f"  {wl:9} #{repeat} {name:26} TTFT p50 {row.ttft_p50_ms:7.0f} ms  "
                           f"hit {row.hit_rate:6.1%}  failed {row.failed}  "
@@ -522,7 +615,8 @@ def main(argv: list[str] | None = None) -> int:
             Path(tmp), args.routers, 50 if args.quick else 200, 5 if args.quick else 100,
             195_000, 3.0 if args.quick else 10.0)
     # rows in a stable order whatever order each repeat ran them in
-    runs.sort(key=lambda r: (names.index(r.workload), r.seed, args.routers.index(r.router)))
+    runs.sort(key=lambda r: (names.index(r.workload.removesuffix(EXTERNAL)), r.seed,
+                             args.routers.index(r.router)))
     rows = medians(runs, ("workload", "router"))
     models = {wl: modelled(payloads(wl, 0), CACHE_BLOCKS[wl]) for wl in names
               if wl == "mooncake"}  # the open-loop one
@@ -531,9 +625,11 @@ def main(argv: list[str] | None = None) -> int:
         plot(rows, path)
         plot_seeds(runs, path.with_name(path.stem + "_seeds.png"))
 
-    write(Path(args.out), "router_bench",
+    name = args.name or ("router_bench_external" if args.sim_cmd else "router_bench")
+    write(Path(args.out), name,
                  table(rows, over) + "\n\n" + floors(rows, models) + "\n\n" + per_seed(runs), {
                      "sim": SIM, "sims": N_SIMS, "repeats": args.repeats,
+                     "slow_sim": SLOW_SIM, "kv_pressure": KV_PRESSURE, "sim_cmd": args.sim_cmd,
                      "rows": [asdict(r) for r in rows], "runs": [asdict(r) for r in runs],
                      "overheads": over, "modelled": models}, plots)
     return 0

@@ -6,6 +6,10 @@
   Closed loop: each turn appends the real answer of the previous one.
 * ``mooncake``: the Mooncake conversation trace, replayed open-loop at its
   recorded (compressed) times, text synthesised from its block ids.
+
+The router benchmark also runs the agentic sessions under KV-cache pressure
+(more sessions than the fleet's caches hold: ``working_set_tokens`` sizes
+them) and against uneven endpoints (one slow simulator).
 """
 
 from __future__ import annotations
@@ -73,6 +77,21 @@ def agentic(sessions: int = 16, turns: int = 8, scale: float = 1 / 20,
         out.append(AgentSession(sid=s, start_s=rng.uniform(0, 10), turns=ts,
                                 system=text_tokens(base, f"system-{seed}-{s}")))
     return out
+
+
+def working_set_tokens(sessions: list[AgentSession]) -> int:
+    """Prompt tokens the sessions' caches come to by their last turns, at
+    the replay's byte tokens: each system prompt, every user turn and answer
+    (at most ``max_tokens``), and each sub-agent's own turns and answers
+    (they share their parent's first two messages). What a fleet must hold
+    for no session to lose its prefix."""
+    total = 0
+    for s in sessions:
+        total += len(s.system) // BYTES_PER_TOKEN
+        for t in s.turns:
+            total += t.user_tokens + t.max_tokens
+            total += sum(size + 8 for sizes in t.subagents for size in sizes)
+    return total
 
 
 @dataclass
