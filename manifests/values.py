@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from dra_driver.net.handoff import DEFAULT_PLUGIN
 from router.config import RouterConfig
 from scheduler_ext.config import ExtenderConfig
 from topology.config_file import API_VERSION, ConfigError, parse_document, read_document
@@ -191,7 +192,7 @@ class NetDriverCni(Section):
                           description="write the `toposerve-nic` executable into `binDir`")
     bin_dir: AbsPath = Field(default="/opt/cni/bin",
                              description="the container runtime's CNI bin dir on the host")
-    plugin: AbsPath = Field(default="/usr/local/libexec/toposerve/toposerve-nic",
+    plugin: AbsPath = Field(default=str(DEFAULT_PLUGIN),
                             description="the static `toposerve-nic` binary in the image "
                                         "(`make nic-cni` builds it), copied to `binDir`")
     conf_dir: AbsPath = Field(default="/etc/cni/net.d",

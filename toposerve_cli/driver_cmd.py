@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 import structlog
 
+from dra_driver.net.handoff import DEFAULT_PLUGIN
 from kubeapi import connect
 from topology.labels import DialectName
 from toposerve_cli import logs
@@ -101,18 +102,25 @@ def _net(args: argparse.Namespace) -> int:
 
 def _install_cni(args: argparse.Namespace) -> int:
     from dra_driver.net.handoff.install import (
-        DEFAULT_PLUGIN,
+        RECORD,
         InstallError,
+        data_dir,
         install,
         plugin_entry,
+        uninstall,
     )
 
+    record = data_dir(args.kubelet_dir) / RECORD
     try:
-        changed = install(args.bin_dir, args.plugin or DEFAULT_PLUGIN, args.conf_dir,
-                          args.chain_into, plugin_entry(args.kubelet_dir))
+        if args.uninstall:
+            changed = uninstall(record)
+        else:
+            changed = install(args.bin_dir, args.plugin or DEFAULT_PLUGIN, args.conf_dir,
+                              args.chain_into, plugin_entry(args.kubelet_dir), record)
     except (InstallError, OSError) as err:
         return _fail(str(err))
-    log.info("toposerve-nic installed", changed=changed)
+    log.info("toposerve-nic uninstalled" if args.uninstall else "toposerve-nic installed",
+             changed=changed)
     return 0
 
 
@@ -267,15 +275,18 @@ def register(sub: Any) -> None:
                    help="the runtime's CNI bin dir (default %(default)s)")
     i.add_argument("--plugin", type=Path,
                    help="the toposerve-nic binary to install (default: where the image "
-                        "has it, /usr/local/libexec/toposerve/toposerve-nic; `make nic-cni` "
-                        "builds one)")
+                        f"has it, {DEFAULT_PLUGIN}; `make nic-cni` builds one)")
     i.add_argument("--conf-dir", type=Path, default=Path("/etc/cni/net.d"),
                    help="the runtime's CNI config dir (default %(default)s)")
     i.add_argument("--chain-into", metavar="FILE",
                    help="conflist in --conf-dir to add toposerve-nic to, last, if absent "
                         "(default: leave the CNI config alone)")
     i.add_argument("--kubelet-dir", type=Path, default=Path("/var/lib/kubelet"),
-                   help="the kubelet's root, for the chain entry's paths (default %(default)s)")
+                   help="the kubelet's root, for the chain entry's paths and the record "
+                        "of what was changed (default %(default)s)")
+    i.add_argument("--uninstall", action="store_true",
+                   help="undo what the installs on this node recorded: the conflist as it "
+                        "was, the executable removed if they added it")
     i.set_defaults(handler=_install_cni)
 
     s = dsub.add_parser("simulate", help="publish GPU and NIC slices for every kwok fake node")

@@ -14,15 +14,26 @@ import pytest
 
 from dra_driver.net.handoff.install import (
     DEFAULT_PLUGIN,
+    RECORD,
     InstallError,
     chained,
+    data_dir,
     install,
     plugin_entry,
+    unchained,
+    uninstall,
 )
 from localcluster.realnode import forwarder
 from toposerve_cli.driver_cmd import main
 
+ROOT = Path(__file__).resolve().parents[2]
 ENTRY = plugin_entry(Path("/var/lib/kubelet"))
+
+
+def _kubelet(tmp_path: Path) -> list[str]:
+    """The CLI's record of what it changed goes under the kubelet's root: a
+    temporary one here, never this machine's."""
+    return ["--kubelet-dir", str(tmp_path / "kubelet")]
 POD_NET: dict[str, Any] = {"cniVersion": "1.0.0", "name": "k8s-pod-network", "plugins": [
     {"type": "bridge", "bridge": "cni0", "ipam": {"type": "host-local"}},
     {"type": "portmap", "capabilities": {"portMappings": True}}]}
@@ -81,7 +92,7 @@ def test_the_cli_installs_the_static_go_forwarder(tmp_path: Path) -> None:
     executable that needs nothing on the node."""
     built = forwarder.build()
     assert main(["--log-level", "error", "driver", "net-install-cni", "--bin-dir",
-                 str(tmp_path), "--plugin", str(built)]) == 0
+                 str(tmp_path), "--plugin", str(built), *_kubelet(tmp_path)]) == 0
     exe = tmp_path / "toposerve-nic"
     assert exe.read_bytes() == built.read_bytes()
     assert exe.read_bytes()[:4] == b"\x7fELF" and b"ld-linux" not in exe.read_bytes()  # static
@@ -93,7 +104,7 @@ def test_the_cli_installs_the_static_go_forwarder(tmp_path: Path) -> None:
 def test_a_missing_binary_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]
                                       ) -> None:
     rc = main(["--log-level", "error", "driver", "net-install-cni", "--bin-dir",
-               str(tmp_path), "--plugin", str(tmp_path / "nope")])
+               str(tmp_path), "--plugin", str(tmp_path / "nope"), *_kubelet(tmp_path)])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "\n" not in err
     assert err.startswith(f"error: {tmp_path / 'nope'}: cannot read the toposerve-nic binary")
@@ -106,7 +117,7 @@ def test_by_default_the_cli_installs_the_images_binary(
     the image has it (no build: that is tooling, ``make nic-cni``)."""
     assert not DEFAULT_PLUGIN.exists()  # not on this machine: the error names it
     rc = main(["--log-level", "error", "driver", "net-install-cni", "--bin-dir",
-               str(tmp_path)])
+               str(tmp_path), *_kubelet(tmp_path)])
     assert rc == 2
     assert capsys.readouterr().err.startswith(f"error: {DEFAULT_PLUGIN}: cannot read")
 
@@ -123,7 +134,95 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
         (tmp_path / "10-pod.conflist").write_text(body)
     rc = main(["--log-level", "error", "driver", "net-install-cni", "--bin-dir",
                str(tmp_path / "bin"), "--plugin", str(forwarder.build()), "--conf-dir",
-               str(tmp_path), "--chain-into", "10-pod.conflist"])
+               str(tmp_path), "--chain-into", "10-pod.conflist", *_kubelet(tmp_path)])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err.startswith(f"error: {tmp_path / '10-pod.conflist'}")
     assert error in err and "\n" not in err
+
+
+def test_the_default_plugin_is_where_the_image_puts_it() -> None:
+    """One path: the Containerfile's COPY, the CLI's and the values' default."""
+    copies = re.findall(r"^COPY\b.*\btoposerve-nic (\S+)$", (ROOT / "Containerfile").read_text(),
+                        re.M)
+    assert copies == [str(DEFAULT_PLUGIN)]
+    from manifests.values import NetDriverCni
+
+    assert NetDriverCni().plugin == str(DEFAULT_PLUGIN)
+
+
+# the pod network's conflist as an operator wrote it: its own spacing and key order
+HAND_WRITTEN = (b'{ "name": "k8s-pod-network",  "cniVersion": "1.0.0",\n'
+                b'  "plugins": [ {"type": "bridge", "bridge": "cni0"} ] }\n')
+
+
+def _node(tmp_path: Path) -> tuple[Path, Path, Path, Path]:
+    """bin dir, conf dir (with the hand-written conflist), the built plugin, the record."""
+    bin_dir, conf = tmp_path / "bin", tmp_path / "net.d"
+    conf.mkdir()
+    (conf / "10-pod.conflist").write_bytes(HAND_WRITTEN)
+    (conf / "10-pod.conflist").chmod(0o640)
+    plugin = tmp_path / "built"
+    plugin.write_bytes(b"\x7fELF stand-in")
+    return bin_dir, conf, plugin, data_dir(tmp_path / "kubelet") / RECORD
+
+
+def test_uninstall_restores_the_conflist_byte_for_byte(tmp_path: Path) -> None:
+    bin_dir, conf, plugin, record = _node(tmp_path)
+    target = conf / "10-pod.conflist"
+    assert install(bin_dir, plugin, conf, target.name, ENTRY, record) == [
+        str(bin_dir / "toposerve-nic"), str(target)]
+    assert target.read_bytes() != HAND_WRITTEN
+    # again (the init container of every pod restart): nothing changes, the
+    # record still says what the first one did
+    assert install(bin_dir, plugin, conf, target.name, ENTRY, record) == []
+    assert uninstall(record) == [str(target), str(bin_dir / "toposerve-nic")]
+    assert target.read_bytes() == HAND_WRITTEN
+    assert os.stat(target).st_mode & 0o777 == 0o640
+    assert not (bin_dir / "toposerve-nic").exists() and not record.exists()
+    assert sorted(p.name for p in conf.iterdir()) == [target.name]
+    assert uninstall(record) == []  # nothing recorded: nothing to do
+
+
+def test_uninstall_keeps_what_was_there_before(tmp_path: Path) -> None:
+    """An executable the node had already (the same bytes or older ones) and
+    a conflist that already chained it are left in place."""
+    bin_dir, conf, plugin, record = _node(tmp_path)
+    bin_dir.mkdir()
+    (bin_dir / "toposerve-nic").write_bytes(b"an older build")
+    target = conf / "10-pod.conflist"
+    own = {"cniVersion": "1.0.0", "name": "n", "plugins": [{"type": "bridge"},
+                                                           {"type": "toposerve-nic"}]}
+    target.write_text(json.dumps(own))
+    before = target.read_bytes()
+    assert install(bin_dir, plugin, conf, target.name, ENTRY, record) == [
+        str(bin_dir / "toposerve-nic")]
+    assert uninstall(record) == []
+    assert target.read_bytes() == before
+    assert (bin_dir / "toposerve-nic").read_bytes() == plugin.read_bytes()
+
+
+def test_uninstall_after_the_pod_network_rewrote_the_file(tmp_path: Path) -> None:
+    """Changed since the install (another plugin added): only our entry goes."""
+    bin_dir, conf, plugin, record = _node(tmp_path)
+    target = conf / "10-pod.conflist"
+    install(bin_dir, plugin, conf, target.name, ENTRY, record)
+    doc = json.loads(target.read_text())
+    doc["plugins"].insert(1, {"type": "portmap"})
+    target.write_text(json.dumps(doc))
+    uninstall(record)
+    assert json.loads(target.read_text())["plugins"] == [
+        {"type": "bridge", "bridge": "cni0"}, {"type": "portmap"}]
+    assert unchained(json.loads(target.read_text()), ENTRY) is None
+
+
+def test_the_cli_uninstalls(tmp_path: Path) -> None:
+    bin_dir, conf, plugin, _ = _node(tmp_path)
+    kubelet = tmp_path / "kubelet"
+    args = ["--log-level", "error", "driver", "net-install-cni", "--bin-dir", str(bin_dir),
+            "--kubelet-dir", str(kubelet)]
+    assert main([*args, "--plugin", str(plugin), "--conf-dir", str(conf),
+                 "--chain-into", "10-pod.conflist"]) == 0
+    assert (data_dir(kubelet) / RECORD).exists()
+    assert main([*args, "--uninstall"]) == 0
+    assert (conf / "10-pod.conflist").read_bytes() == HAND_WRITTEN
+    assert not bin_dir.joinpath("toposerve-nic").exists()

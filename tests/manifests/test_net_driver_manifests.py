@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dra_driver.net.handoff import DEFAULT_PLUGIN
 from manifests.render import NET_DRIVER
 from tests.manifests.helpers import Obj, objects, one, slice_policy
 
@@ -85,13 +86,15 @@ def test_init_container_installs_the_cni_plugin() -> None:
     assert init["image"] == pod["containers"][0]["image"]
     assert init["command"] == ["toposerve", "--log-level=info", "driver", "net-install-cni",
                                "--bin-dir=/opt/cni/b",
-                               "--plugin=/usr/local/libexec/toposerve/toposerve-nic",
+                               f"--plugin={DEFAULT_PLUGIN}",
                                "--kubelet-dir=/var/lib/k", "--conf-dir=/etc/cni/net.d",
                                "--chain-into=10-pod.conflist"]
     assert init["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     mounts = {m["mountPath"]: m["name"] for m in init["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
-    for path in ("/opt/cni/b", "/etc/cni/net.d"):  # host paths at the same paths
+    # host paths at the same paths; the driver's folder keeps the record of
+    # what the install changed, for `net-install-cni --uninstall`
+    for path in ("/opt/cni/b", "/etc/cni/net.d", "/var/lib/k/plugins/net.toposerve.io"):
         assert volumes[mounts[path]]["hostPath"]["path"] == path
     driver = pod["containers"][0]["command"]
     for flag in ("--journal-dir=/var/lib/k/plugins/net.toposerve.io/journal",

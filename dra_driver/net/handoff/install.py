@@ -2,30 +2,48 @@
 init container, ``toposerve driver net-install-cni``): its executable into
 the host's CNI bin dir, and its entry chained last into the pod network's
 conflist. Both idempotent; the conflist is replaced atomically, and left
-byte for byte as it was when the entry is already there."""
+byte for byte as it was when the entry is already there.
+
+What an install changed is recorded (``RECORD`` in the driver's folder,
+written before the change): whether the executable was new, and the
+conflist's bytes before the entry was added with a hash of what was
+written. ``uninstall`` (``net-install-cni --uninstall``) undoes exactly
+that: the conflist back byte for byte when nobody changed it since (else
+only our entry taken out), the executable removed when the install made it."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from dra_driver.kubeletplugin.files import write_atomic
+from dra_driver.net.handoff import DEFAULT_PLUGIN
 from dra_driver.net.handoff.cni import PLUGIN_TYPE
 
-# Where the image has the static binary (``make nic-cni`` builds it; the
-# chart's ``netDriver.cni.plugin`` default names the same path).
-DEFAULT_PLUGIN = Path("/usr/local/libexec/toposerve/toposerve-nic")
+__all__ = ["DEFAULT_PLUGIN", "RECORD", "InstallError", "chained", "data_dir", "install",
+           "plugin_entry", "unchained", "uninstall"]
 
 
 class InstallError(RuntimeError):
     """The plugin cannot be installed; the message names the file and the fix."""
 
 
+# what an install changed, in the driver's folder (``data_dir``)
+RECORD = "cni-install.json"
+
+
+def data_dir(kubelet_dir: Path) -> Path:
+    """The NIC driver's folder under the node's kubelet root."""
+    return kubelet_dir / "plugins/net.toposerve.io"
+
+
 def plugin_entry(kubelet_dir: Path) -> dict[str, str]:
     """The chain entry: the driver's folders under the node's kubelet root."""
-    data = kubelet_dir / "plugins/net.toposerve.io"
+    data = data_dir(kubelet_dir)
     return {"type": PLUGIN_TYPE, "stateDir": str(data / "handoff"),
             "journalDir": str(data / "journal"), "serverSocket": str(data / "handoff.sock")}
 
@@ -43,12 +61,33 @@ def chained(conflist: Mapping[str, Any], entry: Mapping[str, Any]) -> dict[str, 
     return {**conflist, "plugins": [*plugins, dict(entry)]}
 
 
+def _sha(body: bytes) -> str:
+    return hashlib.sha256(body).hexdigest()
+
+
+def _read_record(record: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads(record.read_bytes())
+    except FileNotFoundError:
+        return {}
+    except ValueError as err:
+        raise InstallError(f"{record} is not JSON ({err}): remove it (what the last install "
+                           "changed is then forgotten) and run again") from None
+    return doc if isinstance(doc, dict) else {}
+
+
+def _write_record(record: Path | None, doc: Mapping[str, Any]) -> None:
+    if record is not None:
+        write_atomic(record, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
+
+
 def install(bin_dir: Path, plugin: Path, conf_dir: Path | None = None,
-            chain_into: str | None = None, entry: Mapping[str, Any] | None = None
-            ) -> list[str]:
+            chain_into: str | None = None, entry: Mapping[str, Any] | None = None,
+            record: Path | None = None) -> list[str]:
     """Copy the executable ``plugin`` (the Go forwarder) into
     ``bin_dir``; chain ``entry`` into ``conf_dir/chain_into`` when given.
-    Returns what changed (file paths)."""
+    Each change is noted in ``record`` (when given) before it is made, so
+    ``uninstall`` can undo it. Returns what changed (file paths)."""
     changed = []
     exe = bin_dir / PLUGIN_TYPE
     try:
@@ -56,7 +95,12 @@ def install(bin_dir: Path, plugin: Path, conf_dir: Path | None = None,
     except OSError as err:
         raise InstallError(f"{plugin}: cannot read the toposerve-nic binary ({err.strerror}): "
                            "build it with `make nic-cni` and give its path") from None
+    done = _read_record(record) if record is not None else {}
     if not exe.exists() or exe.read_bytes() != body:
+        if done.get("binary", {}).get("path") != str(exe):
+            # the first install that writes it says whether it was there before
+            done["binary"] = {"path": str(exe), "created": not exe.exists()}
+            _write_record(record, done)
         write_atomic(exe, body, mode=0o755)
         changed.append(str(exe))
     if chain_into is None:
@@ -64,10 +108,12 @@ def install(bin_dir: Path, plugin: Path, conf_dir: Path | None = None,
     assert conf_dir is not None and entry is not None
     path = conf_dir / chain_into
     try:
-        doc = json.loads(path.read_bytes())
+        before = path.read_bytes()
     except FileNotFoundError:
         raise InstallError(f"{path}: no such conflist yet (the pod network writes it when it "
                            "starts; this is retried), or fix netDriver.cni.chainInto") from None
+    try:
+        doc = json.loads(before)
     except ValueError as err:
         raise InstallError(f"{path} is not JSON ({err}): fix the file or "
                            "netDriver.cni.chainInto") from None
@@ -78,7 +124,54 @@ def install(bin_dir: Path, plugin: Path, conf_dir: Path | None = None,
     except InstallError as err:
         raise InstallError(f"{path}: {err}") from None
     if new is not None:
-        write_atomic(path, (json.dumps(new, indent=2) + "\n").encode(),
-                     mode=path.stat().st_mode & 0o777)
+        body = (json.dumps(new, indent=2) + "\n").encode()
+        done["conflist"] = {"path": str(path), "before": base64.b64encode(before).decode(),
+                            "written": _sha(body), "entry": dict(entry)}
+        _write_record(record, done)
+        write_atomic(path, body, mode=path.stat().st_mode & 0o777)
         changed.append(str(path))
+    return changed
+
+
+def unchained(conflist: Mapping[str, Any], entry: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``conflist`` without the plugins equal to ``entry``; None when there
+    is none (an operator's own, differently configured entry is kept)."""
+    plugins = conflist.get("plugins")
+    if not isinstance(plugins, list) or dict(entry) not in plugins:
+        return None
+    return {**conflist, "plugins": [p for p in plugins if p != dict(entry)]}
+
+
+def uninstall(record: Path) -> list[str]:
+    """Undo what the installs noted in ``record``: the conflist's bytes from
+    before when it is still what was written (else our entry alone taken out
+    of it, if there), the executable removed if an install made it; then the
+    record. Nothing recorded: nothing to do. Returns what changed (paths)."""
+    done = _read_record(record)
+    changed = []
+    conf = done.get("conflist")
+    if conf:
+        path = Path(conf["path"])
+        try:
+            now = path.read_bytes()
+        except FileNotFoundError:
+            now = None
+        if now is not None and _sha(now) == conf["written"]:
+            write_atomic(path, base64.b64decode(conf["before"]), mode=path.stat().st_mode & 0o777)
+            changed.append(str(path))
+        elif now is not None:
+            try:
+                doc = json.loads(now)
+            except ValueError:
+                doc = None  # not ours to fix
+            out = unchained(doc, conf["entry"]) if isinstance(doc, dict) else None
+            if out is not None:
+                write_atomic(path, (json.dumps(out, indent=2) + "\n").encode(),
+                             mode=path.stat().st_mode & 0o777)
+                changed.append(str(path))
+    binary = done.get("binary")
+    if binary and binary.get("created") and Path(binary["path"]).exists():
+        Path(binary["path"]).unlink()
+        changed.append(binary["path"])
+    record.unlink(missing_ok=True)
     return changed
