@@ -80,6 +80,9 @@ bench: setup peers
 	$(PY) -m bench.router_cpu
 	$(PY) -m bench.router_overhead
 	$(PY) -m bench.router_bench --ablation --repeats 3
+	$(PY) -m bench.router_bench --workloads kv-pressure uneven --repeats 3 --no-overheads \
+		--name router_bench_pressure --routers round-robin toposerve \
+		"vllm-router cache_aware" "sglang-router cache_aware" "smg cache_aware"
 	$(PY) -m bench.load_sweep
 	$(PY) -m bench.pd_bench --repeats 3
 	$(PY) -m bench.overload_bench
