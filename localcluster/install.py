@@ -21,9 +21,15 @@ from urllib.parse import urlparse
 
 import yaml
 
+from dra_driver.net.handoff.install import RECORD as CNI_RECORD
+from dra_driver.net.handoff.install import InstallError as CniInstallError
+from dra_driver.net.handoff.install import data_dir as cni_data_dir
+from dra_driver.net.handoff.install import uninstall as uninstall_cni
 from kubeapi import ApiError, JsonApi
+from localcluster import image_keys
 from localcluster.clusters import api_client, kubeconfig_path
 from localcluster.ports import free_port
+from localcluster.realnode import nics
 from localcluster.realnode.fakedev import stand_in_dev_root
 from localcluster.realnode.paths import (
     NODE_NAME,
@@ -49,8 +55,9 @@ IMAGE_VALUES = {"toposerve": "image", "kube-scheduler": "scheduler.image",
 # the real node's stand-in GPUs (topology/profiles) for the driver's DaemonSet
 PROFILE = "hgx-h100"
 WORKLOADS = ("DaemonSet", "Deployment")
-# where the toposerve image has the NIC hand-off's CNI plugin (Containerfile)
-IMAGE_NIC_PLUGIN = "/opt/toposerve/bin/toposerve-nic"
+# the real node's pod network (localcluster.realnode.node writes it in
+# layout.cni_conf): the NIC driver's init container chains toposerve-nic into it
+NODE_CONFLIST = "10-toposerve.conflist"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 
 
@@ -80,17 +87,32 @@ def _archive_ref(archive: Path) -> str | None:
     return None
 
 
-def built_images(images_dir: Path | None = None) -> dict[str, Path]:
-    """``make image``'s archives by reference, the newest of each name."""
-    images_dir = images_dir or cache_dir() / "images"
+def built_images(cache: Path | None = None) -> dict[str, Path]:
+    """``make image``'s archives by reference: those it writes for this tree
+    (their names carry a hash of the image's inputs, ``image_keys``). An
+    archive of another tree (older code under the same tag) is refused with
+    one line; outside a checkout, where nothing can be built, the archive of
+    each name (the build keeps one)."""
+    images_dir = (cache or cache_dir()) / "images"
+    try:
+        wanted: dict[str, Path] | None = image_keys.expected_archives(cache)
+    except image_keys.CannotTell:
+        wanted = None
     found: dict[str, Path] = {}
-    archives = sorted(images_dir.glob("*.oci.tar"), key=lambda p: p.stat().st_mtime)
-    for archive in archives:  # oldest first: a newer build of a name wins
-        ref = _archive_ref(archive)
-        if ref:
-            found[ref] = archive
-    names = {_image_name(r) for r in found}
-    missing = sorted(set(IMAGE_VALUES) - names)
+    stale: list[str] = []
+    for name in IMAGE_VALUES:
+        archive = wanted[name] if wanted else next(iter(sorted(
+            images_dir.glob(f"{name}-*.oci.tar"), key=lambda p: p.stat().st_mtime,
+            reverse=True)), None)
+        ref = _archive_ref(archive) if archive is not None and archive.is_file() else None
+        if ref and _image_name(ref) == name:
+            found[ref] = archive  # type: ignore[assignment]
+        elif any(images_dir.glob(f"{name}-*.oci.tar")):
+            stale.append(name)
+    missing = sorted(set(IMAGE_VALUES) - {_image_name(r) for r in found} - set(stale))
+    if stale:
+        raise InstallError(f"the image archives of {', '.join(stale)} in {images_dir} were "
+                           "built from another tree: run `make image` (docs/image.md)")
     if missing:
         raise InstallError(f"no image archive for {', '.join(missing)} in {images_dir}: "
                            "run `make image` (docs/image.md)")
@@ -125,6 +147,46 @@ def fake_hardware(layout: Layout | None = None, profile: str = PROFILE) -> tuple
     return sysfs, stand_in_dev_root(base / "dev")
 
 
+def pod_netns_dir(layout: Layout) -> Path:
+    """Where the node's containerd pins pod network namespaces (its CRI
+    plugin's state, ``netns_mounts_under_state_dir``): the CNI_NETNS paths
+    the NIC hand-off enters."""
+    return layout.containerd_state / "io.containerd.grpc.v1.cri" / "netns"
+
+
+def share_pod_netns_dir(layout: Layout) -> Path:
+    """The pod network namespaces' folder a shared mount (a bind mount of
+    itself), so that the NIC driver's HostToContainer mount of it sees the
+    namespaces containerd pins there later; the runtime refuses that mount
+    propagation from a private mount, and this machine's / is private (a
+    systemd host's is shared). Done before any pod namespace is pinned
+    there; the node's teardown unmounts it with everything under its run dir."""
+    where = pod_netns_dir(layout)
+    where.mkdir(parents=True, exist_ok=True)
+    info = Path("/proc/self/mountinfo").read_text().splitlines()
+    mine = [line.split() for line in info if line.split()[4] == str(where)]
+    if any(any(f.startswith("shared:") for f in m[6:m.index("-")]) for m in mine):
+        return where
+    pinned = [line.split()[4] for line in info if line.split()[4].startswith(f"{where}/")]
+    if pinned:
+        raise InstallError(f"{where} is not a shared mount and pods' network namespaces are "
+                           f"pinned in it ({len(pinned)}): delete those pods, then install")
+    for argv in (["mount", "--bind", str(where), str(where)],
+                 ["mount", "--make-shared", str(where)]):
+        done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise InstallError(f"{' '.join(argv)} failed: {done.stderr.strip()}")
+    return where
+
+
+def stand_in_nics(profile: str = PROFILE) -> None:
+    """The real node's stand-in NICs for the NIC driver's DaemonSet: veth
+    pairs named as the fake sysfs tree names the profile's NICs
+    (``localcluster.realnode.nics``; gone with the node), unless there."""
+    if not nics.FABRIC_NETNS.exists():
+        nics.create(nics.stand_ins_for(load_profile(profile).hardware()))
+
+
 def api_address(cluster: str) -> tuple[str, int]:
     """The API server's loopback host and port, from the cluster's kubeconfig."""
     server = yaml.safe_load(kubeconfig_path(cluster).read_text())["clusters"][0]["cluster"][
@@ -135,11 +197,14 @@ def api_address(cluster: str) -> tuple[str, int]:
     return url.hostname, url.port
 
 
-def local_sets(cluster: str, images: Mapping[str, Path], sysfs: Path, dev: Path) -> list[str]:
+def local_sets(cluster: str, images: Mapping[str, Path], sysfs: Path, dev: Path,
+               layout: Layout | None = None) -> list[str]:
     """``--set`` values that fit the local cluster; the user's come after
     them and win: the API server's loopback address (no pod dials the service
     range), the imported images never pulled, every pod on the real node only
-    (kwok nodes keep their simulated slices) and the stand-in GPUs."""
+    (kwok nodes keep their simulated slices), the stand-in GPUs and NICs, and
+    the node's own CNI folders and pod network namespaces for the NIC driver."""
+    layout = layout or default_layout()
     host, port = api_address(cluster)
     sets = [f"apiServer.host={host}", f"apiServer.port={port}"]
     for ref in images:
@@ -154,7 +219,11 @@ def local_sets(cluster: str, images: Mapping[str, Path], sysfs: Path, dev: Path)
                     "router.redis"):
         sets += [f"{section}.nodeSelector={on_real}", f"{section}.tolerations={tolerate}"]
     sets += [f"gpuDriver.sysfsRoot={sysfs}", f"gpuDriver.devRoot={dev}",
-             f"netDriver.cni.plugin={IMAGE_NIC_PLUGIN}",
+             f"netDriver.sysfsRoot={sysfs}", f"netDriver.devRoot={dev}",
+             f"netDriver.netnsDir={pod_netns_dir(layout)}",
+             f"netDriver.kubeletDir={layout.kubelet_root}",
+             f"netDriver.cni.binDir={layout.cni_bin}", f"netDriver.cni.confDir={layout.cni_conf}",
+             f"netDriver.cni.chainInto={NODE_CONFLIST}",
              # the pod network is not reachable from the host, and nothing on
              # loopback resolves a Service name: the router pair and Redis on
              # the node's loopback, each replica on a port of its own
@@ -181,11 +250,11 @@ def _is_free(port: int) -> bool:
 
 
 def local_values(cluster: str, images: Mapping[str, Path], sysfs: Path, dev: Path,
-                 values_file: str | Path | None = None, sets: Sequence[str] = ()
-                 ) -> InstallValues:
+                 values_file: str | Path | None = None, sets: Sequence[str] = (),
+                 layout: Layout | None = None) -> InstallValues:
     """Ours, then the values file over them, then the user's ``--set``."""
     doc = apply_sets({"apiVersion": API_VERSION, "kind": KIND},
-                     local_sets(cluster, images, sysfs, dev))
+                     local_sets(cluster, images, sysfs, dev, layout))
     source = "the local cluster's values"
     if values_file is not None:
         source += f", {values_file}"
@@ -321,9 +390,12 @@ def install(cluster: str, values_file: str | Path | None = None, sets: Sequence[
     progress(f"imported {', '.join(sorted(images))} in {time.monotonic() - started:.1f}s")
     sysfs, dev = fake_hardware(layout)
     try:
-        values = local_values(cluster, images, sysfs, dev, values_file, sets)
+        values = local_values(cluster, images, sysfs, dev, values_file, sets, layout)
     except ConfigError as err:
         raise InstallError(str(err)) from None
+    if values.net_driver.enabled:
+        stand_in_nics()
+        share_pod_netns_dir(layout)
     objects = render_objects(values)
     api = api_client(cluster)
     n = apply(api, objects)
@@ -335,11 +407,27 @@ def install(cluster: str, values_file: str | Path | None = None, sets: Sequence[
     return Installed(values, objects, took)
 
 
+def _slice_cleanup(cluster: str, kind: str, sysfs_root: str) -> str:
+    """``driver <kind> --uninstall`` on the host: the driver's slices of the
+    node outlive its pods on purpose."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "toposerve_cli.driver_cmd", "driver", kind,
+         "--uninstall", "--node-name", NODE_NAME,
+         "--kubeconfig", str(kubeconfig_path(cluster)), "--sysfs-root", sysfs_root],
+        capture_output=True, text=True, timeout=60, check=False)
+    if proc.returncode != 0:
+        raise InstallError(f"the {kind.upper()} driver's slice cleanup failed: "
+                           f"{(proc.stderr or proc.stdout).strip()[-300:]}")
+    return proc.stdout.strip()
+
+
 def uninstall(cluster: str, objects: Sequence[Mapping[str, Any]], values: InstallValues,
               progress: Progress = _stderr, timeout_s: float = 120) -> None:
     """Delete the rendered objects (the Namespace last) and wait for their
-    pods to go, then the GPU driver's slice cleanup (``driver gpu
-    --uninstall``) on the host: its slices outlive its pods on purpose."""
+    pods to go, then on the host: each driver's slice cleanup (``driver gpu
+    --uninstall``, ``driver net --uninstall``: their slices outlive their
+    pods on purpose) and what the NIC driver's init container changed in the
+    node's CNI config undone (``net-install-cni --uninstall``)."""
     api = api_client(cluster)
     rest = JsonApi(api)
     for obj in reversed(objects):
@@ -360,16 +448,16 @@ def uninstall(cluster: str, objects: Sequence[Mapping[str, Any]], values: Instal
     if left:
         raise InstallError(f"pods still there after {timeout_s:.0f}s: {', '.join(left)}")
     if values.gpu_driver.enabled:
-        proc = subprocess.run(
-            [sys.executable, "-m", "toposerve_cli.driver_cmd", "driver", "gpu",
-             "--uninstall", "--node-name", NODE_NAME,
-             "--kubeconfig", str(kubeconfig_path(cluster)),
-             "--sysfs-root", values.gpu_driver.sysfs_root],
-            capture_output=True, text=True, timeout=60, check=False)
-        if proc.returncode != 0:
-            raise InstallError(f"the GPU driver's slice cleanup failed: "
-                               f"{(proc.stderr or proc.stdout).strip()[-300:]}")
-        progress(proc.stdout.strip())
+        progress(_slice_cleanup(cluster, "gpu", values.gpu_driver.sysfs_root))
+    net = values.net_driver
+    if net.enabled:
+        progress(_slice_cleanup(cluster, "net", net.sysfs_root))
+    if net.enabled and net.cni.install:
+        try:
+            changed = uninstall_cni(cni_data_dir(Path(net.kubelet_dir)) / CNI_RECORD)
+        except (CniInstallError, OSError) as err:
+            raise InstallError(f"undoing the NIC driver's CNI install failed: {err}") from None
+        progress(f"toposerve-nic uninstalled: {', '.join(changed) or 'nothing to undo'}")
     progress("uninstalled")
 
 

@@ -7,14 +7,18 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import tarfile
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from dra_driver.net.handoff import DEFAULT_PLUGIN
+from localcluster import image_keys
 from localcluster import install as inst
-from localcluster.realnode.paths import REAL_NODE_LABEL, REAL_NODE_TOLERATION
+from localcluster.realnode.paths import REAL_NODE_LABEL, REAL_NODE_TOLERATION, default_layout
 from manifests.render import render_objects
 
 pytestmark = pytest.mark.unit
@@ -49,9 +53,13 @@ def test_every_pod_on_the_real_node_with_imported_images_and_the_loopback_api() 
             assert c["imagePullPolicy"] == "Never" and c["image"] in IMAGES, (name, c["name"])
     gpu = dict(pods)["toposerve-gpu-driver"]
     assert f"--sysfs-root={Path('/hw/sysfs')}" in gpu["containers"][0]["command"]
-    # the NIC forwarder where the image has it
+    # the NIC forwarder where the image has it (the values' default), into
+    # the real node's own CNI folders and pod network
     init = dict(pods)["toposerve-net-driver"]["initContainers"][0]
-    assert f"--plugin={inst.IMAGE_NIC_PLUGIN}" in init["command"]
+    layout = default_layout()
+    assert f"--plugin={DEFAULT_PLUGIN}" in init["command"]
+    assert {f"--bin-dir={layout.cni_bin}", f"--conf-dir={layout.cni_conf}",
+            f"--chain-into={inst.NODE_CONFLIST}"} <= set(init["command"])
     assert v.api_server.url == "https://127.0.0.1:34567"
 
 
@@ -81,16 +89,70 @@ def test_values_file_over_ours_and_set_over_the_file(tmp_path: Path) -> None:
     assert v.image.pull_policy == "Never"
 
 
-def test_archive_reference_from_buildahs_oci_ref_name(tmp_path: Path) -> None:
-    for name, ref in (("a", "localhost/toposerve:0.1.0"), ("b", "localhost/redis:7.0.15"),
-                      ("c", "localhost/kube-scheduler:v1.37.2")):
-        index = json.dumps({"manifests": [{"annotations": {
-            "org.opencontainers.image.ref.name": ref}}]}).encode()
-        with tarfile.open(tmp_path / f"{name}.oci.tar", "w") as tar:
-            info = tarfile.TarInfo("index.json")
-            info.size = len(index)
-            tar.addfile(info, io.BytesIO(index))
-    assert set(inst.built_images(tmp_path)) == set(IMAGES)
-    (tmp_path / "c.oci.tar").unlink()
-    with pytest.raises(inst.InstallError, match="kube-scheduler"):
-        inst.built_images(tmp_path)
+def _archive(path: Path, ref: str) -> None:
+    """An OCI archive as buildah writes it, but for the blobs: its index
+    names the reference."""
+    index = json.dumps({"manifests": [{"annotations": {
+        "org.opencontainers.image.ref.name": ref}}]}).encode()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w") as tar:
+        info = tarfile.TarInfo("index.json")
+        info.size = len(index)
+        tar.addfile(info, io.BytesIO(index))
+
+
+def _built(cache: Path) -> dict[str, Path]:
+    """``make image``'s archives for this tree in ``cache``, as it names them."""
+    wanted = image_keys.expected_archives(cache)
+    for ref in IMAGES:
+        _archive(wanted[inst._image_name(ref)], ref)
+    return wanted
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty tool cache of the test's (the NIC binary's path is under it too)."""
+    monkeypatch.setenv("TOPOSERVE_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def test_the_archives_of_this_tree_by_reference(cache: Path) -> None:
+    wanted = _built(cache)
+    got = inst.built_images(cache)
+    assert got == {ref: wanted[inst._image_name(ref)] for ref in IMAGES}
+    (cache / "images" / wanted["kube-scheduler"].name).unlink()
+    with pytest.raises(inst.InstallError, match="no image archive for kube-scheduler"):
+        inst.built_images(cache)
+
+
+def test_an_archive_of_another_tree_is_refused_even_when_newer(cache: Path) -> None:
+    """The archive whose key is this tree's is taken, not the newest; one
+    that is not is refused, one line saying what to do."""
+    wanted = _built(cache)
+    older = cache / "images" / "toposerve-0123456789abcdef.oci.tar"
+    _archive(older, "localhost/toposerve:0.1.0")
+    os.utime(older, (time.time() + 60, time.time() + 60))
+    assert inst.built_images(cache)["localhost/toposerve:0.1.0"] == wanted["toposerve"]
+    wanted["toposerve"].unlink()
+    with pytest.raises(inst.InstallError) as err:
+        inst.built_images(cache)
+    assert str(err.value) == (f"the image archives of toposerve in {cache / 'images'} were "
+                              "built from another tree: run `make image` (docs/image.md)")
+
+
+def test_the_key_follows_the_images_inputs(cache: Path) -> None:
+    """A new wheel in the wheelhouse the build resolved (as a changed
+    product file, NIC binary or base recipe would) names another toposerve
+    archive: the one built before is then another tree's."""
+    before = _built(cache)
+    assert image_keys.expected_archives(cache) == before  # nothing changed: the same names
+    house = image_keys.wheelhouse(cache, image_keys.python_base())
+    house.mkdir(parents=True)
+    (house / "extra-1.0-py3-none-any.whl").write_bytes(b"wheel")
+    (house / ".complete").write_bytes(b"")  # the build's marker, not copied: not in the key
+    after = image_keys.expected_archives(cache)
+    assert after["toposerve"] != before["toposerve"]
+    assert {k: v for k, v in after.items() if k != "toposerve"} == {
+        k: v for k, v in before.items() if k != "toposerve"}
+    with pytest.raises(inst.InstallError, match=r"toposerve in .* built from another tree"):
+        inst.built_images(cache)
