@@ -51,6 +51,7 @@ from scheduler_ext.wire import (
     encode,
 )
 from topology.model import Tier
+from wire.serving import run_app
 
 log = structlog.get_logger("toposerve.extender")
 
@@ -331,5 +332,6 @@ def serve(cfg: ExtenderConfig, api: Any, listening: Callable[[], None] = lambda:
     uvloop.install()
     where: dict[str, Any] = ({"sock": sock} if sock else
                              {"host": cfg.server.host, "port": cfg.server.port})
-    web.run_app(app, **where, ssl_context=ssl_context(cfg),
-                access_log=None, print=lambda *_: listening(), shutdown_timeout=5)
+    run_app(app, error_factory=lambda status, msg: _json({"Error": msg}, status), **where,
+            ssl_context=ssl_context(cfg), access_log=None, on_listening=listening,
+            shutdown_timeout=5)

@@ -42,6 +42,7 @@ from wire.openai import (
     TokenizeRequest,
 )
 from wire.prompt import chat_prompt, completion_prompt, responses_items
+from wire.serving import run_app
 from wire.tokens import load_tokenizer
 
 WORDS = (" the", " kv ", " and", " for", " GPU", " one", " two", " ten")
@@ -519,5 +520,5 @@ def serve(cfg: SimConfig, sock: socket.socket | None = None) -> None:
     where: dict[str, Any] = {"sock": sock} if sock else {"host": cfg.host, "port": cfg.port}
     # handler_cancellation: a client that disconnects aborts its request,
     # streamed or not, as vLLM's with_cancellation handlers do
-    web.run_app(build_app(cfg), **where, access_log=None,
-                print=lambda *_: None, handler_cancellation=True)
+    run_app(build_app(cfg), error_factory=error_response, **where, access_log=None,
+            handler_cancellation=True)

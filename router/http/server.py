@@ -50,6 +50,7 @@ from wire.chat_template import load_chat_template
 from wire.errors import ApiError, error_response, from_validation
 from wire.openai import ChatRequest, CompletionRequest, ResponsesRequest
 from wire.prompt import chat_prompt, completion_prompt, responses_items
+from wire.serving import run_app
 from wire.tokens import load_tokenizer
 
 log = structlog.get_logger("router")
@@ -195,13 +196,12 @@ class Router:
     def _check_model(self, model: str | None) -> None:
         if model is None:
             return
-        served: set[str] = set()
+        # the first endpoint that serves it, or whose models we don't know
+        # yet (it might), ends the walk: no set of every model a request
         for ep in self.state.pool.routable():
-            if not ep.models:
-                return  # an endpoint whose models we don't know yet might serve it
-            served |= ep.models
-        if model not in served:
-            raise ApiError(404, f"The model `{model}` does not exist.", "model")
+            if not ep.models or model in ep.models:
+                return
+        raise ApiError(404, f"The model `{model}` does not exist.", "model")
 
     def _context(self, request: web.Request, model: str | None, prompt: str) -> RequestContext:
         raw = next((request.headers[h] for h in SESSION_HEADERS if h in request.headers), None)
@@ -505,12 +505,11 @@ def serve(cfg: RouterConfig, sock: socket.socket | None = None) -> None:
     gc.set_threshold(*GC_THRESHOLDS)
     where: dict[str, Any] = ({"sock": sock} if sock else
                              {"host": cfg.server.host, "port": cfg.server.port})
-    web.run_app(build_app(cfg), **where, access_log=None,
-                print=lambda *_: None,
-                max_line_size=PARSER_SLACK * cfg.server.max_header_bytes,
-                max_field_size=PARSER_SLACK * cfg.server.max_header_bytes,
-                shutdown_timeout=cfg.server.drain_timeout_s + DRAIN_GRACE_S,
-                # a client that goes away cancels its handler, which closes the
-                # upstream connection: the model server aborts the generation
-                # instead of running on for nobody (non-streamed requests too)
-                handler_cancellation=True)
+    run_app(build_app(cfg), error_factory=error_response, **where, access_log=None,
+            max_line_size=PARSER_SLACK * cfg.server.max_header_bytes,
+            max_field_size=PARSER_SLACK * cfg.server.max_header_bytes,
+            shutdown_timeout=cfg.server.drain_timeout_s + DRAIN_GRACE_S,
+            # a client that goes away cancels its handler, which closes the
+            # upstream connection: the model server aborts the generation
+            # instead of running on for nobody (non-streamed requests too)
+            handler_cancellation=True)
