@@ -15,14 +15,17 @@ ROLE_LABEL = LLMD_ROLE
 
 
 def model_pod(name: str, app: str, role: str, node: str | None = None,
-              profile: str = "hgx-h100") -> dict[str, Any]:
+              profile: str = "hgx-h100", ports: dict[str, int] | None = None) -> dict[str, Any]:
     """A vLLM pod of ``role``, on ``node`` or, without one, wherever
-    kube-scheduler puts it among the nodes of ``profile``."""
+    kube-scheduler puts it among the nodes of ``profile``; ``ports``: its
+    named container ports."""
     placement = {"nodeName": node} if node else {"nodeSelector": {PROFILE_LABEL: profile}}
+    container: dict[str, Any] = {"name": "vllm", "image": "vllm/vllm-openai"}
+    if ports:
+        container["ports"] = [{"name": n, "containerPort": p} for n, p in ports.items()]
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "labels": {"app": app, ROLE_LABEL: role}},
-            "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai"}],
-                     "tolerations": [KWOK_TOLERATION], **placement}}
+            "spec": {"containers": [container], "tolerations": [KWOK_TOLERATION], **placement}}
 
 
 def wait_running(core: Any, names: list[str], namespace: str = "default",

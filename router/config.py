@@ -102,6 +102,11 @@ class KubernetesDiscovery(Section):
     label_selector: str = Field(alias="labelSelector", min_length=1,
                                 description="which pods are model servers, e.g. app=vllm")
     port: int = Field(default=8000, ge=1, le=65535, description="their HTTP port")
+    port_name: str | None = Field(
+        default=None, alias="portName", pattern=r"^[a-z0-9]([-a-z0-9]{0,13}[a-z0-9])?$",
+        description="take each pod's HTTP port from its container port of this name (as "
+                    "a Service's targetPort does) instead of port: pods on the host "
+                    "network, one port each; a pod without it is not routed to")
     kubeconfig: str | None = Field(
         default=None, description="default: $KUBECONFIG, ~/.kube/config, then in-cluster")
     role_label: str = Field(default=LLMD_ROLE, alias="roleLabel",
@@ -113,6 +118,10 @@ class KubernetesDiscovery(Section):
                     "toposerve.io/revision, controller-revision-hash, first found wins)")
     kv_events_port: int | None = Field(default=None, alias="kvEventsPort", ge=1, le=65535,
                                        description="pods publish KV events on this port")
+    kv_events_port_name: str | None = Field(
+        default=None, alias="kvEventsPortName", pattern=r"^[a-z0-9]([-a-z0-9]{0,13}[a-z0-9])?$",
+        description="the KV-event port from each pod's container port of this name "
+                    "instead of kvEventsPort")
     watch_timeout_s: int = Field(default=300, alias="watchTimeoutSeconds", ge=1,
                                  description="how long one pod watch request lasts before "
                                              "it is renewed from the last resourceVersion "

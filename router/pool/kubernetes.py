@@ -34,10 +34,20 @@ log = structlog.get_logger("router.pool.kubernetes")
 @dataclass(frozen=True)
 class PodView:
     name: str
-    url: str | None  # None: not routable (unready, no IP, terminating)
+    url: str | None  # None: not routable (unready, no IP, terminating, no such port)
     role: str | None
     revision: str | None
     path: DomainPath | None = None  # where its node sits
+    kv_events: str | None = None  # tcp://ip:port when the pods publish KV events
+
+
+def named_port(pod: dict[str, Any], name: str) -> int | None:
+    """The container port called ``name``, as a Service's targetPort finds it."""
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        for p in c.get("ports") or []:
+            if p.get("name") == name and isinstance(p.get("containerPort"), int):
+                return int(p["containerPort"])
+    return None
 
 
 def pod_view(pod: dict[str, Any], cfg: KubernetesDiscovery,
@@ -49,9 +59,14 @@ def pod_view(pod: dict[str, Any], cfg: KubernetesDiscovery,
              and any(c.get("type") == "Ready" and c.get("status") == "True"
                      for c in status.get("conditions") or []))
     ip = status.get("podIP")
-    return PodView(name=meta["name"], url=f"http://{ip}:{cfg.port}" if ready and ip else None,
+    port = named_port(pod, cfg.port_name) if cfg.port_name else cfg.port
+    kv_port = (named_port(pod, cfg.kv_events_port_name) if cfg.kv_events_port_name
+               else cfg.kv_events_port)
+    routable = ready and ip and port
+    return PodView(name=meta["name"], url=f"http://{ip}:{port}" if routable else None,
                    role=labels.get(cfg.role_label),
-                   revision=revision_of(labels, cfg.revision_label), path=path)
+                   revision=revision_of(labels, cfg.revision_label), path=path,
+                   kv_events=f"tcp://{ip}:{kv_port}" if routable and kv_port else None)
 
 
 class _Counted(JsonApi):
@@ -92,6 +107,8 @@ class KubernetesWatcher:
         self.synced = asyncio.Event()
         self._drains: set[asyncio.Task[None]] = set()
         self._paths: dict[str, DomainPath] = {}  # node name -> its place; nodes do not move
+        # pods warned of once, no port of portName (the watch thread's own)
+        self._portless: set[str] = set()
 
     def start(self) -> None:
         """Finds the credentials now, so that missing ones fail the start."""
@@ -112,10 +129,8 @@ class KubernetesWatcher:
             self._drain(old)
             del self._by_pod[view.name]
         if view.url is not None:
-            kv = f"tcp://{view.url.split('//')[1].rsplit(':', 1)[0]}:{self.cfg.kv_events_port}" \
-                if self.cfg.kv_events_port else None
             ep = self.pool.upsert(Endpoint(url=view.url, role=view.role, revision=view.revision,
-                                           path=view.path, kv_events=kv))
+                                           path=view.path, kv_events=view.kv_events))
             if old != view.url:
                 log.info("endpoint added", pod=view.name, url=view.url)
                 if self.on_add:
@@ -162,7 +177,14 @@ class KubernetesWatcher:
                             status=err.status)
                 labels = {}
             self._paths[node] = from_labels(node, labels, PRESETS[self.cfg.topology_labels])
-        return pod_view(pod, self.cfg, self._paths.get(node) if node else None)
+        view = pod_view(pod, self.cfg, self._paths.get(node) if node else None)
+        name = view.name
+        if (self.cfg.port_name and name not in self._portless
+                and named_port(pod, self.cfg.port_name) is None):
+            self._portless.add(name)
+            log.warning("pod has no container port of the configured name; not routed",
+                        pod=name, portName=self.cfg.port_name)
+        return view
 
     def _run(self) -> None:
         rest = JsonApi(self._api)
@@ -174,6 +196,7 @@ class KubernetesWatcher:
 
         def event(kind: str, pod: dict[str, Any]) -> None:
             if kind == "DELETED":
+                self._portless.discard(pod["metadata"]["name"])
                 self._call(self._deleted, pod["metadata"]["name"])
             else:
                 self._call(self._apply, self._view(rest, pod))

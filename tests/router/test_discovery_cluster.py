@@ -27,8 +27,8 @@ PORT = 8000
 
 
 def make_pod(core: Any, name: str, app: str, role: str = "decode",
-             node: str | None = None) -> str:
-    core.create_namespaced_pod("default", model_pod(name, app, role, node))
+             node: str | None = None, ports: dict[str, int] | None = None) -> str:
+    core.create_namespaced_pod("default", model_pod(name, app, role, node, ports=ports))
     return wait_running(core, [name])[name][0]
 
 
@@ -203,3 +203,26 @@ def test_watch_resumes_without_relisting(cluster: Cluster, procs: Procs) -> None
             with contextlib.suppress(client.exceptions.ApiException):
                 core.delete_namespaced_pod(pod.metadata.name, "default",
                                            grace_period_seconds=0)
+
+
+def test_each_pods_port_from_its_named_container_port(cluster: Cluster, procs: Procs) -> None:
+    """portName: each pod's HTTP port is its container port of that name (pods
+    on the host network share an IP, one port each); a pod without that port
+    is not routed to."""
+    core: Any = client.CoreV1Api(cluster.api)
+    app = f"sim-{uuid.uuid4().hex[:6]}"
+    ports = {f"{app}-a": 18_471, f"{app}-b": 18_472}
+    ips = {n: make_pod(core, n, app, ports={"http": p}) for n, p in ports.items()}
+    make_pod(core, f"{app}-c", app)  # no port named http
+    for n, ip in ips.items():
+        procs.sim(host=ip, port=ports[n])
+    router = procs.router({"discovery": {"kubernetes": {
+        "namespace": "default", "labelSelector": f"app={app}", "portName": "http",
+        "kubeconfig": str(kubeconfig_path(cluster.name))}}})
+    want = {f"http://{ips[n]}:{p}" for n, p in ports.items()}
+    wait_for("the two named ports", lambda: set(endpoints(router)) == want, timeout=20)
+    for _ in range(4):
+        r = httpx.post(router.url + "/v1/chat/completions", timeout=30, json={
+            "model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200, r.text
+    assert f"{app}-c" in router.log.read_text()  # said why it is not routed
