@@ -48,7 +48,9 @@ class DecisionLog:
     def add(self, doc: Mapping[str, Any], raw: bytes) -> None:
         key, sender = entry_key(doc), str(doc.get("from", ""))
         self._drop(key)
-        self._entries[key] = (sender, raw)
+        # a copy of its own size: orjson's result keeps the allocation it
+        # grew in (a 7-byte message held about 4 KiB), and these live long
+        self._entries[key] = (sender, bytes(memoryview(raw)))
         self._senders[sender] += 1
         self.bytes += len(raw) + 1
         while self.bytes > self.max_bytes and self._entries:

@@ -7,6 +7,9 @@ counted and ignored, and the replica goes on."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+import textwrap
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -157,3 +160,26 @@ def test_a_corrupt_snapshot_is_ignored_and_the_replica_goes_on(redis_url: str) -
         await standby.close()
 
     _run(go)
+
+
+def test_the_log_holds_its_entries_at_their_own_size() -> None:
+    """50,000 small decisions (about 6 MB of JSON) cost the process tens of
+    MiB, not the ~200 MiB that orjson's results held as returned."""
+    code = textwrap.dedent("""
+        import orjson
+        from router.ha.snapshot import DecisionLog
+        def rss():
+            return int(open("/proc/self/statm").read().split()[1]) * 4096
+        log = DecisionLog(max_bytes=1 << 30)
+        before = rss()
+        for seq in range(50_000):
+            doc = {"from": "a#1", "seq": seq, "stage": "profile", "url": "u",
+                   "session": None, "blocks": {"64": [seq, seq + 1]}}
+            log.add(doc, orjson.dumps(doc))
+        print(rss() - before, log.bytes)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    grown, held = int(out[0]), int(out[1])
+    assert held > 4_000_000
+    assert grown < 8 * held, f"RSS grew {grown >> 20} MiB for {held >> 20} MiB of entries"
