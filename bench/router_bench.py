@@ -386,10 +386,16 @@ def overheads(tmp: Path, names: list[str], n: int, big_n: int, big_tokens: int,
     return out
 
 
+def share(x: float) -> str:
+    """A ratio as a percentage; n/a where it was not measured (another
+    simulator's runs: reuse captured, and hits where it counts none)."""
+    return "n/a" if math.isnan(x) else f"{x:.1%}"
+
+
 def table(rows: list[Row], over: dict[str, dict[str, float]]) -> str:
     def line(r: Row) -> list[object]:
         o = over.get(r.router, {})
-        return [r.workload, r.router, f"{r.hit_rate:.1%}", f"{r.captured:.1%}",
+        return [r.workload, r.router, share(r.hit_rate), share(r.captured),
                 f"{r.ttft_p50_ms:.0f}", f"{r.ttft_p99_ms:.0f}", f"{r.outside_engine_ms:.1f}",
                 f"{r.throughput_rps:.1f}", f"{r.max_over_mean_load:.2f}",
                 f"{r.max_over_mean_work:.2f}", f"{r.cpu_ms_per_request:.2f}",
@@ -419,7 +425,10 @@ def floors(rows: list[Row], models: dict[str, dict[str, dict[str, float]]]) -> s
     workloads also the queueing model's round-robin and oracle. Not for another
     simulator's runs: the floor is ours."""
     lines = []
-    for wl in dict.fromkeys(r.workload for r in rows if not r.workload.endswith(EXTERNAL)):
+    ours = [r for r in rows if not r.workload.endswith(EXTERNAL)]
+    if not ours:
+        return ""
+    for wl in dict.fromkeys(r.workload for r in ours):
         mine = [r for r in rows if r.workload == wl]
         p50 = statistics.median(r.floor_p50_ms for r in mine)
         p99 = statistics.median(r.floor_p99_ms for r in mine)
@@ -453,7 +462,7 @@ def per_seed(runs: list[Row]) -> str:
     each = md_table(["workload", "seed", "router", "TTFT p50 ms", "TTFT p99 ms", "hit rate",
                   "reuse captured", "router CPU ms/req"],
                  ([r.workload, r.seed, r.router, f"{r.ttft_p50_ms:.1f}", f"{r.ttft_p99_ms:.0f}",
-                   f"{r.hit_rate:.1%}", f"{r.captured:.1%}", f"{r.cpu_ms_per_request:.2f}"]
+                   share(r.hit_rate), share(r.captured), f"{r.cpu_ms_per_request:.2f}"]
                   for r in runs), "lrlrrrrr")
     ahead = []
     for wl in dict.fromkeys(r.workload for r in runs):
@@ -627,7 +636,8 @@ def main(argv: list[str] | None = None) -> int:
 
     name = args.name or ("router_bench_external" if args.sim_cmd else "router_bench")
     write(Path(args.out), name,
-                 table(rows, over) + "\n\n" + floors(rows, models) + "\n\n" + per_seed(runs), {
+                 "\n\n".join(t for t in (table(rows, over), floors(rows, models), per_seed(runs))
+                            if t), {
                      "sim": SIM, "sims": N_SIMS, "repeats": args.repeats,
                      "slow_sim": SLOW_SIM, "kv_pressure": KV_PRESSURE, "sim_cmd": args.sim_cmd,
                      "rows": [asdict(r) for r in rows], "runs": [asdict(r) for r in runs],

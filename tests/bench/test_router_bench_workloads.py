@@ -5,6 +5,7 @@ simulator from a template."""
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -12,13 +13,17 @@ import httpx
 import pytest
 
 from bench.router_bench import (
+    EXTERNAL,
     KV_PRESSURE_SESSIONS,
     KV_PRESSURE_TURNS,
     N_SIMS,
     SIM,
+    Row,
     cache_blocks,
     external_sims,
+    floors,
     sim_flags,
+    table,
 )
 from bench.workloads import AgentSession, AgentTurn, agentic, working_set_tokens
 from harness.procs import Procs
@@ -89,3 +94,18 @@ def test_sim_cmd_starts_one_simulator_a_port_from_its_template(tmp_path: Path) -
             assert info.labels["num_gpu_blocks"] == "6250"
     finally:
         procs.close()
+
+
+@pytest.mark.unit
+def test_another_simulators_runs_show_no_floor_and_no_reuse_captured() -> None:
+    row = Row(workload="agentic" + EXTERNAL, router="toposerve", requests=10, failed=0,
+              hit_rate=0.8, captured=math.nan, ttft_p50_ms=50, ttft_p99_ms=500,
+              outside_engine_ms=5, floor_p50_ms=math.nan, floor_p99_ms=math.nan,
+              throughput_rps=1, max_over_mean_load=1, max_over_mean_work=1,
+              cpu_ms_per_request=1)
+    assert floors([row], {}) == ""
+    assert "| agentic (external sim) | toposerve | 80.0% | n/a | 50 | 500 |" in table([row], {})
+    ours = Row(**{**row.__dict__, "workload": "agentic", "captured": 1.0, "floor_p50_ms": 4.0,
+                  "floor_p99_ms": 9.0})
+    assert "| agentic | 4 | 9 |" in floors([row, ours], {})
+    assert EXTERNAL not in floors([row, ours], {})
