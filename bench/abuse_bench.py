@@ -36,7 +36,6 @@ from localcluster.results import table, write
 from router.config import ServerConfig
 from scheduler_ext.config import ExtenderConfig
 from scheduler_ext.server import Extender
-from scheduler_ext.state.cache import ClusterState
 
 REPO = Path(__file__).resolve().parents[1]
 MiB = 2**20
@@ -213,10 +212,7 @@ def aiohttp_status(url: str) -> int:
 def extender_latency(calls: int, deadline: float) -> dict[str, Any]:
     nodes = k.planned(("gb200-nvl72", 36), ("hgx-h100", 4))
     names = [n.name for n in nodes]
-    state = ClusterState(ExtenderConfig())
-    state.relist("nodes", [k.node(n) for n in nodes])
-    state.relist("slices", [k.gpu_slice(n) for n in nodes])
-    state.relist("templates", [k.template("gpu4", 4)])
+    state = k.cluster_state(nodes, templates=[k.template("gpu4", 4)])
     state.relist("pods", [])
     ext = Extender(ExtenderConfig(), state)
     normal = k.toposerve_pods("ok", 4, claim_template="gpu4", level="rack", uid_prefix="ok")[0]

@@ -35,7 +35,6 @@ from localcluster.results import landed_bars, pyplot, save, write
 from localcluster.results import table as md_table
 from scheduler_ext.config import ExtenderConfig
 from scheduler_ext.server import Extender
-from scheduler_ext.state.cache import ClusterState
 from topology.distance import kv_transfer_seconds
 from topology.model import DomainPath
 from topology.profiles import load_profile
@@ -271,10 +270,7 @@ def latency_pods(nodes: int) -> tuple[list[str], list[list[dict[str, Any]]]]:
 def _latency_extender(nodes: int) -> Extender:
     """The watched state of ``nodes`` GB200 nodes and the groups' pods, warmed."""
     planned = k.planned(("gb200-nvl72", nodes))
-    state = ClusterState(ExtenderConfig())
-    state.relist("nodes", [k.node(n) for n in planned])
-    state.relist("slices", [k.gpu_slice(n) for n in planned])
-    state.relist("templates", [k.template("gpu4", 4)])
+    state = k.cluster_state(planned, templates=[k.template("gpu4", 4)])
     for group in latency_pods(nodes)[1]:
         for p in group:
             state.pod("ADDED", p)

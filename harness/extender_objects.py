@@ -5,6 +5,7 @@ and toposerve-labelled output."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from dra_driver.gpu.devices import DRIVER, gpu_pool
@@ -21,6 +22,8 @@ from localcluster.scale.controllers import (  # shared with the scale runs
 from localcluster.scale.controllers import (
     pod as pod,  # bench/extender_bench.py builds its pods with k.pod
 )
+from scheduler_ext.config import ExtenderConfig
+from scheduler_ext.state.cache import ClusterState
 from topology.labels import PRESETS, DialectName
 from topology.layout import PlannedNode, plan_nodes
 from topology.model import NodeTopology
@@ -61,6 +64,22 @@ def counter_slice(n: PlannedNode) -> dict[str, Any] | None:
             "spec": {"driver": DRIVER, "nodeName": n.name,
                      "pool": {"name": pool.name, "generation": 1, "resourceSliceCount": 1},
                      "sharedCounters": [dict(c) for c in pool.shared_counters]}}
+
+
+def cluster_state(nodes: Sequence[PlannedNode], *, templates: Sequence[dict[str, Any]] = (),
+                  classes: Sequence[dict[str, Any]] | None = None,
+                  cfg: ExtenderConfig | None = None, **kw: Any) -> ClusterState:
+    """The extender's watched state as its watches list it: ``nodes``, their
+    GPU slices (and counter slices where GPUs partition), ``templates`` and,
+    when given, DeviceClasses; ``kw`` goes to ClusterState (clock, TTL)."""
+    st = ClusterState(cfg or ExtenderConfig(), **kw)
+    st.relist("nodes", [node(n) for n in nodes])
+    st.relist("slices", [gpu_slice(n) for n in nodes]
+              + [s for n in nodes if (s := counter_slice(n)) is not None])
+    st.relist("templates", list(templates))
+    if classes is not None:
+        st.relist("classes", list(classes))
+    return st
 
 
 def selectors(*exprs: str) -> list[dict[str, Any]]:

@@ -40,13 +40,7 @@ def exactly(cls: str, count: int = 1, *exprs: str, all_: bool = False) -> dict[s
 
 def state(*groups: tuple[str, int], classes: list[dict[str, Any]] = ()  # type: ignore[assignment]
           ) -> ClusterState:
-    st = ClusterState(ExtenderConfig())
-    nodes = k.planned(*groups)
-    st.relist("nodes", [k.node(n) for n in nodes])
-    slices = [k.gpu_slice(n) for n in nodes]
-    slices += [s for n in nodes if (s := k.counter_slice(n)) is not None]
-    st.relist("slices", slices)
-    st.relist("classes", list(classes))
+    st = k.cluster_state(k.planned(*groups), classes=classes)
     st.snapshot()  # the nodes' profiles
     return st
 

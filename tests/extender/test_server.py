@@ -26,7 +26,6 @@ from scheduler_ext.config import ExtenderConfig, load_extender_config
 from scheduler_ext.placement.model import Decision
 from scheduler_ext.scheduler_config import scheduler_config
 from scheduler_ext.server import Extender
-from scheduler_ext.state.cache import ClusterState
 from topology.config_file import ConfigError
 from topology.model import Tier
 from toposerve_cli.main import main
@@ -36,10 +35,7 @@ NAMES = [n.name for n in NODES]
 
 
 def extender(now: float = 1000.0, **cfg: Any) -> tuple[Extender, list[tuple[str, Decision]]]:
-    state = ClusterState(ExtenderConfig(**cfg))
-    state.relist("nodes", [k.node(n) for n in NODES])
-    state.relist("slices", [k.gpu_slice(n) for n in NODES])
-    state.relist("templates", [k.template("gpu4", 4)])
+    state = k.cluster_state(NODES, templates=[k.template("gpu4", 4)], cfg=ExtenderConfig(**cfg))
     written: list[tuple[str, Decision]] = []
     ext = Extender(ExtenderConfig(**cfg), state, clock=lambda: now,
                    persist=lambda ns, pod, d: written.append((f"{ns}/{pod}", d)),

@@ -25,14 +25,8 @@ TOPO = PRESETS[DialectName.TOPOSERVE]
 
 
 def state_with(*groups: tuple[str, int]) -> tuple[ClusterState, list[PlannedNode]]:
-    st = ClusterState(ExtenderConfig())
     nodes = k.planned(*groups)
-    st.relist("nodes", [k.node(n) for n in nodes])
-    slices = [k.gpu_slice(n) for n in nodes]
-    slices += [s for n in nodes if (s := k.counter_slice(n)) is not None]
-    st.relist("slices", slices)
-    st.relist("templates", [k.template("gpu4", 4), k.template("gpu8", 8)])
-    return st, nodes
+    return k.cluster_state(nodes, templates=[k.template("gpu4", 4), k.template("gpu8", 8)]), nodes
 
 
 def bound(p: dict[str, Any], node: str, uid: str) -> dict[str, Any]:
@@ -208,11 +202,9 @@ def test_a_decision_written_on_a_pod_is_found_again_and_the_oldest_wins() -> Non
 
 def test_an_assumed_member_counts_where_it_was_scored_until_it_binds_or_expires() -> None:
     clock = [0.0]
-    st = ClusterState(ExtenderConfig(), clock=lambda: clock[0], assume_ttl_s=10)
     nodes = k.planned(("gb200-nvl72", 2))
-    st.relist("nodes", [k.node(n) for n in nodes])
-    st.relist("slices", [k.gpu_slice(n) for n in nodes])
-    st.relist("templates", [k.template("gpu4", 4)])
+    st = k.cluster_state(nodes, templates=[k.template("gpu4", 4)], clock=lambda: clock[0],
+                         assume_ttl_s=10)
     p = k.toposerve_pods("g", 2, claim_template="gpu4", uid_prefix="g")
     for x in p:
         st.pod("ADDED", x)
