@@ -50,7 +50,7 @@ class ServerConfig(Section):
                                   description="a longer header line gets 431, a longer "
                                               "request line 414 (JSON errors); lines over "
                                               "8 times this are cut off by the HTTP parser "
-                                              "(a plain-text 400)")
+                                              "(a JSON 400 that names neither)")
     upstream_timeout_s: float = Field(default=600.0, alias="upstreamTimeoutSeconds", gt=0,
                                       description="longest silence from a model server")
     connect_timeout_s: float = Field(default=3.0, alias="connectTimeoutSeconds", gt=0,
