@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
+from itertools import repeat
 
 DEFAULT_CAPACITY = 200_000
 # how long a sent prompt counts as held without an answer: one whose every
@@ -68,35 +69,50 @@ class PrefixIndex:
         self._capacity[url] = max(1, blocks)
         self._evict(url)
 
+    def held_of(self, urls: Iterable[str]) -> list[int]:
+        """``held`` of each URL, in order, without a call a URL."""
+        return list(map(len, map(self._lru.get, urls, repeat(()))))
+
     def match(self, keys: list[int], urls: Iterable[str]) -> dict[str, int]:
-        """Leading blocks of ``keys`` each endpoint holds. A prompt's blocks
-        are added (and so evicted) together, its head last, so what an
-        endpoint holds of a chain is a prefix of it: a binary search per
-        endpoint that holds the first block finds its length."""
+        """Leading blocks of ``keys`` each endpoint holds (0 for none)."""
         matched = dict.fromkeys(urls, 0)
+        matched.update(self.hits(keys, matched))
+        return matched
+
+    def hits(self, keys: list[int], among: Container[str]) -> dict[str, int]:
+        """Leading blocks of ``keys`` held by each endpoint of ``among``
+        that holds any (the others are left out): a walk over the holders
+        of the first block and the prompts sent with it, not over
+        ``among``. A prompt's blocks are added (and so evicted) together,
+        its head last, so what an endpoint holds of a chain is a prefix of
+        it: a binary search per holder finds its length."""
+        out: dict[str, int] = {}
         if not keys:
-            return matched
+            return out
         if sent := self._sent.get(keys[0]):
             now = self.clock()
             for s in sent:
-                if s.url in matched and s.until > now:
-                    matched[s.url] = max(matched[s.url], common_prefix(s.keys, keys))
+                if s.url in among and s.until > now:
+                    n = common_prefix(s.keys, keys)
+                    if n > out.get(s.url, 0):
+                        out[s.url] = n
         first = self._where.get(keys[0])
         if not first:
-            return matched
-        for url in first.intersection(matched):
-            if matched[url] == len(keys):
-                continue  # all of it on its way there
+            return out
+        whole = len(keys)
+        for url in first:
+            if url not in among or (had := out.get(url, 0)) == whole:
+                continue  # not a candidate, or all of it on its way there
             lru = self._lru[url]
-            lo, hi = 1, len(keys) + 1  # keys[:lo] held; keys[:hi] not
+            lo, hi = 1, whole + 1  # keys[:lo] held; keys[:hi] not
             while hi - lo > 1:
                 mid = (lo + hi) // 2
                 if keys[mid - 1] in lru:
                     lo = mid
                 else:
                     hi = mid
-            matched[url] = max(matched[url], lo)
-        return matched
+            out[url] = max(had, lo)
+        return out
 
     def send(self, url: str, keys: list[int]) -> Sent | None:
         """``keys`` are on their way to ``url``: held there for ``match``

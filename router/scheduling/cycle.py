@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any, Generic, TypeVar, cast
 
 from router.pool.endpoints import Endpoint
@@ -29,12 +30,16 @@ class StateKey(Generic[T]):
 class PrefixMatch:
     """What an index holds of the prompt on each candidate: the share of
     its leading blocks, the blocks matched (by URL), the prompt's block
-    count, and the tokens each endpoint would still have to prefill."""
+    count, and the tokens each endpoint would still have to prefill.
+    ``hits``, ``matched`` and ``uncached`` name only the candidates that
+    hold some of it (the others: share 0, all ``tokens`` to prefill), so
+    they grow with the prefix's holders, not with the fleet."""
 
     shares: dict[Endpoint, float]
     matched: dict[str, int]
     blocks: int
     uncached: dict[str, int]
+    hits: dict[Endpoint, float] = field(default_factory=dict)  # the shares above 0
 
 
 @dataclass
@@ -46,6 +51,16 @@ class CycleState:
     # the prompt's keys the approximate index was asked about, per block size:
     # held at the chosen endpoint while the request is on its way there
     approx_keys: dict[int, list[int]] = field(default_factory=dict)
+    _urls: tuple[list[Endpoint], tuple[str, ...]] | None = None
+
+    def urls(self, eps: list[Endpoint]) -> tuple[str, ...]:
+        """``candidates_key(eps)``, made once for the candidate list the
+        scorers of this run share (held with it, so its id is not reused)."""
+        if self._urls is not None and self._urls[0] is eps:
+            return self._urls[1]
+        urls = candidates_key(eps)
+        self._urls = (eps, urls)
+        return urls
 
     def get(self, key: StateKey[T], of: Hashable) -> T | None:
         return cast("T | None", self._slots.get((key, of)))
@@ -62,6 +77,10 @@ class CycleState:
         return value
 
 
+URL = attrgetter("url")
+
+
 def candidates_key(eps: list[Endpoint]) -> tuple[str, ...]:
-    """What a per-candidate result was computed for."""
-    return tuple(e.url for e in eps)
+    """What a per-candidate result was computed for: the candidates' URLs,
+    in order."""
+    return tuple(map(URL, eps))

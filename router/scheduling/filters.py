@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 
 from router.pool.endpoints import Endpoint
 from router.pool.revisions import Revisions, key_of, ready_capacity
+from router.pool.saturation import unsaturated
 from router.request import RequestContext
 from router.state import RouterState
+
+_REVISION = attrgetter("revision")  # key_of without a call an endpoint
 
 
 @dataclass
@@ -17,9 +21,9 @@ class ModelFilter:
     state: RouterState
 
     def filter(self, ctx: RequestContext, eps: list[Endpoint]) -> list[Endpoint]:
-        if ctx.model is None:
+        if (model := ctx.model) is None:
             return eps
-        return [e for e in eps if not e.models or ctx.model in e.models]
+        return [e for e in eps if not e.models or model in e.models]
 
 
 @dataclass
@@ -52,7 +56,7 @@ class NotSaturatedFilter:
     state: RouterState
 
     def filter(self, ctx: RequestContext, eps: list[Endpoint]) -> list[Endpoint]:
-        ok = [e for e in eps if not self.state.saturated(e)]
+        ok = unsaturated(eps, self.state.config)
         return ok or eps
 
 
@@ -68,7 +72,7 @@ class RevisionFilter:
     def filter(self, ctx: RequestContext, eps: list[Endpoint]) -> list[Endpoint]:
         if ctx.prefill is not None:
             return [e for e in eps if key_of(e) == key_of(ctx.prefill)]
-        if len({key_of(e) for e in eps}) <= 1:
+        if len({r or "" for r in set(map(_REVISION, eps))}) <= 1:
             return eps  # one revision (the usual case): nothing to choose
         capacity = ready_capacity(eps)
         if ctx.revision is None or capacity.get(ctx.revision, 0) == 0:

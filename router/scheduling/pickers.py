@@ -16,6 +16,11 @@ class MaxScorePicker:
         self._rng = random.Random(seed)
 
     def pick(self, scores: dict[Endpoint, float]) -> list[Endpoint]:
-        keyed = [(-(round(s / TIE) * TIE), self._rng.random(), e) for e, s in scores.items()]
-        keyed.sort(key=lambda t: (t[0], t[1]))
-        return [e for _, _, e in keyed]
+        # one number a key: the score in steps of TIE, negated (best first),
+        # plus a random fraction under a step, which orders the equal ones
+        # at random and never crosses a step. Sorted by the key's index, so
+        # the sort compares floats, not tuples, and no Python runs a key.
+        r = self._rng.random
+        keys = [-round(s / TIE) + 0.5 * r() for s in scores.values()]
+        eps = list(scores)
+        return list(map(eps.__getitem__, sorted(range(len(keys)), key=keys.__getitem__)))

@@ -11,9 +11,9 @@ from router.prefix.index import Sent
 from router.prefix.kv_index import KVIndex
 from router.request import RequestContext
 from router.scheduling import registry
-from router.scheduling.cycle import CycleState
+from router.scheduling.cycle import URL, CycleState
 from router.scheduling.plugins import Filter, Picker, Scorer
-from router.scheduling.scoring import decisive, weighted_total
+from router.scheduling.scoring import decisive, totals
 from router.state import RouterState
 
 
@@ -45,7 +45,7 @@ class Decision:
 
     def no_prefill(self) -> Work:
         """A decode endpoint's weight: the request's tokens, none to prefill."""
-        return Work(self.ctx.token_estimate, dict.fromkeys((e.url for e in self.ranked), 0),
+        return Work(self.ctx.token_estimate, dict.fromkeys(map(URL, self.ranked), 0),
                     self.answered)
 
     def whole(self) -> Work:
@@ -91,8 +91,7 @@ class Scheduler:
             per: dict[str, dict[Endpoint, float]] = {}
         else:
             per = {s.name: s.score(ctx, cycle, eps) for s in scorers}
-        total = weighted_total(per, self.weights)
-        ranked = self.picker.pick({e: total.get(e, 0.0) for e in eps})
+        ranked = self.picker.pick(totals(eps, per, self.weights))
         reason = decisive(per, self.weights, ranked[0], ranked[1] if len(ranked) > 1 else None)
         # until it answers, the first-ranked endpoint counts as holding the
         # prompt for requests scheduled meanwhile (router.prefix.index)

@@ -2,23 +2,27 @@
 
 from __future__ import annotations
 
-import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import add, attrgetter
 from typing import ClassVar
 
 from router.pool.endpoints import Endpoint
 from router.prefix.index import PrefixIndex
 from router.prefix.kv_index import KVIndex
 from router.request import RequestContext
-from router.scheduling.cycle import CycleState, PrefixMatch, StateKey, candidates_key
+from router.scheduling.cycle import CycleState, PrefixMatch, StateKey
 from router.scheduling.scoring import lower_is_better
 from router.state import RouterState
 from topology.distance import node_tier
 from topology.model import Tier
 from wire.tokens import BYTES_PER_TOKEN
+
+PREFILL_TOKENS = attrgetter("prefill_tokens")
+INFLIGHT_TOKENS = attrgetter("inflight_tokens")
 
 
 class Stateless:
@@ -32,22 +36,28 @@ def match_shares(index: PrefixIndex, ctx: RequestContext, cycle: CycleState,
                  eps: list[Endpoint], keys: list[int]) -> dict[Endpoint, float]:
     """Share of the prompt's leading blocks each endpoint holds in ``index``;
     the whole match (with the uncached tokens each endpoint would prefill)
-    becomes the cycle's ``prefix``, which the proxy and metrics read."""
+    becomes the cycle's ``prefix``, which the proxy and metrics read. Work
+    an endpoint is done only for those that hold some of the prompt."""
+    frac = dict.fromkeys(eps, 0.0)
+    hits: dict[Endpoint, float] = {}
+    matched: dict[str, int] = {}
     if keys:
-        matched = index.match(keys, (e.url for e in eps))
-        frac = {e: matched.get(e.url, 0) / len(keys) for e in eps}
-    else:
-        matched, frac = {}, dict.fromkeys(eps, 0.0)
-    cycle.prefix = PrefixMatch(
-        frac, matched, len(keys),
-        {e.url: int(ctx.token_estimate * (1 - f)) for e, f in frac.items()})
+        by_url = dict(zip(cycle.urls(eps), eps, strict=True))
+        matched = index.hits(keys, by_url)
+        if matched:
+            n = len(keys)
+            hits = {by_url[u]: m / n for u, m in matched.items()}
+            frac.update(hits)
+    tokens = ctx.token_estimate
+    cycle.prefix = PrefixMatch(frac, matched, len(keys),
+                               {e.url: int(tokens * (1 - f)) for e, f in hits.items()}, hits)
     return frac
 
 
 # block size of the approximate prefix index unless a scorer says otherwise
 APPROX_BLOCK_BYTES = 1024
 # the approximate match, per (block size, candidates)
-APPROX_MATCH: StateKey[dict[Endpoint, float]] = StateKey("approx-match")
+APPROX_MATCH: StateKey[PrefixMatch] = StateKey("approx-match")
 # the approximate index has been told where the prompt went, per (block size, endpoint)
 APPROX_REMEMBERED: StateKey[bool] = StateKey("approx-remembered")
 
@@ -56,9 +66,20 @@ def approx_match(state: RouterState, ctx: RequestContext, cycle: CycleState,
                  eps: list[Endpoint], block_bytes: int) -> dict[Endpoint, float]:
     """Share of the prompt each endpoint probably holds: computed once per
     cycle, block size and candidate set, whichever scorer asks first."""
+    return approx_prefix(state, ctx, cycle, eps, block_bytes).shares
+
+
+def approx_prefix(state: RouterState, ctx: RequestContext, cycle: CycleState,
+                  eps: list[Endpoint], block_bytes: int) -> PrefixMatch:
+    """``approx_match``, whole: with the candidates that hold some of it."""
     keys = cycle.approx_keys[block_bytes] = ctx.byte_blocks(block_bytes)
-    return cycle.memo(APPROX_MATCH, (block_bytes, candidates_key(eps)),
-                      lambda: match_shares(state.approx, ctx, cycle, eps, keys))
+
+    def compute() -> PrefixMatch:
+        match_shares(state.approx, ctx, cycle, eps, keys)
+        assert cycle.prefix is not None
+        return cycle.prefix
+
+    return cycle.memo(APPROX_MATCH, (block_bytes, cycle.urls(eps)), compute)
 
 
 def remember(state: RouterState, ctx: RequestContext, cycle: CycleState, ep: Endpoint,
@@ -108,11 +129,15 @@ class PrefillCostScorer:
 
     def score(self, ctx: RequestContext, cycle: CycleState, eps: list[Endpoint]
               ) -> dict[Endpoint, float]:
-        frac = approx_match(self.state, ctx, cycle, eps, self.block_bytes)
-        cost = {e: e.prefill_tokens + ctx.token_estimate * (1 - frac[e]) for e in eps}
-        best = min(cost.values())
-        return {e: (best + PREFILL_SLACK_TOKENS) / (c + PREFILL_SLACK_TOKENS)
-                for e, c in cost.items()}
+        match = approx_prefix(self.state, ctx, cycle, eps, self.block_bytes)
+        tokens = ctx.token_estimate
+        # an endpoint that holds none of it: its backlog and the whole prompt
+        cost = dict(zip(eps, map(add, map(PREFILL_TOKENS, eps), repeat(tokens * 1.0)),
+                        strict=True))
+        for e, f in match.hits.items():
+            cost[e] = e.prefill_tokens + tokens * (1 - f)
+        k = min(cost.values()) + PREFILL_SLACK_TOKENS
+        return {e: k / (c + PREFILL_SLACK_TOKENS) for e, c in cost.items()}
 
     def picked(self, ctx: RequestContext, cycle: CycleState, ep: Endpoint) -> None:
         remember(self.state, ctx, cycle, ep, self.block_bytes)
@@ -149,11 +174,12 @@ class QueueScorer(Stateless):
 
     def score(self, ctx: RequestContext, cycle: CycleState, eps: list[Endpoint]
               ) -> dict[Endpoint, float]:
-        stale_after = self.state.config.scrape.stale_after_s
-        fresh = {e: e.load.waiting + 0.1 * e.load.running + e.inflight
-                 for e in eps if not e.stale(stale_after)}
-        out = lower_is_better(fresh)
-        return {e: out.get(e, 0.0) for e in eps}
+        stale_after, now = self.state.config.scrape.stale_after_s, time.monotonic()
+        fresh = {e: s.waiting + 0.1 * s.running + e.inflight
+                 for e in eps if (s := e.load).at != 0 and now - s.at <= stale_after}
+        out = dict.fromkeys(eps, 0.0)
+        out.update(lower_is_better(fresh))
+        return out
 
 
 @dataclass
@@ -163,9 +189,9 @@ class KVUsageScorer(Stateless):
 
     def score(self, ctx: RequestContext, cycle: CycleState, eps: list[Endpoint]
               ) -> dict[Endpoint, float]:
-        stale_after = self.state.config.scrape.stale_after_s
-        return {e: 0.0 if e.stale(stale_after) else max(0.0, 1.0 - e.load.kv_usage)
-                for e in eps}
+        stale_after, now = self.state.config.scrape.stale_after_s, time.monotonic()
+        return {e: 0.0 if (s := e.load).at == 0 or now - s.at > stale_after
+                else max(0.0, 1.0 - s.kv_usage) for e in eps}
 
 
 @dataclass
@@ -178,7 +204,7 @@ class InflightTokensScorer(Stateless):
 
     def score(self, ctx: RequestContext, cycle: CycleState, eps: list[Endpoint]
               ) -> dict[Endpoint, float]:
-        return lower_is_better({e: float(e.inflight_tokens) for e in eps})
+        return lower_is_better(dict(zip(eps, map(INFLIGHT_TOKENS, eps), strict=True)))
 
 
 @dataclass
@@ -192,7 +218,8 @@ class CacheRoomScorer(Stateless):
 
     def score(self, ctx: RequestContext, cycle: CycleState, eps: list[Endpoint]
               ) -> dict[Endpoint, float]:
-        return lower_is_better({e: float(self.state.approx.held(e.url)) for e in eps})
+        held = self.state.approx.held_of(cycle.urls(eps))
+        return lower_is_better(dict(zip(eps, held, strict=True)))
 
 
 @dataclass
@@ -224,48 +251,65 @@ class ConversationsScorer:
     started, so this predicts an endpoint's load better than the present
     queue does; cached tokens (cache-room) say nothing of how often they are
     reused. A known conversation scores the same everywhere: this scorer
-    never pulls one away from its cache."""
+    never pulls one away from its cache.
+
+    What is live is kept by time over all endpoints (the oldest forgotten
+    first, as the window passes it) and by conversation, so a request costs
+    a look-up of its own conversation and a count an endpoint, not a walk
+    over each endpoint's conversations."""
 
     state: RouterState
     window_s: float = 300.0
     block_bytes: int = APPROX_BLOCK_BYTES
     clock: Callable[[], float] = time.monotonic
     name: ClassVar[str] = "conversations"
+    # url -> conversation -> last seen, oldest first (its len: live there)
     _seen: dict[str, OrderedDict[int, float]] = field(default_factory=dict)
+    # (url, conversation) -> last seen, over all endpoints, oldest first
+    _order: OrderedDict[tuple[str, int], float] = field(default_factory=OrderedDict)
+    _where: dict[int, set[str]] = field(default_factory=dict)  # conversation -> its endpoints
 
-    def _live(self, url: str, now: float) -> int:
-        seen = self._seen.get(url)
-        if not seen:
-            return 0
-        while seen:
-            head, at = next(iter(seen.items()))
-            if now - at <= self.window_s and len(seen) <= MAX_CONVERSATIONS:
+    def _forget(self, url: str, key: int) -> None:
+        del self._seen[url][key]
+        self._order.pop((url, key), None)
+        where = self._where[key]
+        where.discard(url)
+        if not where:
+            del self._where[key]
+
+    def _expire(self, now: float) -> None:
+        order = self._order
+        while order:
+            (url, key), at = next(iter(order.items()))
+            if now - at <= self.window_s:
                 break
-            del seen[head]
-        return len(seen)
-
-    def _last_seen(self, url: str, key: int) -> float:
-        seen = self._seen.get(url)
-        return seen.get(key, -math.inf) if seen else -math.inf
+            self._forget(url, key)
 
     def score(self, ctx: RequestContext, cycle: CycleState, eps: list[Endpoint]
               ) -> dict[Endpoint, float]:
         keys = ctx.byte_blocks(self.block_bytes)
-        now = self.clock()
-        if keys and any(now - self._last_seen(e.url, keys[0]) <= self.window_s for e in eps):
+        self._expire(self.clock())
+        urls = cycle.urls(eps)
+        if keys and (where := self._where.get(keys[0])) and not where.isdisjoint(urls):
             return dict.fromkeys(eps, 1.0)  # a live conversation: placed already
         # a ratio, not min-max: 3 against 4 conversations is a small
         # difference, 0 against 1 a large one
-        live = {e: self._live(e.url, now) for e in eps}
-        lo = min(live.values())
-        return {e: (lo + 1) / (n + 1) for e, n in live.items()}
+        live = list(map(len, map(self._seen.get, urls, repeat(()))))
+        lo = min(live) + 1
+        return dict(zip(eps, [lo / (n + 1) for n in live], strict=True))
 
     def picked(self, ctx: RequestContext, cycle: CycleState, ep: Endpoint) -> None:
         keys = ctx.byte_blocks(self.block_bytes)
         if keys:
-            seen = self._seen.setdefault(ep.url, OrderedDict())
-            seen[keys[0]] = self.clock()
-            seen.move_to_end(keys[0])
+            url, key, now = ep.url, keys[0], self.clock()
+            seen = self._seen.setdefault(url, OrderedDict())
+            seen[key] = now
+            seen.move_to_end(key)
+            self._order[(url, key)] = now
+            self._order.move_to_end((url, key))
+            self._where.setdefault(key, set()).add(url)
+            while len(seen) > MAX_CONVERSATIONS:
+                self._forget(url, next(iter(seen)))
 
 
 @dataclass
@@ -280,8 +324,9 @@ class SessionScorer:
               ) -> dict[Endpoint, float]:
         url = ctx.affinity_url or (self.state.sessions.get(ctx.session) if ctx.session else None)
         out = dict.fromkeys(eps, 0.0)
-        for e in eps:
-            if e.url == url and not self.state.saturated(e):
+        if url is not None and url in (urls := cycle.urls(eps)):
+            e = eps[urls.index(url)]  # URLs are unique in the pool
+            if not self.state.saturated(e):
                 out[e] = 1.0
         return out
 

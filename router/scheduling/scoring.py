@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from itertools import repeat
+from operator import add, mul
 from typing import TypeVar
 
 K = TypeVar("K")
@@ -27,6 +29,18 @@ def weighted_total(per_scorer: Mapping[str, Mapping[K, float]],
         for k, s in scores.items():
             total[k] = total.get(k, 0.0) + w * s
     return total
+
+
+def totals(keys: Iterable[K], per_scorer: Mapping[str, Mapping[K, float]],
+           weights: Mapping[str, float]) -> dict[K, float]:
+    """``weighted_total`` over ``keys`` (those a scorer leaves out: 0), in
+    their order, each scorer's weighted scores added in one pass of
+    ``map`` rather than a Python loop over every key of every scorer."""
+    out = dict.fromkeys(keys, 0.0)
+    for name, scores in per_scorer.items():
+        weighted = map(mul, repeat(weights[name]), map(scores.get, out, repeat(0.0)))
+        out = dict(zip(out, map(add, out.values(), weighted), strict=True))
+    return out
 
 
 def decisive(per_scorer: Mapping[str, Mapping[K, float]], weights: Mapping[str, float],
