@@ -32,6 +32,12 @@ def make_pod(core: Any, name: str, app: str, role: str = "decode",
     return wait_running(core, [name])[name][0]
 
 
+def delete_app(core: Any, app: str) -> None:
+    for pod in core.list_namespaced_pod("default", label_selector=f"app={app}").items:
+        with contextlib.suppress(client.exceptions.ApiException):
+            core.delete_namespaced_pod(pod.metadata.name, "default", grace_period_seconds=0)
+
+
 def endpoints(router: Proc) -> dict[str, float]:
     out = {}
     for line in httpx.get(router.url + "/metrics").text.splitlines():
@@ -127,10 +133,7 @@ def test_split_requests_decode_next_to_their_prefill(cluster: Cluster, procs: Pr
             used.add(node_of[prefill])
         assert used == set(nodes)
     finally:
-        for pod in core.list_namespaced_pod("default", label_selector=f"app={app}").items:
-            with contextlib.suppress(client.exceptions.ApiException):
-                core.delete_namespaced_pod(pod.metadata.name, "default",
-                                           grace_period_seconds=0)
+        delete_app(core, app)
 
 
 def test_decode_stays_in_the_prefill_nvlink_domain(cluster: Cluster, procs: Procs) -> None:
@@ -165,10 +168,7 @@ def test_decode_stays_in_the_prefill_nvlink_domain(cluster: Cluster, procs: Proc
             assert r.headers["x-toposerve-prefill-endpoint"] == endpoint_of["prefill-0"]
             assert r.headers["x-toposerve-endpoint"] == endpoint_of["decode-nvl"]
     finally:
-        for pod in core.list_namespaced_pod("default", label_selector=f"app={app}").items:
-            with contextlib.suppress(client.exceptions.ApiException):
-                core.delete_namespaced_pod(pod.metadata.name, "default",
-                                           grace_period_seconds=0)
+        delete_app(core, app)
 
 
 def discovery_requests(router: Proc, verb: str) -> float:
@@ -199,10 +199,7 @@ def test_watch_resumes_without_relisting(cluster: Cluster, procs: Procs) -> None
                  timeout=40)
         assert discovery_requests(router, "list") == 1
     finally:
-        for pod in core.list_namespaced_pod("default", label_selector=f"app={app}").items:
-            with contextlib.suppress(client.exceptions.ApiException):
-                core.delete_namespaced_pod(pod.metadata.name, "default",
-                                           grace_period_seconds=0)
+        delete_app(core, app)
 
 
 def test_each_pods_port_from_its_named_container_port(cluster: Cluster, procs: Procs) -> None:
@@ -212,17 +209,21 @@ def test_each_pods_port_from_its_named_container_port(cluster: Cluster, procs: P
     core: Any = client.CoreV1Api(cluster.api)
     app = f"sim-{uuid.uuid4().hex[:6]}"
     ports = {f"{app}-a": 18_471, f"{app}-b": 18_472}
-    ips = {n: make_pod(core, n, app, ports={"http": p}) for n, p in ports.items()}
-    make_pod(core, f"{app}-c", app)  # no port named http
-    for n, ip in ips.items():
-        procs.sim(host=ip, port=ports[n])
-    router = procs.router({"discovery": {"kubernetes": {
-        "namespace": "default", "labelSelector": f"app={app}", "portName": "http",
-        "kubeconfig": str(kubeconfig_path(cluster.name))}}})
-    want = {f"http://{ips[n]}:{p}" for n, p in ports.items()}
-    wait_for("the two named ports", lambda: set(endpoints(router)) == want, timeout=20)
-    for _ in range(4):
-        r = httpx.post(router.url + "/v1/chat/completions", timeout=30, json={
-            "model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
-        assert r.status_code == 200, r.text
-    assert f"{app}-c" in router.log.read_text()  # said why it is not routed
+    try:
+        ips = {n: make_pod(core, n, app, ports={"http": p}) for n, p in ports.items()}
+        make_pod(core, f"{app}-c", app)  # no port named http
+        for n, ip in ips.items():
+            procs.sim(host=ip, port=ports[n])
+        router = procs.router({"discovery": {"kubernetes": {
+            "namespace": "default", "labelSelector": f"app={app}", "portName": "http",
+            "kubeconfig": str(kubeconfig_path(cluster.name))}}})
+        want = {f"{ips[n]}:{p}" for n, p in ports.items()}  # as the metrics name them
+        wait_for("the two named ports", lambda: set(endpoints(router)) == want, timeout=20)
+        for _ in range(4):
+            r = httpx.post(router.url + "/v1/chat/completions", timeout=30, json={
+                "model": MODEL, "max_tokens": 2,
+                "messages": [{"role": "user", "content": "hi"}]})
+            assert r.status_code == 200, r.text
+        assert f"{app}-c" in router.log.read_text()  # said why it is not routed
+    finally:
+        delete_app(core, app)
