@@ -105,8 +105,8 @@ def built_images(cache: Path | None = None) -> dict[str, Path]:
             images_dir.glob(f"{name}-*.oci.tar"), key=lambda p: p.stat().st_mtime,
             reverse=True)), None)
         ref = _archive_ref(archive) if archive is not None and archive.is_file() else None
-        if ref and _image_name(ref) == name:
-            found[ref] = archive  # type: ignore[assignment]
+        if archive is not None and ref and _image_name(ref) == name:
+            found[ref] = archive
         elif any(images_dir.glob(f"{name}-*.oci.tar")):
             stale.append(name)
     missing = sorted(set(IMAGE_VALUES) - {_image_name(r) for r in found} - set(stale))

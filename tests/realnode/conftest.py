@@ -5,17 +5,24 @@ the kwok tests elsewhere never see it."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from dra_driver.net.handoff.links import Namespace
+from harness.dra_net import canonical
 from harness.waiting import wait_for
+from kubeapi import JsonApi
+from localcluster.realnode import nics
 from localcluster.realnode import node as realnode
 from localcluster.realnode.paths import NODE_NAME, Layout, default_layout
+from localcluster.realnode.pods import busybox_pod
 from tests.conftest import Cluster
 
 
@@ -98,3 +105,49 @@ def wait_phase(core: Any, name: str, phases: set[str], timeout: float = 60) -> A
         raise AssertionError(f"{err}: node {pod.spec and pod.spec.node_name}, status "
                              f"{pod.status}, events {[(e.reason, e.message) for e in events]}"
                              ) from None
+
+
+def on_host_as_it_was(nic: nics.StandIn) -> bool:
+    """The stand-in NIC is back in the host's namespace, named, sized and
+    down as it was made, without addresses (after its pod went)."""
+    with Namespace() as host:
+        link = host.find(nic.ifname, nic.mac)
+    return link is not None and (link.name, link.mtu, link.up, link.addresses) == (
+        nic.ifname, nic.mtu, False, frozenset())
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def example_on_real_node(core: Any, res: Any, make_pod: PodMaker, file: str, prefix: str,
+                         classes: Mapping[str, str]) -> Any:
+    """A cookbook example's claim templates and pod as they are, but for
+    names (``prefix``-ed), the device classes (``classes``: the example's
+    name -> the install's) and the real node's own pod settings
+    (busybox_pod's: the local busybox image, never pulled; the node's
+    selector and toleration; no token). The pod, Running."""
+    base = busybox_pod("base", "")["spec"]
+    pod: dict[str, Any] = {}
+    for obj in yaml.safe_load_all((EXAMPLES / file).read_text()):
+        obj["metadata"]["name"] = f"{prefix}-{obj['metadata']['name']}"
+        if obj["kind"] == "ResourceClaimTemplate":
+            for r in obj["spec"]["spec"]["devices"]["requests"]:
+                r["exactly"]["deviceClassName"] = classes[r["exactly"]["deviceClassName"]]
+            # compact with sorted keys, as kubectl sends it: opaque parameters
+            # in any other spelling make every later claim status write fail
+            # (harness.dra_net.create_claim says why)
+            JsonApi(res.api_client).request(
+                "POST", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaimtemplates",
+                body=canonical(obj))
+        else:
+            pod = obj
+    spec = pod["spec"]
+    for c in spec["resourceClaims"]:
+        c["resourceClaimTemplateName"] = f"{prefix}-{c['resourceClaimTemplateName']}"
+    spec.update({k: base[k] for k in ("nodeSelector", "tolerations",
+                                      "automountServiceAccountToken", "enableServiceLinks",
+                                      "terminationGracePeriodSeconds")})
+    for c in spec["containers"]:
+        c.update(image=base["containers"][0]["image"], imagePullPolicy="Never")
+    make_pod(pod)
+    return wait_phase(core, pod["metadata"]["name"], {"Running"})

@@ -22,7 +22,6 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -48,7 +47,7 @@ from router.ha.pod_label import ROLE_LABEL
 from scheduler_ext.placement.levels import domain_of, parse_level
 from scheduler_ext.state.facts import PLACEMENT_ANNOTATION
 from tests.conftest import Cluster
-from tests.realnode.conftest import PodMaker, ensure_started, wait_phase
+from tests.realnode.conftest import PodMaker, ensure_started, example_on_real_node, wait_phase
 from topology.labels import PRESETS, PROFILE_LABEL, DialectName, from_labels
 from topology.workloads import GROUP, GROUP_SIZE, LEVEL, ROLE
 
@@ -445,35 +444,14 @@ def test_second_scheduler_and_extender_place_groups_whole(stack: Stack, kwok_gpu
 
 # -- the cookbook's claims on the real node, against the installed driver --
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 EXAMPLE = f"{PREFIX}-example"  # the examples' names' prefix: none is the fixture's TEMPLATE
 
 
 def _example_on_real_node(s: Stack, make_pod: PodMaker, file: str) -> tuple[Any, str]:
-    """An example's claim templates and pod as they are, but for names of
-    this module's, the installed GPU class, and the real node's own pod
-    settings (busybox_pod's: the local busybox image, never pulled; the
-    node's selector and toleration; no token). The pod Running, its claim UID."""
-    base = busybox_pod("base", "")["spec"]
-    pod: dict[str, Any] = {}
-    for obj in yaml.safe_load_all((EXAMPLES / file).read_text()):
-        obj["metadata"]["name"] = f"{EXAMPLE}-{obj['metadata']['name']}"
-        if obj["kind"] == "ResourceClaimTemplate":
-            for r in obj["spec"]["spec"]["devices"]["requests"]:
-                r["exactly"]["deviceClassName"] = GPU_CLASS
-            s.res.create_namespaced_resource_claim_template("default", obj)
-        else:
-            pod = obj
-    spec = pod["spec"]
-    for c in spec["resourceClaims"]:
-        c["resourceClaimTemplateName"] = f"{EXAMPLE}-{c['resourceClaimTemplateName']}"
-    spec.update({k: base[k] for k in ("nodeSelector", "tolerations",
-                                      "automountServiceAccountToken", "enableServiceLinks",
-                                      "terminationGracePeriodSeconds")})
-    for c in spec["containers"]:
-        c.update(image=base["containers"][0]["image"], imagePullPolicy="Never")
-    make_pod(pod)
-    got = wait_phase(s.core, pod["metadata"]["name"], {"Running"})
+    """An example on the real node against the installed GPU class
+    (``example_on_real_node``): its claim and pod name, the pod Running."""
+    got = example_on_real_node(s.core, s.res, make_pod, file, EXAMPLE,
+                               {"gpu.toposerve.io": GPU_CLASS})
     claim = s.res.read_namespaced_resource_claim(
         got.status.resource_claim_statuses[0].resource_claim_name, "default")
     return claim, str(got.metadata.name)

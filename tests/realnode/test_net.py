@@ -36,7 +36,7 @@ from localcluster.realnode.paths import NODE_NAME, default_layout
 from localcluster.realnode.pods import busybox_pod
 from localcluster.realnode.teardown import leftovers
 from tests.conftest import Cluster
-from tests.realnode.conftest import PodMaker, ensure_started, wait_phase
+from tests.realnode.conftest import PodMaker, ensure_started, on_host_as_it_was, wait_phase
 
 pytestmark = [pytest.mark.cluster, pytest.mark.realnode]
 
@@ -128,13 +128,6 @@ def _wait_published(env: Env) -> None:
     wait_for("the NIC stand-ins published", lambda: count() >= len(env.stand_ins), timeout=30)
 
 
-def _on_host_as_it_was(nic: nics.StandIn) -> bool:
-    with Namespace() as host:
-        link = host.find(nic.ifname, nic.mac)
-    return link is not None and (link.name, link.mtu, link.up, link.addresses) == (
-        nic.ifname, nic.mtu, False, frozenset())
-
-
 def _ping_from_fabric(address: IPv4Interface) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["ip", "netns", "exec", nics.FABRIC_NETNS.name, "busybox", "ping",
                            "-c1", "-W2", str(address.ip)], capture_output=True, text=True,
@@ -179,7 +172,7 @@ def test_a_pod_gets_the_nic_configured_and_it_comes_back(env: Env, make_pod: Pod
         with Namespace() as host:
             assert host.find(nic.ifname, nic.mac) is None  # not on the host meanwhile
         _delete_pod(env, "rn-nic")
-    assert _on_host_as_it_was(nic)
+    assert on_host_as_it_was(nic)
     assert Journal(JOURNAL_DIR).entries() == []
     wait_for("the claim's record removed", lambda: not all_records(STATE_DIR), timeout=30)
 
@@ -198,7 +191,7 @@ def test_a_pod_gets_its_ipv6_address(env: Env, make_pod: PodMaker) -> None:
         got = env.res.read_namespaced_resource_claim(claim, "default")
         assert got.status.devices[0].network_data.ips == [str(nic.pod_address()), v6]
         _delete_pod(env, "rn-nic6")
-    assert _on_host_as_it_was(nic)
+    assert on_host_as_it_was(nic)
 
 
 def _root_of(env: Env, driver: str, device: str) -> str:
@@ -235,7 +228,7 @@ def test_gpu_and_nic_aligned_on_one_pcie_root(env: Env, make_pod: PodMaker,
             _delete_pod(env, "rn-gpu-nic")
     finally:
         assert gpu.stop() == 0
-    assert all(_on_host_as_it_was(n) for n in env.stand_ins)
+    assert all(on_host_as_it_was(n) for n in env.stand_ins)
 
 
 def test_del_after_containerd_restarts_brings_the_nic_back(env: Env, make_pod: PodMaker
@@ -248,7 +241,7 @@ def test_del_after_containerd_restarts_brings_the_nic_back(env: Env, make_pod: P
         realnode.restart_containerd()
         assert _ping_from_fabric(nic.pod_address()).returncode == 0  # still in the pod
         _delete_pod(env, "rn-nic-ctd")
-    assert _on_host_as_it_was(nic)
+    assert on_host_as_it_was(nic)
     assert Journal(JOURNAL_DIR).entries() == []
 
 
