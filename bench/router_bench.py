@@ -298,6 +298,7 @@ class Row:
     cpu_ms_per_request: float
     seed: int = 0  # the repeat (agentic: its workload's seed); a median row's is meaningless
     cache_blocks: int = 0  # each simulator's
+    first_share: float = 0.0  # requests the first simulator served (uneven: the slow one)
 
 
 def run_one(tmp: Path, name: str, workload: str, payload: Any, seed: int = 0,
@@ -344,7 +345,8 @@ def run_one(tmp: Path, name: str, workload: str, payload: Any, seed: int = 0,
                max_over_mean_load=max(served) / statistics.mean(served) if any(served) else 0,
                max_over_mean_work=max(work) / statistics.mean(work) if any(work) else 0,
                cpu_ms_per_request=1000 * cpu / max(1, len(run.results)), seed=seed,
-               cache_blocks=cache_blocks(workload, payload))
+               cache_blocks=cache_blocks(workload, payload),
+               first_share=served[0] / sum(served) if any(served) else 0.0)
 
 
 def overheads(tmp: Path, names: list[str], n: int, big_n: int, big_tokens: int,
@@ -460,10 +462,10 @@ def per_seed(runs: list[Row]) -> str:
     """Every run by itself, seed by seed, and per workload on how many seeds
     ours had the lower TTFT p50 and p99 than every peer in the run."""
     each = md_table(["workload", "seed", "router", "TTFT p50 ms", "TTFT p99 ms", "hit rate",
-                  "reuse captured", "router CPU ms/req"],
+                  "reuse captured", "router CPU ms/req", "served by the first simulator"],
                  ([r.workload, r.seed, r.router, f"{r.ttft_p50_ms:.1f}", f"{r.ttft_p99_ms:.0f}",
-                   share(r.hit_rate), share(r.captured), f"{r.cpu_ms_per_request:.2f}"]
-                  for r in runs), "lrlrrrrr")
+                   share(r.hit_rate), share(r.captured), f"{r.cpu_ms_per_request:.2f}",
+                   f"{r.first_share:.1%}"] for r in runs), "lrlrrrrrr")
     ahead = []
     for wl in dict.fromkeys(r.workload for r in runs):
         seeds = sorted({r.seed for r in runs if r.workload == wl})
