@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import functools
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -27,12 +28,23 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import httptools
+import httpx
 import orjson
 import psutil
 import yaml
 
 from bench.report import medians, pct
-from bench.router_bench import REPO, SCRAPE_S, Start, order, ours, ours_at, peer, peers_missing
+from bench.router_bench import (
+    OURS,
+    REPO,
+    SCRAPE_S,
+    Start,
+    order,
+    ours,
+    ours_at,
+    peer,
+    peers_missing,
+)
 from harness.procs import MODEL, Proc, Procs
 from localcluster.ports import free_port
 from localcluster.results import pyplot, save, table, write
@@ -43,6 +55,16 @@ DIRECT = "direct"
 _UNTUNED_GC = ("import gc, sys; import router.http.server as s, toposerve_cli.main as m; "
                "gc.freeze = lambda: None; s.GC_THRESHOLDS = gc.get_threshold(); "
                "sys.argv[0] = 'toposerve'; m.main()")
+
+
+def checkout(rev: str, tmp: Path) -> Path:
+    """``rev``'s tree (a git archive of it) under ``tmp``."""
+    tree = tmp / f"toposerve-at-{rev}"
+    tree.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    return tree
 
 
 def ours_untuned_gc(procs: Procs, backends: list[Proc]) -> Proc:
@@ -345,6 +367,105 @@ def run(tmp: Path, names: list[str], fleets: tuple[int, ...], levels: tuple[int,
     return added(rows)
 
 
+def instructions(tree: Path, fleet: int, tmp: Path, warm: int = 300,
+                 counted: int = 200) -> float:
+    """Instructions our router's process (the code in ``tree``) spends a
+    request at ``fleet`` null endpoints, under valgrind's callgrind: the
+    counters zeroed after ``warm`` requests, dumped after 5 s idle (its idle
+    rate) and again after ``counted`` more from 16 clients, the idle rate
+    taken off. The other load on the machine does not move it, so a ratio
+    between fleet sizes (or revisions) needs no repeats. Scraped once at
+    start (an hour's interval, two hours to stale, five minutes to answer): the count is the
+    requests', not the scrapes'."""
+    ports = [free_port() for _ in range(fleet)]
+    port = free_port()
+    out = tmp / f"callgrind-{tree.name}-{fleet}"
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = {"apiVersion": "toposerve.io/v1", "kind": "RouterConfig",
+           "server": {"host": "127.0.0.1", "port": port},
+           "discovery": {"static": [{"url": f"http://127.0.0.1:{p}"} for p in ports]},
+           "scrape": {"intervalSeconds": 3600, "staleAfterSeconds": 7200,
+                      "healthIntervalSeconds": 3600, "timeoutSeconds": 300}}
+    path = out / "router.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    code = (f"import sys; sys.path.insert(0, {str(tree)!r}); "
+            f"sys.argv = ['toposerve', 'router', '--config', {str(path)!r}]; "
+            "import toposerve_cli.main as m; m.main()")
+    null = subprocess.Popen([sys.executable, "-m", "bench.null_backend", "--ports",
+                             *map(str, ports)], cwd=REPO)
+    router = subprocess.Popen(["valgrind", "--tool=callgrind",
+                               f"--callgrind-out-file={out}/cg.%p", sys.executable, "-c", code],
+                              cwd=tree, stdout=(out / "router.log").open("wb"),
+                              stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+
+    def counted_since_zero(tag: str) -> int:
+        subprocess.run(["callgrind_control", "-d", tag, str(router.pid)], check=True,
+                       capture_output=True)
+        dump = max(out.glob(f"cg.{router.pid}.*"), key=lambda f: f.stat().st_mtime)
+        return next(int(line.split()[1]) for line in dump.read_text().splitlines()
+                    if line.startswith(("summary:", "totals:")))
+
+    def zero() -> None:
+        subprocess.run(["callgrind_control", "-z", str(router.pid)], check=True,
+                       capture_output=True)
+
+    try:
+        deadline = time.monotonic() + 600
+        while not _ready(url, fleet):
+            if router.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"router under valgrind did not start: {out / 'router.log'}")
+            time.sleep(2)
+        payloads = bodies()
+        global BUDGET_S
+        budget, BUDGET_S = BUDGET_S, 600.0  # under valgrind a request takes ~50x longer
+        try:
+            asyncio.run(load(url, FLEET_CONCURRENCY, warm, payloads, 600))
+            zero()
+            time.sleep(5)
+            idle = counted_since_zero("idle") / 5
+            zero()
+            t0 = time.monotonic()
+            ttfts, failed, _ = asyncio.run(load(url, FLEET_CONCURRENCY, counted, payloads, 600))
+            busy = counted_since_zero("load") - idle * (time.monotonic() - t0)
+        finally:
+            BUDGET_S = budget
+        if failed or not ttfts:
+            raise RuntimeError(f"{failed} of {counted} requests failed under valgrind")
+        return busy / len(ttfts)
+    finally:
+        router.terminate()
+        null.terminate()
+        for p in (router, null):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(30)
+            if p.poll() is None:
+                p.kill()
+
+
+def _ready(url: str, fleet: int) -> bool:
+    """Every endpoint scraped and ready (a scrape under valgrind is slow)."""
+    try:
+        return httpx.get(url + "/ready", timeout=5).text.startswith(f"{fleet} endpoints ready")
+    except httpx.HTTPError:
+        return False
+
+
+def instruction_table(trees: dict[str, Path], fleets: tuple[int, ...], tmp: Path) -> str:
+    """Instructions a request per revision and fleet size, and each fleet's
+    over the first's."""
+    lines = []
+    for name, tree in trees.items():
+        ir = {f: instructions(tree, f, tmp) for f in fleets}
+        print(f"  {name}: " + ", ".join(f"{f} endpoints {v:,.0f}" for f, v in ir.items()),
+              file=sys.stderr, flush=True)
+        lines.append([name, *(f"{ir[f]:,.0f}" for f in fleets),
+                      *(f"{ir[f] / ir[fleets[0]]:.2f}" for f in fleets[1:])])
+    return table(["router", *(f"instructions a request, {f} endpoints" for f in fleets),
+                  *(f"{f} / {fleets[0]}" for f in fleets[1:])],
+                 lines, "l" + "r" * (2 * len(fleets) - 1))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.router_overhead", description=__doc__)
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
@@ -360,7 +481,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="also measure our router as committed at REV (an A/B in one run)")
     ap.add_argument("--router-cpu", type=int, default=1)
     ap.add_argument("--client-cpu", type=int, default=0)
+    ap.add_argument("--instructions", action="store_true",
+                    help="instead: our router's instructions a request at each of --fleets "
+                         "(valgrind callgrind; with --against, that revision's too)")
     args = ap.parse_args(argv)
+    if args.instructions:
+        with tempfile.TemporaryDirectory() as tmp:
+            trees = {OURS: REPO}
+            if args.against:
+                trees[f"{OURS}@{args.against}"] = checkout(args.against, Path(tmp))
+            print(instruction_table(trees, tuple(args.fleets), Path(tmp)))
+        return 0
     if args.quick:
         args.requests, args.repeats = 300, 1
     if any(not n.startswith("toposerve") for n in args.routers) and (err := peers_missing()):

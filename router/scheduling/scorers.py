@@ -7,7 +7,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import repeat
-from operator import add, attrgetter
+from operator import attrgetter
 from typing import ClassVar
 
 from router.pool.endpoints import Endpoint
@@ -132,12 +132,12 @@ class PrefillCostScorer:
         match = approx_prefix(self.state, ctx, cycle, eps, self.block_bytes)
         tokens = ctx.token_estimate
         # an endpoint that holds none of it: its backlog and the whole prompt
-        cost = dict(zip(eps, map(add, map(PREFILL_TOKENS, eps), repeat(tokens * 1.0)),
-                        strict=True))
+        whole = tokens * 1.0
+        cost = [p + whole for p in map(PREFILL_TOKENS, eps)]
         for e, f in match.hits.items():
-            cost[e] = e.prefill_tokens + tokens * (1 - f)
-        k = min(cost.values()) + PREFILL_SLACK_TOKENS
-        return {e: k / (c + PREFILL_SLACK_TOKENS) for e, c in cost.items()}
+            cost[eps.index(e)] = e.prefill_tokens + tokens * (1 - f)
+        k = min(cost) + PREFILL_SLACK_TOKENS
+        return dict(zip(eps, [k / (c + PREFILL_SLACK_TOKENS) for c in cost], strict=True))
 
     def picked(self, ctx: RequestContext, cycle: CycleState, ep: Endpoint) -> None:
         remember(self.state, ctx, cycle, ep, self.block_bytes)
@@ -219,7 +219,10 @@ class CacheRoomScorer(Stateless):
     def score(self, ctx: RequestContext, cycle: CycleState, eps: list[Endpoint]
               ) -> dict[Endpoint, float]:
         held = self.state.approx.held_of(cycle.urls(eps))
-        return lower_is_better(dict(zip(eps, held, strict=True)))
+        lo, hi = min(held, default=0), max(held, default=0)
+        if hi == lo:  # lower_is_better, over the list
+            return dict.fromkeys(eps, 1.0)
+        return dict(zip(eps, [(hi - v) / (hi - lo) for v in held], strict=True))
 
 
 @dataclass

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from itertools import repeat
-from operator import add, mul
+from collections.abc import Mapping
 from typing import TypeVar
 
 K = TypeVar("K")
@@ -31,16 +29,18 @@ def weighted_total(per_scorer: Mapping[str, Mapping[K, float]],
     return total
 
 
-def totals(keys: Iterable[K], per_scorer: Mapping[str, Mapping[K, float]],
+def totals(keys: list[K], per_scorer: Mapping[str, Mapping[K, float]],
            weights: Mapping[str, float]) -> dict[K, float]:
     """``weighted_total`` over ``keys`` (those a scorer leaves out: 0), in
-    their order, each scorer's weighted scores added in one pass of
-    ``map`` rather than a Python loop over every key of every scorer."""
-    out = dict.fromkeys(keys, 0.0)
+    their order: summed over lists, not dicts (a scorer's dict is read in
+    its own order when that is the keys', as the built-in scorers' are),
+    the additions in the same order, so the same floats."""
+    acc = [0.0] * len(keys)
     for name, scores in per_scorer.items():
-        weighted = map(mul, repeat(weights[name]), map(scores.get, out, repeat(0.0)))
-        out = dict(zip(out, map(add, out.values(), weighted), strict=True))
-    return out
+        w = weights[name]
+        vals = scores.values() if list(scores) == keys else [scores.get(k, 0.0) for k in keys]
+        acc = [a + w * s for a, s in zip(acc, vals, strict=True)]
+    return dict(zip(keys, acc, strict=True))
 
 
 def decisive(per_scorer: Mapping[str, Mapping[K, float]], weights: Mapping[str, float],
