@@ -11,7 +11,9 @@
 # (pip download on the host; the image build installs from them offline).
 # Usage: hack/build-image.sh NIC_BINARY      (the Makefile passes `make nic-cni`'s)
 # Env: TOPOSERVE_IMAGE_BASE=<image> builds the toposerve image on that Python
-# base (pulled) instead of the Debian one; DEBIAN_MIRROR, DEBIAN_SUITE.
+# base (pulled) instead of the Debian one, TOPOSERVE_IMAGE_BUILD_BASE its build
+# stage on another (with binutils; default: TOPOSERVE_IMAGE_BASE); DEBIAN_MIRROR,
+# DEBIAN_SUITE.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -167,16 +169,19 @@ version="$("$PY" -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "
 
 # toposerve
 if [[ -n ${TOPOSERVE_IMAGE_BASE:-} ]]; then
-  py_base=$TOPOSERVE_IMAGE_BASE; pull=()
+  py_base=$TOPOSERVE_IMAGE_BASE; build_base=${TOPOSERVE_IMAGE_BUILD_BASE:-$py_base}; pull=()
 else
   # manylinux wheels (grpcio, tokenizers) use the system's libstdc++
   py_base="$(debian_base python3 python3 python3-venv libstdc++6)"; pull=(--pull-never)
+  # the same Python, and binutils for the build stage's strip
+  build_base="$(debian_base python3-build python3 python3-venv libstdc++6 binutils)"
 fi
 ctx="$WORK/toposerve"
 stage_toposerve "$ctx" "$(wheelhouse "$py_base")"
 image toposerve "localhost/toposerve:$version" \
-  "$(key "$SELF_HASH" "$py_base" "$ROOT/Containerfile" "$ctx")" \
-  "$ROOT/Containerfile" "$ctx" --build-arg "BASE=$py_base" --build-arg PIP_NO_INDEX=1 "${pull[@]}"
+  "$(key "$SELF_HASH" "$py_base" "$build_base" "$ROOT/Containerfile" "$ctx")" \
+  "$ROOT/Containerfile" "$ctx" --build-arg "BASE=$py_base" --build-arg "BUILD_BASE=$build_base" \
+  --build-arg PIP_NO_INDEX=1 "${pull[@]}"
 
 # Redis: Debian's redis-server, already in its base
 redis_base="$(debian_base redis redis-server)"

@@ -129,6 +129,14 @@ def python_base() -> str:
         "python3", ["python3", "python3-venv", "libstdc++6"])
 
 
+def build_base() -> str:
+    """The build stage's base: ``TOPOSERVE_IMAGE_BUILD_BASE``, the custom base, or
+    the Debian one with binutils."""
+    if os.environ.get("TOPOSERVE_IMAGE_BASE"):
+        return os.environ.get("TOPOSERVE_IMAGE_BUILD_BASE") or python_base()
+    return debian_base("python3-build", ["python3", "python3-venv", "libstdc++6", "binutils"])
+
+
 def wheelhouse(cache: Path, py_base: str) -> Path:
     """Where ``wheelhouse`` downloads the wheels: keyed by the requirements and the base."""
     return cache / "wheels" / key(Body(_requirements(_pyproject())), py_base)
@@ -151,7 +159,8 @@ def expected_archives(cache: Path | None = None) -> dict[str, Path]:
     nic = nic_binary()
     if nic.is_file():
         staged.append(("toposerve-nic", nic))
-    toposerve = key(self_hash, py_base, ROOT / "Containerfile", Context(tuple(staged)))
+    toposerve = key(self_hash, py_base, build_base(), ROOT / "Containerfile",
+                    Context(tuple(staged)))
     redis_file = ROOT / "hack/images/redis.Containerfile"
     redis = key(self_hash, redis_file, debian_base("redis", ["redis-server"]))
     k8s = versions()["K8S_VERSION"]
