@@ -58,13 +58,13 @@ GPU_CLASS = "rn-install-gpu.toposerve.io"
 TEMPLATE = "rn-install-one-gpu"
 REGISTRY = Path("/var/lib/kubelet/plugins_registry")
 SELECTOR = "app.kubernetes.io/component=gpu-driver"
-# the model servers: `toposerve sim` pods of the installed image, found by
-# the router's pod discovery by this label, on the node's loopback
-# (one: on the host network, every pod's IP is the node's, so the discovery's
-# one port names one server)
+# the model servers: two `toposerve sim` pods of the installed image, found
+# by the router's pod discovery by this label, on the node's loopback; on
+# the host network both have the node's IP, so the router takes each one's
+# port from its container port named "http" (discovery's portName)
 SIM = "rn-install-sim"
 SIM_MODEL = "rn-install/sim"
-SIM_PORT = free_port()
+SIM_PORTS = {f"{SIM}-{i}": free_port() for i in range(2)}
 FAILOVER_S = 2.0  # docs/router-ha.md: the standby takes over within 2 s
 
 
@@ -79,11 +79,11 @@ class Stack:
     uninstalled: bool = False
 
 
-def _sim_pod(image: str) -> dict[str, Any]:
+def _sim_pod(image: str, name: str, port: int) -> dict[str, Any]:
     """`toposerve sim` of the installed image on the node's loopback; Ready
     once it answers, which the router's discovery waits for."""
     return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": SIM, "labels": {"app": SIM}},
+            "metadata": {"name": name, "labels": {"app": SIM}},
             "spec": {"nodeSelector": {REAL_NODE_LABEL: "real"},
                      "tolerations": [REAL_NODE_TOLERATION], "hostNetwork": True,
                      "dnsPolicy": "Default", "automountServiceAccountToken": False,
@@ -91,9 +91,16 @@ def _sim_pod(image: str) -> dict[str, Any]:
                      "containers": [{
                          "name": "sim", "image": image, "imagePullPolicy": "Never",
                          "command": ["toposerve", "sim", "--host=127.0.0.1",
-                                     f"--port={SIM_PORT}", f"--model={SIM_MODEL}"],
+                                     f"--port={port}", f"--model={SIM_MODEL}"],
+                         "ports": [{"name": "http", "containerPort": port}],
                          "readinessProbe": {"periodSeconds": 1, "httpGet": {
-                             "host": "127.0.0.1", "port": SIM_PORT, "path": "/health"}}}]}}
+                             "host": "127.0.0.1", "port": port, "path": "/health"}}}]}}
+
+
+def _delete_sims(core: Any) -> None:
+    for name in SIM_PORTS:
+        with contextlib.suppress(ApiException):
+            core.delete_namespaced_pod(name, "default", grace_period_seconds=1)
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +113,8 @@ def stack(real_node_cluster: Cluster) -> Iterator[Stack]:
     images = make_images()
     inst.import_images(images.values())
     image = next(ref for ref in images if inst._image_name(ref) == "toposerve")
-    core.create_namespaced_pod("default", _sim_pod(image))
+    for name, port in SIM_PORTS.items():
+        core.create_namespaced_pod("default", _sim_pod(image, name, port))
     lines: list[str] = []
     try:
         installed = inst.install(real_node_cluster.name, sets=[
@@ -114,10 +122,10 @@ def stack(real_node_cluster: Cluster) -> Iterator[Stack]:
             "deviceClasses.nic=rn-install-nic.toposerve.io",
             "deviceClasses.rdmaNic=rn-install-rdma-nic.toposerve.io",
             f"router.config.discovery.kubernetes.labelSelector=app={SIM}",
-            f"router.config.discovery.kubernetes.port={SIM_PORT}",
+            "router.config.discovery.kubernetes.portName=http",
             "router.apiKeys.enabled=false"], progress=lines.append)
     except BaseException:
-        core.delete_namespaced_pod(SIM, "default", grace_period_seconds=1)
+        _delete_sims(core)
         raise
     finally:
         print("\n".join(lines))  # the progress lines and the time it took, in -s output
@@ -134,8 +142,7 @@ def stack(real_node_cluster: Cluster) -> Iterator[Stack]:
     finally:
         with contextlib.suppress(ApiException):
             res.delete_namespaced_resource_claim_template(TEMPLATE, "default")
-        with contextlib.suppress(ApiException):
-            core.delete_namespaced_pod(SIM, "default", grace_period_seconds=1)
+        _delete_sims(core)
         if not s.uninstalled:
             inst.uninstall(real_node_cluster.name, installed.objects, installed.values)
 
@@ -293,15 +300,25 @@ def _chat(url: str) -> httpx.Response:
         "model": SIM_MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
 
 
+def _healthy_endpoints(router: str) -> set[str]:
+    text = httpx.get(router + "/metrics", timeout=5).text
+    return {line.split('"')[1] for line in text.splitlines()
+            if line.startswith("toposerve_router_endpoint_healthy{") and line.endswith(" 1.0")}
+
+
 def test_router_pair_serves_the_sim_and_the_standby_takes_over(stack: Stack) -> None:
     by_role = wait_for("a leading and a standing-by router pod", lambda: _routers(stack),
                        timeout=60)
     leader, standby = _url(by_role["leader"]), _url(by_role["standby"])
     assert leader != standby
     assert inst.install_status(stack.cluster.api, PREFIX)["routerURL"] == leader
+    # both model servers, one IP and a port each, are found and healthy
+    want = {f"127.0.0.1:{p}" for p in SIM_PORTS.values()}
+    wait_for("both model servers healthy behind the leader",
+             lambda: _healthy_endpoints(leader) == want, timeout=20)
     r = _chat(leader)
     assert r.status_code == 200, r.text
-    assert r.headers["X-Toposerve-Endpoint"] == f"127.0.0.1:{SIM_PORT}"
+    assert r.headers["X-Toposerve-Endpoint"] in want
     assert httpx.get(standby + "/ready", timeout=5).status_code == 503
     # a Responses turn stored by the leader is read by the standby: one
     # Redis, on the node's loopback, with the password of the Secret
