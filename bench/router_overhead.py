@@ -377,7 +377,7 @@ def instructions(tree: Path, fleet: int, tmp: Path, warm: int = 300,
     between fleet sizes (or revisions) needs no repeats. Scraped once at
     start (an hour's interval, two hours to stale, five minutes to answer): the count is the
     requests', not the scrapes'."""
-    ports = [free_port() for _ in range(fleet)]
+    ports, null = null_backends(fleet)
     port = free_port()
     out = tmp / f"callgrind-{tree.name}-{fleet}"
     out.mkdir(parents=True, exist_ok=True)
@@ -391,8 +391,6 @@ def instructions(tree: Path, fleet: int, tmp: Path, warm: int = 300,
     code = (f"import sys; sys.path.insert(0, {str(tree)!r}); "
             f"sys.argv = ['toposerve', 'router', '--config', {str(path)!r}]; "
             "import toposerve_cli.main as m; m.main()")
-    null = subprocess.Popen([sys.executable, "-m", "bench.null_backend", "--ports",
-                             *map(str, ports)], cwd=REPO)
     router = subprocess.Popen(["valgrind", "--tool=callgrind",
                                f"--callgrind-out-file={out}/cg.%p", sys.executable, "-c", code],
                               cwd=tree, stdout=(out / "router.log").open("wb"),
@@ -441,6 +439,25 @@ def instructions(tree: Path, fleet: int, tmp: Path, warm: int = 300,
                 p.wait(30)
             if p.poll() is None:
                 p.kill()
+
+
+def null_backends(fleet: int, tries: int = 5) -> tuple[list[int], subprocess.Popen[bytes]]:
+    """``fleet`` null endpoints in one process, every port bound (a free
+    port can be taken before the backend binds it: then new ports)."""
+    for _ in range(tries):
+        ports = [free_port() for _ in range(fleet)]
+        null = subprocess.Popen([sys.executable, "-m", "bench.null_backend", "--ports",
+                                 *map(str, ports)], cwd=REPO)
+        deadline = time.monotonic() + 30
+        while null.poll() is None and time.monotonic() < deadline:
+            try:  # the ports are bound in order: the last answering means all are
+                if httpx.get(f"http://127.0.0.1:{ports[-1]}/health", timeout=1).is_success:
+                    return ports, null
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        null.kill()
+        null.wait()
+    raise RuntimeError(f"no {fleet} free ports for the null backends in {tries} tries")
 
 
 def _ready(url: str, fleet: int) -> bool:
