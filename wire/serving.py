@@ -12,6 +12,7 @@ itself is logged)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import socket
 import ssl
@@ -22,6 +23,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import LineTooLong
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
+from aiohttp.web_runner import GracefulExit
 
 # (status, message) -> the response a client gets
 ErrorFactory = Callable[[int, str], web.Response]
@@ -87,9 +89,7 @@ def run_app(app: web.Application, *, error_factory: ErrorFactory,
 
     async def main() -> None:
         # the stop signals end the wait below, so the shutdown runs inside
-        # this task while requests are still in flight (a signal raising out
-        # of the loop, as aiohttp's handle_signals does, would have
-        # asyncio.run cancel every task, in-flight answers included)
+        # this task while requests are still in flight
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -106,4 +106,26 @@ def run_app(app: web.Application, *, error_factory: ErrorFactory,
         finally:
             await runner.cleanup()
 
-    asyncio.run(main())
+    # as web.run_app runs it: a part may also stop the server by raising
+    # GracefulExit from a callback of its own (the router's standby does,
+    # after handing its Lease back), which ends run_until_complete; the
+    # serving task is then cancelled alone, so its finally shuts the app
+    # down while the other tasks (requests in flight) carry on
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    task = loop.create_task(main())
+    try:
+        loop.run_until_complete(task)
+    except (GracefulExit, KeyboardInterrupt):
+        pass
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                loop.run_until_complete(task)
+        rest = asyncio.all_tasks(loop)
+        for t in rest:
+            t.cancel()
+        loop.run_until_complete(asyncio.gather(*rest, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()

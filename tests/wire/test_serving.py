@@ -15,6 +15,7 @@ import textwrap
 from localcluster.ports import free_port
 
 APP = textwrap.dedent("""
+    import asyncio
     import sys
     from aiohttp import web
     from wire.serving import run_app
@@ -25,8 +26,17 @@ APP = textwrap.dedent("""
     async def bye(_):
         print("shutdown", flush=True)
 
+    def leave():
+        raise web.GracefulExit  # how a part stops the server from a callback
+
+    async def slow_then_exit(_):
+        asyncio.get_running_loop().call_later(0.1, leave)
+        await asyncio.sleep(1)  # in flight when the server stops
+        return web.json_response({"finished": True})
+
     app = web.Application()
     app.router.add_get("/", hello)
+    app.router.add_get("/exit", slow_then_exit)
     app.on_shutdown.append(bye)
     run_app(app, error_factory=lambda s, m: web.json_response({"Error": m}, status=s),
             host="127.0.0.1", port=int(sys.argv[1]), max_line_size=1024,
@@ -62,6 +72,26 @@ def test_unparsable_http_gets_the_apps_json_error_and_sigterm_drains() -> None:
         head, body = _send(port, b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         assert json.loads(body) == {"ok": True}
         proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        assert proc.stdout.read().strip() == "shutdown"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_graceful_exit_from_a_callback_lets_requests_in_flight_finish() -> None:
+    """web.GracefulExit raised from a loop callback (the router's standby
+    stops so, after handing its Lease back) shuts the app down as SIGTERM
+    does: the request in flight gets its answer, the exit status is 0."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-c", APP, str(port)], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "listening"
+        _, body = _send(port, b"GET /exit HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert json.loads(body) == {"finished": True}
         assert proc.wait(30) == 0
         assert proc.stdout.read().strip() == "shutdown"
     finally:
