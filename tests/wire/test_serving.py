@@ -5,12 +5,14 @@ through its on_shutdown/on_cleanup."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import socket
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 
 from localcluster.ports import free_port
 
@@ -54,13 +56,24 @@ def _send(port: int, raw: bytes) -> tuple[bytes, bytes]:
     return head, body
 
 
-def test_unparsable_http_gets_the_apps_json_error_and_sigterm_drains() -> None:
+@contextlib.contextmanager
+def served() -> Iterator[tuple[int, subprocess.Popen[str]]]:
+    """APP in a process of its own, listening; killed if a test leaves it up."""
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-c", APP, str(port)], stdout=subprocess.PIPE,
                             text=True)
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "listening"
+        yield port, proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_unparsable_http_gets_the_apps_json_error_and_sigterm_drains() -> None:
+    with served() as (port, proc):
         secret = "sk-" + "s" * 5000
         for raw in (f"GET / HTTP/1.1\r\nAuthorization: Bearer {secret}\r\n\r\n".encode(),
                     b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"):
@@ -73,28 +86,15 @@ def test_unparsable_http_gets_the_apps_json_error_and_sigterm_drains() -> None:
         assert json.loads(body) == {"ok": True}
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
-        assert proc.stdout.read().strip() == "shutdown"
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        assert proc.stdout is not None and proc.stdout.read().strip() == "shutdown"
 
 
 def test_a_graceful_exit_from_a_callback_lets_requests_in_flight_finish() -> None:
     """web.GracefulExit raised from a loop callback (the router's standby
     stops so, after handing its Lease back) shuts the app down as SIGTERM
     does: the request in flight gets its answer, the exit status is 0."""
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", APP, str(port)], stdout=subprocess.PIPE,
-                            text=True)
-    try:
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "listening"
+    with served() as (port, proc):
         _, body = _send(port, b"GET /exit HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         assert json.loads(body) == {"finished": True}
         assert proc.wait(30) == 0
-        assert proc.stdout.read().strip() == "shutdown"
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        assert proc.stdout is not None and proc.stdout.read().strip() == "shutdown"
