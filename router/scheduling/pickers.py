@@ -7,6 +7,7 @@ import random
 from router.pool.endpoints import Endpoint
 
 TIE = 1e-9
+_UNITS = 2 / TIE  # half-TIE units a unit of score
 
 
 class MaxScorePicker:
@@ -16,11 +17,12 @@ class MaxScorePicker:
         self._rng = random.Random(seed)
 
     def pick(self, scores: dict[Endpoint, float]) -> list[Endpoint]:
-        # one number a key: the score in steps of TIE, negated (best first),
-        # plus a random fraction under a step, which orders the equal ones
-        # at random and never crosses a step. Sorted by the key's index, so
+        # one number a key: the score in units of half a TIE, negated (best
+        # first), plus a random fraction of a unit, which orders the equal
+        # ones (and those within float noise of each other) at random and
+        # never reorders scores a TIE apart. Sorted by the key's index, so
         # the sort compares floats, not tuples, and no Python runs a key.
         r = self._rng.random
-        keys = [-round(s / TIE) + 0.5 * r() for s in scores.values()]
+        keys = [r() - s * _UNITS for s in scores.values()]
         eps = list(scores)
         return list(map(eps.__getitem__, sorted(range(len(keys)), key=keys.__getitem__)))

@@ -133,11 +133,12 @@ class PrefillCostScorer:
         tokens = ctx.token_estimate
         # an endpoint that holds none of it: its backlog and the whole prompt
         whole = tokens * 1.0
-        cost = [p + whole for p in map(PREFILL_TOKENS, eps)]
+        cost = dict(zip(eps, [p + whole for p in map(PREFILL_TOKENS, eps)], strict=True))
         for e, f in match.hits.items():
-            cost[eps.index(e)] = e.prefill_tokens + tokens * (1 - f)
-        k = min(cost) + PREFILL_SLACK_TOKENS
-        return dict(zip(eps, [k / (c + PREFILL_SLACK_TOKENS) for c in cost], strict=True))
+            cost[e] = e.prefill_tokens + tokens * (1 - f)
+        k = min(cost.values()) + PREFILL_SLACK_TOKENS
+        return dict(zip(eps, [k / (c + PREFILL_SLACK_TOKENS) for c in cost.values()],
+                        strict=True))
 
     def picked(self, ctx: RequestContext, cycle: CycleState, ep: Endpoint) -> None:
         remember(self.state, ctx, cycle, ep, self.block_bytes)

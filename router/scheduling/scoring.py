@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TypeVar
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar, cast
 
 K = TypeVar("K")
 
@@ -29,17 +30,35 @@ def weighted_total(per_scorer: Mapping[str, Mapping[K, float]],
     return total
 
 
+@functools.cache
+def _weighted_sum(n: int) -> Callable[..., list[float]]:
+    """``[0.0 + w0 * s0 + w1 * s1 + ... for each endpoint]`` for ``n``
+    scorers, in one comprehension: one pass over the endpoints, not one a
+    scorer, the additions in scorer order (so the same floats as adding
+    scorer by scorer). Made once per scorer count, as dataclasses makes its
+    methods."""
+    ws = [f"w{i}" for i in range(n)]
+    ss = [f"s{i}" for i in range(n)]
+    vs = [f"v{i}" for i in range(n)]
+    terms = " + ".join(f"{w} * {x}" for w, x in zip(ws, ss, strict=True))
+    src = (f"def weighted_sum({', '.join(ws + vs)}):\n"
+           f"    return [0.0 + {terms} for {', '.join(ss)}, in zip({', '.join(vs)}, strict=True)]")
+    scope: dict[str, Any] = {}
+    exec(src, scope)
+    return cast(Callable[..., list[float]], scope["weighted_sum"])
+
+
 def totals(keys: list[K], per_scorer: Mapping[str, Mapping[K, float]],
            weights: Mapping[str, float]) -> dict[K, float]:
     """``weighted_total`` over ``keys`` (those a scorer leaves out: 0), in
-    their order: summed over lists, not dicts (a scorer's dict is read in
-    its own order when that is the keys', as the built-in scorers' are),
-    the additions in the same order, so the same floats."""
-    acc = [0.0] * len(keys)
-    for name, scores in per_scorer.items():
-        w = weights[name]
-        vals = scores.values() if list(scores) == keys else [scores.get(k, 0.0) for k in keys]
-        acc = [a + w * s for a, s in zip(acc, vals, strict=True)]
+    their order, the same floats: each scorer's values as a list (its dict
+    read in its own order when that is the keys', as the built-in scorers'
+    are), then one weighted sum an endpoint."""
+    if not per_scorer:
+        return dict.fromkeys(keys, 0.0)
+    vals = [list(scores.values()) if list(scores) == keys
+            else [scores.get(k, 0.0) for k in keys] for scores in per_scorer.values()]
+    acc = _weighted_sum(len(vals))(*[weights[name] for name in per_scorer], *vals)
     return dict(zip(keys, acc, strict=True))
 
 

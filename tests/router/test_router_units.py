@@ -13,10 +13,12 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from router.config import load_router_config
+from router.pool.endpoints import Endpoint
 from router.pool.scrape import KV_USAGE, RUNNING, WAITING, parse_load
 from router.prefix.index import PrefixIndex
 from router.prefix.kv_index import KVIndex
-from router.scheduling.scoring import decisive, lower_is_better, weighted_total
+from router.scheduling.pickers import TIE, MaxScorePicker
+from router.scheduling.scoring import decisive, lower_is_better, totals, weighted_total
 from simulator.kvcache import BlockCache, block_hashes
 from topology.config_file import ConfigError
 from wire.hashing import byte_block_hashes, token_block_hashes
@@ -134,6 +136,33 @@ def test_weighted_total_and_decisive() -> None:
     assert weighted_total(per, w) == {"a": 3.0, "b": 1.0}
     assert decisive(per, w, "a", "b") == "prefix"
     assert decisive(per, w, "a", None) == "only-candidate"
+
+
+@given(st.lists(st.lists(st.floats(0, 1), min_size=5, max_size=5), min_size=1, max_size=6),
+       st.lists(st.floats(0, 8), min_size=6, max_size=6))
+def test_totals_are_the_scorer_by_scorer_sums(rows: list[list[float]],
+                                              ws: list[float]) -> None:
+    """One pass for every scorer gives the floats adding scorer by scorer
+    gives (weighted_total), a scorer that leaves a key out counting 0."""
+    keys = list("abcde")
+    per = {f"s{i}": dict(zip(keys, row, strict=True)) for i, row in enumerate(rows)}
+    per["partial"] = {"c": 0.5, "a": 0.25}  # not in the keys' order, and short
+    w = {name: ws[i % len(ws)] for i, name in enumerate(per)}
+    assert totals(keys, per, w) == {k: weighted_total(per, w).get(k, 0.0) for k in keys}
+
+
+def test_the_picker_orders_by_score_and_ties_at_random() -> None:
+    eps = [Endpoint(url=f"http://e{i}:8000") for i in range(6)]
+    # two tied at the top (one within float noise), one a TIE below them
+    scores = dict(zip(eps, [3.0, 3.0 + 1e-15, 3.0 - TIE, 1.0, 1.0, 0.0], strict=True))
+    firsts = []
+    for seed in range(200):
+        ranked = MaxScorePicker(seed).pick(scores)
+        assert set(ranked[:2]) == set(eps[:2]) and ranked[2] is eps[2]
+        assert set(ranked[3:5]) == set(eps[3:5]) and ranked[5] is eps[5]
+        firsts.append(ranked[0])
+    assert 60 < firsts.count(eps[0]) < 140  # each of the tied first about half the time
+    assert MaxScorePicker(7).pick(scores) == MaxScorePicker(7).pick(scores)  # seeded
 
 
 def test_parse_load_vllm_and_sglang() -> None:
