@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from topology.model import DomainPath
 
 
-@dataclass
+@dataclass(slots=True)  # read for every candidate of every request: no instance dict
 class LoadSample:
     waiting: float = 0.0
     running: float = 0.0
@@ -21,7 +21,7 @@ class LoadSample:
     at: float = 0.0  # monotonic time of the scrape; 0 = never
 
 
-@dataclass(eq=False)  # identity: the pool keeps one object per URL, hashed in C
+@dataclass(eq=False, slots=True)  # identity: one object per URL, hashed in C; no dict
 class Endpoint:
     url: str
     role: str | None = None
