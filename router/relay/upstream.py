@@ -146,6 +146,14 @@ class Answer(asyncio.Protocol):
             return self._chunks.pop(0)
         return b""
 
+    def rest(self) -> bytes | None:
+        """The rest of the body when all of it has come (b"" for none
+        left), else None: a short answer goes out in one write."""
+        if not self._complete or self._error is not None:
+            return None
+        rest, self._chunks = b"".join(self._chunks), []
+        return rest
+
     async def pipe(self, dst: asyncio.WriteTransport, chunked: bool,
                    drain: Callable[[], Awaitable[None]], saw: Callable[[bytes], None]
                    ) -> None:
