@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import sys
+from collections.abc import Callable
 
 import httptools
 
@@ -79,8 +81,12 @@ def answer(method: bytes, path: bytes, body: bytes) -> bytes:
     return NOT_FOUND
 
 
+Answerer = Callable[[bytes, bytes, bytes], bytes]
+
+
 class _Conn(asyncio.Protocol):
-    def __init__(self) -> None:
+    def __init__(self, answer: Answerer) -> None:
+        self.answer = answer
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
         self.url = b""
@@ -105,16 +111,19 @@ class _Conn(asyncio.Protocol):
     def on_message_complete(self) -> None:
         assert self.transport is not None
         path = self.url.split(b"?", 1)[0]
-        self.transport.write(answer(self.parser.get_method(), path, b"".join(self.body)))
+        self.transport.write(self.answer(self.parser.get_method(), path, b"".join(self.body)))
         if not self.parser.should_keep_alive():
             self.transport.close()
         self.url, self.body = b"", []
 
 
-async def serve(ports: list[int]) -> None:
+async def serve(ports: list[int], answerer: Answerer = answer) -> None:
+    """Answers on each of ``ports`` (``answerer``: the whole HTTP answer to
+    a method, path and body) until cancelled."""
     loop = asyncio.get_running_loop()
     for port in ports:
-        await loop.create_server(_Conn, "127.0.0.1", port, backlog=1024)
+        await loop.create_server(functools.partial(_Conn, answerer), "127.0.0.1", port,
+                                 backlog=1024)
     await asyncio.Event().wait()
 
 

@@ -50,6 +50,8 @@ from localcluster.ports import free_port
 from localcluster.results import pyplot, save, table, write
 
 DIRECT = "direct"
+FRONT_AIOHTTP, FRONT_HTTPTOOLS = "front end only: aiohttp", "front end only: httptools"
+FRONT_ENDS = (FRONT_AIOHTTP, FRONT_HTTPTOOLS)
 # our router with Python's own collector settings (no gc.freeze, the
 # default thresholds): what router.http.server's tuning saves, in the same run
 _UNTUNED_GC = ("import gc, sys; import router.http.server as s, toposerve_cli.main as m; "
@@ -79,12 +81,24 @@ def ours_untuned_gc(procs: Procs, backends: list[Proc]) -> Proc:
                          "router-untuned-gc", f"http://127.0.0.1:{port}", ("/ready",))
 
 
+def front_end(stack: str) -> Start:
+    """bench.front_end on ``stack``: the server part alone, no backends."""
+    def start(procs: Procs, backends: list[Proc]) -> Proc:
+        port = free_port()
+        return procs.command([sys.executable, "-m", "bench.front_end", stack, str(port)],
+                             f"front-end-{stack}", f"http://127.0.0.1:{port}", ("/health",))
+    return start
+
+
 ROUTERS: dict[str, Start] = {
     "toposerve": ours,
     "toposerve[Python's default GC]": ours_untuned_gc,
     "vllm-router cache_aware": peer("vllm-router", "--policy", "cache_aware"),
     "sglang-router cache_aware": peer("sglang-router", "launch", "--policy", "cache_aware"),
     "smg cache_aware": peer("smg", "launch", "--policy", "cache_aware"),
+    # what the server part of a Python router costs alone (it answers itself)
+    FRONT_AIOHTTP: front_end("aiohttp"),
+    FRONT_HTTPTOOLS: front_end("httptools"),
 }
 CONCURRENCY = (1, 4, 16, 64, 128)
 FLEETS = (4, 16, 64)
@@ -285,7 +299,7 @@ def fleet_table(rows: list[Row]) -> str:
     fleet's over the smallest's."""
     fleets = sorted({r.fleet for r in rows})
     lines = []
-    for name in dict.fromkeys(r.router for r in rows if r.router != DIRECT):
+    for name in dict.fromkeys(r.router for r in rows if r.router not in (DIRECT, *FRONT_ENDS)):
         cost = {r.fleet: r.cpu_ms_per_request for r in rows
                 if r.router == name and r.concurrency == FLEET_CONCURRENCY}
         p50 = {r.fleet: r.added_p50_ms for r in rows
@@ -340,7 +354,9 @@ def run(tmp: Path, names: list[str], fleets: tuple[int, ...], levels: tuple[int,
         procs = Procs(tmp)
         try:
             backends = start_backends(procs, fleet)
-            routers = {name: ROUTERS[name](procs, backends) for name in names}
+            # a front end alone routes nothing: once, at the first fleet
+            here = [n for n in names if fleet == fleets[0] or n not in FRONT_ENDS]
+            routers = {name: ROUTERS[name](procs, backends) for name in here}
             if cpus is not None:
                 pin(backends[0].popen.pid, cpus[0])
                 for proc in routers.values():
@@ -354,7 +370,7 @@ def run(tmp: Path, names: list[str], fleets: tuple[int, ...], levels: tuple[int,
                 for c in levels if fleet == fleets[0] else (FLEET_CONCURRENCY,):
                     rows.append(measure(DIRECT, backends[0].url, None, fleet, c, total,
                                         payloads, 0.0, repeat))
-                    for name in order(names, repeat):
+                    for name in order(here, repeat):
                         r = measure(name, routers[name].url, routers[name], fleet, c, total,
                                     payloads, idle[name], repeat)
                         rows.append(r)
