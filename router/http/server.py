@@ -194,13 +194,8 @@ class Router:
         return body, doc, parsed
 
     def _check_model(self, model: str | None) -> None:
-        if model is None:
+        if model is None or self.state.pool.may_serve(model):
             return
-        # the first endpoint that serves it, or whose models we don't know
-        # yet (it might), ends the walk: no set of every model a request
-        for ep in self.state.pool.routable():
-            if not ep.models or model in ep.models:
-                return
         raise ApiError(404, f"The model `{model}` does not exist.", "model")
 
     def _context(self, request: web.Request, model: str | None, prompt: str) -> RequestContext:

@@ -118,6 +118,12 @@ class Pool:
     def routable(self) -> list[Endpoint]:
         return [e for e in self._eps.values() if not e.draining]
 
+    def may_serve(self, model: str) -> bool:
+        """Some routable endpoint serves ``model`` or has not said what it
+        serves yet: a walk that stops at the first, with no list made."""
+        return any(not e.draining and (not e.models or model in e.models)
+                   for e in self._eps.values())
+
     async def drain(self, url: str, timeout_s: float) -> None:
         """No new requests; remove once in-flight ones finish (or time runs out)."""
         ep = self._eps.get(url)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from router.config import load_router_config
-from router.pool.endpoints import Endpoint
+from router.pool.endpoints import Endpoint, Pool
 from router.pool.scrape import KV_USAGE, RUNNING, WAITING, parse_load
 from router.prefix.index import PrefixIndex
 from router.prefix.kv_index import KVIndex
@@ -309,3 +309,16 @@ def test_metrics_reference_is_current() -> None:
 
     committed = (Path(__file__).parents[2] / "docs" / "router-metrics.md").read_text()
     assert committed == render(), "run: python -m router.docgen.metrics > docs/router-metrics.md"
+
+
+def test_a_model_is_served_by_a_routable_endpoint_that_lists_it_or_lists_none() -> None:
+    pool = Pool()
+    assert not pool.may_serve("m")  # no endpoint
+    a = pool.upsert(Endpoint(url="http://a:1", models=frozenset({"other"})))
+    assert not pool.may_serve("m")
+    b = pool.upsert(Endpoint(url="http://b:1", models=frozenset({"m"})))
+    assert pool.may_serve("m")
+    b.draining = True
+    assert not pool.may_serve("m")  # draining: not routable
+    a.models = frozenset()  # not scraped yet: it might
+    assert pool.may_serve("m")
