@@ -236,15 +236,14 @@ class Proxy:
                 # flow control settles on what went by
                 seen = request[ANSWERED] = Answered()
                 if tap is None:
-                    if chunk and request.transport is not None and (
-                            left := up.rest()) is not None:
-                        # the whole answer came: headers, body and its end in one write
-                        seen.saw(chunk)
-                        if left:
-                            seen.saw(left)
-                        await out.write_eof(chunk + left)
-                        return out
                     if chunk and request.transport is not None:
+                        if (left := up.rest()) is not None:
+                            # the whole answer came: headers, body and its end in one write
+                            seen.saw(chunk)
+                            if left:
+                                seen.saw(left)
+                            await out.write_eof(chunk + left)
+                            return out
                         await out.write(chunk)  # the headers go out with the first event
                         seen.saw(chunk)
                         # the rest from the upstream's socket callback to the

@@ -10,15 +10,7 @@ import orjson
 import pytest
 
 from bench.null_backend import NOT_FOUND, answer, serve
-from bench.router_overhead import (
-    DIRECT,
-    FLEET_CONCURRENCY,
-    Row,
-    added,
-    bodies,
-    fleet_table,
-    load,
-)
+from bench.router_overhead import DIRECT, FLEET_CONCURRENCY, Row, added, bodies, fleet_table, load
 from localcluster.ports import free_port
 
 pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`
@@ -84,4 +76,3 @@ def test_fleet_table_gives_the_cost_ratio() -> None:
                       _row("a", 16, c, 1.0, 0.5), _row("a", 64, c, 1.0, 0.6)])
     assert "| a | 0.400 | 0.500 | 0.600 | 1.50 |" in md
     assert "direct" not in md
-
