@@ -31,17 +31,23 @@ class _PoolCollector(Collector):
                                   labels=["endpoint"])
         healthy = GaugeMetricFamily("toposerve_router_endpoint_healthy",
                                     "1 when the endpoint takes requests.", labels=["endpoint"])
+        speed = GaugeMetricFamily(
+            "toposerve_router_endpoint_prefill_seconds_per_token",
+            "Seconds a token of prefill backlog holds back a first byte, learned from streamed "
+            "answers (0: not learned yet); the prefill-cost scorer weighs backlogs by it.",
+            labels=["endpoint"])
         for e in self.state.pool:
             inflight.add_metric([e.name], e.inflight)
             tokens.add_metric([e.name], e.inflight_tokens)
             waiting.add_metric([e.name], e.load.waiting)
             usage.add_metric([e.name], e.load.kv_usage)
             healthy.add_metric([e.name], 1.0 if e.healthy and not e.draining else 0.0)
+            speed.add_metric([e.name], e.prefill_s_per_token)
         index = GaugeMetricFamily("toposerve_router_prefix_index_blocks",
                                   "Blocks held in the prefix indexes.", labels=["index"])
         index.add_metric(["approx"], len(self.state.approx))
         index.add_metric(["precise"], len(self.state.precise))
-        yield from (inflight, tokens, waiting, usage, healthy, index)
+        yield from (inflight, tokens, waiting, usage, healthy, speed, index)
 
 
 class RouterMetrics:

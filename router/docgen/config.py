@@ -15,7 +15,8 @@ from router.scheduling import registry
 
 # params of the plugins that take any; the names come from the registry
 PARAMS = {"role": "role, exact", "prefix-approx": "blockBytes", "prefix-precise": "blockBytes",
-          "prefill-cost": "blockBytes", "conversations": "windowSeconds, blockBytes",
+          "prefill-cost": "blockBytes, maxSlowdown, minExtraSeconds",
+          "conversations": "windowSeconds, blockBytes",
           "max-score": "seed"}
 
 

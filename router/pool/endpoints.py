@@ -12,6 +12,12 @@ from dataclasses import dataclass, field
 
 from topology.model import DomainPath
 
+# A first byte teaches the endpoint's prefill speed only when at least this
+# much prefill stood before it, so fixed costs (HTTP, scheduling, one decode
+# step) do not pass for speed; each such sample moves the estimate this far.
+LEARN_MIN_TOKENS = 2048
+LEARN_RATE = 0.25
+
 
 @dataclass(slots=True)  # read for every candidate of every request: no instance dict
 class LoadSample:
@@ -40,6 +46,10 @@ class Endpoint:
     inflight: int = 0
     inflight_tokens: int = 0
     prefill_tokens: int = 0  # uncached prompt tokens sent but not yet answered
+    # seconds a token of prefill backlog holds back a first byte, learned from
+    # this endpoint's streamed answers (0: none yet): how slow it is, queueing
+    # for a free slot included
+    prefill_s_per_token: float = 0.0
     idle: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
@@ -58,6 +68,15 @@ class Endpoint:
     def first_byte(self, prefill: int) -> None:
         """The prompt is processed: its prefill no longer queues others."""
         self.prefill_tokens -= prefill
+
+    def learn_prefill(self, seconds: float, tokens: int) -> None:
+        """A first byte came ``seconds`` after the request was sent, with
+        ``tokens`` of prefill then before it (the backlog and its own)."""
+        if tokens < LEARN_MIN_TOKENS:
+            return  # mostly fixed overhead: would make the endpoint look fast
+        sample = seconds / tokens
+        old = self.prefill_s_per_token
+        self.prefill_s_per_token = sample if old == 0 else old + LEARN_RATE * (sample - old)
 
     def end(self, tokens: int, prefill: int) -> None:
         """The answer is over; ``prefill`` is what ``first_byte`` has not yet

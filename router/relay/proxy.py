@@ -10,7 +10,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import NamedTuple, Protocol, TypeVar
 
 import aiohttp
 import structlog
@@ -76,6 +76,14 @@ def request_id() -> str:
     return f"{random.getrandbits(128):032x}"
 
 
+class Sent(NamedTuple):
+    """A request on its way to the endpoint that answered: when it was sent
+    and the prefill tokens the endpoint then had to do, its own included."""
+
+    at: float
+    ahead: int
+
+
 class _Buffered(web.StreamResponse):
     """A streamed answer whose headers go out with its first event, in one
     write (as web.Response sends its headers with the body)."""
@@ -131,16 +139,17 @@ class Proxy:
 
     async def _open(self, ranked: list[Endpoint], work: Work,
                     post: Callable[[Endpoint], Awaitable[A]]
-                    ) -> tuple[Endpoint, A] | tuple[None, str]:
+                    ) -> tuple[Endpoint, A, Sent] | tuple[None, str, None]:
         """``post`` to each endpoint in turn until one answers with other
-        than a 5xx; the answer, else why none did."""
+        than a 5xx; the answer and when it was sent, else why none did."""
         last_error = "no endpoint"
         task = asyncio.current_task()
         assert task is not None
         for ep in ranked[:self.max_attempts]:
             if self.cut_reason is not None:
-                return None, self.cut_reason
+                return None, self.cut_reason, None
             prefill = work.prefill(ep)
+            sent = Sent(time.monotonic(), ep.prefill_tokens + prefill)
             ep.begin(work.tokens, prefill)
             self._asking.add(task)
             try:
@@ -150,7 +159,7 @@ class Proxy:
                 if self.cut_reason is None:
                     raise
                 task.uncancel()  # our own cancel, answered below
-                return None, self.cut_reason
+                return None, self.cut_reason, None
             except (aiohttp.ClientError, OSError, TimeoutError) as err:
                 ep.end(work.tokens, prefill)
                 last_error = f"{ep.name}: {type(err).__name__}"
@@ -167,13 +176,13 @@ class Proxy:
             self._answering.add(resp)
             if resp.status < 400 and work.answered is not None:
                 work.answered(ep)  # where the prompt is cached now, not where it was meant to go
-            return ep, resp
-        return None, last_error
+            return ep, resp, sent
+        return None, last_error, None
 
     async def fetch(self, ranked: list[Endpoint], path: str, body: bytes,
                     headers: dict[str, str], work: Work) -> Upstream | str:
         """The whole answer of the first endpoint that gives one; else why not."""
-        ep, resp_or_err = await self._open(ranked, work, lambda ep: self.session.post(
+        ep, resp_or_err, _ = await self._open(ranked, work, lambda ep: self.session.post(
             ep.url + path, data=body, headers=headers, timeout=self.timeout))
         if ep is None:
             return str(resp_or_err)
@@ -197,9 +206,9 @@ class Proxy:
                     on_status: Callable[[int], None] | None = None) -> web.StreamResponse:
         """``on_status`` hears the upstream's status before any of its body
         reaches the client, so what it counts is there when the client is done."""
-        ep, up_or_err = await self._open(ranked, work, lambda ep: self.upstreams.post(
+        ep, up_or_err, sent = await self._open(ranked, work, lambda ep: self.upstreams.post(
             ep.url, path, headers, body))
-        if ep is None:
+        if ep is None or sent is None:
             return self.refusal(str(up_or_err))
         assert isinstance(up_or_err, Answer)
         up = up_or_err
@@ -230,7 +239,9 @@ class Proxy:
             try:
                 chunk = await up.chunk()  # b"": the body ended
                 if chunk:
-                    ttfb.observe(time.monotonic() - started)
+                    now = time.monotonic()
+                    ttfb.observe(now - started)
+                    ep.learn_prefill(now - sent.at, sent.ahead)
                     ep.first_byte(prefill_pending)
                     prefill_pending = 0
                 # flow control settles on what went by

@@ -15,6 +15,7 @@ from operator import attrgetter
 from typing import Any, Generic, TypeVar, cast
 
 from router.pool.endpoints import Endpoint
+from router.scheduling.scoring import Wait
 
 T = TypeVar("T")
 
@@ -52,6 +53,9 @@ class CycleState:
     # held at the chosen endpoint while the request is on its way there
     approx_keys: dict[int, list[int]] = field(default_factory=dict)
     _urls: tuple[list[Endpoint], tuple[str, ...]] | None = None
+    # the candidates' predicted waits for a first token, when a scorer knows
+    # them: the ranking moves those far slower than the fastest to the back
+    wait: Wait[Endpoint] | None = None
 
     def urls(self, eps: list[Endpoint]) -> tuple[str, ...]:
         """``candidates_key(eps)``, made once for the candidate list the

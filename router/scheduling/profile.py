@@ -93,6 +93,10 @@ class Scheduler:
             per = {s.name: s.score(ctx, cycle, eps) for s in scorers}
         ranked = self.picker.pick(totals(eps, per, self.weights))
         reason = decisive(per, self.weights, ranked[0], ranked[1] if len(ranked) > 1 else None)
+        if cycle.wait is not None:
+            first, ranked = ranked[0], cycle.wait.demote(ranked)
+            if ranked[0] is not first:
+                reason = "prefill-cost"  # its predicted wait overruled the affinity
         # until it answers, the first-ranked endpoint counts as holding the
         # prompt for requests scheduled meanwhile (router.prefix.index)
         sent = [h for keys in cycle.approx_keys.values()

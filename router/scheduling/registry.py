@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from router.prefix.kv_index import KVIndex
 from router.scheduling.filters import HealthyFilter, ModelFilter, NotSaturatedFilter, RoleFilter
@@ -14,6 +14,8 @@ from router.scheduling.pickers import MaxScorePicker
 from router.scheduling.plugins import Filter, Picker, Scorer
 from router.scheduling.scorers import (
     APPROX_BLOCK_BYTES,
+    MAX_SLOWDOWN,
+    MIN_EXTRA_S,
     ApproxPrefixScorer,
     CacheRoomScorer,
     ConversationsScorer,
@@ -42,6 +44,22 @@ class NoParams(_Params):
 
 class PrefixParams(_Params):
     block_bytes: int = Field(default=APPROX_BLOCK_BYTES, alias="blockBytes", ge=16)
+
+
+class PrefillCostParams(PrefixParams):
+    max_slowdown: float = Field(
+        default=MAX_SLOWDOWN, alias="maxSlowdown", ge=0,
+        description="an endpoint predicted to wait this many times the fastest's for a first "
+                    "token (and minExtraSeconds longer) goes to the back of the ranking; 0: never")
+    min_extra_s: float = Field(default=MIN_EXTRA_S, alias="minExtraSeconds", ge=0)
+
+    @field_validator("max_slowdown")
+    @classmethod
+    def _slowdown(cls, v: float) -> float:
+        if 0 < v < 1:
+            raise ValueError("must be 0 (off) or at least 1: the fastest itself waits 1 times "
+                             "its own wait")
+        return v
 
 
 class RoleParams(_Params):
@@ -104,7 +122,7 @@ SCORERS: dict[str, ScorerFactory] = {
     "cache-room": _plain(CacheRoomScorer),
     "near-prefill": _plain(NearPrefillScorer),
     "prefill-cost": lambda s, p, w, kv: PrefillCostScorer(
-        s, _params(PrefixParams, p, w).block_bytes),
+        s, **_params(PrefillCostParams, p, w).model_dump()),
     "conversations": lambda s, p, w, kv: _conversations(s, _params(ConversationParams, p, w)),
 }
 

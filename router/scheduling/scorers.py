@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from router.prefix.index import PrefixIndex
 from router.prefix.kv_index import KVIndex
 from router.request import RequestContext
 from router.scheduling.cycle import CycleState, PrefixMatch, StateKey
-from router.scheduling.scoring import lower_is_better
+from router.scheduling.scoring import Wait, lower_is_better
 from router.state import RouterState
 from topology.distance import node_tier
 from topology.model import Tier
@@ -114,6 +115,25 @@ class ApproxPrefixScorer:
 
 # Tokens of prefill below which differences between endpoints hardly matter.
 PREFILL_SLACK_TOKENS = 2048
+PREFILL_SPEED = attrgetter("prefill_s_per_token")
+# the candidates' median learned prefill speed, per candidate set
+TYPICAL_SPEED: StateKey[float] = StateKey("typical-speed")
+
+
+def typical_speed(cycle: CycleState, eps: list[Endpoint]) -> float:
+    """The median of the candidates' learned prefill speeds (seconds a
+    token; 0 while none is learned), once per cycle and candidate set."""
+    def compute() -> float:
+        known = [v for v in map(PREFILL_SPEED, eps) if v]
+        return statistics.median(known) if known else 0.0
+
+    return cycle.memo(TYPICAL_SPEED, cycle.urls(eps), compute)
+
+
+# An endpoint predicted to take this many times the fastest's wait for a
+# first token, and this much longer, is not worth its cache (defaults).
+MAX_SLOWDOWN = 3.0
+MIN_EXTRA_S = 0.05
 
 
 @dataclass
@@ -121,10 +141,19 @@ class PrefillCostScorer:
     """The work that stands between the request and its first token on each
     endpoint: prompt tokens already sent there and still being prefilled,
     plus this prompt's tokens the endpoint does not hold. Prefix affinity and
-    load in one physical quantity; the cheapest endpoint scores 1."""
+    load in one physical quantity; the cheapest endpoint scores 1.
+
+    Once endpoints' speeds are learned (``Endpoint.prefill_s_per_token``;
+    one not yet learned counts as the candidates' median), the work is
+    weighed in seconds, so a slow server's backlog counts for what it
+    costs; and a candidate predicted to wait ``max_slowdown`` times the
+    fastest's (and ``min_extra_s`` more) goes to the back of the ranking,
+    whatever its prefix or session affinity."""
 
     state: RouterState
     block_bytes: int = APPROX_BLOCK_BYTES
+    max_slowdown: float = MAX_SLOWDOWN
+    min_extra_s: float = MIN_EXTRA_S
     name: ClassVar[str] = "prefill-cost"
 
     def score(self, ctx: RequestContext, cycle: CycleState, eps: list[Endpoint]
@@ -136,9 +165,14 @@ class PrefillCostScorer:
         cost = dict(zip(eps, [p + whole for p in map(PREFILL_TOKENS, eps)], strict=True))
         for e, f in match.hits.items():
             cost[e] = e.prefill_tokens + tokens * (1 - f)
-        k = min(cost.values()) + PREFILL_SLACK_TOKENS
-        return dict(zip(eps, [k / (c + PREFILL_SLACK_TOKENS) for c in cost.values()],
-                        strict=True))
+        slack = float(PREFILL_SLACK_TOKENS)
+        if ref := typical_speed(cycle, eps):
+            cost = {e: c * (e.prefill_s_per_token or ref) for e, c in cost.items()}
+            slack *= ref
+            if self.max_slowdown:
+                cycle.wait = Wait(cost, self.max_slowdown, self.min_extra_s)
+        k = min(cost.values()) + slack
+        return dict(zip(eps, [k / (c + slack) for c in cost.values()], strict=True))
 
     def picked(self, ctx: RequestContext, cycle: CycleState, ep: Endpoint) -> None:
         remember(self.state, ctx, cycle, ep, self.block_bytes)
@@ -246,6 +280,19 @@ class NearPrefillScorer(Stateless):
 MAX_CONVERSATIONS = 100_000  # per endpoint, so memory stays bounded
 
 
+# Learned speeds of like servers differ by their batches' luck: below this
+# factor an endpoint counts as fast as the median.
+SLOW_FACTOR = 1.5
+
+
+def slowness(ep: Endpoint, ref: float) -> float:
+    """How many times slower than the candidates' typical (``ref``) the
+    endpoint was learned to prefill; 1 when not clearly slower, or not
+    learned."""
+    r = ep.prefill_s_per_token / ref
+    return r if r >= SLOW_FACTOR else 1.0
+
+
 @dataclass
 class ConversationsScorer:
     """Places new conversations where fewest are live. A conversation is
@@ -254,8 +301,11 @@ class ConversationsScorer:
     seen within ``window_s``. Turns keep coming back where a conversation
     started, so this predicts an endpoint's load better than the present
     queue does; cached tokens (cache-room) say nothing of how often they are
-    reused. A known conversation scores the same everywhere: this scorer
-    never pulls one away from its cache.
+    reused. An endpoint learned to prefill ``SLOW_FACTOR`` or more times
+    slower than the candidates' median counts each of its conversations
+    that many times over: every turn there takes as much longer. A known
+    conversation scores the same everywhere: this scorer never pulls one
+    away from its cache.
 
     What is live is kept by time over all endpoints (the oldest forgotten
     first, as the window passes it) and by conversation, so a request costs
@@ -297,10 +347,14 @@ class ConversationsScorer:
         if keys and (where := self._where.get(keys[0])) and not where.isdisjoint(urls):
             return dict.fromkeys(eps, 1.0)  # a live conversation: placed already
         # a ratio, not min-max: 3 against 4 conversations is a small
-        # difference, 0 against 1 a large one
-        live = list(map(len, map(self._seen.get, urls, repeat(()))))
-        lo = min(live) + 1
-        return dict(zip(eps, [lo / (n + 1) for n in live], strict=True))
+        # difference, 0 against 1 a large one; with the new one counted
+        load = [n + 1.0 for n in map(len, map(self._seen.get, urls, repeat(())))]
+        if ref := typical_speed(cycle, eps):
+            # a conversation weighs on a slow endpoint as much more as each
+            # of its turns takes there
+            load = [n * slowness(e, ref) for n, e in zip(load, eps, strict=True)]
+        lo = min(load)
+        return dict(zip(eps, [lo / n for n in load], strict=True))
 
     def picked(self, ctx: RequestContext, cycle: CycleState, ep: Endpoint) -> None:
         keys = ctx.byte_blocks(self.block_bytes)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar, cast
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar, cast
 
 K = TypeVar("K")
 
@@ -73,3 +74,28 @@ def decisive(per_scorer: Mapping[str, Mapping[K, float]], weights: Mapping[str, 
         if g > gap:
             best, gap = name, g
     return best
+
+
+@dataclass(frozen=True)
+class Wait(Generic[K]):
+    """Predicted seconds before each candidate's first token for this
+    request, and how much slower than the fastest a candidate may be before
+    no affinity keeps the request there: more than ``max_slowdown`` times
+    the fastest's wait and more than ``min_extra_s`` longer."""
+
+    seconds: Mapping[K, float]
+    max_slowdown: float
+    min_extra_s: float
+
+    def demote(self, ranked: list[K]) -> list[K]:
+        """``ranked`` with the candidates too slow for this request moved
+        after the others, each group in its order (so retries, too, try the
+        fast ones first). The usual case, a first choice that is not too
+        slow, looks at one candidate."""
+        secs = self.seconds
+        best = min(secs.values())
+        limit = max(best * self.max_slowdown, best + self.min_extra_s)
+        if not ranked or secs[ranked[0]] <= limit:
+            return ranked
+        return ([k for k in ranked if secs[k] <= limit]
+                + [k for k in ranked if secs[k] > limit])

@@ -187,3 +187,26 @@ def test_precise_with_a_hugging_face_tokenizer(procs: Procs, tmp_path: Path) -> 
                        json={"prompt": text + f" w{i}", "max_tokens": 1})
         assert r.headers["x-toposerve-endpoint"] == warm.url.removeprefix("http://")
         assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 400
+
+
+def test_prefill_speed_learned_from_streamed_answers(procs: Procs) -> None:
+    """The relay times each streamed answer's first byte against the prefill
+    that stood before it: a simulator four times slower to prefill is
+    learned as about that much slower, and the gauge shows each speed."""
+    fast = procs.sim(prefill_s_per_token=0.0001, time_scale=0.2)
+    slow = procs.sim(prefill_s_per_token=0.0004, time_scale=0.2)
+    router = procs.router(endpoints=[fast.url, slow.url])
+    served: set[str] = set()
+    for i in range(8):  # unrelated prompts of about 3,000 tokens: no cache hits
+        prompt = f"task {i}: " + f"words of task {i} " * 700
+        with httpx.stream("POST", router.url + "/v1/completions", timeout=30, json={
+                "model": MODEL, "prompt": prompt, "max_tokens": 2, "stream": True}) as r:
+            assert r.status_code == 200
+            served.add(r.headers["x-toposerve-endpoint"])
+            r.read()
+    assert served == {fast.url.removeprefix("http://"), slow.url.removeprefix("http://")}
+    speed = {s.labels["endpoint"]: s.value for s in router.samples()
+             if s.name == "toposerve_router_endpoint_prefill_seconds_per_token"}
+    f, sl = speed[fast.url.removeprefix("http://")], speed[slow.url.removeprefix("http://")]
+    assert 0 < f < sl
+    assert 2.5 < sl / f < 6, speed  # prefill dominates what the first byte waits for

@@ -13,13 +13,16 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from router.config import load_router_config
-from router.pool.endpoints import Endpoint, Pool
+from router.pool.endpoints import LEARN_MIN_TOKENS, LEARN_RATE, Endpoint, Pool
 from router.pool.scrape import KV_USAGE, RUNNING, WAITING, parse_load
 from router.prefix.index import PrefixIndex
 from router.prefix.kv_index import KVIndex
+from router.scheduling import registry
 from router.scheduling.pickers import TIE, MaxScorePicker
-from router.scheduling.scoring import decisive, lower_is_better, totals, weighted_total
+from router.scheduling.registry import PluginError
+from router.scheduling.scoring import Wait, decisive, lower_is_better, totals, weighted_total
 from simulator.kvcache import BlockCache, block_hashes
+from tests.router.pipeline import make_state
 from topology.config_file import ConfigError
 from wire.hashing import byte_block_hashes, token_block_hashes
 from wire.kv_events import (
@@ -322,3 +325,32 @@ def test_a_model_is_served_by_a_routable_endpoint_that_lists_it_or_lists_none() 
     assert not pool.may_serve("m")  # draining: not routable
     a.models = frozenset()  # not scraped yet: it might
     assert pool.may_serve("m")
+
+
+def test_prefill_speed_is_learned_from_first_bytes() -> None:
+    ep = Endpoint(url="http://e:1")
+    ep.learn_prefill(0.5, LEARN_MIN_TOKENS - 1)  # mostly fixed costs: not a speed
+    assert ep.prefill_s_per_token == 0
+    ep.learn_prefill(1.0, 10_000)
+    assert ep.prefill_s_per_token == pytest.approx(1e-4)  # the first sample, whole
+    ep.learn_prefill(3.0, 10_000)
+    assert ep.prefill_s_per_token == pytest.approx(1e-4 + LEARN_RATE * 2e-4)
+
+
+def test_wait_demotes_only_the_far_slower() -> None:
+    secs = {"a": 0.1, "b": 0.25, "c": 0.5, "d": 1.0}
+    w = Wait(secs, max_slowdown=3.0, min_extra_s=0.05)
+    same = ["b", "a", "c", "d"]
+    assert w.demote(same) is same  # the first choice is within 3x: untouched
+    assert w.demote(["d", "c", "a", "b"]) == ["a", "b", "d", "c"]  # each group in order
+    # the absolute floor: 3x of a tiny wait is still a tiny wait
+    tiny = Wait({"a": 0.001, "b": 0.02}, max_slowdown=3.0, min_extra_s=0.05)
+    assert tiny.demote(["b", "a"]) == ["b", "a"]
+
+
+def test_max_slowdown_below_one_is_refused() -> None:
+    make = registry.SCORERS["prefill-cost"]
+    with pytest.raises(PluginError, match=r"scorers\[1\]\.params\.maxSlowdown: .*0 \(off\) or "
+                                          r"at least 1"):
+        make(make_state(), {"maxSlowdown": 0.5}, "profile.scorers[1]", None)
+    assert make(make_state(), {"maxSlowdown": 0}, "profile.scorers[1]", None) is not None

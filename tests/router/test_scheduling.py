@@ -164,3 +164,65 @@ def test_pool_change_while_waiting_is_scored_afresh(scorer: str) -> None:
     new = add_endpoint(state, "http://prefill9:8000", "prefill")  # joins during admission
     d = pd.prefill.schedule(c)
     assert new in d.ranked and set(d.scores[scorer]) == set(d.ranked)
+
+
+def test_a_slow_holder_loses_its_session_to_a_faster_endpoint() -> None:
+    """The default profile keeps a session where its prefix is, until the
+    endpoint's learned speed and backlog predict a wait many times the
+    fastest's: then the request goes to the back of that endpoint's
+    ranking, whatever the affinity, and the reason says why."""
+    state = make_state()
+    sched = Scheduler(state, state.config.profile, None)
+    home = route(sched, ctx(LONG + "turn 1")).ranked[0]
+    for e in state.pool.routable():
+        e.prefill_s_per_token = 2e-5
+    home.prefill_tokens = 5_000  # the holder's backlog, held like any other
+    d = route(sched, ctx(LONG + "turn 2"))
+    assert d.ranked[0] is home and d.cycle.wait is not None  # 5K tokens at the same speed
+    home.prefill_s_per_token = 2e-3  # learned: a hundred times slower
+    d = route(sched, ctx(LONG + "turn 3"))
+    assert d.ranked[0] is not home and d.ranked[-1] is home
+    assert d.reason == "prefill-cost"
+
+
+def test_no_speed_learned_no_guard() -> None:
+    """Before any endpoint's speed is learned the cost stays in tokens and
+    no wait is predicted: a backlog alone never overrules the affinity."""
+    state = make_state()
+    sched = Scheduler(state, state.config.profile, None)
+    home = route(sched, ctx(LONG + "turn 1")).ranked[0]
+    home.prefill_tokens = 1_000_000
+    d = route(sched, ctx(LONG + "turn 2"))
+    assert d.cycle.wait is None and d.ranked[0] is home
+
+
+def test_the_guard_can_be_turned_off() -> None:
+    state = make_state([{"type": "prefix-approx", "weight": 4},
+                        {"type": "prefill-cost", "weight": 1, "params": {"maxSlowdown": 0}}])
+    sched = Scheduler(state, state.config.profile, None)
+    home = route(sched, ctx(LONG + "turn 1")).ranked[0]
+    for e in state.pool.routable():
+        e.prefill_s_per_token = 2e-5
+    home.prefill_s_per_token, home.prefill_tokens = 2e-3, 5_000
+    d = route(sched, ctx(LONG + "turn 2"))
+    assert d.cycle.wait is None and d.ranked[0] is home
+
+
+def test_a_slow_endpoint_gets_fewer_new_conversations() -> None:
+    """A conversation's turns keep coming back where it started, and each
+    takes four times as long on an endpoint learned four times slower: it
+    counts each of its conversations four times over, so new ones go there
+    only when the others hold four times as many."""
+    state = make_state([{"type": "conversations", "weight": 1}])
+    sched = Scheduler(state, state.config.profile, None)
+    eps = state.pool.routable()
+    for e in eps:
+        e.prefill_s_per_token = 2e-5
+    slow = eps[0]
+    slow.prefill_s_per_token = 8e-5
+    placed = [route(sched, ctx(f"conversation {i} " * 200)).ranked[0] for i in range(12)]
+    fast = [placed.count(e) for e in eps[1:]]
+    assert placed.count(slow) <= 1 and max(fast) - min(fast) <= 1, placed
+    slow.prefill_s_per_token = 2.5e-5  # like the others, within batching's noise
+    placed = [route(sched, ctx(f"later {i} " * 200)).ranked[0] for i in range(4)]
+    assert slow in placed
