@@ -49,8 +49,9 @@ class PrefixParams(_Params):
 class PrefillCostParams(PrefixParams):
     max_slowdown: float = Field(
         default=MAX_SLOWDOWN, alias="maxSlowdown", ge=0,
-        description="an endpoint predicted to wait this many times the fastest's for a first "
-                    "token (and minExtraSeconds longer) goes to the back of the ranking; 0: never")
+        description="an endpoint learned 1.5x or more slower than the median, predicted to wait "
+                    "this many times the fastest's for a first token (and minExtraSeconds "
+                    "longer), goes to the back of the ranking; 0: never")
     min_extra_s: float = Field(default=MIN_EXTRA_S, alias="minExtraSeconds", ge=0)
 
     @field_validator("max_slowdown")

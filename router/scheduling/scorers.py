@@ -130,6 +130,21 @@ def typical_speed(cycle: CycleState, eps: list[Endpoint]) -> float:
     return cycle.memo(TYPICAL_SPEED, cycle.urls(eps), compute)
 
 
+# Learned speeds of like servers differ by their batches' luck: below this
+# factor an endpoint counts as fast as the median.
+SLOW_FACTOR = 1.5
+
+
+def slowness(ep: Endpoint, ref: float) -> float:
+    """How many times slower than the candidates' typical (``ref``) the
+    endpoint was learned to prefill (below 1: faster); 1 when within
+    ``SLOW_FACTOR`` of it either way, or not learned."""
+    if not (v := ep.prefill_s_per_token):
+        return 1.0
+    r = v / ref
+    return r if r >= SLOW_FACTOR or r * SLOW_FACTOR <= 1 else 1.0
+
+
 # An endpoint predicted to take this many times the fastest's wait for a
 # first token, and this much longer, is not worth its cache (defaults).
 MAX_SLOWDOWN = 3.0
@@ -143,12 +158,13 @@ class PrefillCostScorer:
     plus this prompt's tokens the endpoint does not hold. Prefix affinity and
     load in one physical quantity; the cheapest endpoint scores 1.
 
-    Once endpoints' speeds are learned (``Endpoint.prefill_s_per_token``;
-    one not yet learned counts as the candidates' median), the work is
-    weighed in seconds, so a slow server's backlog counts for what it
-    costs; and a candidate predicted to wait ``max_slowdown`` times the
+    Where endpoints' learned speeds (``Endpoint.prefill_s_per_token``)
+    differ clearly (``slowness``), a token of work weighs by its endpoint's
+    speed, so a slow server's backlog counts for what it costs; and a
+    clearly slow candidate predicted to wait ``max_slowdown`` times the
     fastest's (and ``min_extra_s`` more) goes to the back of the ranking,
-    whatever its prefix or session affinity."""
+    whatever its prefix or session affinity. Between like servers the
+    trade of affinity against backlog stays with the profile's weights."""
 
     state: RouterState
     block_bytes: int = APPROX_BLOCK_BYTES
@@ -165,14 +181,16 @@ class PrefillCostScorer:
         cost = dict(zip(eps, [p + whole for p in map(PREFILL_TOKENS, eps)], strict=True))
         for e, f in match.hits.items():
             cost[e] = e.prefill_tokens + tokens * (1 - f)
-        slack = float(PREFILL_SLACK_TOKENS)
         if ref := typical_speed(cycle, eps):
-            cost = {e: c * (e.prefill_s_per_token or ref) for e, c in cost.items()}
-            slack *= ref
-            if self.max_slowdown:
-                cycle.wait = Wait(cost, self.max_slowdown, self.min_extra_s)
-        k = min(cost.values()) + slack
-        return dict(zip(eps, [k / (c + slack) for c in cost.values()], strict=True))
+            pace = {e: r for e in eps if (r := slowness(e, ref)) != 1.0}
+            if pace:  # servers of clearly other speeds: their work in time, not tokens
+                cost = {e: c * pace.get(e, 1.0) for e, c in cost.items()}
+                if self.max_slowdown and (slow := {e for e, r in pace.items() if r > 1}):
+                    cycle.wait = Wait({e: c * ref for e, c in cost.items()}, slow,
+                                      self.max_slowdown, self.min_extra_s)
+        k = min(cost.values()) + PREFILL_SLACK_TOKENS
+        return dict(zip(eps, [k / (c + PREFILL_SLACK_TOKENS) for c in cost.values()],
+                        strict=True))
 
     def picked(self, ctx: RequestContext, cycle: CycleState, ep: Endpoint) -> None:
         remember(self.state, ctx, cycle, ep, self.block_bytes)
@@ -278,19 +296,6 @@ class NearPrefillScorer(Stateless):
 
 
 MAX_CONVERSATIONS = 100_000  # per endpoint, so memory stays bounded
-
-
-# Learned speeds of like servers differ by their batches' luck: below this
-# factor an endpoint counts as fast as the median.
-SLOW_FACTOR = 1.5
-
-
-def slowness(ep: Endpoint, ref: float) -> float:
-    """How many times slower than the candidates' typical (``ref``) the
-    endpoint was learned to prefill; 1 when not clearly slower, or not
-    learned."""
-    r = ep.prefill_s_per_token / ref
-    return r if r >= SLOW_FACTOR else 1.0
 
 
 @dataclass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast
 
@@ -79,23 +80,28 @@ def decisive(per_scorer: Mapping[str, Mapping[K, float]], weights: Mapping[str, 
 @dataclass(frozen=True)
 class Wait(Generic[K]):
     """Predicted seconds before each candidate's first token for this
-    request, and how much slower than the fastest a candidate may be before
-    no affinity keeps the request there: more than ``max_slowdown`` times
-    the fastest's wait and more than ``min_extra_s`` longer."""
+    request, the candidates that are slow servers, and how much slower than
+    the fastest such a candidate may be before no affinity keeps the
+    request there: more than ``max_slowdown`` times the fastest's wait and
+    more than ``min_extra_s`` longer."""
 
     seconds: Mapping[K, float]
+    slow: AbstractSet[K]
     max_slowdown: float
     min_extra_s: float
 
     def demote(self, ranked: list[K]) -> list[K]:
-        """``ranked`` with the candidates too slow for this request moved
+        """``ranked`` with the slow candidates too slow for this request moved
         after the others, each group in its order (so retries, too, try the
-        fast ones first). The usual case, a first choice that is not too
-        slow, looks at one candidate."""
-        secs = self.seconds
+        others first). The usual case, a first choice that is not too slow,
+        looks at one candidate."""
+        secs, slow = self.seconds, self.slow
         best = min(secs.values())
         limit = max(best * self.max_slowdown, best + self.min_extra_s)
-        if not ranked or secs[ranked[0]] <= limit:
+
+        def late(k: K) -> bool:
+            return k in slow and secs[k] > limit
+
+        if not ranked or not late(ranked[0]):
             return ranked
-        return ([k for k in ranked if secs[k] <= limit]
-                + [k for k in ranked if secs[k] > limit])
+        return [k for k in ranked if not late(k)] + [k for k in ranked if late(k)]

@@ -337,14 +337,16 @@ def test_prefill_speed_is_learned_from_first_bytes() -> None:
     assert ep.prefill_s_per_token == pytest.approx(1e-4 + LEARN_RATE * 2e-4)
 
 
-def test_wait_demotes_only_the_far_slower() -> None:
-    secs = {"a": 0.1, "b": 0.25, "c": 0.5, "d": 1.0}
-    w = Wait(secs, max_slowdown=3.0, min_extra_s=0.05)
-    same = ["b", "a", "c", "d"]
+def test_wait_demotes_only_slow_servers_far_slower() -> None:
+    secs = {"a": 0.1, "b": 0.25, "c": 0.5, "d": 1.0, "e": 2.0}
+    w = Wait(secs, {"b", "c", "d"}, max_slowdown=3.0, min_extra_s=0.05)
+    same = ["b", "a", "c", "d", "e"]
     assert w.demote(same) is same  # the first choice is within 3x: untouched
-    assert w.demote(["d", "c", "a", "b"]) == ["a", "b", "d", "c"]  # each group in order
+    # each group in its order; e waits long but is not a slow server: its
+    # wait is backlog, which the profile's weights trade against affinity
+    assert w.demote(["d", "e", "c", "a", "b"]) == ["e", "a", "b", "d", "c"]
     # the absolute floor: 3x of a tiny wait is still a tiny wait
-    tiny = Wait({"a": 0.001, "b": 0.02}, max_slowdown=3.0, min_extra_s=0.05)
+    tiny = Wait({"a": 0.001, "b": 0.02}, {"b"}, max_slowdown=3.0, min_extra_s=0.05)
     assert tiny.demote(["b", "a"]) == ["b", "a"]
 
 

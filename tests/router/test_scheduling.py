@@ -178,22 +178,31 @@ def test_a_slow_holder_loses_its_session_to_a_faster_endpoint() -> None:
         e.prefill_s_per_token = 2e-5
     home.prefill_tokens = 5_000  # the holder's backlog, held like any other
     d = route(sched, ctx(LONG + "turn 2"))
-    assert d.ranked[0] is home and d.cycle.wait is not None  # 5K tokens at the same speed
+    assert d.ranked[0] is home and d.cycle.wait is None  # 5K tokens at the same speed
     home.prefill_s_per_token = 2e-3  # learned: a hundred times slower
     d = route(sched, ctx(LONG + "turn 3"))
     assert d.ranked[0] is not home and d.ranked[-1] is home
     assert d.reason == "prefill-cost"
 
 
-def test_no_speed_learned_no_guard() -> None:
-    """Before any endpoint's speed is learned the cost stays in tokens and
-    no wait is predicted: a backlog alone never overrules the affinity."""
+@pytest.mark.parametrize("speeds", [
+    None,  # none learned yet
+    [2e-5, 2.5e-5, 1.6e-5, 2.9e-5],  # like servers, within batching's noise (< 1.5x)
+])
+def test_like_servers_no_guard(speeds: list[float] | None) -> None:
+    """Between servers of like speed no wait is predicted and the work stays
+    in tokens (the same scores as before speeds were learned): a backlog
+    alone never overrules the affinity, the profile's weights trade them."""
     state = make_state()
     sched = Scheduler(state, state.config.profile, None)
     home = route(sched, ctx(LONG + "turn 1")).ranked[0]
     home.prefill_tokens = 1_000_000
+    before = sched.schedule(ctx(LONG + "turn 2")).scores["prefill-cost"]
+    for e, v in zip(state.pool.routable(), speeds or [], strict=False):
+        e.prefill_s_per_token = v
     d = route(sched, ctx(LONG + "turn 2"))
     assert d.cycle.wait is None and d.ranked[0] is home
+    assert d.scores["prefill-cost"] == before
 
 
 def test_the_guard_can_be_turned_off() -> None:
