@@ -19,12 +19,31 @@ LEARN_MIN_TOKENS = 2048
 LEARN_RATE = 0.25
 
 
-@dataclass(slots=True)  # read for every candidate of every request: no instance dict
+# frozen: a sample is replaced whole (which ``Endpoint`` counts), never changed
+@dataclass(frozen=True, slots=True)  # read for every candidate of every request: no instance dict
 class LoadSample:
     waiting: float = 0.0
     running: float = 0.0
     kv_usage: float = 0.0
     at: float = 0.0  # monotonic time of the scrape; 0 = never
+
+
+class Changes:
+    """Counts of changes to what the filters read of the endpoints, over
+    every endpoint of the process: ``shape`` for the pool's membership and
+    an endpoint's models, role, revision, health or draining; ``load`` for
+    a new load sample. A list derived from the pool (the routable ones, a
+    filter's answer) is reused while the counts it was made at stand."""
+
+    __slots__ = ("load", "shape")
+
+    def __init__(self) -> None:
+        self.shape = 0
+        self.load = 0
+
+
+CHANGES = Changes()
+_SHAPE = frozenset({"models", "role", "revision", "healthy", "draining"})
 
 
 @dataclass(eq=False, slots=True)  # identity: one object per URL, hashed in C; no dict
@@ -54,6 +73,15 @@ class Endpoint:
 
     def __post_init__(self) -> None:
         self.idle.set()
+
+    def __setattr__(self, name: str, value: object) -> None:
+        # every write is seen, whoever makes it (the scrape, discovery, a
+        # test): a list made before it is not reused after it
+        object.__setattr__(self, name, value)
+        if name == "load":
+            CHANGES.load += 1
+        elif name in _SHAPE:
+            CHANGES.shape += 1
 
     @property
     def name(self) -> str:
@@ -112,6 +140,7 @@ class Pool:
     def __init__(self) -> None:
         self._eps: dict[str, Endpoint] = {}
         self.changed = asyncio.Event()
+        self._routable: tuple[int, list[Endpoint]] = (-1, [])
 
     def __iter__(self) -> Iterator[Endpoint]:
         return iter(list(self._eps.values()))  # a copy: discovery may change the pool
@@ -126,6 +155,7 @@ class Pool:
         cur = self._eps.get(ep.url)
         if cur is None:
             self._eps[ep.url] = ep
+            CHANGES.shape += 1
             self.changed.set()
             return ep
         cur.role, cur.revision, cur.path = ep.role, ep.revision, ep.path
@@ -135,7 +165,15 @@ class Pool:
         return cur
 
     def routable(self) -> list[Endpoint]:
-        return [e for e in self._eps.values() if not e.draining]
+        """The endpoints not draining: the same list object until the pool
+        or an endpoint's shape changes (``CHANGES``), so the filters' and
+        scorers' answers for it are reused too. Not to be changed."""
+        at, eps = self._routable
+        if at != CHANGES.shape:
+            at = CHANGES.shape
+            eps = [e for e in self._eps.values() if not e.draining]
+            self._routable = (at, eps)
+        return eps
 
     def may_serve(self, model: str) -> bool:
         """Some routable endpoint serves ``model`` or has not said what it
@@ -153,4 +191,5 @@ class Pool:
             await asyncio.wait_for(ep.idle.wait(), timeout_s)
         if self._eps.get(url) is ep and ep.draining:
             del self._eps[url]
+            CHANGES.shape += 1
             self.changed.set()

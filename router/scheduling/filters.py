@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from operator import attrgetter
 
-from router.pool.endpoints import Endpoint
+from router.pool.endpoints import CHANGES, Endpoint
 from router.pool.revisions import Revisions, key_of, ready_capacity
 from router.pool.saturation import unsaturated
 from router.request import RequestContext
@@ -14,24 +15,55 @@ from router.state import RouterState
 _REVISION = attrgetter("revision")  # key_of without a call an endpoint
 
 
+MODELS_KEPT = 16  # the model filter's answers kept, for as many models
+
+
+def same_or(eps: list[Endpoint], kept: list[Endpoint]) -> list[Endpoint]:
+    """``kept``, or ``eps`` itself when nothing was dropped: a list the
+    next filter (and the cycle's URL memo) may have seen already."""
+    return eps if len(kept) == len(eps) else kept
+
+
 @dataclass
 class ModelFilter:
-    """Endpoints that serve the requested model (unknown model lists pass)."""
+    """Endpoints that serve the requested model (unknown model lists pass).
+    The answer for a model is reused while the candidates are the same list
+    and no endpoint's shape changed (``CHANGES.shape``)."""
 
     state: RouterState
+    _memo: dict[str, tuple[list[Endpoint], list[Endpoint]]] = field(
+        default_factory=dict, init=False, repr=False)
+    _at: int = field(default=-1, init=False, repr=False)
 
     def filter(self, ctx: RequestContext, eps: list[Endpoint]) -> list[Endpoint]:
         if (model := ctx.model) is None:
             return eps
-        return [e for e in eps if not e.models or model in e.models]
+        if self._at != CHANGES.shape or len(self._memo) >= MODELS_KEPT:
+            self._memo.clear()
+            self._at = CHANGES.shape
+        if (hit := self._memo.get(model)) is not None and hit[0] is eps:
+            return hit[1]
+        out = same_or(eps, [e for e in eps if not e.models or model in e.models])
+        self._memo[model] = (eps, out)  # the input held, so its id is not reused
+        return out
 
 
 @dataclass
 class HealthyFilter:
+    """Endpoints healthy and not draining; the answer reused as the model
+    filter's is."""
+
     state: RouterState
+    _memo: tuple[int, list[Endpoint], list[Endpoint]] = field(
+        default=(-1, [], []), init=False, repr=False)
 
     def filter(self, ctx: RequestContext, eps: list[Endpoint]) -> list[Endpoint]:
-        return [e for e in eps if e.healthy and not e.draining]
+        at, seen, out = self._memo
+        if at == CHANGES.shape and seen is eps:
+            return out
+        out = same_or(eps, [e for e in eps if e.healthy and not e.draining])
+        self._memo = (CHANGES.shape, eps, out)
+        return out
 
 
 @dataclass
@@ -49,15 +81,53 @@ class RoleFilter:
         return [e for e in eps if e.role in (None, self.role, "prefill-decode")]
 
 
+@dataclass(frozen=True)
+class _Verdict:
+    """The not-saturated filter's answer for one candidate list, and what
+    it holds for: the change counts, the config, and until when (the
+    oldest load sample it let through must still be fresh)."""
+
+    shape: int
+    load: int
+    config: object
+    eps: list[Endpoint]  # held, so its id is not reused
+    out: list[Endpoint]
+    oldest: float | None  # the oldest sample's time among those let through; None: none
+
+
 @dataclass
 class NotSaturatedFilter:
-    """Drop saturated endpoints, unless that would drop them all."""
+    """Drop saturated endpoints, unless that would drop them all.
+
+    With the metrics detector the answer depends on the endpoints' load
+    samples, the thresholds and the time, so it is reused while the same
+    candidate list comes, no sample or shape changed (``CHANGES``) and the
+    oldest sample it let through is not yet stale: one look at the clock a
+    request, not one an endpoint. A stale sample still counts as saturated
+    (fail closed): it is dropped the first request after ``stale_after_s``,
+    scrape or none. The concurrency detector reads live in-flight counts:
+    it is asked every time."""
 
     state: RouterState
+    _last: _Verdict | None = field(default=None, init=False, repr=False)
 
     def filter(self, ctx: RequestContext, eps: list[Endpoint]) -> list[Endpoint]:
-        ok = unsaturated(eps, self.state.config)
-        return ok or eps
+        cfg = self.state.config
+        if cfg.flow_control.saturation.detector == "concurrency":
+            return unsaturated(eps, cfg) or eps
+        now = time.monotonic()
+        v = self._last
+        if (v is not None and v.eps is eps and v.shape == CHANGES.shape
+                and v.load == CHANGES.load and v.config is cfg
+                and (v.oldest is None or now - v.oldest <= cfg.scrape.stale_after_s)):
+            return v.out
+        ok = unsaturated(eps, cfg, now)
+        oldest = min(e.load.at for e in ok) if ok else None
+        out = same_or(eps, ok) if ok else eps
+        if v is not None and v.out == out:  # the same endpoints: the same list
+            out = v.out
+        self._last = _Verdict(CHANGES.shape, CHANGES.load, cfg, eps, out, oldest)
+        return out
 
 
 @dataclass
@@ -68,11 +138,21 @@ class RevisionFilter:
     while the request waits; a decode stage keeps to its prefill's."""
 
     revisions: Revisions
+    # whether a candidate list is of one revision, while no shape changed
+    _one: tuple[int, list[Endpoint], bool] = field(default=(-1, [], False), init=False,
+                                                   repr=False)
+
+    def one_revision(self, eps: list[Endpoint]) -> bool:
+        at, seen, one = self._one
+        if at != CHANGES.shape or seen is not eps:
+            one = len({r or "" for r in set(map(_REVISION, eps))}) <= 1
+            self._one = (CHANGES.shape, eps, one)  # the input held, so its id is not reused
+        return one
 
     def filter(self, ctx: RequestContext, eps: list[Endpoint]) -> list[Endpoint]:
         if ctx.prefill is not None:
             return [e for e in eps if key_of(e) == key_of(ctx.prefill)]
-        if len({r or "" for r in set(map(_REVISION, eps))}) <= 1:
+        if self.one_revision(eps):
             return eps  # one revision (the usual case): nothing to choose
         capacity = ready_capacity(eps)
         if ctx.revision is None or capacity.get(ctx.revision, 0) == 0:

@@ -11,7 +11,7 @@ import pytest
 
 from router.config import RouterConfig
 from router.disaggregation.pairing import Disaggregation
-from router.pool.endpoints import Endpoint
+from router.pool.endpoints import Endpoint, LoadSample
 from router.pool.revisions import (
     Revisions,
     ready_capacity,
@@ -26,7 +26,7 @@ from router.state import RouterState
 
 def ep(url: str, rev: str | None, role: str | None = None, healthy: bool = True) -> Endpoint:
     e = Endpoint(url=f"http://{url}:8000", role=role, revision=rev, healthy=healthy)
-    e.load.at = 1e18  # never stale
+    e.load = LoadSample(at=1e18)  # never stale
     return e
 
 
