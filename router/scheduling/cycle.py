@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
 from router.pool.endpoints import Endpoint
 from router.scheduling.scoring import Wait
@@ -32,9 +32,9 @@ class PrefixMatch:
     """What an index holds of the prompt on each candidate: the share of
     its leading blocks, the blocks matched (by URL), the prompt's block
     count, and the tokens each endpoint would still have to prefill.
-    ``hits``, ``matched`` and ``uncached`` name only the candidates that
-    hold some of it (the others: share 0, all ``tokens`` to prefill), so
-    they grow with the prefix's holders, not with the fleet."""
+    ``shares``, ``hits``, ``matched`` and ``uncached`` name only the
+    candidates that hold some of it (the others: share 0, all ``tokens`` to
+    prefill), so they grow with the prefix's holders, not with the fleet."""
 
     shares: dict[Endpoint, float]
     matched: dict[str, int]
@@ -52,19 +52,29 @@ class CycleState:
     # the prompt's keys the approximate index was asked about, per block size:
     # held at the chosen endpoint while the request is on its way there
     approx_keys: dict[int, list[int]] = field(default_factory=dict)
-    _urls: tuple[list[Endpoint], tuple[str, ...]] | None = None
+    _urls: Candidates | None = None
     # the candidates' predicted waits for a first token, when a scorer knows
     # them: the ranking moves those far slower than the fastest to the back
     wait: Wait[Endpoint] | None = None
 
+    def _candidates(self, eps: list[Endpoint]) -> Candidates:
+        if (c := self._urls) is not None and c.eps is eps:
+            return c
+        c = self._urls = Candidates.of(eps)
+        return c
+
     def urls(self, eps: list[Endpoint]) -> tuple[str, ...]:
         """``candidates_key(eps)``, made once for the candidate list the
-        scorers of this run share (held with it, so its id is not reused)."""
-        if self._urls is not None and self._urls[0] is eps:
-            return self._urls[1]
-        urls = candidates_key(eps)
-        self._urls = (eps, urls)
-        return urls
+        scorers of this run share (and reused by the next cycles while the
+        filters give the same list)."""
+        return self._candidates(eps).urls
+
+    def by_url(self, eps: list[Endpoint]) -> dict[str, Endpoint]:
+        """The candidates by URL, made as ``urls`` is. Not to be changed."""
+        c = self._candidates(eps)
+        if c.by_url is None:
+            c.by_url = dict(zip(c.urls, eps, strict=True))
+        return c.by_url
 
     def get(self, key: StateKey[T], of: Hashable) -> T | None:
         return cast("T | None", self._slots.get((key, of)))
@@ -82,6 +92,26 @@ class CycleState:
 
 
 URL = attrgetter("url")
+
+
+@dataclass(eq=False)
+class Candidates:
+    """A candidate list's URLs (and, once asked, the list by URL), kept for
+    the last list seen: the pool and the filters give the same list object
+    from request to request while nothing changes, and a candidate list is
+    never changed once made. The list is held, so its id is not reused."""
+
+    eps: list[Endpoint]
+    urls: tuple[str, ...]
+    by_url: dict[str, Endpoint] | None = None
+    last: ClassVar[Candidates | None] = None
+
+    @classmethod
+    def of(cls, eps: list[Endpoint]) -> Candidates:
+        if (c := cls.last) is not None and c.eps is eps:
+            return c
+        c = cls.last = cls(eps, candidates_key(eps))
+        return c
 
 
 def candidates_key(eps: list[Endpoint]) -> tuple[str, ...]:

@@ -35,24 +35,23 @@ class Stateless:
 
 def match_shares(index: PrefixIndex, ctx: RequestContext, cycle: CycleState,
                  eps: list[Endpoint], keys: list[int]) -> dict[Endpoint, float]:
-    """Share of the prompt's leading blocks each endpoint holds in ``index``;
-    the whole match (with the uncached tokens each endpoint would prefill)
-    becomes the cycle's ``prefix``, which the proxy and metrics read. Work
-    an endpoint is done only for those that hold some of the prompt."""
-    frac = dict.fromkeys(eps, 0.0)
+    """Share of the prompt's leading blocks each endpoint that holds some of
+    it holds in ``index`` (the others are left out: share 0); the whole
+    match (with the uncached tokens each endpoint would prefill) becomes
+    the cycle's ``prefix``, which the proxy and metrics read. Work an
+    endpoint is done only for those that hold some of the prompt."""
     hits: dict[Endpoint, float] = {}
     matched: dict[str, int] = {}
     if keys:
-        by_url = dict(zip(cycle.urls(eps), eps, strict=True))
+        by_url = cycle.by_url(eps)
         matched = index.hits(keys, by_url)
         if matched:
             n = len(keys)
             hits = {by_url[u]: m / n for u, m in matched.items()}
-            frac.update(hits)
     tokens = ctx.token_estimate
-    cycle.prefix = PrefixMatch(frac, matched, len(keys),
+    cycle.prefix = PrefixMatch(hits, matched, len(keys),
                                {e.url: int(tokens * (1 - f)) for e, f in hits.items()}, hits)
-    return frac
+    return hits
 
 
 # block size of the approximate prefix index unless a scorer says otherwise
@@ -386,12 +385,11 @@ class SessionScorer:
     def score(self, ctx: RequestContext, cycle: CycleState, eps: list[Endpoint]
               ) -> dict[Endpoint, float]:
         url = ctx.affinity_url or (self.state.sessions.get(ctx.session) if ctx.session else None)
-        out = dict.fromkeys(eps, 0.0)
-        if url is not None and url in (urls := cycle.urls(eps)):
-            e = eps[urls.index(url)]  # URLs are unique in the pool
-            if not self.state.saturated(e):
-                out[e] = 1.0
-        return out
+        # the session's endpoint alone (the others are left out: 0)
+        if (url is not None and (e := cycle.by_url(eps).get(url)) is not None
+                and not self.state.saturated(e)):
+            return {e: 1.0}
+        return {}
 
     def picked(self, ctx: RequestContext, cycle: CycleState, ep: Endpoint) -> None:
         if ctx.session:

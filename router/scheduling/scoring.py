@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -53,15 +54,36 @@ def _weighted_sum(n: int) -> Callable[..., list[float]]:
 def totals(keys: list[K], per_scorer: Mapping[str, Mapping[K, float]],
            weights: Mapping[str, float]) -> dict[K, float]:
     """``weighted_total`` over ``keys`` (those a scorer leaves out: 0), in
-    their order, the same floats: each scorer's values as a list (its dict
-    read in its own order when that is the keys', as the built-in scorers'
-    are), then one weighted sum an endpoint."""
+    their order, the same floats. A scorer that scores every key is read as
+    a list (its dict in its own order when that is the keys', as the
+    built-in scorers' are) and summed with the others in one weighted sum
+    an endpoint. A scorer that leaves keys out (a sparse one: the prefix
+    holders, the session's endpoint) is not: a left-out key adds ``w * 0.0``
+    (+0.0, which changes no sum of scores in [0, 1]), so only the keys it
+    names are summed again, over every scorer in order. The work an
+    endpoint grows with the dense scorers, not with all of them."""
     if not per_scorer:
         return dict.fromkeys(keys, 0.0)
-    vals = [list(scores.values()) if list(scores) == keys
-            else [scores.get(k, 0.0) for k in keys] for scores in per_scorer.values()]
-    acc = _weighted_sum(len(vals))(*[weights[name] for name in per_scorer], *vals)
-    return dict(zip(keys, acc, strict=True))
+    n = len(keys)
+    ws: list[float] = []
+    vals: list[list[float]] = []
+    named: dict[K, None] = {}  # the keys a sparse scorer names
+    for name, scores in per_scorer.items():
+        if len(scores) < n and math.isfinite(weights[name]):  # inf * 0.0 is nan
+            named.update(dict.fromkeys(scores))
+            continue
+        ws.append(weights[name])
+        vals.append(list(scores.values()) if list(scores) == keys
+                    else [scores.get(k, 0.0) for k in keys])
+    acc = _weighted_sum(len(vals))(*ws, *vals) if vals else [0.0] * n
+    out = dict(zip(keys, acc, strict=True))
+    for k in named:
+        if k in out:
+            t = 0.0
+            for name, scores in per_scorer.items():
+                t = t + weights[name] * scores.get(k, 0.0)
+            out[k] = t
+    return out
 
 
 def decisive(per_scorer: Mapping[str, Mapping[K, float]], weights: Mapping[str, float],

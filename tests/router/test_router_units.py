@@ -154,6 +154,30 @@ def test_totals_are_the_scorer_by_scorer_sums(rows: list[list[float]],
     assert totals(keys, per, w) == {k: weighted_total(per, w).get(k, 0.0) for k in keys}
 
 
+@given(st.lists(st.tuples(st.lists(st.floats(0, 1), min_size=6, max_size=6),
+                          st.lists(st.booleans(), min_size=6, max_size=6)),
+                min_size=1, max_size=6),
+       st.lists(st.floats(0, 8), min_size=6, max_size=6))
+def test_totals_of_sparse_scorers_are_the_same_floats(rows: list[tuple[list[float],
+                                                                       list[bool]]],
+                                                      ws: list[float]) -> None:
+    """Scorers that leave some keys out (the prefix's holders, the session's
+    endpoint), at any place among the others: the same floats, in the
+    keys' order, as adding every scorer's score (0 where left out) in
+    order."""
+    keys = list("abcdef")
+    per = {f"s{i}": {k: v for k, v, kept in zip(keys, row, keep, strict=True) if kept}
+           for i, (row, keep) in enumerate(rows)}
+    w = {name: ws[i % len(ws)] for i, name in enumerate(per)}
+    plain = {}
+    for k in keys:
+        t = 0.0
+        for name, scores in per.items():
+            t = t + w[name] * scores.get(k, 0.0)
+        plain[k] = t
+    assert list(totals(keys, per, w).items()) == list(plain.items())
+
+
 def test_the_picker_orders_by_score_and_ties_at_random() -> None:
     eps = [Endpoint(url=f"http://e{i}:8000") for i in range(6)]
     # two tied at the top (one within float noise), one a TIE below them

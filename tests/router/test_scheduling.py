@@ -163,7 +163,10 @@ def test_pool_change_while_waiting_is_scored_afresh(scorer: str) -> None:
     assert pd.worth_splitting(c)  # reads the prefix index over two prefill endpoints
     new = add_endpoint(state, "http://prefill9:8000", "prefill")  # joins during admission
     d = pd.prefill.schedule(c)
-    assert new in d.ranked and set(d.scores[scorer]) == set(d.ranked)
+    # every endpoint scored is a candidate; the new one is scored (or left
+    # out of a sparse scorer's answer: it holds none of the prompt)
+    assert new in d.ranked and set(d.scores[scorer]) <= set(d.ranked)
+    assert scorer == "prefix-approx" or new in d.scores[scorer]
 
 
 def test_a_slow_holder_loses_its_session_to_a_faster_endpoint() -> None:
