@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import attrgetter
-from typing import ClassVar
+from typing import ClassVar, Generic, NamedTuple, TypeVar
 
 from router.pool.endpoints import Endpoint
 from router.prefix.index import PrefixIndex
@@ -22,8 +22,21 @@ from topology.distance import node_tier
 from topology.model import Tier
 from wire.tokens import BYTES_PER_TOKEN
 
+T = TypeVar("T")
 PREFILL_TOKENS = attrgetter("prefill_tokens")
 INFLIGHT_TOKENS = attrgetter("inflight_tokens")
+
+
+@dataclass(frozen=True)
+class Remembered(Generic[T]):
+    """A scorer's answer for a candidate list (held, so its id is not
+    reused) and what it was computed from, kept for the next request: the
+    index and the live counts move at one endpoint a request if at all, and
+    the same inputs give the same scores (a copy is handed out, never it)."""
+
+    eps: list[Endpoint]
+    of: T
+    scores: dict[Endpoint, float]
 
 
 class Stateless:
@@ -115,33 +128,38 @@ class ApproxPrefixScorer:
 # Tokens of prefill below which differences between endpoints hardly matter.
 PREFILL_SLACK_TOKENS = 2048
 PREFILL_SPEED = attrgetter("prefill_s_per_token")
-# the candidates' median learned prefill speed, per candidate set
-TYPICAL_SPEED: StateKey[float] = StateKey("typical-speed")
-
-
-def typical_speed(cycle: CycleState, eps: list[Endpoint]) -> float:
-    """The median of the candidates' learned prefill speeds (seconds a
-    token; 0 while none is learned), once per cycle and candidate set."""
-    def compute() -> float:
-        known = [v for v in map(PREFILL_SPEED, eps) if v]
-        return statistics.median(known) if known else 0.0
-
-    return cycle.memo(TYPICAL_SPEED, cycle.urls(eps), compute)
-
-
-# Learned speeds of like servers differ by their batches' luck: below this
-# factor an endpoint counts as fast as the median.
+# Learned speeds of like servers differ by their batches' luck: within
+# this factor of the candidates' median an endpoint counts as typical.
 SLOW_FACTOR = 1.5
 
 
-def slowness(ep: Endpoint, ref: float) -> float:
-    """How many times slower than the candidates' typical (``ref``) the
-    endpoint was learned to prefill (below 1: faster); 1 when within
-    ``SLOW_FACTOR`` of it either way, or not learned."""
-    if not (v := ep.prefill_s_per_token):
-        return 1.0
-    r = v / ref
-    return r if r >= SLOW_FACTOR or r * SLOW_FACTOR <= 1 else 1.0
+class Pace(NamedTuple):
+    """The candidates' median learned prefill speed (seconds a token; 0
+    while none is learned) and the candidates learned ``SLOW_FACTOR`` or
+    more times slower or faster than it, by that factor (empty on a fleet
+    of like servers)."""
+
+    typical: float
+    odd: dict[Endpoint, float]
+
+
+# the candidates' pace, per candidate set
+PACE: StateKey[Pace] = StateKey("pace")
+
+
+def pace(cycle: CycleState, eps: list[Endpoint]) -> Pace:
+    """The candidates' ``Pace``, once per cycle and candidate set (a pass
+    over their speeds, no call an endpoint)."""
+    def compute() -> Pace:
+        speeds = list(map(PREFILL_SPEED, eps))
+        known = [v for v in speeds if v]
+        if not known:
+            return Pace(0.0, {})
+        ref = statistics.median(known)
+        return Pace(ref, {e: r for e, v in zip(eps, speeds, strict=True)
+                          if v and ((r := v / ref) >= SLOW_FACTOR or r * SLOW_FACTOR <= 1)})
+
+    return cycle.memo(PACE, cycle.urls(eps), compute)
 
 
 # An endpoint predicted to take this many times the fastest's wait for a
@@ -158,7 +176,7 @@ class PrefillCostScorer:
     load in one physical quantity; the cheapest endpoint scores 1.
 
     Where endpoints' learned speeds (``Endpoint.prefill_s_per_token``)
-    differ clearly (``slowness``), a token of work weighs by its endpoint's
+    differ clearly (``pace``), a token of work weighs by its endpoint's
     speed, so a slow server's backlog counts for what it costs; and a
     clearly slow candidate predicted to wait ``max_slowdown`` times the
     fastest's (and ``min_extra_s`` more) goes to the back of the ranking,
@@ -180,13 +198,11 @@ class PrefillCostScorer:
         cost = dict(zip(eps, [p + whole for p in map(PREFILL_TOKENS, eps)], strict=True))
         for e, f in match.hits.items():
             cost[e] = e.prefill_tokens + tokens * (1 - f)
-        if ref := typical_speed(cycle, eps):
-            pace = {e: r for e in eps if (r := slowness(e, ref)) != 1.0}
-            if pace:  # servers of clearly other speeds: their work in time, not tokens
-                cost = {e: c * pace.get(e, 1.0) for e, c in cost.items()}
-                if self.max_slowdown and (slow := {e for e, r in pace.items() if r > 1}):
-                    cycle.wait = Wait({e: c * ref for e, c in cost.items()}, slow,
-                                      self.max_slowdown, self.min_extra_s)
+        if odd := (p := pace(cycle, eps)).odd:  # servers of clearly other speeds: work in time
+            cost = {e: c * odd.get(e, 1.0) for e, c in cost.items()}
+            if self.max_slowdown and (slow := {e for e, r in odd.items() if r > 1}):
+                cycle.wait = Wait({e: c * p.typical for e, c in cost.items()}, slow,
+                                  self.max_slowdown, self.min_extra_s)
         k = min(cost.values()) + PREFILL_SLACK_TOKENS
         return dict(zip(eps, [k / (c + PREFILL_SLACK_TOKENS) for c in cost.values()],
                         strict=True))
@@ -267,14 +283,21 @@ class CacheRoomScorer(Stateless):
 
     state: RouterState
     name: ClassVar[str] = "cache-room"
+    _last: Remembered[list[int]] | None = field(default=None, init=False, repr=False)
 
     def score(self, ctx: RequestContext, cycle: CycleState, eps: list[Endpoint]
               ) -> dict[Endpoint, float]:
         held = self.state.approx.held_of(cycle.urls(eps))
+        if (last := self._last) is not None and last.eps is eps and last.of == held:
+            return last.scores.copy()  # a request that added no block moved nothing
         lo, hi = min(held, default=0), max(held, default=0)
         if hi == lo:  # lower_is_better, over the list
-            return dict.fromkeys(eps, 1.0)
-        return dict(zip(eps, [(hi - v) / (hi - lo) for v in held], strict=True))
+            out = dict.fromkeys(eps, 1.0)
+        else:
+            span = hi - lo
+            out = dict(zip(eps, [(hi - v) / span for v in held], strict=True))
+        self._last = Remembered(eps, held, out.copy())
+        return out
 
 
 @dataclass
@@ -326,6 +349,8 @@ class ConversationsScorer:
     # (url, conversation) -> last seen, over all endpoints, oldest first
     _order: OrderedDict[tuple[str, int], float] = field(default_factory=OrderedDict)
     _where: dict[int, set[str]] = field(default_factory=dict)  # conversation -> its endpoints
+    _last: Remembered[tuple[list[int] | None, dict[Endpoint, float]]] | None = field(
+        default=None, init=False, repr=False)
 
     def _forget(self, url: str, key: int) -> None:
         del self._seen[url][key]
@@ -347,18 +372,31 @@ class ConversationsScorer:
               ) -> dict[Endpoint, float]:
         keys = ctx.byte_blocks(self.block_bytes)
         self._expire(self.clock())
-        urls = cycle.urls(eps)
-        if keys and (where := self._where.get(keys[0])) and not where.isdisjoint(urls):
-            return dict.fromkeys(eps, 1.0)  # a live conversation: placed already
-        # a ratio, not min-max: 3 against 4 conversations is a small
-        # difference, 0 against 1 a large one; with the new one counted
-        load = [n + 1.0 for n in map(len, map(self._seen.get, urls, repeat(())))]
-        if ref := typical_speed(cycle, eps):
-            # a conversation weighs on a slow endpoint as much more as each
-            # of its turns takes there
-            load = [n * slowness(e, ref) for n, e in zip(load, eps, strict=True)]
-        lo = min(load)
-        return dict(zip(eps, [lo / n for n in load], strict=True))
+        # a live conversation here: placed already (a walk over its
+        # endpoints, which the candidates' dict is asked about)
+        odd: dict[Endpoint, float] = {}
+        if (keys and (where := self._where.get(keys[0]))
+                and not cycle.by_url(eps).keys().isdisjoint(where)):
+            live = None
+        else:
+            # a ratio, not min-max: 3 against 4 conversations is a small
+            # difference, 0 against 1 a large one
+            live = list(map(len, map(self._seen.get, cycle.urls(eps), repeat(()))))
+            odd = pace(cycle, eps).odd
+        of = (live, odd)
+        if (last := self._last) is not None and last.eps is eps and last.of == of:
+            return last.scores.copy()  # the live counts as the last request saw them
+        if live is None:
+            out = dict.fromkeys(eps, 1.0)
+        else:
+            # with the new one counted; on a slow endpoint a conversation
+            # weighs as much more as each of its turns takes there
+            load = [(n + 1.0) * odd.get(e, 1.0) for n, e in zip(live, eps, strict=True)
+                    ] if odd else [n + 1.0 for n in live]
+            lo = min(load)
+            out = dict(zip(eps, [lo / n for n in load], strict=True))
+        self._last = Remembered(eps, of, out.copy())
+        return out
 
     def picked(self, ctx: RequestContext, cycle: CycleState, ep: Endpoint) -> None:
         keys = ctx.byte_blocks(self.block_bytes)

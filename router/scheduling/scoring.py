@@ -35,17 +35,18 @@ def weighted_total(per_scorer: Mapping[str, Mapping[K, float]],
 
 @functools.cache
 def _weighted_sum(n: int) -> Callable[..., list[float]]:
-    """``[0.0 + w0 * s0 + w1 * s1 + ... for each endpoint]`` for ``n``
-    scorers, in one comprehension: one pass over the endpoints, not one a
-    scorer, the additions in scorer order (so the same floats as adding
-    scorer by scorer). Made once per scorer count, as dataclasses makes its
-    methods."""
+    """``[w0 * s0 + w1 * s1 + ... for each endpoint]`` for ``n`` scorers,
+    in one comprehension: one pass over the endpoints, not one a scorer,
+    the additions in scorer order (so the same floats as adding scorer by
+    scorer from 0.0, but for the sign of an all-zero total, which no
+    ranking sees: the picker subtracts it from a random draw). Made once per
+    scorer count, as dataclasses makes its methods."""
     ws = [f"w{i}" for i in range(n)]
     ss = [f"s{i}" for i in range(n)]
     vs = [f"v{i}" for i in range(n)]
     terms = " + ".join(f"{w} * {x}" for w, x in zip(ws, ss, strict=True))
     src = (f"def weighted_sum({', '.join(ws + vs)}):\n"
-           f"    return [0.0 + {terms} for {', '.join(ss)}, in zip({', '.join(vs)}, strict=True)]")
+           f"    return [{terms} for {', '.join(ss)}, in zip({', '.join(vs)}, strict=True)]")
     scope: dict[str, Any] = {}
     exec(src, scope)
     return cast(Callable[..., list[float]], scope["weighted_sum"])

@@ -238,3 +238,25 @@ def test_a_slow_endpoint_gets_fewer_new_conversations() -> None:
     slow.prefill_s_per_token = 2.5e-5  # like the others, within batching's noise
     placed = [route(sched, ctx(f"later {i} " * 200)).ranked[0] for i in range(4)]
     assert slow in placed
+
+
+def test_remembered_scores_follow_the_index_and_the_live_counts() -> None:
+    """cache-room and conversations hand out their last answer again while
+    the candidates and what they read are the same: a block added to an
+    endpoint, or a conversation started on one, is seen by the next
+    request, and a caller changing an answer changes no later one."""
+    from router.scheduling.scorers import CacheRoomScorer, ConversationsScorer
+
+    state = make_state()
+    eps = state.pool.routable()
+    room, convs = CacheRoomScorer(state), ConversationsScorer(state, clock=lambda: 1000.0)
+    first = room.score(ctx("a"), CycleState(), eps)
+    assert set(first.values()) == {1.0}
+    first[eps[0]] = -1.0  # a caller's change
+    assert room.score(ctx("a"), CycleState(), eps) == dict.fromkeys(eps, 1.0)
+    state.approx.add(eps[0].url, [1, 2, 3])
+    assert room.score(ctx("a"), CycleState(), eps)[eps[0]] == 0.0
+    assert convs.score(ctx("x" * 2048), CycleState(), eps) == dict.fromkeys(eps, 1.0)
+    convs.picked(ctx("y" * 2048), CycleState(), eps[1])  # a new conversation on eps[1]
+    assert convs.score(ctx("x" * 2048), CycleState(), eps)[eps[1]] == 0.5
+    assert convs.score(ctx("y" * 2048), CycleState(), eps) == dict.fromkeys(eps, 1.0)  # live
