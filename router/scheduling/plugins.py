@@ -17,6 +17,11 @@ class Filter(Protocol):
 
 
 class Scorer(Protocol):
+    """Scores candidates in [0, 1]. An endpoint left out of the answer
+    scores 0: a scorer that names few (the prefix's holders, the session's
+    endpoint) costs the totals nothing for the others. A scorer's answer is
+    not changed by its readers."""
+
     name: ClassVar[str]
 
     def score(self, ctx: RequestContext, cycle: CycleState, eps: list[Endpoint]
