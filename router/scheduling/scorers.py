@@ -134,10 +134,10 @@ SLOW_FACTOR = 1.5
 
 
 class Pace(NamedTuple):
-    """The candidates' median learned prefill speed (seconds a token; 0
-    while none is learned) and the candidates learned ``SLOW_FACTOR`` or
-    more times slower or faster than it, by that factor (empty on a fleet
-    of like servers)."""
+    """The candidates learned ``SLOW_FACTOR`` or more times slower or
+    faster than their median learned prefill speed, by that factor (empty
+    on a fleet of like servers, or while none is learned), and that median
+    (seconds a token; 0 when ``odd`` is empty)."""
 
     typical: float
     odd: dict[Endpoint, float]
@@ -153,7 +153,9 @@ def pace(cycle: CycleState, eps: list[Endpoint]) -> Pace:
     def compute() -> Pace:
         speeds = list(map(PREFILL_SPEED, eps))
         known = [v for v in speeds if v]
-        if not known:
+        if not known or max(known) < SLOW_FACTOR * min(known):
+            # none learned, or like servers (none 1.5x another, so none that
+            # far from the median): the usual case, without the median
             return Pace(0.0, {})
         ref = statistics.median(known)
         return Pace(ref, {e: r for e, v in zip(eps, speeds, strict=True)
