@@ -331,8 +331,9 @@ class ConversationsScorer:
     started, so this predicts an endpoint's load better than the present
     queue does; cached tokens (cache-room) say nothing of how often they are
     reused. An endpoint learned to prefill ``SLOW_FACTOR`` or more times
-    slower than the candidates' median counts each of its conversations
-    that many times over: every turn there takes as much longer. A known
+    slower (or faster) than the candidates' median counts each of its
+    conversations that many times over (or under): every turn there takes
+    as much longer (or shorter). A known
     conversation scores the same everywhere: this scorer never pulls one
     away from its cache.
 
