@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import socket
 
+from wire.serving import bind
+
 
 class ListenError(Exception):
     """The address cannot be listened on; the message is for a person."""
@@ -13,11 +15,10 @@ class ListenError(Exception):
 def listen(host: str, port: int, change: str) -> socket.socket:
     """A socket listening on ``host:port``; ``change`` says what to change
     when it cannot be had (the flag or config field)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
-        return socket.create_server((host, port), family=family, backlog=1024)
+        return bind(host, port)
     except OSError as err:  # taken, not an address of this host, a name that does not resolve
-        where = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         # the bare reason: create_server adds the address to it
         why = str(err.strerror or err).split(" (while attempting", 1)[0]
         raise ListenError(f"cannot listen on {where}: {why}; change {change}") from None

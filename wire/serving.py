@@ -7,12 +7,18 @@ aiohttp answers such requests before any middleware runs, from its
 connection class's ``handle_error``; this swaps in a connection class
 whose ``handle_error`` asks the app's error factory instead. The log line
 for it is ``toposerve_cli.logs.ClientProtocolErrors``' (nothing of the line
-itself is logged)."""
+itself is logged).
+
+It also accepts connections itself (``_AcceptingSite``): every waiting
+connection each time the listening socket is readable, where uvloop's
+libuv takes one a loop tick."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import logging
 import signal
 import socket
 import ssl
@@ -27,6 +33,22 @@ from aiohttp.web_runner import GracefulExit
 
 # (status, message) -> the response a client gets
 ErrorFactory = Callable[[int, str], web.Response]
+
+BACKLOG = 1024  # the kernel's queue of connections not yet accepted
+# connections accepted in one go at most (asyncio's own loop takes up to
+# its backlog); a longer pause than that would be a stall of its own
+ACCEPTS_A_TICK = 256
+ACCEPT_RETRY_S = 1.0  # out of descriptors or memory: try again after this
+# accept() errors that pass with time; anything else is the socket's end
+_PASSING = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+log = logging.getLogger(__name__)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host:port`` (IPv6 when the host has a colon)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family, backlog=BACKLOG)
 
 
 def unparsable(exc: BaseException | None) -> str:
@@ -77,6 +99,76 @@ class _Runner(web.AppRunner):
         return server
 
 
+class _AcceptingSite(web.BaseSite):
+    """Serves a listening socket, accepting every connection that waits each
+    time it is readable. Since libuv 1.45 (libuv#3696) uvloop takes one
+    connection a loop tick, and a tick of a busy server is a pass over every
+    busy connection: 128 clients connecting to a saturated router waited a
+    tick each, the last one over a second before its first request was read
+    (docs/benchmarks.md, "Router overhead"), and clients that open a
+    connection a request got one a tick."""
+
+    __slots__ = ("_connecting", "_retry", "_sock")
+
+    def __init__(self, runner: web.BaseRunner, sock: socket.socket,
+                 ssl_context: ssl.SSLContext | None) -> None:
+        super().__init__(runner, ssl_context=ssl_context)
+        self._sock = sock
+        self._connecting: set[asyncio.Task[None]] = set()  # TLS handshakes, mostly
+        self._retry: asyncio.TimerHandle | None = None
+
+    @property
+    def name(self) -> str:
+        host, port = self._sock.getsockname()[:2]
+        return f"{'https' if self._ssl_context else 'http'}://{host}:{port}"
+
+    async def start(self) -> None:
+        await super().start()
+        self._sock.setblocking(False)
+        asyncio.get_running_loop().add_reader(self._sock.fileno(), self._accept)
+
+    def _accept(self) -> None:
+        loop = asyncio.get_running_loop()
+        for _ in range(ACCEPTS_A_TICK):
+            try:
+                conn, _ = self._sock.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return  # none left (or one given up before it was taken)
+            except OSError as err:
+                if err.errno not in _PASSING:
+                    raise  # the loop logs it; the socket is gone
+                # the socket stays readable: stop watching it for a while
+                log.warning("cannot accept a connection (%s); retrying in %.0f s",
+                            err.strerror, ACCEPT_RETRY_S)
+                loop.remove_reader(self._sock.fileno())
+                self._retry = loop.call_later(
+                    ACCEPT_RETRY_S, loop.add_reader, self._sock.fileno(), self._accept)
+                return
+            conn.setblocking(False)
+            task = loop.create_task(self._connect(loop, conn))
+            self._connecting.add(task)
+            task.add_done_callback(self._connecting.discard)
+
+    async def _connect(self, loop: asyncio.AbstractEventLoop, conn: socket.socket) -> None:
+        server = self._runner.server
+        assert server is not None
+        try:
+            await loop.connect_accepted_socket(server, conn, ssl=self._ssl_context)
+        except OSError as err:  # a failed TLS handshake, a client already gone
+            log.debug("connection not set up: %s", err)
+            conn.close()
+
+    async def stop(self) -> None:
+        with contextlib.suppress(ValueError, OSError):  # never started, or closed
+            asyncio.get_running_loop().remove_reader(self._sock.fileno())
+        if self._retry is not None:
+            self._retry.cancel()
+        for task in list(self._connecting):
+            task.cancel()
+        self._sock.close()
+        await super().stop()
+
+
 def run_app(app: web.Application, *, error_factory: ErrorFactory,
             sock: socket.socket | None = None, host: str | None = None,
             port: int | None = None, ssl_context: ssl.SSLContext | None = None,
@@ -86,6 +178,7 @@ def run_app(app: web.Application, *, error_factory: ErrorFactory,
     else ``host``:``port``, until SIGINT/SIGTERM, then shuts the app down
     gracefully (its on_shutdown, in-flight requests up to
     ``shutdown_timeout``, its on_cleanup)."""
+    listening = sock if sock is not None else bind(host or "", 8080 if port is None else port)
 
     async def main() -> None:
         # the stop signals end the wait below, so the shutdown runs inside
@@ -98,8 +191,7 @@ def run_app(app: web.Application, *, error_factory: ErrorFactory,
                          shutdown_timeout=shutdown_timeout, **handler_args)
         await runner.setup()
         try:
-            site = (web.SockSite(runner, sock, ssl_context=ssl_context) if sock else
-                    web.TCPSite(runner, host, port, ssl_context=ssl_context))
+            site = _AcceptingSite(runner, listening, ssl_context)
             await site.start()
             on_listening()
             await stop.wait()
