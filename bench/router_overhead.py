@@ -7,6 +7,7 @@ request (its process tree, from /proc) and RSS; then the same at 4, 16 and
 
     python -m bench.router_overhead            # table + bench/results/router_overhead.{json,md,png}
     python -m bench.router_overhead --quick    # a smoke run
+    python -m bench.router_overhead --new-connections  # a connection a request
 
 The routers are pinned to one CPU (``--router-cpu``, every thread of their
 process tree), the clients and the null backends to another, so "saturation"
@@ -100,7 +101,7 @@ ROUTERS: dict[str, Start] = {
     FRONT_AIOHTTP: front_end("aiohttp"),
     FRONT_HTTPTOOLS: front_end("httptools"),
 }
-CONCURRENCY = (1, 4, 16, 64, 128)
+CONCURRENCY = (1, 4, 16, 64, 128, 256)  # 256: where the Rust routers saturate the core
 FLEETS = (4, 16, 64)
 FLEET_CONCURRENCY = 16  # the fleet runs': busy, short of saturation
 PROMPTS = 64  # distinct conversations, 16 to a shared system prompt
@@ -215,6 +216,50 @@ async def load(url: str, concurrency: int, total: int, payloads: list[bytes],
     return run.ttfts, run.sent - len(run.ttfts), wall
 
 
+async def load_new(url: str, concurrency: int, total: int, payloads: list[bytes],
+                   deadline_s: float = DEADLINE_S) -> tuple[list[float], int, float]:
+    """As ``load``, but each request on a connection of its own
+    (``Connection: close``), as a client without a connection pool sends
+    them: TTFT counts from the connect."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    requests = [r.replace(b"\r\nContent-Type", b"\r\nConnection: close\r\nContent-Type", 1)
+                for r in requests_of(host, int(port), payloads)]
+    ttfts: list[float] = []
+    sent = 0
+    stop_at = time.perf_counter() + BUDGET_S
+
+    async def client(k: int) -> None:
+        nonlocal sent
+        while sent < total and time.perf_counter() < stop_at:
+            req = requests[(sent + k) % len(requests)]
+            sent += 1
+            t0 = time.perf_counter()
+            try:
+                reader, writer = await asyncio.open_connection(host, int(port))
+            except OSError:
+                continue  # counted as failed: sent, never answered
+            try:
+                writer.write(req)
+                head = await reader.readuntil(b"\r\n\r\n")
+                first = await reader.read(1)
+                if head.startswith(b"HTTP/1.1 200") and first:
+                    ttfts.append(time.perf_counter() - t0)
+                await reader.read()
+            except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+                pass
+            finally:
+                writer.close()
+
+    t0 = time.perf_counter()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.gather(*(client(k) for k in range(concurrency))),
+                               deadline_s)
+    return ttfts, sent - len(ttfts), time.perf_counter() - t0
+
+
+LOADS = {"kept": load, "new": load_new}  # one kept-alive connection a client; one a request
+
+
 def start_backends(procs: Procs, n: int) -> list[Proc]:
     """``n`` null endpoints, one process: a Proc an endpoint (all the same process)."""
     ports = [free_port() for _ in range(n)]
@@ -265,10 +310,12 @@ class Row:
 
 
 def measure(name: str, url: str, proc: Proc | None, fleet: int, concurrency: int, total: int,
-            payloads: list[bytes], idle_cpu_s: float, repeat: int) -> Row:
-    asyncio.run(load(url, concurrency, 2 * concurrency, payloads))  # connections made
+            payloads: list[bytes], idle_cpu_s: float, repeat: int,
+            connections: str = "kept") -> Row:
+    load_of = LOADS[connections]
+    asyncio.run(load_of(url, concurrency, 2 * concurrency, payloads))  # warmed up
     cpu0 = proc.cpu_seconds() if proc else 0.0
-    ttfts, failed, wall = asyncio.run(load(url, concurrency, total, payloads))
+    ttfts, failed, wall = asyncio.run(load_of(url, concurrency, total, payloads))
     cpu = (proc.cpu_seconds() - cpu0 - idle_cpu_s * wall) if proc else 0.0
     ms = [1000 * t for t in ttfts]
     p = (pct(ms, 0.5), pct(ms, 0.99), pct(ms, 0.999))
@@ -328,7 +375,7 @@ def main_table(rows: list[Row]) -> str:
                   for r in rows), "lrr" + "r" * 11)
 
 
-def plot(rows: list[Row], fleet: int, path: Path) -> None:
+def plot(rows: list[Row], fleet: int, path: Path, connections: str = "kept") -> None:
     plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     for ax, field, label in zip(axes, ("added_p50_ms", "added_p99_ms", "added_p999_ms"),
@@ -341,13 +388,15 @@ def plot(rows: list[Row], fleet: int, path: Path) -> None:
         ax.set_xscale("log", base=2)
         ax.set_xlabel("closed-loop clients")
         ax.set_ylabel("ms over a direct call")
-        ax.set_title(f"added TTFT {label}, {fleet} null endpoints")
+        ax.set_title(f"added TTFT {label}, {fleet} null endpoints"
+                     + (", a connection a request" if connections == "new" else ""))
     axes[0].legend(fontsize=8)
     save(fig, path)
 
 
 def run(tmp: Path, names: list[str], fleets: tuple[int, ...], levels: tuple[int, ...],
-        total: int, repeats: int, cpus: tuple[set[int], set[int]] | None) -> list[Row]:
+        total: int, repeats: int, cpus: tuple[set[int], set[int]] | None,
+        connections: str = "kept") -> list[Row]:
     payloads = bodies()
     rows: list[Row] = []
     for fleet in fleets:
@@ -369,10 +418,10 @@ def run(tmp: Path, names: list[str], fleets: tuple[int, ...], levels: tuple[int,
             for repeat in range(repeats):
                 for c in levels if fleet == fleets[0] else (FLEET_CONCURRENCY,):
                     rows.append(measure(DIRECT, backends[0].url, None, fleet, c, total,
-                                        payloads, 0.0, repeat))
+                                        payloads, 0.0, repeat, connections))
                     for name in order(here, repeat):
                         r = measure(name, routers[name].url, routers[name], fleet, c, total,
-                                    payloads, idle[name], repeat)
+                                    payloads, idle[name], repeat, connections)
                         rows.append(r)
                         print(f"  {fleet:3} endpoints, {c:3} clients, {name:26} TTFT p50 "
                               f"{r.ttft_p50_ms:7.3f} p99 {r.ttft_p99_ms:7.2f} ms  "
@@ -514,6 +563,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="also measure our router as committed at REV (an A/B in one run)")
     ap.add_argument("--router-cpu", type=int, default=1)
     ap.add_argument("--client-cpu", type=int, default=0)
+    ap.add_argument("--new-connections", action="store_true",
+                    help="each request on a connection of its own (Connection: close), as "
+                         "clients without a pool send them (router_overhead_new_connections.*)")
     ap.add_argument("--instructions", action="store_true",
                     help="instead: our router's instructions a request at each of --fleets "
                          "(valgrind callgrind; with --against, that revision's too)")
@@ -540,17 +592,18 @@ def main(argv: list[str] | None = None) -> int:
             name, start = ours_at(args.against, Path(tmp))
             ROUTERS[name] = start
             args.routers.append(name)
+        connections = "new" if args.new_connections else "kept"
         runs = run(Path(tmp), args.routers, tuple(args.fleets), tuple(args.concurrency),
-                   args.requests, args.repeats, cpus)
+                   args.requests, args.repeats, cpus, connections)
     rows = medians(runs, ("router", "fleet", "concurrency"))
     md = main_table(rows) + "\n\n" + fleet_table(rows)
-    write(Path(args.out), "router_overhead", md, {
-        "requests": args.requests, "repeats": args.repeats,
+    write(Path(args.out), "router_overhead" + ("_new_connections" if args.new_connections else ""),
+          md, {"requests": args.requests, "repeats": args.repeats, "connections": connections,
         "pinned": None if cpus is None else {"clients_and_backends": sorted(cpus[0]),
                                              "routers": sorted(cpus[1])},
         "load_before": load_before, "load_after": os.getloadavg(), "cpus": os.cpu_count(),
         "rows": [asdict(r) for r in rows], "runs": [asdict(r) for r in runs]},
-        lambda path: plot(rows, args.fleets[0], path))
+        lambda path: plot(rows, args.fleets[0], path, connections))
     return 0
 
 

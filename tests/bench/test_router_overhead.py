@@ -10,7 +10,15 @@ import orjson
 import pytest
 
 from bench.null_backend import NOT_FOUND, answer, serve
-from bench.router_overhead import DIRECT, FLEET_CONCURRENCY, Row, added, bodies, fleet_table, load
+from bench.router_overhead import (
+    DIRECT,
+    FLEET_CONCURRENCY,
+    LOADS,
+    Row,
+    added,
+    bodies,
+    fleet_table,
+)
 from localcluster.ports import free_port
 
 pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`
@@ -38,19 +46,23 @@ def test_null_backend_answers_what_routers_ask() -> None:
     assert answer(b"POST", b"/tokenize", b"{}") is NOT_FOUND
 
 
-def test_closed_loop_clients_against_the_null_backend() -> None:
+@pytest.mark.parametrize("connections", sorted(LOADS))
+def test_closed_loop_clients_against_the_null_backend(connections: str) -> None:
+    """Kept-alive connections, or one a request: a connection the backend
+    did not close after its answer would hold its client to the deadline."""
     async def go() -> tuple[list[float], int, float]:
         port = free_port()
         server = asyncio.create_task(serve([port]))
         await asyncio.sleep(0.1)
         try:
-            return await load(f"http://127.0.0.1:{port}", 4, 40, bodies(8))
+            return await LOADS[connections](f"http://127.0.0.1:{port}", 4, 40, bodies(8))
         finally:
             server.cancel()
 
     ttfts, failed, wall = asyncio.run(go())
     assert len(ttfts) == 40 and failed == 0
     assert all(0 < t < wall for t in ttfts)
+    assert wall < 10
 
 
 def _row(router: str, fleet: int, c: int, p50: float, cpu: float, repeat: int = 0) -> Row:
