@@ -33,9 +33,10 @@ class _PoolCollector(Collector):
                                     "1 when the endpoint takes requests.", labels=["endpoint"])
         speed = GaugeMetricFamily(
             "toposerve_router_endpoint_prefill_seconds_per_token",
-            "Seconds a token of prefill backlog holds back a first byte, learned from streamed "
-            "answers (0: not learned yet); prefill-cost and conversations weigh an endpoint "
-            "1.5x or more from the median by it.",
+            "Seconds a token of prefill holds back a first byte, learned from streamed answers "
+            "sent while no other prefill was in flight there (0: not learned yet); "
+            "prefill-cost and conversations weigh an endpoint 1.5x or more from the median "
+            "by it.",
             labels=["endpoint"])
         for e in self.state.pool:
             inflight.add_metric([e.name], e.inflight)

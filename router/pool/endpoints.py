@@ -14,7 +14,8 @@ from topology.model import DomainPath
 
 # A first byte teaches the endpoint's prefill speed only when at least this
 # much prefill stood before it, so fixed costs (HTTP, scheduling, one decode
-# step) do not pass for speed; each such sample moves the estimate this far.
+# step) do not pass for speed; each such sample moves the estimate this far
+# (``Endpoint.learn_prefill``).
 LEARN_MIN_TOKENS = 2048
 LEARN_RATE = 0.25
 
@@ -65,9 +66,9 @@ class Endpoint:
     inflight: int = 0
     inflight_tokens: int = 0
     prefill_tokens: int = 0  # uncached prompt tokens sent but not yet answered
-    # seconds a token of prefill backlog holds back a first byte, learned from
-    # this endpoint's streamed answers (0: none yet): how slow it is, queueing
-    # for a free slot included
+    # seconds a token of prefill holds back a first byte, learned from this
+    # endpoint's streamed answers (0: none yet): how slow it is, queueing for
+    # a free slot included
     prefill_s_per_token: float = 0.0
     idle: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -97,14 +98,28 @@ class Endpoint:
         """The prompt is processed: its prefill no longer queues others."""
         self.prefill_tokens -= prefill
 
-    def learn_prefill(self, seconds: float, tokens: int) -> None:
+    def learn_prefill(self, seconds: float, tokens: int, backlog: int) -> None:
         """A first byte came ``seconds`` after the request was sent, with
-        ``tokens`` of prefill then before it (the backlog and its own)."""
+        ``tokens`` of prefill then before it: its own, and ``backlog`` of
+        other requests' still being prefilled there.
+
+        Engines differ in what a backlog costs a newcomer: vLLM's steps
+        share a token budget, so it waits behind the backlog; a simulator
+        that prices each request alone makes it wait for none of it. So
+        only a sample with no backlog measures the speed. One with a
+        backlog bounds it from below (as if all of the backlog went first),
+        and only raises an estimate that is already under that bound. On
+        llm-d-inference-sim, samples with a backlog read 0.1-20 us a token
+        where the speed was 20, and like servers were learned up to 60x
+        apart (docs/benchmarks.md, "Sixth pass")."""
         if tokens < LEARN_MIN_TOKENS:
             return  # mostly fixed overhead: would make the endpoint look fast
         sample = seconds / tokens
         old = self.prefill_s_per_token
-        self.prefill_s_per_token = sample if old == 0 else old + LEARN_RATE * (sample - old)
+        if backlog == 0:
+            self.prefill_s_per_token = sample if old == 0 else old + LEARN_RATE * (sample - old)
+        elif 0 < old < sample:
+            self.prefill_s_per_token = old + LEARN_RATE * (sample - old)
 
     def end(self, tokens: int, prefill: int) -> None:
         """The answer is over; ``prefill`` is what ``first_byte`` has not yet

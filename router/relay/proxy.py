@@ -77,11 +77,13 @@ def request_id() -> str:
 
 
 class Sent(NamedTuple):
-    """A request on its way to the endpoint that answered: when it was sent
-    and the prefill tokens the endpoint then had to do, its own included."""
+    """A request on its way to the endpoint that answered: when it was sent,
+    the prefill tokens the endpoint then had to do, its own included, and
+    the other requests' part of them."""
 
     at: float
     ahead: int
+    backlog: int
 
 
 class _Buffered(web.StreamResponse):
@@ -149,7 +151,7 @@ class Proxy:
             if self.cut_reason is not None:
                 return None, self.cut_reason, None
             prefill = work.prefill(ep)
-            sent = Sent(time.monotonic(), ep.prefill_tokens + prefill)
+            sent = Sent(time.monotonic(), ep.prefill_tokens + prefill, ep.prefill_tokens)
             ep.begin(work.tokens, prefill)
             self._asking.add(task)
             try:
@@ -241,7 +243,7 @@ class Proxy:
                 if chunk:
                     now = time.monotonic()
                     ttfb.observe(now - started)
-                    ep.learn_prefill(now - sent.at, sent.ahead)
+                    ep.learn_prefill(now - sent.at, sent.ahead, sent.backlog)
                     ep.first_byte(prefill_pending)
                     prefill_pending = 0
                 # flow control settles on what went by

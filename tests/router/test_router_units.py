@@ -353,12 +353,22 @@ def test_a_model_is_served_by_a_routable_endpoint_that_lists_it_or_lists_none() 
 
 def test_prefill_speed_is_learned_from_first_bytes() -> None:
     ep = Endpoint(url="http://e:1")
-    ep.learn_prefill(0.5, LEARN_MIN_TOKENS - 1)  # mostly fixed costs: not a speed
+    ep.learn_prefill(0.5, LEARN_MIN_TOKENS - 1, 0)  # mostly fixed costs: not a speed
     assert ep.prefill_s_per_token == 0
-    ep.learn_prefill(1.0, 10_000)
+    ep.learn_prefill(0.01, 10_000, 8_000)  # a backlog: a bound, not a speed
+    assert ep.prefill_s_per_token == 0
+    ep.learn_prefill(1.0, 10_000, 0)
     assert ep.prefill_s_per_token == pytest.approx(1e-4)  # the first sample, whole
-    ep.learn_prefill(3.0, 10_000)
-    assert ep.prefill_s_per_token == pytest.approx(1e-4 + LEARN_RATE * 2e-4)
+    ep.learn_prefill(3.0, 10_000, 0)
+    learned = 1e-4 + LEARN_RATE * 2e-4
+    assert ep.prefill_s_per_token == pytest.approx(learned)
+    # with a backlog that an engine may have run beside it (a simulator
+    # that prices each request alone): under the estimate, it teaches nothing
+    ep.learn_prefill(0.02, 10_000, 9_000)
+    assert ep.prefill_s_per_token == pytest.approx(learned)
+    # slower than the estimate even with the whole backlog first: raised
+    ep.learn_prefill(9.0, 10_000, 9_000)
+    assert ep.prefill_s_per_token == pytest.approx(learned + LEARN_RATE * (9e-4 - learned))
 
 
 def test_wait_demotes_only_slow_servers_far_slower() -> None:
