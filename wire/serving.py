@@ -105,7 +105,7 @@ class _AcceptingSite(web.BaseSite):
     connection a loop tick, and a tick of a busy server is a pass over every
     busy connection: 128 clients connecting to a saturated router waited a
     tick each, the last one over a second before its first request was read
-    (docs/benchmarks.md, "Router overhead"), and clients that open a
+    (docs/benchmarks.md, "Sixth pass"), and clients that open a
     connection a request got one a tick."""
 
     __slots__ = ("_connecting", "_retry", "_sock")
