@@ -116,10 +116,9 @@ class Endpoint:
             return  # mostly fixed overhead: would make the endpoint look fast
         sample = seconds / tokens
         old = self.prefill_s_per_token
-        if backlog == 0:
-            self.prefill_s_per_token = sample if old == 0 else old + LEARN_RATE * (sample - old)
-        elif 0 < old < sample:
-            self.prefill_s_per_token = old + LEARN_RATE * (sample - old)
+        if backlog and not 0 < old < sample:
+            return  # a lower bound: nothing learned yet, or the estimate is above it
+        self.prefill_s_per_token = sample if old == 0 else old + LEARN_RATE * (sample - old)
 
     def end(self, tokens: int, prefill: int) -> None:
         """The answer is over; ``prefill`` is what ``first_byte`` has not yet
