@@ -121,8 +121,9 @@ def bodies(n: int = PROMPTS, system_bytes: int = 2000) -> list[bytes]:
         {"role": "user", "content": f"question {i}: what is {i} squared?"}]}) for i in range(n)]
 
 
-def requests_of(host: str, port: int, payloads: list[bytes]) -> list[bytes]:
-    return [(f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\n"
+def requests_of(host: str, port: int, payloads: list[bytes], extra: str = "") -> list[bytes]:
+    """The raw requests; ``extra`` is header lines added to each (CRLF-ended)."""
+    return [(f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}:{port}\r\n{extra}"
              f"Content-Type: application/json\r\nContent-Length: {len(b)}\r\n\r\n").encode() + b
             for b in payloads]
 
@@ -222,8 +223,7 @@ async def load_new(url: str, concurrency: int, total: int, payloads: list[bytes]
     (``Connection: close``), as a client without a connection pool sends
     them: TTFT counts from the connect."""
     host, port = url.removeprefix("http://").rsplit(":", 1)
-    requests = [r.replace(b"\r\nContent-Type", b"\r\nConnection: close\r\nContent-Type", 1)
-                for r in requests_of(host, int(port), payloads)]
+    requests = requests_of(host, int(port), payloads, "Connection: close\r\n")
     ttfts: list[float] = []
     sent = 0
     stop_at = time.perf_counter() + BUDGET_S
