@@ -50,22 +50,29 @@ APP = textwrap.dedent("""
 """)
 
 
+def _read(s: socket.socket) -> bytes:
+    """All a socket gets until the server closes it."""
+    out = b""
+    while chunk := s.recv(65536):
+        out += chunk
+    return out
+
+
 def _send(port: int, raw: bytes) -> tuple[bytes, bytes]:
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
         s.sendall(raw)
-        out = b""
-        while chunk := s.recv(65536):
-            out += chunk
+        out = _read(s)
     head, _, body = out.partition(b"\r\n\r\n")
     return head, body
 
 
 @contextlib.contextmanager
-def served() -> Iterator[tuple[int, subprocess.Popen[str]]]:
-    """APP in a process of its own, listening; killed if a test leaves it up."""
+def served(app: str = APP, *args: str) -> Iterator[tuple[int, subprocess.Popen[str]]]:
+    """``app`` (a script taking its port, then ``args``) in a process of its
+    own, listening; killed if a test leaves it up."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", APP, str(port)], stdout=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen([sys.executable, "-c", app, str(port), *args],
+                            stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "listening"
@@ -150,39 +157,26 @@ def test_connections_that_wait_are_all_accepted_in_one_pass(tmp_path: Path) -> N
     request each. When it is free again, their requests are read within a
     few passes of the loop, not one connection a pass (uvloop's own
     accept since libuv 1.45: the last of a burst waited 40 passes)."""
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", BUSY_APP, str(port), str(tmp_path)],
-                            stdout=subprocess.PIPE, text=True)
     clients: list[socket.socket] = []
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "listening"
-        held = socket.create_connection(("127.0.0.1", port), timeout=30)
-        clients.append(held)
-        held.sendall(b"GET /block HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        deadline = time.monotonic() + 20
-        while not (tmp_path / "blocking").exists():
-            assert time.monotonic() < deadline, "the server never took /block"
-            time.sleep(0.01)
-        for _ in range(40):  # queued by the kernel while the loop is held
-            c = socket.create_connection(("127.0.0.1", port), timeout=30)
-            c.sendall(b"GET /tick HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            clients.append(c)
-        (tmp_path / "go").touch()
-        ticks = [json.loads(_read(c).partition(b"\r\n\r\n")[2])["tick"] for c in clients]
-        assert max(ticks[1:]) - min(ticks[1:]) < 10, ticks
-    finally:
-        for c in clients:
-            c.close()
-        proc.kill()
-        proc.wait()
-
-
-def _read(s: socket.socket) -> bytes:
-    out = b""
-    while chunk := s.recv(65536):
-        out += chunk
-    return out
-
+    with served(BUSY_APP, str(tmp_path)) as (port, _):
+        try:
+            held = socket.create_connection(("127.0.0.1", port), timeout=30)
+            clients.append(held)
+            held.sendall(b"GET /block HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            deadline = time.monotonic() + 20
+            while not (tmp_path / "blocking").exists():
+                assert time.monotonic() < deadline, "the server never took /block"
+                time.sleep(0.01)
+            for _ in range(40):  # queued by the kernel while the loop is held
+                c = socket.create_connection(("127.0.0.1", port), timeout=30)
+                clients.append(c)
+                c.sendall(b"GET /tick HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            (tmp_path / "go").touch()
+            ticks = [json.loads(_read(c).partition(b"\r\n\r\n")[2])["tick"] for c in clients]
+        finally:
+            for c in clients:
+                c.close()
+    assert max(ticks[1:]) - min(ticks[1:]) < 10, ticks
 
 TLS_APP = textwrap.dedent("""
     import ssl
@@ -210,13 +204,9 @@ def test_tls_is_served_and_a_failed_handshake_leaves_the_server_up(tmp_path: Pat
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
                     "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
                     "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", TLS_APP, str(port), str(cert), str(key)],
-                            stdout=subprocess.PIPE, text=True)
     ctx = ssl.create_default_context(cafile=str(cert))
     request = b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    try:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "listening"
+    with served(TLS_APP, str(cert), str(key)) as (port, proc):
         with socket.create_connection(("127.0.0.1", port), timeout=10) as plain:
             plain.sendall(request)  # HTTP on the TLS port: no handshake
             assert b"HTTP/1.1 200" not in _read(plain)
@@ -228,6 +218,3 @@ def test_tls_is_served_and_a_failed_handshake_leaves_the_server_up(tmp_path: Pat
                 assert head.startswith(b"HTTP/1.1 200"), head
                 assert json.loads(body) == {"ok": True}
         assert proc.poll() is None
-    finally:
-        proc.kill()
-        proc.wait()
