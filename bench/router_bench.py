@@ -544,6 +544,21 @@ def plot(rows: list[Row], path: Path) -> None:
     save(fig, path, rect=(0, 0.12, 1, 1))
 
 
+def runnable(workloads: list[str], external: bool, trace: Path = MOONCAKE) -> list[str]:
+    """The workloads that can run here, each once, saying why of those
+    that cannot: Mooncake without its ``trace``, uneven on another
+    simulator (``external``: it slows one of ours by its flags)."""
+    names = list(dict.fromkeys(workloads))
+    if "mooncake" in names and not trace.exists():
+        print(f"skipping the Mooncake workload: {trace} not found", file=sys.stderr)
+        names.remove("mooncake")
+    if external and "uneven" in names:
+        print("skipping the uneven workload: it slows one of our simulators by its flags",
+              file=sys.stderr)
+        names.remove("uneven")
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.router_bench", description=__doc__)
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
@@ -592,15 +607,12 @@ def main(argv: list[str] | None = None) -> int:
                            turns=4 if args.quick else KV_PRESSURE_TURNS, seed=repeat)
         return trace()
 
-    names = list(dict.fromkeys(args.workloads))
-    if "mooncake" in names and not MOONCAKE.exists():
-        print(f"skipping the Mooncake workload: {MOONCAKE} not found", file=sys.stderr)
-        names.remove("mooncake")
+    names = runnable(args.workloads, bool(args.sim_cmd), MOONCAKE)
+    if not names:
+        print("error: no workload left to run (the lines above say why); pick others with "
+              "--workloads", file=sys.stderr)
+        return 2
     if args.sim_cmd:
-        if "uneven" in names:
-            print("skipping the uneven workload: it slows one of our simulators by its flags",
-                  file=sys.stderr)
-            names.remove("uneven")
         for r in NEEDS_EVENTS:
             if r in args.routers:
                 print(f"skipping {r}: it reads KV events the external simulators do not "

@@ -22,6 +22,8 @@ from bench.router_bench import (
     cache_blocks,
     external_sims,
     floors,
+    main,
+    runnable,
     sim_flags,
     table,
 )
@@ -109,3 +111,20 @@ def test_another_simulators_runs_show_no_floor_and_no_reuse_captured() -> None:
                   "floor_p99_ms": 9.0})
     assert "| agentic | 4 | 9 |" in floors([row, ours], {})
     assert EXTERNAL not in floors([row, ours], {})
+
+
+@pytest.mark.unit
+def test_workloads_that_cannot_run_are_named_and_none_left_is_one_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+        ) -> None:
+    missing = tmp_path / "no-trace.jsonl"
+    assert runnable(["mooncake", "uneven", "mooncake", "agentic"], True, missing) == ["agentic"]
+    err = capsys.readouterr().err
+    assert f"{missing} not found" in err and "skipping the uneven workload" in err
+    assert runnable(["uneven"], False, missing) == ["uneven"]
+    # every workload skipped: one line and exit 2, not a traceback from the empty table
+    monkeypatch.setattr("bench.router_bench.MOONCAKE", missing)
+    monkeypatch.setattr("bench.router_bench.peers_missing", lambda: None)
+    assert main(["--workloads", "mooncake", "--out", str(tmp_path)]) == 2
+    assert "error: no workload left to run" in capsys.readouterr().err
+    assert not list(tmp_path.glob("router_bench*"))
