@@ -30,6 +30,7 @@ import psutil
 import structlog
 from aiohttp import web
 
+from bench.flags import positive
 from harness import extender_objects as k
 from harness.procs import MODEL, Proc, Procs
 from localcluster.results import table, write
@@ -285,7 +286,7 @@ def within(r: dict[str, Any]) -> bool:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.abuse_bench", description=__doc__)
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
-    ap.add_argument("--seconds", type=float, default=25.0, help="the most a scenario runs")
+    ap.add_argument("--seconds", type=positive, default=25.0, help="the most a scenario runs")
     ap.add_argument("--quick", action="store_true", help="smaller counts, for a smoke test")
     args = ap.parse_args(argv)
     q = args.quick

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bench.flags import count
 from localcluster.cluster import ClusterSpec, down, running_clusters, up
 from localcluster.results import table, write_json
 
@@ -24,7 +25,7 @@ def _progress(n: int) -> Callable[[str], None]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.cluster_up", description=__doc__)
-    ap.add_argument("--nodes", type=int, nargs="+", default=[100, 1000])
+    ap.add_argument("--nodes", type=count, nargs="+", default=[100, 1000])
     ap.add_argument("--profile", default="gb200-nvl72")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     args = ap.parse_args(argv)

@@ -17,6 +17,7 @@ from typing import Any
 
 from kubernetes import client
 
+from bench.flags import count
 from bench.report import latency_table
 from harness.dra_gpu import (
     CLASS,
@@ -92,12 +93,12 @@ def run(claims: int, empty_calls: int, out: Path) -> None:
         down(CLUSTER)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--claims", type=int, default=30)
-    p.add_argument("--empty-calls", type=int, default=200)
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.dra_prepare", description=__doc__)
+    p.add_argument("--claims", type=count, default=30)
+    p.add_argument("--empty-calls", type=count, default=200)
     p.add_argument("--out", type=Path, default=Path("bench/results"))
-    a = p.parse_args()
+    a = p.parse_args(argv)
     run(a.claims, a.empty_calls, a.out)
 
 

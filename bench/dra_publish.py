@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.flags import count, positive
 from dra_driver.gpu.devices import gpu_pool
 from dra_driver.net.devices import nic_pool
 from dra_driver.resourceslice import slice_plan
@@ -141,11 +142,11 @@ def run(nodes: int, profile: str, steady_s: float, tmp: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.dra_publish", description=__doc__)
-    ap.add_argument("--nodes", type=int, default=1000)
+    ap.add_argument("--nodes", type=count, default=1000)
     ap.add_argument("--profile", nargs="+", default=["mi300x", "hgx-h100"],
                     help="one run each (default: 8 GPUs + 8 NICs as they are, then with "
                          "MIG-like partitions)")
-    ap.add_argument("--steady", type=float, default=30.0,
+    ap.add_argument("--steady", type=positive, default=30.0,
                     help="seconds of steady state watched for writes after the resync")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     args = ap.parse_args(argv)

@@ -38,6 +38,7 @@ from typing import Any
 import urllib3
 import yaml
 
+from bench.flags import count, count_or_zero
 from dra_driver.gpu.devices import DRIVER as GPU_DRIVER
 from dra_driver.simulate import POOLS, Simulator, label_partitions
 from harness.cluster_claim import claimed
@@ -212,18 +213,18 @@ def run(nodes: int, profile_name: str, init: int, measure: int, qps: int, tmp: P
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.dra_sched", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--nodes", type=int, default=500)
+    ap.add_argument("--nodes", type=count, default=500)
     ap.add_argument("--profile", default="hgx-h100",
                     help="hgx-h100: 8 partitionable GPUs a node; mi300x: 8 GPUs, no partitions")
     ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
                     help="comma-separated, each on a cluster of its own, in this order: "
                          + "; ".join(f"{v.name}: {v.what}" for v in VARIANTS.values())
                          + " (default %(default)s)")
-    ap.add_argument("--init-pods", type=int, default=1000)
-    ap.add_argument("--measure-pods", type=int, default=1000)
-    ap.add_argument("--qps", type=int, default=1000,
+    ap.add_argument("--init-pods", type=count_or_zero, default=1000)
+    ap.add_argument("--measure-pods", type=count, default=1000)
+    ap.add_argument("--qps", type=count_or_zero, default=1000,
                     help="scheduler and controller-manager client QPS and burst (0: defaults)")
-    ap.add_argument("--cpu-profile", type=int, default=0, metavar="SECONDS",
+    ap.add_argument("--cpu-profile", type=count_or_zero, default=0, metavar="SECONDS",
                     help="take a CPU profile of the scheduler over the first SECONDS of the "
                          "measured claim pods (written beside the results, its top printed)")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.flags import count, count_or_zero, positive
 from bench.report import medians, pct
 from harness import extender_objects as k
 from harness.extender_cluster import GpuCluster, create_pods, gpu_cluster, pods, rest
@@ -436,23 +437,24 @@ def plot(landed: dict[str, Any], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="bench.extender_bench", description=__doc__)
-    ap.add_argument("--racks", type=int, default=4, help="GB200 NVL72 racks (18 nodes each)")
-    ap.add_argument("--hgx", type=int, default=16, help="HGX H100 nodes (racks of 4)")
+    ap = argparse.ArgumentParser(prog="python -m bench.extender_bench", description=__doc__)
+    ap.add_argument("--racks", type=count_or_zero, default=4,
+                    help="GB200 NVL72 racks (18 nodes each)")
+    ap.add_argument("--hgx", type=count_or_zero, default=16, help="HGX H100 nodes (racks of 4)")
     ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES),
                     help="which schedulers to run, in this order")
-    ap.add_argument("--ep-groups", type=int, default=10,
+    ap.add_argument("--ep-groups", type=count_or_zero, default=10,
                     help="wide-EP groups in the mix (within 7/8 of the GB200 racks)")
-    ap.add_argument("--plain", type=int, default=20, help="ordinary pods in the mix")
+    ap.add_argument("--plain", type=count_or_zero, default=20, help="ordinary pods in the mix")
     ap.add_argument("--seed", type=int, default=16)
-    ap.add_argument("--timeout", type=float, default=240)
-    ap.add_argument("--cm-qps", type=int, default=None,
+    ap.add_argument("--timeout", type=positive, default=240)
+    ap.add_argument("--cm-qps", type=count, default=None,
                     help="the controller-manager's client QPS and burst (default: its own, "
                          "which limits how fast claims are made)")
-    ap.add_argument("--nodes", type=int, nargs="*", default=[1000, 5000],
+    ap.add_argument("--nodes", type=count, nargs="*", default=[1000, 5000],
                     help="node counts for the extender's call latency")
-    ap.add_argument("--calls", type=int, default=300, help="calls per latency row")
-    ap.add_argument("--runs", type=int, default=1,
+    ap.add_argument("--calls", type=count, default=300, help="calls per latency row")
+    ap.add_argument("--runs", type=count, default=1,
                     help="latency runs; each row is their median")
     ap.add_argument("--latency-only", action="store_true",
                     help="only the extender's call latency (no cluster)")

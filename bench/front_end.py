@@ -21,6 +21,7 @@ import orjson
 import uvloop
 from aiohttp import web
 
+from bench.flags import tcp_port
 from bench.null_backend import NOT_FOUND, _events, serve
 
 EVENTS = _events(chat=True)
@@ -70,7 +71,7 @@ def serve_httptools(port: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.front_end", description=__doc__)
     ap.add_argument("stack", choices=["aiohttp", "httptools"])
-    ap.add_argument("port", type=int)
+    ap.add_argument("port", type=tcp_port)
     args = ap.parse_args(argv)
     (serve_aiohttp if args.stack == "aiohttp" else serve_httptools)(args.port)
     return 0

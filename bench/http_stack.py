@@ -23,6 +23,7 @@ import aiohttp
 import httpx
 import orjson
 
+from bench.flags import tcp_port
 from bench.replay import added_latency, big_prompts
 from harness.procs import Proc, Procs
 from localcluster.ports import free_port
@@ -177,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd")
     s = sub.add_parser("serve")
     s.add_argument("--stack", choices=STACKS, required=True)
-    s.add_argument("--port", type=int, required=True)
+    s.add_argument("--port", type=tcp_port, required=True)
     s.add_argument("--upstream", required=True)
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     args = ap.parse_args(argv)

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.flags import count, positive
 from bench.router_bench import (
     CACHE_BLOCKS,
     MOONCAKE,
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.load_sweep", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
-    ap.add_argument("--compressions", nargs="+", type=float, default=[8, 12, 16, 18, 20, 22],
+    ap.add_argument("--compressions", nargs="+", type=positive, default=[8, 12, 16, 18, 20, 22],
                     help="how many times faster than the trace's clock to replay it")
     ap.add_argument("--routers", nargs="+", default=DEFAULT_ROUTERS, choices=list(ROUTERS))
     ap.add_argument("--quick", action="store_true", help="200 requests, for a smoke test")
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace", type=Path, default=MOONCAKE,
                     help="a trace in the Mooncake JSONL format (timestamp, input_length, "
                          "output_length, hash_ids)")
-    ap.add_argument("--requests", type=int, default=MOONCAKE_REQUESTS,
+    ap.add_argument("--requests", type=count, default=MOONCAKE_REQUESTS,
                     help="how many of the trace's first requests to replay")
     ap.add_argument("--arrivals", choices=["spread", "tick"], default="spread",
                     help="spread: each tick's requests spaced over the tick; tick: sent "

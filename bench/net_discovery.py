@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.flags import count
 from bench.report import pct
 from dra_driver.net.devices import discovered_pool
 from dra_driver.net.discovery import NetFilters, join, read_links, scan_pci
@@ -65,9 +66,9 @@ def run(count: int, repeats: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.net_discovery", description=__doc__)
-    ap.add_argument("--nics", type=int, nargs="+", default=[8, 64],
+    ap.add_argument("--nics", type=count, nargs="+", default=[8, 64],
                     help="NIC counts, one run each (default: 8 and 64)")
-    ap.add_argument("--repeats", type=int, default=50)
+    ap.add_argument("--repeats", type=count, default=50)
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     args = ap.parse_args(argv)
     rows = [run(n, args.repeats) for n in args.nics]

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.flags import count
 from bench.report import latency_table
 from dra_driver.kubeletplugin import parse_opaque
 from dra_driver.net.config import NetConfig
@@ -162,8 +163,9 @@ def table(s: Samples) -> tuple[str, list[dict[str, Any]]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pods", type=int, default=100, help="pods of each kind")
+    ap = argparse.ArgumentParser(prog="python -m bench.net_handoff",
+                                 description=__doc__.splitlines()[0])
+    ap.add_argument("--pods", type=count, default=100, help="pods of each kind")
     ap.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:

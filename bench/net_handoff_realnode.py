@@ -24,6 +24,7 @@ from typing import Any
 
 from kubernetes import client
 
+from bench.flags import count, positive
 from bench.report import latency_table
 from kubeapi import JsonApi
 from localcluster.cluster import ClusterSpec, down, up
@@ -176,8 +177,8 @@ def rows(boxes: dict[str, Sandbox]) -> dict[str, list[float]]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.net_handoff_realnode",
                                  description=__doc__)
-    ap.add_argument("--pods", type=int, default=20, help="pods of each kind (default 20)")
-    ap.add_argument("--wait", type=float, default=600,
+    ap.add_argument("--pods", type=count, default=20, help="pods of each kind (default 20)")
+    ap.add_argument("--wait", type=positive, default=600,
                     help="seconds to wait for the machine's one real node (default 600)")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     args = ap.parse_args(argv)

@@ -18,6 +18,8 @@ from collections.abc import Callable
 
 import httptools
 
+from bench.flags import tcp_port
+
 MODEL = "toposerve/sim-model"  # what the benchmarks' clients ask for (harness.procs.MODEL)
 
 _MODELS = (b'{"object":"list","data":[{"id":"' + MODEL.encode() +
@@ -129,7 +131,7 @@ async def serve(ports: list[int], answerer: Answerer = answer) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.null_backend", description=__doc__)
-    ap.add_argument("--ports", type=int, nargs="+", required=True)
+    ap.add_argument("--ports", type=tcp_port, nargs="+", required=True)
     args = ap.parse_args(argv)
     import uvloop
 

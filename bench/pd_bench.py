@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.flags import count
 from bench.replay import replay_trace
 from bench.report import medians, pct
 from bench.router_bench import (
@@ -252,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     ap.add_argument("--quick", action="store_true", help="a smaller run, for a smoke test")
-    ap.add_argument("--repeats", type=int, default=1, help="runs per router; medians shown")
+    ap.add_argument("--repeats", type=count, default=1, help="runs per router; medians shown")
     ap.add_argument("--routers", nargs="*", default=list(ROUTERS), choices=list(ROUTERS))
     args = ap.parse_args(argv)
     if any(n.endswith("pd cache_aware") for n in args.routers) and (err := peers_missing()):

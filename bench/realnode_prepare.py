@@ -20,6 +20,7 @@ from typing import Any
 
 from kubernetes import client
 
+from bench.flags import count, positive
 from bench.report import latency_table
 from localcluster.cluster import ClusterSpec, down, up
 from localcluster.clusters import api_client, kubeconfig_path
@@ -114,8 +115,8 @@ ROWS = [("start_plain", "pod create → Running, no claim"),
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.realnode_prepare", description=__doc__)
-    ap.add_argument("--pods", type=int, default=20, help="pods of each kind (default 20)")
-    ap.add_argument("--wait", type=float, default=600,
+    ap.add_argument("--pods", type=count, default=20, help="pods of each kind (default 20)")
+    ap.add_argument("--wait", type=positive, default=600,
                     help="seconds to wait for the machine's one real node if another "
                          "cluster has it (default 600)")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.flags import count
 from bench.queue_model import model_ttfts_ms
 from bench.replay import (
     Result,
@@ -567,8 +568,8 @@ def main(argv: list[str] | None = None) -> int:
                     choices=list(ROUTERS) + list(ABLATIONS))
     ap.add_argument("--ablation", action="store_true",
                     help="also run other scorer sets of our router")
-    ap.add_argument("--sessions", type=int, default=16, help="agentic sessions")
-    ap.add_argument("--repeats", "--seeds", type=int, default=1, dest="repeats",
+    ap.add_argument("--sessions", type=count, default=16, help="agentic sessions")
+    ap.add_argument("--repeats", "--seeds", type=count, default=1, dest="repeats",
                     help="runs per workload and router (agentic: a new seed each), the "
                          "routers' order rotated each time; the main table shows medians, "
                          "failures summed, the per-seed table every run")

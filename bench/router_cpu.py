@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.flags import count
 from bench.http_stack import EVENT_SIM, EVENT_STREAM_TOKENS, streams
 from bench.router_bench import REPO, ROUTERS, Start, ours_at, ours_with, peers_missing
 from harness.procs import Procs
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     ap.add_argument("--against", metavar="REV",
                     help="also measure our router as committed at REV (an A/B in one run)")
-    ap.add_argument("--rounds", type=int, default=1,
+    ap.add_argument("--rounds", type=count, default=1,
                     help="measure every router this many times, interleaved (rows per round)")
     args = ap.parse_args(argv)
     if err := peers_missing():

@@ -34,6 +34,7 @@ import orjson
 import psutil
 import yaml
 
+from bench.flags import count, cpu
 from bench.report import medians, pct
 from bench.router_bench import (
     OURS,
@@ -553,16 +554,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     ap.add_argument("--quick", action="store_true", help="fewer requests, one repeat")
     ap.add_argument("--routers", nargs="+", default=list(ROUTERS), choices=list(ROUTERS))
-    ap.add_argument("--concurrency", type=int, nargs="+", default=list(CONCURRENCY))
-    ap.add_argument("--fleets", type=int, nargs="+", default=list(FLEETS),
+    ap.add_argument("--concurrency", type=count, nargs="+", default=list(CONCURRENCY))
+    ap.add_argument("--fleets", type=count, nargs="+", default=list(FLEETS),
                     help="endpoint counts; the first gets every concurrency, the others "
                          f"{FLEET_CONCURRENCY} clients")
-    ap.add_argument("--requests", type=int, default=2000, help="per measurement")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--requests", type=count, default=2000, help="per measurement")
+    ap.add_argument("--repeats", type=count, default=3)
     ap.add_argument("--against", metavar="REV",
                     help="also measure our router as committed at REV (an A/B in one run)")
-    ap.add_argument("--router-cpu", type=int, default=1)
-    ap.add_argument("--client-cpu", type=int, default=0)
+    ap.add_argument("--router-cpu", type=cpu, default=1)
+    ap.add_argument("--client-cpu", type=cpu, default=0)
     ap.add_argument("--new-connections", action="store_true",
                     help="each request on a connection of its own (Connection: close), as "
                          "clients without a pool send them (router_overhead_new_connections.*)")
