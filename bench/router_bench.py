@@ -545,7 +545,7 @@ def plot(rows: list[Row], path: Path) -> None:
     save(fig, path, rect=(0, 0.12, 1, 1))
 
 
-def runnable(workloads: list[str], external: bool, trace: Path = MOONCAKE) -> list[str]:
+def runnable(workloads: list[str], external: bool, trace: Path) -> list[str]:
     """The workloads that can run here, each once, saying why of those
     that cannot: Mooncake without its ``trace``, uneven on another
     simulator (``external``: it slows one of ours by its flags)."""
