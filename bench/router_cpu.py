@@ -29,8 +29,8 @@ from harness.procs import Procs
 from localcluster.results import table, write
 
 CONTENDERS: dict[str, Start] = {
-    **{name: ROUTERS[name] for name in ("toposerve", "sglang-router cache_aware",
-                                        "round-robin")},
+    **{name: ROUTERS[name] for name in ("toposerve", "smg cache_aware",
+                                        "sglang-router cache_aware", "round-robin")},
     # what the shipped 5 s health interval saves
     "toposerve[previous health check: every 1 s]": ours_with(health_s=1.0),
 }
