@@ -51,6 +51,12 @@ class ServerConfig(Section):
                                               "request line 414 (JSON errors); lines over "
                                               "8 times this are cut off by the HTTP parser "
                                               "(a JSON 400 that names neither)")
+    client_timeout_s: float = Field(default=60.0, alias="clientTimeoutSeconds", gt=0, le=3600,
+                                    description="a request's body must arrive within this "
+                                                "of its head (else 408), a connection must "
+                                                "send a whole request head within this of "
+                                                "opening or of its last answer, and an idle "
+                                                "kept-alive connection is closed after it")
     upstream_timeout_s: float = Field(default=600.0, alias="upstreamTimeoutSeconds", gt=0,
                                       description="longest silence from a model server")
     connect_timeout_s: float = Field(default=3.0, alias="connectTimeoutSeconds", gt=0,

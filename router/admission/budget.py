@@ -6,6 +6,7 @@ clients send at once."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
@@ -75,6 +76,19 @@ class Budget:
                 raise too_large
             if self.bytes + declared > self.cfg.max_inflight_bytes:
                 raise self._overloaded("request bytes (server.maxInflightBytes)")
+        if request.content.is_eof():  # all of it came with the head: nothing to wait for
+            return await self._read(request, limit, too_large)
+        # a client trickling its body holds a request slot: bounded in time
+        # as a whole, so a byte now and then does not keep it forever
+        wait = self.cfg.client_timeout_s
+        try:
+            async with asyncio.timeout(wait):
+                return await self._read(request, limit, too_large)
+        except TimeoutError:
+            raise ApiError(408, f"the request body did not arrive within {wait:g} s "
+                                "(server.clientTimeoutSeconds)") from None
+
+    async def _read(self, request: web.Request, limit: int, too_large: ApiError) -> bytes:
         chunks: list[bytes] = []
         size = 0
         async for chunk in request.content.iter_any():

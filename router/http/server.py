@@ -504,6 +504,10 @@ def serve(cfg: RouterConfig, sock: socket.socket | None = None) -> None:
             max_line_size=PARSER_SLACK * cfg.server.max_header_bytes,
             max_field_size=PARSER_SLACK * cfg.server.max_header_bytes,
             shutdown_timeout=cfg.server.drain_timeout_s + DRAIN_GRACE_S,
+            # aiohttp closes a connection whose handler waits for a request
+            # head this long after it opened or last answered: idle ones and
+            # those sending a head a byte at a time alike
+            keepalive_timeout=cfg.server.client_timeout_s,
             # a client that goes away cancels its handler, which closes the
             # upstream connection: the model server aborts the generation
             # instead of running on for nobody (non-streamed requests too)
