@@ -510,15 +510,16 @@ def build_app(cfg: SimConfig) -> web.Application:
     return app
 
 
-def serve(cfg: SimConfig, sock: socket.socket | None = None) -> None:
-    """Serve until stopped, on ``sock`` when given (bound already, so that a
-    taken address fails before the server starts), else on the configured
-    address."""
+def serve(cfg: SimConfig, sock: socket.socket | None = None,
+          app: web.Application | None = None) -> None:
+    """Serve ``app`` (built from ``cfg`` when not given) until stopped, on
+    ``sock`` when given (bound already, so that a taken address fails before
+    the server starts), else on the configured address."""
     import uvloop
 
     uvloop.install()
     where: dict[str, Any] = {"sock": sock} if sock else {"host": cfg.host, "port": cfg.port}
     # handler_cancellation: a client that disconnects aborts its request,
     # streamed or not, as vLLM's with_cancellation handlers do
-    run_app(build_app(cfg), error_factory=error_response, **where, access_log=None,
+    run_app(app or build_app(cfg), error_factory=error_response, **where, access_log=None,
             handler_cancellation=True)

@@ -14,6 +14,8 @@ from router.config import RouterConfig, load_router_config, quick_config
 from router.scheduling.registry import PluginError
 from topology.config_file import ConfigError, explain
 from toposerve_cli.listen import listen
+from wire.chat_template import ChatTemplateError
+from wire.tokens import TokenizerError
 
 
 def _flag(loc: tuple[int | str, ...]) -> str:
@@ -50,6 +52,12 @@ def _run(args: argparse.Namespace) -> int:
         Router(cfg)  # builds the profile: unknown plugins fail here, before binding
     except (ConfigError, PluginError) as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except TokenizerError as err:
+        print(f"error: kvEvents.tokenizer in {args.config}: {err}", file=sys.stderr)
+        return 2
+    except ChatTemplateError as err:  # its own file, or the one beside the tokenizer
+        print(f"error: kvEvents.chatTemplate in {args.config}: {err}", file=sys.stderr)
         return 2
     for kubeconfig in _kubeconfigs(cfg):
         connect(kubeconfig)  # no credentials: one line, before anything serves

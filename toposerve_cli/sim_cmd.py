@@ -13,6 +13,8 @@ from pydantic import ValidationError
 from simulator.config import SimConfig
 from topology.config_file import explain
 from toposerve_cli.listen import listen
+from wire.chat_template import ChatTemplateError
+from wire.tokens import TokenizerError
 
 # flag -> SimConfig field; every field gets a flag with its default and help
 _SKIP = {"served_model_names"}
@@ -33,13 +35,18 @@ def _run(args: argparse.Namespace) -> int:
     except ValidationError as err:
         print(f"error: {explain(err, 'toposerve sim', name=_flag)}", file=sys.stderr)
         return 2
-    from simulator.server import serve
+    from simulator.server import build_app, serve
 
+    try:
+        app = build_app(cfg)  # the tokenizer and chat template load here, before listening
+    except (TokenizerError, ChatTemplateError) as err:
+        print(f"error: --tokenizer: {err}", file=sys.stderr)
+        return 2
     sock = listen(cfg.host, cfg.port, "--host or --port")
     structlog.get_logger("toposerve.sim").info(
         "serving", url=f"http://{cfg.host}:{sock.getsockname()[1]}", dialect=cfg.dialect.value,
         models=list(cfg.names))
-    serve(cfg, sock)
+    serve(cfg, sock, app)
     return 0
 
 

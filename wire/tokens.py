@@ -48,11 +48,23 @@ class ByteTokenizer:
         return -(-len(text.encode("utf-8", "surrogatepass")) // BYTES_PER_TOKEN)
 
 
+class TokenizerError(ValueError):
+    """A tokenizer file that cannot be read or is not a tokenizer."""
+
+
 class HFTokenizer:
     def __init__(self, path: str) -> None:
         from tokenizers import Tokenizer as _T
 
-        self._tok = _T.from_file(path)
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as err:
+            raise TokenizerError(f"{path}: cannot read the tokenizer: {err.strerror}") from None
+        try:
+            self._tok = _T.from_file(path)
+        except Exception as err:  # the library raises plain Exception for any bad file
+            raise TokenizerError(f"{path}: not a Hugging Face tokenizer.json ({err})") from None
 
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=False).ids)

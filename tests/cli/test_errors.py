@@ -225,3 +225,36 @@ def test_bad_router_config_files(tmp_path: Path, text: str | None, message: str)
     else:
         f.write_text(text)
     one_line(toposerve(tmp_path, "router", "--config", str(f)), 2, str(f), message)
+
+
+NOT_A_TOKENIZER = '{"x": 1}'  # valid JSON, no tokenizer in it
+ROUTER_PRECISE = ("apiVersion: toposerve.io/v1\nkind: RouterConfig\n"
+                  "discovery: {static: [{url: 'http://127.0.0.1:9'}]}\n"
+                  "profile: {scorers: [{type: prefix-precise, weight: 1}]}\n")
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "cannot read the tokenizer: No such file or directory"),
+    (NOT_A_TOKENIZER, "not a Hugging Face tokenizer.json"),
+])
+def test_a_bad_tokenizer_file(tmp_path: Path, content: str | None, message: str) -> None:
+    """Refused before the server listens or says it serves, for the sim's
+    flag and the router's kvEvents.tokenizer alike."""
+    pytest.importorskip("tokenizers", reason="the precise extra reads tokenizer files")
+    tok = tmp_path / "tokenizer.json"
+    if content is not None:
+        tok.write_text(content)
+    one_line(toposerve(tmp_path, "sim", "--port", "9", "--tokenizer", str(tok)), 2,
+             "--tokenizer:", str(tok), message)
+    cfg = tmp_path / "router.yaml"
+    cfg.write_text(ROUTER_PRECISE + f"kvEvents: {{tokenizer: '{tok}'}}\n"
+                   "server: {port: 9}\n")
+    one_line(toposerve(tmp_path, "router", "--config", str(cfg)), 2,
+             f"kvEvents.tokenizer in {cfg}:", str(tok), message)
+
+
+def test_a_missing_chat_template(tmp_path: Path) -> None:
+    cfg = tmp_path / "router.yaml"
+    cfg.write_text(ROUTER_PRECISE + "kvEvents: {tokenizer: bytes, chatTemplate: /nope.jinja}\n")
+    one_line(toposerve(tmp_path, "router", "--config", str(cfg)), 2,
+             f"kvEvents.chatTemplate in {cfg}:", "/nope.jinja", "No such file")
