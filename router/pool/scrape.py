@@ -104,6 +104,8 @@ async def scrape(session: aiohttp.ClientSession, ep: Endpoint, timeout_s: float,
         if ep.scrape_failures >= UNHEALTHY_AFTER and ep.healthy:
             ep.healthy = False
             log.warning("endpoint unhealthy", endpoint=ep.name, error=repr(err))
+        elif ep.scrape_failures == UNHEALTHY_AFTER:  # never up (a wrong URL?): said once a streak
+            log.warning("endpoint unreachable", endpoint=ep.name, error=repr(err))
         return
     ep.load = load
     ep.block_size, ep.num_gpu_blocks = bs or ep.block_size, nb or ep.num_gpu_blocks

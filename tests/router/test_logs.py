@@ -5,6 +5,7 @@ traceback."""
 from __future__ import annotations
 
 import json
+import time
 from functools import partial
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import httpx
 
 from harness.procs import Procs
 from harness.waiting import wait_for
+from localcluster.ports import free_port
 from tests.router.hangup import connect
 
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes.fromhex("000000040000000000")
@@ -58,3 +60,23 @@ def test_malformed_http_is_one_warning_line(procs: Procs) -> None:
         # test's process runner), the start-up record included
         recs = [json.loads(line) for line in text.splitlines()]
         assert [r["url"] for r in recs if r["msg"] == "serving"] == [target.url]
+
+
+def _unreachable(log: Path) -> list[dict[str, object]]:
+    recs = [json.loads(line) for line in log.read_text().splitlines()]
+    return [r for r in recs if r.get("msg") == "endpoint unreachable"]
+
+
+def test_an_endpoint_never_reached_is_one_warning(procs: Procs) -> None:
+    """A typo in an endpoint's URL: a warning naming it and why (once a
+    streak of failed scrapes, not once a scrape), while the good one serves."""
+    sim = procs.sim()
+    nobody = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    router = procs.router({"scrape": {"intervalSeconds": 0.2}}, endpoints=[sim.url, nobody])
+    warned = wait_for("the unreachable endpoint named", partial(_unreachable, router.log))
+    assert warned[0]["level"] == "warning"
+    assert nobody.removeprefix("http://") in str(warned[0]["endpoint"])
+    assert "Connect" in str(warned[0]["error"])
+    assert httpx.get(router.url + "/health").status_code == 200
+    time.sleep(1.5)  # seven more failed scrapes
+    assert len(_unreachable(router.log)) == 1
