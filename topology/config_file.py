@@ -98,7 +98,17 @@ def read_document(path: str | Path) -> Any:
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise ConfigError(f"{p}: not valid YAML: {err}") from None
+        raise ConfigError(f"{p}: not valid YAML: {yaml_problem(err)}") from None
+
+
+def yaml_problem(err: yaml.YAMLError) -> str:
+    """What is wrong and where, on one line (PyYAML's own text spans
+    several and names the stream, not the file)."""
+    if not isinstance(err, yaml.MarkedYAMLError):
+        return str(err).replace("\n", " ")
+    mark = err.problem_mark or err.context_mark
+    what = err.problem or err.context or "invalid YAML"
+    return f"{what} (line {mark.line + 1}, column {mark.column + 1})" if mark else what
 
 
 def load_file(path: str | Path, model: type[M], kind: str) -> M:

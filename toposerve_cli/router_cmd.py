@@ -50,8 +50,11 @@ def _run(args: argparse.Namespace) -> int:
     try:
         cfg = _load(args)
         Router(cfg)  # builds the profile: unknown plugins fail here, before binding
-    except (ConfigError, PluginError) as err:
+    except ConfigError as err:  # names its file itself
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except PluginError as err:  # a profile's plugin: only --config can name one
+        print(f"error: {args.config}: {err}", file=sys.stderr)
         return 2
     except TokenizerError as err:
         print(f"error: kvEvents.tokenizer in {args.config}: {err}", file=sys.stderr)
@@ -75,6 +78,8 @@ def register(sub: Any) -> None:
     p.add_argument("--config", help="a RouterConfig YAML file")
     p.add_argument("--endpoint", action="append", help="http://HOST:PORT of a model server "
                    "(repeatable; quick start with the default profile)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on with --endpoint (default %(default)s)")
+    p.add_argument("--port", type=int, default=8080,
+                   help="port to listen on with --endpoint (default %(default)s)")
     p.set_defaults(handler=_run)

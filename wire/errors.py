@@ -10,7 +10,8 @@ from aiohttp import web
 from pydantic import ValidationError
 
 TYPES = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowed",
-         408: "RequestTimeout", 413: "RequestTooLarge", 415: "UnsupportedMediaType",
+         408: "RequestTimeout", 413: "RequestTooLarge", 414: "URITooLong",
+         415: "UnsupportedMediaType", 431: "RequestHeaderFieldsTooLarge",
          422: "UnprocessableEntity", 429: "RateLimitError", 500: "InternalServerError",
          502: "BadGateway", 503: "ServiceUnavailable", 504: "GatewayTimeout"}
 

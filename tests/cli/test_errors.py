@@ -217,6 +217,11 @@ def test_bad_flags(tmp_path: Path, argv: list[str], message: str) -> None:
      "\nserver: {port: -1}\n", "server.port: Input should be greater than or equal to 0"),
     ("apiVersion: toposerve.io/v1\nkind: RouterConfig\ndiscovery: {statc: []}\n",
      "discovery.statc: Extra inputs are not permitted (unknown field: did you mean static?)"),
+    ("this: is: not: yaml: [\n",
+     "not valid YAML: mapping values are not allowed here (line 1, column 9)"),
+    ("apiVersion: toposerve.io/v1\nkind: RouterConfig\ndiscovery: {static: [{url: 'http://h:1'}]}"
+     "\nprofile: {scorers: [{type: no-such-scorer}]}\n",
+     "profile.scorers[0].type: unknown scorer 'no-such-scorer'"),
 ])
 def test_bad_router_config_files(tmp_path: Path, text: str | None, message: str) -> None:
     f = tmp_path / "router.yaml"

@@ -236,6 +236,7 @@ def test_an_oversized_header_is_a_json_error_and_no_secret_is_logged(procs: Proc
         if size == 9000:  # the router's own answer
             assert head.startswith(b"HTTP/1.1 431"), head
             assert "Authorization" in json.loads(body)["error"]["message"]
+            assert json.loads(body)["error"]["type"] == "RequestHeaderFieldsTooLarge"
             assert b"sk-secret" not in body
         else:  # over the parser's limit: refused before any handler, still in JSON
             assert head.split(b" ")[1] == b"400", head  # HTTP/1.0: nothing was parsed
