@@ -470,6 +470,11 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
         return await handler(request)  # type: ignore[no-any-return]
     except ApiError as err:
         return error_response(err.status, err.message, err.param)
+    except web.HTTPException as err:
+        if err.status < 400:
+            raise
+        # an unknown path or method: FastAPI's default body, as vLLM and SGLang answer
+        return web.json_response({"detail": err.reason}, status=err.status)
 
 
 def build_app(cfg: SimConfig) -> web.Application:

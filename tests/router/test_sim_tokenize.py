@@ -85,3 +85,13 @@ def test_tokenize_refuses_bad_input(procs: Procs, path: str, body: dict[str, obj
     sim = procs.sim()
     r = httpx.post(sim.url + path, json=body)
     assert r.status_code == status and fragment in r.json()["error"]["message"], r.text
+
+
+def test_unknown_paths_and_methods_answer_as_fastapi_does(procs: Procs) -> None:
+    """vLLM and SGLang serve with FastAPI: a path it does not route is 404
+    and a method it does not take 405, each with a JSON ``detail``."""
+    sim = procs.sim()
+    r = httpx.get(sim.url + "/v1/nothing")
+    assert r.status_code == 404 and r.json() == {"detail": "Not Found"}, r.text
+    r = httpx.get(sim.url + "/v1/chat/completions")
+    assert r.status_code == 405 and r.json() == {"detail": "Method Not Allowed"}, r.text
