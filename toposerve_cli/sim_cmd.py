@@ -57,10 +57,8 @@ def register(sub: Any) -> None:
             continue
         flag = "--" + name.replace("_", "-")
         kind = field.annotation
-        # a field whose description says its default, or that has none worth showing
-        # ("" or None), is not given a second "default"
-        shown = (None if field.default in ("", None) or "default" in (field.description or "")
-                 else f"default {field.default}")
+        # no "default None" or "default " for a field without one worth showing
+        shown = None if field.default in ("", None) else f"default {field.default}"
         help_ = "; ".join(x for x in (field.description, shown) if x) or None
         if isinstance(kind, type) and issubclass(kind, StrEnum):
             p.add_argument(flag, dest=name, choices=[e.value for e in kind], help=help_)
