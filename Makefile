@@ -4,7 +4,11 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml 2>/dev/null | sha256sum | cut -c1-12)
+# The editable install is a tree of links (editable_mode=strict, so mypy,
+# import-linter and editors see plain files under one name, `toposerve`): a
+# new module needs a reinstall, so the stamp hashes the file list too.
+PRODUCT_DIRS := toposerve_cli topology kubeapi wire dra_driver scheduler_ext router simulator manifests localcluster
+STAMP := $(VENV)/.installed-$(shell { cat pyproject.toml; git ls-files -co --exclude-standard -- $(PRODUCT_DIRS) 2>/dev/null; } | sha256sum | cut -c1-12)
 PYTEST := $(PY) -m pytest
 
 .PHONY: setup venv tools node-tools nic-cni sysdeps peers lint test demo bench scale clean protos
@@ -20,7 +24,7 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "toposerve needs Python >= 3.11"'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'  # dev pulls every extra
+	$(PY) -m pip install --quiet -e '.[dev]' --config-settings editable_mode=strict  # dev pulls every extra
 	@rm -f $(VENV)/.installed-*; touch $@
 
 tools:
@@ -34,7 +38,7 @@ node-tools: tools
 # the NIC hand-off's CNI plugin toposerve-nic: a static Go binary (stdlib only),
 # cached under a hash of its source (localcluster/realnode/forwarder.py)
 nic-cni: venv
-	$(PY) -m localcluster.realnode.forwarder
+	$(PY) -m toposerve.localcluster.realnode.forwarder
 
 # the install's images as OCI archives in ~/.cache/toposerve/images, built with
 # buildah, no registry (docs/image.md): toposerve, kube-scheduler, redis
@@ -44,13 +48,14 @@ image: venv tools nic-cni
 
 # gRPC stubs for the kubelet protos (committed; tests/dra/test_protos.py checks they are current)
 protos: venv
-	$(PY) -m dra_driver.protos.generate
+	$(PY) -m toposerve.dra_driver.protos.generate
 
 # ruff, mypy strict, and the architecture's import contracts (pyproject's
 # [tool.importlinter]: the floors of docs/design.md)
 lint: venv
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy topology kubeapi wire localcluster toposerve_cli router simulator harness dra_driver scheduler_ext manifests bench hack tests
+	$(VENV)/bin/mypy -p toposerve -p harness -p bench -p tests
+	$(VENV)/bin/mypy hack
 	$(VENV)/bin/lint-imports
 
 # the tests that need no cluster and no subprocess: well under a minute
@@ -75,7 +80,7 @@ peers:
 		$(PEERS)/bin/pip install --quiet $(PEER_PINS) && echo '$(PEER_PINS)' > $(PEERS)/.installed; }
 
 bench: setup peers
-	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	$(PY) -m pip install --quiet -e '.[dev,bench]' --config-settings editable_mode=strict
 	$(PY) -m bench.http_stack
 	$(PY) -m bench.router_cpu
 	$(PY) -m bench.router_overhead

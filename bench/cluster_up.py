@@ -12,9 +12,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from toposerve.localcluster.cluster import ClusterSpec, down, running_clusters, up
+from toposerve.localcluster.results import table, write_json
+
 from bench.flags import count
-from localcluster.cluster import ClusterSpec, down, running_clusters, up
-from localcluster.results import table, write_json
 
 REPO = Path(__file__).resolve().parents[1]
 

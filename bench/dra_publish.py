@@ -22,21 +22,22 @@ import time
 from pathlib import Path
 from typing import Any
 
+from toposerve.dra_driver.gpu.devices import gpu_pool
+from toposerve.dra_driver.net.devices import nic_pool
+from toposerve.dra_driver.resourceslice import slice_plan
+from toposerve.dra_driver.simulate import LABELS
+from toposerve.kubeapi import JsonApi
+from toposerve.localcluster.cluster import ClusterSpec, up
+from toposerve.localcluster.clusters import api_client
+from toposerve.localcluster.ports import free_port
+from toposerve.localcluster.results import table, write
+from toposerve.localcluster.scale.measure import ProcSampler, by_label, scrape_url, totals
+from toposerve.topology.model import DomainPath, NodeTopology
+from toposerve.topology.profiles import load_profile
+
 from bench.flags import count, positive
-from dra_driver.gpu.devices import gpu_pool
-from dra_driver.net.devices import nic_pool
-from dra_driver.resourceslice import slice_plan
-from dra_driver.simulate import LABELS
 from harness.cluster_claim import claimed
 from harness.procs import Proc, wait_http
-from kubeapi import JsonApi
-from localcluster.cluster import ClusterSpec, up
-from localcluster.clusters import api_client
-from localcluster.ports import free_port
-from localcluster.results import table, write
-from localcluster.scale.measure import ProcSampler, by_label, scrape_url, totals
-from topology.model import DomainPath, NodeTopology
-from topology.profiles import load_profile
 
 REPO = Path(__file__).resolve().parents[1]
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -75,7 +76,7 @@ def start_simulate(cluster: str, log: Path) -> Proc:
     port = free_port()
     started = time.monotonic()
     p = subprocess.Popen(
-        [sys.executable, "-m", "toposerve_cli.main", "driver", "simulate", "--cluster", cluster,
+        [sys.executable, "-m", "toposerve.main", "driver", "simulate", "--cluster", cluster,
          "--http-address", f"127.0.0.1:{port}"],
         stdout=log.open("wb"), stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"})

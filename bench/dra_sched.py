@@ -37,19 +37,19 @@ from typing import Any
 
 import urllib3
 import yaml
+from toposerve.dra_driver.gpu.devices import DRIVER as GPU_DRIVER
+from toposerve.dra_driver.simulate import POOLS, Simulator, label_partitions
+from toposerve.kubeapi import ApiError, JsonApi
+from toposerve.localcluster.cluster import ClusterSpec, down, up
+from toposerve.localcluster.clusters import api_client
+from toposerve.localcluster.nodes import KWOK_TOLERATION
+from toposerve.localcluster.results import table as md_table
+from toposerve.localcluster.results import write
+from toposerve.localcluster.scale import profile
+from toposerve.localcluster.scale.measure import Watched, bound_pod
 
 from bench.flags import count, count_or_zero
-from dra_driver.gpu.devices import DRIVER as GPU_DRIVER
-from dra_driver.simulate import POOLS, Simulator, label_partitions
 from harness.cluster_claim import claimed
-from kubeapi import ApiError, JsonApi
-from localcluster.cluster import ClusterSpec, down, up
-from localcluster.clusters import api_client
-from localcluster.nodes import KWOK_TOLERATION
-from localcluster.results import table as md_table
-from localcluster.results import write
-from localcluster.scale import profile
-from localcluster.scale.measure import Watched, bound_pod
 
 REPO = Path(__file__).resolve().parents[1]
 RES = "/apis/resource.k8s.io/v1"

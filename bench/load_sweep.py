@@ -25,6 +25,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from toposerve.localcluster.results import pyplot, save, write
+from toposerve.localcluster.results import table as md_table
+
 from bench.flags import count, positive
 from bench.router_bench import (
     CACHE_BLOCKS,
@@ -37,8 +40,6 @@ from bench.router_bench import (
     peers_missing,
     run_one,
 )
-from localcluster.results import pyplot, save, write
-from localcluster.results import table as md_table
 
 ROUND_ROBIN = "round-robin"
 DEFAULT_ROUTERS = [ROUND_ROBIN, "toposerve", "sglang-router cache_aware"]

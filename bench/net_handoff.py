@@ -29,18 +29,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from toposerve.dra_driver.kubeletplugin import parse_opaque
+from toposerve.dra_driver.net.config import NetConfig
+from toposerve.dra_driver.net.handoff.cni import PLUGIN_TYPE as NIC_PLUGIN
+from toposerve.dra_driver.net.handoff.server import HandoffServer
+from toposerve.dra_driver.net.records import ClaimRecord, NicHandoff, write_record
+from toposerve.localcluster.realnode import cni as pod_cni
+from toposerve.localcluster.realnode import forwarder
+from toposerve.localcluster.results import write
+from toposerve.localcluster.scale.measure import latency_ms
+
 from bench.flags import count
 from bench.report import latency_table
-from dra_driver.kubeletplugin import parse_opaque
-from dra_driver.net.config import NetConfig
-from dra_driver.net.handoff.cni import PLUGIN_TYPE as NIC_PLUGIN
-from dra_driver.net.handoff.server import HandoffServer
-from dra_driver.net.records import ClaimRecord, NicHandoff, write_record
 from harness.handoff_netns import NetEnv, net_env
-from localcluster.realnode import cni as pod_cni
-from localcluster.realnode import forwarder
-from localcluster.results import write
-from localcluster.scale.measure import latency_ms
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = parse_opaque({"apiVersion": "net.toposerve.io/v1", "kind": "NetConfig",
@@ -75,7 +76,7 @@ class Chain:
         bindir = work / "bin"
         bindir.mkdir()
         pod_net = bindir / pod_cni.PLUGIN_TYPE
-        pod_net.write_text(pod_cni.launcher(sys.executable, "localcluster.realnode.cni"))
+        pod_net.write_text(pod_cni.launcher(sys.executable, "toposerve.localcluster.realnode.cni"))
         pod_net.chmod(0o755)
         (bindir / NIC_PLUGIN).symlink_to(forwarder.build())
         self.bin = bindir

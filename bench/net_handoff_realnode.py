@@ -23,18 +23,18 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client
+from toposerve.kubeapi import JsonApi
+from toposerve.localcluster.cluster import ClusterSpec, down, up
+from toposerve.localcluster.clusters import api_client, kubeconfig_path
+from toposerve.localcluster.realnode import node as realnode
+from toposerve.localcluster.realnode.net_driver import DRIVER, NetDriver
+from toposerve.localcluster.realnode.paths import default_layout
+from toposerve.localcluster.realnode.pods import busybox_pod
+from toposerve.localcluster.results import write
+from toposerve.localcluster.scale.measure import latency_ms
 
 from bench.flags import count, positive
 from bench.report import latency_table
-from kubeapi import JsonApi
-from localcluster.cluster import ClusterSpec, down, up
-from localcluster.clusters import api_client, kubeconfig_path
-from localcluster.realnode import node as realnode
-from localcluster.realnode.net_driver import DRIVER, NetDriver
-from localcluster.realnode.paths import default_layout
-from localcluster.realnode.pods import busybox_pod
-from localcluster.results import write
-from localcluster.scale.measure import latency_ms
 
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER = "bench-net-handoff"

@@ -28,6 +28,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from toposerve.localcluster.ports import free_port
+from toposerve.localcluster.results import pyplot, save, write
+from toposerve.localcluster.results import table as md_table
+from toposerve.localcluster.scale.measure import by_label, scrape_url, totals
+from toposerve.simulator.metrics import NAMES
+
 from bench.flags import count
 from bench.replay import replay_trace
 from bench.report import medians, pct
@@ -40,11 +46,6 @@ from bench.router_bench import (
 )
 from bench.workloads import mooncake
 from harness.procs import Proc, Procs
-from localcluster.ports import free_port
-from localcluster.results import pyplot, save, write
-from localcluster.results import table as md_table
-from localcluster.scale.measure import by_label, scrape_url, totals
-from simulator.metrics import NAMES
 
 DOMAINS = ("nvl72-a", "nvl72-b")
 PER_DOMAIN = {"prefill": 2, "decode": 2}

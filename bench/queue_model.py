@@ -16,10 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from toposerve.simulator.kvcache import BlockCache
+from toposerve.wire.hashing import byte_block_hashes
+from toposerve.wire.tokens import BYTES_PER_TOKEN
+
 from bench.workloads import TraceRequest
-from simulator.kvcache import BlockCache
-from wire.hashing import byte_block_hashes
-from wire.tokens import BYTES_PER_TOKEN
 
 
 @dataclass

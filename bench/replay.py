@@ -105,7 +105,7 @@ class _post:
 
 
 def _messages_prompt(msgs: list[dict[str, str]]) -> bytes:
-    from wire.prompt import chat_prompt
+    from toposerve.wire.prompt import chat_prompt
 
     return chat_prompt(msgs).encode()
 

@@ -1,6 +1,6 @@
-"""What the benchmarks share in reporting beyond localcluster.results (the
+"""What the benchmarks share in reporting beyond toposerve.localcluster.results (the
 tables, JSON and plots): medians over repeats, and the table of latencies
-summed up by localcluster.scale.measure.latency_ms."""
+summed up by toposerve.localcluster.scale.measure.latency_ms."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import statistics
 from dataclasses import fields
 from typing import Any, TypeVar
 
-from localcluster.results import table
-from localcluster.scale.measure import percentile
+from toposerve.localcluster.results import table
+from toposerve.localcluster.scale.measure import percentile
 
 T = TypeVar("T")
 

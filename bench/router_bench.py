@@ -23,6 +23,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from toposerve.localcluster.ports import free_port
+from toposerve.localcluster.results import pyplot, save, write
+from toposerve.localcluster.results import table as md_table
+from toposerve.router.config import ScrapeConfig
+from toposerve.wire.hashing import byte_block_hashes
+from toposerve.wire.tokens import BYTES_PER_TOKEN
+
 from bench.flags import count
 from bench.queue_model import model_ttfts_ms
 from bench.replay import (
@@ -36,12 +43,6 @@ from bench.replay import (
 from bench.report import medians, pct
 from bench.workloads import AgentSession, TraceRequest, agentic, mooncake, working_set_tokens
 from harness.procs import MODEL, Proc, Procs
-from localcluster.ports import free_port
-from localcluster.results import pyplot, save, write
-from localcluster.results import table as md_table
-from router.config import ScrapeConfig
-from wire.hashing import byte_block_hashes
-from wire.tokens import BYTES_PER_TOKEN
 
 REPO = Path(__file__).resolve().parents[1]
 PEERS = REPO / ".venv-peers" / "bin"
@@ -212,7 +213,7 @@ def ours_at(rev: str, tmp: Path) -> tuple[str, Start]:
         subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
 
     def start(procs: Procs, sims: list[Proc]) -> Proc:
-        # `python -m toposerve_cli.main` imports from its working directory first
+        # `python -m toposerve.main` imports from its working directory first
         here = os.getcwd()
         os.chdir(tree)
         try:

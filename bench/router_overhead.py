@@ -33,6 +33,8 @@ import httpx
 import orjson
 import psutil
 import yaml
+from toposerve.localcluster.ports import free_port
+from toposerve.localcluster.results import pyplot, save, table, write
 
 from bench.flags import count, cpu
 from bench.report import medians, pct
@@ -48,15 +50,13 @@ from bench.router_bench import (
     peers_missing,
 )
 from harness.procs import MODEL, Proc, Procs
-from localcluster.ports import free_port
-from localcluster.results import pyplot, save, table, write
 
 DIRECT = "direct"
 FRONT_AIOHTTP, FRONT_HTTPTOOLS = "front end only: aiohttp", "front end only: httptools"
 FRONT_ENDS = (FRONT_AIOHTTP, FRONT_HTTPTOOLS)
 # our router with Python's own collector settings (no gc.freeze, the
-# default thresholds): what router.http.server's tuning saves, in the same run
-_UNTUNED_GC = ("import gc, sys; import router.http.server as s, toposerve_cli.main as m; "
+# default thresholds): what toposerve.router.http.server's tuning saves, in the same run
+_UNTUNED_GC = ("import gc, sys; import toposerve.router.http.server as s, toposerve.main as m; "
                "gc.freeze = lambda: None; s.GC_THRESHOLDS = gc.get_threshold(); "
                "sys.argv[0] = 'toposerve'; m.main()")
 
@@ -456,7 +456,7 @@ def instructions(tree: Path, fleet: int, tmp: Path, warm: int = 300,
     path.write_text(yaml.safe_dump(cfg))
     code = (f"import sys; sys.path.insert(0, {str(tree)!r}); "
             f"sys.argv = ['toposerve', 'router', '--config', {str(path)!r}]; "
-            "import toposerve_cli.main as m; m.main()")
+            "import toposerve.main as m; m.main()")
     router = subprocess.Popen(["valgrind", "--tool=callgrind",
                                f"--callgrind-out-file={out}/cg.%p", sys.executable, "-c", code],
                               cwd=tree, stdout=(out / "router.log").open("wb"),

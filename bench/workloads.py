@@ -22,7 +22,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from wire.tokens import BYTES_PER_TOKEN
+from toposerve.wire.tokens import BYTES_PER_TOKEN
 
 MOONCAKE_BLOCK_TOKENS = 512
 _ALPHABET = "abcdefghijklmnopqrstuvwxyz      ,.\n"

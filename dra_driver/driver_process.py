@@ -12,15 +12,14 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import structlog
-
-from dra_driver.kubeletplugin import metrics
-from dra_driver.kubeletplugin.cdi import DEFAULT_CDI_ROOT, CdiSpecs
-from dra_driver.kubeletplugin.checkpoint import BOOT_ID_FILE, read_boot_id
-from dra_driver.kubeletplugin.device_kind import DeviceKind
-from dra_driver.kubeletplugin.plugin import KubeletPlugin, PluginConfig
-from dra_driver.kubeletplugin.sockets import KUBELET_REGISTRY_DIR, PluginPaths
-from dra_driver.resourceslice import SlicePublisher
-from topology.labels import DialectName
+from toposerve.dra_driver.kubeletplugin import metrics
+from toposerve.dra_driver.kubeletplugin.cdi import DEFAULT_CDI_ROOT, CdiSpecs
+from toposerve.dra_driver.kubeletplugin.checkpoint import BOOT_ID_FILE, read_boot_id
+from toposerve.dra_driver.kubeletplugin.device_kind import DeviceKind
+from toposerve.dra_driver.kubeletplugin.plugin import KubeletPlugin, PluginConfig
+from toposerve.dra_driver.kubeletplugin.sockets import KUBELET_REGISTRY_DIR, PluginPaths
+from toposerve.dra_driver.resourceslice import SlicePublisher
+from toposerve.topology.labels import DialectName
 
 T = TypeVar("T")
 log = structlog.get_logger("dra.process")

@@ -22,18 +22,17 @@ from typing import Any
 import orjson
 import structlog
 from kubernetes.client import CoreV1Api
-
-from dra_driver.gpu.devices import DRIVER as GPU_DRIVER
-from dra_driver.gpu.devices import PARTITIONS_LABEL, gpu_pool, partitions_wanted
-from dra_driver.kubeletplugin.liveness import HttpEndpoints, metrics_route
-from dra_driver.net.devices import DRIVER as NET_DRIVER
-from dra_driver.net.devices import nic_pool
-from dra_driver.resourceslice import Pool, SlicePublisher
-from kubeapi import ApiError, JsonApi, Reflector
-from topology.config_file import ConfigError
-from topology.labels import PRESETS, PROFILE_LABEL, DialectName, from_labels
-from topology.model import DomainPath, NodeHardware, NodeTopology
-from topology.profiles import load_profile
+from toposerve.dra_driver.gpu.devices import DRIVER as GPU_DRIVER
+from toposerve.dra_driver.gpu.devices import PARTITIONS_LABEL, gpu_pool, partitions_wanted
+from toposerve.dra_driver.kubeletplugin.liveness import HttpEndpoints, metrics_route
+from toposerve.dra_driver.net.devices import DRIVER as NET_DRIVER
+from toposerve.dra_driver.net.devices import nic_pool
+from toposerve.dra_driver.resourceslice import Pool, SlicePublisher
+from toposerve.kubeapi import ApiError, JsonApi, Reflector
+from toposerve.topology.config_file import ConfigError
+from toposerve.topology.labels import PRESETS, PROFILE_LABEL, DialectName, from_labels
+from toposerve.topology.model import DomainPath, NodeHardware, NodeTopology
+from toposerve.topology.profiles import load_profile
 
 log = structlog.get_logger("toposerve.dra.simulate")
 

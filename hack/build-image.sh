@@ -154,7 +154,7 @@ stage_toposerve() {
   mapfile -t pkgs < <("$PY" - "$ROOT/pyproject.toml" <<'PY'
 import sys, tomllib
 p = tomllib.load(open(sys.argv[1], "rb"))
-print("\n".join(i.rstrip("*") for i in p["tool"]["setuptools"]["packages"]["find"]["include"]))
+print("\n".join(sorted(set(p["tool"]["setuptools"]["package-dir"].values()))))
 PY
 )
   mkdir -p "$ctx/src"

@@ -37,16 +37,22 @@ from demo_realnode import real_node_pod
 from demo_report import report
 from demo_serving import APP, PORT, model_pods, pd_split, routed_traffic
 from demo_support import wait_until
+from toposerve.localcluster.cluster import ClusterSpec, down, running_clusters, up
+from toposerve.localcluster.clusters import api_client
+from toposerve.localcluster.install import (
+    Installed,
+    InstallError,
+    built_images,
+    install,
+    install_status,
+)
+from toposerve.localcluster.install import uninstall as uninstall_stack
+from toposerve.localcluster.realnode import node as realnode
+from toposerve.localcluster.realnode.paths import NODE_NAME
+from toposerve.localcluster.realnode.tools import find_node_tools
+from toposerve.localcluster.tools import ToolsMissing
 
 from harness.procs import Procs
-from localcluster.cluster import ClusterSpec, down, running_clusters, up
-from localcluster.clusters import api_client
-from localcluster.install import Installed, InstallError, built_images, install, install_status
-from localcluster.install import uninstall as uninstall_stack
-from localcluster.realnode import node as realnode
-from localcluster.realnode.paths import NODE_NAME
-from localcluster.realnode.tools import find_node_tools
-from localcluster.tools import ToolsMissing
 
 NAME = "demo"
 OUT = Path(tempfile.gettempdir()) / "toposerve-demo"
@@ -102,7 +108,7 @@ def main() -> int:
     installed: Installed | None = None
     try:
         realnode.start(NAME, progress=progress)
-        subprocess.run([sys.executable, "-m", "toposerve_cli.main", "topology", "show",
+        subprocess.run([sys.executable, "-m", "toposerve.main", "topology", "show",
                         "--name", NAME], check=True)
         urls = model_pods(NAME, say, procs)
         say(f"2b. Install: the stack from its manifests on the real node {NODE_NAME} "

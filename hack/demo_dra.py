@@ -16,13 +16,12 @@ from typing import Any
 import orjson
 import urllib3
 from demo_support import TOPOSERVE, DemoError, background, create, items, wait_until
-
-from kubeapi import JsonApi
-from localcluster.clusters import api_client
-from localcluster.nodes import KWOK_TOLERATION
-from localcluster.ports import free_port
-from manifests.values import DeviceClasses
-from topology.labels import PROFILE_LABEL
+from toposerve.kubeapi import JsonApi
+from toposerve.localcluster.clusters import api_client
+from toposerve.localcluster.nodes import KWOK_TOLERATION
+from toposerve.localcluster.ports import free_port
+from toposerve.manifests.values import DeviceClasses
+from toposerve.topology.labels import PROFILE_LABEL
 
 Say = Callable[[str], None]
 GPU_DRIVER, NET_DRIVER = "gpu.toposerve.io", "net.toposerve.io"

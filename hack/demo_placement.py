@@ -22,20 +22,19 @@ from demo_support import (
     items,
     wait_until,
 )
-
-from kubeapi import JsonApi
-from localcluster.clusters import api_client
-from localcluster.nodes import KWOK_TOLERATION
-from manifests.values import DeviceClasses, Scheduler
-from scheduler_ext.config import ExtenderConfig
-from scheduler_ext.placement.levels import display, domain_of, parse_level
-from scheduler_ext.state.facts import PLACEMENT_ANNOTATION
-from topology.distance import kv_transfer_seconds, node_tier
-from topology.labels import PRESETS, PROFILE_LABEL, DialectName, from_labels
-from topology.model import DomainPath, Tier
-from topology.profiles import load_profile
-from topology.quantity import parse_quantity
-from topology.workloads import GROUP, GROUP_SIZE, LEVEL, PREFERRED_LEVEL, ROLE
+from toposerve.kubeapi import JsonApi
+from toposerve.localcluster.clusters import api_client
+from toposerve.localcluster.nodes import KWOK_TOLERATION
+from toposerve.manifests.values import DeviceClasses, Scheduler
+from toposerve.scheduler_ext.config import ExtenderConfig
+from toposerve.scheduler_ext.placement.levels import display, domain_of, parse_level
+from toposerve.scheduler_ext.state.facts import PLACEMENT_ANNOTATION
+from toposerve.topology.distance import kv_transfer_seconds, node_tier
+from toposerve.topology.labels import PRESETS, PROFILE_LABEL, DialectName, from_labels
+from toposerve.topology.model import DomainPath, Tier
+from toposerve.topology.profiles import load_profile
+from toposerve.topology.quantity import parse_quantity
+from toposerve.topology.workloads import GROUP, GROUP_SIZE, LEVEL, PREFERRED_LEVEL, ROLE
 
 Say = Callable[[str], None]
 SCHEDULER = Scheduler().scheduler_name  # the install's default

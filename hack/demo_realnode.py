@@ -12,13 +12,12 @@ from typing import Any
 from demo_support import DemoError, create, items, wait_until
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-
-from kubeapi import ApiError, JsonApi
-from localcluster.clusters import api_client
-from localcluster.install import PROFILE
-from localcluster.realnode.paths import NODE_NAME
-from localcluster.realnode.pods import busybox_pod
-from manifests.values import DeviceClasses
+from toposerve.kubeapi import ApiError, JsonApi
+from toposerve.localcluster.clusters import api_client
+from toposerve.localcluster.install import PROFILE
+from toposerve.localcluster.realnode.paths import NODE_NAME
+from toposerve.localcluster.realnode.pods import busybox_pod
+from toposerve.manifests.values import DeviceClasses
 
 Say = Callable[[str], None]
 

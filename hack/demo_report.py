@@ -13,9 +13,8 @@ from typing import Any
 
 from demo_placement import GROUPS, Placed, summary_rows
 from demo_serving import SESSIONS, TURNS, Traffic
-
-from localcluster.results import pyplot, save, table, write_json
-from topology.model import DomainPath
+from toposerve.localcluster.results import pyplot, save, table, write_json
+from toposerve.topology.model import DomainPath
 
 FREE = "#e8e8e8"
 # a colour per group and role: the wide-EP gang, the P/D set's two roles

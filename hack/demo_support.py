@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import urllib3
-
-from kubeapi import ApiError, JsonApi
+from toposerve.kubeapi import ApiError, JsonApi
 
 T = TypeVar("T")
-TOPOSERVE = [sys.executable, "-m", "toposerve_cli.main"]
+TOPOSERVE = [sys.executable, "-m", "toposerve.main"]
 
 
 class DemoError(RuntimeError):

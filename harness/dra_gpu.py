@@ -18,19 +18,19 @@ from typing import Any, ClassVar
 import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from toposerve.dra_driver.gpu.driver import CDI_CLASS, CDI_VENDOR
+from toposerve.dra_driver.kubeletplugin.checkpoint import Checkpoint, ClaimState, read_boot_id
+from toposerve.localcluster.clusters import kubeconfig_path
+from toposerve.localcluster.nodes import KWOK_TOLERATION, node_manifest
+from toposerve.topology.labels import PRESETS, DialectName
+from toposerve.topology.layout import PlannedNode
+from toposerve.topology.model import DomainPath
+from toposerve.topology.profiles import load_profile
+from toposerve.topology.sysfs import write_profile_sysfs
 
-from dra_driver.gpu.driver import CDI_CLASS, CDI_VENDOR
-from dra_driver.kubeletplugin.checkpoint import Checkpoint, ClaimState, read_boot_id
 from harness import driver_proc, fake_nvml
 from harness.dra_kubelet import Claim
 from harness.waiting import wait_for
-from localcluster.clusters import kubeconfig_path
-from localcluster.nodes import KWOK_TOLERATION, node_manifest
-from topology.labels import PRESETS, DialectName
-from topology.layout import PlannedNode
-from topology.model import DomainPath
-from topology.profiles import load_profile
-from topology.sysfs import write_profile_sysfs
 
 DRIVER = "gpu.toposerve.io"
 NAMESPACE = "dra-gpu-test"

@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-
-from dra_driver._generated import (
+from toposerve.dra_driver._generated import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
     dra_v1beta1_pb2,
@@ -25,7 +24,8 @@ from dra_driver._generated import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
-from dra_driver.kubeletplugin.sockets import grpc_target
+from toposerve.dra_driver.kubeletplugin.sockets import grpc_target
+
 from harness.waiting import wait_for
 
 DRA = {"v1": (dra_v1_pb2, dra_v1_pb2_grpc), "v1beta1": (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc)}

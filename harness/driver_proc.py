@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Generic, Protocol, TypeVar
 
-from dra_driver.kubeletplugin.cdi import CdiSpecs
+from toposerve.dra_driver.kubeletplugin.cdi import CdiSpecs
+from toposerve.localcluster.ports import free_port
+
 from harness.dra_kubelet import Kubelet, end_plugin, launch_plugin
-from localcluster.ports import free_port
 
 
 class DriverEnv(Protocol):
@@ -62,10 +63,10 @@ class DriverProc(Generic[E]):
     def argv(self, sysfs: Path, dev: Path, *extra: str, console_script: bool = False
              ) -> list[str]:
         """``console_script``: through ``toposerve`` itself; else the same
-        command line through ``toposerve_cli.driver_cmd``, which starts
+        command line through ``toposerve.driver_cmd``, which starts
         quicker (it does not load the other parts)."""
         entry = [str(Path(sys.executable).with_name("toposerve"))] if console_script else [
-            sys.executable, "-m", "toposerve_cli.driver_cmd"]
+            sys.executable, "-m", "toposerve.driver_cmd"]
         return [*entry, "--log-level", "warning", "driver", self.kind,
                 "--node-name", self.env.node, "--kubeconfig", str(self.env.kubeconfig),
                 "--plugin-dir", str(self.plugin_dir), "--registry-dir", str(self.root / "registry"),

@@ -19,24 +19,24 @@ from typing import Any
 import orjson
 import urllib3
 import yaml
+from toposerve.dra_driver.gpu.devices import DRIVER, gpu_pool
+from toposerve.dra_driver.resourceslice import SlicePublisher
+from toposerve.kubeapi import ApiError, JsonApi
+from toposerve.localcluster.cluster import ClusterSpec, up
+from toposerve.localcluster.clusters import api_client
+from toposerve.localcluster.ports import free_port
+from toposerve.localcluster.scale import controllers as ctl
+from toposerve.localcluster.scale.controllers import DS_API, LWS_API, collection
+from toposerve.localcluster.scale.runner import install_crds as scale_install_crds
+from toposerve.scheduler_ext.scheduler_config import render, scheduler_config
+from toposerve.topology.labels import PRESETS, PROFILE_LABEL, DialectName, from_labels
+from toposerve.topology.model import DomainPath, NodeTopology
+from toposerve.topology.profiles import load_profile
+from toposerve.topology.workloads import LWS
 
-from dra_driver.gpu.devices import DRIVER, gpu_pool
-from dra_driver.resourceslice import SlicePublisher
 from harness.cluster_claim import claimed
 from harness.extender_objects import GPU_CLASS, device_class, template
 from harness.waiting import wait_for
-from kubeapi import ApiError, JsonApi
-from localcluster.cluster import ClusterSpec, up
-from localcluster.clusters import api_client
-from localcluster.ports import free_port
-from localcluster.scale import controllers as ctl
-from localcluster.scale.controllers import DS_API, LWS_API, collection
-from localcluster.scale.runner import install_crds as scale_install_crds
-from scheduler_ext.scheduler_config import render, scheduler_config
-from topology.labels import PRESETS, PROFILE_LABEL, DialectName, from_labels
-from topology.model import DomainPath, NodeTopology
-from topology.profiles import load_profile
-from topology.workloads import LWS
 
 WORKLOAD_GATES = "GenericWorkload=true,TopologyAwareWorkloadScheduling=true"
 WORKLOAD_API = "scheduling.k8s.io/v1beta1=true"
@@ -68,7 +68,7 @@ class ExtenderProc:
         self.starts += 1
         log = (self.workdir / f"extender-{self.starts}.log").open("wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "toposerve_cli.main", "extender", "--config", str(cfg),
+            [sys.executable, "-m", "toposerve.main", "extender", "--config", str(cfg),
              "--kubeconfig", str(self.kubeconfig), "--port", str(self.port)],
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         http = urllib3.PoolManager()

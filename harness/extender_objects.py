@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from dra_driver.gpu.devices import DRIVER, gpu_pool
-from localcluster.nodes import node_manifest
-from localcluster.scale.controllers import (  # shared with the scale runs
+from toposerve.dra_driver.gpu.devices import DRIVER, gpu_pool
+from toposerve.localcluster.nodes import node_manifest
+from toposerve.localcluster.scale.controllers import (  # shared with the scale runs
     disaggregated_lws,
     disaggregated_set,
     leader_statefulset,
@@ -19,15 +19,15 @@ from localcluster.scale.controllers import (  # shared with the scale runs
     lws_worker,
     worker_statefulset,
 )
-from localcluster.scale.controllers import (
+from toposerve.localcluster.scale.controllers import (
     pod as pod,  # bench/extender_bench.py builds its pods with k.pod
 )
-from scheduler_ext.config import ExtenderConfig
-from scheduler_ext.state.cache import ClusterState
-from topology.labels import PRESETS, DialectName
-from topology.layout import PlannedNode, plan_nodes
-from topology.model import NodeTopology
-from topology.profiles import load_profile
+from toposerve.scheduler_ext.config import ExtenderConfig
+from toposerve.scheduler_ext.state.cache import ClusterState
+from toposerve.topology.labels import PRESETS, DialectName
+from toposerve.topology.layout import PlannedNode, plan_nodes
+from toposerve.topology.model import NodeTopology
+from toposerve.topology.profiles import load_profile
 
 GPU_CLASS = "gpu.toposerve.io"
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from topology.model import DeviceKind, NodeHardware
+from toposerve.topology.model import DeviceKind, NodeHardware
 
 SOURCE = Path(__file__).resolve().parent.parent / "tests/dra/fake_nvml/fake_nvml.c"
 ENV = "TOPOSERVE_FAKE_NVML"

@@ -16,9 +16,9 @@ from ipaddress import ip_interface
 from pathlib import Path
 from typing import Any
 
-from dra_driver.net.handoff.journal import Journal
-from dra_driver.net.handoff.links import Link, Namespace
-from dra_driver.net.handoff.mover import Mover
+from toposerve.dra_driver.net.handoff.journal import Journal
+from toposerve.dra_driver.net.handoff.links import Link, Namespace
+from toposerve.dra_driver.net.handoff.mover import Mover
 
 NETNS_DIR = Path("/var/run/netns")
 

@@ -15,8 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from topology.model import Device, DeviceKind, NodeHardware, NumaNode, PcieRoot, PcieSwitch
-from topology.sysfs import write_fake_sysfs
+from toposerve.topology.model import (
+    Device,
+    DeviceKind,
+    NodeHardware,
+    NumaNode,
+    PcieRoot,
+    PcieSwitch,
+)
+from toposerve.topology.sysfs import write_fake_sysfs
 
 PEER_SUFFIX = "p"  # enp22s0 <-> enp22s0p
 

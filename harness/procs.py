@@ -18,8 +18,7 @@ import psutil
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
-
-from localcluster.ports import free_port
+from toposerve.localcluster.ports import free_port
 
 MODEL = "toposerve/sim-model"
 
@@ -98,7 +97,7 @@ class Procs:
     def _spawn(self, args: list[str], name: str) -> tuple[subprocess.Popen[bytes], Path]:
         log = self.tmp / f"{name}-{len(self.all)}.log"
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        p = subprocess.Popen([sys.executable, "-m", "toposerve_cli.main", *args],
+        p = subprocess.Popen([sys.executable, "-m", "toposerve.main", *args],
                              stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
         return p, log
 

@@ -5,10 +5,10 @@ resourceVersion (``reflector``), and a client-go style work queue
 (``workqueue``). It sits on floor one beside ``topology``: it imports no
 other toposerve package."""
 
-from kubeapi.connect import ConfigError, connect
-from kubeapi.errors import ApiError
-from kubeapi.reflector import Reflector, backoff
-from kubeapi.rest import JsonApi
-from kubeapi.workqueue import WorkQueue
+from toposerve.kubeapi.connect import ConfigError, connect
+from toposerve.kubeapi.errors import ApiError
+from toposerve.kubeapi.reflector import Reflector, backoff
+from toposerve.kubeapi.rest import JsonApi
+from toposerve.kubeapi.workqueue import WorkQueue
 
 __all__ = ["ApiError", "ConfigError", "JsonApi", "Reflector", "WorkQueue", "backoff", "connect"]

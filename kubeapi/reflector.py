@@ -8,9 +8,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import structlog
-
-from kubeapi.errors import ApiError
-from kubeapi.rest import JsonApi
+from toposerve.kubeapi.errors import ApiError
+from toposerve.kubeapi.rest import JsonApi
 
 __all__ = ["Reflector", "backoff"]
 

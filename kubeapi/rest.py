@@ -7,8 +7,7 @@ from typing import Any
 
 import orjson
 import urllib3
-
-from kubeapi.errors import ApiError
+from toposerve.kubeapi.errors import ApiError
 
 __all__ = ["JsonApi"]
 

@@ -21,22 +21,21 @@ from typing import Any
 
 import urllib3
 import yaml
-
-from kubeapi import ApiError, JsonApi
-from localcluster.clusters import (
+from toposerve.kubeapi import ApiError, JsonApi
+from toposerve.localcluster.clusters import (
     ClusterError,
     api_client,
     cluster_dir,
     kubeconfig_path,
     kwok_workdir,
 )
-from localcluster.nodes import KWOK_ANNOTATION, MAX_NODES, node_manifest
-from localcluster.processes import commands_under, end_processes
-from localcluster.tools import Tools, ToolsMissing, find_tools
-from topology.config_file import ConfigError
-from topology.labels import PRESETS, DialectName
-from topology.layout import plan_nodes
-from topology.profiles import load_profile
+from toposerve.localcluster.nodes import KWOK_ANNOTATION, MAX_NODES, node_manifest
+from toposerve.localcluster.processes import commands_under, end_processes
+from toposerve.localcluster.tools import Tools, ToolsMissing, find_tools
+from toposerve.topology.config_file import ConfigError
+from toposerve.topology.labels import PRESETS, DialectName
+from toposerve.topology.layout import plan_nodes
+from toposerve.topology.profiles import load_profile
 
 # kwok gives each pod an IP from its node's podCIDR (127.x, see nodes.py);
 # a node without one falls back to this range, which is loopback too.
@@ -326,7 +325,7 @@ def _up_once(spec: ClusterSpec, tools: Tools, progress: Progress) -> Path:
 
 
 def _delete(tools: Tools, name: str) -> None:
-    from localcluster.realnode.node import stop as stop_real_node
+    from toposerve.localcluster.realnode.node import stop as stop_real_node
 
     try:
         stop_real_node(name)  # first: it drains its pods through the API server

@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from kubeapi import connect
-from localcluster.tools import state_dir
+from toposerve.kubeapi import connect
+from toposerve.localcluster.tools import state_dir
 
 
 class ClusterError(RuntimeError):

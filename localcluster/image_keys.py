@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from localcluster.realnode.forwarder import binary as nic_binary
-from localcluster.tools import cache_dir, versions
+from toposerve.localcluster.realnode.forwarder import binary as nic_binary
+from toposerve.localcluster.tools import cache_dir, versions
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "hack/build-image.sh"
@@ -109,10 +109,10 @@ def _requirements(pyproject: dict[str, Any]) -> bytes:
 def _product_files(pyproject: dict[str, Any]) -> list[str]:
     """What ``stage_toposerve`` copies: git's tracked and unignored files
     among pyproject.toml, README.md and the packages, regular files only."""
-    include: list[str] = pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
+    folders = sorted(set(pyproject["tool"]["setuptools"]["package-dir"].values()))
     try:
         out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "--",
-                              "pyproject.toml", "README.md", *(i.rstrip("*") for i in include)],
+                              "pyproject.toml", "README.md", *folders],
                              cwd=ROOT, capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError) as err:
         raise CannotTell(f"git ls-files in {ROOT} failed: {err}") from None

@@ -20,32 +20,31 @@ from typing import Any
 from urllib.parse import urlparse
 
 import yaml
-
-from dra_driver.net.handoff.install import RECORD as CNI_RECORD
-from dra_driver.net.handoff.install import InstallError as CniInstallError
-from dra_driver.net.handoff.install import data_dir as cni_data_dir
-from dra_driver.net.handoff.install import uninstall as uninstall_cni
-from kubeapi import ApiError, JsonApi
-from localcluster import image_keys
-from localcluster.clusters import api_client, kubeconfig_path
-from localcluster.ports import free_port
-from localcluster.realnode import nics
-from localcluster.realnode.fakedev import stand_in_dev_root
-from localcluster.realnode.paths import (
+from toposerve.dra_driver.net.handoff.install import RECORD as CNI_RECORD
+from toposerve.dra_driver.net.handoff.install import InstallError as CniInstallError
+from toposerve.dra_driver.net.handoff.install import data_dir as cni_data_dir
+from toposerve.dra_driver.net.handoff.install import uninstall as uninstall_cni
+from toposerve.kubeapi import ApiError, JsonApi
+from toposerve.localcluster import image_keys
+from toposerve.localcluster.clusters import api_client, kubeconfig_path
+from toposerve.localcluster.ports import free_port
+from toposerve.localcluster.realnode import nics
+from toposerve.localcluster.realnode.fakedev import stand_in_dev_root
+from toposerve.localcluster.realnode.paths import (
     NODE_NAME,
     REAL_NODE_LABEL,
     REAL_NODE_TOLERATION,
     Layout,
     default_layout,
 )
-from localcluster.realnode.tools import find_node_tools
-from localcluster.tools import cache_dir
-from manifests.render import render_objects
-from manifests.values import KIND, InstallValues, apply_sets
-from router.ha.pod_label import ROLE_LABEL
-from topology.config_file import API_VERSION, ConfigError, parse_document, read_document
-from topology.profiles import load_profile
-from topology.sysfs import write_profile_sysfs
+from toposerve.localcluster.realnode.tools import find_node_tools
+from toposerve.localcluster.tools import cache_dir
+from toposerve.manifests.render import render_objects
+from toposerve.manifests.values import KIND, InstallValues, apply_sets
+from toposerve.router.ha.pod_label import ROLE_LABEL
+from toposerve.topology.config_file import API_VERSION, ConfigError, parse_document, read_document
+from toposerve.topology.profiles import load_profile
+from toposerve.topology.sysfs import write_profile_sysfs
 
 Progress = Callable[[str], None]
 FIELD_MANAGER = "toposerve-cluster-install"
@@ -55,7 +54,7 @@ IMAGE_VALUES = {"toposerve": "image", "kube-scheduler": "scheduler.image",
 # the real node's stand-in GPUs (topology/profiles) for the driver's DaemonSet
 PROFILE = "hgx-h100"
 WORKLOADS = ("DaemonSet", "Deployment")
-# the real node's pod network (localcluster.realnode.node writes it in
+# the real node's pod network (toposerve.localcluster.realnode.node writes it in
 # layout.cni_conf): the NIC driver's init container chains toposerve-nic into it
 NODE_CONFLIST = "10-toposerve.conflist"
 COMPONENT_LABEL = "app.kubernetes.io/component"
@@ -182,7 +181,7 @@ def share_pod_netns_dir(layout: Layout) -> Path:
 def stand_in_nics(profile: str = PROFILE) -> None:
     """The real node's stand-in NICs for the NIC driver's DaemonSet: veth
     pairs named as the fake sysfs tree names the profile's NICs
-    (``localcluster.realnode.nics``; gone with the node), unless there."""
+    (``toposerve.localcluster.realnode.nics``; gone with the node), unless there."""
     if not nics.FABRIC_NETNS.exists():
         nics.create(nics.stand_ins_for(load_profile(profile).hardware()))
 
@@ -411,7 +410,7 @@ def _slice_cleanup(cluster: str, kind: str, sysfs_root: str) -> str:
     """``driver <kind> --uninstall`` on the host: the driver's slices of the
     node outlive its pods on purpose."""
     proc = subprocess.run(
-        [sys.executable, "-m", "toposerve_cli.driver_cmd", "driver", kind,
+        [sys.executable, "-m", "toposerve.driver_cmd", "driver", kind,
          "--uninstall", "--node-name", NODE_NAME,
          "--kubeconfig", str(kubeconfig_path(cluster)), "--sysfs-root", sysfs_root],
         capture_output=True, text=True, timeout=60, check=False)

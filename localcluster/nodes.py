@@ -7,9 +7,9 @@ from __future__ import annotations
 import ipaddress
 from typing import Any
 
-from topology.labels import HOSTNAME_LABEL, PROFILE_LABEL, Dialect, to_labels
-from topology.layout import PlannedNode
-from topology.profiles import HardwareProfile
+from toposerve.topology.labels import HOSTNAME_LABEL, PROFILE_LABEL, Dialect, to_labels
+from toposerve.topology.layout import PlannedNode
+from toposerve.topology.profiles import HardwareProfile
 
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_TAINT = {"key": "kwok.x-k8s.io/node", "value": "fake", "effect": "NoSchedule"}

@@ -7,9 +7,9 @@ import ipaddress
 import time
 from typing import Any
 
-from localcluster.nodes import KWOK_TOLERATION
-from topology.labels import PROFILE_LABEL
-from topology.workloads import LLMD_ROLE
+from toposerve.localcluster.nodes import KWOK_TOLERATION
+from toposerve.topology.labels import PROFILE_LABEL
+from toposerve.topology.workloads import LLMD_ROLE
 
 ROLE_LABEL = LLMD_ROLE
 

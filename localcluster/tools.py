@@ -14,7 +14,7 @@ class ToolsMissing(RuntimeError):
 
 
 def versions() -> dict[str, str]:
-    text = resources.files("localcluster").joinpath("versions.env").read_text()
+    text = resources.files("toposerve.localcluster").joinpath("versions.env").read_text()
     pairs = (line.split("=", 1) for line in text.splitlines()
              if line.strip() and not line.startswith("#"))
     return {k.strip(): v.strip() for k, v in pairs}

@@ -16,13 +16,12 @@ from typing import Any
 import jinja2
 import yaml
 from pydantic import BaseModel
-
-from manifests.values import COMPONENTS, Component, InstallValues
-from router.config import RouterConfig
-from router.ha.pod_label import ROLE_LABEL
-from scheduler_ext.config import ExtenderConfig
-from scheduler_ext.scheduler_config import scheduler_config
-from scheduler_ext.state.facts import PLACEMENT_ANNOTATION, SIZE_SEEN_ANNOTATION
+from toposerve.manifests.values import COMPONENTS, Component, InstallValues
+from toposerve.router.config import RouterConfig
+from toposerve.router.ha.pod_label import ROLE_LABEL
+from toposerve.scheduler_ext.config import ExtenderConfig
+from toposerve.scheduler_ext.scheduler_config import scheduler_config
+from toposerve.scheduler_ext.state.facts import PLACEMENT_ANNOTATION, SIZE_SEEN_ANNOTATION
 
 GPU_DRIVER = "gpu.toposerve.io"
 NET_DRIVER = "net.toposerve.io"
@@ -43,8 +42,8 @@ def liveness_script(driver: str) -> str:
     an empty NodePrepareResources) on the registration socket its pod UID
     names; sys.exit(message) fails the probe and says why."""
     return ("import os, sys; from pathlib import Path; "
-            "from dra_driver.kubeletplugin.liveness import probe; "
-            "from dra_driver.kubeletplugin.sockets import PluginPaths; "
+            "from toposerve.dra_driver.kubeletplugin.liveness import probe; "
+            "from toposerve.dra_driver.kubeletplugin.sockets import PluginPaths; "
             f"p = PluginPaths({driver!r}, registry_dir=Path(sys.argv[1]), "
             "pod_uid=os.environ['POD_UID']); "
             "sys.exit(probe(p.registration_socket, p.driver))")
@@ -118,7 +117,7 @@ def _sha256(text: str) -> str:
 
 
 _ENV = jinja2.Environment(
-    loader=jinja2.PackageLoader("manifests", "templates"),
+    loader=jinja2.PackageLoader("toposerve.manifests", "templates"),
     undefined=jinja2.StrictUndefined,
     autoescape=False,  # YAML, not HTML
     keep_trailing_newline=True,

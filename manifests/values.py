@@ -14,11 +14,10 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
-
-from dra_driver.net.handoff import DEFAULT_PLUGIN
-from router.config import RouterConfig
-from scheduler_ext.config import ExtenderConfig
-from topology.config_file import API_VERSION, ConfigError, parse_document, read_document
+from toposerve.dra_driver.net.handoff import DEFAULT_PLUGIN
+from toposerve.router.config import RouterConfig
+from toposerve.scheduler_ext.config import ExtenderConfig
+from toposerve.topology.config_file import API_VERSION, ConfigError, parse_document, read_document
 
 KIND = "InstallValues"
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"

@@ -8,12 +8,11 @@ from typing import Any, Literal
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-
-from topology.config_file import load_file
-from topology.labels import DialectName
-from topology.place import NodePlace
-from topology.workloads import LLMD_ROLE
-from wire.kv_transfer import SGLANG_BOOTSTRAP_PORT
+from toposerve.topology.config_file import load_file
+from toposerve.topology.labels import DialectName
+from toposerve.topology.place import NodePlace
+from toposerve.topology.workloads import LLMD_ROLE
+from toposerve.wire.kv_transfer import SGLANG_BOOTSTRAP_PORT
 
 
 class Section(BaseModel):

@@ -1,7 +1,7 @@
 """What the scheduler knows of one request. Work that depends on the
 prompt alone (its block hashes, its token keys) is done once here and
 cached for every stage and plugin; work that depends on the candidates
-belongs to a scheduling cycle (``router.scheduling.cycle``)."""
+belongs to a scheduling cycle (``toposerve.router.scheduling.cycle``)."""
 
 from __future__ import annotations
 
@@ -9,25 +9,25 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from router.pool.endpoints import Endpoint
-from wire.hashing import byte_block_hashes
-from wire.tokens import BYTES_PER_TOKEN
+from toposerve.router.pool.endpoints import Endpoint
+from toposerve.wire.hashing import byte_block_hashes
+from toposerve.wire.tokens import BYTES_PER_TOKEN
 
 
 @dataclass
 class RequestContext:
     model: str | None
-    prompt: bytes  # canonical prompt bytes (see wire.prompt)
+    prompt: bytes  # canonical prompt bytes (see toposerve.wire.prompt)
     # a chat request's document: the precise index renders its chat template
     chat: Mapping[str, Any] | None = None
     session: str | None = None
     affinity_url: str | None = None  # endpoint that served the previous response
     prefill: Endpoint | None = None  # a split request's prefill endpoint, once picked
-    # the revision it is routed in, once chosen (router.pool.revisions; "": unlabelled)
+    # the revision it is routed in, once chosen (toposerve.router.pool.revisions; "": unlabelled)
     revision: str | None = None
     _byte_blocks: dict[int, list[int]] = field(default_factory=dict)
     # the prompt's token-block keys for the precise index (one tokenizer and
-    # block size per router), set by router.prefix.kv_index
+    # block size per router), set by toposerve.router.prefix.kv_index
     token_keys: list[int] | None = None
 
     @property

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from router.config import RouterConfig
-from router.pool.endpoints import Endpoint, Pool
-from router.pool.saturation import saturated
-from router.prefix.index import PrefixIndex
+from toposerve.router.config import RouterConfig
+from toposerve.router.pool.endpoints import Endpoint, Pool
+from toposerve.router.pool.saturation import saturated
+from toposerve.router.prefix.index import PrefixIndex
 
 MAX_SESSIONS = 200_000
 

@@ -9,14 +9,13 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-
-from scheduler_ext.placement.decide import Policy
-from scheduler_ext.placement.levels import LEVEL_NAMES, UnknownLevel, parse_level
-from topology.config_file import load_file
-from topology.labels import PRESETS, Dialect, DialectName
-from topology.model import Tier, TierLink
-from topology.profiles import load_profile
-from topology.quantity import parse_quantity
+from toposerve.scheduler_ext.placement.decide import Policy
+from toposerve.scheduler_ext.placement.levels import LEVEL_NAMES, UnknownLevel, parse_level
+from toposerve.topology.config_file import load_file
+from toposerve.topology.labels import PRESETS, Dialect, DialectName
+from toposerve.topology.model import Tier, TierLink
+from toposerve.topology.profiles import load_profile
+from toposerve.topology.quantity import parse_quantity
 
 
 class Section(BaseModel):

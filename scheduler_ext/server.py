@@ -1,5 +1,5 @@
 """The extender's HTTP face (aiohttp): ``filter``, ``prioritize`` and
-``preempt`` as kube-scheduler calls them (``scheduler_ext.wire``: JSON keys
+``preempt`` as kube-scheduler calls them (``toposerve.scheduler_ext.wire``: JSON keys
 are Go field names; names-only ``NodeNames`` or full ``Nodes``; a request of
 the wrong shape is a 400 naming the field), ``/health``, ``/ready``
 and ``/metrics``. Every answer is computed from the watched state; no call
@@ -20,11 +20,10 @@ import orjson
 import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
-from kubeapi import connect
-from scheduler_ext.config import ExtenderConfig
-from scheduler_ext.metrics import Metrics
-from scheduler_ext.placement.decide import (
+from toposerve.kubeapi import connect
+from toposerve.scheduler_ext.config import ExtenderConfig
+from toposerve.scheduler_ext.metrics import Metrics
+from toposerve.scheduler_ext.placement.decide import (
     FilterResult,
     Outcome,
     filter_member,
@@ -34,11 +33,11 @@ from scheduler_ext.placement.decide import (
     prioritize_ungrouped,
     top,
 )
-from scheduler_ext.placement.levels import contains
-from scheduler_ext.placement.model import Decision, Group
-from scheduler_ext.state.cache import ClusterState
-from scheduler_ext.state.facts import PodFacts
-from scheduler_ext.wire import (
+from toposerve.scheduler_ext.placement.levels import contains
+from toposerve.scheduler_ext.placement.model import Decision, Group
+from toposerve.scheduler_ext.state.cache import ClusterState
+from toposerve.scheduler_ext.state.facts import PodFacts
+from toposerve.scheduler_ext.wire import (
     BadRequest,
     ExtenderArgs,
     ExtenderFilterResult,
@@ -50,8 +49,8 @@ from scheduler_ext.wire import (
     decode,
     encode,
 )
-from topology.model import Tier
-from wire.serving import run_app
+from toposerve.topology.model import Tier
+from toposerve.wire.serving import run_app
 
 log = structlog.get_logger("toposerve.extender")
 
@@ -298,8 +297,7 @@ def serve(cfg: ExtenderConfig, api: Any, listening: Callable[[], None] = lambda:
     when given: bound already, so a taken address fails before the watches
     start."""
     import uvloop
-
-    from scheduler_ext.state.watch import Watches
+    from toposerve.scheduler_ext.state.watch import Watches
 
     state = ClusterState(cfg)
     watches = Watches(api, state)

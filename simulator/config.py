@@ -6,13 +6,12 @@ from enum import StrEnum
 from typing import ClassVar
 
 from pydantic import ConfigDict, Field, field_validator
-
-from topology.config_file import ConfigError
-from topology.model import Tier, TierLink
-from topology.place import NodePlace
-from topology.profiles import load_profile
-from wire.kv_events import EventEncoding
-from wire.kv_transfer import SGLANG_BOOTSTRAP_PORT
+from toposerve.topology.config_file import ConfigError
+from toposerve.topology.model import Tier, TierLink
+from toposerve.topology.place import NodePlace
+from toposerve.topology.profiles import load_profile
+from toposerve.wire.kv_events import EventEncoding
+from toposerve.wire.kv_transfer import SGLANG_BOOTSTRAP_PORT
 
 
 class Dialect(StrEnum):

@@ -17,10 +17,10 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
-from simulator.config import SimConfig
-from simulator.kvcache import BlockCache, block_hashes
-from topology.distance import transfer_seconds
-from topology.model import Tier
+from toposerve.simulator.config import SimConfig
+from toposerve.simulator.kvcache import BlockCache, block_hashes
+from toposerve.topology.distance import transfer_seconds
+from toposerve.topology.model import Tier
 
 
 @dataclass

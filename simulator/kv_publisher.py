@@ -4,7 +4,7 @@ that replays buffered batches from a requested sequence number, ending
 with sequence -1 and an empty payload.
 
 A batch is ``[ts, events, data_parallel_rank]``; the events are encoded by
-``wire.kv_events`` (the router decodes them there too), in the array or the
+``toposerve.wire.kv_events`` (the router decodes them there too), in the array or the
 map encoding as ``encoding`` says.
 """
 
@@ -19,8 +19,7 @@ from typing import Any
 import msgpack
 import zmq
 import zmq.asyncio
-
-from wire.kv_events import EventEncoding
+from toposerve.wire.kv_events import EventEncoding
 
 END_OF_REPLAY = (-1).to_bytes(8, "big", signed=True)
 

@@ -7,9 +7,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 import xxhash
-
-from wire.hashing import token_bytes
-from wire.kv_events import BlockStored
+from toposerve.wire.hashing import token_bytes
+from toposerve.wire.kv_events import BlockStored
 
 ROOT_HASH = 0x5EED
 

@@ -8,9 +8,8 @@ from collections.abc import Callable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder, gzip_accepted
-
-from simulator.config import Dialect, DisaggregationMode, SimConfig
-from simulator.engine import Engine
+from toposerve.simulator.config import Dialect, DisaggregationMode, SimConfig
+from toposerve.simulator.engine import Engine
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)

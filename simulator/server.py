@@ -20,30 +20,29 @@ import aiohttp
 import orjson
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
-
-from simulator.bootstrap import ROUTE, Rooms, pull
-from simulator.config import DisaggregationMode, SimConfig
-from simulator.engine import Engine, Job
-from simulator.kv_publisher import KVEventPublisher
-from simulator.kvcache import BlockCache
-from simulator.metrics import SimMetrics
-from simulator.responses_stream import ResponseEvents
-from topology.distance import node_tier
-from topology.model import DomainPath
-from wire.chat_template import chat_text, load_chat_template
-from wire.errors import ApiError, error_response, from_validation
-from wire.kv_events import BlockStored, encode_removed, encode_stored
-from wire.kv_transfer import REMOTE_PREFILL_FIELDS, SGLANG_BOOTSTRAP_PORT
-from wire.openai import (
+from toposerve.simulator.bootstrap import ROUTE, Rooms, pull
+from toposerve.simulator.config import DisaggregationMode, SimConfig
+from toposerve.simulator.engine import Engine, Job
+from toposerve.simulator.kv_publisher import KVEventPublisher
+from toposerve.simulator.kvcache import BlockCache
+from toposerve.simulator.metrics import SimMetrics
+from toposerve.simulator.responses_stream import ResponseEvents
+from toposerve.topology.distance import node_tier
+from toposerve.topology.model import DomainPath
+from toposerve.wire.chat_template import chat_text, load_chat_template
+from toposerve.wire.errors import ApiError, error_response, from_validation
+from toposerve.wire.kv_events import BlockStored, encode_removed, encode_stored
+from toposerve.wire.kv_transfer import REMOTE_PREFILL_FIELDS, SGLANG_BOOTSTRAP_PORT
+from toposerve.wire.openai import (
     ChatRequest,
     CompletionRequest,
     DetokenizeRequest,
     ResponsesRequest,
     TokenizeRequest,
 )
-from wire.prompt import chat_prompt, completion_prompt, responses_items
-from wire.serving import run_app
-from wire.tokens import load_tokenizer
+from toposerve.wire.prompt import chat_prompt, completion_prompt, responses_items
+from toposerve.wire.serving import run_app
+from toposerve.wire.tokens import load_tokenizer
 
 WORDS = (" the", " kv ", " and", " for", " GPU", " one", " two", " ten")
 MAX_STORED_RESPONSES = 10_000

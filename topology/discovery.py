@@ -15,7 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from topology.model import (
+from toposerve.topology.model import (
     BDF_RE,
     Device,
     DeviceKind,
@@ -24,8 +24,8 @@ from topology.model import (
     PcieRoot,
     PcieSwitch,
 )
-from topology.profiles import DeviceModel, catalog
-from topology.quantity import parse_quantity
+from toposerve.topology.profiles import DeviceModel, catalog
+from toposerve.topology.quantity import parse_quantity
 
 # PCI vendors whose display/processing-accelerator functions are accelerators.
 ACCELERATOR_VENDORS = {"0x10de", "0x1002"}

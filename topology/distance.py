@@ -6,7 +6,7 @@ in different blocks are still different racks.
 
 from __future__ import annotations
 
-from topology.model import Affinity, DomainPath, NodeHardware, Tier, TierLink
+from toposerve.topology.model import Affinity, DomainPath, NodeHardware, Tier, TierLink
 
 # Tiers above the host, outermost first: the order paths are compared in.
 _OUTER_FIRST = (Tier.ZONE, Tier.BLOCK, Tier.RACK, Tier.NVLINK)

@@ -7,8 +7,7 @@ from __future__ import annotations
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
-
-from topology.model import DomainPath
+from toposerve.topology.model import DomainPath
 
 LABEL_PREFIX = "topology.toposerve.io"
 PROFILE_LABEL = f"{LABEL_PREFIX}/profile"

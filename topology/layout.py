@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from topology.model import DomainPath
-from topology.profiles import HardwareProfile
+from toposerve.topology.model import DomainPath
+from toposerve.topology.profiles import HardwareProfile
 
 
 @dataclass(frozen=True)

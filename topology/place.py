@@ -7,8 +7,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from pydantic import BaseModel, Field, model_validator
-
-from topology.model import DomainPath, Tier
+from toposerve.topology.model import DomainPath, Tier
 
 
 class NodePlace(BaseModel):

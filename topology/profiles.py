@@ -16,9 +16,8 @@ from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-from topology.config_file import ConfigError, load_file, parse_document
-from topology.model import (
+from toposerve.topology.config_file import ConfigError, load_file, parse_document
+from toposerve.topology.model import (
     Device,
     DeviceKind,
     NodeHardware,
@@ -28,7 +27,7 @@ from topology.model import (
     Tier,
     TierLink,
 )
-from topology.quantity import parse_quantity
+from toposerve.topology.quantity import parse_quantity
 
 
 class Spec(BaseModel):
@@ -277,7 +276,7 @@ def expand(profile: HardwareProfile) -> NodeHardware:
 
 
 def bundled_names() -> list[str]:
-    files = resources.files("topology").joinpath("profiles")
+    files = resources.files("toposerve.topology").joinpath("profiles")
     return sorted(p.name.removesuffix(".yaml") for p in files.iterdir()
                   if p.name.endswith(".yaml"))
 
@@ -290,7 +289,7 @@ def load_profile(name_or_path: str) -> HardwareProfile:
     if name_or_path not in bundled_names():
         raise ConfigError(f"unknown profile {name_or_path!r}: choose one of "
                           f"{', '.join(bundled_names())} or give a path to a .yaml file")
-    res = resources.files("topology").joinpath("profiles", f"{name_or_path}.yaml")
+    res = resources.files("toposerve.topology").joinpath("profiles", f"{name_or_path}.yaml")
     return parse_document(yaml.safe_load(res.read_text()), HardwareProfile, "HardwareProfile",
                           f"profile {name_or_path}")
 

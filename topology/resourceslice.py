@@ -8,7 +8,7 @@ to the publishing driver. Our topology attributes (``pcieSwitch``,
 ``nvlinkDomain``, ``rack``, ``block``, ``zone``) come from the same model the
 extender and router use, so "same switch" or "same NVLink domain" is a
 ``matchAttribute`` away. The drivers add their kind's own names on top
-(``dra_driver.gpu.devices``, ``dra_driver.net.devices``).
+(``toposerve.dra_driver.gpu.devices``, ``toposerve.dra_driver.net.devices``).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import re
 from functools import cache
 from typing import Any
 
-from topology.model import DeviceKind, DevicePlace, DomainPath
-from topology.quantity import format_bytes
+from toposerve.topology.model import DeviceKind, DevicePlace, DomainPath
+from toposerve.topology.quantity import format_bytes
 
 STD = "resource.kubernetes.io"
 MAX_ATTRIBUTES = 32  # attributes + capacities per device (API limit)

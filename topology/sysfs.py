@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from topology.model import Device, DeviceKind, NodeHardware, PcieRoot
-from topology.profiles import HardwareProfile
+from toposerve.topology.model import Device, DeviceKind, NodeHardware, PcieRoot
+from toposerve.topology.profiles import HardwareProfile
 
 ROOT_PORT = ("0x8086", "0x347a", "0x060400")  # vendor, device, class: a CPU root port
 SWITCH_PORT = ("0x1000", "0xc030", "0x060400")  # a PCIe switch port (PEX-class)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from topology.model import DomainPath
+from toposerve.topology.model import DomainPath
 
 
 def render_tree(paths: dict[str, DomainPath], profiles: dict[str, str],

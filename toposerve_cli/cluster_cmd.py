@@ -8,14 +8,21 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from localcluster.cluster import ClusterSpec, ClusterStatus, down, running_clusters, status, up
-from localcluster.clusters import ClusterError, api_client, kubeconfig_path
-from localcluster.install import InstallError, install, install_status
-from localcluster.realnode.node import RealNodeError
-from localcluster.realnode.node import start as start_real_node
-from localcluster.realnode.tools import find_node_tools
-from localcluster.tools import ToolsMissing
-from topology.labels import DialectName
+from toposerve.localcluster.cluster import (
+    ClusterSpec,
+    ClusterStatus,
+    down,
+    running_clusters,
+    status,
+    up,
+)
+from toposerve.localcluster.clusters import ClusterError, api_client, kubeconfig_path
+from toposerve.localcluster.install import InstallError, install, install_status
+from toposerve.localcluster.realnode.node import RealNodeError
+from toposerve.localcluster.realnode.node import start as start_real_node
+from toposerve.localcluster.realnode.tools import find_node_tools
+from toposerve.localcluster.tools import ToolsMissing
+from toposerve.topology.labels import DialectName
 
 
 def _fail(msg: str) -> int:

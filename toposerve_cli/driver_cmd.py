@@ -13,11 +13,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import structlog
-
-from dra_driver.net.handoff import DEFAULT_PLUGIN
-from kubeapi import connect
-from topology.labels import DialectName
-from toposerve_cli import logs
+from toposerve import logs
+from toposerve.dra_driver.net.handoff import DEFAULT_PLUGIN
+from toposerve.kubeapi import connect
+from toposerve.topology.labels import DialectName
 
 log = structlog.get_logger("toposerve.driver")
 
@@ -64,7 +63,7 @@ def _common(args: argparse.Namespace) -> dict[str, Any] | str:
 
 
 def _gpu(args: argparse.Namespace) -> int:
-    from dra_driver.gpu.driver import GpuDriver, GpuDriverOptions
+    from toposerve.dra_driver.gpu.driver import GpuDriver, GpuDriverOptions
 
     common = _common(args)
     if isinstance(common, str):
@@ -77,8 +76,8 @@ def _gpu(args: argparse.Namespace) -> int:
 
 
 def _net(args: argparse.Namespace) -> int:
-    from dra_driver.net.discovery import NetFilters
-    from dra_driver.net.driver import NetDriver, NetDriverOptions
+    from toposerve.dra_driver.net.discovery import NetFilters
+    from toposerve.dra_driver.net.driver import NetDriver, NetDriverOptions
 
     common = _common(args)
     if isinstance(common, str):
@@ -101,7 +100,7 @@ def _net(args: argparse.Namespace) -> int:
 
 
 def _install_cni(args: argparse.Namespace) -> int:
-    from dra_driver.net.handoff.install import (
+    from toposerve.dra_driver.net.handoff.install import (
         RECORD,
         InstallError,
         data_dir,
@@ -126,9 +125,13 @@ def _install_cni(args: argparse.Namespace) -> int:
 
 def _serve(driver: _Driver, args: argparse.Namespace) -> int:
     """Run until SIGTERM/SIGINT, with /healthz and /metrics; or ``--uninstall``."""
-    from dra_driver.kubeletplugin.checkpoint import CorruptCheckpoint
-    from dra_driver.kubeletplugin.liveness import HttpEndpoints, healthz_route, metrics_route
-    from dra_driver.net.handoff.journal import CorruptJournal
+    from toposerve.dra_driver.kubeletplugin.checkpoint import CorruptCheckpoint
+    from toposerve.dra_driver.kubeletplugin.liveness import (
+        HttpEndpoints,
+        healthz_route,
+        metrics_route,
+    )
+    from toposerve.dra_driver.net.handoff.journal import CorruptJournal
 
     if args.uninstall:
         n = driver.publisher.uninstall()
@@ -165,10 +168,10 @@ def _serve(driver: _Driver, args: argparse.Namespace) -> int:
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    from dra_driver.simulate import run
+    from toposerve.dra_driver.simulate import run
 
     if args.cluster:
-        from localcluster.clusters import ClusterError, api_client
+        from toposerve.localcluster.clusters import ClusterError, api_client
 
         try:
             api = api_client(args.cluster)
@@ -311,7 +314,7 @@ def register(sub: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m toposerve_cli.driver_cmd driver gpu ...``: the same
+    """``python -m toposerve.driver_cmd driver gpu ...``: the same
     command line as ``toposerve``, without loading the other parts' modules
     (a driver is restarted often; each start should be quick)."""
     parser = argparse.ArgumentParser(prog="toposerve")

@@ -8,13 +8,12 @@ import sys
 from typing import Any
 
 import structlog
-
-from topology.config_file import ConfigError
-from toposerve_cli.listen import listen
+from toposerve.listen import listen
+from toposerve.topology.config_file import ConfigError
 
 
 def _run(args: argparse.Namespace) -> int:
-    from scheduler_ext.config import ExtenderConfig, ServerConfig, load_extender_config
+    from toposerve.scheduler_ext.config import ExtenderConfig, ServerConfig, load_extender_config
 
     try:
         cfg = load_extender_config(args.config) if args.config else ExtenderConfig()
@@ -27,7 +26,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.port is not None:
         server["port"] = args.port
     cfg = cfg.model_copy(update={"server": ServerConfig.model_validate(server)})
-    from scheduler_ext.server import api_client, serve
+    from toposerve.scheduler_ext.server import api_client, serve
 
     api = api_client(args.kubeconfig)  # no credentials: one line, before anything serves
     sock = listen(cfg.server.host, cfg.server.port,
@@ -46,7 +45,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _scheduler_config(args: argparse.Namespace) -> int:
-    from scheduler_ext.scheduler_config import render, scheduler_config
+    from toposerve.scheduler_ext.scheduler_config import render, scheduler_config
 
     if not args.url.startswith(("http://", "https://")):
         print("error: --url: give the extender's URL prefix, e.g. http://127.0.0.1:8888",

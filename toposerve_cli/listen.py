@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import socket
 
-from wire.serving import bind
+from toposerve.wire.serving import bind
 
 
 class ListenError(Exception):

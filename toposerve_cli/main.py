@@ -8,11 +8,11 @@ import select
 import sys
 from collections.abc import Callable, Sequence
 
-import kubeapi
-from toposerve_cli import (
+from toposerve import (
     cluster_cmd,
     driver_cmd,
     extender_cmd,
+    kubeapi,
     logs,
     manifests_cmd,
     router_cmd,
@@ -20,7 +20,7 @@ from toposerve_cli import (
     sim_cmd,
     topology_cmd,
 )
-from toposerve_cli.listen import ListenError
+from toposerve.listen import ListenError
 
 # The optional dependencies (pyproject's extras) by the module a part imports.
 EXTRAS = {"pyroute2": "net", "tokenizers": "precise", "tqdm": "scale", "psutil": "scale",

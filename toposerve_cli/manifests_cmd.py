@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from manifests.render import RenderError, render
-from manifests.values import COMPONENTS, load_values, values_schema
-from topology.config_file import ConfigError
+from toposerve.manifests.render import RenderError, render
+from toposerve.manifests.values import COMPONENTS, load_values, values_schema
+from toposerve.topology.config_file import ConfigError
 
 
 def _render(args: argparse.Namespace) -> int:

@@ -8,14 +8,13 @@ from typing import Any
 
 import structlog
 from pydantic import ValidationError
-
-from kubeapi import connect
-from router.config import RouterConfig, load_router_config, quick_config
-from router.scheduling.registry import PluginError
-from topology.config_file import ConfigError, explain
-from toposerve_cli.listen import listen
-from wire.chat_template import ChatTemplateError
-from wire.tokens import TokenizerError
+from toposerve.kubeapi import connect
+from toposerve.listen import listen
+from toposerve.router.config import RouterConfig, load_router_config, quick_config
+from toposerve.router.scheduling.registry import PluginError
+from toposerve.topology.config_file import ConfigError, explain
+from toposerve.wire.chat_template import ChatTemplateError
+from toposerve.wire.tokens import TokenizerError
 
 
 def _flag(loc: tuple[int | str, ...]) -> str:
@@ -45,7 +44,7 @@ def _kubeconfigs(cfg: RouterConfig) -> list[str | None]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from router.http.server import Router, serve
+    from toposerve.router.http.server import Router, serve
 
     try:
         cfg = _load(args)

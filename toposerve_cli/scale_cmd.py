@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from topology.config_file import ConfigError
+from toposerve.topology.config_file import ConfigError
 
 
 def _fail(msg: str) -> int:
@@ -17,11 +17,11 @@ def _fail(msg: str) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from localcluster.clusters import ClusterError
-    from localcluster.scale import report, runner
-    from localcluster.scale.fit import DoesNotFit
-    from localcluster.scale.scenario import load_scenario, resolve
-    from localcluster.tools import ToolsMissing
+    from toposerve.localcluster.clusters import ClusterError
+    from toposerve.localcluster.scale import report, runner
+    from toposerve.localcluster.scale.fit import DoesNotFit
+    from toposerve.localcluster.scale.scenario import load_scenario, resolve
+    from toposerve.localcluster.tools import ToolsMissing
 
     try:
         sc = load_scenario(resolve(args.file))
@@ -38,7 +38,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from localcluster.scale import report
+    from toposerve.localcluster.scale import report
 
     out = Path(args.dir)
     if not (out / report.RESULT).is_file():
@@ -53,8 +53,8 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from localcluster.scale import fit
-    from localcluster.scale.scenario import builtins, load_scenario
+    from toposerve.localcluster.scale import fit
+    from toposerve.localcluster.scale.scenario import builtins, load_scenario
 
     free = fit.mem_available_mib()
     if args.biggest_fitting:

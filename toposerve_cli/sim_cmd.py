@@ -9,12 +9,11 @@ from typing import Any
 
 import structlog
 from pydantic import ValidationError
-
-from simulator.config import SimConfig
-from topology.config_file import explain
-from toposerve_cli.listen import listen
-from wire.chat_template import ChatTemplateError
-from wire.tokens import TokenizerError
+from toposerve.listen import listen
+from toposerve.simulator.config import SimConfig
+from toposerve.topology.config_file import explain
+from toposerve.wire.chat_template import ChatTemplateError
+from toposerve.wire.tokens import TokenizerError
 
 # flag -> SimConfig field; every field gets a flag with its default and help
 _SKIP = {"served_model_names"}
@@ -35,7 +34,7 @@ def _run(args: argparse.Namespace) -> int:
     except ValidationError as err:
         print(f"error: {explain(err, 'toposerve sim', name=_flag)}", file=sys.stderr)
         return 2
-    from simulator.server import build_app, serve
+    from toposerve.simulator.server import build_app, serve
 
     try:
         app = build_app(cfg)  # the tokenizer and chat template load here, before listening

@@ -8,14 +8,14 @@ import json
 import sys
 from typing import Any
 
-from topology.config_file import ConfigError
-from topology.discovery import discover
-from topology.labels import PRESETS, PROFILE_LABEL, DialectName, from_labels
-from topology.model import DeviceKind
-from topology.profiles import bundled_names, load_profile
-from topology.resourceslice import device_entry
-from topology.sysfs import write_profile_sysfs
-from topology.tree import render_tree
+from toposerve.topology.config_file import ConfigError
+from toposerve.topology.discovery import discover
+from toposerve.topology.labels import PRESETS, PROFILE_LABEL, DialectName, from_labels
+from toposerve.topology.model import DeviceKind
+from toposerve.topology.profiles import bundled_names, load_profile
+from toposerve.topology.resourceslice import device_entry
+from toposerve.topology.sysfs import write_profile_sysfs
+from toposerve.topology.tree import render_tree
 
 
 def _fail(msg: str) -> int:
@@ -60,9 +60,8 @@ def _show(args: argparse.Namespace) -> int:
                                       f"{link.latency_us:g}us" for t, link in p.links().items()))
         return 0
     from kubernetes import client
-
-    from localcluster.clusters import ClusterError, api_client
-    from localcluster.nodes import node_labels
+    from toposerve.localcluster.clusters import ClusterError, api_client
+    from toposerve.localcluster.nodes import node_labels
 
     try:
         labels = node_labels(client.CoreV1Api(api_client(args.name)))

@@ -26,8 +26,7 @@ import jinja2.ext
 import jinja2.meta
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-from wire.prompt import chat_prompt
+from toposerve.wire.prompt import chat_prompt
 
 # Hugging Face's named special tokens, each a template variable
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
@@ -307,7 +306,7 @@ def load_chat_template(tokenizer: str | None, template: str | None = None
 def chat_text(template: ChatTemplate | None, request: Mapping[str, Any]
               ) -> tuple[str, str | None]:
     """The prompt text of a chat request and, when it is not the template's,
-    why: then it is the approximate ``wire.prompt.chat_prompt``."""
+    why: then it is the approximate ``toposerve.wire.prompt.chat_prompt``."""
     if template is None:
         return chat_prompt(request.get("messages") or []), NO_TEMPLATE
     try:

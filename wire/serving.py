@@ -6,7 +6,7 @@ aiohttp's plain-text page that quotes the offending line back.
 aiohttp answers such requests before any middleware runs, from its
 connection class's ``handle_error``; this swaps in a connection class
 whose ``handle_error`` asks the app's error factory instead. The log line
-for it is ``toposerve_cli.logs.ClientProtocolErrors``' (nothing of the line
+for it is ``toposerve.logs.ClientProtocolErrors``' (nothing of the line
 itself is logged).
 
 It also accepts connections itself (``_AcceptingSite``): every waiting

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from dra_driver._generated import health_v1alpha1_pb2 as health__v1alpha1__pb2
+from toposerve.dra_driver._generated import health_v1alpha1_pb2 as health__v1alpha1__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

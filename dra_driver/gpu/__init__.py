@@ -1,2 +1,2 @@
 """The GPU DRA driver ``gpu.toposerve.io`` on the framework
-(``dra_driver.kubeletplugin``, ``dra_driver.resourceslice``)."""
+(``toposerve.dra_driver.kubeletplugin``, ``toposerve.dra_driver.resourceslice``)."""

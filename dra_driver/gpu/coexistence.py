@@ -15,9 +15,8 @@ from typing import Any
 import structlog
 from kubernetes.client import ApiClient, CoreV1Api, ResourceV1Api
 from prometheus_client import Gauge
-
-from dra_driver.gpu.nvml import NvmlNode
-from topology.model import DeviceKind, NodeHardware
+from toposerve.dra_driver.gpu.nvml import NvmlNode
+from toposerve.topology.model import DeviceKind, NodeHardware
 
 log = structlog.get_logger("dra.gpu.coexistence")
 

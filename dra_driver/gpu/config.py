@@ -16,9 +16,8 @@ from __future__ import annotations
 from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator
-
-from dra_driver.kubeletplugin.cdi import ENV_NAME
-from dra_driver.kubeletplugin.opaque import OpaqueConfig
+from toposerve.dra_driver.kubeletplugin.cdi import ENV_NAME
+from toposerve.dra_driver.kubeletplugin.opaque import OpaqueConfig
 
 
 class GpuConfig(OpaqueConfig):

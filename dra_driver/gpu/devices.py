@@ -4,7 +4,7 @@ Whole GPUs are ``gpu-<index>`` with the attribute names NVIDIA's DRA
 driver uses where they exist (``type``, ``uuid``, ``productName``,
 ``brand``, ``architecture``, ``cudaComputeCapability``, ``driverVersion``,
 ``cudaDriverVersion``, ``index``, ``minor``), memory as capacity, and the
-shared placement vocabulary (``topology.resourceslice``).
+shared placement vocabulary (``toposerve.topology.resourceslice``).
 
 A GPU whose model declares partitions (MIG-like, in the profile) is
 published (unless the node's ``gpu.toposerve.io/partitions`` label is
@@ -30,13 +30,26 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from dra_driver.gpu.nvml import NvmlGpu, NvmlNode
-from dra_driver.resourceslice import Pool
-from topology.config_file import ConfigError
-from topology.model import DeviceKind, DevicePlace, NodeTopology
-from topology.profiles import DeviceModel, PartitionLayout, PartitionProfile, catalog, load_profile
-from topology.quantity import format_bytes, parse_quantity
-from topology.resourceslice import check_entry, device_entry, integer, quantity, string, version
+from toposerve.dra_driver.gpu.nvml import NvmlGpu, NvmlNode
+from toposerve.dra_driver.resourceslice import Pool
+from toposerve.topology.config_file import ConfigError
+from toposerve.topology.model import DeviceKind, DevicePlace, NodeTopology
+from toposerve.topology.profiles import (
+    DeviceModel,
+    PartitionLayout,
+    PartitionProfile,
+    catalog,
+    load_profile,
+)
+from toposerve.topology.quantity import format_bytes, parse_quantity
+from toposerve.topology.resourceslice import (
+    check_entry,
+    device_entry,
+    integer,
+    quantity,
+    string,
+    version,
+)
 
 DRIVER = "gpu.toposerve.io"
 NVIDIA = "0x10de"

@@ -1,7 +1,7 @@
 """The GPU driver ``gpu.toposerve.io``: discovery from sysfs (placement),
 NVML (what each NVIDIA GPU is, ``nvml.py``) and the node's labels -> one
 pool (``devices.gpu_pool``) -> the publisher; prepare and unprepare through
-the framework (``dra_driver.kubeletplugin``); health from sysfs and NVML
+the framework (``toposerve.dra_driver.kubeletplugin``); health from sysfs and NVML
 (critical XIDs, lost GPUs), each cause a taint of its own (``Faults``).
 
 It does not publish GPUs that NVIDIA's device plugin or NVIDIA's DRA driver
@@ -18,14 +18,13 @@ from typing import Any
 
 import structlog
 from kubernetes.client import ApiClient, CoreV1Api
-
-from dra_driver.driver_process import DriverProcess, Latest, PluginOptions
-from dra_driver.gpu.coexistence import NvidiaNeighbours
-from dra_driver.gpu.config import GpuConfig
-from dra_driver.gpu.devices import DRIVER, gpu_pool, partitions_wanted
-from dra_driver.gpu.edits import gpu_edits, resolve
-from dra_driver.gpu.nvml import IGNORED_XIDS, Nvml, XidEvent
-from dra_driver.kubeletplugin import (
+from toposerve.dra_driver.driver_process import DriverProcess, Latest, PluginOptions
+from toposerve.dra_driver.gpu.coexistence import NvidiaNeighbours
+from toposerve.dra_driver.gpu.config import GpuConfig
+from toposerve.dra_driver.gpu.devices import DRIVER, gpu_pool, partitions_wanted
+from toposerve.dra_driver.gpu.edits import gpu_edits, resolve
+from toposerve.dra_driver.gpu.nvml import IGNORED_XIDS, Nvml, XidEvent
+from toposerve.dra_driver.kubeletplugin import (
     AllocatedDevice,
     ClaimRef,
     HealthBoard,
@@ -34,10 +33,10 @@ from dra_driver.kubeletplugin import (
     metrics,
     parse_opaque,
 )
-from dra_driver.resourceslice import Pool
-from topology.discovery import discover
-from topology.labels import PRESETS, PROFILE_LABEL, from_labels
-from topology.model import NodeTopology
+from toposerve.dra_driver.resourceslice import Pool
+from toposerve.topology.discovery import discover
+from toposerve.topology.labels import PRESETS, PROFILE_LABEL, from_labels
+from toposerve.topology.model import NodeTopology
 
 log = structlog.get_logger("dra.gpu")
 

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dra_driver.gpu.config import GpuConfig
-from dra_driver.kubeletplugin import ContainerEdits, DeviceNode, PreparedEdits
-from topology.model import Device, DeviceKind, DevicePlace, NodeHardware
+from toposerve.dra_driver.gpu.config import GpuConfig
+from toposerve.dra_driver.kubeletplugin import ContainerEdits, DeviceNode, PreparedEdits
+from toposerve.topology.model import Device, DeviceKind, DevicePlace, NodeHardware
 
 NVIDIA, AMD = "0x10de", "0x1002"
 _CONTROL = {NVIDIA: ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"), AMD: ("kfd",)}

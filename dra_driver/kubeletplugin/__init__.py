@@ -5,16 +5,21 @@ health). Knows nothing of GPUs or NICs; a device kind (``DeviceKind``) plugs
 in, and its opaque config is an ``OpaqueConfig``. Of the ResourceSlice side
 it uses only the ``Pool`` data type."""
 
-from dra_driver.kubeletplugin.cdi import ContainerEdits, DeviceNode, Mount
-from dra_driver.kubeletplugin.device_kind import (
+from toposerve.dra_driver.kubeletplugin.cdi import ContainerEdits, DeviceNode, Mount
+from toposerve.dra_driver.kubeletplugin.device_kind import (
     AllocatedDevice,
     ClaimRef,
     DeviceKind,
     PreparedEdits,
 )
-from dra_driver.kubeletplugin.health import HealthBoard
-from dra_driver.kubeletplugin.opaque import OpaqueConfig, merge_opaque, parse_opaque, problems
-from dra_driver.kubeletplugin.plugin import KubeletPlugin, PluginConfig
+from toposerve.dra_driver.kubeletplugin.health import HealthBoard
+from toposerve.dra_driver.kubeletplugin.opaque import (
+    OpaqueConfig,
+    merge_opaque,
+    parse_opaque,
+    problems,
+)
+from toposerve.dra_driver.kubeletplugin.plugin import KubeletPlugin, PluginConfig
 
 __all__ = [
     "AllocatedDevice", "ClaimRef", "ContainerEdits", "DeviceKind", "DeviceNode", "HealthBoard",

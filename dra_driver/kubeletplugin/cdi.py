@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dra_driver.kubeletplugin.files import write_atomic
+from toposerve.dra_driver.kubeletplugin.files import write_atomic
 
 CDI_VERSION = "1.1.0"
 DEFAULT_CDI_ROOT = Path("/var/run/cdi")

@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-from dra_driver.kubeletplugin.files import write_atomic
+from toposerve.dra_driver.kubeletplugin.files import write_atomic
 
 VERSION = 1
 BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")

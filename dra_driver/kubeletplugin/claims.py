@@ -11,8 +11,7 @@ from typing import Any
 
 from kubernetes.client import ApiClient, ResourceV1Api
 from kubernetes.client.exceptions import ApiException
-
-from dra_driver.kubeletplugin.device_kind import AllocatedDevice, ClaimRef
+from toposerve.dra_driver.kubeletplugin.device_kind import AllocatedDevice, ClaimRef
 
 
 class ClaimError(Exception):

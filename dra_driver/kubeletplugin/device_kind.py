@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from dra_driver.kubeletplugin.cdi import ContainerEdits
-from dra_driver.resourceslice import Pool
+from toposerve.dra_driver.kubeletplugin.cdi import ContainerEdits
+from toposerve.dra_driver.resourceslice import Pool
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,7 @@ from enum import IntEnum
 from typing import Any
 
 import grpc
-
-from dra_driver._generated import (
+from toposerve.dra_driver._generated import (
     health_v1_pb2,
     health_v1_pb2_grpc,
     health_v1alpha1_pb2,

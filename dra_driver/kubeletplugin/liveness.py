@@ -13,11 +13,10 @@ from pathlib import Path
 import grpc
 import prometheus_client
 import structlog
-
-from dra_driver._generated import dra_v1_pb2, dra_v1_pb2_grpc
-from dra_driver._generated import pluginregistration_pb2 as reg_pb2
-from dra_driver._generated import pluginregistration_pb2_grpc as reg_grpc
-from dra_driver.kubeletplugin.sockets import grpc_target
+from toposerve.dra_driver._generated import dra_v1_pb2, dra_v1_pb2_grpc
+from toposerve.dra_driver._generated import pluginregistration_pb2 as reg_pb2
+from toposerve.dra_driver._generated import pluginregistration_pb2_grpc as reg_grpc
+from toposerve.dra_driver.kubeletplugin.sockets import grpc_target
 
 log = structlog.get_logger("dra.liveness")
 

@@ -28,33 +28,35 @@ from typing import Any, Protocol
 
 import grpc
 import structlog
-
-from dra_driver.kubeletplugin import metrics
-from dra_driver.kubeletplugin.cdi import CdiSpecs
-from dra_driver.kubeletplugin.checkpoint import (
+from toposerve.dra_driver.kubeletplugin import metrics
+from toposerve.dra_driver.kubeletplugin.cdi import CdiSpecs
+from toposerve.dra_driver.kubeletplugin.checkpoint import (
     Checkpoint,
     CheckpointData,
     ClaimEntry,
     ClaimState,
     PreparedDevice,
 )
-from dra_driver.kubeletplugin.claim_status import (
+from toposerve.dra_driver.kubeletplugin.claim_status import (
     DeviceStatus,
     apply_device_status,
     clear_device_status,
 )
-from dra_driver.kubeletplugin.claims import (
+from toposerve.dra_driver.kubeletplugin.claims import (
     ClaimError,
     allocated_devices,
     fetch_claim,
     reserved_pods,
 )
-from dra_driver.kubeletplugin.device_kind import AllocatedDevice, ClaimRef, DeviceKind
-from dra_driver.kubeletplugin.health import DeviceHealth, HealthBoard, add_health_services
-from dra_driver.kubeletplugin.plugin_server import add_dra_services
-from dra_driver.kubeletplugin.registration import RegistrationServicer, add_registration_service
-from dra_driver.kubeletplugin.sockets import PluginPaths, grpc_target, remove_stale_socket
-from dra_driver.resourceslice import Pool
+from toposerve.dra_driver.kubeletplugin.device_kind import AllocatedDevice, ClaimRef, DeviceKind
+from toposerve.dra_driver.kubeletplugin.health import DeviceHealth, HealthBoard, add_health_services
+from toposerve.dra_driver.kubeletplugin.plugin_server import add_dra_services
+from toposerve.dra_driver.kubeletplugin.registration import (
+    RegistrationServicer,
+    add_registration_service,
+)
+from toposerve.dra_driver.kubeletplugin.sockets import PluginPaths, grpc_target, remove_stale_socket
+from toposerve.dra_driver.resourceslice import Pool
 
 log = structlog.get_logger("dra.plugin")
 

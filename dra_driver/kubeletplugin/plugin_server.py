@@ -8,10 +8,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import grpc
-
-from dra_driver._generated import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
-from dra_driver.kubeletplugin.checkpoint import PreparedDevice
-from dra_driver.kubeletplugin.device_kind import ClaimRef
+from toposerve.dra_driver._generated import (
+    dra_v1_pb2,
+    dra_v1_pb2_grpc,
+    dra_v1beta1_pb2,
+    dra_v1beta1_pb2_grpc,
+)
+from toposerve.dra_driver.kubeletplugin.checkpoint import PreparedDevice
+from toposerve.dra_driver.kubeletplugin.device_kind import ClaimRef
 
 
 class PrepareOutcome(Protocol):

@@ -9,9 +9,8 @@ from typing import Any
 
 import grpc
 import structlog
-
-from dra_driver._generated import pluginregistration_pb2 as pb2
-from dra_driver._generated import pluginregistration_pb2_grpc as stubs
+from toposerve.dra_driver._generated import pluginregistration_pb2 as pb2
+from toposerve.dra_driver._generated import pluginregistration_pb2_grpc as stubs
 
 DRA_PLUGIN_TYPE = "DRAPlugin"
 log = structlog.get_logger("dra.registration")

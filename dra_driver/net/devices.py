@@ -17,11 +17,11 @@ import re
 from functools import cache
 from typing import Any
 
-from dra_driver.net.discovery import Nic
-from dra_driver.resourceslice import Pool
-from topology.model import Device, DeviceKind, DevicePlace, DomainPath, NodeTopology
-from topology.profiles import DeviceModel, catalog
-from topology.resourceslice import (
+from toposerve.dra_driver.net.discovery import Nic
+from toposerve.dra_driver.resourceslice import Pool
+from toposerve.topology.model import Device, DeviceKind, DevicePlace, DomainPath, NodeTopology
+from toposerve.topology.profiles import DeviceModel, catalog
+from toposerve.topology.resourceslice import (
     MAX_STRING,
     boolean,
     check_entry,

@@ -25,8 +25,8 @@ from ipaddress import ip_interface
 from pathlib import Path
 from typing import Any
 
-from topology.discovery import _placement
-from topology.model import BDF_RE
+from toposerve.topology.discovery import _placement
+from toposerve.topology.model import BDF_RE
 
 # PCI base class 0x02 is "network controller" (Ethernet 0x0200, InfiniBand
 # 0x0207, ...): every function of it is a NIC candidate.

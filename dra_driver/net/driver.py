@@ -1,6 +1,6 @@
 """The NIC driver ``net.toposerve.io``: discovery (sysfs + netlink) and the
 node's labels -> one pool (``devices.discovered_pool``) -> the publisher;
-prepare and unprepare through the framework (``dra_driver.kubeletplugin``).
+prepare and unprepare through the framework (``toposerve.dra_driver.kubeletplugin``).
 
 ``prepare`` moves nothing: it checks each NIC's merged ``NetConfig``,
 writes the claim's hand-off record (``records``) for the CNI plugin that
@@ -22,9 +22,8 @@ from typing import Any
 
 import structlog
 from kubernetes.client import ApiClient, CoreV1Api
-
-from dra_driver.driver_process import DriverProcess, Latest, PluginOptions
-from dra_driver.kubeletplugin import (
+from toposerve.dra_driver.driver_process import DriverProcess, Latest, PluginOptions
+from toposerve.dra_driver.kubeletplugin import (
     AllocatedDevice,
     ClaimRef,
     ContainerEdits,
@@ -34,15 +33,15 @@ from dra_driver.kubeletplugin import (
     merge_opaque,
     parse_opaque,
 )
-from dra_driver.net.config import NetConfig
-from dra_driver.net.devices import DRIVER, discovered_pool
-from dra_driver.net.discovery import NetFilters, Nic, discover
-from dra_driver.net.handoff import cni
-from dra_driver.net.handoff.journal import DEFAULT_JOURNAL_DIR, Journal
-from dra_driver.net.handoff.mover import repair_journal
-from dra_driver.net.handoff.server import HandoffServer
-from dra_driver.net.link_events import LinkWatch
-from dra_driver.net.records import (
+from toposerve.dra_driver.net.config import NetConfig
+from toposerve.dra_driver.net.devices import DRIVER, discovered_pool
+from toposerve.dra_driver.net.discovery import NetFilters, Nic, discover
+from toposerve.dra_driver.net.handoff import cni
+from toposerve.dra_driver.net.handoff.journal import DEFAULT_JOURNAL_DIR, Journal
+from toposerve.dra_driver.net.handoff.mover import repair_journal
+from toposerve.dra_driver.net.handoff.server import HandoffServer
+from toposerve.dra_driver.net.link_events import LinkWatch
+from toposerve.dra_driver.net.records import (
     DEFAULT_STATE_DIR,
     ClaimRecord,
     NicHandoff,
@@ -50,9 +49,9 @@ from dra_driver.net.records import (
     remove_record,
     write_record,
 )
-from dra_driver.resourceslice import Pool
-from topology.labels import PRESETS, from_labels
-from topology.model import DomainPath
+from toposerve.dra_driver.resourceslice import Pool
+from toposerve.topology.labels import PRESETS, from_labels
+from toposerve.topology.model import DomainPath
 
 log = structlog.get_logger("toposerve.net.driver")
 

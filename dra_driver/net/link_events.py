@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
-
-from dra_driver.net.handoff.links import netlink_socket_in
+from toposerve.dra_driver.net.handoff.links import netlink_socket_in
 
 log = structlog.get_logger("toposerve.net.link_events")
 POLL_S = 0.5  # how soon stop() is noticed when nothing happens

@@ -18,10 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-from dra_driver.kubeletplugin.files import remove_temp_files, write_atomic
-from dra_driver.kubeletplugin.opaque import problems
-from dra_driver.net.config import NetConfig
+from toposerve.dra_driver.kubeletplugin.files import remove_temp_files, write_atomic
+from toposerve.dra_driver.kubeletplugin.opaque import problems
+from toposerve.dra_driver.net.config import NetConfig
 
 VERSION = 1
 DEFAULT_STATE_DIR = Path("/var/lib/kubelet/plugins/net.toposerve.io/handoff")

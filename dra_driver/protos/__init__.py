@@ -1,4 +1,4 @@
 """The kubelet's gRPC contracts as .proto files, written from docs/design.md §4.
 
-``python -m dra_driver.protos.generate`` (``make protos``) writes the Python
+``python -m toposerve.dra_driver.protos.generate`` (``make protos``) writes the Python
 stubs into ``dra_driver/_generated``."""

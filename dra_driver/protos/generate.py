@@ -2,7 +2,7 @@
 
 grpcio-tools writes ``import x_pb2`` as if the output directory were on
 ``sys.path``; the stubs live in a package, so those imports are rewritten to
-``from dra_driver._generated import x_pb2``.
+``from toposerve.dra_driver._generated import x_pb2``.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-PROTO_DIR = Path(__file__).parent
+PROTO_DIR = Path(__file__).resolve().parent  # the real folder, not an editable install's link tree
 OUT_DIR = PROTO_DIR.parent / "_generated"
-PACKAGE = "dra_driver._generated"
+PACKAGE = "toposerve.dra_driver._generated"
 _IMPORT = re.compile(r"^import (\w+_pb2) as (\w+)$", re.MULTILINE)
 
 

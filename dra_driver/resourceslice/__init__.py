@@ -3,7 +3,7 @@
 (``publisher``) turns desired pools into the fewest API writes; what to
 write is decided by pure functions (``slice_plan``)."""
 
-from dra_driver.resourceslice.publisher import ReconcileStats, SlicePublisher
-from dra_driver.resourceslice.slice_plan import Pool
+from toposerve.dra_driver.resourceslice.publisher import ReconcileStats, SlicePublisher
+from toposerve.dra_driver.resourceslice.slice_plan import Pool
 
 __all__ = ["Pool", "ReconcileStats", "SlicePublisher"]

@@ -28,10 +28,9 @@ from typing import Any
 import orjson
 import structlog
 from prometheus_client import Counter, Gauge
-
-from dra_driver.resourceslice import slice_plan
-from dra_driver.resourceslice.slice_plan import DesiredPool, Observed, Pool, Write
-from kubeapi import ApiError, JsonApi, Reflector, WorkQueue, backoff
+from toposerve.dra_driver.resourceslice import slice_plan
+from toposerve.dra_driver.resourceslice.slice_plan import DesiredPool, Observed, Pool, Write
+from toposerve.kubeapi import ApiError, JsonApi, Reflector, WorkQueue, backoff
 
 __all__ = ["ReconcileStats", "SlicePublisher"]
 

@@ -200,7 +200,7 @@ def conflist(conf: NetConf, chained: tuple[dict[str, Any], ...] = ()) -> dict[st
                          "dataDir": str(conf.data_dir)}, *chained]}
 
 
-def launcher(python: str, module: str = "localcluster.realnode.cni") -> str:
+def launcher(python: str, module: str = "toposerve.localcluster.realnode.cni") -> str:
     """The executable containerd finds in its CNI bin dir: ``module``'s
     ``main`` run by the given interpreter (the venv's, so pyroute2 is
     importable)."""

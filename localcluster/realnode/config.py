@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from localcluster.realnode.paths import (
+from toposerve.localcluster.realnode.paths import (
     KUBELET_HEALTHZ_PORT,
     KUBELET_PORT,
     PAUSE_IMAGE,

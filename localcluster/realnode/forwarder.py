@@ -3,7 +3,7 @@ binary (``dra_driver/net/handoff/cni-forwarder/``, stdlib only,
 ``CGO_ENABLED=0``) that forwards each CNI call to the NIC driver's resident
 hand-off server, so a node needs no Python for it. Built into the tool cache
 keyed by a hash of its source (``make nic-cni``, or ``python -m
-localcluster.realnode.forwarder``, which prints the path). Tooling: the
+toposerve.localcluster.realnode.forwarder``, which prints the path). Tooling: the
 driver only takes the built binary's path (``toposerve driver net install
 --plugin``)."""
 
@@ -16,11 +16,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import dra_driver.net.handoff
-from dra_driver.net.handoff.cni import PLUGIN_TYPE as NAME
-from localcluster.tools import cache_dir
+import toposerve.dra_driver.net.handoff
+from toposerve.dra_driver.net.handoff.cni import PLUGIN_TYPE as NAME
+from toposerve.localcluster.tools import cache_dir
 
-SOURCE = Path(dra_driver.net.handoff.__file__).parent / "cni-forwarder"
+SOURCE = Path(toposerve.dra_driver.net.handoff.__file__).resolve().parent / "cni-forwarder"
 
 
 class ForwarderMissing(RuntimeError):

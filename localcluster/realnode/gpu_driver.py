@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from localcluster.realnode.fakedev import stand_in_dev_root
-from localcluster.realnode.host_driver import CDI_ROOT, HostDriver
-from topology.profiles import load_profile
-from topology.sysfs import write_profile_sysfs
+from toposerve.localcluster.realnode.fakedev import stand_in_dev_root
+from toposerve.localcluster.realnode.host_driver import CDI_ROOT, HostDriver
+from toposerve.topology.profiles import load_profile
+from toposerve.topology.sysfs import write_profile_sysfs
 
 DRIVER = "gpu.toposerve.io"
 PLUGIN_DIR = Path("/var/lib/kubelet/plugins") / DRIVER  # the driver's default: the kubelet's

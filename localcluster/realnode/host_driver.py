@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from localcluster.realnode.paths import NODE_NAME
+from toposerve.localcluster.realnode.paths import NODE_NAME
 
 CDI_ROOT = Path("/var/run/cdi")  # one of the real node's containerd CDI spec dirs
 
@@ -34,8 +34,8 @@ class HostDriver:
 
     def argv(self) -> list[str]:
         kind, *rest = self.driver_args()
-        # toposerve_cli.driver_cmd, not the console script: it starts without the other parts
-        return [sys.executable, "-m", "toposerve_cli.driver_cmd", "--log-level", "info",
+        # toposerve.driver_cmd, not the console script: it starts without the other parts
+        return [sys.executable, "-m", "toposerve.driver_cmd", "--log-level", "info",
                 "driver", kind, "--node-name", NODE_NAME, "--kubeconfig", str(self.kubeconfig),
                 "--cdi-root", str(CDI_ROOT), "--http-address", self.http_address, *rest]
 

@@ -3,7 +3,7 @@
 layout as the GPU driver's, so GPU and NIC share PCIe roots), its NICs
 veth stand-ins in the host's namespace (``nics``) named as that tree names
 them. The hand-off into pods: the node always chains the CNI plugin
-``toposerve-nic`` (the static Go forwarder, ``localcluster.realnode.forwarder``),
+``toposerve-nic`` (the static Go forwarder, ``toposerve.localcluster.realnode.forwarder``),
 which has this process's resident hand-off server do the move."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from localcluster.realnode import nics
-from localcluster.realnode.host_driver import HostDriver
-from topology.profiles import load_profile
-from topology.sysfs import write_profile_sysfs
+from toposerve.localcluster.realnode import nics
+from toposerve.localcluster.realnode.host_driver import HostDriver
+from toposerve.topology.profiles import load_profile
+from toposerve.topology.sysfs import write_profile_sysfs
 
 DRIVER = "net.toposerve.io"
 PLUGIN_DIR = Path("/var/lib/kubelet/plugins") / DRIVER  # the driver's default: the kubelet's

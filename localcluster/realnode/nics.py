@@ -16,7 +16,7 @@ from ipaddress import IPv4Interface
 from pathlib import Path
 from typing import Any
 
-from topology.model import DeviceKind, NodeHardware
+from toposerve.topology.model import DeviceKind, NodeHardware
 
 FABRIC_NETNS = Path("/var/run/netns/toposerve-fabric")
 FABRIC_SUFFIX = "f"  # enp24s0 <-> enp24s0f in the fabric
@@ -51,7 +51,7 @@ def _netns() -> Any:
 
 def create(stand_ins: list[StandIn], fabric: Path = FABRIC_NETNS) -> None:
     """The fabric namespace and the pairs (an earlier run's removed first)."""
-    from dra_driver.net.handoff.links import Namespace
+    from toposerve.dra_driver.net.handoff.links import Namespace
 
     remove(fabric)
     _netns().create(fabric.name)

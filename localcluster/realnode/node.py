@@ -19,14 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from dra_driver.net.handoff import cni as nic_cni
-from dra_driver.net.handoff.install import install as install_nic_cni
-from kubeapi import ApiError, JsonApi
-from localcluster.clusters import ClusterError, api_client, cluster_dir, kubeconfig_path
-from localcluster.realnode import cni, config, images, teardown
-from localcluster.realnode.forwarder import build as build_forwarder
-from localcluster.realnode.paths import (
+from toposerve.dra_driver.net.handoff import cni as nic_cni
+from toposerve.dra_driver.net.handoff.install import install as install_nic_cni
+from toposerve.kubeapi import ApiError, JsonApi
+from toposerve.localcluster.clusters import ClusterError, api_client, cluster_dir, kubeconfig_path
+from toposerve.localcluster.realnode import cni, config, images, teardown
+from toposerve.localcluster.realnode.forwarder import build as build_forwarder
+from toposerve.localcluster.realnode.paths import (
     BUSYBOX_IMAGE,
     KUBELET_HEALTHZ_PORT,
     KUBELET_PORT,
@@ -37,7 +36,7 @@ from localcluster.realnode.paths import (
     Layout,
     default_layout,
 )
-from localcluster.realnode.tools import NodeTools, find_node_tools
+from toposerve.localcluster.realnode.tools import NodeTools, find_node_tools
 
 Progress = Callable[[str], None]
 
@@ -171,7 +170,7 @@ def _write_configs(layout: Layout, tools: NodeTools, cluster_kubeconfig: Path,
     ctd = layout.config / "containerd.toml"
     ctd.write_text(config.to_toml(config.containerd_config(layout, tools.runc)))
     plugin = layout.cni_bin / cni.PLUGIN_TYPE
-    plugin.write_text(cni.launcher(sys.executable, "localcluster.realnode.cni"))
+    plugin.write_text(cni.launcher(sys.executable, "toposerve.localcluster.realnode.cni"))
     plugin.chmod(0o755)
     # the NIC hand-off as a real node has it: the static Go forwarder
     install_nic_cni(layout.cni_bin, build_forwarder())

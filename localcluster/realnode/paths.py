@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from localcluster.tools import state_dir
+from toposerve.localcluster.tools import state_dir
 
 # The kubelet advertises its --hostname-override as the node's InternalIP when
 # it is an IP literal; any other name makes it pick the machine's own address.

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from localcluster.realnode.paths import (
+from toposerve.localcluster.realnode.paths import (
     BUSYBOX_IMAGE,
     REAL_NODE_LABEL,
     REAL_NODE_TOLERATION,

@@ -17,9 +17,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from localcluster.processes import commands_under
-from localcluster.realnode import nics
-from localcluster.realnode.paths import Layout
+from toposerve.localcluster.processes import commands_under
+from toposerve.localcluster.realnode import nics
+from toposerve.localcluster.realnode.paths import Layout
 
 MNT_DETACH = 2
 Progress = Callable[[str], None]

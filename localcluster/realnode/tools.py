@@ -8,7 +8,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from localcluster.tools import ToolsMissing, cache_dir, versions
+from toposerve.localcluster.tools import ToolsMissing, cache_dir, versions
 
 
 @dataclass(frozen=True)

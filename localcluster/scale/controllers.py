@@ -19,10 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
-from localcluster.nodes import KWOK_TOLERATION
-from topology.labels import PROFILE_LABEL
-from topology.workloads import (
+from toposerve.localcluster.nodes import KWOK_TOLERATION
+from toposerve.topology.labels import PROFILE_LABEL
+from toposerve.topology.workloads import (
     DS,
     DS_NAME,
     DS_REVISION,

@@ -9,14 +9,14 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from dra_driver.gpu.devices import DRIVER as GPU_DRIVER
-from dra_driver.gpu.devices import gpu_pool
-from dra_driver.net.devices import DRIVER as NET_DRIVER
-from dra_driver.net.devices import nic_pool
-from localcluster.scale.scenario import ScaleScenario, Setup
-from topology.layout import plan_nodes
-from topology.model import NodeTopology
-from topology.profiles import load_profile
+from toposerve.dra_driver.gpu.devices import DRIVER as GPU_DRIVER
+from toposerve.dra_driver.gpu.devices import gpu_pool
+from toposerve.dra_driver.net.devices import DRIVER as NET_DRIVER
+from toposerve.dra_driver.net.devices import nic_pool
+from toposerve.localcluster.scale.scenario import ScaleScenario, Setup
+from toposerve.topology.layout import plan_nodes
+from toposerve.topology.model import NodeTopology
+from toposerve.topology.profiles import load_profile
 
 # MiB each process takes on an empty cluster; "scale" is this driver process.
 # Calibrated from peak RSS measured here (docs/scale.md): the small scenario

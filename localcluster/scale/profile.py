@@ -1,7 +1,7 @@
 """CPU profiles of a local cluster's control-plane components, from their
 own ``/debug/pprof/profile`` (Go's pprof), so a slow run says where the
 time went instead of being guessed at. The scheduler's pprof paths are
-open on loopback (``localcluster.cluster.SCHEDULER_OPEN_PATHS``)."""
+open on loopback (``toposerve.localcluster.cluster.SCHEDULER_OPEN_PATHS``)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,7 @@ from typing import Any
 
 import urllib3
 import yaml
-
-from localcluster.clusters import cluster_dir
+from toposerve.localcluster.clusters import cluster_dir
 
 
 def component(cluster: str, name: str) -> tuple[str, Path]:

@@ -14,10 +14,10 @@ from dataclasses import asdict, dataclass
 from functools import cache
 from typing import Any
 
-from localcluster.scale.workload import GroupPlan
-from topology.distance import kv_transfer_seconds
-from topology.model import DomainPath
-from topology.profiles import load_profile
+from toposerve.localcluster.scale.workload import GroupPlan
+from toposerve.topology.distance import kv_transfer_seconds
+from toposerve.topology.model import DomainPath
+from toposerve.topology.profiles import load_profile
 
 KV_BYTES = 8 * 2**30  # per request, as the extender's default kvSizePerRequest
 

@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from localcluster.results import landed_bars, pyplot, save, table, write_json
-from localcluster.scale.scenario import ALL_DRIVERS
+from toposerve.localcluster.results import landed_bars, pyplot, save, table, write_json
+from toposerve.localcluster.scale.scenario import ALL_DRIVERS
 
 RESULT = "result.json"
 REPORT = "report.md"

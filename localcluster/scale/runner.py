@@ -25,19 +25,17 @@ from typing import Any
 import orjson
 import urllib3
 import yaml
-from tqdm import tqdm
-
-from dra_driver.simulate import label_partitions
-from kubeapi import ApiError, JsonApi
-from localcluster.cluster import ClusterSpec, down, running_clusters, up
-from localcluster.clusters import ClusterError, api_client, cluster_dir
-from localcluster.nodes import node_manifest
-from localcluster.ports import free_port
-from localcluster.processes import commands_under
-from localcluster.scale import controllers as ctl
-from localcluster.scale import fit, measure, profile, quality
-from localcluster.scale.scenario import ScaleScenario, Setup
-from localcluster.scale.workload import (
+from toposerve.dra_driver.simulate import label_partitions
+from toposerve.kubeapi import ApiError, JsonApi
+from toposerve.localcluster.cluster import ClusterSpec, down, running_clusters, up
+from toposerve.localcluster.clusters import ClusterError, api_client, cluster_dir
+from toposerve.localcluster.nodes import node_manifest
+from toposerve.localcluster.ports import free_port
+from toposerve.localcluster.processes import commands_under
+from toposerve.localcluster.scale import controllers as ctl
+from toposerve.localcluster.scale import fit, measure, profile, quality
+from toposerve.localcluster.scale.scenario import ScaleScenario, Setup
+from toposerve.localcluster.scale.workload import (
     DEVICE_CLASSES,
     NAMESPACE,
     SCALE_LABEL,
@@ -47,9 +45,10 @@ from localcluster.scale.workload import (
     again,
     plan,
 )
-from topology.labels import PRESETS, PROFILE_LABEL, DialectName, from_labels
-from topology.layout import PlannedNode, plan_nodes
-from topology.profiles import load_profile
+from toposerve.topology.labels import PRESETS, PROFILE_LABEL, DialectName, from_labels
+from toposerve.topology.layout import PlannedNode, plan_nodes
+from toposerve.topology.profiles import load_profile
+from tqdm import tqdm
 
 WORKLOAD_GATES = "GenericWorkload=true,TopologyAwareWorkloadScheduling=true"
 WORKLOAD_API = "scheduling.k8s.io/v1beta1=true"
@@ -62,7 +61,7 @@ def _stderr(msg: str) -> None:
 
 def scheduler_config(sc: ScaleScenario, setup: Setup, extender_url: str) -> dict[str, Any]:
     """The scheduler's configuration for ``setup``, with the scenario's client limits."""
-    from scheduler_ext.scheduler_config import scheduler_config as with_extender
+    from toposerve.scheduler_ext.scheduler_config import scheduler_config as with_extender
 
     lim = sc.client_limits
     if setup is Setup.TOPOSERVE:
@@ -130,7 +129,7 @@ class Child:
 def spawn(name: str, argv: list[str], workdir: Path, url: str) -> Child:
     log = workdir / f"{name.replace(' ', '-')}.log"
     # its own session: a Ctrl-C reaches only us, and we stop it in order
-    popen = subprocess.Popen([sys.executable, "-m", "toposerve_cli.main", *argv],
+    popen = subprocess.Popen([sys.executable, "-m", "toposerve.main", *argv],
                              stdout=log.open("wb"), stderr=subprocess.STDOUT,
                              env={**os.environ, "PYTHONUNBUFFERED": "1"},
                              start_new_session=True)

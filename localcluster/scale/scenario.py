@@ -11,10 +11,9 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-
-from scheduler_ext.config import PlacementConfig
-from topology.config_file import ConfigError, load_file
-from topology.profiles import load_profile
+from toposerve.scheduler_ext.config import PlacementConfig
+from toposerve.topology.config_file import ConfigError, load_file
+from toposerve.topology.profiles import load_profile
 
 KIND = "ScaleScenario"
 
@@ -286,7 +285,7 @@ def load_scenario(path: str | Path) -> ScaleScenario:
 
 
 def builtin_dir() -> Path:
-    return Path(str(resources.files("localcluster.scale").joinpath("scenarios")))
+    return Path(str(resources.files("toposerve.localcluster.scale").joinpath("scenarios")))
 
 
 def builtins() -> dict[str, Path]:

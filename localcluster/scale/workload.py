@@ -13,11 +13,11 @@ import random
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from dra_driver.gpu.devices import DRIVER as GPU_DRIVER
-from dra_driver.net.devices import DRIVER as NET_DRIVER
-from localcluster.nodes import KWOK_TOLERATION
-from localcluster.scale import controllers as ctl
-from localcluster.scale.scenario import (
+from toposerve.dra_driver.gpu.devices import DRIVER as GPU_DRIVER
+from toposerve.dra_driver.net.devices import DRIVER as NET_DRIVER
+from toposerve.localcluster.nodes import KWOK_TOLERATION
+from toposerve.localcluster.scale import controllers as ctl
+from toposerve.localcluster.scale.scenario import (
     Claims,
     ClaimShape,
     PdSlices,
@@ -27,8 +27,8 @@ from localcluster.scale.scenario import (
     Setup,
     WideEp,
 )
-from topology.labels import PROFILE_LABEL
-from topology.workloads import DS_ROLE, GROUP, GROUP_SIZE, LEVEL
+from toposerve.topology.labels import PROFILE_LABEL
+from toposerve.topology.workloads import DS_ROLE, GROUP, GROUP_SIZE, LEVEL
 
 NAMESPACE = "default"
 RES = "resource.k8s.io/v1"

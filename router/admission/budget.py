@@ -11,10 +11,9 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
-
-from router.admission.tenants import OPEN_PATHS
-from router.config import ServerConfig
-from wire.errors import ApiError
+from toposerve.router.admission.tenants import OPEN_PATHS
+from toposerve.router.config import ServerConfig
+from toposerve.wire.errors import ApiError
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # the body bytes a request holds of the budget

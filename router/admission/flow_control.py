@@ -1,7 +1,7 @@
 """The flow controller: who goes now, who waits in the router, who is
-refused. The order of waiting requests is ``router.admission.queues``, the
-saturation maths ``router.pool.saturation``, tenants and their keys
-``router.admission.tenants``; this module ties them to requests and to the
+refused. The order of waiting requests is ``toposerve.router.admission.queues``, the
+saturation maths ``toposerve.router.pool.saturation``, tenants and their keys
+``toposerve.router.admission.tenants``; this module ties them to requests and to the
 event loop.
 
 Headers (llm-d's): ``x-llm-d-inference-objective`` names an objective, whose
@@ -30,17 +30,21 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
-
-from router.admission.queues import BandCaps, FlowQueues, Item, LeastAttained, RoundRobin
-from router.admission.tenants import TENANT, Tenants
-from router.admission.usage import ANSWERED, OUTPUT_TOKENS, output_tokens
-from router.config import FlowControlConfig
-from router.metrics import RouterMetrics
-from router.pool.endpoints import Endpoint
-from router.pool.saturation import free_slots, pool_saturation, saturated, shed_probability
-from router.request import RequestContext
-from router.state import RouterState
-from wire.errors import ApiError
+from toposerve.router.admission.queues import BandCaps, FlowQueues, Item, LeastAttained, RoundRobin
+from toposerve.router.admission.tenants import TENANT, Tenants
+from toposerve.router.admission.usage import ANSWERED, OUTPUT_TOKENS, output_tokens
+from toposerve.router.config import FlowControlConfig
+from toposerve.router.metrics import RouterMetrics
+from toposerve.router.pool.endpoints import Endpoint
+from toposerve.router.pool.saturation import (
+    free_slots,
+    pool_saturation,
+    saturated,
+    shed_probability,
+)
+from toposerve.router.request import RequestContext
+from toposerve.router.state import RouterState
+from toposerve.wire.errors import ApiError
 
 OBJECTIVE_HEADER = "x-llm-d-inference-objective"
 FAIRNESS_HEADER = "x-llm-d-inference-fairness-id"

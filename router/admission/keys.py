@@ -17,10 +17,9 @@ from typing import Any, Literal
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-from kubeapi import JsonApi, Reflector, connect
-from router.config import KeysConfig, SecretKeys
-from topology.config_file import ConfigError, load_file
+from toposerve.kubeapi import JsonApi, Reflector, connect
+from toposerve.router.config import KeysConfig, SecretKeys
+from toposerve.topology.config_file import ConfigError, load_file
 
 log = structlog.get_logger("router.admission.keys")
 

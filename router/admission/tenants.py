@@ -13,10 +13,9 @@ from __future__ import annotations
 import orjson
 import structlog
 from aiohttp import web
-
-from router.admission.keys import KeySource, KeyTable, digest
-from router.admission.ratelimit import Bucket, bucket
-from router.config import FlowControlConfig, TenantConfig
+from toposerve.router.admission.keys import KeySource, KeyTable, digest
+from toposerve.router.admission.ratelimit import Bucket, bucket
+from toposerve.router.config import FlowControlConfig, TenantConfig
 
 log = structlog.get_logger("router.admission.tenants")
 

@@ -14,18 +14,17 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
-
-from router.config import RouterConfig
-from router.pool.endpoints import Endpoint
-from router.pool.revisions import Revisions
-from router.prefix.kv_index import KVIndex
-from router.request import RequestContext
-from router.scheduling.cycle import CycleState
-from router.scheduling.filters import RevisionFilter, RoleFilter
-from router.scheduling.profile import Decision, Scheduler
-from router.scheduling.scorers import APPROX_BLOCK_BYTES, approx_match
-from router.state import RouterState
-from wire.kv_transfer import PREFILL_REQUEST, REMOTE_PREFILL_FIELDS
+from toposerve.router.config import RouterConfig
+from toposerve.router.pool.endpoints import Endpoint
+from toposerve.router.pool.revisions import Revisions
+from toposerve.router.prefix.kv_index import KVIndex
+from toposerve.router.request import RequestContext
+from toposerve.router.scheduling.cycle import CycleState
+from toposerve.router.scheduling.filters import RevisionFilter, RoleFilter
+from toposerve.router.scheduling.profile import Decision, Scheduler
+from toposerve.router.scheduling.scorers import APPROX_BLOCK_BYTES, approx_match
+from toposerve.router.state import RouterState
+from toposerve.wire.kv_transfer import PREFILL_REQUEST, REMOTE_PREFILL_FIELDS
 
 RESPONSES_PATH = "/v1/responses"
 # the token-limit fields of each generation API; a prefill sets them to one

@@ -1,5 +1,5 @@
 """Serving one request split between a prefill and a decode endpoint: the
-two protocols of ``router.disaggregation.pairing`` played over the proxy, and the
+two protocols of ``toposerve.router.disaggregation.pairing`` played over the proxy, and the
 fallback when the hand-over fails (the decode endpoint prefills itself)."""
 
 from __future__ import annotations
@@ -12,21 +12,20 @@ from typing import Any
 import orjson
 import structlog
 from aiohttp import web
-
-from router.disaggregation.pairing import (
+from toposerve.router.disaggregation.pairing import (
     RESPONSES_PATH,
     Disaggregation,
     decode_body,
     kv_params_of,
     prefill_body,
 )
-from router.metrics import RouterMetrics
-from router.pool.endpoints import Endpoint, Work
-from router.relay.proxy import Proxy, Upstream
-from router.request import RequestContext
-from router.scheduling.profile import Decision, Scheduler
-from topology.distance import node_tier
-from wire.errors import ApiError
+from toposerve.router.metrics import RouterMetrics
+from toposerve.router.pool.endpoints import Endpoint, Work
+from toposerve.router.relay.proxy import Proxy, Upstream
+from toposerve.router.request import RequestContext
+from toposerve.router.scheduling.profile import Decision, Scheduler
+from toposerve.topology.distance import node_tier
+from toposerve.wire.errors import ApiError
 
 log = structlog.get_logger("router.disaggregation.split")
 PREFILL_HEADER = "X-Toposerve-Prefill-Endpoint"

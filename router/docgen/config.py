@@ -1,5 +1,5 @@
 """The router config reference, generated from the pydantic models so it
-cannot drift from them: ``python -m router.docgen.config > docs/router-config.md``
+cannot drift from them: ``python -m toposerve.router.docgen.config > docs/router-config.md``
 (a unit test checks the committed file is current)."""
 
 from __future__ import annotations
@@ -9,9 +9,8 @@ from typing import Any
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
-
-from router.config import RouterConfig
-from router.scheduling import registry
+from toposerve.router.config import RouterConfig
+from toposerve.router.scheduling import registry
 
 # params of the plugins that take any; the names come from the registry
 PARAMS = {"role": "role, exact", "prefix-approx": "blockBytes", "prefix-precise": "blockBytes",
@@ -27,7 +26,7 @@ def _plugins(names: list[str]) -> str:
 def _type(ann: Any) -> str:
     name = getattr(ann, "__name__", None)
     text = str(ann) if name is None or "[" in str(ann) else name
-    return text.replace("typing.", "").replace("router.config.", "").replace("|", "\\|")
+    return text.replace("typing.", "").replace("toposerve.router.config.", "").replace("|", "\\|")
 
 
 def _default(f: FieldInfo) -> str:

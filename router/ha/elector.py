@@ -1,6 +1,6 @@
 """The Lease I/O of leader election: a thread on ``kubeapi.JsonApi``
 reads the Lease every renew interval and writes
-what ``router.ha.lease`` decides (a write carries the resourceVersion it
+what ``toposerve.router.ha.lease`` decides (a write carries the resourceVersion it
 read, so of two replicas racing for a free Lease one gets 409 and
 follows). ``leader`` is read from the event loop."""
 
@@ -15,10 +15,18 @@ from datetime import UTC, datetime
 from typing import Any
 
 import structlog
-
-from kubeapi import ApiError, JsonApi, connect
-from router.config import LeaseConfig
-from router.ha.lease import LeaseRecord, Seen, Step, claimed, leading, observe, released, step
+from toposerve.kubeapi import ApiError, JsonApi, connect
+from toposerve.router.config import LeaseConfig
+from toposerve.router.ha.lease import (
+    LeaseRecord,
+    Seen,
+    Step,
+    claimed,
+    leading,
+    observe,
+    released,
+    step,
+)
 
 log = structlog.get_logger("router.ha")
 

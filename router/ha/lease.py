@@ -1,6 +1,6 @@
 """Leader election on a ``coordination.k8s.io/v1`` Lease, as pure
 decisions over what the Lease says and what this replica has seen; the
-I/O is ``router.ha.elector``.
+I/O is ``toposerve.router.ha.elector``.
 
 As in client-go's leader election, expiry is judged on the reader's own
 clock, from when it first saw the holder's latest renewal, never from the

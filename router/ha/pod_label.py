@@ -11,8 +11,7 @@ import threading
 import time
 
 import structlog
-
-from kubeapi import JsonApi
+from toposerve.kubeapi import JsonApi
 
 log = structlog.get_logger("router.ha")
 ROLE_LABEL = "toposerve.io/router-role"

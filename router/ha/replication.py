@@ -10,7 +10,7 @@ Publishing never blocks a request: messages go through a bounded queue,
 dropped (and counted) when Redis cannot keep up or is down.
 
 A replica that starts beside a running leader asks it for a snapshot
-(``router.ha.snapshot``) once subscribed: the leader writes one to a key
+(``toposerve.router.ha.snapshot``) once subscribed: the leader writes one to a key
 of its own for that request and says so on the channel. Each message
 carries its sender's sequence number, so the new replica applies the
 snapshot, then the messages it held meanwhile and all later ones, from
@@ -29,13 +29,12 @@ from typing import Any, ClassVar
 
 import orjson
 import structlog
-
-from router.config import SnapshotConfig
-from router.ha.snapshot import DecisionLog, SnapshotError, parse
-from router.pool.endpoints import Endpoint, Pool
-from router.request import RequestContext
-from router.scheduling.cycle import CycleState
-from router.scheduling.profile import Decision, Scheduler
+from toposerve.router.config import SnapshotConfig
+from toposerve.router.ha.snapshot import DecisionLog, SnapshotError, parse
+from toposerve.router.pool.endpoints import Endpoint, Pool
+from toposerve.router.request import RequestContext
+from toposerve.router.scheduling.cycle import CycleState
+from toposerve.router.scheduling.profile import Decision, Scheduler
 
 log = structlog.get_logger("router.ha.replication")
 QUEUE = 10_000

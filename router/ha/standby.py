@@ -12,14 +12,13 @@ from collections.abc import Callable, Mapping
 
 import structlog
 from aiohttp import web
-
-from kubeapi import JsonApi, connect
-from router.config import HAConfig, ResponsesStoreConfig
-from router.ha.elector import Elector
-from router.ha.pod_label import PodLabel, from_env
-from router.ha.replication import Replication
-from router.pool.endpoints import Pool
-from router.scheduling.profile import Decision, Scheduler
+from toposerve.kubeapi import JsonApi, connect
+from toposerve.router.config import HAConfig, ResponsesStoreConfig
+from toposerve.router.ha.elector import Elector
+from toposerve.router.ha.pod_label import PodLabel, from_env
+from toposerve.router.ha.replication import Replication
+from toposerve.router.pool.endpoints import Pool
+from toposerve.router.scheduling.profile import Decision, Scheduler
 
 log = structlog.get_logger("router.ha")
 

@@ -17,25 +17,24 @@ import orjson
 import structlog
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
-
-from router.admission.budget import Budget, Overloaded
-from router.admission.flow_control import MAX_TOKENS, Admission
-from router.admission.usage import OUTPUT_TOKENS, requested_output, responses_output
-from router.config import RouterConfig
-from router.disaggregation.pairing import RESPONSES_PATH, Disaggregation
-from router.disaggregation.split import Call, Route, Splitter
-from router.ha.standby import HotStandby
-from router.metrics import RouterMetrics
-from router.pool.endpoints import Endpoint
-from router.pool.kubernetes import KubernetesWatcher
-from router.pool.revisions import Revisions
-from router.pool.scrape import scrape_loop
-from router.pool.static import load_static
-from router.prefix.kv_index import KVIndex
-from router.relay.proxy import Proxy, Upstream, forward_headers
-from router.request import RequestContext
-from router.responses.relay import ResponsesTap, output_text
-from router.responses.store import (
+from toposerve.router.admission.budget import Budget, Overloaded
+from toposerve.router.admission.flow_control import MAX_TOKENS, Admission
+from toposerve.router.admission.usage import OUTPUT_TOKENS, requested_output, responses_output
+from toposerve.router.config import RouterConfig
+from toposerve.router.disaggregation.pairing import RESPONSES_PATH, Disaggregation
+from toposerve.router.disaggregation.split import Call, Route, Splitter
+from toposerve.router.ha.standby import HotStandby
+from toposerve.router.metrics import RouterMetrics
+from toposerve.router.pool.endpoints import Endpoint
+from toposerve.router.pool.kubernetes import KubernetesWatcher
+from toposerve.router.pool.revisions import Revisions
+from toposerve.router.pool.scrape import scrape_loop
+from toposerve.router.pool.static import load_static
+from toposerve.router.prefix.kv_index import KVIndex
+from toposerve.router.relay.proxy import Proxy, Upstream, forward_headers
+from toposerve.router.request import RequestContext
+from toposerve.router.responses.relay import ResponsesTap, output_text
+from toposerve.router.responses.store import (
     ResponsesStore,
     keep_or_fail,
     make_store,
@@ -43,15 +42,15 @@ from router.responses.store import (
     read_chain,
     tenant_of,
 )
-from router.scheduling.filters import RevisionFilter
-from router.scheduling.profile import Decision, Scheduler
-from router.state import RouterState
-from wire.chat_template import load_chat_template
-from wire.errors import ApiError, error_response, from_validation
-from wire.openai import ChatRequest, CompletionRequest, ResponsesRequest
-from wire.prompt import chat_prompt, completion_prompt, responses_items
-from wire.serving import run_app
-from wire.tokens import load_tokenizer
+from toposerve.router.scheduling.filters import RevisionFilter
+from toposerve.router.scheduling.profile import Decision, Scheduler
+from toposerve.router.state import RouterState
+from toposerve.wire.chat_template import load_chat_template
+from toposerve.wire.errors import ApiError, error_response, from_validation
+from toposerve.wire.openai import ChatRequest, CompletionRequest, ResponsesRequest
+from toposerve.wire.prompt import chat_prompt, completion_prompt, responses_items
+from toposerve.wire.serving import run_app
+from toposerve.wire.tokens import load_tokenizer
 
 log = structlog.get_logger("router")
 SESSION_HEADERS = ("x-session-id", "x-llm-d-session-id")

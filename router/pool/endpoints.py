@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from topology.model import DomainPath
+from toposerve.topology.model import DomainPath
 
 # A first byte teaches the endpoint's prefill speed only when at least this
 # much prefill stood before it, so fixed costs (HTTP, scheduling, one decode

@@ -20,13 +20,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
-
-from kubeapi import ApiError, JsonApi, Reflector, backoff, connect
-from router.config import KubernetesDiscovery
-from router.pool.endpoints import Endpoint, Pool
-from router.pool.revisions import revision_of
-from topology.labels import PRESETS, from_labels
-from topology.model import DomainPath
+from toposerve.kubeapi import ApiError, JsonApi, Reflector, backoff, connect
+from toposerve.router.config import KubernetesDiscovery
+from toposerve.router.pool.endpoints import Endpoint, Pool
+from toposerve.router.pool.revisions import revision_of
+from toposerve.topology.labels import PRESETS, from_labels
+from toposerve.topology.model import DomainPath
 
 log = structlog.get_logger("router.pool.kubernetes")
 

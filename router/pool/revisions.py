@@ -21,8 +21,8 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from router.pool.endpoints import Endpoint
-from topology.workloads import DS_REVISION, LWS_REVISION
+from toposerve.router.pool.endpoints import Endpoint
+from toposerve.topology.workloads import DS_REVISION, LWS_REVISION
 
 TOPOSERVE_REVISION = "toposerve.io/revision"
 CONTROLLER_REVISION = "controller-revision-hash"  # StatefulSet and DaemonSet pods

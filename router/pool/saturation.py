@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from router.config import RouterConfig
-from router.pool.endpoints import Endpoint
+from toposerve.router.config import RouterConfig
+from toposerve.router.pool.endpoints import Endpoint
 
 
 def utilisation(ep: Endpoint, cfg: RouterConfig, now: float | None = None) -> float:

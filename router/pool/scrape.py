@@ -14,8 +14,7 @@ import aiohttp
 import orjson
 import structlog
 from prometheus_client.parser import text_string_to_metric_families
-
-from router.pool.endpoints import Endpoint, LoadSample
+from toposerve.router.pool.endpoints import Endpoint, LoadSample
 
 log = structlog.get_logger("router.pool.scrape")
 UNHEALTHY_AFTER = 3

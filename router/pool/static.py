@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from router.config import StaticEndpoint
-from router.pool.endpoints import Endpoint, Pool
+from toposerve.router.config import StaticEndpoint
+from toposerve.router.pool.endpoints import Endpoint, Pool
 
 
 def load_static(pool: Pool, entries: list[StaticEndpoint]) -> list[Endpoint]:

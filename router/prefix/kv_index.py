@@ -17,12 +17,11 @@ from collections.abc import Callable
 import structlog
 import zmq
 import zmq.asyncio
-
-from router.prefix.index import PrefixIndex
-from router.request import RequestContext
-from wire.chat_template import ChatTemplate, chat_text
-from wire.hashing import SEED, token_block_hashes
-from wire.kv_events import (
+from toposerve.router.prefix.index import PrefixIndex
+from toposerve.router.request import RequestContext
+from toposerve.wire.chat_template import ChatTemplate, chat_text
+from toposerve.wire.hashing import SEED, token_block_hashes
+from toposerve.wire.kv_events import (
     AllBlocksCleared,
     BadEvent,
     BlockRemoved,
@@ -30,7 +29,7 @@ from wire.kv_events import (
     Event,
     decode_batch,
 )
-from wire.tokens import Tokenizer
+from toposerve.wire.tokens import Tokenizer
 
 log = structlog.get_logger("router.prefix.kv_index")
 REPLAY_TIMEOUT_S = 2.0

@@ -1,6 +1,6 @@
 """Forwarding one request upstream: try the ranked endpoints in order until
 one answers; relay a stream chunk by chunk as it arrives (the relay's own
-client, ``router.relay.upstream``; aiohttp's for ``fetch``); end a stream
+client, ``toposerve.router.relay.upstream``; aiohttp's for ``fetch``); end a stream
 that breaks after its first byte with an SSE error event, never silently."""
 
 from __future__ import annotations
@@ -15,13 +15,12 @@ from typing import NamedTuple, Protocol, TypeVar
 import aiohttp
 import structlog
 from aiohttp import web
-
-from router.admission.tenants import KEY_CHECKED
-from router.admission.usage import ANSWERED, Answered
-from router.metrics import RouterMetrics
-from router.pool.endpoints import Endpoint, Work
-from router.relay.upstream import Answer, UpstreamError, Upstreams
-from wire.errors import error_response, sse_error
+from toposerve.router.admission.tenants import KEY_CHECKED
+from toposerve.router.admission.usage import ANSWERED, Answered
+from toposerve.router.metrics import RouterMetrics
+from toposerve.router.pool.endpoints import Endpoint, Work
+from toposerve.router.relay.upstream import Answer, UpstreamError, Upstreams
+from toposerve.wire.errors import error_response, sse_error
 
 log = structlog.get_logger("router.relay.proxy")
 

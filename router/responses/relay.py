@@ -10,9 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-
-from router.pool.endpoints import Endpoint
-from router.responses.store import KeepOrFail, failed_event
+from toposerve.router.pool.endpoints import Endpoint
+from toposerve.router.responses.store import KeepOrFail, failed_event
 
 _WHOLE = (b"response.created", b"response.in_progress", b"response.completed",
           b"response.failed", b"response.incomplete")

@@ -25,12 +25,11 @@ from urllib.parse import urlsplit, urlunsplit
 import orjson
 import structlog
 from aiohttp import web
-
-from router.admission.tenants import TENANT
-from router.config import ResponsesStoreConfig
-from router.pool.endpoints import Endpoint
-from topology.config_file import ConfigError
-from wire.errors import ApiError
+from toposerve.router.admission.tenants import TENANT
+from toposerve.router.config import ResponsesStoreConfig
+from toposerve.router.pool.endpoints import Endpoint
+from toposerve.topology.config_file import ConfigError
+from toposerve.wire.errors import ApiError
 
 log = structlog.get_logger("router.responses.store")
 REDIS_TIMEOUT_S = 2.0
@@ -61,7 +60,7 @@ class ResponsesStore(Protocol):
 
 
 def tenant_of(request: web.Request) -> str:
-    """Who asks: set by the tenants middleware (router.admission.tenants),
+    """Who asks: set by the tenants middleware (toposerve.router.admission.tenants),
     "" when no API keys are configured."""
     return request.get(TENANT) or ""
 

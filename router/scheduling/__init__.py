@@ -2,4 +2,4 @@
 (``profile``), built from config by type name (``registry``); what one
 profile run shares between its plugins (``cycle``); the plugins themselves
 and their pure scoring maths. What the scheduler knows of a request is
-``router.request``."""
+``toposerve.router.request``."""

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any, ClassVar, Generic, TypeVar, cast
 
-from router.pool.endpoints import Endpoint
-from router.scheduling.scoring import Wait
+from toposerve.router.pool.endpoints import Endpoint
+from toposerve.router.scheduling.scoring import Wait
 
 T = TypeVar("T")
 

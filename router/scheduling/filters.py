@@ -6,11 +6,11 @@ import time
 from dataclasses import dataclass, field
 from operator import attrgetter
 
-from router.pool.endpoints import CHANGES, Endpoint
-from router.pool.revisions import Revisions, key_of, ready_capacity
-from router.pool.saturation import unsaturated
-from router.request import RequestContext
-from router.state import RouterState
+from toposerve.router.pool.endpoints import CHANGES, Endpoint
+from toposerve.router.pool.revisions import Revisions, key_of, ready_capacity
+from toposerve.router.pool.saturation import unsaturated
+from toposerve.router.request import RequestContext
+from toposerve.router.state import RouterState
 
 _REVISION = attrgetter("revision")  # key_of without a call an endpoint
 

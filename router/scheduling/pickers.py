@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from router.pool.endpoints import Endpoint
+from toposerve.router.pool.endpoints import Endpoint
 
 TIE = 1e-9
 _UNITS = 2 / TIE  # half-TIE units a unit of score

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import ClassVar, Protocol
 
-from router.pool.endpoints import Endpoint
-from router.request import RequestContext
-from router.scheduling.cycle import CycleState
+from toposerve.router.pool.endpoints import Endpoint
+from toposerve.router.request import RequestContext
+from toposerve.router.scheduling.cycle import CycleState
 
 
 class Filter(Protocol):

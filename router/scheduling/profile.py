@@ -5,16 +5,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from router.config import ProfileConfig
-from router.pool.endpoints import Endpoint, Work
-from router.prefix.index import Sent
-from router.prefix.kv_index import KVIndex
-from router.request import RequestContext
-from router.scheduling import registry
-from router.scheduling.cycle import URL, CycleState
-from router.scheduling.plugins import Filter, Picker, Scorer
-from router.scheduling.scoring import decisive, totals
-from router.state import RouterState
+from toposerve.router.config import ProfileConfig
+from toposerve.router.pool.endpoints import Endpoint, Work
+from toposerve.router.prefix.index import Sent
+from toposerve.router.prefix.kv_index import KVIndex
+from toposerve.router.request import RequestContext
+from toposerve.router.scheduling import registry
+from toposerve.router.scheduling.cycle import URL, CycleState
+from toposerve.router.scheduling.plugins import Filter, Picker, Scorer
+from toposerve.router.scheduling.scoring import decisive, totals
+from toposerve.router.state import RouterState
 
 
 @dataclass
@@ -98,7 +98,7 @@ class Scheduler:
             if ranked[0] is not first:
                 reason = "prefill-cost"  # its predicted wait overruled the affinity
         # until it answers, the first-ranked endpoint counts as holding the
-        # prompt for requests scheduled meanwhile (router.prefix.index)
+        # prompt for requests scheduled meanwhile (toposerve.router.prefix.index)
         sent = [h for keys in cycle.approx_keys.values()
                 if (h := self.state.approx.send(ranked[0].url, keys)) is not None]
         return Decision(ctx, ranked, reason, per, cycle, scorers, sent)

@@ -7,12 +7,16 @@ from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-
-from router.prefix.kv_index import KVIndex
-from router.scheduling.filters import HealthyFilter, ModelFilter, NotSaturatedFilter, RoleFilter
-from router.scheduling.pickers import MaxScorePicker
-from router.scheduling.plugins import Filter, Picker, Scorer
-from router.scheduling.scorers import (
+from toposerve.router.prefix.kv_index import KVIndex
+from toposerve.router.scheduling.filters import (
+    HealthyFilter,
+    ModelFilter,
+    NotSaturatedFilter,
+    RoleFilter,
+)
+from toposerve.router.scheduling.pickers import MaxScorePicker
+from toposerve.router.scheduling.plugins import Filter, Picker, Scorer
+from toposerve.router.scheduling.scorers import (
     APPROX_BLOCK_BYTES,
     MAX_SLOWDOWN,
     MIN_EXTRA_S,
@@ -27,7 +31,7 @@ from router.scheduling.scorers import (
     QueueScorer,
     SessionScorer,
 )
-from router.state import RouterState
+from toposerve.router.state import RouterState
 
 
 class PluginError(ValueError):

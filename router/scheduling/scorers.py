@@ -11,16 +11,16 @@ from itertools import repeat
 from operator import attrgetter
 from typing import ClassVar, Generic, NamedTuple, TypeVar
 
-from router.pool.endpoints import Endpoint
-from router.prefix.index import PrefixIndex
-from router.prefix.kv_index import KVIndex
-from router.request import RequestContext
-from router.scheduling.cycle import CycleState, PrefixMatch, StateKey
-from router.scheduling.scoring import Wait, lower_is_better
-from router.state import RouterState
-from topology.distance import node_tier
-from topology.model import Tier
-from wire.tokens import BYTES_PER_TOKEN
+from toposerve.router.pool.endpoints import Endpoint
+from toposerve.router.prefix.index import PrefixIndex
+from toposerve.router.prefix.kv_index import KVIndex
+from toposerve.router.request import RequestContext
+from toposerve.router.scheduling.cycle import CycleState, PrefixMatch, StateKey
+from toposerve.router.scheduling.scoring import Wait, lower_is_better
+from toposerve.router.state import RouterState
+from toposerve.topology.distance import node_tier
+from toposerve.topology.model import Tier
+from toposerve.wire.tokens import BYTES_PER_TOKEN
 
 T = TypeVar("T")
 PREFILL_TOKENS = attrgetter("prefill_tokens")

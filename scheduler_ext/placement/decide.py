@@ -10,7 +10,7 @@
 - A preferred level climbs one level at a time when nothing fits; a
   required level never does.
 - Decode members score nodes by modelled KV-transfer time from their
-  slice's prefill members (``topology.distance``).
+  slice's prefill members (``toposerve.topology.distance``).
 - Pods outside any group go anywhere but onto accelerators promised to a
   group (else a rack a slice was promised fills with single-GPU pods
   between its members' turns, and the slice splits); those asking
@@ -25,15 +25,15 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from scheduler_ext.placement import pack
-from scheduler_ext.placement.levels import (
+from toposerve.scheduler_ext.placement import pack
+from toposerve.scheduler_ext.placement.levels import (
     Domain,
     climb,
     contains,
     display,
     level_name,
 )
-from scheduler_ext.placement.model import (
+from toposerve.scheduler_ext.placement.model import (
     DECODE,
     PREFILL,
     Decision,
@@ -43,8 +43,8 @@ from scheduler_ext.placement.model import (
     Source,
     View,
 )
-from topology.distance import kv_transfer_seconds, node_tier, transfer_seconds
-from topology.model import Tier, TierLink
+from toposerve.topology.distance import kv_transfer_seconds, node_tier, transfer_seconds
+from toposerve.topology.model import Tier, TierLink
 
 MAX_SCORE = 10
 

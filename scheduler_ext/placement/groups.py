@@ -8,11 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from scheduler_ext.placement.levels import UnknownLevel, parse_level
-from scheduler_ext.placement.model import Source
-from topology.labels import Dialect
-from topology.model import Tier
-from topology.workloads import (
+from toposerve.scheduler_ext.placement.levels import UnknownLevel, parse_level
+from toposerve.scheduler_ext.placement.model import Source
+from toposerve.topology.labels import Dialect
+from toposerve.topology.model import Tier
+from toposerve.topology.workloads import (
     DS_NAME,
     DS_REVISION,
     DS_ROLE,

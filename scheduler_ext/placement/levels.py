@@ -2,15 +2,15 @@
 each level, read from the shared topology model's domain paths.
 
 A domain is named by the path prefix from the zone down to its level, the
-way ``topology.distance.node_tier`` compares paths, so two racks that
+way ``toposerve.topology.distance.node_tier`` compares paths, so two racks that
 reuse a name in different blocks stay different racks."""
 
 from __future__ import annotations
 
 from functools import cache
 
-from topology.labels import Dialect
-from topology.model import DomainPath, Tier
+from toposerve.topology.labels import Dialect
+from toposerve.topology.model import DomainPath, Tier
 
 Domain = tuple[str | None, ...]
 

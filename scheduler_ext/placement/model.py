@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from scheduler_ext.placement.levels import Domain, domain_of
-from topology.model import DomainPath, Tier
+from toposerve.scheduler_ext.placement.levels import Domain, domain_of
+from toposerve.topology.model import DomainPath, Tier
 
 
 @dataclass(frozen=True)

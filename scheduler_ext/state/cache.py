@@ -1,7 +1,7 @@
 """The extender's picture of the cluster, kept from watch events (never
 read from the API per call) and turned into the placement ``View``:
 
-- Nodes -> their place in the shared topology model (``topology.labels``);
+- Nodes -> their place in the shared topology model (``toposerve.topology.labels``);
 - ResourceSlices (the newest generation of each pool) -> accelerator units
   per node;
 - ResourceClaims -> units allocated, and what each claim asks for;
@@ -21,9 +21,9 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from scheduler_ext.config import ExtenderConfig
-from scheduler_ext.placement.groups import lws_pods, pod_group_spec
-from scheduler_ext.placement.model import (
+from toposerve.scheduler_ext.config import ExtenderConfig
+from toposerve.scheduler_ext.placement.groups import lws_pods, pod_group_spec
+from toposerve.scheduler_ext.placement.model import (
     DECODE,
     PREFILL,
     Decision,
@@ -34,8 +34,8 @@ from scheduler_ext.placement.model import (
     Source,
     View,
 )
-from scheduler_ext.state.demand import Demands, Evaluated, Profile, Request, profile
-from scheduler_ext.state.facts import (
+from toposerve.scheduler_ext.state.demand import Demands, Evaluated, Profile, Request, profile
+from toposerve.scheduler_ext.state.facts import (
     COUNTERS,
     ClaimFacts,
     DeviceId,
@@ -48,7 +48,7 @@ from scheduler_ext.state.facts import (
     slice_facts,
     template_requests,
 )
-from topology.model import Tier
+from toposerve.topology.model import Tier
 
 Key = tuple[str, str]
 ASSUME_TTL_S = 30.0  # a pod scheduled where we scored it binds well within this

@@ -9,14 +9,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-
-from scheduler_ext.placement.groups import GroupRef, identify, is_active
-from scheduler_ext.placement.levels import config_name, parse_level
-from scheduler_ext.placement.model import Decision
-from scheduler_ext.state.demand import DeviceShape, Request, device_shape, parse_requests
-from topology.labels import PROFILE_LABEL, Dialect, from_labels
-from topology.model import DomainPath
-from topology.quantity import parse_quantity
+from toposerve.scheduler_ext.placement.groups import GroupRef, identify, is_active
+from toposerve.scheduler_ext.placement.levels import config_name, parse_level
+from toposerve.scheduler_ext.placement.model import Decision
+from toposerve.scheduler_ext.state.demand import DeviceShape, Request, device_shape, parse_requests
+from toposerve.topology.labels import PROFILE_LABEL, Dialect, from_labels
+from toposerve.topology.model import DomainPath
+from toposerve.topology.quantity import parse_quantity
 
 PLACEMENT_ANNOTATION = "toposerve.io/placement"
 # written on a held pod when its group's size became known: a change to the pod

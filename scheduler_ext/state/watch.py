@@ -12,11 +12,10 @@ from typing import Any
 
 import orjson
 import structlog
-
-from kubeapi import ApiError, JsonApi, Reflector
-from scheduler_ext.placement.model import Decision, Group
-from scheduler_ext.state.cache import ClusterState
-from scheduler_ext.state.facts import (
+from toposerve.kubeapi import ApiError, JsonApi, Reflector
+from toposerve.scheduler_ext.placement.model import Decision, Group
+from toposerve.scheduler_ext.state.cache import ClusterState
+from toposerve.scheduler_ext.state.facts import (
     PLACEMENT_ANNOTATION,
     SIZE_SEEN_ANNOTATION,
     decision_annotation,

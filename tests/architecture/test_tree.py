@@ -7,23 +7,29 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PRODUCT = ["toposerve_cli", "localcluster", "manifests", "dra_driver", "scheduler_ext", "router",
-           "simulator", "kubeapi", "wire", "topology"]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+# import name -> the repository folder it installs from (pyproject's package-dir)
+FOLDERS: dict[str, str] = PYPROJECT["tool"]["setuptools"]["package-dir"]
 TOOLING = ["harness", "bench", "tests"]
 LINT = Path(sys.executable).with_name("lint-imports")
+IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", "results")
 
 
 def _tree(dest: Path) -> Path:
-    """The packages and the contracts, copied (sources only)."""
-    for pkg in PRODUCT + TOOLING:
-        shutil.copytree(ROOT / pkg, dest / pkg,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "results"))
+    """The packages as they install (``toposerve/...``), the tooling beside
+    them and the contracts: sources only, copied."""
+    for name, folder in sorted(FOLDERS.items()):
+        shutil.copytree(ROOT / folder, dest.joinpath(*name.split(".")), ignore=IGNORE,
+                        dirs_exist_ok=True)
+    for pkg in TOOLING:
+        shutil.copytree(ROOT / pkg, dest / pkg, ignore=IGNORE)
     shutil.copy(ROOT / "pyproject.toml", dest / "pyproject.toml")
     return dest
 
@@ -38,15 +44,15 @@ def test_contracts_hold_and_catch_a_part_importing_the_local_cluster(tmp_path: P
     kept = _lint(tree)
     assert kept.returncode == 0, kept.stdout + kept.stderr
     assert "0 broken" in kept.stdout
-    with (tree / "dra_driver" / "__init__.py").open("a") as f:
-        f.write("\nimport localcluster.tools  # noqa: E402,F401\n")
+    with (tree / "toposerve" / "dra_driver" / "__init__.py").open("a") as f:
+        f.write("\nimport toposerve.localcluster.tools  # noqa: E402,F401\n")
     broken = _lint(tree)
     assert broken.returncode != 0
     assert "the product's floors" in broken.stdout
-    assert "dra_driver -> localcluster.tools" in broken.stdout
+    assert "toposerve.dra_driver -> toposerve.localcluster.tools" in broken.stdout
 
 
-@pytest.mark.parametrize("importer", ["router/state.py", "harness/procs.py"])
+@pytest.mark.parametrize("importer", ["toposerve/router/state.py", "harness/procs.py"])
 def test_contracts_catch_tooling_imported_where_it_must_not_be(tmp_path: Path,
                                                                importer: str) -> None:
     tree = _tree(tmp_path)
@@ -57,21 +63,29 @@ def test_contracts_catch_tooling_imported_where_it_must_not_be(tmp_path: Path,
     assert "BROKEN" in broken.stdout
 
 
-def test_wheel_holds_the_product_only(tmp_path: Path) -> None:
-    # built from a copy: setuptools' build/ in the checkout could hold stale modules
-    src = _tree(tmp_path / "src")
-    shutil.copy(ROOT / "README.md", src / "README.md")
+def test_wheel_installs_one_import_name_and_the_whole_product(tmp_path: Path) -> None:
+    # built from a copy of the checkout's layout: setuptools' build/ in the
+    # checkout holds the editable install's link tree
+    src = tmp_path / "src"
+    for folder in sorted(set(FOLDERS.values())) + TOOLING:
+        shutil.copytree(ROOT / folder, src / folder, ignore=IGNORE)
+    for f in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / f, src / f)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
                     "--no-build-isolation", "-w", str(tmp_path), str(src)],
                    check=True, timeout=300, capture_output=True)
     (wheel,) = tmp_path.glob("toposerve-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names if not n.startswith("toposerve-")}
-    assert tops == set(PRODUCT)
-    assert not [n for n in names if "/tests/" in n or n.split("/")[0] in TOOLING]
-    # ... and all of the product: every module of the source tree
-    sources = {str(p.relative_to(ROOT)) for pkg in PRODUCT for p in (ROOT / pkg).rglob("*.py")}
+    assert tops == {"toposerve"}
+    assert not [n for n in names if "/tests/" in n or "/bench/" in n or "/harness/" in n]
+    # ... and all of the product: every module of every mapped folder, at
+    # its import name (a package missing from pyproject's list fails here)
+    installs = {folder: name.replace(".", "/") for name, folder in FOLDERS.items()}
+    sources = {f"{installs[folder]}/{p.relative_to(ROOT / folder)}"
+               for folder in installs for p in (ROOT / folder).rglob("*.py")}
     assert sources - set(names) == set()
     # the data the product reads at run time travels with it
-    assert "manifests/templates/" in "".join(names)
-    assert any(n.startswith("topology/profiles/") and n.endswith(".yaml") for n in names)
+    assert "toposerve/manifests/templates/" in "".join(names)
+    assert any(n.startswith("toposerve/topology/profiles/") and n.endswith(".yaml") for n in names)
+    assert "toposerve/py.typed" in names

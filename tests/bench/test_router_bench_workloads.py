@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from toposerve.wire.tokens import BYTES_PER_TOKEN
 
 from bench.router_bench import (
     EXTERNAL,
@@ -29,7 +30,6 @@ from bench.router_bench import (
 )
 from bench.workloads import AgentSession, AgentTurn, agentic, working_set_tokens
 from harness.procs import Procs
-from wire.tokens import BYTES_PER_TOKEN
 
 
 def _pressure(seed: int) -> list[AgentSession]:
@@ -82,7 +82,7 @@ def test_uneven_slows_exactly_one_simulator() -> None:
 
 def test_sim_cmd_starts_one_simulator_a_port_from_its_template(tmp_path: Path) -> None:
     # our own simulator, started as a stranger's would be: a command line
-    template = (f"{sys.executable} -m toposerve_cli.main sim --host 127.0.0.1 "
+    template = (f"{sys.executable} -m toposerve.main sim --host 127.0.0.1 "
                 "--port {port} --model {model} --num-gpu-blocks {blocks} "
                 "--block-size {block_size} --time-scale 0.01")
     procs = Procs(tmp_path)

@@ -8,6 +8,7 @@ import asyncio
 
 import orjson
 import pytest
+from toposerve.localcluster.ports import free_port
 
 from bench.null_backend import NOT_FOUND, answer, serve
 from bench.router_overhead import (
@@ -19,7 +20,6 @@ from bench.router_overhead import (
     bodies,
     fleet_table,
 )
-from localcluster.ports import free_port
 
 pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`
 

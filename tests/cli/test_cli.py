@@ -7,8 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-
-from toposerve_cli.main import main
+from toposerve.main import main
 
 pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`
 

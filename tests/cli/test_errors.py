@@ -25,7 +25,7 @@ def toposerve(tmp_path: Path, *argv: str, env: dict[str, str] | None = None
     # empty home, not in a pod
     base = {**os.environ, "HOME": str(tmp_path), "KUBECONFIG": ""}
     base.pop("KUBERNETES_SERVICE_HOST", None)
-    return subprocess.run([sys.executable, "-m", "toposerve_cli.main", *argv],
+    return subprocess.run([sys.executable, "-m", "toposerve.main", *argv],
                           capture_output=True, text=True, timeout=30, cwd=ROOT,
                           env={**base, **(env or {})})
 
@@ -94,7 +94,7 @@ def test_kubeconfig_nowhere_and_none_at_all(tmp_path: Path, sysfs: Path,
 @pytest.mark.parametrize("content", [b"a: [\n", b"- 1\n", b"", NOT_UTF8, None])
 def test_a_kubeconfig_that_is_none(tmp_path: Path, content: bytes | None) -> None:
     """Not YAML, a list, empty, not UTF-8, a directory (every command finds
-    its credentials with kubeapi.connect: one command tells for all)."""
+    its credentials with toposerve.kubeapi.connect: one command tells for all)."""
     bad = tmp_path / "bad"
     if content is None:
         bad.mkdir()
@@ -188,7 +188,7 @@ def test_scale_report_of_a_bad_result(tmp_path: Path, content: bytes, message: s
 def test_a_reader_that_goes_away(tmp_path: Path, argv: list[str]) -> None:
     """`toposerve ... | head -1`: the reader closed the pipe before the end."""
     env = {**os.environ, "HOME": str(tmp_path)}
-    proc = subprocess.Popen([sys.executable, "-m", "toposerve_cli.main", *argv], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", "toposerve.main", *argv], cwd=ROOT,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.close()  # before the command writes anything

@@ -7,8 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-
-from dra_driver.kubeletplugin.cdi import CdiSpecs, ContainerEdits, DeviceNode
+from toposerve.dra_driver.kubeletplugin.cdi import CdiSpecs, ContainerEdits, DeviceNode
 
 
 def test_spec_per_claim(tmp_path: Path) -> None:

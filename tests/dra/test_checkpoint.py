@@ -7,8 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-
-from dra_driver.kubeletplugin.checkpoint import (
+from toposerve.dra_driver.kubeletplugin.checkpoint import (
     Checkpoint,
     CheckpointData,
     ClaimEntry,

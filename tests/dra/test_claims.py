@@ -7,9 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-
-from dra_driver.kubeletplugin.claims import ClaimError, allocated_devices
-from dra_driver.kubeletplugin.device_kind import ClaimRef
+from toposerve.dra_driver.kubeletplugin.claims import ClaimError, allocated_devices
+from toposerve.dra_driver.kubeletplugin.device_kind import ClaimRef
 
 REF = ClaimRef(namespace="ns", name="c", uid="u1")
 DRIVER = "gpu.toposerve.io"

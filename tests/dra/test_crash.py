@@ -11,9 +11,9 @@ from pathlib import Path
 
 import grpc
 import pytest
+from toposerve.dra_driver.kubeletplugin.checkpoint import ClaimState
+from toposerve.dra_driver.kubeletplugin.plugin import POINTS
 
-from dra_driver.kubeletplugin.checkpoint import ClaimState
-from dra_driver.kubeletplugin.plugin import POINTS
 from harness.dra_gpu import (
     DriverProc,
     GpuEnv,

@@ -11,15 +11,14 @@ from typing import Any
 
 import pytest
 import yaml
-
-from dra_driver.gpu.devices import PARTITIONS_LABEL, gpu_pool, partitions_wanted
-from dra_driver.net.devices import nic_pool
-from dra_driver.resourceslice import slice_plan
-from topology.config_file import ConfigError, load_file
-from topology.model import DomainPath, NodeTopology
-from topology.profiles import HardwareProfile, bundled_names, load_profile
-from topology.quantity import parse_quantity
-from topology.resourceslice import check_entry
+from toposerve.dra_driver.gpu.devices import PARTITIONS_LABEL, gpu_pool, partitions_wanted
+from toposerve.dra_driver.net.devices import nic_pool
+from toposerve.dra_driver.resourceslice import slice_plan
+from toposerve.topology.config_file import ConfigError, load_file
+from toposerve.topology.model import DomainPath, NodeTopology
+from toposerve.topology.profiles import HardwareProfile, bundled_names, load_profile
+from toposerve.topology.quantity import parse_quantity
+from toposerve.topology.resourceslice import check_entry
 
 PATH = DomainPath(zone="zone-0", block="b0", rack="b0-r0", nvlink="b0-r0-n0", host="node-a")
 

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from toposerve.dra_driver.simulate import LABELS, Simulator
+from toposerve.kubeapi import ApiError, JsonApi
+from toposerve.localcluster.nodes import KWOK_TOLERATION
+from toposerve.topology.profiles import load_profile
 
-from dra_driver.simulate import LABELS, Simulator
 from harness.waiting import wait_for
-from kubeapi import ApiError, JsonApi
-from localcluster.nodes import KWOK_TOLERATION
 from tests.conftest import Cluster
-from topology.profiles import load_profile
 
 pytestmark = pytest.mark.cluster
 RES = "/apis/resource.k8s.io/v1"

@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from topology.profiles import load_profile
-from topology.sysfs import write_profile_sysfs
-from toposerve_cli.driver_cmd import main
+from toposerve.driver_cmd import main
+from toposerve.topology.profiles import load_profile
+from toposerve.topology.sysfs import write_profile_sysfs
 
 
 def _kubeconfig(tmp: Path) -> Path:

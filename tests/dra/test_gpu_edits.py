@@ -7,14 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from dra_driver.gpu.config import GpuConfig
-from dra_driver.gpu.devices import gpu_pool
-from dra_driver.gpu.edits import gpu_edits, resolve
-from dra_driver.kubeletplugin import merge_opaque, parse_opaque
-from dra_driver.net.config import NetConfig
-from topology.model import DomainPath, NodeTopology
-from topology.profiles import load_profile
+from toposerve.dra_driver.gpu.config import GpuConfig
+from toposerve.dra_driver.gpu.devices import gpu_pool
+from toposerve.dra_driver.gpu.edits import gpu_edits, resolve
+from toposerve.dra_driver.kubeletplugin import merge_opaque, parse_opaque
+from toposerve.dra_driver.net.config import NetConfig
+from toposerve.topology.model import DomainPath, NodeTopology
+from toposerve.topology.profiles import load_profile
 
 CFG = {"apiVersion": "gpu.toposerve.io/v1", "kind": "GpuConfig"}
 DEFAULT = GpuConfig()

@@ -14,14 +14,19 @@ from typing import Any
 
 import grpc
 import pytest
+from toposerve.dra_driver.kubeletplugin.cdi import CdiSpecs, ContainerEdits
+from toposerve.dra_driver.kubeletplugin.checkpoint import CorruptCheckpoint
+from toposerve.dra_driver.kubeletplugin.device_kind import AllocatedDevice, ClaimRef, PreparedEdits
+from toposerve.dra_driver.kubeletplugin.liveness import (
+    HttpEndpoints,
+    healthz_route,
+    metrics_route,
+    probe,
+)
+from toposerve.dra_driver.kubeletplugin.plugin import KubeletPlugin, PluginConfig
+from toposerve.dra_driver.kubeletplugin.sockets import GRPC_PATH_MAX, PluginPaths
+from toposerve.dra_driver.resourceslice import Pool
 
-from dra_driver.kubeletplugin.cdi import CdiSpecs, ContainerEdits
-from dra_driver.kubeletplugin.checkpoint import CorruptCheckpoint
-from dra_driver.kubeletplugin.device_kind import AllocatedDevice, ClaimRef, PreparedEdits
-from dra_driver.kubeletplugin.liveness import HttpEndpoints, healthz_route, metrics_route, probe
-from dra_driver.kubeletplugin.plugin import KubeletPlugin, PluginConfig
-from dra_driver.kubeletplugin.sockets import GRPC_PATH_MAX, PluginPaths
-from dra_driver.resourceslice import Pool
 from harness.dra_kubelet import Kubelet
 
 DRIVER = "fake.toposerve.io"

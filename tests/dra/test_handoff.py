@@ -16,16 +16,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from toposerve.dra_driver.kubeletplugin import parse_opaque
+from toposerve.dra_driver.net.config import NetConfig
+from toposerve.dra_driver.net.handoff import cni
+from toposerve.dra_driver.net.handoff.journal import Step
+from toposerve.dra_driver.net.handoff.links import Namespace
+from toposerve.dra_driver.net.handoff.mover import HandoffError
+from toposerve.dra_driver.net.records import ClaimRecord, NicHandoff, write_record
+from toposerve.localcluster.realnode import forwarder
 
-from dra_driver.kubeletplugin import parse_opaque
-from dra_driver.net.config import NetConfig
-from dra_driver.net.handoff import cni
-from dra_driver.net.handoff.journal import Step
-from dra_driver.net.handoff.links import Namespace
-from dra_driver.net.handoff.mover import HandoffError
-from dra_driver.net.records import ClaimRecord, NicHandoff, write_record
 from harness.handoff_netns import NetEnv, net_env
-from localcluster.realnode import forwarder
 
 CONFIG = parse_opaque({
     "apiVersion": "net.toposerve.io/v1", "kind": "NetConfig", "interfaceName": "net1",
@@ -219,8 +219,8 @@ def test_cni_add_moves_the_pods_nics_and_passes_the_result_on(env: NetEnv, tmp_p
 
 
 def test_the_plugins_default_paths_are_the_drivers_and_the_forwarders() -> None:
-    from dra_driver.net.handoff.journal import DEFAULT_JOURNAL_DIR
-    from dra_driver.net.records import DEFAULT_STATE_DIR
+    from toposerve.dra_driver.net.handoff.journal import DEFAULT_JOURNAL_DIR
+    from toposerve.dra_driver.net.records import DEFAULT_STATE_DIR
 
     assert (cni.STATE_DIR, cni.JOURNAL_DIR) == (DEFAULT_STATE_DIR, DEFAULT_JOURNAL_DIR)
     go = (forwarder.SOURCE / "main.go").read_text()
@@ -253,7 +253,7 @@ def test_the_forwarder_has_the_resident_server_do_each_call(
         env: NetEnv, tmp_path: Path, plugin_exe: Path) -> None:
     """The record is all the server needs (a driver restarted between prepare
     and ADD serves it); its results and its CNI errors come back verbatim."""
-    from dra_driver.net.handoff.server import HandoffServer
+    from toposerve.dra_driver.net.handoff.server import HandoffServer
 
     _record(env, tmp_path / "records", "pod-1")
     sock = tmp_path / "handoff.sock"
@@ -283,7 +283,7 @@ def test_without_the_server_the_forwarder_decides_only_what_is_safe(
     """No server: a pod without NICs still gets its network, a pod with one
     fails (code 11, "try again later", naming the socket) and so does a DEL
     of a sandbox that holds a NIC; a DEL with nothing to undo succeeds."""
-    from dra_driver.net.handoff.server import HandoffServer
+    from toposerve.dra_driver.net.handoff.server import HandoffServer
 
     _record(env, tmp_path / "records", "pod-1")
     sock = tmp_path / "handoff.sock"
@@ -321,7 +321,7 @@ def test_without_the_server_the_forwarder_decides_only_what_is_safe(
 
 def test_the_forwarders_result_has_the_pods_ipv6_address(
         env: NetEnv, tmp_path: Path, plugin_exe: Path) -> None:
-    from dra_driver.net.handoff.server import HandoffServer
+    from toposerve.dra_driver.net.handoff.server import HandoffServer
 
     _record(env, tmp_path / "records", "pod-1", DUAL)
     sock = tmp_path / "handoff.sock"

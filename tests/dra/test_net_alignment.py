@@ -15,6 +15,8 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from toposerve.topology.model import DeviceKind
+from toposerve.topology.profiles import load_profile
 
 from harness.waiting import wait_for
 from tests.dra import test_dra_allocation as alloc
@@ -29,8 +31,6 @@ from tests.dra.test_dra_allocation import (
     _request,
     _run,
 )
-from topology.model import DeviceKind
-from topology.profiles import load_profile
 
 pytestmark = pytest.mark.cluster
 env, runs = alloc.env, alloc.runs  # its fixtures, here by name

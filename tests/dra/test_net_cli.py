@@ -6,10 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from topology.profiles import load_profile
-from topology.sysfs import write_profile_sysfs
-from toposerve_cli.driver_cmd import main
+from toposerve.driver_cmd import main
+from toposerve.topology.profiles import load_profile
+from toposerve.topology.sysfs import write_profile_sysfs
 
 
 def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:

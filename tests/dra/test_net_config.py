@@ -6,9 +6,8 @@ from ipaddress import IPv4Interface, IPv6Interface, ip_address, ip_network
 from typing import Any
 
 import pytest
-
-from dra_driver.kubeletplugin import merge_opaque, parse_opaque
-from dra_driver.net.config import NetConfig, Route
+from toposerve.dra_driver.kubeletplugin import merge_opaque, parse_opaque
+from toposerve.dra_driver.net.config import NetConfig, Route
 
 
 def _params(**fields: Any) -> dict[str, Any]:

@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from toposerve.dra_driver.net.devices import discovered_pool
+from toposerve.dra_driver.net.discovery import NetFilters, Nic, device_name_for_pci, discover
+from toposerve.topology.model import DeviceKind, DomainPath
+from toposerve.topology.profiles import load_profile
+from toposerve.topology.resourceslice import MAX_ATTRIBUTES
 
-from dra_driver.net.devices import discovered_pool
-from dra_driver.net.discovery import NetFilters, Nic, device_name_for_pci, discover
 from harness.net_standins import PEER_SUFFIX, StandIns, make_sriov, stand_ins
-from topology.model import DeviceKind, DomainPath
-from topology.profiles import load_profile
-from topology.resourceslice import MAX_ATTRIBUTES
 
 HW = load_profile("hgx-h100").hardware()
 NICS = HW.devices(DeviceKind.NIC)

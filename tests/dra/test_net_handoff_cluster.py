@@ -17,12 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from toposerve.dra_driver.kubeletplugin import parse_opaque
+from toposerve.dra_driver.net.config import NetConfig
+from toposerve.dra_driver.net.handoff.journal import Entry, Journal, Step
+from toposerve.dra_driver.net.handoff.links import Namespace
+from toposerve.dra_driver.net.records import read_record
+from toposerve.localcluster.realnode import forwarder
+from toposerve.topology.profiles import load_profile
 
-from dra_driver.kubeletplugin import parse_opaque
-from dra_driver.net.config import NetConfig
-from dra_driver.net.handoff.journal import Entry, Journal, Step
-from dra_driver.net.handoff.links import Namespace
-from dra_driver.net.records import read_record
 from harness.dra_net import (
     DRIVER,
     NetDriverProc,
@@ -35,9 +37,7 @@ from harness.dra_net import (
 )
 from harness.net_standins import StandIns, stand_ins
 from harness.waiting import wait_for
-from localcluster.realnode import forwarder
 from tests.conftest import Cluster
-from topology.profiles import load_profile
 
 pytestmark = pytest.mark.cluster
 HW = load_profile("hgx-h100").hardware()

@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from dra_driver.net.handoff.install import (
+from toposerve.dra_driver.net.handoff.install import (
     DEFAULT_PLUGIN,
     RECORD,
     InstallError,
@@ -23,8 +22,8 @@ from dra_driver.net.handoff.install import (
     unchained,
     uninstall,
 )
-from localcluster.realnode import forwarder
-from toposerve_cli.driver_cmd import main
+from toposerve.driver_cmd import main
+from toposerve.localcluster.realnode import forwarder
 
 ROOT = Path(__file__).resolve().parents[2]
 ENTRY = plugin_entry(Path("/var/lib/kubelet"))
@@ -145,7 +144,7 @@ def test_the_default_plugin_is_where_the_image_puts_it() -> None:
     copies = re.findall(r"^COPY\b.*\btoposerve-nic (\S+)$", (ROOT / "Containerfile").read_text(),
                         re.M)
     assert copies == [str(DEFAULT_PLUGIN)]
-    from manifests.values import NetDriverCni
+    from toposerve.manifests.values import NetDriverCni
 
     assert NetDriverCni().plugin == str(DEFAULT_PLUGIN)
 

@@ -11,8 +11,8 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from toposerve.dra_driver.net.link_events import Debounce, LinkWatch
 
-from dra_driver.net.link_events import Debounce, LinkWatch
 from harness.waiting import wait_for
 
 

@@ -11,8 +11,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from toposerve.dra_driver.net.records import read_record
+from toposerve.topology.model import DeviceKind
+from toposerve.topology.profiles import load_profile
 
-from dra_driver.net.records import read_record
 from harness.dra_net import (
     DRIVER,
     NODE,
@@ -28,8 +30,6 @@ from harness.dra_net import (
 from harness.net_standins import StandIns, stand_ins
 from harness.waiting import wait_for
 from tests.conftest import Cluster
-from topology.model import DeviceKind
-from topology.profiles import load_profile
 
 pytestmark = pytest.mark.cluster
 HW = load_profile("hgx-h100").hardware()

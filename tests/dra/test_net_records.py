@@ -7,9 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-
-from dra_driver.net.config import NetConfig
-from dra_driver.net.records import (
+from toposerve.dra_driver.net.config import NetConfig
+from toposerve.dra_driver.net.records import (
     ClaimRecord,
     CorruptRecord,
     NicHandoff,

@@ -17,16 +17,21 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from toposerve.dra_driver.gpu import coexistence, driver
+from toposerve.dra_driver.gpu import nvml as nvml_module
+from toposerve.dra_driver.gpu.config import GpuConfig
+from toposerve.dra_driver.gpu.devices import gpu_pool, gpu_uuid
+from toposerve.dra_driver.gpu.driver import TAINT_GPU_LOST, TAINT_XID, GpuDriverOptions, GpuKind
+from toposerve.dra_driver.gpu.edits import gpu_edits, resolve
+from toposerve.dra_driver.gpu.nvml import NVML_AVAILABLE, Nvml, XidEvent, find_library
+from toposerve.dra_driver.kubeletplugin import AllocatedDevice, ClaimRef, HealthBoard
+from toposerve.dra_driver.kubeletplugin.health import Health
+from toposerve.topology.discovery import discover
+from toposerve.topology.model import DomainPath, NodeTopology
+from toposerve.topology.profiles import load_profile
+from toposerve.topology.quantity import format_bytes
+from toposerve.topology.sysfs import write_profile_sysfs
 
-from dra_driver.gpu import coexistence, driver
-from dra_driver.gpu import nvml as nvml_module
-from dra_driver.gpu.config import GpuConfig
-from dra_driver.gpu.devices import gpu_pool, gpu_uuid
-from dra_driver.gpu.driver import TAINT_GPU_LOST, TAINT_XID, GpuDriverOptions, GpuKind
-from dra_driver.gpu.edits import gpu_edits, resolve
-from dra_driver.gpu.nvml import NVML_AVAILABLE, Nvml, XidEvent, find_library
-from dra_driver.kubeletplugin import AllocatedDevice, ClaimRef, HealthBoard
-from dra_driver.kubeletplugin.health import Health
 from harness.fake_nvml import (
     BLACKWELL,
     ENV,
@@ -38,11 +43,6 @@ from harness.fake_nvml import (
     inject_xid,
     set_lost,
 )
-from topology.discovery import discover
-from topology.model import DomainPath, NodeTopology
-from topology.profiles import load_profile
-from topology.quantity import format_bytes
-from topology.sysfs import write_profile_sysfs
 
 pytestmark = pytest.mark.unit
 HW = load_profile("hgx-h100").hardware()

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from toposerve.dra_driver.kubeletplugin.checkpoint import Checkpoint, ClaimState
+from toposerve.dra_driver.kubeletplugin.claim_status import DeviceStatus, apply_device_status
+from toposerve.dra_driver.kubeletplugin.device_kind import ClaimRef
 
-from dra_driver.kubeletplugin.checkpoint import Checkpoint, ClaimState
-from dra_driver.kubeletplugin.claim_status import DeviceStatus, apply_device_status
-from dra_driver.kubeletplugin.device_kind import ClaimRef
 from harness.dra_gpu import (
     DRIVER,
     NAMESPACE,
@@ -270,7 +270,7 @@ def test_slices_carry_the_nodes_domain_path(gpu_env: GpuEnv, gpu_driver: DriverP
 def test_uninstall_deletes_the_nodes_slices(gpu_env: GpuEnv, gpu_driver: DriverProc) -> None:
     assert gpu_driver.stop() == 0  # else it would publish them again
     out = subprocess.run(
-        [sys.executable, "-m", "toposerve_cli.driver_cmd", "--log-level", "warning", "driver",
+        [sys.executable, "-m", "toposerve.driver_cmd", "--log-level", "warning", "driver",
          "gpu", "--node-name", NODE, "--kubeconfig", str(gpu_env.kubeconfig),
          "--sysfs-root", str(gpu_env.sysfs), "--plugin-dir", str(gpu_driver.plugin_dir),
          "--uninstall"], capture_output=True, text=True, timeout=60, check=True).stdout

@@ -6,15 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from dra_driver._generated import (
+from toposerve.dra_driver._generated import (
     dra_v1_pb2,
     dra_v1beta1_pb2,
     health_v1_pb2,
     health_v1alpha1_pb2,
     pluginregistration_pb2,
 )
-from dra_driver.protos.generate import OUT_DIR, generate
+from toposerve.dra_driver.protos.generate import OUT_DIR, generate
 
 
 def test_committed_stubs_are_current(tmp_path: Path) -> None:

@@ -17,14 +17,14 @@ from urllib.parse import urlparse
 
 import pytest
 from kubernetes import client
+from toposerve.dra_driver.gpu.devices import gpu_pool
+from toposerve.dra_driver.resourceslice import Pool, SlicePublisher
+from toposerve.kubeapi import JsonApi
+from toposerve.topology.model import DomainPath, NodeTopology
+from toposerve.topology.profiles import load_profile
 
-from dra_driver.gpu.devices import gpu_pool
-from dra_driver.resourceslice import Pool, SlicePublisher
 from harness.waiting import wait_for
-from kubeapi import JsonApi
 from tests.conftest import Cluster
-from topology.model import DomainPath, NodeTopology
-from topology.profiles import load_profile
 
 pytestmark = pytest.mark.cluster
 NODE = "hgx-h100-0000"

@@ -7,10 +7,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import orjson
-
-from dra_driver.resourceslice import slice_plan as sp
-from dra_driver.resourceslice.slice_plan import Pool
-from kubeapi import Reflector
+from toposerve.dra_driver.resourceslice import slice_plan as sp
+from toposerve.dra_driver.resourceslice.slice_plan import Pool
+from toposerve.kubeapi import Reflector
 
 DRIVER = "gpu.toposerve.io"
 

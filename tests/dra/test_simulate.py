@@ -17,18 +17,18 @@ import httpx
 import pytest
 from kubernetes.client import CoreV1Api
 from prometheus_client.parser import text_string_to_metric_families
+from toposerve.dra_driver.gpu.devices import DRIVER as GPU_DRIVER
+from toposerve.dra_driver.gpu.devices import PARTITIONS_LABEL
+from toposerve.dra_driver.simulate import LABELS, label_partitions, sim_node
+from toposerve.kubeapi import ApiError, JsonApi
+from toposerve.localcluster.nodes import node_manifest
+from toposerve.localcluster.ports import free_port
+from toposerve.topology.labels import PRESETS, DialectName
+from toposerve.topology.layout import plan_nodes
+from toposerve.topology.profiles import load_profile
 
-from dra_driver.gpu.devices import DRIVER as GPU_DRIVER
-from dra_driver.gpu.devices import PARTITIONS_LABEL
-from dra_driver.simulate import LABELS, label_partitions, sim_node
 from harness.waiting import wait_for
-from kubeapi import ApiError, JsonApi
-from localcluster.nodes import node_manifest
-from localcluster.ports import free_port
 from tests.conftest import Cluster
-from topology.labels import PRESETS, DialectName
-from topology.layout import plan_nodes
-from topology.profiles import load_profile
 
 pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[2]
@@ -46,7 +46,7 @@ def _simulate(cluster: Cluster, tmp: Path, *extra: str) -> tuple[subprocess.Pope
     port = free_port()
     log = tmp / "simulate.log"
     p = subprocess.Popen(
-        [sys.executable, "-m", "toposerve_cli.main", "driver", "simulate", "--cluster",
+        [sys.executable, "-m", "toposerve.main", "driver", "simulate", "--cluster",
          cluster.name, "--http-address", f"127.0.0.1:{port}", *extra],
         cwd=REPO, stdout=log.open("wb"), stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"})

@@ -6,8 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from dra_driver.kubeletplugin.sockets import (
+from toposerve.dra_driver.kubeletplugin.sockets import (
     UNIX_PATH_MAX,
     PluginPaths,
     registration_socket_name,

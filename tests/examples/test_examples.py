@@ -18,19 +18,19 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
+from toposerve.dra_driver.gpu.devices import gpu_pool
+from toposerve.dra_driver.net.devices import nic_pool
+from toposerve.kubeapi import JsonApi
+from toposerve.localcluster.scale.runner import install_crds
+from toposerve.manifests.render import GPU_DRIVER, NET_DRIVER, render_objects
+from toposerve.manifests.values import load_values
+from toposerve.topology.labels import PRESETS, DialectName
+from toposerve.topology.model import NodeTopology
+from toposerve.topology.profiles import load_profile
+from toposerve.topology.workloads import LLMD_ROLE, LWS_EXCLUSIVE
 
-from dra_driver.gpu.devices import gpu_pool
-from dra_driver.net.devices import nic_pool
 from harness.extender_objects import planned
-from kubeapi import JsonApi
-from localcluster.scale.runner import install_crds
-from manifests.render import GPU_DRIVER, NET_DRIVER, render_objects
-from manifests.values import load_values
 from tests.conftest import Cluster
-from topology.labels import PRESETS, DialectName
-from topology.model import NodeTopology
-from topology.profiles import load_profile
-from topology.workloads import LLMD_ROLE, LWS_EXCLUSIVE
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 FILES = sorted(EXAMPLES.glob("*.yaml"))

@@ -7,16 +7,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from scheduler_ext.placement.decide import (
+from toposerve.scheduler_ext.placement.decide import (
     Policy,
     filter_member,
     filter_ungrouped,
     prioritize_member,
 )
-from scheduler_ext.placement.model import Group, Member, NodeState, Shape, Source, View
-from topology.layout import plan_nodes
-from topology.model import DeviceKind, Tier
-from topology.profiles import load_profile
+from toposerve.scheduler_ext.placement.model import Group, Member, NodeState, Shape, Source, View
+from toposerve.topology.layout import plan_nodes
+from toposerve.topology.model import DeviceKind, Tier
+from toposerve.topology.profiles import load_profile
 
 
 def cluster(*groups: tuple[str, int]) -> dict[str, NodeState]:

@@ -15,8 +15,10 @@ from typing import Any
 import orjson
 import pytest
 import urllib3
+from toposerve.dra_driver.gpu.devices import DRIVER
+from toposerve.localcluster.scale import controllers as ctl
+from toposerve.localcluster.scale.controllers import collection
 
-from dra_driver.gpu.devices import DRIVER
 from harness import extender_objects as k
 from harness.extender_cluster import (
     GpuCluster,
@@ -37,8 +39,6 @@ from harness.extender_cluster import (
     wait_bound,
 )
 from harness.waiting import wait_for
-from localcluster.scale import controllers as ctl
-from localcluster.scale.controllers import collection
 
 pytestmark = pytest.mark.cluster
 

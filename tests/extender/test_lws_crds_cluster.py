@@ -1,7 +1,7 @@
 """The LeaderWorkerSet and DisaggregatedSet CRDs the tests and scale runs
 install (upstream's schemas, localcluster/scale/crds/lws.yaml) on the real
 apiserver: each API serves the versions upstream does, and objects of each
-served version, as localcluster.scale.controllers writes them, pass a
+served version, as toposerve.localcluster.scale.controllers writes them, pass a
 server-side dry run with strict field validation, defaulted as upstream's
 schema defaults them; what upstream's schema refuses is refused."""
 
@@ -11,10 +11,10 @@ import copy
 from typing import Any
 
 import pytest
+from toposerve.kubeapi import ApiError, JsonApi
+from toposerve.localcluster.scale import controllers as ctl
+from toposerve.localcluster.scale.runner import install_crds
 
-from kubeapi import ApiError, JsonApi
-from localcluster.scale import controllers as ctl
-from localcluster.scale.runner import install_crds
 from tests.conftest import Cluster
 
 RACK = "topology.toposerve.io/rack"

@@ -10,9 +10,8 @@ from dataclasses import replace
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from scheduler_ext.placement import pack
-from scheduler_ext.placement.decide import (
+from toposerve.scheduler_ext.placement import pack
+from toposerve.scheduler_ext.placement.decide import (
     Outcome,
     Policy,
     filter_member,
@@ -21,7 +20,7 @@ from scheduler_ext.placement.decide import (
     prioritize_ungrouped,
     reservations,
 )
-from scheduler_ext.placement.levels import (
+from toposerve.scheduler_ext.placement.levels import (
     UnknownLevel,
     climb,
     contains,
@@ -29,11 +28,12 @@ from scheduler_ext.placement.levels import (
     domain_of,
     parse_level,
 )
-from scheduler_ext.placement.model import Decision, Group, Source, View
+from toposerve.scheduler_ext.placement.model import Decision, Group, Source, View
+from toposerve.topology.labels import PRESETS, DialectName
+from toposerve.topology.model import DomainPath, Tier, TierLink
+from toposerve.topology.profiles import load_profile
+
 from tests.extender.sim import Sim, cluster, gang
-from topology.labels import PRESETS, DialectName
-from topology.model import DomainPath, Tier, TierLink
-from topology.profiles import load_profile
 
 TOPO = PRESETS[DialectName.TOPOSERVE]
 

@@ -19,16 +19,16 @@ import pytest
 import yaml
 from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestClient, TestServer
+from toposerve.localcluster.scale import controllers as ctl
+from toposerve.main import main
+from toposerve.scheduler_ext.config import ExtenderConfig, load_extender_config
+from toposerve.scheduler_ext.placement.model import Decision
+from toposerve.scheduler_ext.scheduler_config import scheduler_config
+from toposerve.scheduler_ext.server import Extender
+from toposerve.topology.config_file import ConfigError
+from toposerve.topology.model import Tier
 
 from harness import extender_objects as k
-from localcluster.scale import controllers as ctl
-from scheduler_ext.config import ExtenderConfig, load_extender_config
-from scheduler_ext.placement.model import Decision
-from scheduler_ext.scheduler_config import scheduler_config
-from scheduler_ext.server import Extender
-from topology.config_file import ConfigError
-from topology.model import Tier
-from toposerve_cli.main import main
 
 NODES = k.planned(("gb200-nvl72", 36), ("hgx-h100", 4))
 NAMES = [n.name for n in NODES]
@@ -212,7 +212,7 @@ def test_https_given_a_certificate(tmp_path: Path) -> None:
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
                     "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
                     "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
-    from scheduler_ext.server import ssl_context
+    from toposerve.scheduler_ext.server import ssl_context
 
     cfg = ExtenderConfig(server={"certFile": str(cert), "keyFile": str(key)})
     ext, _ = extender()
@@ -325,7 +325,7 @@ def _malformed() -> list[tuple[str, Any, str]]:
 
 def test_a_malformed_request_is_a_400_naming_the_field_never_a_crash_or_an_echo(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("scheduler_ext.server.MAX_BODY", 4096)
+    monkeypatch.setattr("toposerve.scheduler_ext.server.MAX_BODY", 4096)
     ext, written = extender()
 
     async def check(c: TestClient[Any, Any]) -> None:
@@ -406,7 +406,7 @@ def _extender_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str
     import sys
     env = {**os.environ, "HOME": str(tmp_path), "KUBECONFIG": ""}
     env.pop("KUBERNETES_SERVICE_HOST", None)
-    return subprocess.run([sys.executable, "-m", "toposerve_cli.main", "extender", *args],
+    return subprocess.run([sys.executable, "-m", "toposerve.main", "extender", *args],
                           capture_output=True, text=True, timeout=60, env=env,
                           cwd=Path(__file__).parents[2])
 

@@ -9,17 +9,17 @@ from typing import Any
 import orjson
 import pytest
 from pydantic import ValidationError
+from toposerve.localcluster.scale import controllers as ctl
+from toposerve.scheduler_ext.config import ExtenderConfig
+from toposerve.scheduler_ext.placement.groups import identify
+from toposerve.scheduler_ext.placement.model import Decision, Shape, Source
+from toposerve.scheduler_ext.state.cache import ClusterState
+from toposerve.scheduler_ext.state.facts import PLACEMENT_ANNOTATION, decision_annotation
+from toposerve.topology.labels import PRESETS, DialectName
+from toposerve.topology.layout import PlannedNode
+from toposerve.topology.model import Tier
 
 from harness import extender_objects as k
-from localcluster.scale import controllers as ctl
-from scheduler_ext.config import ExtenderConfig
-from scheduler_ext.placement.groups import identify
-from scheduler_ext.placement.model import Decision, Shape, Source
-from scheduler_ext.state.cache import ClusterState
-from scheduler_ext.state.facts import PLACEMENT_ANNOTATION, decision_annotation
-from topology.labels import PRESETS, DialectName
-from topology.layout import PlannedNode
-from topology.model import Tier
 
 TOPO = PRESETS[DialectName.TOPOSERVE]
 

@@ -10,15 +10,13 @@ from collections import Counter
 from typing import Any
 
 import pytest
-
-from harness.extender_objects import disaggregated_pods, lws_pods
-from localcluster.scale import controllers as ctl
-from scheduler_ext.placement.groups import identify
-from scheduler_ext.placement.groups import lws_pods as lws_pod_count
-from scheduler_ext.placement.levels import parse_level
-from scheduler_ext.placement.model import Source
-from topology.labels import PRESETS, DialectName
-from topology.workloads import (
+from toposerve.localcluster.scale import controllers as ctl
+from toposerve.scheduler_ext.placement.groups import identify
+from toposerve.scheduler_ext.placement.groups import lws_pods as lws_pod_count
+from toposerve.scheduler_ext.placement.levels import parse_level
+from toposerve.scheduler_ext.placement.model import Source
+from toposerve.topology.labels import PRESETS, DialectName
+from toposerve.topology.workloads import (
     DS_NAME,
     DS_REVISION,
     DS_ROLE,
@@ -38,6 +36,8 @@ from topology.workloads import (
     LWS_SUBGROUP_SIZE,
     LWS_WORKER_INDEX,
 )
+
+from harness.extender_objects import disaggregated_pods, lws_pods
 
 DIALECT = PRESETS[DialectName.TOPOSERVE]
 RACK = DIALECT.rack or ""

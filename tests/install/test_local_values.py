@@ -1,5 +1,5 @@
 """The values `cluster up --real-node --install` renders with
-(localcluster.install): the loopback API server, the imported images never
+(toposerve.localcluster.install): the loopback API server, the imported images never
 pulled, every pod on the real node only, and the user's file and --set over
 them, in that order."""
 
@@ -14,12 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from dra_driver.net.handoff import DEFAULT_PLUGIN
-from localcluster import image_keys
-from localcluster import install as inst
-from localcluster.realnode.paths import REAL_NODE_LABEL, REAL_NODE_TOLERATION, default_layout
-from manifests.render import render_objects
+from toposerve.dra_driver.net.handoff import DEFAULT_PLUGIN
+from toposerve.localcluster import image_keys
+from toposerve.localcluster import install as inst
+from toposerve.localcluster.realnode.paths import (
+    REAL_NODE_LABEL,
+    REAL_NODE_TOLERATION,
+    default_layout,
+)
+from toposerve.manifests.render import render_objects
 
 pytestmark = pytest.mark.unit
 

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client
+from toposerve.localcluster.clusters import cluster_dir
+from toposerve.localcluster.processes import processes_under
 
-from localcluster.clusters import cluster_dir
-from localcluster.processes import processes_under
 from tests.conftest import Cluster
 
 pytestmark = pytest.mark.cluster
-CLI = [sys.executable, "-m", "toposerve_cli.main"]
+CLI = [sys.executable, "-m", "toposerve.main"]
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:

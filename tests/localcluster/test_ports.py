@@ -10,8 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from localcluster import ports
+from toposerve.localcluster import ports
 
 pytestmark = pytest.mark.unit
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from manifests.render import render_objects
-from manifests.values import Component, load_values
-from toposerve_cli.main import build_parser
+from toposerve.main import build_parser
+from toposerve.manifests.render import render_objects
+from toposerve.manifests.values import Component, load_values
 
 Obj = dict[str, Any]
 

@@ -7,8 +7,8 @@ import json
 
 import pytest
 import yaml
+from toposerve.manifests.values import COMPONENTS, load_values
 
-from manifests.values import COMPONENTS, load_values
 from tests.manifests.helpers import Obj, cli, objects
 
 

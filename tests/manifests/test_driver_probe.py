@@ -17,10 +17,10 @@ from typing import Any
 
 import grpc
 import pytest
+from toposerve.dra_driver._generated import dra_v1_pb2 as dra_pb2
+from toposerve.dra_driver._generated import dra_v1_pb2_grpc as dra_grpc
+from toposerve.dra_driver.kubeletplugin import registration, sockets
 
-from dra_driver._generated import dra_v1_pb2 as dra_pb2
-from dra_driver._generated import dra_v1_pb2_grpc as dra_grpc
-from dra_driver.kubeletplugin import registration, sockets
 from tests.manifests.helpers import objects, one
 
 

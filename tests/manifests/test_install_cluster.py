@@ -26,12 +26,12 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
+from toposerve.localcluster.clusters import kubeconfig_path
+from toposerve.localcluster.tools import find_tools
+from toposerve.manifests.render import GPU_DRIVER, NET_DRIVER, Names, render_objects
+from toposerve.manifests.values import InstallValues, load_values
 
 from harness.waiting import wait_for
-from localcluster.clusters import kubeconfig_path
-from localcluster.tools import find_tools
-from manifests.render import GPU_DRIVER, NET_DRIVER, Names, render_objects
-from manifests.values import InstallValues, load_values
 from tests.conftest import Cluster
 
 pytestmark = pytest.mark.cluster
@@ -334,8 +334,8 @@ def test_rbac_is_enough_for_the_real_publisher(cluster: Cluster, install: Instal
     """The driver's own publisher, acting as its service account from a pod on
     one node: it publishes, updates and uninstalls that node's pool; a pool
     for another node is refused by the policy and reported."""
-    from dra_driver.resourceslice import SlicePublisher
-    from dra_driver.resourceslice.slice_plan import Pool
+    from toposerve.dra_driver.resourceslice import SlicePublisher
+    from toposerve.dra_driver.resourceslice.slice_plan import Pool
 
     own, other = install.nodes
     admin: Any = client.ResourceV1Api(cluster.api)
@@ -378,8 +378,8 @@ def test_daemonset_command_runs_the_driver_and_its_probe(cluster: Cluster) -> No
     """The DaemonSet's command and liveness probe, as the kubelet would run
     them, on the host against a fake sysfs: the real driver accepts every
     flag, publishes its node's slices, and the probe passes on its sockets."""
-    from topology.profiles import load_profile
-    from topology.sysfs import write_profile_sysfs
+    from toposerve.topology.profiles import load_profile
+    from toposerve.topology.sysfs import write_profile_sysfs
 
     node = "mi300x-0001"
     tmp = Path(tempfile.mkdtemp(prefix="tsm-", dir="/tmp"))  # short: unix socket paths
@@ -396,7 +396,7 @@ def test_daemonset_command_runs_the_driver_and_its_probe(cluster: Cluster) -> No
     cmd = [_expand(a, env) for a in container["command"]]
     cmd = [f"--kubeconfig={kubeconfig_path(cluster.name)}" if a.startswith("--kubeconfig=")
            else a for a in cmd]
-    cmd[:1] = [sys.executable, "-m", "toposerve_cli.main"]  # the `toposerve` of this tree
+    cmd[:1] = [sys.executable, "-m", "toposerve.main"]  # the `toposerve` of this tree
     probe = [sys.executable, *container["livenessProbe"]["exec"]["command"][1:]]
     res: Any = client.ResourceV1Api(cluster.api)
     selector = f"spec.nodeName={node},spec.driver={GPU_DRIVER}"
@@ -446,7 +446,7 @@ def test_extender_deployment_command_serves(cluster: Cluster, tmp_path: Path) ->
     cmd = [f"--config={tmp_path / 'config.yaml'}" if a.startswith("--config=")
            else f"--kubeconfig={kubeconfig_path(cluster.name)}" if a.startswith("--kubeconfig=")
            else a for a in cmd]
-    cmd[:1] = [sys.executable, "-m", "toposerve_cli.main"]
+    cmd[:1] = [sys.executable, "-m", "toposerve.main"]
 
     def ready() -> bool:
         if proc.poll() is not None:

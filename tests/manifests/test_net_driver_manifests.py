@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from dra_driver.net.handoff import DEFAULT_PLUGIN
-from manifests.render import NET_DRIVER
+from toposerve.dra_driver.net.handoff import DEFAULT_PLUGIN
+from toposerve.manifests.render import NET_DRIVER
+
 from tests.manifests.helpers import Obj, objects, one, slice_policy
 
 

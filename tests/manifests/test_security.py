@@ -10,9 +10,9 @@ import base64
 from typing import Any
 
 import yaml
+from toposerve.manifests.render import render
+from toposerve.manifests.values import load_values
 
-from manifests.render import render
-from manifests.values import load_values
 from tests.manifests.helpers import Obj, objects, one
 
 

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
+from toposerve.localcluster.tools import versions
+from toposerve.manifests.values import KUBERNETES_VERSION, InstallValues, apply_sets, load_values
+from toposerve.scheduler_ext.config import ExtenderConfig
+from toposerve.topology.config_file import ConfigError
 
-from localcluster.tools import versions
-from manifests.values import KUBERNETES_VERSION, InstallValues, apply_sets, load_values
-from scheduler_ext.config import ExtenderConfig
 from tests.manifests.helpers import cli
-from topology.config_file import ConfigError
 
 
 def test_defaults_need_only_the_api_server() -> None:
@@ -171,10 +171,10 @@ def test_every_field_is_documented() -> None:
 
 
 def test_install_page_reference_is_current() -> None:
-    from manifests.values_docs import PAGE, page
+    from toposerve.manifests.values_docs import PAGE, page
 
     current = PAGE.read_text()
-    assert page(current) == current, "run: python -m manifests.values_docs"
+    assert page(current) == current, "run: python -m toposerve.manifests.values_docs"
 
 
 def test_scheduler_version_is_the_local_clusters() -> None:

@@ -14,15 +14,15 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from toposerve.dra_driver.net.handoff.links import Namespace
+from toposerve.kubeapi import JsonApi
+from toposerve.localcluster.realnode import nics
+from toposerve.localcluster.realnode import node as realnode
+from toposerve.localcluster.realnode.paths import NODE_NAME, Layout, default_layout
+from toposerve.localcluster.realnode.pods import busybox_pod
 
-from dra_driver.net.handoff.links import Namespace
 from harness.dra_net import canonical
 from harness.waiting import wait_for
-from kubeapi import JsonApi
-from localcluster.realnode import nics
-from localcluster.realnode import node as realnode
-from localcluster.realnode.paths import NODE_NAME, Layout, default_layout
-from localcluster.realnode.pods import busybox_pod
 from tests.conftest import Cluster
 
 

@@ -24,32 +24,32 @@ import orjson
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-
-from dra_driver.gpu.driver import CDI_CLASS, CDI_VENDOR
-from dra_driver.kubeletplugin.cdi import CdiSpecs
-from dra_driver.simulate import LABELS as SIM_LABELS
-from dra_driver.simulate import Simulator
-from harness.images import make_images
-from harness.waiting import wait_for
-from localcluster import install as inst
-from localcluster.nodes import KWOK_ANNOTATION, KWOK_TOLERATION
-from localcluster.ports import free_port
-from localcluster.realnode.gpu_driver import CDI_ROOT, DRIVER, PLUGIN_DIR
-from localcluster.realnode.paths import (
+from toposerve.dra_driver.gpu.driver import CDI_CLASS, CDI_VENDOR
+from toposerve.dra_driver.kubeletplugin.cdi import CdiSpecs
+from toposerve.dra_driver.simulate import LABELS as SIM_LABELS
+from toposerve.dra_driver.simulate import Simulator
+from toposerve.localcluster import install as inst
+from toposerve.localcluster.nodes import KWOK_ANNOTATION, KWOK_TOLERATION
+from toposerve.localcluster.ports import free_port
+from toposerve.localcluster.realnode.gpu_driver import CDI_ROOT, DRIVER, PLUGIN_DIR
+from toposerve.localcluster.realnode.paths import (
     NODE_NAME,
     REAL_NODE_LABEL,
     REAL_NODE_TOLERATION,
     default_layout,
 )
-from localcluster.realnode.pods import busybox_pod
-from localcluster.realnode.tools import find_node_tools
-from router.ha.pod_label import ROLE_LABEL
-from scheduler_ext.placement.levels import domain_of, parse_level
-from scheduler_ext.state.facts import PLACEMENT_ANNOTATION
+from toposerve.localcluster.realnode.pods import busybox_pod
+from toposerve.localcluster.realnode.tools import find_node_tools
+from toposerve.router.ha.pod_label import ROLE_LABEL
+from toposerve.scheduler_ext.placement.levels import domain_of, parse_level
+from toposerve.scheduler_ext.state.facts import PLACEMENT_ANNOTATION
+from toposerve.topology.labels import PRESETS, PROFILE_LABEL, DialectName, from_labels
+from toposerve.topology.workloads import GROUP, GROUP_SIZE, LEVEL, ROLE
+
+from harness.images import make_images
+from harness.waiting import wait_for
 from tests.conftest import Cluster
 from tests.realnode.conftest import PodMaker, ensure_started, example_on_real_node, wait_phase
-from topology.labels import PRESETS, PROFILE_LABEL, DialectName, from_labels
-from topology.workloads import GROUP, GROUP_SIZE, LEVEL, ROLE
 
 pytestmark = [pytest.mark.cluster, pytest.mark.realnode]
 

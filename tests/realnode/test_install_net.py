@@ -3,7 +3,7 @@
 chain the NIC hand-off yet and has no forwarder, the pod's init container
 installs ``toposerve-nic`` (the image's binary) into the node's CNI bin dir
 and chains it into the node's conflist; the driver publishes the node's
-stand-in NICs (``localcluster.realnode.nics``, found through the same fake
+stand-in NICs (``toposerve.localcluster.realnode.nics``, found through the same fake
 sysfs tree the GPU driver reads); the cookbook's GPU + NIC on one PCIe root
 (examples/04) runs with the NIC moved into the pod's network namespace; and
 the uninstall puts the conflist back byte for byte and removes the
@@ -23,18 +23,18 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from toposerve.dra_driver.net.handoff.cni import PLUGIN_TYPE
+from toposerve.dra_driver.net.handoff.install import RECORD, data_dir, plugin_entry
+from toposerve.dra_driver.net.handoff.journal import Journal
+from toposerve.dra_driver.net.handoff.links import Namespace
+from toposerve.localcluster import install as inst
+from toposerve.localcluster.realnode import forwarder, nics
+from toposerve.localcluster.realnode.gpu_driver import DRIVER as GPU_DRIVER
+from toposerve.localcluster.realnode.net_driver import DRIVER, JOURNAL_DIR, PLUGIN_DIR, STATE_DIR
+from toposerve.localcluster.realnode.paths import NODE_NAME, Layout, default_layout
 
-from dra_driver.net.handoff.cni import PLUGIN_TYPE
-from dra_driver.net.handoff.install import RECORD, data_dir, plugin_entry
-from dra_driver.net.handoff.journal import Journal
-from dra_driver.net.handoff.links import Namespace
 from harness.images import make_images
 from harness.waiting import wait_for
-from localcluster import install as inst
-from localcluster.realnode import forwarder, nics
-from localcluster.realnode.gpu_driver import DRIVER as GPU_DRIVER
-from localcluster.realnode.net_driver import DRIVER, JOURNAL_DIR, PLUGIN_DIR, STATE_DIR
-from localcluster.realnode.paths import NODE_NAME, Layout, default_layout
 from tests.conftest import Cluster
 from tests.realnode.conftest import (
     PodMaker,
@@ -140,7 +140,7 @@ def _sockets() -> list[Path]:
 
 
 def _stand_ins() -> list[nics.StandIn]:
-    from topology.profiles import load_profile
+    from toposerve.topology.profiles import load_profile
 
     return nics.stand_ins_for(load_profile(inst.PROFILE).hardware())
 

@@ -20,21 +20,21 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from toposerve.dra_driver.net.handoff.journal import Journal
+from toposerve.dra_driver.net.handoff.links import Namespace
+from toposerve.dra_driver.net.records import all_records
+from toposerve.kubeapi import JsonApi
+from toposerve.localcluster.clusters import kubeconfig_path
+from toposerve.localcluster.realnode import nics
+from toposerve.localcluster.realnode import node as realnode
+from toposerve.localcluster.realnode.gpu_driver import DRIVER as GPU_DRIVER
+from toposerve.localcluster.realnode.gpu_driver import GpuDriver
+from toposerve.localcluster.realnode.net_driver import DRIVER, JOURNAL_DIR, STATE_DIR, NetDriver
+from toposerve.localcluster.realnode.paths import NODE_NAME, default_layout
+from toposerve.localcluster.realnode.pods import busybox_pod
+from toposerve.localcluster.realnode.teardown import leftovers
 
-from dra_driver.net.handoff.journal import Journal
-from dra_driver.net.handoff.links import Namespace
-from dra_driver.net.records import all_records
 from harness.waiting import wait_for
-from kubeapi import JsonApi
-from localcluster.clusters import kubeconfig_path
-from localcluster.realnode import nics
-from localcluster.realnode import node as realnode
-from localcluster.realnode.gpu_driver import DRIVER as GPU_DRIVER
-from localcluster.realnode.gpu_driver import GpuDriver
-from localcluster.realnode.net_driver import DRIVER, JOURNAL_DIR, STATE_DIR, NetDriver
-from localcluster.realnode.paths import NODE_NAME, default_layout
-from localcluster.realnode.pods import busybox_pod
-from localcluster.realnode.teardown import leftovers
 from tests.conftest import Cluster
 from tests.realnode.conftest import PodMaker, ensure_started, on_host_as_it_was, wait_phase
 

@@ -8,16 +8,21 @@ import signal
 from pathlib import Path
 
 import pytest
+from toposerve.localcluster.cluster import running_clusters
+from toposerve.localcluster.realnode import node as realnode
+from toposerve.localcluster.realnode.paths import default_layout
+from toposerve.localcluster.realnode.pods import busybox_pod
+from toposerve.localcluster.realnode.teardown import (
+    alive,
+    container_states,
+    leftovers,
+    our_processes,
+)
+from toposerve.main import main
 
 from harness.waiting import wait_for
-from localcluster.cluster import running_clusters
-from localcluster.realnode import node as realnode
-from localcluster.realnode.paths import default_layout
-from localcluster.realnode.pods import busybox_pod
-from localcluster.realnode.teardown import alive, container_states, leftovers, our_processes
 from tests.conftest import Cluster
 from tests.realnode.conftest import MACHINE_WAIT_S, PodMaker, RealNode, wait_phase
-from toposerve_cli.main import main
 
 pytestmark = [pytest.mark.cluster, pytest.mark.realnode]
 

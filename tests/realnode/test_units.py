@@ -16,10 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from localcluster.realnode import cni, config, images
-from localcluster.realnode.paths import PAUSE_IMAGE, Layout
-from localcluster.realnode.teardown import leftovers, mounts_under
+from toposerve.localcluster.realnode import cni, config, images
+from toposerve.localcluster.realnode.paths import PAUSE_IMAGE, Layout
+from toposerve.localcluster.realnode.teardown import leftovers, mounts_under
 
 LAYOUT = Layout(home=Path("/h/realnode"), run=Path("/run/rn"))
 

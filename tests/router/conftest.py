@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import redis
+from toposerve.localcluster.ports import free_port
 
 from harness.waiting import wait_for
-from localcluster.ports import free_port
 
 REDIS_PASSWORD = "router-tests"
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import time
 
-from router.config import RouterConfig
-from router.pool.endpoints import Endpoint, LoadSample
-from router.request import RequestContext
-from router.state import RouterState
+from toposerve.router.config import RouterConfig
+from toposerve.router.pool.endpoints import Endpoint, LoadSample
+from toposerve.router.request import RequestContext
+from toposerve.router.state import RouterState
 
 
 def make_state(scorers: list[dict[str, object]] | None = None) -> RouterState:

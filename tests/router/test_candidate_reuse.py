@@ -1,5 +1,5 @@
 """The candidate lists the pool and the filters reuse between requests
-(``router.pool.endpoints.CHANGES``): a change to the pool or to an
+(``toposerve.router.pool.endpoints.CHANGES``): a change to the pool or to an
 endpoint is seen by the very next request, a load sample that ages past
 ``stale_after_s`` counts as saturated with no new scrape, and the
 candidates are always those the plain filters give."""
@@ -11,13 +11,12 @@ import random
 import time
 
 import pytest
-
-from router.config import RouterConfig
-from router.pool.endpoints import Endpoint, LoadSample
-from router.pool.saturation import saturated
-from router.request import RequestContext
-from router.scheduling.profile import Scheduler
-from router.state import RouterState
+from toposerve.router.config import RouterConfig
+from toposerve.router.pool.endpoints import Endpoint, LoadSample
+from toposerve.router.pool.saturation import saturated
+from toposerve.router.request import RequestContext
+from toposerve.router.scheduling.profile import Scheduler
+from toposerve.router.state import RouterState
 
 pytestmark = pytest.mark.unit
 

@@ -16,10 +16,10 @@ import time
 import httpx
 import pytest
 from pydantic import ValidationError
+from toposerve.router.config import ServerConfig
 
 from harness.procs import MODEL, Procs
 from harness.waiting import wait_for
-from router.config import ServerConfig
 from tests.router.hangup import connect
 
 CHAT = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}

@@ -15,11 +15,11 @@ from typing import Any
 import httpx
 import pytest
 from kubernetes import client
+from toposerve.localcluster.clusters import kubeconfig_path
+from toposerve.localcluster.pods import model_pod, wait_running
 
 from harness.procs import MODEL, Proc, Procs
 from harness.waiting import wait_for
-from localcluster.clusters import kubeconfig_path
-from localcluster.pods import model_pod, wait_running
 from tests.conftest import Cluster
 
 pytestmark = pytest.mark.cluster

@@ -11,20 +11,22 @@ from typing import Any
 import pytest
 import structlog
 from multidict import CIMultiDict, CIMultiDictProxy
-
-from router.admission.flow_control import Admission
-from router.config import RouterConfig
-from router.metrics import RouterMetrics
-from router.pool.endpoints import Endpoint, LoadSample
-from router.state import RouterState
-from wire.errors import ApiError
+from toposerve.router.admission.flow_control import Admission
+from toposerve.router.config import RouterConfig
+from toposerve.router.metrics import RouterMetrics
+from toposerve.router.pool.endpoints import Endpoint, LoadSample
+from toposerve.router.state import RouterState
+from toposerve.wire.errors import ApiError
 
 pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`
 
 
 class Clock:
+    # starts at the real clock: a load sample stamped with time.monotonic()
+    # is fresh to it (a fixed start read every sample as stale on a machine
+    # up for less than that)
     def __init__(self) -> None:
-        self.t = 1000.0
+        self.t = time.monotonic()
 
     def __call__(self) -> float:
         return self.t

@@ -8,20 +8,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from router.admission.keys import read_file, secret_table
-from router.admission.ratelimit import Bucket
-from router.admission.tenants import bearer
-from router.config import RouterConfig
-from router.pool.endpoints import Endpoint, LoadSample
-from router.pool.saturation import (
+from toposerve.router.admission.keys import read_file, secret_table
+from toposerve.router.admission.ratelimit import Bucket
+from toposerve.router.admission.tenants import bearer
+from toposerve.router.config import RouterConfig
+from toposerve.router.pool.endpoints import Endpoint, LoadSample
+from toposerve.router.pool.saturation import (
     free_slots,
     pool_saturation,
     saturated,
     shed_probability,
     utilisation,
 )
-from topology.config_file import ConfigError
+from toposerve.topology.config_file import ConfigError
 
 pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`
 

@@ -14,16 +14,16 @@ from typing import Any
 import httpx
 import yaml
 from multidict import CIMultiDict, CIMultiDictProxy
+from toposerve.router.admission.flow_control import Admission, Classified
+from toposerve.router.admission.ratelimit import Bucket
+from toposerve.router.admission.usage import Answered, output_tokens
+from toposerve.router.config import RouterConfig
+from toposerve.router.metrics import RouterMetrics
+from toposerve.router.pool.endpoints import Endpoint, LoadSample
+from toposerve.router.state import RouterState
 
 from harness.procs import MODEL, Procs
 from harness.waiting import wait_for
-from router.admission.flow_control import Admission, Classified
-from router.admission.ratelimit import Bucket
-from router.admission.usage import Answered, output_tokens
-from router.config import RouterConfig
-from router.metrics import RouterMetrics
-from router.pool.endpoints import Endpoint, LoadSample
-from router.state import RouterState
 
 
 class Clock:

@@ -22,12 +22,12 @@ from typing import Any
 import httpx
 import pytest
 from kubernetes import client
+from toposerve.localcluster.clusters import kubeconfig_path
+from toposerve.localcluster.pods import model_pod, wait_running
+from toposerve.router.ha.pod_label import ROLE_LABEL
 
 from harness.procs import MODEL, Proc, Procs
 from harness.waiting import wait_for
-from localcluster.clusters import kubeconfig_path
-from localcluster.pods import model_pod, wait_running
-from router.ha.pod_label import ROLE_LABEL
 from tests.conftest import Cluster
 
 pytestmark = pytest.mark.cluster

@@ -16,16 +16,16 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
+from toposerve.kubeapi import JsonApi
+from toposerve.localcluster.pods import model_pod
+from toposerve.manifests.render import Names, render_objects
+from toposerve.manifests.values import InstallValues, load_values
+from toposerve.router.config import LeaseConfig
+from toposerve.router.ha.elector import Elector
+from toposerve.router.ha.lease import Step
+from toposerve.router.ha.pod_label import ROLE_LABEL, PodLabel
 
 from harness.waiting import wait_for
-from kubeapi import JsonApi
-from localcluster.pods import model_pod
-from manifests.render import Names, render_objects
-from manifests.values import InstallValues, load_values
-from router.config import LeaseConfig
-from router.ha.elector import Elector
-from router.ha.lease import Step
-from router.ha.pod_label import ROLE_LABEL, PodLabel
 from tests.conftest import Cluster
 
 pytestmark = pytest.mark.cluster

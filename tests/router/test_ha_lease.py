@@ -7,10 +7,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-
-from router.config import LeaseConfig
-from router.ha.elector import lease_body
-from router.ha.lease import LeaseRecord, Step, claimed, leading, observe, released, step
+from toposerve.router.config import LeaseConfig
+from toposerve.router.ha.elector import lease_body
+from toposerve.router.ha.lease import LeaseRecord, Step, claimed, leading, observe, released, step
 
 T0 = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 

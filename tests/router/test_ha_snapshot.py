@@ -16,15 +16,14 @@ from typing import Any
 import orjson
 import pytest
 import redis.asyncio as aioredis
-
-from router.config import RouterConfig, SnapshotConfig
-from router.ha.replication import Replication
-from router.ha.snapshot import VERSION, DecisionLog, SnapshotError, parse
-from router.pool.endpoints import Endpoint, Pool
-from router.pool.static import load_static
-from router.request import RequestContext
-from router.scheduling.profile import Scheduler
-from router.state import RouterState
+from toposerve.router.config import RouterConfig, SnapshotConfig
+from toposerve.router.ha.replication import Replication
+from toposerve.router.ha.snapshot import VERSION, DecisionLog, SnapshotError, parse
+from toposerve.router.pool.endpoints import Endpoint, Pool
+from toposerve.router.pool.static import load_static
+from toposerve.router.request import RequestContext
+from toposerve.router.scheduling.profile import Scheduler
+from toposerve.router.state import RouterState
 
 URLS = [f"http://127.0.0.1:{p}" for p in (9001, 9002, 9003)]
 CHANNEL = "toposerve:decisions:test/snapshot"
@@ -167,7 +166,7 @@ def test_the_log_holds_its_entries_at_their_own_size() -> None:
     MiB, not the ~200 MiB that orjson's results held as returned."""
     code = textwrap.dedent("""
         import orjson
-        from router.ha.snapshot import DecisionLog
+        from toposerve.router.ha.snapshot import DecisionLog
         def rss():
             return int(open("/proc/self/statm").read().split()[1]) * 4096
         log = DecisionLog(max_bytes=1 << 30)

@@ -6,9 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
-from router.config import KubernetesDiscovery
-from router.pool.kubernetes import pod_view
+from toposerve.router.config import KubernetesDiscovery
+from toposerve.router.pool.kubernetes import pod_view
 
 pytestmark = pytest.mark.unit
 

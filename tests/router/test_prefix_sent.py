@@ -4,9 +4,9 @@ share a prefix and arrive before the first is answered follow it."""
 from __future__ import annotations
 
 import pytest
+from toposerve.router.prefix.index import SENT_HOLD_S, PrefixIndex, common_prefix
+from toposerve.router.scheduling.profile import Scheduler
 
-from router.prefix.index import SENT_HOLD_S, PrefixIndex, common_prefix
-from router.scheduling.profile import Scheduler
 from tests.router.pipeline import LONG, ctx, make_state
 
 pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`

@@ -16,14 +16,14 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 import yaml
+from toposerve.localcluster.ports import free_port
+from toposerve.router.config import ResponsesStoreConfig
+from toposerve.router.ha.replication import Replication
+from toposerve.router.pool.endpoints import Pool
+from toposerve.router.responses.store import make_store
+from toposerve.topology.config_file import ConfigError
 
 from harness.waiting import wait_for
-from localcluster.ports import free_port
-from router.config import ResponsesStoreConfig
-from router.ha.replication import Replication
-from router.pool.endpoints import Pool
-from router.responses.store import make_store
-from topology.config_file import ConfigError
 
 
 @pytest.fixture
@@ -60,7 +60,7 @@ def test_an_open_redis_stops_the_router_start(open_redis: str, tmp_path: Path) -
            "discovery": {"static": [{"url": "http://127.0.0.1:1"}]},
            "responses": {"backend": "redis", "redisUrl": open_redis}}
     (tmp_path / "router.yaml").write_text(yaml.safe_dump(cfg))
-    proc = subprocess.run([sys.executable, "-m", "toposerve_cli.main", "router",
+    proc = subprocess.run([sys.executable, "-m", "toposerve.main", "router",
                            f"--config={tmp_path / 'router.yaml'}"],
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2, proc.stderr[-2000:]

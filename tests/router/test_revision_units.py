@@ -8,20 +8,19 @@ import random
 from collections import Counter
 
 import pytest
-
-from router.config import RouterConfig
-from router.disaggregation.pairing import Disaggregation
-from router.pool.endpoints import Endpoint, LoadSample
-from router.pool.revisions import (
+from toposerve.router.config import RouterConfig
+from toposerve.router.disaggregation.pairing import Disaggregation
+from toposerve.router.pool.endpoints import Endpoint, LoadSample
+from toposerve.router.pool.revisions import (
     Revisions,
     ready_capacity,
     rendezvous,
     revision_of,
     split_weights,
 )
-from router.request import RequestContext
-from router.scheduling.filters import RevisionFilter
-from router.state import RouterState
+from toposerve.router.request import RequestContext
+from toposerve.router.scheduling.filters import RevisionFilter
+from toposerve.router.state import RouterState
 
 
 def ep(url: str, rev: str | None, role: str | None = None, healthy: bool = True) -> Endpoint:

@@ -15,13 +15,12 @@ import pytest
 import structlog
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
-
-from router.config import RouterConfig
-from router.http.server import ROUTER, Router, build_app, session_key
-from router.request import RequestContext
-from router.scheduling.profile import Decision
-from simulator.config import SimConfig
-from simulator.server import build_app as build_sim
+from toposerve.router.config import RouterConfig
+from toposerve.router.http.server import ROUTER, Router, build_app, session_key
+from toposerve.router.request import RequestContext
+from toposerve.router.scheduling.profile import Decision
+from toposerve.simulator.config import SimConfig
+from toposerve.simulator.server import build_app as build_sim
 
 pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`
 

@@ -11,21 +11,25 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
-
-from router.config import load_router_config
-from router.pool.endpoints import LEARN_MIN_TOKENS, LEARN_RATE, Endpoint, Pool
-from router.pool.scrape import KV_USAGE, RUNNING, WAITING, parse_load
-from router.prefix.index import PrefixIndex
-from router.prefix.kv_index import KVIndex
-from router.scheduling import registry
-from router.scheduling.pickers import TIE, MaxScorePicker
-from router.scheduling.registry import PluginError
-from router.scheduling.scoring import Wait, decisive, lower_is_better, totals, weighted_total
-from simulator.kvcache import BlockCache, block_hashes
-from tests.router.pipeline import make_state
-from topology.config_file import ConfigError
-from wire.hashing import byte_block_hashes, token_block_hashes
-from wire.kv_events import (
+from toposerve.router.config import load_router_config
+from toposerve.router.pool.endpoints import LEARN_MIN_TOKENS, LEARN_RATE, Endpoint, Pool
+from toposerve.router.pool.scrape import KV_USAGE, RUNNING, WAITING, parse_load
+from toposerve.router.prefix.index import PrefixIndex
+from toposerve.router.prefix.kv_index import KVIndex
+from toposerve.router.scheduling import registry
+from toposerve.router.scheduling.pickers import TIE, MaxScorePicker
+from toposerve.router.scheduling.registry import PluginError
+from toposerve.router.scheduling.scoring import (
+    Wait,
+    decisive,
+    lower_is_better,
+    totals,
+    weighted_total,
+)
+from toposerve.simulator.kvcache import BlockCache, block_hashes
+from toposerve.topology.config_file import ConfigError
+from toposerve.wire.hashing import byte_block_hashes, token_block_hashes
+from toposerve.wire.kv_events import (
     AllBlocksCleared,
     BadEvent,
     BlockRemoved,
@@ -36,8 +40,10 @@ from wire.kv_events import (
     encode_removed,
     encode_stored,
 )
-from wire.prompt import chat_prompt
-from wire.tokens import ByteTokenizer
+from toposerve.wire.prompt import chat_prompt
+from toposerve.wire.tokens import ByteTokenizer
+
+from tests.router.pipeline import make_state
 
 pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`
 
@@ -295,9 +301,9 @@ def test_router_config_errors_name_the_field(tmp_path: Path, doc: dict,  # type:
 
 
 def test_unknown_plugin_named(tmp_path: Path) -> None:
-    from router.scheduling.profile import Scheduler
-    from router.scheduling.registry import PluginError
-    from router.state import RouterState
+    from toposerve.router.scheduling.profile import Scheduler
+    from toposerve.router.scheduling.registry import PluginError
+    from toposerve.router.state import RouterState
 
     cfg = load_router_config(str(_cfg(tmp_path, {
         "discovery": {"static": [{"url": "http://a:1"}]},
@@ -312,9 +318,9 @@ def test_unknown_plugin_named(tmp_path: Path) -> None:
 
 
 def test_decode_profile_errors_name_their_section(tmp_path: Path) -> None:
-    from router.disaggregation.pairing import Disaggregation
-    from router.scheduling.registry import PluginError
-    from router.state import RouterState
+    from toposerve.router.disaggregation.pairing import Disaggregation
+    from toposerve.router.scheduling.registry import PluginError
+    from toposerve.router.state import RouterState
 
     cfg = load_router_config(str(_cfg(tmp_path, {
         "discovery": {"static": [{"url": "http://a:1"}]},
@@ -325,17 +331,19 @@ def test_decode_profile_errors_name_their_section(tmp_path: Path) -> None:
 
 
 def test_config_reference_is_current() -> None:
-    from router.docgen.config import render
+    from toposerve.router.docgen.config import render
 
     committed = (Path(__file__).parents[2] / "docs" / "router-config.md").read_text()
-    assert committed == render(), "run: python -m router.docgen.config > docs/router-config.md"
+    assert committed == render(), (
+        "run: python -m toposerve.router.docgen.config > docs/router-config.md")
 
 
 def test_metrics_reference_is_current() -> None:
-    from router.docgen.metrics import render
+    from toposerve.router.docgen.metrics import render
 
     committed = (Path(__file__).parents[2] / "docs" / "router-metrics.md").read_text()
-    assert committed == render(), "run: python -m router.docgen.metrics > docs/router-metrics.md"
+    assert committed == render(), (
+        "run: python -m toposerve.router.docgen.metrics > docs/router-metrics.md")
 
 
 def test_a_model_is_served_by_a_routable_endpoint_that_lists_it_or_lists_none() -> None:

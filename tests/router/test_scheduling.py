@@ -5,13 +5,13 @@ from __future__ import annotations
 import time
 
 import pytest
+from toposerve.router.config import RouterConfig
+from toposerve.router.pool.endpoints import Endpoint, LoadSample
+from toposerve.router.request import RequestContext
+from toposerve.router.scheduling.cycle import CycleState
+from toposerve.router.scheduling.profile import Decision, Scheduler
+from toposerve.router.state import RouterState
 
-from router.config import RouterConfig
-from router.pool.endpoints import Endpoint, LoadSample
-from router.request import RequestContext
-from router.scheduling.cycle import CycleState
-from router.scheduling.profile import Decision, Scheduler
-from router.state import RouterState
 from tests.router.pipeline import LONG, ctx, make_state
 
 pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`
@@ -71,7 +71,7 @@ def test_saturated_and_unhealthy_are_filtered() -> None:
 
 
 def test_conversations_spread_new_ones_and_expire() -> None:
-    from router.scheduling.scorers import ConversationsScorer
+    from toposerve.router.scheduling.scorers import ConversationsScorer
 
     now = [1000.0]
     state = make_state()
@@ -109,8 +109,8 @@ def test_conversations_spread_new_ones_and_expire() -> None:
 
 
 def test_near_prefill_scores_by_topology_tier() -> None:
-    from router.scheduling.scorers import NearPrefillScorer
-    from topology.model import DomainPath
+    from toposerve.router.scheduling.scorers import NearPrefillScorer
+    from toposerve.topology.model import DomainPath
 
     state = make_state()
     rack = {"zone": "z", "block": "b", "rack": "r"}
@@ -155,7 +155,7 @@ def test_pool_change_while_waiting_is_scored_afresh(scorer: str) -> None:
     """What the split check computed before admission is not what the
     prefill stage scores after it: an endpoint that joined meanwhile is
     scored like the others (no KeyError, no missing score)."""
-    from router.disaggregation.pairing import Disaggregation
+    from toposerve.router.disaggregation.pairing import Disaggregation
 
     state = _split_state(1, [{"type": scorer, "weight": 1}])
     pd = Disaggregation(state, state.config, None)
@@ -245,7 +245,7 @@ def test_remembered_scores_follow_the_index_and_the_live_counts() -> None:
     the candidates and what they read are the same: a block added to an
     endpoint, or a conversation started on one, is seen by the next
     request, and a caller changing an answer changes no later one."""
-    from router.scheduling.scorers import CacheRoomScorer, ConversationsScorer
+    from toposerve.router.scheduling.scorers import CacheRoomScorer, ConversationsScorer
 
     state = make_state()
     eps = state.pool.routable()

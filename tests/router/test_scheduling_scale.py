@@ -16,14 +16,13 @@ from types import FrameType
 from typing import Any
 
 import pytest
-
-from router.config import RouterConfig
-from router.pool.endpoints import Endpoint, LoadSample
-from router.pool.saturation import pool_saturation, saturated
-from router.request import RequestContext
-from router.scheduling.profile import Decision, Scheduler
-from router.scheduling.scorers import PREFILL_SLACK_TOKENS
-from router.state import RouterState
+from toposerve.router.config import RouterConfig
+from toposerve.router.pool.endpoints import Endpoint, LoadSample
+from toposerve.router.pool.saturation import pool_saturation, saturated
+from toposerve.router.request import RequestContext
+from toposerve.router.scheduling.profile import Decision, Scheduler
+from toposerve.router.scheduling.scorers import PREFILL_SLACK_TOKENS
+from toposerve.router.state import RouterState
 
 pytestmark = pytest.mark.unit
 

@@ -4,8 +4,8 @@ folded into `other`."""
 
 from __future__ import annotations
 
-from router.admission.tenants import OTHER_TENANTS, Tenants
-from router.config import FlowControlConfig
+from toposerve.router.admission.tenants import OTHER_TENANTS, Tenants
+from toposerve.router.config import FlowControlConfig
 
 
 def _tenants(bound: int, configured: list[str]) -> Tenants:

@@ -12,10 +12,10 @@ from typing import Any
 import httpx
 import pytest
 from kubernetes import client
+from toposerve.localcluster.clusters import kubeconfig_path
 
 from harness.procs import MODEL, Procs
 from harness.waiting import wait_for
-from localcluster.clusters import kubeconfig_path
 from tests.conftest import Cluster
 
 pytestmark = pytest.mark.cluster

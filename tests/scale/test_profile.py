@@ -7,8 +7,8 @@ import gzip
 from pathlib import Path
 
 import pytest
+from toposerve.localcluster.scale import profile
 
-from localcluster.scale import profile
 from tests.conftest import Cluster
 
 pytestmark = pytest.mark.cluster

@@ -5,8 +5,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-
-from localcluster import results
+from toposerve.localcluster import results
 
 
 def test_table_aligns_and_keeps_empty_cells_one_space_wide() -> None:

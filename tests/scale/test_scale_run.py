@@ -15,11 +15,11 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
+from toposerve.localcluster.cluster import running_clusters
+from toposerve.localcluster.clusters import cluster_dir
+from toposerve.localcluster.scale.scenario import Setup, builtins
 
 from harness.waiting import wait_for
-from localcluster.cluster import running_clusters
-from localcluster.clusters import cluster_dir
-from localcluster.scale.scenario import Setup, builtins
 
 pytestmark = pytest.mark.cluster
 # never the session cluster's own name: the checks below look for leftovers by prefix
@@ -27,7 +27,7 @@ PREFIX = (os.environ.get("TOPOSERVE_TEST_CLUSTER", "ts") + "-scale")[:20]
 
 
 def _scale(*args: str) -> list[str]:
-    return [sys.executable, "-m", "toposerve_cli.main", "scale", "run", *args]
+    return [sys.executable, "-m", "toposerve.main", "scale", "run", *args]
 
 
 # about 90 s on a quiet machine; six minutes were seen with a load average of 15

@@ -13,17 +13,22 @@ from typing import Any
 
 import pytest
 import yaml
-
-from localcluster.scale import fit, measure, quality, report
-from localcluster.scale.controllers import with_owner_uids
-from localcluster.scale.scenario import Claims, ScaleScenario, Setup, builtins, load_scenario
-from localcluster.scale.workload import GroupPlan, plan
-from scheduler_ext.config import ExtenderConfig
-from scheduler_ext.placement.groups import identify
-from scheduler_ext.state.cache import ClusterState
-from topology.config_file import ConfigError
-from topology.labels import PRESETS, DialectName
-from topology.model import DomainPath, Tier
+from toposerve.localcluster.scale import fit, measure, quality, report
+from toposerve.localcluster.scale.controllers import with_owner_uids
+from toposerve.localcluster.scale.scenario import (
+    Claims,
+    ScaleScenario,
+    Setup,
+    builtins,
+    load_scenario,
+)
+from toposerve.localcluster.scale.workload import GroupPlan, plan
+from toposerve.scheduler_ext.config import ExtenderConfig
+from toposerve.scheduler_ext.placement.groups import identify
+from toposerve.scheduler_ext.state.cache import ClusterState
+from toposerve.topology.config_file import ConfigError
+from toposerve.topology.labels import PRESETS, DialectName
+from toposerve.topology.model import DomainPath, Tier
 
 SMALL = builtins()["small"]
 TOPO = PRESETS[DialectName.TOPOSERVE]
@@ -236,7 +241,7 @@ def test_scale_run_refuses_what_does_not_fit_before_starting_anything(tmp_path: 
     doc["name"] = "too-big"
     f = tmp_path / "big.yaml"
     f.write_text(yaml.safe_dump(doc))
-    r = subprocess.run([sys.executable, "-m", "toposerve_cli.main", "scale", "run", "-f", str(f),
+    r = subprocess.run([sys.executable, "-m", "toposerve.main", "scale", "run", "-f", str(f),
                         "--out", str(tmp_path / "out"), "--prefix", "ts-scale-never"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2, r.stderr
@@ -365,7 +370,7 @@ def test_report_renders_again_from_its_json(tmp_path: Path) -> None:
         assert (tmp_path / png).stat().st_size > 0
         (tmp_path / png).unlink()
     (tmp_path / report.REPORT).unlink()
-    r = subprocess.run([sys.executable, "-m", "toposerve_cli.main", "scale", "report",
+    r = subprocess.run([sys.executable, "-m", "toposerve.main", "scale", "report",
                         str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / report.REPORT).read_text() == first
@@ -374,8 +379,8 @@ def test_report_renders_again_from_its_json(tmp_path: Path) -> None:
 
 
 def test_scheduler_config_states_the_client_limits_and_scoring_per_setup() -> None:
-    from localcluster.cluster import ClusterSpec, _config_documents
-    from localcluster.scale.runner import cluster_spec, scheduler_config
+    from toposerve.localcluster.cluster import ClusterSpec, _config_documents
+    from toposerve.localcluster.scale.runner import cluster_spec, scheduler_config
 
     sc = scenario(clientLimits={"schedulerQps": 200, "schedulerBurst": 400,
                                 "controllerManagerQps": 0, "controllerManagerBurst": 0},
@@ -399,8 +404,8 @@ def test_scheduler_config_states_the_client_limits_and_scoring_per_setup() -> No
 
 
 def test_scheduler_gates_reach_the_scheduler_alone_in_every_setup() -> None:
-    from localcluster.cluster import _config_documents, _scheduler_gates
-    from localcluster.scale.runner import cluster_spec
+    from toposerve.localcluster.cluster import _config_documents, _scheduler_gates
+    from toposerve.localcluster.scale.runner import cluster_spec
 
     sc = scenario(scheduler={"featureGates": {"SchedulerPreQueueingHints": True,
                                               "NominatedNodeNameForExpectation": False}})
@@ -424,8 +429,8 @@ def test_scheduler_gates_reach_the_scheduler_alone_in_every_setup() -> None:
     assert set(patches) == {"kube-apiserver", "kube-controller-manager", "kube-scheduler"}
     with pytest.raises(ValueError, match=r"gogc\.kube-proxy"):
         scenario(gogc={"kube-proxy": 200})
-    from localcluster.cluster import ClusterSpec, validate
-    from localcluster.clusters import ClusterError
+    from toposerve.localcluster.cluster import ClusterSpec, validate
+    from toposerve.localcluster.clusters import ClusterError
     with pytest.raises(ClusterError, match=r"gogc: kube-apiserver=0: give a component of etcd"):
         validate(ClusterSpec(name="x", groups=[("hgx-h100", 1)], gogc={"kube-apiserver": 0}))
 
@@ -454,9 +459,9 @@ def test_bad_gates_and_drivers_name_the_field_and_the_fix() -> None:
 
 
 def test_churn_adds_new_nodes_with_fresh_names_and_addresses() -> None:
-    from localcluster.scale.runner import extra_nodes
-    from topology.layout import plan_nodes
-    from topology.profiles import load_profile
+    from toposerve.localcluster.scale.runner import extra_nodes
+    from toposerve.topology.layout import plan_nodes
+    from toposerve.topology.profiles import load_profile
 
     sc = load_scenario(SMALL)
     first = plan_nodes([(load_profile(g.profile), g.count) for g in sc.nodes])
@@ -467,7 +472,7 @@ def test_churn_adds_new_nodes_with_fresh_names_and_addresses() -> None:
 
 
 def test_an_unknown_scenario_name_lists_the_builtins() -> None:
-    from localcluster.scale.scenario import resolve
+    from toposerve.localcluster.scale.scenario import resolve
 
     with pytest.raises(ConfigError, match=r"no built-in scenario of that name \(built-ins: "
                                           r".*small"):
@@ -475,7 +480,7 @@ def test_an_unknown_scenario_name_lists_the_builtins() -> None:
 
 
 def test_partitioned_nodes_are_the_first_of_their_group() -> None:
-    from localcluster.scale.runner import whole_gpu_nodes
+    from toposerve.localcluster.scale.runner import whole_gpu_nodes
 
     sc = scenario(nodes=[{"profile": "gb200-nvl72", "count": 36},
                          {"profile": "hgx-h100", "count": 8, "partitioned": 3},

@@ -1,5 +1,5 @@
 """Every config loader: a misspelt field is named with the field it most
-likely meant (``topology.config_file.hint``), wherever it sits."""
+likely meant (``toposerve.topology.config_file.hint``), wherever it sits."""
 
 from __future__ import annotations
 
@@ -9,17 +9,16 @@ from typing import Any
 
 import pytest
 import yaml
-
-from dra_driver.gpu.config import GpuConfig
-from dra_driver.kubeletplugin import parse_opaque
-from dra_driver.net.config import NetConfig
-from localcluster.scale.scenario import load_scenario
-from manifests.values import load_values
-from router.admission.keys import read_file
-from router.config import load_router_config
-from scheduler_ext.config import load_extender_config
-from topology.config_file import ConfigError
-from topology.profiles import load_profile
+from toposerve.dra_driver.gpu.config import GpuConfig
+from toposerve.dra_driver.kubeletplugin import parse_opaque
+from toposerve.dra_driver.net.config import NetConfig
+from toposerve.localcluster.scale.scenario import load_scenario
+from toposerve.manifests.values import load_values
+from toposerve.router.admission.keys import read_file
+from toposerve.router.config import load_router_config
+from toposerve.scheduler_ext.config import load_extender_config
+from toposerve.topology.config_file import ConfigError
+from toposerve.topology.profiles import load_profile
 
 V1 = {"apiVersion": "toposerve.io/v1"}
 ROOT = Path(__file__).parents[2]

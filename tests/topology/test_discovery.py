@@ -5,11 +5,10 @@ import os
 from pathlib import Path
 
 import pytest
-
-from topology.discovery import discover
-from topology.model import DeviceKind
-from topology.profiles import bundled_names, load_profile
-from topology.sysfs import write_profile_sysfs
+from toposerve.topology.discovery import discover
+from toposerve.topology.model import DeviceKind
+from toposerve.topology.profiles import bundled_names, load_profile
+from toposerve.topology.sysfs import write_profile_sysfs
 
 pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`
 

@@ -3,10 +3,9 @@
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-from topology.distance import device_affinity, kv_transfer_seconds, node_tier
-from topology.model import Affinity, DomainPath, Tier
-from topology.profiles import bundled_names, load_profile
+from toposerve.topology.distance import device_affinity, kv_transfer_seconds, node_tier
+from toposerve.topology.model import Affinity, DomainPath, Tier
+from toposerve.topology.profiles import bundled_names, load_profile
 
 pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`
 

@@ -3,12 +3,11 @@ import re
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-from topology.labels import PRESETS, DialectName, from_labels, to_labels
-from topology.layout import plan_nodes
-from topology.model import DomainPath
-from topology.profiles import bundled_names, load_profile
-from topology.resourceslice import MAX_ATTRIBUTES, device_entry
+from toposerve.topology.labels import PRESETS, DialectName, from_labels, to_labels
+from toposerve.topology.layout import plan_nodes
+from toposerve.topology.model import DomainPath
+from toposerve.topology.profiles import bundled_names, load_profile
+from toposerve.topology.resourceslice import MAX_ATTRIBUTES, device_entry
 
 pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`
 

@@ -3,11 +3,10 @@ from typing import Any
 
 import pytest
 import yaml
-
-from topology.config_file import ConfigError, load_file
-from topology.distance import device_affinity
-from topology.model import Affinity, DeviceKind
-from topology.profiles import HardwareProfile, bundled_names, load_profile
+from toposerve.topology.config_file import ConfigError, load_file
+from toposerve.topology.distance import device_affinity
+from toposerve.topology.model import Affinity, DeviceKind
+from toposerve.topology.profiles import HardwareProfile, bundled_names, load_profile
 
 pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`
 

@@ -1,4 +1,4 @@
-"""Chat requests tokenized as the engine does: wire.chat_template against
+"""Chat requests tokenized as the engine does: toposerve.wire.chat_template against
 transformers' apply_chat_template (what vLLM calls) on tokenizer files the
 test writes, a Llama-3-shaped and a ChatML (Qwen) shaped template."""
 
@@ -11,11 +11,10 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from router.prefix.index import PrefixIndex
-from router.prefix.kv_index import KVIndex
-from router.request import RequestContext
-from wire.chat_template import (
+from toposerve.router.prefix.index import PrefixIndex
+from toposerve.router.prefix.kv_index import KVIndex
+from toposerve.router.request import RequestContext
+from toposerve.wire.chat_template import (
     NO_TEMPLATE,
     RENDER_ERROR,
     ChatTemplate,
@@ -23,9 +22,9 @@ from wire.chat_template import (
     convert_messages,
     load_chat_template,
 )
-from wire.hashing import token_block_hashes
-from wire.kv_events import BlockStored
-from wire.tokens import HFTokenizer
+from toposerve.wire.hashing import token_block_hashes
+from toposerve.wire.kv_events import BlockStored
+from toposerve.wire.tokens import HFTokenizer
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")

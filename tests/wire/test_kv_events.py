@@ -7,12 +7,10 @@ from typing import Any
 
 import msgpack
 import pytest
-
-from router.prefix.index import PrefixIndex
-from router.prefix.kv_index import KVIndex
-from tests.wire.fixtures import kv_events as fx
-from wire.hashing import token_block_hashes
-from wire.kv_events import (
+from toposerve.router.prefix.index import PrefixIndex
+from toposerve.router.prefix.kv_index import KVIndex
+from toposerve.wire.hashing import token_block_hashes
+from toposerve.wire.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -22,7 +20,9 @@ from wire.kv_events import (
     encode_removed,
     encode_stored,
 )
-from wire.tokens import ByteTokenizer
+from toposerve.wire.tokens import ByteTokenizer
+
+from tests.wire.fixtures import kv_events as fx
 
 URL = "http://ep"
 STREAMS = {"vllm-v0.11.0": fx.VLLM_V0_11_0, "vllm-v0.11.0-bytes": fx.VLLM_V0_11_0_BYTES,

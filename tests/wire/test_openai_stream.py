@@ -7,12 +7,12 @@ import json
 from typing import Any
 
 import orjson
+from toposerve.router.admission.usage import Answered, output_tokens
+from toposerve.router.disaggregation.pairing import kv_params_of, prefill_body
+from toposerve.simulator.responses_stream import ResponseEvents
+from toposerve.wire.errors import sse_error
 
-from router.admission.usage import Answered, output_tokens
-from router.disaggregation.pairing import kv_params_of, prefill_body
-from simulator.responses_stream import ResponseEvents
 from tests.wire.conftest import FIXTURES, fixture_text, sse_events
-from wire.errors import sse_error
 
 KV: dict[str, Any] = json.loads((FIXTURES / "kv_transfer.json").read_text())
 
@@ -32,9 +32,9 @@ def test_prefill_answers_of_both_vllm_versions_are_handed_on_whole() -> None:
 
 
 def test_simulator_prefill_answer_has_vllm_v0_33_keys() -> None:
-    from simulator.config import SimConfig
-    from simulator.engine import Job
-    from simulator.server import SimServer
+    from toposerve.simulator.config import SimConfig
+    from toposerve.simulator.engine import Job
+    from toposerve.simulator.server import SimServer
 
     sim = SimServer(SimConfig())
     ours = sim._kv_response(Job(tokens=list(range(40)), max_tokens=1), "cmpl-1")
@@ -106,9 +106,8 @@ def _simulated(path: str, body: dict[str, Any]) -> list[bytes]:
     import asyncio
 
     from aiohttp.test_utils import TestClient, TestServer
-
-    from simulator.config import SimConfig
-    from simulator.server import build_app
+    from toposerve.simulator.config import SimConfig
+    from toposerve.simulator.server import build_app
 
     async def go() -> bytes:
         async with TestClient(TestServer(build_app(SimConfig(time_scale=0.01)),

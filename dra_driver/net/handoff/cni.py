@@ -23,15 +23,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dra_driver.net.handoff.journal import Journal, Step
-from dra_driver.net.handoff.links import Namespace
-from dra_driver.net.handoff.mover import Attached, Mover
-from dra_driver.net.records import records_for_pod
+from toposerve.dra_driver.net.handoff.journal import Journal, Step
+from toposerve.dra_driver.net.handoff.links import Namespace
+from toposerve.dra_driver.net.handoff.mover import Attached, Mover
+from toposerve.dra_driver.net.records import records_for_pod
 
 CNI_VERSION = "1.0.0"
 SUPPORTED = ["0.4.0", "1.0.0"]
 PLUGIN_TYPE = "toposerve-nic"
-# the defaults of dra_driver.net.records and .journal, and of the Go
+# the defaults of toposerve.dra_driver.net.records and .journal, and of the Go
 # forwarder (tests hold them equal)
 STATE_DIR = Path("/var/lib/kubelet/plugins/net.toposerve.io/handoff")
 JOURNAL_DIR = Path("/var/lib/kubelet/plugins/net.toposerve.io/journal")

@@ -20,9 +20,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dra_driver.kubeletplugin.files import write_atomic
-from dra_driver.net.handoff import DEFAULT_PLUGIN
-from dra_driver.net.handoff.cni import PLUGIN_TYPE
+from toposerve.dra_driver.kubeletplugin.files import write_atomic
+from toposerve.dra_driver.net.handoff import DEFAULT_PLUGIN
+from toposerve.dra_driver.net.handoff.cni import PLUGIN_TYPE
 
 __all__ = ["DEFAULT_PLUGIN", "RECORD", "InstallError", "chained", "data_dir", "install",
            "plugin_entry", "unchained", "uninstall"]

@@ -17,9 +17,8 @@ from enum import StrEnum
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
-
-from dra_driver.kubeletplugin.files import remove_temp_files, write_atomic
-from dra_driver.net.config import NetConfig, check_ifname
+from toposerve.dra_driver.kubeletplugin.files import remove_temp_files, write_atomic
+from toposerve.dra_driver.net.config import NetConfig, check_ifname
 
 VERSION = 1
 DEFAULT_JOURNAL_DIR = Path("/var/lib/kubelet/plugins/net.toposerve.io/journal")

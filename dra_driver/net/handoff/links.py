@@ -16,7 +16,7 @@ from ipaddress import IPv4Interface, IPv6Interface, ip_interface
 from types import TracebackType
 from typing import Any
 
-from dra_driver.net.config import Route
+from toposerve.dra_driver.net.config import Route
 
 IfAddress = IPv4Interface | IPv6Interface
 ZERO_MAC = "00:00:00:00:00:00"

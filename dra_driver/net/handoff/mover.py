@@ -21,10 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
-
-from dra_driver.net.config import NetConfig
-from dra_driver.net.handoff.journal import Entry, Journal, Step
-from dra_driver.net.handoff.links import Link, Namespace
+from toposerve.dra_driver.net.config import NetConfig
+from toposerve.dra_driver.net.handoff.journal import Entry, Journal, Step
+from toposerve.dra_driver.net.handoff.links import Link, Namespace
 
 log = structlog.get_logger("toposerve.net.handoff")
 
