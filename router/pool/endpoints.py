@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from toposerve.topology.model import DomainPath
@@ -131,7 +131,16 @@ class Endpoint:
 
     def stale(self, stale_after_s: float, now: float | None = None) -> bool:
         now = time.monotonic() if now is None else now
-        return self.load.at == 0 or now - self.load.at > stale_after_s
+        return fresh_loads((self,), stale_after_s, now)[0] is None
+
+
+def fresh_loads(eps: Iterable[Endpoint], stale_after_s: float, now: float
+                ) -> list[LoadSample | None]:
+    """Each endpoint's load sample, or None where it is stale: never
+    scraped, or scraped more than ``stale_after_s`` before ``now``. The one
+    test of staleness, made for a candidate list in one comprehension, as
+    the scheduling path needs: no call an endpoint, one look at the clock."""
+    return [s if (s := e.load).at != 0 and now - s.at <= stale_after_s else None for e in eps]
 
 
 @dataclass

@@ -10,10 +10,10 @@ count of requests in flight, which is never stale."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from toposerve.router.config import RouterConfig
-from toposerve.router.pool.endpoints import Endpoint
+from toposerve.router.pool.endpoints import Endpoint, fresh_loads
 
 
 def utilisation(ep: Endpoint, cfg: RouterConfig, now: float | None = None) -> float:
@@ -40,7 +40,7 @@ def saturated(ep: Endpoint, cfg: RouterConfig, now: float | None = None) -> bool
     return ep.load.waiting >= s.queue_threshold or ep.load.kv_usage >= s.kv_usage_threshold
 
 
-def unsaturated(eps: Iterable[Endpoint], cfg: RouterConfig,
+def unsaturated(eps: Sequence[Endpoint], cfg: RouterConfig,
                 now: float | None = None) -> list[Endpoint]:
     """The endpoints of ``eps`` that ``saturated`` passes, in one pass with
     no call an endpoint: the filters ask it of every candidate of every
@@ -52,9 +52,8 @@ def unsaturated(eps: Iterable[Endpoint], cfg: RouterConfig,
     now = time.monotonic() if now is None else now
     stale_after = cfg.scrape.stale_after_s
     q, kv = cfg.saturation.queue_threshold, cfg.saturation.kv_usage_threshold
-    return [e for e in eps
-            if (s := e.load).at != 0 and now - s.at <= stale_after
-            and s.waiting < q and s.kv_usage < kv]
+    return [e for e, s in zip(eps, fresh_loads(eps, stale_after, now), strict=True)
+            if s is not None and s.waiting < q and s.kv_usage < kv]
 
 
 def pool_saturation(eps: Iterable[Endpoint], cfg: RouterConfig,
@@ -70,15 +69,14 @@ def pool_saturation(eps: Iterable[Endpoint], cfg: RouterConfig,
     now = time.monotonic() if now is None else now
     stale_after = cfg.scrape.stale_after_s
     q, kv = cfg.saturation.queue_threshold, cfg.saturation.kv_usage_threshold
-    total, n = 0.0, 0
-    for e in eps:
-        n += 1
-        s = e.load
-        if s.at == 0 or now - s.at > stale_after:
+    total = 0.0
+    loads = fresh_loads(eps, stale_after, now)
+    for s in loads:
+        if s is None:
             total += 1.0
         else:
             total += min(1.0, max(s.waiting / q if q else 1.0, s.kv_usage / kv))
-    return total / n if n else 1.0
+    return total / len(loads) if loads else 1.0
 
 
 def shed_probability(saturation: float, start: float, end: float = 1.0) -> float:

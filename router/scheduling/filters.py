@@ -13,6 +13,7 @@ from toposerve.router.request import RequestContext
 from toposerve.router.state import RouterState
 
 _REVISION = attrgetter("revision")  # key_of without a call an endpoint
+_LOAD_AT = attrgetter("load.at")
 
 
 MODELS_KEPT = 16  # the model filter's answers kept, for as many models
@@ -92,7 +93,9 @@ class _Verdict:
     config: object
     eps: list[Endpoint]  # held, so its id is not reused
     out: list[Endpoint]
-    oldest: float | None  # the oldest sample's time among those let through; None: none
+    # of those let through, the one scraped longest ago (its sample stands
+    # while the ``load`` count does); None: none
+    oldest: Endpoint | None
 
 
 @dataclass
@@ -119,10 +122,10 @@ class NotSaturatedFilter:
         v = self._last
         if (v is not None and v.eps is eps and v.shape == CHANGES.shape
                 and v.load == CHANGES.load and v.config is cfg
-                and (v.oldest is None or now - v.oldest <= cfg.scrape.stale_after_s)):
+                and (v.oldest is None or not v.oldest.stale(cfg.scrape.stale_after_s, now))):
             return v.out
         ok = unsaturated(eps, cfg, now)
-        oldest = min(e.load.at for e in ok) if ok else None
+        oldest = min(ok, key=_LOAD_AT) if ok else None
         out = same_or(eps, ok) if ok else eps
         if v is not None and v.out == out:  # the same endpoints: the same list
             out = v.out

@@ -11,7 +11,7 @@ from itertools import repeat
 from operator import attrgetter
 from typing import ClassVar, Generic, NamedTuple, TypeVar
 
-from toposerve.router.pool.endpoints import Endpoint
+from toposerve.router.pool.endpoints import Endpoint, fresh_loads
 from toposerve.router.prefix.index import PrefixIndex
 from toposerve.router.prefix.kv_index import KVIndex
 from toposerve.router.request import RequestContext
@@ -245,8 +245,9 @@ class QueueScorer(Stateless):
     def score(self, ctx: RequestContext, cycle: CycleState, eps: list[Endpoint]
               ) -> dict[Endpoint, float]:
         stale_after, now = self.state.config.scrape.stale_after_s, time.monotonic()
+        loads = fresh_loads(eps, stale_after, now)
         fresh = {e: s.waiting + 0.1 * s.running + e.inflight
-                 for e in eps if (s := e.load).at != 0 and now - s.at <= stale_after}
+                 for e, s in zip(eps, loads, strict=True) if s is not None}
         out = dict.fromkeys(eps, 0.0)
         out.update(lower_is_better(fresh))
         return out
@@ -260,8 +261,9 @@ class KVUsageScorer(Stateless):
     def score(self, ctx: RequestContext, cycle: CycleState, eps: list[Endpoint]
               ) -> dict[Endpoint, float]:
         stale_after, now = self.state.config.scrape.stale_after_s, time.monotonic()
-        return {e: 0.0 if (s := e.load).at == 0 or now - s.at > stale_after
-                else max(0.0, 1.0 - s.kv_usage) for e in eps}
+        loads = fresh_loads(eps, stale_after, now)
+        return {e: 0.0 if s is None else max(0.0, 1.0 - s.kv_usage)
+                for e, s in zip(eps, loads, strict=True)}
 
 
 @dataclass
