@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 # The editable install is a tree of links (editable_mode=strict, so mypy,
 # import-linter and editors see plain files under one name, `toposerve`): a
 # new module needs a reinstall, so the stamp hashes the file list too.
-PRODUCT_DIRS := toposerve_cli topology kubeapi wire dra_driver scheduler_ext router simulator manifests localcluster
+PRODUCT_DIRS := toposerve_cli topology kubeapi wire serving dra_driver scheduler_ext router simulator manifests localcluster
 STAMP := $(VENV)/.installed-$(shell { cat pyproject.toml; git ls-files -co --exclude-standard -- $(PRODUCT_DIRS) 2>/dev/null; } | sha256sum | cut -c1-12)
 PYTEST := $(PY) -m pytest
 

@@ -49,8 +49,8 @@ from toposerve.scheduler_ext.wire import (
     decode,
     encode,
 )
+from toposerve.serving.http import run_app
 from toposerve.topology.model import Tier
-from toposerve.wire.serving import run_app
 
 log = structlog.get_logger("toposerve.extender")
 

@@ -20,6 +20,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
+from toposerve.serving.http import run_app
 from toposerve.simulator.bootstrap import ROUTE, Rooms, pull
 from toposerve.simulator.config import DisaggregationMode, SimConfig
 from toposerve.simulator.engine import Engine, Job
@@ -41,7 +42,6 @@ from toposerve.wire.openai import (
     TokenizeRequest,
 )
 from toposerve.wire.prompt import chat_prompt, completion_prompt, responses_items
-from toposerve.wire.serving import run_app
 from toposerve.wire.tokens import load_tokenizer
 
 WORDS = (" the", " kv ", " and", " for", " GPU", " one", " two", " ten")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import socket
 
-from toposerve.wire.serving import bind
+from toposerve.serving.http import bind
 
 
 class ListenError(Exception):

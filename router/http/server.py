@@ -45,11 +45,11 @@ from toposerve.router.responses.store import (
 from toposerve.router.scheduling.filters import RevisionFilter
 from toposerve.router.scheduling.profile import Decision, Scheduler
 from toposerve.router.state import RouterState
+from toposerve.serving.http import run_app
 from toposerve.wire.chat_template import load_chat_template
 from toposerve.wire.errors import ApiError, error_response, from_validation
 from toposerve.wire.openai import ChatRequest, CompletionRequest, ResponsesRequest
 from toposerve.wire.prompt import chat_prompt, completion_prompt, responses_items
-from toposerve.wire.serving import run_app
 from toposerve.wire.tokens import load_tokenizer
 
 log = structlog.get_logger("router")

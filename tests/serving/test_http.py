@@ -1,4 +1,4 @@
-"""toposerve.wire.serving.run_app, in a process of its own as the router, the
+"""toposerve.serving.http.run_app, in a process of its own as the router, the
 simulator and the extender run it: HTTP the parser refuses gets the app's
 JSON error (never the offending line), SIGTERM shuts the app down
 through its on_shutdown/on_cleanup, and a burst of connections is
@@ -24,7 +24,7 @@ APP = textwrap.dedent("""
     import asyncio
     import sys
     from aiohttp import web
-    from toposerve.wire.serving import run_app
+    from toposerve.serving.http import run_app
 
     async def hello(_):
         return web.json_response({"ok": True})
@@ -118,7 +118,7 @@ BUSY_APP = textwrap.dedent("""
     import time
     import uvloop
     from aiohttp import web
-    from toposerve.wire.serving import run_app
+    from toposerve.serving.http import run_app
 
     flags = pathlib.Path(sys.argv[2])
     ticks = 0
@@ -183,7 +183,7 @@ TLS_APP = textwrap.dedent("""
     import sys
     import uvloop
     from aiohttp import web
-    from toposerve.wire.serving import run_app
+    from toposerve.serving.http import run_app
 
     async def hello(_):
         return web.json_response({"ok": True})
