@@ -21,7 +21,6 @@ from typing import Any
 
 import orjson
 import structlog
-from kubernetes.client import CoreV1Api
 from toposerve.dra_driver.gpu.devices import DRIVER as GPU_DRIVER
 from toposerve.dra_driver.gpu.devices import PARTITIONS_LABEL, gpu_pool, partitions_wanted
 from toposerve.dra_driver.kubeletplugin.liveness import HttpEndpoints, metrics_route
@@ -29,6 +28,7 @@ from toposerve.dra_driver.net.devices import DRIVER as NET_DRIVER
 from toposerve.dra_driver.net.devices import nic_pool
 from toposerve.dra_driver.resourceslice import Pool, SlicePublisher
 from toposerve.kubeapi import ApiError, JsonApi, Reflector
+from toposerve.kubeapi.typed import CoreV1Api
 from toposerve.topology.config_file import ConfigError
 from toposerve.topology.labels import PRESETS, PROFILE_LABEL, DialectName, from_labels
 from toposerve.topology.model import DomainPath, NodeHardware, NodeTopology

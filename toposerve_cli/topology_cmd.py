@@ -13,7 +13,7 @@ from toposerve.topology.discovery import discover
 from toposerve.topology.labels import PRESETS, PROFILE_LABEL, DialectName, from_labels
 from toposerve.topology.model import DeviceKind
 from toposerve.topology.profiles import bundled_names, load_profile
-from toposerve.topology.resourceslice import device_entry
+from toposerve.topology.slice_attributes import device_entry
 from toposerve.topology.sysfs import write_profile_sysfs
 from toposerve.topology.tree import render_tree
 
@@ -59,12 +59,12 @@ def _show(args: argparse.Namespace) -> int:
         print("  tiers: " + ", ".join(f"{t.name.lower()} {link.bandwidth_gbps:g}GB/s "
                                       f"{link.latency_us:g}us" for t, link in p.links().items()))
         return 0
-    from kubernetes import client
+    from toposerve.kubeapi.typed import CoreV1Api
     from toposerve.localcluster.clusters import ClusterError, api_client
     from toposerve.localcluster.nodes import node_labels
 
     try:
-        labels = node_labels(client.CoreV1Api(api_client(args.name)))
+        labels = node_labels(CoreV1Api(api_client(args.name)))
     except ClusterError as err:
         return _fail(str(err))
     dialect = PRESETS[DialectName(args.dialect)]

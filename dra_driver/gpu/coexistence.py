@@ -13,9 +13,9 @@ import json
 from typing import Any
 
 import structlog
-from kubernetes.client import ApiClient, CoreV1Api, ResourceV1Api
 from prometheus_client import Gauge
 from toposerve.dra_driver.gpu.nvml import NvmlNode
+from toposerve.kubeapi.typed import ApiClient, CoreV1Api, ResourceV1Api
 from toposerve.topology.model import DeviceKind, NodeHardware
 
 log = structlog.get_logger("dra.gpu.coexistence")

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from kubernetes.client import ApiClient, CoreV1Api
 from toposerve.dra_driver.driver_process import DriverProcess, Latest, PluginOptions
 from toposerve.dra_driver.gpu.coexistence import NvidiaNeighbours
 from toposerve.dra_driver.gpu.config import GpuConfig
@@ -34,6 +33,7 @@ from toposerve.dra_driver.kubeletplugin import (
     parse_opaque,
 )
 from toposerve.dra_driver.resourceslice import Pool
+from toposerve.kubeapi.typed import ApiClient, CoreV1Api
 from toposerve.topology.discovery import discover
 from toposerve.topology.labels import PRESETS, PROFILE_LABEL, from_labels
 from toposerve.topology.model import NodeTopology

@@ -16,10 +16,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubernetes.client import ApiClient, ResourceV1Api
-from kubernetes.client.exceptions import ApiException
 from toposerve.dra_driver.kubeletplugin.claims import read_claim
 from toposerve.dra_driver.kubeletplugin.device_kind import ClaimRef
+from toposerve.kubeapi.typed import ApiClient, ApiException, ResourceV1Api
 
 APPLY = "application/apply-patch+yaml"  # JSON is YAML, so the body is JSON
 # What the apiserver (1.37) answers to any status write of a claim whose

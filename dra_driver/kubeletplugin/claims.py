@@ -9,9 +9,8 @@ import json
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from kubernetes.client import ApiClient, ResourceV1Api
-from kubernetes.client.exceptions import ApiException
 from toposerve.dra_driver.kubeletplugin.device_kind import AllocatedDevice, ClaimRef
+from toposerve.kubeapi.typed import ApiClient, ApiException, ResourceV1Api
 
 
 class ClaimError(Exception):

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from kubernetes.client import ApiClient, CoreV1Api
 from toposerve.dra_driver.driver_process import DriverProcess, Latest, PluginOptions
 from toposerve.dra_driver.kubeletplugin import (
     AllocatedDevice,
@@ -50,6 +49,7 @@ from toposerve.dra_driver.net.records import (
     write_record,
 )
 from toposerve.dra_driver.resourceslice import Pool
+from toposerve.kubeapi.typed import ApiClient, CoreV1Api
 from toposerve.topology.labels import PRESETS, from_labels
 from toposerve.topology.model import DomainPath
 

@@ -125,11 +125,10 @@ class Watches:
 
     def _annotate(self, namespace: str, pod: str, key: str, value: str, group: str,
                   failure: str) -> None:
-        from kubernetes import client
-        from kubernetes.client.exceptions import ApiException
+        from toposerve.kubeapi.typed import ApiException, CoreV1Api
 
         try:
-            client.CoreV1Api(self.api).patch_namespaced_pod(
+            CoreV1Api(self.api).patch_namespaced_pod(
                 pod, namespace, {"metadata": {"annotations": {key: value}}},
                 _content_type="application/merge-patch+json")
         except ApiException as err:

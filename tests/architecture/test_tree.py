@@ -63,6 +63,17 @@ def test_contracts_catch_tooling_imported_where_it_must_not_be(tmp_path: Path,
     assert "BROKEN" in broken.stdout
 
 
+def test_contracts_catch_a_part_importing_the_kubernetes_client(tmp_path: Path) -> None:
+    tree = _tree(tmp_path)
+    with (tree / "toposerve" / "router" / "state.py").open("a") as f:
+        f.write("\nimport kubernetes.client  # noqa: E402,F401\n")
+    broken = _lint(tree)
+    assert broken.returncode != 0
+    assert "only toposerve.kubeapi talks to Kubernetes" in broken.stdout
+    assert "toposerve.router.state -> kubernetes" in broken.stdout
+    assert ", 1 broken." in broken.stdout
+
+
 def test_wheel_installs_one_import_name_and_the_whole_product(tmp_path: Path) -> None:
     # built from a copy of the checkout's layout: setuptools' build/ in the
     # checkout holds the editable install's link tree
