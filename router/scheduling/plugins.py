@@ -35,3 +35,10 @@ class Scorer(Protocol):
 class Picker(Protocol):
     def pick(self, scores: dict[Endpoint, float]) -> list[Endpoint]:
         """Endpoints best first: the first is used, the rest are retry fallbacks."""
+
+
+class Stateless:
+    """A scorer that reads state but records nothing about the choice."""
+
+    def picked(self, ctx: RequestContext, cycle: CycleState, ep: Endpoint) -> None:
+        return None

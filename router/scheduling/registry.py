@@ -16,21 +16,25 @@ from toposerve.router.scheduling.filters import (
 )
 from toposerve.router.scheduling.pickers import MaxScorePicker
 from toposerve.router.scheduling.plugins import Filter, Picker, Scorer
-from toposerve.router.scheduling.scorers import (
-    APPROX_BLOCK_BYTES,
-    MAX_SLOWDOWN,
-    MIN_EXTRA_S,
-    ApproxPrefixScorer,
+from toposerve.router.scheduling.scorers.load import (
     CacheRoomScorer,
     ConversationsScorer,
     InflightTokensScorer,
     KVUsageScorer,
-    NearPrefillScorer,
-    PrecisePrefixScorer,
-    PrefillCostScorer,
     QueueScorer,
-    SessionScorer,
 )
+from toposerve.router.scheduling.scorers.prefill import (
+    MAX_SLOWDOWN,
+    MIN_EXTRA_S,
+    NearPrefillScorer,
+    PrefillCostScorer,
+)
+from toposerve.router.scheduling.scorers.prefix import (
+    APPROX_BLOCK_BYTES,
+    ApproxPrefixScorer,
+    PrecisePrefixScorer,
+)
+from toposerve.router.scheduling.scorers.session import SessionScorer
 from toposerve.router.state import RouterState
 
 

@@ -71,7 +71,7 @@ def test_saturated_and_unhealthy_are_filtered() -> None:
 
 
 def test_conversations_spread_new_ones_and_expire() -> None:
-    from toposerve.router.scheduling.scorers import ConversationsScorer
+    from toposerve.router.scheduling.scorers.load import ConversationsScorer
 
     now = [1000.0]
     state = make_state()
@@ -109,7 +109,7 @@ def test_conversations_spread_new_ones_and_expire() -> None:
 
 
 def test_near_prefill_scores_by_topology_tier() -> None:
-    from toposerve.router.scheduling.scorers import NearPrefillScorer
+    from toposerve.router.scheduling.scorers.prefill import NearPrefillScorer
     from toposerve.topology.model import DomainPath
 
     state = make_state()
@@ -245,7 +245,7 @@ def test_remembered_scores_follow_the_index_and_the_live_counts() -> None:
     the candidates and what they read are the same: a block added to an
     endpoint, or a conversation started on one, is seen by the next
     request, and a caller changing an answer changes no later one."""
-    from toposerve.router.scheduling.scorers import CacheRoomScorer, ConversationsScorer
+    from toposerve.router.scheduling.scorers.load import CacheRoomScorer, ConversationsScorer
 
     state = make_state()
     eps = state.pool.routable()

@@ -21,7 +21,7 @@ from toposerve.router.pool.endpoints import Endpoint, LoadSample
 from toposerve.router.pool.saturation import pool_saturation, saturated
 from toposerve.router.request import RequestContext
 from toposerve.router.scheduling.profile import Decision, Scheduler
-from toposerve.router.scheduling.scorers import PREFILL_SLACK_TOKENS
+from toposerve.router.scheduling.scorers.prefill import PREFILL_SLACK_TOKENS
 from toposerve.router.state import RouterState
 
 pytestmark = pytest.mark.unit
