@@ -12,15 +12,14 @@ from pydantic.fields import FieldInfo
 from toposerve.router.config import RouterConfig
 from toposerve.router.scheduling import registry
 
-# params of the plugins that take any; the names come from the registry
-PARAMS = {"role": "role, exact", "prefix-approx": "blockBytes", "prefix-precise": "blockBytes",
-          "prefill-cost": "blockBytes, maxSlowdown, minExtraSeconds",
-          "conversations": "windowSeconds, blockBytes",
-          "max-score": "seed"}
 
-
-def _plugins(names: list[str]) -> str:
-    return ", ".join(f"{n} (params: {PARAMS[n]})" if n in PARAMS else n for n in names)
+def _plugins(plugins: registry.Registry[Any]) -> str:
+    """Each type name, with its params' keys where it takes any."""
+    out = []
+    for name, p in plugins.types.items():
+        keys = ", ".join(f.alias or k for k, f in p.params_model.model_fields.items())
+        out.append(f"{name} (params: {keys})" if keys else name)
+    return ", ".join(out)
 
 
 def _type(ann: Any) -> str:
@@ -67,8 +66,8 @@ def render(model: type[BaseModel] = RouterConfig, title: str = "RouterConfig") -
             section(p, t)
 
     section("", model)
-    plugins = {"filters": list(registry.FILTERS), "scorers": list(registry.SCORERS),
-               "picker": list(registry.PICKERS)}
+    plugins: dict[str, registry.Registry[Any]] = {
+        "filters": registry.FILTERS, "scorers": registry.SCORERS, "picker": registry.PICKERS}
     lines += ["## Plugin types", ""] + [f"* `{k}`: {_plugins(v)}" for k, v in plugins.items()]
     lines.append("")
     return "\n".join(lines)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from operator import attrgetter
+from typing import ClassVar
 
 from toposerve.router.pool.endpoints import CHANGES, Endpoint
 from toposerve.router.pool.revisions import Revisions, key_of, ready_capacity
 from toposerve.router.pool.saturation import unsaturated
 from toposerve.router.request import RequestContext
+from toposerve.router.scheduling.plugins import Deps, FromState, Params
 from toposerve.router.state import RouterState
 
 _REVISION = attrgetter("revision")  # key_of without a call an endpoint
@@ -26,12 +28,12 @@ def same_or(eps: list[Endpoint], kept: list[Endpoint]) -> list[Endpoint]:
 
 
 @dataclass
-class ModelFilter:
+class ModelFilter(FromState):
     """Endpoints that serve the requested model (unknown model lists pass).
     The answer for a model is reused while the candidates are the same list
     and no endpoint's shape changed (``CHANGES.shape``)."""
 
-    state: RouterState
+    name: ClassVar[str] = "model"
     _memo: dict[str, tuple[list[Endpoint], list[Endpoint]]] = field(
         default_factory=dict, init=False, repr=False)
     _at: int = field(default=-1, init=False, repr=False)
@@ -50,11 +52,11 @@ class ModelFilter:
 
 
 @dataclass
-class HealthyFilter:
+class HealthyFilter(FromState):
     """Endpoints healthy and not draining; the answer reused as the model
     filter's is."""
 
-    state: RouterState
+    name: ClassVar[str] = "healthy"
     _memo: tuple[int, list[Endpoint], list[Endpoint]] = field(
         default=(-1, [], []), init=False, repr=False)
 
@@ -67,6 +69,11 @@ class HealthyFilter:
         return out
 
 
+class RoleParams(Params):
+    role: str = "decode"
+    exact: bool = False
+
+
 @dataclass
 class RoleFilter:
     """Endpoints of one role (e.g. decode); endpoints with no role, or both,
@@ -75,6 +82,12 @@ class RoleFilter:
     state: RouterState
     role: str = "decode"
     exact: bool = False
+    name: ClassVar[str] = "role"
+    params_model: ClassVar[type[RoleParams]] = RoleParams
+
+    @classmethod
+    def build(cls, params: RoleParams, deps: Deps) -> RoleFilter:
+        return cls(deps.state, params.role, params.exact)
 
     def filter(self, ctx: RequestContext, eps: list[Endpoint]) -> list[Endpoint]:
         if self.exact:
@@ -99,7 +112,7 @@ class _Verdict:
 
 
 @dataclass
-class NotSaturatedFilter:
+class NotSaturatedFilter(FromState):
     """Drop saturated endpoints, unless that would drop them all.
 
     With the metrics detector the answer depends on the endpoints' load
@@ -111,7 +124,7 @@ class NotSaturatedFilter:
     scrape or none. The concurrency detector reads live in-flight counts:
     it is asked every time."""
 
-    state: RouterState
+    name: ClassVar[str] = "not-saturated"
     _last: _Verdict | None = field(default=None, init=False, repr=False)
 
     def filter(self, ctx: RequestContext, eps: list[Endpoint]) -> list[Endpoint]:

@@ -1,15 +1,25 @@
 """The shapes of scheduling plugins. A profile runs filters, then weighted
 scorers (each score in [0, 1]), then one picker. Scorers of one run share
 work through its ``CycleState``; each is told, after the request is
-answered, which endpoint answered it."""
+answered, which endpoint answered it.
+
+A plugin a config file may name declares itself (``Declared``): its type
+name, its parameter model and how it is built from those parameters; the
+registry is made from the classes."""
 
 from __future__ import annotations
 
-from typing import ClassVar, Protocol
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol, Self, TypeVar
 
+from pydantic import BaseModel, ConfigDict
 from toposerve.router.pool.endpoints import Endpoint
+from toposerve.router.prefix.kv_index import KVIndex
 from toposerve.router.request import RequestContext
 from toposerve.router.scheduling.cycle import CycleState
+from toposerve.router.state import RouterState
+
+P = TypeVar("P", covariant=True)
 
 
 class Filter(Protocol):
@@ -35,6 +45,53 @@ class Scorer(Protocol):
 class Picker(Protocol):
     def pick(self, scores: dict[Endpoint, float]) -> list[Endpoint]:
         """Endpoints best first: the first is used, the rest are retry fallbacks."""
+
+
+class Params(BaseModel):
+    """A plugin's ``params`` in a profile: unknown keys are refused; a key
+    is its alias (as config files write it) or its name."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class NoParams(Params):
+    """The params of a plugin that takes none (and refuses any)."""
+
+
+@dataclass(frozen=True)
+class Deps:
+    """What a plugin is built from besides its params."""
+
+    state: RouterState
+    kv: KVIndex | None  # the KV-event index; None without a tokenizer
+
+
+class Declared(Protocol[P]):
+    """A plugin class as the registry sees it (the class itself, not an
+    instance): the type name config files use, its parameter model, and
+    ``build``, which makes the plugin from params of that model (the
+    registry validates them first, so ``build`` may type them as its own)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def params_model(self) -> type[Params]: ...
+
+    def build(self, params: Any, deps: Deps) -> P: ...
+
+
+@dataclass
+class FromState:
+    """A plugin that takes no params (and refuses any): built from the
+    router's state alone."""
+
+    state: RouterState
+    params_model: ClassVar[type[NoParams]] = NoParams
+
+    @classmethod
+    def build(cls, params: NoParams, deps: Deps) -> Self:
+        return cls(deps.state)
 
 
 class Stateless:

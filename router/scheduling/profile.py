@@ -12,7 +12,7 @@ from toposerve.router.prefix.kv_index import KVIndex
 from toposerve.router.request import RequestContext
 from toposerve.router.scheduling import registry
 from toposerve.router.scheduling.cycle import URL, CycleState
-from toposerve.router.scheduling.plugins import Filter, Picker, Scorer
+from toposerve.router.scheduling.plugins import Deps, Filter, Picker, Scorer
 from toposerve.router.scheduling.scoring import decisive, totals
 from toposerve.router.state import RouterState
 
@@ -59,17 +59,15 @@ class Scheduler:
         """``where`` names the config section in errors; ``first`` are
         filters that run before the configured ones."""
         self.state = state
+        deps = Deps(state, kv)
         self.filters: list[Filter] = [*first] + [
-            registry.lookup(registry.FILTERS, "filter", f.type, f"{where}.filters[{i}]")(
-                state, f.params, f"{where}.filters[{i}]")
+            registry.FILTERS.build(f.type, f.params, f"{where}.filters[{i}]", deps)
             for i, f in enumerate(cfg.filters)]
         self.scorers: list[tuple[Scorer, float]] = [
-            (registry.lookup(registry.SCORERS, "scorer", s.type, f"{where}.scorers[{i}]")(
-                state, s.params, f"{where}.scorers[{i}]", kv), s.weight)
+            (registry.SCORERS.build(s.type, s.params, f"{where}.scorers[{i}]", deps), s.weight)
             for i, s in enumerate(cfg.scorers)]
-        self.picker: Picker = registry.lookup(registry.PICKERS, "picker", cfg.picker.type,
-                                              f"{where}.picker")(cfg.picker.params,
-                                                                 f"{where}.picker")
+        self.picker: Picker = registry.PICKERS.build(cfg.picker.type, cfg.picker.params,
+                                                     f"{where}.picker", deps)
         # one entry per type (ProfileConfig refuses a second), so names are keys
         self.weights = {s.name: w for s, w in self.scorers}
 

@@ -18,6 +18,7 @@ from toposerve.router.prefix.index import PrefixIndex
 from toposerve.router.prefix.kv_index import KVIndex
 from toposerve.router.scheduling import registry
 from toposerve.router.scheduling.pickers import TIE, MaxScorePicker
+from toposerve.router.scheduling.plugins import Deps, Scorer
 from toposerve.router.scheduling.registry import PluginError
 from toposerve.router.scheduling.scoring import (
     Wait,
@@ -393,8 +394,11 @@ def test_wait_demotes_only_slow_servers_far_slower() -> None:
 
 
 def test_max_slowdown_below_one_is_refused() -> None:
-    make = registry.SCORERS["prefill-cost"]
+    def make(params: dict[str, float]) -> Scorer:
+        return registry.SCORERS.build("prefill-cost", params, "profile.scorers[1]",
+                                      Deps(make_state(), None))
+
     with pytest.raises(PluginError, match=r"scorers\[1\]\.params\.maxSlowdown: .*0 \(off\) or "
                                           r"at least 1"):
-        make(make_state(), {"maxSlowdown": 0.5}, "profile.scorers[1]", None)
-    assert make(make_state(), {"maxSlowdown": 0}, "profile.scorers[1]", None) is not None
+        make({"maxSlowdown": 0.5})
+    assert make({"maxSlowdown": 0}) is not None

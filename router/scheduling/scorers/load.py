@@ -12,10 +12,11 @@ from itertools import repeat
 from operator import attrgetter
 from typing import ClassVar, Generic, TypeVar
 
+from pydantic import Field
 from toposerve.router.pool.endpoints import Endpoint, fresh_loads
 from toposerve.router.request import RequestContext
 from toposerve.router.scheduling.cycle import CycleState
-from toposerve.router.scheduling.plugins import Stateless
+from toposerve.router.scheduling.plugins import Deps, FromState, Params, Stateless
 from toposerve.router.scheduling.scorers.prefill import pace
 from toposerve.router.scheduling.scorers.prefix import APPROX_BLOCK_BYTES
 from toposerve.router.scheduling.scoring import lower_is_better
@@ -38,10 +39,9 @@ class Remembered(Generic[T]):
 
 
 @dataclass
-class QueueScorer(Stateless):
+class QueueScorer(FromState, Stateless):
     """Fewer waiting (and running) requests score higher; stale metrics 0."""
 
-    state: RouterState
     name: ClassVar[str] = "queue"
 
     def score(self, ctx: RequestContext, cycle: CycleState, eps: list[Endpoint]
@@ -56,8 +56,7 @@ class QueueScorer(Stateless):
 
 
 @dataclass
-class KVUsageScorer(Stateless):
-    state: RouterState
+class KVUsageScorer(FromState, Stateless):
     name: ClassVar[str] = "kv-usage"
 
     def score(self, ctx: RequestContext, cycle: CycleState, eps: list[Endpoint]
@@ -69,11 +68,10 @@ class KVUsageScorer(Stateless):
 
 
 @dataclass
-class InflightTokensScorer(Stateless):
+class InflightTokensScorer(FromState, Stateless):
     """The router's own count of prompt tokens in flight per endpoint:
     reacts before the next scrape does."""
 
-    state: RouterState
     name: ClassVar[str] = "inflight-tokens"
 
     def score(self, ctx: RequestContext, cycle: CycleState, eps: list[Endpoint]
@@ -82,12 +80,11 @@ class InflightTokensScorer(Stateless):
 
 
 @dataclass
-class CacheRoomScorer(Stateless):
+class CacheRoomScorer(FromState, Stateless):
     """Endpoints holding fewer cached prefixes score higher, so new work
     (which matches nothing) lands where it evicts least and caches stay
     balanced. Read from the approximate index, no extra bookkeeping."""
 
-    state: RouterState
     name: ClassVar[str] = "cache-room"
     _last: Remembered[list[int]] | None = field(default=None, init=False, repr=False)
 
@@ -107,6 +104,11 @@ class CacheRoomScorer(Stateless):
 
 
 MAX_CONVERSATIONS = 100_000  # per endpoint, so memory stays bounded
+
+
+class ConversationParams(Params):
+    window_s: float = Field(default=300.0, alias="windowSeconds", gt=0)
+    block_bytes: int = Field(default=APPROX_BLOCK_BYTES, alias="blockBytes", ge=16)
 
 
 @dataclass
@@ -134,6 +136,7 @@ class ConversationsScorer:
     block_bytes: int = APPROX_BLOCK_BYTES
     clock: Callable[[], float] = time.monotonic
     name: ClassVar[str] = "conversations"
+    params_model: ClassVar[type[ConversationParams]] = ConversationParams
     # url -> conversation -> last seen, oldest first (its len: live there)
     _seen: dict[str, OrderedDict[int, float]] = field(default_factory=dict)
     # (url, conversation) -> last seen, over all endpoints, oldest first
@@ -141,6 +144,10 @@ class ConversationsScorer:
     _where: dict[int, set[str]] = field(default_factory=dict)  # conversation -> its endpoints
     _last: Remembered[tuple[list[int] | None, dict[Endpoint, float]]] | None = field(
         default=None, init=False, repr=False)
+
+    @classmethod
+    def build(cls, params: ConversationParams, deps: Deps) -> ConversationsScorer:
+        return cls(deps.state, params.window_s, params.block_bytes)
 
     def _forget(self, url: str, key: int) -> None:
         del self._seen[url][key]

@@ -10,11 +10,17 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import ClassVar, NamedTuple
 
+from pydantic import Field, field_validator
 from toposerve.router.pool.endpoints import Endpoint
 from toposerve.router.request import RequestContext
 from toposerve.router.scheduling.cycle import CycleState, StateKey
-from toposerve.router.scheduling.plugins import Stateless
-from toposerve.router.scheduling.scorers.prefix import APPROX_BLOCK_BYTES, approx_prefix, remember
+from toposerve.router.scheduling.plugins import Deps, FromState, Stateless
+from toposerve.router.scheduling.scorers.prefix import (
+    APPROX_BLOCK_BYTES,
+    PrefixParams,
+    approx_prefix,
+    remember,
+)
 from toposerve.router.scheduling.scoring import Wait
 from toposerve.router.state import RouterState
 from toposerve.topology.distance import node_tier
@@ -66,6 +72,23 @@ MAX_SLOWDOWN = 3.0
 MIN_EXTRA_S = 0.05
 
 
+class PrefillCostParams(PrefixParams):
+    max_slowdown: float = Field(
+        default=MAX_SLOWDOWN, alias="maxSlowdown", ge=0,
+        description="an endpoint learned 1.5x or more slower than the median, predicted to wait "
+                    "this many times the fastest's for a first token (and minExtraSeconds "
+                    "longer), goes to the back of the ranking; 0: never")
+    min_extra_s: float = Field(default=MIN_EXTRA_S, alias="minExtraSeconds", ge=0)
+
+    @field_validator("max_slowdown")
+    @classmethod
+    def _slowdown(cls, v: float) -> float:
+        if 0 < v < 1:
+            raise ValueError("must be 0 (off) or at least 1: the fastest itself waits 1 times "
+                             "its own wait")
+        return v
+
+
 @dataclass
 class PrefillCostScorer:
     """The work that stands between the request and its first token on each
@@ -86,6 +109,11 @@ class PrefillCostScorer:
     max_slowdown: float = MAX_SLOWDOWN
     min_extra_s: float = MIN_EXTRA_S
     name: ClassVar[str] = "prefill-cost"
+    params_model: ClassVar[type[PrefillCostParams]] = PrefillCostParams
+
+    @classmethod
+    def build(cls, params: PrefillCostParams, deps: Deps) -> PrefillCostScorer:
+        return cls(deps.state, params.block_bytes, params.max_slowdown, params.min_extra_s)
 
     def score(self, ctx: RequestContext, cycle: CycleState, eps: list[Endpoint]
               ) -> dict[Endpoint, float]:
@@ -110,13 +138,12 @@ class PrefillCostScorer:
 
 
 @dataclass
-class NearPrefillScorer(Stateless):
+class NearPrefillScorer(FromState, Stateless):
     """For the decode stage of a split request: the nearer a decode endpoint
     sits to the request's prefill endpoint in the topology, the higher it
     scores (same node 1, same NVLink domain 0.8, rack 0.6, block 0.4, zone
     0.2, else or unknown 0): that is the path its KV takes."""
 
-    state: RouterState
     name: ClassVar[str] = "near-prefill"
 
     def score(self, ctx: RequestContext, cycle: CycleState, eps: list[Endpoint]

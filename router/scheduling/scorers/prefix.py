@@ -9,11 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from pydantic import Field
 from toposerve.router.pool.endpoints import Endpoint
 from toposerve.router.prefix.index import PrefixIndex
 from toposerve.router.prefix.kv_index import KVIndex
 from toposerve.router.request import RequestContext
 from toposerve.router.scheduling.cycle import CycleState, PrefixMatch, StateKey
+from toposerve.router.scheduling.plugins import Deps, Params
 from toposerve.router.state import RouterState
 from toposerve.wire.tokens import BYTES_PER_TOKEN
 
@@ -45,6 +47,10 @@ APPROX_BLOCK_BYTES = 1024
 APPROX_MATCH: StateKey[PrefixMatch] = StateKey("approx-match")
 # the approximate index has been told where the prompt went, per (block size, endpoint)
 APPROX_REMEMBERED: StateKey[bool] = StateKey("approx-remembered")
+
+
+class PrefixParams(Params):
+    block_bytes: int = Field(default=APPROX_BLOCK_BYTES, alias="blockBytes", ge=16)
 
 
 def approx_match(state: RouterState, ctx: RequestContext, cycle: CycleState,
@@ -88,6 +94,11 @@ class ApproxPrefixScorer:
     state: RouterState
     block_bytes: int = APPROX_BLOCK_BYTES
     name: ClassVar[str] = "prefix-approx"
+    params_model: ClassVar[type[PrefixParams]] = PrefixParams
+
+    @classmethod
+    def build(cls, params: PrefixParams, deps: Deps) -> ApproxPrefixScorer:
+        return cls(deps.state, params.block_bytes)
 
     def score(self, ctx: RequestContext, cycle: CycleState, eps: list[Endpoint]
               ) -> dict[Endpoint, float]:
@@ -107,6 +118,11 @@ class PrecisePrefixScorer:
     kv: KVIndex | None
     fallback: ApproxPrefixScorer
     name: ClassVar[str] = "prefix-precise"
+    params_model: ClassVar[type[PrefixParams]] = PrefixParams  # the fallback's
+
+    @classmethod
+    def build(cls, params: PrefixParams, deps: Deps) -> PrecisePrefixScorer:
+        return cls(deps.state, deps.kv, ApproxPrefixScorer.build(params, deps))
 
     def score(self, ctx: RequestContext, cycle: CycleState, eps: list[Endpoint]
               ) -> dict[Endpoint, float]:

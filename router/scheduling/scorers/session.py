@@ -8,15 +8,14 @@ from typing import ClassVar
 from toposerve.router.pool.endpoints import Endpoint
 from toposerve.router.request import RequestContext
 from toposerve.router.scheduling.cycle import CycleState
-from toposerve.router.state import RouterState
+from toposerve.router.scheduling.plugins import FromState
 
 
 @dataclass
-class SessionScorer:
+class SessionScorer(FromState):
     """Sticks a session (``x-session-id``, or the endpoint that served a
     previous response) to its endpoint until that endpoint saturates."""
 
-    state: RouterState
     name: ClassVar[str] = "session"
 
     def score(self, ctx: RequestContext, cycle: CycleState, eps: list[Endpoint]
