@@ -1,5 +1,5 @@
 """The extender's HTTP face (aiohttp): ``filter``, ``prioritize`` and
-``preempt`` as kube-scheduler calls them (``toposerve.scheduler_ext.wire``: JSON keys
+``preempt`` as kube-scheduler calls them (``toposerve.scheduler_ext.protocol``: JSON keys
 are Go field names; names-only ``NodeNames`` or full ``Nodes``; a request of
 the wrong shape is a 400 naming the field), ``/health``, ``/ready``
 and ``/metrics``. Every answer is computed from the watched state; no call
@@ -35,9 +35,7 @@ from toposerve.scheduler_ext.placement.decide import (
 )
 from toposerve.scheduler_ext.placement.levels import contains
 from toposerve.scheduler_ext.placement.model import Decision, Group
-from toposerve.scheduler_ext.state.cache import ClusterState
-from toposerve.scheduler_ext.state.facts import PodFacts
-from toposerve.scheduler_ext.wire import (
+from toposerve.scheduler_ext.protocol import (
     BadRequest,
     ExtenderArgs,
     ExtenderFilterResult,
@@ -49,6 +47,8 @@ from toposerve.scheduler_ext.wire import (
     decode,
     encode,
 )
+from toposerve.scheduler_ext.state.cache import ClusterState
+from toposerve.scheduler_ext.state.facts import PodFacts
 from toposerve.serving.http import run_app
 from toposerve.topology.model import Tier
 

@@ -4,7 +4,7 @@ Whole GPUs are ``gpu-<index>`` with the attribute names NVIDIA's DRA
 driver uses where they exist (``type``, ``uuid``, ``productName``,
 ``brand``, ``architecture``, ``cudaComputeCapability``, ``driverVersion``,
 ``cudaDriverVersion``, ``index``, ``minor``), memory as capacity, and the
-shared placement vocabulary (``toposerve.topology.resourceslice``).
+shared placement vocabulary (``toposerve.topology.slice_attributes``).
 
 A GPU whose model declares partitions (MIG-like, in the profile) is
 published (unless the node's ``gpu.toposerve.io/partitions`` label is
@@ -42,7 +42,7 @@ from toposerve.topology.profiles import (
     load_profile,
 )
 from toposerve.topology.quantity import format_bytes, parse_quantity
-from toposerve.topology.resourceslice import (
+from toposerve.topology.slice_attributes import (
     check_entry,
     device_entry,
     integer,

@@ -21,7 +21,7 @@ from toposerve.dra_driver.net.discovery import Nic
 from toposerve.dra_driver.resourceslice import Pool
 from toposerve.topology.model import Device, DeviceKind, DevicePlace, DomainPath, NodeTopology
 from toposerve.topology.profiles import DeviceModel, catalog
-from toposerve.topology.resourceslice import (
+from toposerve.topology.slice_attributes import (
     MAX_STRING,
     boolean,
     check_entry,

@@ -18,7 +18,7 @@ from toposerve.topology.config_file import ConfigError, load_file
 from toposerve.topology.model import DomainPath, NodeTopology
 from toposerve.topology.profiles import HardwareProfile, bundled_names, load_profile
 from toposerve.topology.quantity import parse_quantity
-from toposerve.topology.resourceslice import check_entry
+from toposerve.topology.slice_attributes import check_entry
 
 PATH = DomainPath(zone="zone-0", block="b0", rack="b0-r0", nvlink="b0-r0-n0", host="node-a")
 

@@ -13,7 +13,7 @@ from toposerve.dra_driver.net.devices import discovered_pool
 from toposerve.dra_driver.net.discovery import NetFilters, Nic, device_name_for_pci, discover
 from toposerve.topology.model import DeviceKind, DomainPath
 from toposerve.topology.profiles import load_profile
-from toposerve.topology.resourceslice import MAX_ATTRIBUTES
+from toposerve.topology.slice_attributes import MAX_ATTRIBUTES
 
 from harness.net_standins import PEER_SUFFIX, StandIns, make_sriov, stand_ins
 

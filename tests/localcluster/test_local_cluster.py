@@ -13,7 +13,7 @@ from toposerve.localcluster.nodes import KWOK_TOLERATION
 from toposerve.topology.labels import PRESETS, PROFILE_LABEL, DialectName, from_labels
 from toposerve.topology.layout import plan_nodes
 from toposerve.topology.profiles import load_profile
-from toposerve.topology.resourceslice import device_entry
+from toposerve.topology.slice_attributes import device_entry
 
 from harness.waiting import wait_for
 from tests.conftest import Cluster

@@ -7,7 +7,7 @@ from toposerve.topology.labels import PRESETS, DialectName, from_labels, to_labe
 from toposerve.topology.layout import plan_nodes
 from toposerve.topology.model import DomainPath
 from toposerve.topology.profiles import bundled_names, load_profile
-from toposerve.topology.resourceslice import MAX_ATTRIBUTES, device_entry
+from toposerve.topology.slice_attributes import MAX_ATTRIBUTES, device_entry
 
 pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`
 
