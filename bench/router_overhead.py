@@ -34,6 +34,7 @@ import orjson
 import psutil
 import yaml
 from toposerve.localcluster.ports import free_port
+from toposerve.localcluster.processes import end_process
 from toposerve.localcluster.results import pyplot, save, table, write
 
 from bench.flags import count, cpu
@@ -498,13 +499,8 @@ def instructions(tree: Path, fleet: int, tmp: Path, warm: int = 300,
             raise RuntimeError(f"{failed} of {counted} requests failed under valgrind")
         return busy / len(ttfts)
     finally:
-        router.terminate()
-        null.terminate()
-        for p in (router, null):
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                p.wait(30)
-            if p.poll() is None:
-                p.kill()
+        for p in (router, null):  # the router first, then the backends it fronts
+            end_process(p, 30)
 
 
 def null_backends(fleet: int, tries: int = 5) -> tuple[list[int], subprocess.Popen[bytes]]:

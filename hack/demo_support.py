@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import urllib3
 from toposerve.kubeapi import ApiError, JsonApi
+from toposerve.localcluster.processes import end_process
 
 T = TypeVar("T")
 TOPOSERVE = [sys.executable, "-m", "toposerve.main"]
@@ -67,13 +68,7 @@ class Background:
         return time.monotonic() - self.started
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        end_process(self.proc, 15)
 
 
 @contextmanager

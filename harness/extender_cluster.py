@@ -25,6 +25,7 @@ from toposerve.kubeapi import ApiError, JsonApi
 from toposerve.localcluster.cluster import ClusterSpec, up
 from toposerve.localcluster.clusters import api_client
 from toposerve.localcluster.ports import free_port
+from toposerve.localcluster.processes import end_process
 from toposerve.localcluster.scale import controllers as ctl
 from toposerve.localcluster.scale.controllers import DS_API, LWS_API, collection
 from toposerve.localcluster.scale.runner import install_crds as scale_install_crds
@@ -85,13 +86,8 @@ class ExtenderProc:
         wait_for("the extender to be ready", ready, timeout=60, interval=0.2)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            end_process(self.proc, 10)
         self.proc = None
 
     def log_tail(self, lines: int = 20) -> str:

@@ -19,6 +19,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from toposerve.localcluster.ports import free_port
+from toposerve.localcluster.processes import end_process
 
 MODEL = "toposerve/sim-model"
 
@@ -65,12 +66,7 @@ class Proc:
             self.popen.wait(10)
 
     def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        end_process(self.popen, 10)
 
 
 def wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60) -> None:

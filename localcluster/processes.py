@@ -1,13 +1,16 @@
 """Finding and ending the processes a local cluster started: every one of
-them runs from, or names, the cluster's own directory."""
+them runs from, or names, the cluster's own directory; and ending one child
+we started ourselves (``end_process``)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 
 def commands_under(path: Path) -> dict[int, str]:
@@ -44,3 +47,15 @@ def end_processes(path: Path, grace_s: float = 10.0) -> list[int]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     return killed
+
+
+def end_process(proc: subprocess.Popen[Any], grace_s: float) -> int:
+    """SIGTERM ``proc``, then SIGKILL it if it has not exited after ``grace_s``;
+    its exit code (negative: the signal that ended it). One that has already
+    exited is only reaped."""
+    proc.terminate()  # a no-op once it has exited (Popen checks first)
+    try:
+        return proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()

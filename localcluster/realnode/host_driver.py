@@ -5,13 +5,13 @@ hardware and its log. For tests, benchmarks and the demo."""
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from toposerve.localcluster.processes import end_process
 from toposerve.localcluster.realnode.paths import NODE_NAME
 
 CDI_ROOT = Path("/var/run/cdi")  # one of the real node's containerd CDI spec dirs
@@ -64,11 +64,6 @@ class HostDriver:
         """SIGTERM, as a pod's shutdown would; the exit code."""
         if self.proc is None:
             return 0
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            rc = self.proc.wait()
+        rc = end_process(self.proc, 30)
         self.proc = None
         return rc

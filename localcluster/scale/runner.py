@@ -31,7 +31,7 @@ from toposerve.localcluster.cluster import ClusterSpec, down, running_clusters, 
 from toposerve.localcluster.clusters import ClusterError, api_client, cluster_dir
 from toposerve.localcluster.nodes import node_manifest
 from toposerve.localcluster.ports import free_port
-from toposerve.localcluster.processes import commands_under
+from toposerve.localcluster.processes import commands_under, end_process
 from toposerve.localcluster.scale import controllers as ctl
 from toposerve.localcluster.scale import fit, measure, profile, quality
 from toposerve.localcluster.scale.scenario import ScaleScenario, Setup
@@ -117,13 +117,7 @@ class Child:
                                + " | ".join(tail)[-400:])
 
     def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.terminate()
-            try:
-                self.popen.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
+        end_process(self.popen, 15)
 
 
 def spawn(name: str, argv: list[str], workdir: Path, url: str) -> Child:

@@ -27,6 +27,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 from toposerve.localcluster.clusters import kubeconfig_path
+from toposerve.localcluster.processes import end_process
 from toposerve.localcluster.tools import find_tools
 from toposerve.manifests.render import GPU_DRIVER, NET_DRIVER, Names, render_objects
 from toposerve.manifests.values import InstallValues, load_values
@@ -462,8 +463,7 @@ def test_extender_deployment_command_serves(cluster: Cluster, tmp_path: Path) ->
         wait_for("extender ready", ready, timeout=30, interval=0.3)
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        end_process(proc, 30)
 
 
 def _patcher(cluster: Cluster, install: Install, component: str,

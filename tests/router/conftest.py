@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import redis
 from toposerve.localcluster.ports import free_port
+from toposerve.localcluster.processes import end_process
 
 from harness.waiting import wait_for
 
@@ -39,8 +40,7 @@ def redis_server(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]
     try:
         yield url, p
     finally:
-        p.terminate()
-        p.wait(10)
+        end_process(p, 10)
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ import pytest
 import redis
 import yaml
 from toposerve.localcluster.ports import free_port
+from toposerve.localcluster.processes import end_process
 from toposerve.router.config import ResponsesStoreConfig
 from toposerve.router.ha.replication import Replication
 from toposerve.router.pool.endpoints import Pool
@@ -39,8 +40,7 @@ def open_redis(tmp_path: Path) -> Iterator[str]:
     try:
         yield url
     finally:
-        p.terminate()
-        p.wait(10)
+        end_process(p, 10)
 
 
 def _answers(url: str) -> bool:

@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 import openai
 import pytest
 import redis
+from toposerve.localcluster.processes import end_process
 
 from harness.procs import MODEL, Procs
 from harness.waiting import wait_for
@@ -46,8 +47,7 @@ def test_redis_down_is_a_clear_503(procs: Procs,
                           endpoints=[sim.url])
     client = openai.OpenAI(base_url=router.url + "/v1", api_key="x", max_retries=0)
     first = client.responses.create(model=MODEL, input="first", max_output_tokens=3)
-    server.terminate()
-    server.wait(10)
+    end_process(server, 10)
     calls: list[Callable[[], object]] = [
                  lambda: client.responses.retrieve(first.id),
                  lambda: client.responses.create(model=MODEL, input="next", max_output_tokens=3,
@@ -109,8 +109,7 @@ def test_a_stream_whose_turn_redis_cannot_keep_ends_failed(
         assert len(done) == 1
         assert client.responses.retrieve(done[0].response.id).id == done[0].response.id
     finally:
-        back.terminate()
-        back.wait(10)
+        end_process(back, 10)
 
 
 def _answers(url: str) -> bool:
