@@ -56,8 +56,8 @@ DIRECT = "direct"
 FRONT_AIOHTTP, FRONT_HTTPTOOLS = "front end only: aiohttp", "front end only: httptools"
 FRONT_ENDS = (FRONT_AIOHTTP, FRONT_HTTPTOOLS)
 # our router with Python's own collector settings (no gc.freeze, the
-# default thresholds): what toposerve.router.http.server's tuning saves, in the same run
-_UNTUNED_GC = ("import gc, sys; import toposerve.router.http.server as s, toposerve.main as m; "
+# default thresholds): what toposerve.router.http.app's tuning saves, in the same run
+_UNTUNED_GC = ("import gc, sys; import toposerve.router.http.app as s, toposerve.main as m; "
                "gc.freeze = lambda: None; s.GC_THRESHOLDS = gc.get_threshold(); "
                "sys.argv[0] = 'toposerve'; m.main()")
 

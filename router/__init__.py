@@ -1,6 +1,8 @@
 """The OpenAI-compatible router. Its subpackages follow a request's path:
-``http`` takes it in (the aiohttp app and its handlers), ``request`` is
-what is known of it, ``admission`` may hold it while every endpoint is
+``http`` takes it in (the edge makes its ``exchange``, the one object that
+carries a request's state; the handlers read it; the director runs its
+stages: admit, schedule, relay, settle; ``app`` wires the parts),
+``request`` is what the scheduler knows of it, ``admission`` may hold it while every endpoint is
 saturated, ``scheduling`` ranks the endpoints by a profile of filters,
 scorers and a picker, reading the ``prefix`` indexes and the endpoint
 ``pool`` (its scraped load, saturation and discovery), ``relay`` forwards
@@ -15,6 +17,7 @@ formats it shares with the model servers live in ``wire``."""
 #   http | docgen
 #   ha | disaggregation | responses
 #   relay
+#   exchange
 #   admission | scheduling
 #   metrics
 #   state

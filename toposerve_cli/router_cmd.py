@@ -44,7 +44,7 @@ def _kubeconfigs(cfg: RouterConfig) -> list[str | None]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from toposerve.router.http.server import Router, serve
+    from toposerve.router.http.app import Router, serve
 
     try:
         cfg = _load(args)

@@ -7,17 +7,18 @@ clients send at once."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from aiohttp import web
-from aiohttp.typedefs import Middleware
-from toposerve.router.admission.tenants import OPEN_PATHS
 from toposerve.router.config import ServerConfig
 from toposerve.wire.errors import ApiError
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-# the body bytes a request holds of the budget
-HELD: web.RequestKey[int] = web.RequestKey("budget_held")
+
+@dataclass(slots=True)
+class Hold:
+    """The body bytes one request holds of the budget."""
+
+    bytes: int = 0
 
 
 class Overloaded(ApiError):
@@ -38,32 +39,25 @@ class Budget:
         return Overloaded(f"the router holds too many {what} at once; retry shortly",
                           self.cfg.retry_after_s)
 
-    def middleware(self) -> Middleware:
-        """Counts each request (probes and scrapes aside) while it is in
-        flight; gives its body's bytes back when it ends."""
-        @web.middleware
-        async def budget(request: web.Request, handler: Handler) -> web.StreamResponse:
-            if request.path in OPEN_PATHS:
-                return await handler(request)
-            if self.requests >= self.cfg.max_inflight_requests:
-                raise self._overloaded("requests (server.maxInflightRequests)")
-            self.requests += 1
-            request[HELD] = 0
-            try:
-                return await handler(request)
-            finally:
-                self.requests -= 1
-                self.bytes -= request[HELD]
+    def enter(self) -> None:
+        """Counts a request in flight (the edge calls it for every request
+        but probes and scrapes); refuses one over the limit."""
+        if self.requests >= self.cfg.max_inflight_requests:
+            raise self._overloaded("requests (server.maxInflightRequests)")
+        self.requests += 1
 
-        return budget
+    def leave(self, hold: Hold) -> None:
+        """The request ended: its slot and its body's bytes come back."""
+        self.requests -= 1
+        self.bytes -= hold.bytes
 
-    def _take(self, request: web.Request, n: int) -> None:
+    def _take(self, hold: Hold, n: int) -> None:
         if self.bytes + n > self.cfg.max_inflight_bytes:
             raise self._overloaded("request bytes (server.maxInflightBytes)")
         self.bytes += n
-        request[HELD] += n
+        hold.bytes += n
 
-    async def read_body(self, request: web.Request) -> bytes:
+    async def read_body(self, request: web.Request, hold: Hold) -> bytes:
         """The body, counted against the budget as it arrives: refused
         before a byte is read when its Content-Length is over the body limit
         or over what the budget has left."""
@@ -76,24 +70,25 @@ class Budget:
             if self.bytes + declared > self.cfg.max_inflight_bytes:
                 raise self._overloaded("request bytes (server.maxInflightBytes)")
         if request.content.is_eof():  # all of it came with the head: nothing to wait for
-            return await self._read(request, limit, too_large)
+            return await self._read(request, hold, limit, too_large)
         # a client trickling its body holds a request slot: bounded in time
         # as a whole, so a byte now and then does not keep it forever
         wait = self.cfg.client_timeout_s
         try:
             async with asyncio.timeout(wait):
-                return await self._read(request, limit, too_large)
+                return await self._read(request, hold, limit, too_large)
         except TimeoutError:
             raise ApiError(408, f"the request body did not arrive within {wait:g} s "
                                 "(server.clientTimeoutSeconds)") from None
 
-    async def _read(self, request: web.Request, limit: int, too_large: ApiError) -> bytes:
+    async def _read(self, request: web.Request, hold: Hold, limit: int,
+                    too_large: ApiError) -> bytes:
         chunks: list[bytes] = []
         size = 0
         async for chunk in request.content.iter_any():
             size += len(chunk)
             if size > limit:
                 raise too_large
-            self._take(request, len(chunk))
+            self._take(hold, len(chunk))
             chunks.append(chunk)
         return b"".join(chunks)

@@ -15,9 +15,10 @@ is left), within per-band caps; off, they go to a full endpoint.
 
 Output tokens are charged at ``max_tokens`` (or the expectation) when a
 request is admitted, the only figure known then, and settled with the
-answer's real count when it ends, however it ends (``settle``, from the
-middleware): the tenant's token bucket and, for a request that waited,
-its flow's and program's attained service get the difference."""
+answer's real count when it ends, however it ends (``settle_all``, from
+the router's settle stage): the tenant's token bucket and, for a request
+that waited, its flow's and program's attained service get the
+difference."""
 
 from __future__ import annotations
 
@@ -25,14 +26,11 @@ import asyncio
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from aiohttp import web
-from aiohttp.typedefs import Middleware
 from toposerve.router.admission.queues import BandCaps, FlowQueues, Item, LeastAttained, RoundRobin
-from toposerve.router.admission.tenants import TENANT, Tenants
-from toposerve.router.admission.usage import ANSWERED, OUTPUT_TOKENS, output_tokens
+from toposerve.router.admission.tenants import Tenants
 from toposerve.router.config import FlowControlConfig
 from toposerve.router.metrics import RouterMetrics
 from toposerve.router.pool.endpoints import Endpoint
@@ -42,7 +40,6 @@ from toposerve.router.pool.saturation import (
     saturated,
     shed_probability,
 )
-from toposerve.router.request import RequestContext
 from toposerve.router.state import RouterState
 from toposerve.wire.errors import ApiError
 
@@ -51,11 +48,8 @@ FAIRNESS_HEADER = "x-llm-d-inference-fairness-id"
 SLO_TTFT_HEADER = "x-llm-d-slo-ttft-ms"
 DEFAULT_FLOW = "default"
 MAX_SESSIONS = 200_000  # sessions whose last turn is remembered (turn priority)
-# the request's max_tokens, set by the handler once it has parsed the body
-MAX_TOKENS: web.RequestKey[int | None] = web.RequestKey("max_tokens")
 
 Candidates = Callable[[], list[Endpoint]]
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @dataclass
@@ -76,10 +70,6 @@ class Classified:
     # what was charged, to settle when the answer ends
     rate_charged: bool = False  # the tenant's buckets took it
     item: Item[Ticket] | None = None  # it waited, and its flow was charged when it went
-
-
-# every classification of one request (a split one is admitted twice: prefill, decode)
-CHARGES: web.RequestKey[list[Classified]] = web.RequestKey("charges")
 
 
 @dataclass
@@ -129,18 +119,6 @@ class Admission:
         flow = tenant or headers.get(FAIRNESS_HEADER) or DEFAULT_FLOW
         out = self.cfg.fairness.expected_output_tokens if max_tokens is None else max_tokens
         return Classified(priority, flow, wait, tenant, session, tokens, out, size_bytes)
-
-    def of_request(self, request: web.Request, ctx: RequestContext) -> Classified:
-        """The request's classification, kept on it to be settled at its end."""
-        c = self.classify(request.headers, request.get(TENANT) or "", ctx.session,
-                          ctx.token_estimate, request.get(MAX_TOKENS),
-                          request.content_length or 0)
-        charges = request.get(CHARGES)
-        if charges is None:
-            request[CHARGES] = charges = []
-        c.follow_up = bool(charges)
-        charges.append(c)
-        return c
 
     def _cost(self, c: Classified) -> float:
         f = self.cfg.fairness
@@ -256,38 +234,11 @@ class Admission:
             self.queues.settle(c.item, self.cfg.fairness.output_token_weight * tokens)
         c.rate_charged, c.item = False, None  # settled once
 
-    def settle_request(self, request: web.Request, refused: bool) -> None:
-        """Settles every charge of a request that has ended: with the
-        output its handler read from the answer's usage, else what the
-        proxy counted; none when it was ``refused`` with nothing relayed."""
-        charges = request.get(CHARGES)
-        if not charges:
-            return
-        output = request.get(OUTPUT_TOKENS)
-        if output is None and (answered := request.get(ANSWERED)) is not None:
-            output = output_tokens(answered)
-        if output is None and refused:
-            output = 0
+    def settle_all(self, charges: list[Classified], output: int | None) -> None:
+        """Settles every charge of one request that has ended (a split one
+        was admitted twice: prefill, decode)."""
         for c in charges:
             self.settle(c, output)
-
-    def middleware(self) -> Middleware:
-        """Names the request's tenant (401 for a bad key) before the
-        handler runs; settles the request's charges once it has ended,
-        answered, refused or abandoned by its client."""
-        @web.middleware
-        async def flow_control(request: web.Request, handler: Handler) -> web.StreamResponse:
-            if (refusal := self.tenants.identify(request)) is not None:
-                return refusal
-            refused = True  # until an answer is returned
-            try:
-                resp = await handler(request)
-                refused = resp.status >= 400
-                return resp
-            finally:
-                self.settle_request(request, refused)
-
-        return flow_control
 
     # --- letting waiting requests go ---------------------------------------------
     def release(self, limit: int) -> int:

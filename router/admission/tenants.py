@@ -3,10 +3,10 @@ its fairness id, with a default objective and optional request and token
 rates. Without configured keys nothing is checked and the tenant is ""
 (the llm-d fairness header names the flow then).
 
-The flow controller's middleware (``Admission.middleware``) sets
-``request[TENANT]`` with ``Tenants.identify`` before any handler runs,
-so every part of the router (the flow controller, the Responses store's
-isolation) reads one answer to "who is asking"."""
+The router's HTTP edge asks ``Tenants.identify`` before any handler runs
+and keeps the answer on the request's exchange, so every part of the
+router (the flow controller, the Responses store's isolation) reads one
+answer to "who is asking"."""
 
 from __future__ import annotations
 
@@ -19,11 +19,6 @@ from toposerve.router.config import FlowControlConfig, TenantConfig
 
 log = structlog.get_logger("router.admission.tenants")
 
-# the request's tenant, "" when no keys are configured
-TENANT: web.RequestKey[str] = web.RequestKey("tenant")
-# set when the router checked the client's key: that key is the router's
-# credential, so it is not sent on to the model servers
-KEY_CHECKED: web.RequestKey[bool] = web.RequestKey("tenant_key_checked")
 # the metrics' tenant label of those beyond flowControl.tenants.metricTenants
 OTHER_TENANTS = "other"
 # probes and scrapes carry no key
@@ -116,17 +111,13 @@ class Tenants:
         if lim is not None and lim.tokens is not None and tokens:
             lim.tokens.settle(tokens, now)
 
-    def identify(self, request: web.Request) -> web.Response | None:
-        """Sets the request's tenant; the 401 to answer instead, if any."""
-        if request.path in OPEN_PATHS:
-            request[TENANT] = ""
-            return None
-        who = self.who(request.headers.get("Authorization"))
+    def identify(self, authorization: str | None) -> str | web.Response:
+        """The tenant an Authorization header names ("" without keys); the
+        401 to answer instead, if any."""
+        who = self.who(authorization)
         if who is None:
-            if bearer(request.headers.get("Authorization")) is None:
+            if bearer(authorization) is None:
                 return unauthorized("You didn't provide an API key. Provide it in the "
                                     "Authorization header as 'Bearer YOUR_KEY'.")
             return unauthorized("Incorrect API key provided.")
-        request[TENANT] = who
-        request[KEY_CHECKED] = self.keys is not None
-        return None
+        return who

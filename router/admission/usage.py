@@ -2,8 +2,8 @@
 settle what it charged at admission (``max_tokens``, or the configured
 expectation) once the answer ends, however it ends.
 
-The proxy records what it relayed on the request (``ANSWERED``): the
-number of SSE ``data:`` events and the last bytes; a stream it did not
+The proxy records what it relayed on the request's exchange
+(``Answered``): the number of SSE ``data:`` events and the last bytes; a stream it did not
 see (none recorded) keeps the estimate. The answer's own usage
 counts when it is there (a whole JSON body, a stream's usage chunk,
 ``response.completed``); otherwise a stream's token events are counted
@@ -18,15 +18,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import web
-
 # the limits on output a request may name, in the order they are read:
 # chat's max_completion_tokens replaced max_tokens; the Responses API's
 _LIMITS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
-
-# output tokens read from the answer itself by a handler (the Responses
-# API's usage), which take precedence over what the proxy counted
-OUTPUT_TOKENS: web.RequestKey[int] = web.RequestKey("output_tokens")
 
 # chat/completions: completion_tokens; the Responses API: output_tokens
 _USAGE = re.compile(rb'"(?:completion|output)_tokens"\s*:\s*(\d+)')
@@ -56,9 +50,6 @@ class Answered:
         self.events += chunk.count(b"data:")
         self.roles += chunk.count(_ROLE)
         self.prev, self.last = self.last, chunk
-
-
-ANSWERED: web.RequestKey[Answered] = web.RequestKey("answered")
 
 
 def output_tokens(answered: Answered) -> int:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -19,8 +18,9 @@ from toposerve.router.disaggregation.pairing import (
     kv_params_of,
     prefill_body,
 )
+from toposerve.router.exchange import Exchange, Route
 from toposerve.router.metrics import RouterMetrics
-from toposerve.router.pool.endpoints import Endpoint, Work
+from toposerve.router.pool.endpoints import Endpoint
 from toposerve.router.relay.proxy import Proxy, Upstream
 from toposerve.router.request import RequestContext
 from toposerve.router.scheduling.profile import Decision, Scheduler
@@ -29,34 +29,9 @@ from toposerve.wire.errors import ApiError
 
 log = structlog.get_logger("router.disaggregation.split")
 PREFILL_HEADER = "X-Toposerve-Prefill-Endpoint"
-# admits the request and ranks the endpoints of one stage (the router's own)
-Schedule = Callable[[web.Request, RequestContext, Scheduler], Awaitable[Decision]]
-
-
-@dataclass
-class Call:
-    """One generation request as the router holds it."""
-
-    request: web.Request
-    path: str
-    body: bytes  # as the client sent it
-    doc: dict[str, Any]  # the same, parsed
-    ctx: RequestContext
-    headers: dict[str, str]  # to send upstream, X-Request-Id included
-    started: float
-
-
-@dataclass
-class Route:
-    """Where a request's answer comes from: the endpoints to try (best
-    first), what to send them, what it weighs on them, and for a split
-    request the prefill endpoint that holds its KV."""
-
-    ranked: list[Endpoint]
-    body: bytes
-    work: Work
-    prefill: Endpoint | None = None
-    headers: dict[str, str] = field(default_factory=dict)  # for the client
+# admits the request and ranks the endpoints of one stage (the director's
+# admit and schedule stages)
+Schedule = Callable[[Exchange, Scheduler], Awaitable[Decision]]
 
 
 class Splitter:
@@ -65,41 +40,44 @@ class Splitter:
         self.pd, self.proxy, self.metrics, self.schedule = pd, proxy, metrics, schedule
         self._background: set[asyncio.Task[Any]] = set()  # held so they are not collected
 
-    def splits(self, c: Call) -> bool:
+    def splits(self, ex: Exchange) -> bool:
         """The Responses API is split the NIXL way only: vLLM takes
         kv_transfer_params there, SGLang's bootstrap fields are for its
         chat and completions APIs."""
-        return (self.pd.protocol == "nixl" or c.path != RESPONSES_PATH) and self.pd.applies(c.ctx)
+        assert ex.ctx is not None
+        return (self.pd.protocol == "nixl" or ex.path != RESPONSES_PATH) and self.pd.applies(
+            ex.ctx)
 
-    async def serve(self, c: Call) -> web.StreamResponse:
+    async def serve(self, ex: Exchange) -> web.StreamResponse:
         if self.pd.protocol == "sglang":
-            return await self._sglang(c)
-        r = await self.hand_over(c)
+            return await self._sglang(ex)
+        r = await self.hand_over(ex)
         if isinstance(r, web.Response):
             return r
-        return await self.relay(c, r)
+        return await self.relay(ex, r)
 
-    async def relay(self, c: Call, r: Route,
+    async def relay(self, ex: Exchange, r: Route,
                     on_status: Callable[[int], None] | None = None) -> web.StreamResponse:
-        return await self.proxy.relay(c.request, r.ranked, c.path, r.body, c.headers, r.work,
-                                      c.started, extra_headers=r.headers, on_status=on_status)
+        ex.route = r
+        return await self.proxy.relay(ex, on_status=on_status)
 
-    async def hand_over(self, c: Call) -> Route | web.Response:
+    async def hand_over(self, c: Exchange) -> Route | web.Response:
         """NIXL: prefill first; its answer says where the decode endpoint
         finds the KV. A prompt the prefill refuses comes back as it is.
         Too little to prefill: the request runs whole on a decode endpoint."""
+        assert c.ctx is not None
         if not self.pd.worth_splitting(c.ctx):
             self.metrics.disaggregation.labels("whole").inc()
-            d = await self.schedule(c.request, c.ctx, self.pd.decode)
+            d = await self.schedule(c, self.pd.decode)
             return Route(d.ranked, c.body, d.work())
-        pre = await self.schedule(c.request, c.ctx, self.pd.prefill)
+        pre = await self.schedule(c, self.pd.prefill)
         up = await self.proxy.fetch(pre.ranked, c.path, prefill_body(c.doc, c.path), c.headers,
                                     pre.work())
         if isinstance(up, Upstream) and 400 <= up.status < 500:
             # the prompt itself is refused (too long, say): a decode endpoint would refuse it too
             self.metrics.disaggregation.labels("refused").inc()
             return web.Response(status=up.status, body=up.body, content_type=None, headers={
-                "Content-Type": up.content_type, "X-Request-Id": c.headers["X-Request-Id"]})
+                "Content-Type": up.content_type, "X-Request-Id": c.request_id})
         params = kv_params_of(up.body) if isinstance(up, Upstream) and up.status == 200 else None
         prefill = up.endpoint if isinstance(up, Upstream) else None
         decode = self._decode_for(c.ctx, prefill)
@@ -109,9 +87,10 @@ class Splitter:
         return Route(decode.ranked, decode_body(c.doc, params), decode.no_prefill(), prefill,
                      {PREFILL_HEADER: prefill.name})
 
-    async def _sglang(self, c: Call) -> web.StreamResponse:
+    async def _sglang(self, c: Exchange) -> web.StreamResponse:
         """Both halves at once; the decode endpoint waits for the KV itself."""
-        pre = await self.schedule(c.request, c.ctx, self.pd.prefill)
+        assert c.ctx is not None
+        pre = await self.schedule(c, self.pd.prefill)
         prefill = pre.ranked[0]
         decode = self._decode_for(c.ctx, prefill)
         boot = self.pd.bootstrap(prefill)
@@ -152,11 +131,11 @@ class Splitter:
         self.metrics.decisions.labels(d.reason).inc()
         return d
 
-    def _local_prefill(self, c: Call, decode: Decision, prefill: Upstream | str) -> Route:
+    def _local_prefill(self, c: Exchange, decode: Decision, prefill: Upstream | str) -> Route:
         """The split failed before the decode endpoint had its KV: it gets
         the request whole and prefills the prompt itself."""
         log.warning("prefill failed; decoding with a local prefill",
-                    request_id=c.headers["X-Request-Id"],
+                    request_id=c.request_id,
                     prefill=prefill if isinstance(prefill, str) else f"HTTP {prefill.status}")
         self.metrics.disaggregation.labels("prefill-failed").inc()
         return Route(decode.ranked, c.body, decode.whole())

@@ -15,8 +15,8 @@ from typing import NamedTuple, Protocol, TypeVar
 import aiohttp
 import structlog
 from aiohttp import web
-from toposerve.router.admission.tenants import KEY_CHECKED
-from toposerve.router.admission.usage import ANSWERED, Answered
+from toposerve.router.admission.usage import Answered
+from toposerve.router.exchange import Exchange
 from toposerve.router.metrics import RouterMetrics
 from toposerve.router.pool.endpoints import Endpoint, Work
 from toposerve.router.relay.upstream import Answer, UpstreamError, Upstreams
@@ -56,13 +56,14 @@ class Upstream:
     content_type: str
 
 
-def forward_headers(request: web.Request) -> dict[str, str]:
+def forward_headers(request: web.Request, key_checked: bool) -> dict[str, str]:
     """The client's headers for the upstream, with the client's X-Request-Id
-    or a new one (every upstream call of the request carries the same)."""
+    or a new one (every upstream call of the request carries the same); a
+    key the router checked is its own credential, not sent on."""
     # and what the client's Connection header names as hop-by-hop too
     conn = request.headers.get("Connection")
     drop = _DROP if conn is None else _DROP | {t.strip().lower() for t in conn.split(",")}
-    if request.get(KEY_CHECKED):
+    if key_checked:
         drop = drop | {"authorization"}
     out = {k: v for k, v in request.headers.items() if k.lower() not in drop}
     out["X-Request-Id"] = request.headers.get("X-Request-Id") or request_id()
@@ -201,22 +202,26 @@ class Proxy:
         return Upstream(ep, resp.status, data, resp.headers.get("Content-Type",
                                                                 "application/json"))
 
-    async def relay(self, request: web.Request, ranked: list[Endpoint], path: str,
-                    body: bytes, headers: dict[str, str], work: Work, started: float,
-                    tap: StreamTap | None = None, extra_headers: dict[str, str] | None = None,
+    async def relay(self, ex: Exchange, tap: StreamTap | None = None,
                     on_status: Callable[[int], None] | None = None) -> web.StreamResponse:
-        """``on_status`` hears the upstream's status before any of its body
-        reaches the client, so what it counts is there when the client is done."""
-        ep, up_or_err, sent = await self._open(ranked, work, lambda ep: self.upstreams.post(
-            ep.url, path, headers, body))
+        """Relays the answer to ``ex``'s route to its client, recording on
+        it who answered and what went by. ``on_status`` hears the
+        upstream's status before any of its body reaches the client, so what
+        it counts is there when the client is done."""
+        route, request, path, started = ex.route, ex.request, ex.path, ex.started
+        assert route is not None
+        work = route.work
+        ep, up_or_err, sent = await self._open(route.ranked, work, lambda ep: self.upstreams.post(
+            ep.url, path, ex.headers, route.body))
         if ep is None or sent is None:
             return self.refusal(str(up_or_err))
         assert isinstance(up_or_err, Answer)
         up = up_or_err
+        ex.endpoint = ep
         if on_status is not None:
             on_status(up.status)
-        out_headers = {"X-Request-Id": headers["X-Request-Id"], "X-Toposerve-Endpoint": ep.name,
-                       **(extra_headers or {})}
+        out_headers = {"X-Request-Id": ex.request_id, "X-Toposerve-Endpoint": ep.name,
+                       **route.headers}
         prefill_pending = work.prefill(ep)
         ctype = up.headers.get("content-type", "application/json")
         ttfb = self.metrics.ttfb_of(path)
@@ -226,8 +231,8 @@ class Proxy:
                     data = await up.read()
                 except (UpstreamError, TimeoutError) as err:
                     return error_response(*self._broke(ep, err))
-                request[ANSWERED] = Answered()  # flow control settles on what went by
-                request[ANSWERED].saw(data)
+                ex.answered = Answered()  # flow control settles on what went by
+                ex.answered.saw(data)
                 ttfb.observe(time.monotonic() - started)
                 ep.first_byte(prefill_pending)
                 prefill_pending = 0
@@ -246,7 +251,7 @@ class Proxy:
                     ep.first_byte(prefill_pending)
                     prefill_pending = 0
                 # flow control settles on what went by
-                seen = request[ANSWERED] = Answered()
+                seen = ex.answered = Answered()
                 if tap is None:
                     if chunk and request.transport is not None:
                         if (left := up.rest()) is not None:

@@ -24,8 +24,6 @@ from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 import structlog
-from aiohttp import web
-from toposerve.router.admission.tenants import TENANT
 from toposerve.router.config import ResponsesStoreConfig
 from toposerve.router.pool.endpoints import Endpoint
 from toposerve.topology.config_file import ConfigError
@@ -57,12 +55,6 @@ class ResponsesStore(Protocol):
         """What the store does in the background while the router runs."""
 
     async def close(self) -> None: ...
-
-
-def tenant_of(request: web.Request) -> str:
-    """Who asks: set by the tenants middleware (toposerve.router.admission.tenants),
-    "" when no API keys are configured."""
-    return request.get(TENANT) or ""
 
 
 def _owned(record: dict[str, Any] | None, tenant: str) -> dict[str, Any] | None:

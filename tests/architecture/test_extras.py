@@ -27,7 +27,7 @@ def _run(code: str) -> subprocess.CompletedProcess[str]:
                           timeout=120)
 
 
-ROLES = ["toposerve.router.http.server", "toposerve.simulator.server",
+ROLES = ["toposerve.router.http.app", "toposerve.simulator.server",
          "toposerve.scheduler_ext.server", "toposerve.dra_driver.gpu.driver",
          "toposerve.dra_driver.simulate", "toposerve.manifests.render",
          "toposerve.localcluster.cluster"]

@@ -18,7 +18,7 @@ import pytest
 import redis
 from openai._models import FinalRequestOptions
 from toposerve.router.config import ResponsesStoreConfig
-from toposerve.router.http.server import session_key
+from toposerve.router.http.handlers import session_key
 from toposerve.router.responses.store import MemoryStore, RedisStore
 from toposerve.wire.errors import ApiError
 

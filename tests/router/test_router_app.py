@@ -16,7 +16,8 @@ import structlog
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from toposerve.router.config import RouterConfig
-from toposerve.router.http.server import ROUTER, Router, build_app, session_key
+from toposerve.router.http.app import ROUTER, Router, build_app
+from toposerve.router.http.handlers import session_key
 from toposerve.router.request import RequestContext
 from toposerve.router.scheduling.profile import Decision
 from toposerve.simulator.config import SimConfig

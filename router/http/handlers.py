@@ -1,0 +1,267 @@
+"""The router's routes: each reads what its client asked into the request's
+exchange and hands a generation request to the director's stages; the
+Responses API's stored turns, the model list and the probes answer here."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+from toposerve.router.admission.budget import Budget
+from toposerve.router.admission.usage import requested_output, responses_output
+from toposerve.router.config import RouterConfig
+from toposerve.router.disaggregation.pairing import RESPONSES_PATH
+from toposerve.router.exchange import Exchange
+from toposerve.router.ha.standby import HotStandby
+from toposerve.router.http.director import Director
+from toposerve.router.metrics import RouterMetrics
+from toposerve.router.pool.endpoints import Endpoint
+from toposerve.router.relay.proxy import Upstream, forward_headers
+from toposerve.router.request import RequestContext
+from toposerve.router.responses.relay import ResponsesTap, output_text
+from toposerve.router.responses.store import (
+    ResponsesStore,
+    keep_or_fail,
+    new_id,
+    read_chain,
+)
+from toposerve.router.state import RouterState
+from toposerve.wire.errors import ApiError, from_validation
+from toposerve.wire.openai import ChatRequest, CompletionRequest, ResponsesRequest
+from toposerve.wire.prompt import chat_prompt, completion_prompt, responses_items
+
+SESSION_HEADERS = ("x-session-id", "x-llm-d-session-id")
+
+
+class Handlers:
+    def __init__(self, cfg: RouterConfig, state: RouterState, metrics: RouterMetrics,
+                 budget: Budget, store: ResponsesStore, director: Director,
+                 ha: HotStandby | None) -> None:
+        self.cfg, self.state, self.metrics, self.budget = cfg, state, metrics, budget
+        self.store, self.director, self.ha = store, director, ha
+
+    # --- reading the request into its exchange ----------------------------------
+    async def _json(self, ex: Exchange, model: type[BaseModel]) -> Any:
+        """The body, parsed and validated; ``ex`` gets it and the output it
+        asks for (flow control's cost)."""
+        ex.body = await self.budget.read_body(ex.request, ex.hold)
+        try:
+            doc = orjson.loads(ex.body)
+        except orjson.JSONDecodeError as err:
+            raise ApiError(400, f"request body is not valid JSON: {err}") from None
+        if not isinstance(doc, dict):
+            raise ApiError(400, "request body must be a JSON object")
+        try:
+            parsed = model.model_validate(doc)
+        except ValidationError as err:
+            raise from_validation(err) from None
+        ex.doc = doc
+        ex.max_tokens = requested_output(parsed)
+        return parsed
+
+    def _check_model(self, model: str | None) -> None:
+        if model is None or self.state.pool.may_serve(model):
+            return
+        raise ApiError(404, f"The model `{model}` does not exist.", "model")
+
+    def _asked(self, ex: Exchange, path: str, model: str | None, prompt: str) -> RequestContext:
+        """What the scheduler will know of the request, and the headers to
+        send upstream."""
+        request = ex.request
+        raw = next((request.headers[h] for h in SESSION_HEADERS if h in request.headers), None)
+        ex.path = path
+        ex.ctx = RequestContext(model=model, prompt=prompt.encode("utf-8", "surrogatepass"),
+                                session=None if raw is None else session_key(raw))
+        ex.headers = forward_headers(request, ex.key_checked)
+        return ex.ctx
+
+    # --- generation ----------------------------------------------------------------
+    async def _generate(self, ex: Exchange, path: str, model: type[BaseModel],
+                        prompt_of: Callable[[dict[str, Any]], str]) -> web.StreamResponse:
+        """``prompt_of`` reads the validated document, not the model: dumping
+        the messages back to dicts cost as much as validating them."""
+        req = await self._json(ex, model)
+        self._check_model(req.model)
+        ctx = self._asked(ex, path, req.model, prompt_of(ex.doc))
+        if model is ChatRequest:
+            ctx.chat = ex.doc  # the precise index tokenizes it through the chat template
+        return await self.director.generate(ex)
+
+    async def chat(self, ex: Exchange) -> web.StreamResponse:
+        return await self._generate(
+            ex, "/v1/chat/completions", ChatRequest, lambda d: chat_prompt(d["messages"]))
+
+    async def completions(self, ex: Exchange) -> web.StreamResponse:
+        return await self._generate(ex, "/v1/completions", CompletionRequest,
+                                    lambda d: completion_prompt(d["prompt"]))
+
+    async def create_response(self, ex: Exchange) -> web.StreamResponse:
+        """The router keeps the conversation, so any endpoint can continue a
+        chain; the endpoint that served the last turn is still preferred."""
+        req = await self._json(ex, ResponsesRequest)
+        self._check_model(req.model)
+        doc = ex.doc
+        history: list[dict[str, Any]] = []
+        earlier: list[str] = []
+        affinity = revision = None
+        if req.previous_response_id is not None:
+            chain = await read_chain(self.store, req.previous_response_id, ex.tenant,
+                                     self.cfg.responses.max_chain_turns)
+            if chain is None:
+                raise ApiError(404, f"Response with id '{req.previous_response_id}' not "
+                                    "found.", "previous_response_id")
+            earlier, turns = chain
+            history = [m for t in turns for m in [*responses_items(t["input"]), t["output"]]]
+            affinity, revision = turns[-1]["endpoint"], turns[-1].get("revision")
+        conversation = history + responses_items(doc["input"])
+        upstream_doc = {k: v for k, v in doc.items() if k != "previous_response_id"}
+        upstream_doc.update(input=[{"type": "message", "role": m["role"],
+                                    "content": m["content"]} for m in conversation],
+                            store=False)
+        msgs = ([{"role": "system", "content": req.instructions}] if req.instructions else []
+                ) + conversation
+        ctx = self._asked(ex, RESPONSES_PATH, req.model, chat_prompt(msgs))
+        ctx.affinity_url = affinity
+        ctx.revision = revision  # the chain's revision, while it has ready endpoints
+        ex.doc, ex.body = upstream_doc, orjson.dumps(upstream_doc)
+        director = self.director
+        if director.split is not None and director.split.splits(ex):
+            route = await director.split.hand_over(ex)
+            if isinstance(route, web.Response):
+                return route
+        else:
+            route = await director.whole(ex)
+        ex.route = route
+        rid = new_id()  # the turn's id, whatever the upstream calls its answer
+
+        async def keep(ep: Endpoint, resp: dict[str, Any], text: str) -> None:
+            if (n := responses_output(resp)) is not None:
+                ex.output_tokens = n  # flow control settles on the answer's usage
+            # a split chain's next turn prefers the prefill endpoint: it holds the prefix;
+            # the turn stores its own input and output, the chain before it is linked
+            if req.store is not False:
+                await self.store.put(rid, {
+                    "endpoint": (route.prefill or ep).url, "response": resp,
+                    "revision": ep.revision or "", "previous": req.previous_response_id,
+                    "input": doc["input"], "output": {"role": "assistant", "content": text}},
+                    ex.tenant, earlier)
+
+        if req.stream:
+            return await director.relay(ex, ResponsesTap(
+                rid, req.previous_response_id,
+                keep_or_fail(keep, self.metrics.responses_unstored.inc)))
+        up = await director.proxy.fetch(route.ranked, RESPONSES_PATH, route.body, ex.headers,
+                                        route.work)
+        if not isinstance(up, Upstream):
+            return director.proxy.refusal(up)
+        ex.endpoint = up.endpoint
+        if up.status != 200:
+            return web.Response(status=up.status, body=up.body, content_type=None,
+                                headers={"Content-Type": up.content_type})
+        resp = orjson.loads(up.body)
+        resp["id"], resp["previous_response_id"] = rid, req.previous_response_id
+        await keep(up.endpoint, resp, output_text(resp))
+        return web.Response(body=orjson.dumps(resp), content_type="application/json",
+                            headers={"X-Request-Id": ex.request_id,
+                                     "X-Toposerve-Endpoint": up.endpoint.name, **route.headers})
+
+    # --- stored turns ----------------------------------------------------------------
+    async def _turn(self, ex: Exchange) -> tuple[str, dict[str, Any]]:
+        rid = ex.request.match_info["id"]
+        rec = await self.store.get(rid, ex.tenant)
+        if rec is None:
+            raise ApiError(404, f"Response with id '{rid}' not found.")
+        return rid, rec
+
+    async def get_response(self, ex: Exchange) -> web.StreamResponse:
+        _rid, rec = await self._turn(ex)
+        return web.Response(body=orjson.dumps(rec["response"]), content_type="application/json")
+
+    async def delete_response(self, ex: Exchange) -> web.StreamResponse:
+        rid = ex.request.match_info["id"]
+        if not await self.store.delete(rid, ex.tenant):
+            raise ApiError(404, f"Response with id '{rid}' not found.")
+        return web.Response(body=orjson.dumps({"id": rid, "object": "response",
+                                               "deleted": True}),
+                            content_type="application/json")
+
+    async def input_items(self, ex: Exchange) -> web.StreamResponse:
+        """The turn's own input items, as OpenAI lists them (newest first
+        unless ``order=asc``; ``limit``, ``after``)."""
+        rid, rec = await self._turn(ex)
+        raw = rec["input"]
+        items = [{"type": "message", "role": "user", "content": raw}] if isinstance(
+            raw, str) else [i for i in raw if isinstance(i, dict)]
+        listed = [{**item, "id": item.get("id") or f"msg_{rid[5:]}_{n}",
+                   **({"type": "message", "status": "completed",
+                       "content": _input_content(item.get("content"))}
+                      if item.get("type", "message") == "message" else {})}
+                  for n, item in enumerate(items)]
+        q = ex.request.query
+        if q.get("order", "desc") == "desc":
+            listed.reverse()
+        if (after := q.get("after")) is not None:
+            ids = [i["id"] for i in listed]
+            listed = listed[ids.index(after) + 1:] if after in ids else []
+        try:
+            limit = min(max(int(q.get("limit", "20")), 1), 100)
+        except ValueError:
+            raise ApiError(400, "limit must be an integer", "limit") from None
+        page = listed[:limit]
+        return web.Response(body=orjson.dumps({
+            "object": "list", "data": page, "has_more": len(listed) > limit,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None}), content_type="application/json")
+
+    # --- models and probes -------------------------------------------------------------
+    def _served(self) -> list[str]:
+        return sorted({m for ep in self.state.pool.routable() if ep.healthy for m in ep.models})
+
+    async def models(self, ex: Exchange) -> web.StreamResponse:
+        data = [_model(n) for n in self._served()]
+        return web.Response(body=orjson.dumps({"object": "list", "data": data}),
+                            content_type="application/json")
+
+    async def model(self, ex: Exchange) -> web.StreamResponse:
+        name = ex.request.match_info["model"]
+        if name not in self._served():
+            raise ApiError(404, f"The model `{name}` does not exist.", "model")
+        return web.Response(body=orjson.dumps(_model(name)), content_type="application/json")
+
+    async def health(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(text="ok")
+
+    async def ready(self, request: web.Request) -> web.StreamResponse:
+        """200 with a ready endpoint, on the leader only under ha (a
+        Service then sends traffic to it); ``?role=any``: whatever the role
+        (a Deployment's readiness probe, so a rollout is not held up by a
+        standby that is rightly unready)."""
+        n = sum(1 for ep in self.state.pool.routable() if ep.healthy)
+        if self.ha is not None and not self.ha.leader and request.query.get("role") != "any":
+            return web.Response(status=503, text=f"standby; {n} endpoints ready")
+        return web.Response(status=200 if n else 503, text=f"{n} endpoints ready")
+
+    async def metrics_endpoint(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(body=self.metrics.render(),
+                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+def session_key(header: str) -> str:
+    """A session as the router keeps it: by its hash, so the tables of
+    sessions hold 32 characters a session, whatever length of header a
+    client sends."""
+    return hashlib.blake2b(header.encode("utf-8", "surrogateescape"),
+                           digest_size=16).hexdigest()
+
+
+def _model(name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "toposerve"}
+
+
+def _input_content(content: Any) -> Any:
+    """A message's content as OpenAI lists an input item's: parts."""
+    return [{"type": "input_text", "text": content}] if isinstance(content, str) else content
