@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -202,24 +203,57 @@ def ours_with(scorers: list[dict[str, Any]] | None = None, scrape_s: float = SCR
 ours = ours_with()  # the default profile and scrape interval, as shipped
 
 
-def ours_at(rev: str, tmp: Path) -> tuple[str, Start]:
-    """Our router as committed at ``rev`` (from a git archive of it), with
-    the default profile: the other side of an A/B in the same run."""
+def checkout(rev: str, tmp: Path) -> Path:
+    """``rev``'s tree (a git archive of it) under ``tmp``, with the import
+    root of its code (``import_root``)."""
     tree = tmp / f"toposerve-at-{rev}"
     if not tree.exists():
         tree.mkdir(parents=True)
         archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], check=True,
                                  capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+        import_root(tree)
+    return tree
+
+
+def import_root(tree: Path) -> Path:
+    """A folder that, first on ``sys.path`` with ``tree`` the working
+    directory, makes ``toposerve`` the code of ``tree`` rather than the
+    installed one: a link to the root package's folder, holding a link to
+    each folder pyproject maps under it. A tree from before the one
+    import name has no map: its CLI folder, toposerve_cli, stands in as
+    ``toposerve``, and its top-level packages import from the working
+    directory."""
+    root = tree / ".import"
+    setuptools = tomllib.loads((tree / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders: dict[str, str] = setuptools.get("package-dir", {"toposerve": "toposerve_cli"})
+    root.mkdir(exist_ok=True)
+    (root / "toposerve").symlink_to(tree / folders["toposerve"])
+    for name, folder in folders.items():
+        if name != "toposerve":  # toposerve.<x>: a folder at the top of the tree
+            (tree / folders["toposerve"] / name.split(".")[1]).symlink_to(tree / folder)
+    return root
+
+
+def ours_at(rev: str, tmp: Path) -> tuple[str, Start]:
+    """Our router as committed at ``rev`` (from a git archive of it), with
+    the default profile: the other side of an A/B in the same run."""
+    tree = checkout(rev, tmp)
 
     def start(procs: Procs, sims: list[Proc]) -> Proc:
-        # `python -m toposerve.main` imports from its working directory first
-        here = os.getcwd()
+        # `python -m toposerve.main` imports from its working directory
+        # first, then PYTHONPATH, then the installed package
+        here, path = os.getcwd(), os.environ.get("PYTHONPATH")
         os.chdir(tree)
+        os.environ["PYTHONPATH"] = str(tree / ".import")
         try:
             return ours(procs, sims)
         finally:
             os.chdir(here)
+            if path is None:
+                del os.environ["PYTHONPATH"]
+            else:
+                os.environ["PYTHONPATH"] = path
     return f"{OURS}@{rev}", start
 
 

@@ -44,6 +44,7 @@ from bench.router_bench import (
     REPO,
     SCRAPE_S,
     Start,
+    checkout,
     order,
     ours,
     ours_at,
@@ -60,16 +61,6 @@ FRONT_ENDS = (FRONT_AIOHTTP, FRONT_HTTPTOOLS)
 _UNTUNED_GC = ("import gc, sys; import toposerve.router.http.app as s, toposerve.main as m; "
                "gc.freeze = lambda: None; s.GC_THRESHOLDS = gc.get_threshold(); "
                "sys.argv[0] = 'toposerve'; m.main()")
-
-
-def checkout(rev: str, tmp: Path) -> Path:
-    """``rev``'s tree (a git archive of it) under ``tmp``."""
-    tree = tmp / f"toposerve-at-{rev}"
-    tree.mkdir(parents=True, exist_ok=True)
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], check=True,
-                             capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
-    return tree
 
 
 def ours_untuned_gc(procs: Procs, backends: list[Proc]) -> Proc:
@@ -455,7 +446,9 @@ def instructions(tree: Path, fleet: int, tmp: Path, warm: int = 300,
                       "healthIntervalSeconds": 3600, "timeoutSeconds": 300}}
     path = out / "router.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    code = (f"import sys; sys.path.insert(0, {str(tree)!r}); "
+    # a checkout's own code first (its import root), else the installed package
+    first = [str(tree / ".import"), str(tree)] if (tree / ".import").is_dir() else [str(tree)]
+    code = (f"import sys; sys.path[:0] = {first!r}; "
             f"sys.argv = ['toposerve', 'router', '--config', {str(path)!r}]; "
             "import toposerve.main as m; m.main()")
     router = subprocess.Popen(["valgrind", "--tool=callgrind",

@@ -22,7 +22,7 @@ from toposerve.router.request import RequestContext
 from toposerve.router.scheduling.cycle import CycleState
 from toposerve.router.scheduling.filters import RevisionFilter, RoleFilter
 from toposerve.router.scheduling.profile import Decision, Scheduler
-from toposerve.router.scheduling.scorers import APPROX_BLOCK_BYTES, approx_match
+from toposerve.router.scheduling.scorers.prefix import APPROX_BLOCK_BYTES, approx_match
 from toposerve.router.state import RouterState
 from toposerve.wire.kv_transfer import PREFILL_REQUEST, REMOTE_PREFILL_FIELDS
 
