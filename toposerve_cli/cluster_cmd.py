@@ -6,23 +6,15 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from toposerve.localcluster.cluster import (
-    ClusterSpec,
-    ClusterStatus,
-    down,
-    running_clusters,
-    status,
-    up,
-)
-from toposerve.localcluster.clusters import ClusterError, api_client, kubeconfig_path
-from toposerve.localcluster.install import InstallError, install, install_status
-from toposerve.localcluster.realnode.node import RealNodeError
-from toposerve.localcluster.realnode.node import start as start_real_node
-from toposerve.localcluster.realnode.tools import find_node_tools
-from toposerve.localcluster.tools import ToolsMissing
 from toposerve.topology.labels import DialectName
+
+# The local cluster is imported by the handlers only: the image leaves it
+# out (its pods never start clusters), and `toposerve --help` lists this
+# command there too (main says what to install where it runs).
+if TYPE_CHECKING:
+    from toposerve.localcluster.cluster import ClusterStatus
 
 
 def _fail(msg: str) -> int:
@@ -32,6 +24,8 @@ def _fail(msg: str) -> int:
 
 def parse_groups(profiles: list[str], nodes: int | None) -> list[tuple[str, int]]:
     """``--profile NAME=COUNT`` (repeatable) or ``--profile NAME --nodes N``."""
+    from toposerve.localcluster.clusters import ClusterError
+
     groups = []
     for item in profiles:
         name, sep, count = item.partition("=")
@@ -49,6 +43,14 @@ def parse_groups(profiles: list[str], nodes: int | None) -> list[tuple[str, int]
 
 
 def _up(args: argparse.Namespace) -> int:
+    from toposerve.localcluster.cluster import ClusterSpec, down, up
+    from toposerve.localcluster.clusters import ClusterError
+    from toposerve.localcluster.install import InstallError, install
+    from toposerve.localcluster.realnode.node import RealNodeError
+    from toposerve.localcluster.realnode.node import start as start_real_node
+    from toposerve.localcluster.realnode.tools import find_node_tools
+    from toposerve.localcluster.tools import ToolsMissing
+
     try:
         groups = parse_groups(args.profile or [], args.nodes)
         spec = ClusterSpec(name=args.name, groups=groups,
@@ -76,6 +78,11 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _down(args: argparse.Namespace) -> int:
+    from toposerve.localcluster.cluster import down
+    from toposerve.localcluster.clusters import ClusterError
+    from toposerve.localcluster.realnode.node import RealNodeError
+    from toposerve.localcluster.tools import ToolsMissing
+
     try:
         down(args.name)
     except (ClusterError, ToolsMissing, RealNodeError) as err:
@@ -84,6 +91,10 @@ def _down(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    from toposerve.localcluster.cluster import status
+    from toposerve.localcluster.clusters import ClusterError
+    from toposerve.localcluster.tools import ToolsMissing
+
     try:
         clusters = status()
     except (ClusterError, ToolsMissing) as err:
@@ -105,6 +116,9 @@ def _status(args: argparse.Namespace) -> int:
 def _status_doc(c: ClusterStatus) -> dict[str, Any]:
     """A cluster's status with what is installed on it (the components,
     their pods and phases, the router's URL) when its apiserver answers."""
+    from toposerve.localcluster.clusters import api_client
+    from toposerve.localcluster.install import install_status
+
     doc: dict[str, Any] = {"name": c.name, "kubeconfig": c.kubeconfig, "nodesReady": c.nodes_ready,
            "nodesTotal": c.nodes_total, "profiles": dict(c.groups), "realNodes": c.real_nodes,
            "error": c.error}
@@ -117,6 +131,10 @@ def _status_doc(c: ClusterStatus) -> dict[str, Any]:
 
 
 def _kubeconfig(args: argparse.Namespace) -> int:
+    from toposerve.localcluster.cluster import running_clusters
+    from toposerve.localcluster.clusters import ClusterError, kubeconfig_path
+    from toposerve.localcluster.tools import ToolsMissing
+
     try:
         if args.name not in running_clusters():
             return _fail(f"no cluster named {args.name!r} (see `toposerve cluster status`)")

@@ -37,6 +37,15 @@ def missing_extra(err: ModuleNotFoundError) -> str | None:
             f"pip install 'toposerve[{extra}]'")
 
 
+def _not_in_image(err: ModuleNotFoundError) -> str | None:
+    """The line for a person running ``cluster`` or ``scale`` where the
+    local cluster was left out (the image: its pods never start clusters)."""
+    if not (err.name or "").startswith("toposerve.localcluster"):
+        return None
+    return ("error: the local cluster (toposerve cluster, toposerve scale) is not part of this "
+            "install (the image leaves it out): run it where toposerve is pip-installed")
+
+
 def _reader_gone() -> bool:
     """Whether stdout is a pipe whose reader closed it (``| head``)."""
     poll = select.poll()
@@ -82,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except ModuleNotFoundError as err:
-        line = missing_extra(err)
+        line = missing_extra(err) or _not_in_image(err)
         if line is None:
             raise
         print(line, file=sys.stderr)

@@ -1,6 +1,7 @@
 """Dependencies by role: with every optional extra missing, the router, the
 simulator, the extender, the GPU driver and the install still import and
-run their commands; a command that needs an extra says which, in one line."""
+run their commands; a command that needs an extra says which, in one line.
+Likewise without the local cluster, which the image leaves out."""
 
 from __future__ import annotations
 
@@ -10,20 +11,26 @@ import sys
 
 from toposerve.main import EXTRAS
 
-# Makes every extra's modules unimportable, as in an install without extras.
-BLOCK = f"""
+
+def _blocking(prefixes: list[str]) -> str:
+    """Code that makes the modules under ``prefixes`` unimportable."""
+    return f"""
 import importlib.abc, sys
-class _NoExtras(importlib.abc.MetaPathFinder):
+class _Gone(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if name.split(".")[0] in {sorted(EXTRAS)!r}:
+        if any(name == p or name.startswith(p + ".") for p in {prefixes!r}):
             raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
         return None
-sys.meta_path.insert(0, _NoExtras())
+sys.meta_path.insert(0, _Gone())
 """
 
 
-def _run(code: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", BLOCK + code], capture_output=True, text=True,
+# as in an install without extras
+BLOCK = _blocking(sorted(EXTRAS))
+
+
+def _run(code: str, block: str = BLOCK) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", block + code], capture_output=True, text=True,
                           timeout=120)
 
 
@@ -70,3 +77,18 @@ def test_a_missing_extra_is_one_line_naming_it(tmp_path: object) -> None:
     # the blocker itself is sound: the module is importable without it
     assert subprocess.run([sys.executable, "-c", f"import {needed.group(1)}"],
                           timeout=60).returncode == 0
+
+
+def test_without_the_local_cluster_the_parts_run_and_cluster_says_why() -> None:
+    # the image deletes toposerve/localcluster (Containerfile): its pods run
+    # the parts; `cluster` and `scale` belong where the wheel is installed
+    block = _blocking(["toposerve.localcluster"])
+    cli = "from toposerve.main import main; sys.exit(main({!r}))"
+    r = _run(cli.format(["manifests", "render", "--set", "apiServer.host=127.0.0.1"]), block)
+    assert r.returncode == 0, r.stderr
+    for argv in (["cluster", "status"], ["scale", "list"]):
+        r = _run(cli.format(argv), block)
+        assert r.returncode == 2, r.stderr
+        assert r.stderr.strip().splitlines() == [
+            "error: the local cluster (toposerve cluster, toposerve scale) is not part of this "
+            "install (the image leaves it out): run it where toposerve is pip-installed"], argv
