@@ -29,14 +29,14 @@ import orjson
 import psutil
 import structlog
 from aiohttp import web
-from toposerve.localcluster.results import table, write
-from toposerve.router.config import ServerConfig
-from toposerve.scheduler_ext.config import ExtenderConfig
-from toposerve.scheduler_ext.server import Extender
 
 from bench.flags import positive
 from harness import extender_objects as k
 from harness.procs import MODEL, Proc, Procs
+from toposerve.localcluster.results import table, write
+from toposerve.router.config import ServerConfig
+from toposerve.scheduler_ext.config import ExtenderConfig
+from toposerve.scheduler_ext.server import Extender
 
 REPO = Path(__file__).resolve().parents[1]
 MiB = 2**20

@@ -12,10 +12,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bench.flags import count
 from toposerve.localcluster.cluster import ClusterSpec, down, running_clusters, up
 from toposerve.localcluster.results import table, write_json
-
-from bench.flags import count
 
 REPO = Path(__file__).resolve().parents[1]
 

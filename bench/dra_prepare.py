@@ -16,12 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client
-from toposerve.localcluster.cluster import ClusterSpec, down, up
-from toposerve.localcluster.clusters import api_client, kubeconfig_path
-from toposerve.localcluster.results import write
-from toposerve.localcluster.scale.measure import latency_ms
-from toposerve.topology.profiles import load_profile
-from toposerve.topology.sysfs import write_profile_sysfs
 
 from bench.flags import count
 from bench.report import latency_table
@@ -35,6 +29,12 @@ from harness.dra_gpu import (
     delete_claim,
     wait_slices,
 )
+from toposerve.localcluster.cluster import ClusterSpec, down, up
+from toposerve.localcluster.clusters import api_client, kubeconfig_path
+from toposerve.localcluster.results import write
+from toposerve.localcluster.scale.measure import latency_ms
+from toposerve.topology.profiles import load_profile
+from toposerve.topology.sysfs import write_profile_sysfs
 
 CLUSTER = "bench-dra-prepare"
 NODE = "hgx-h100-0000"

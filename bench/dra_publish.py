@@ -22,6 +22,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.flags import count, positive
+from harness.cluster_claim import claimed
+from harness.procs import Proc, wait_http
 from toposerve.dra_driver.gpu.devices import gpu_pool
 from toposerve.dra_driver.net.devices import nic_pool
 from toposerve.dra_driver.resourceslice import slice_plan
@@ -34,10 +37,6 @@ from toposerve.localcluster.results import table, write
 from toposerve.localcluster.scale.measure import ProcSampler, by_label, scrape_url, totals
 from toposerve.topology.model import DomainPath, NodeTopology
 from toposerve.topology.profiles import load_profile
-
-from bench.flags import count, positive
-from harness.cluster_claim import claimed
-from harness.procs import Proc, wait_http
 
 REPO = Path(__file__).resolve().parents[1]
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"

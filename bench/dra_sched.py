@@ -37,6 +37,9 @@ from typing import Any
 
 import urllib3
 import yaml
+
+from bench.flags import count, count_or_zero
+from harness.cluster_claim import claimed
 from toposerve.dra_driver.gpu.devices import DRIVER as GPU_DRIVER
 from toposerve.dra_driver.simulate import POOLS, Simulator, label_partitions
 from toposerve.kubeapi import ApiError, JsonApi
@@ -47,9 +50,6 @@ from toposerve.localcluster.results import table as md_table
 from toposerve.localcluster.results import write
 from toposerve.localcluster.scale import profile
 from toposerve.localcluster.scale.measure import Watched, bound_pod
-
-from bench.flags import count, count_or_zero
-from harness.cluster_claim import claimed
 
 REPO = Path(__file__).resolve().parents[1]
 RES = "/apis/resource.k8s.io/v1"

@@ -27,6 +27,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.flags import count, count_or_zero, positive
+from bench.report import medians, pct
+from harness import extender_objects as k
+from harness.extender_cluster import GpuCluster, create_pods, gpu_cluster, pods, rest
+from harness.waiting import wait_for
 from toposerve.localcluster.results import landed_bars, pyplot, save, write
 from toposerve.localcluster.results import table as md_table
 from toposerve.scheduler_ext.config import ExtenderConfig
@@ -34,12 +39,6 @@ from toposerve.scheduler_ext.server import Extender
 from toposerve.topology.distance import kv_transfer_seconds
 from toposerve.topology.model import DomainPath
 from toposerve.topology.profiles import load_profile
-
-from bench.flags import count, count_or_zero, positive
-from bench.report import medians, pct
-from harness import extender_objects as k
-from harness.extender_cluster import GpuCluster, create_pods, gpu_cluster, pods, rest
-from harness.waiting import wait_for
 
 MODES = ("default", "in-tree", "toposerve")
 GROUP_LABEL = "bench.toposerve.io/group"

@@ -22,12 +22,12 @@ from typing import Any
 import aiohttp
 import httpx
 import orjson
-from toposerve.localcluster.ports import free_port
-from toposerve.localcluster.results import table, write_json
 
 from bench.flags import tcp_port
 from bench.replay import added_latency, big_prompts
 from harness.procs import Proc, Procs
+from toposerve.localcluster.ports import free_port
+from toposerve.localcluster.results import table, write_json
 
 REPO = Path(__file__).resolve().parents[1]
 STACKS = ("aiohttp", "granian+aiohttp-client", "starlette+uvicorn+httpx")

@@ -25,9 +25,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from toposerve.localcluster.results import pyplot, save, write
-from toposerve.localcluster.results import table as md_table
-
 from bench.flags import count, positive
 from bench.router_bench import (
     CACHE_BLOCKS,
@@ -40,6 +37,8 @@ from bench.router_bench import (
     peers_missing,
     run_one,
 )
+from toposerve.localcluster.results import pyplot, save, write
+from toposerve.localcluster.results import table as md_table
 
 ROUND_ROBIN = "round-robin"
 DEFAULT_ROUTERS = [ROUND_ROBIN, "toposerve", "sglang-router cache_aware"]

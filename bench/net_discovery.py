@@ -21,14 +21,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.flags import count
+from bench.report import pct
+from harness.net_standins import many_nics, stand_ins
 from toposerve.dra_driver.net.devices import discovered_pool
 from toposerve.dra_driver.net.discovery import NetFilters, join, read_links, scan_pci
 from toposerve.localcluster.results import table, write
 from toposerve.topology.model import DomainPath
-
-from bench.flags import count
-from bench.report import pct
-from harness.net_standins import many_nics, stand_ins
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = ("sysfs_ms", "netlink_ms", "join_ms", "pool_ms", "total_ms")

@@ -29,6 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.flags import count
+from bench.report import latency_table
+from harness.handoff_netns import NetEnv, net_env
 from toposerve.dra_driver.kubeletplugin import parse_opaque
 from toposerve.dra_driver.net.config import NetConfig
 from toposerve.dra_driver.net.handoff.cni import PLUGIN_TYPE as NIC_PLUGIN
@@ -38,10 +41,6 @@ from toposerve.localcluster.realnode import cni as pod_cni
 from toposerve.localcluster.realnode import forwarder
 from toposerve.localcluster.results import write
 from toposerve.localcluster.scale.measure import latency_ms
-
-from bench.flags import count
-from bench.report import latency_table
-from harness.handoff_netns import NetEnv, net_env
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = parse_opaque({"apiVersion": "net.toposerve.io/v1", "kind": "NetConfig",

@@ -23,6 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client
+
+from bench.flags import count, positive
+from bench.report import latency_table
 from toposerve.kubeapi import JsonApi
 from toposerve.localcluster.cluster import ClusterSpec, down, up
 from toposerve.localcluster.clusters import api_client, kubeconfig_path
@@ -32,9 +35,6 @@ from toposerve.localcluster.realnode.paths import default_layout
 from toposerve.localcluster.realnode.pods import busybox_pod
 from toposerve.localcluster.results import write
 from toposerve.localcluster.scale.measure import latency_ms
-
-from bench.flags import count, positive
-from bench.report import latency_table
 
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER = "bench-net-handoff"

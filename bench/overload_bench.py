@@ -22,11 +22,11 @@ from typing import Any
 
 import aiohttp
 import orjson
-from toposerve.localcluster.results import pyplot, save, write
-from toposerve.localcluster.results import table as md_table
 
 from bench.report import pct
 from harness.procs import MODEL, Proc, Procs
+from toposerve.localcluster.results import pyplot, save, write
+from toposerve.localcluster.results import table as md_table
 
 REPO = Path(__file__).resolve().parents[1]
 PEERS = REPO / ".venv-peers" / "bin"

@@ -28,12 +28,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from toposerve.localcluster.ports import free_port
-from toposerve.localcluster.results import pyplot, save, write
-from toposerve.localcluster.results import table as md_table
-from toposerve.localcluster.scale.measure import by_label, scrape_url, totals
-from toposerve.simulator.metrics import NAMES
-
 from bench.flags import count
 from bench.replay import replay_trace
 from bench.report import medians, pct
@@ -46,6 +40,11 @@ from bench.router_bench import (
 )
 from bench.workloads import mooncake
 from harness.procs import Proc, Procs
+from toposerve.localcluster.ports import free_port
+from toposerve.localcluster.results import pyplot, save, write
+from toposerve.localcluster.results import table as md_table
+from toposerve.localcluster.scale.measure import by_label, scrape_url, totals
+from toposerve.simulator.metrics import NAMES
 
 DOMAINS = ("nvl72-a", "nvl72-b")
 PER_DOMAIN = {"prefill": 2, "decode": 2}

@@ -16,11 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from bench.workloads import TraceRequest
 from toposerve.simulator.kvcache import BlockCache
 from toposerve.wire.hashing import byte_block_hashes
 from toposerve.wire.tokens import BYTES_PER_TOKEN
-
-from bench.workloads import TraceRequest
 
 
 @dataclass

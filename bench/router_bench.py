@@ -24,13 +24,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from toposerve.localcluster.ports import free_port
-from toposerve.localcluster.results import pyplot, save, write
-from toposerve.localcluster.results import table as md_table
-from toposerve.router.config import ScrapeConfig
-from toposerve.wire.hashing import byte_block_hashes
-from toposerve.wire.tokens import BYTES_PER_TOKEN
-
 from bench.flags import count
 from bench.queue_model import model_ttfts_ms
 from bench.replay import (
@@ -44,6 +37,12 @@ from bench.replay import (
 from bench.report import medians, pct
 from bench.workloads import AgentSession, TraceRequest, agentic, mooncake, working_set_tokens
 from harness.procs import MODEL, Proc, Procs
+from toposerve.localcluster.ports import free_port
+from toposerve.localcluster.results import pyplot, save, write
+from toposerve.localcluster.results import table as md_table
+from toposerve.router.config import ScrapeConfig
+from toposerve.wire.hashing import byte_block_hashes
+from toposerve.wire.tokens import BYTES_PER_TOKEN
 
 REPO = Path(__file__).resolve().parents[1]
 PEERS = REPO / ".venv-peers" / "bin"

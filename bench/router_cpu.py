@@ -22,12 +22,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from toposerve.localcluster.results import table, write
-
 from bench.flags import count
 from bench.http_stack import EVENT_SIM, EVENT_STREAM_TOKENS, streams
 from bench.router_bench import REPO, ROUTERS, Start, ours_at, ours_with, peers_missing
 from harness.procs import Procs
+from toposerve.localcluster.results import table, write
 
 CONTENDERS: dict[str, Start] = {
     **{name: ROUTERS[name] for name in ("toposerve", "smg cache_aware",

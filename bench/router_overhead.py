@@ -33,9 +33,6 @@ import httpx
 import orjson
 import psutil
 import yaml
-from toposerve.localcluster.ports import free_port
-from toposerve.localcluster.processes import end_process
-from toposerve.localcluster.results import pyplot, save, table, write
 
 from bench.flags import count, cpu
 from bench.report import medians, pct
@@ -52,6 +49,9 @@ from bench.router_bench import (
     peers_missing,
 )
 from harness.procs import MODEL, Proc, Procs
+from toposerve.localcluster.ports import free_port
+from toposerve.localcluster.processes import end_process
+from toposerve.localcluster.results import pyplot, save, table, write
 
 DIRECT = "direct"
 FRONT_AIOHTTP, FRONT_HTTPTOOLS = "front end only: aiohttp", "front end only: httptools"

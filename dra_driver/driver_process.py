@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import structlog
+
 from toposerve.dra_driver.kubeletplugin import metrics
 from toposerve.dra_driver.kubeletplugin.cdi import DEFAULT_CDI_ROOT, CdiSpecs
 from toposerve.dra_driver.kubeletplugin.checkpoint import BOOT_ID_FILE, read_boot_id

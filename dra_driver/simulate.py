@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 import structlog
+
 from toposerve.dra_driver.gpu.devices import DRIVER as GPU_DRIVER
 from toposerve.dra_driver.gpu.devices import PARTITIONS_LABEL, gpu_pool, partitions_wanted
 from toposerve.dra_driver.kubeletplugin.liveness import HttpEndpoints, metrics_route

@@ -37,6 +37,8 @@ from demo_realnode import real_node_pod
 from demo_report import report
 from demo_serving import APP, PORT, model_pods, pd_split, routed_traffic
 from demo_support import wait_until
+
+from harness.procs import Procs
 from toposerve.localcluster.cluster import ClusterSpec, down, running_clusters, up
 from toposerve.localcluster.clusters import api_client
 from toposerve.localcluster.install import (
@@ -51,8 +53,6 @@ from toposerve.localcluster.realnode import node as realnode
 from toposerve.localcluster.realnode.paths import NODE_NAME
 from toposerve.localcluster.realnode.tools import find_node_tools
 from toposerve.localcluster.tools import ToolsMissing
-
-from harness.procs import Procs
 
 NAME = "demo"
 OUT = Path(tempfile.gettempdir()) / "toposerve-demo"

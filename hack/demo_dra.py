@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 import urllib3
 from demo_support import TOPOSERVE, DemoError, background, create, items, wait_until
+
 from toposerve.kubeapi import JsonApi
 from toposerve.localcluster.clusters import api_client
 from toposerve.localcluster.nodes import KWOK_TOLERATION

@@ -22,6 +22,7 @@ from demo_support import (
     items,
     wait_until,
 )
+
 from toposerve.kubeapi import JsonApi
 from toposerve.localcluster.clusters import api_client
 from toposerve.localcluster.nodes import KWOK_TOLERATION

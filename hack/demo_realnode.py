@@ -12,6 +12,7 @@ from typing import Any
 from demo_support import DemoError, create, items, wait_until
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+
 from toposerve.kubeapi import ApiError, JsonApi
 from toposerve.localcluster.clusters import api_client
 from toposerve.localcluster.install import PROFILE

@@ -13,6 +13,7 @@ from typing import Any
 
 from demo_placement import GROUPS, Placed, summary_rows
 from demo_serving import SESSIONS, TURNS, Traffic
+
 from toposerve.localcluster.results import pyplot, save, table, write_json
 from toposerve.topology.model import DomainPath
 

@@ -17,12 +17,12 @@ import httpx
 import orjson
 from demo_support import DemoError
 from kubernetes import client
+
+from harness.procs import MODEL, Procs
 from toposerve.localcluster.clusters import api_client, kubeconfig_path
 from toposerve.localcluster.nodes import node_labels
 from toposerve.localcluster.pods import model_pod, wait_running
 from toposerve.topology.labels import PRESETS, DialectName, from_labels
-
-from harness.procs import MODEL, Procs
 
 Say = Callable[[str], None]
 APP, PORT = "vllm", 8000  # the model pods' label and the simulators' port

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import urllib3
+
 from toposerve.kubeapi import ApiError, JsonApi
 from toposerve.localcluster.processes import end_process
 

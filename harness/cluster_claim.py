@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
+
 from toposerve.localcluster.cluster import Progress, down, running_clusters
 
 HOLDERS = Path.home() / ".toposerve" / "cluster-holders"

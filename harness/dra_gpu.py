@@ -18,6 +18,10 @@ from typing import Any, ClassVar
 import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+
+from harness import driver_proc, fake_nvml
+from harness.dra_kubelet import Claim
+from harness.waiting import wait_for
 from toposerve.dra_driver.gpu.driver import CDI_CLASS, CDI_VENDOR
 from toposerve.dra_driver.kubeletplugin.checkpoint import Checkpoint, ClaimState, read_boot_id
 from toposerve.localcluster.clusters import kubeconfig_path
@@ -27,10 +31,6 @@ from toposerve.topology.layout import PlannedNode
 from toposerve.topology.model import DomainPath
 from toposerve.topology.profiles import load_profile
 from toposerve.topology.sysfs import write_profile_sysfs
-
-from harness import driver_proc, fake_nvml
-from harness.dra_kubelet import Claim
-from harness.waiting import wait_for
 
 DRIVER = "gpu.toposerve.io"
 NAMESPACE = "dra-gpu-test"

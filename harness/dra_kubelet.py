@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+
+from harness.waiting import wait_for
 from toposerve.dra_driver._generated import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
@@ -25,8 +27,6 @@ from toposerve.dra_driver._generated import (
     pluginregistration_pb2_grpc,
 )
 from toposerve.dra_driver.kubeletplugin.sockets import grpc_target
-
-from harness.waiting import wait_for
 
 DRA = {"v1": (dra_v1_pb2, dra_v1_pb2_grpc), "v1beta1": (dra_v1beta1_pb2, dra_v1beta1_pb2_grpc)}
 HEALTH = {"v1": (health_v1_pb2, health_v1_pb2_grpc),

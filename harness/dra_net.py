@@ -14,10 +14,6 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from kubernetes import client
-from toposerve.dra_driver.net.config import NetConfig
-from toposerve.dra_driver.net.driver import CDI_CLASS, CDI_VENDOR
-from toposerve.kubeapi import JsonApi
-from toposerve.localcluster.nodes import KWOK_TOLERATION
 
 from harness.dra_gpu import RULES as GPU_RULES
 from harness.dra_gpu import DriverSite
@@ -25,6 +21,10 @@ from harness.dra_kubelet import Claim
 from harness.driver_proc import DriverProc
 from harness.net_standins import StandIns
 from harness.waiting import wait_for
+from toposerve.dra_driver.net.config import NetConfig
+from toposerve.dra_driver.net.driver import CDI_CLASS, CDI_VENDOR
+from toposerve.kubeapi import JsonApi
+from toposerve.localcluster.nodes import KWOK_TOLERATION
 
 DRIVER = "net.toposerve.io"
 NAMESPACE = "dra-net-test"

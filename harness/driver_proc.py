@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Generic, Protocol, TypeVar
 
+from harness.dra_kubelet import Kubelet, end_plugin, launch_plugin
 from toposerve.dra_driver.kubeletplugin.cdi import CdiSpecs
 from toposerve.localcluster.ports import free_port
-
-from harness.dra_kubelet import Kubelet, end_plugin, launch_plugin
 
 
 class DriverEnv(Protocol):

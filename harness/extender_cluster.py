@@ -19,6 +19,10 @@ from typing import Any
 import orjson
 import urllib3
 import yaml
+
+from harness.cluster_claim import claimed
+from harness.extender_objects import GPU_CLASS, device_class, template
+from harness.waiting import wait_for
 from toposerve.dra_driver.gpu.devices import DRIVER, gpu_pool
 from toposerve.dra_driver.resourceslice import SlicePublisher
 from toposerve.kubeapi import ApiError, JsonApi
@@ -34,10 +38,6 @@ from toposerve.topology.labels import PRESETS, PROFILE_LABEL, DialectName, from_
 from toposerve.topology.model import DomainPath, NodeTopology
 from toposerve.topology.profiles import load_profile
 from toposerve.topology.workloads import LWS
-
-from harness.cluster_claim import claimed
-from harness.extender_objects import GPU_CLASS, device_class, template
-from harness.waiting import wait_for
 
 WORKLOAD_GATES = "GenericWorkload=true,TopologyAwareWorkloadScheduling=true"
 WORKLOAD_API = "scheduling.k8s.io/v1beta1=true"

@@ -18,6 +18,7 @@ import psutil
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
+
 from toposerve.localcluster.ports import free_port
 from toposerve.localcluster.processes import end_process
 

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import structlog
+
 from toposerve.kubeapi.errors import ApiError
 from toposerve.kubeapi.rest import JsonApi
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import orjson
 import urllib3
+
 from toposerve.kubeapi.errors import ApiError
 
 __all__ = ["JsonApi"]

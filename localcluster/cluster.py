@@ -21,6 +21,7 @@ from typing import Any
 
 import urllib3
 import yaml
+
 from toposerve.kubeapi import ApiError, JsonApi
 from toposerve.localcluster.clusters import (
     ClusterError,

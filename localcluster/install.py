@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 import yaml
+
 from toposerve.dra_driver.net.handoff.install import RECORD as CNI_RECORD
 from toposerve.dra_driver.net.handoff.install import InstallError as CniInstallError
 from toposerve.dra_driver.net.handoff.install import data_dir as cni_data_dir

@@ -16,6 +16,7 @@ from typing import Any
 import jinja2
 import yaml
 from pydantic import BaseModel
+
 from toposerve.manifests.values import COMPONENTS, Component, InstallValues
 from toposerve.router.config import RouterConfig
 from toposerve.router.ha.pod_label import ROLE_LABEL

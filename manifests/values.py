@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
+
 from toposerve.dra_driver.net.handoff import DEFAULT_PLUGIN
 from toposerve.router.config import RouterConfig
 from toposerve.scheduler_ext.config import ExtenderConfig

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
 from toposerve.topology.config_file import load_file
 from toposerve.topology.labels import DialectName
 from toposerve.topology.place import NodePlace

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+
 from toposerve.router.admission.budget import Hold
 from toposerve.router.admission.flow_control import Classified
 from toposerve.router.admission.usage import Answered

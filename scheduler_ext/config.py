@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
 from toposerve.scheduler_ext.placement.decide import Policy
 from toposerve.scheduler_ext.placement.levels import LEVEL_NAMES, UnknownLevel, parse_level
 from toposerve.topology.config_file import load_file

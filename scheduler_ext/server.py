@@ -20,6 +20,7 @@ import orjson
 import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
 from toposerve.kubeapi import connect
 from toposerve.scheduler_ext.config import ExtenderConfig
 from toposerve.scheduler_ext.metrics import Metrics
@@ -297,6 +298,7 @@ def serve(cfg: ExtenderConfig, api: Any, listening: Callable[[], None] = lambda:
     when given: bound already, so a taken address fails before the watches
     start."""
     import uvloop
+
     from toposerve.scheduler_ext.state.watch import Watches
 
     state = ClusterState(cfg)

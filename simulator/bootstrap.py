@@ -17,6 +17,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 from pydantic import ValidationError
+
 from toposerve.topology.model import DomainPath
 
 MAX_ROOMS = 100_000  # rooms remembered per prefill server, so memory stays bounded

@@ -6,6 +6,7 @@ from enum import StrEnum
 from typing import ClassVar
 
 from pydantic import ConfigDict, Field, field_validator
+
 from toposerve.topology.config_file import ConfigError
 from toposerve.topology.model import Tier, TierLink
 from toposerve.topology.place import NodePlace

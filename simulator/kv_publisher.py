@@ -19,6 +19,7 @@ from typing import Any
 import msgpack
 import zmq
 import zmq.asyncio
+
 from toposerve.wire.kv_events import EventEncoding
 
 END_OF_REPLAY = (-1).to_bytes(8, "big", signed=True)

@@ -7,6 +7,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 import xxhash
+
 from toposerve.wire.hashing import token_bytes
 from toposerve.wire.kv_events import BlockStored
 

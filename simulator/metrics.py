@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder, gzip_accepted
+
 from toposerve.simulator.config import Dialect, DisaggregationMode, SimConfig
 from toposerve.simulator.engine import Engine
 

@@ -20,6 +20,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
+
 from toposerve.serving.http import run_app
 from toposerve.simulator.bootstrap import ROUTE, Rooms, pull
 from toposerve.simulator.config import DisaggregationMode, SimConfig

@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from toposerve.localcluster.cluster import ClusterSpec, up
-from toposerve.localcluster.clusters import api_client
 
 from harness.cluster_claim import claimed
 from harness.procs import Procs
+from toposerve.localcluster.cluster import ClusterSpec, up
+from toposerve.localcluster.clusters import api_client
 
 # Overridable so that two test runs on one machine do not tear down each other's cluster.
 TEST_CLUSTER = os.environ.get("TOPOSERVE_TEST_CLUSTER", "toposerve-test")

@@ -7,6 +7,7 @@ from __future__ import annotations
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
+
 from toposerve.topology.model import DomainPath
 
 LABEL_PREFIX = "topology.toposerve.io"

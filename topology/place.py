@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from pydantic import BaseModel, Field, model_validator
+
 from toposerve.topology.model import DomainPath, Tier
 
 

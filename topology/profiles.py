@@ -16,6 +16,7 @@ from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
 from toposerve.topology.config_file import ConfigError, load_file, parse_document
 from toposerve.topology.model import (
     Device,

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import structlog
+
 from toposerve import logs
 from toposerve.dra_driver.net.handoff import DEFAULT_PLUGIN
 from toposerve.kubeapi import connect

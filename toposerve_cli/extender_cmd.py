@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 import structlog
+
 from toposerve.listen import listen
 from toposerve.topology.config_file import ConfigError
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import structlog
 from pydantic import ValidationError
+
 from toposerve.kubeapi import connect
 from toposerve.listen import listen
 from toposerve.router.config import RouterConfig, load_router_config, quick_config

@@ -9,6 +9,7 @@ from typing import Any
 
 import structlog
 from pydantic import ValidationError
+
 from toposerve.listen import listen
 from toposerve.simulator.config import SimConfig
 from toposerve.topology.config_file import explain

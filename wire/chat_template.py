@@ -26,6 +26,7 @@ import jinja2.ext
 import jinja2.meta
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
 from toposerve.wire.prompt import chat_prompt
 
 # Hugging Face's named special tokens, each a template variable

@@ -14,6 +14,7 @@ from typing import Any
 
 import structlog
 from prometheus_client import Gauge
+
 from toposerve.dra_driver.gpu.nvml import NvmlNode
 from toposerve.kubeapi.typed import ApiClient, CoreV1Api, ResourceV1Api
 from toposerve.topology.model import DeviceKind, NodeHardware

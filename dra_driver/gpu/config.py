@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator
+
 from toposerve.dra_driver.kubeletplugin.cdi import ENV_NAME
 from toposerve.dra_driver.kubeletplugin.opaque import OpaqueConfig
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+
 from toposerve.dra_driver.driver_process import DriverProcess, Latest, PluginOptions
 from toposerve.dra_driver.gpu.coexistence import NvidiaNeighbours
 from toposerve.dra_driver.gpu.config import GpuConfig

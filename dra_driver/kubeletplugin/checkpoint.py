@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from toposerve.dra_driver.kubeletplugin.files import write_atomic
 
 VERSION = 1

@@ -12,6 +12,7 @@ from enum import IntEnum
 from typing import Any
 
 import grpc
+
 from toposerve.dra_driver._generated import (
     health_v1_pb2,
     health_v1_pb2_grpc,

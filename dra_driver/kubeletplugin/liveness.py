@@ -13,6 +13,7 @@ from pathlib import Path
 import grpc
 import prometheus_client
 import structlog
+
 from toposerve.dra_driver._generated import dra_v1_pb2, dra_v1_pb2_grpc
 from toposerve.dra_driver._generated import pluginregistration_pb2 as reg_pb2
 from toposerve.dra_driver._generated import pluginregistration_pb2_grpc as reg_grpc

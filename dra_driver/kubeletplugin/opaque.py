@@ -12,6 +12,7 @@ from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
+
 from toposerve.topology.config_file import hint
 
 ENVELOPE = ("apiVersion", "kind")

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 import grpc
 import structlog
+
 from toposerve.dra_driver.kubeletplugin import metrics
 from toposerve.dra_driver.kubeletplugin.cdi import CdiSpecs
 from toposerve.dra_driver.kubeletplugin.checkpoint import (

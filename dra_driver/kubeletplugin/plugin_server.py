@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import grpc
+
 from toposerve.dra_driver._generated import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,

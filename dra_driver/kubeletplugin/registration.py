@@ -9,6 +9,7 @@ from typing import Any
 
 import grpc
 import structlog
+
 from toposerve.dra_driver._generated import pluginregistration_pb2 as pb2
 from toposerve.dra_driver._generated import pluginregistration_pb2_grpc as stubs
 

@@ -32,6 +32,7 @@ from ipaddress import (
 from typing import Annotated, Any, ClassVar, Self
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
 from toposerve.dra_driver.kubeletplugin.opaque import OpaqueConfig
 
 # Linux interface names: at most 15 bytes (IFNAMSIZ - 1), no '/', ':' or

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+
 from toposerve.dra_driver.driver_process import DriverProcess, Latest, PluginOptions
 from toposerve.dra_driver.kubeletplugin import (
     AllocatedDevice,

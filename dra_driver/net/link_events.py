@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
+
 from toposerve.dra_driver.net.handoff.links import netlink_socket_in
 
 log = structlog.get_logger("toposerve.net.link_events")

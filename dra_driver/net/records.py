@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from toposerve.dra_driver.kubeletplugin.files import remove_temp_files, write_atomic
 from toposerve.dra_driver.kubeletplugin.opaque import problems
 from toposerve.dra_driver.net.config import NetConfig

@@ -28,6 +28,7 @@ from typing import Any
 import orjson
 import structlog
 from prometheus_client import Counter, Gauge
+
 from toposerve.dra_driver.resourceslice import slice_plan
 from toposerve.dra_driver.resourceslice.slice_plan import DesiredPool, Observed, Pool, Write
 from toposerve.kubeapi import ApiError, JsonApi, Reflector, WorkQueue, backoff

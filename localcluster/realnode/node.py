@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from toposerve.dra_driver.net.handoff import cni as nic_cni
 from toposerve.dra_driver.net.handoff.install import install as install_nic_cni
 from toposerve.kubeapi import ApiError, JsonApi

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from toposerve.localcluster.nodes import KWOK_TOLERATION
 from toposerve.topology.labels import PROFILE_LABEL
 from toposerve.topology.workloads import (

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import psutil
 import urllib3
 from prometheus_client.parser import text_string_to_metric_families
+
 from toposerve.kubeapi import JsonApi, Reflector
 
 K = TypeVar("K")

@@ -13,6 +13,7 @@ from typing import Any
 
 import urllib3
 import yaml
+
 from toposerve.localcluster.clusters import cluster_dir
 
 

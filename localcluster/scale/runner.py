@@ -25,6 +25,8 @@ from typing import Any
 import orjson
 import urllib3
 import yaml
+from tqdm import tqdm
+
 from toposerve.dra_driver.simulate import label_partitions
 from toposerve.kubeapi import ApiError, JsonApi
 from toposerve.localcluster.cluster import ClusterSpec, down, running_clusters, up
@@ -48,7 +50,6 @@ from toposerve.localcluster.scale.workload import (
 from toposerve.topology.labels import PRESETS, PROFILE_LABEL, DialectName, from_labels
 from toposerve.topology.layout import PlannedNode, plan_nodes
 from toposerve.topology.profiles import load_profile
-from tqdm import tqdm
 
 WORKLOAD_GATES = "GenericWorkload=true,TopologyAwareWorkloadScheduling=true"
 WORKLOAD_API = "scheduling.k8s.io/v1beta1=true"

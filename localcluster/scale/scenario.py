@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
 from toposerve.scheduler_ext.config import PlacementConfig
 from toposerve.topology.config_file import ConfigError, load_file
 from toposerve.topology.profiles import load_profile

@@ -10,6 +10,7 @@ import asyncio
 from dataclasses import dataclass
 
 from aiohttp import web
+
 from toposerve.router.config import ServerConfig
 from toposerve.wire.errors import ApiError
 

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
 from toposerve.kubeapi import JsonApi, Reflector, connect
 from toposerve.router.config import KeysConfig, SecretKeys
 from toposerve.topology.config_file import ConfigError, load_file

@@ -13,6 +13,7 @@ from __future__ import annotations
 import orjson
 import structlog
 from aiohttp import web
+
 from toposerve.router.admission.keys import KeySource, KeyTable, digest
 from toposerve.router.admission.ratelimit import Bucket, bucket
 from toposerve.router.config import FlowControlConfig, TenantConfig

@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
+
 from toposerve.router.config import RouterConfig
 from toposerve.router.pool.endpoints import Endpoint
 from toposerve.router.pool.revisions import Revisions

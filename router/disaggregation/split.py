@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 import structlog
 from aiohttp import web
+
 from toposerve.router.disaggregation.pairing import (
     RESPONSES_PATH,
     Disaggregation,

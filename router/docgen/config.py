@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
+
 from toposerve.router.config import RouterConfig
 from toposerve.router.scheduling import registry
 

@@ -5,6 +5,7 @@ drift from it: ``python -m toposerve.router.docgen.metrics > docs/router-metrics
 from __future__ import annotations
 
 from prometheus_client.metrics import MetricWrapperBase
+
 from toposerve.router.config import RouterConfig
 from toposerve.router.metrics import RouterMetrics
 from toposerve.router.pool.static import load_static

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import structlog
+
 from toposerve.kubeapi import ApiError, JsonApi, connect
 from toposerve.router.config import LeaseConfig
 from toposerve.router.ha.lease import (

@@ -11,6 +11,7 @@ import threading
 import time
 
 import structlog
+
 from toposerve.kubeapi import JsonApi
 
 log = structlog.get_logger("router.ha")

@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 
 import orjson
 import structlog
+
 from toposerve.router.config import SnapshotConfig
 from toposerve.router.ha.snapshot import DecisionLog, SnapshotError, parse
 from toposerve.router.pool.endpoints import Endpoint, Pool

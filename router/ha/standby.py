@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 
 import structlog
 from aiohttp import web
+
 from toposerve.kubeapi import JsonApi, connect
 from toposerve.router.config import HAConfig, ResponsesStoreConfig
 from toposerve.router.ha.elector import Elector

@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 import structlog
 from aiohttp import web
+
 from toposerve.router.admission.budget import Budget
 from toposerve.router.admission.flow_control import Admission
 from toposerve.router.admission.tenants import OPEN_PATHS

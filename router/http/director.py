@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 from aiohttp import web
+
 from toposerve.router.admission.flow_control import Admission
 from toposerve.router.admission.usage import output_tokens
 from toposerve.router.disaggregation.pairing import Disaggregation

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 import structlog
 from aiohttp import web
 from aiohttp.typedefs import Middleware
+
 from toposerve.router.admission.budget import Budget, Overloaded
 from toposerve.router.admission.tenants import Tenants
 from toposerve.router.exchange import Exchange

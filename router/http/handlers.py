@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
+
 from toposerve.router.admission.budget import Budget
 from toposerve.router.admission.usage import requested_output, responses_output
 from toposerve.router.config import RouterConfig

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
+
 from toposerve.kubeapi import ApiError, JsonApi, Reflector, backoff, connect
 from toposerve.router.config import KubernetesDiscovery
 from toposerve.router.pool.endpoints import Endpoint, Pool

@@ -14,6 +14,7 @@ import aiohttp
 import orjson
 import structlog
 from prometheus_client.parser import text_string_to_metric_families
+
 from toposerve.router.pool.endpoints import Endpoint, LoadSample
 
 log = structlog.get_logger("router.pool.scrape")

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import structlog
 import zmq
 import zmq.asyncio
+
 from toposerve.router.prefix.index import PrefixIndex
 from toposerve.router.request import RequestContext
 from toposerve.wire.chat_template import ChatTemplate, chat_text

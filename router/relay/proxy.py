@@ -15,6 +15,7 @@ from typing import NamedTuple, Protocol, TypeVar
 import aiohttp
 import structlog
 from aiohttp import web
+
 from toposerve.router.admission.usage import Answered
 from toposerve.router.exchange import Exchange
 from toposerve.router.metrics import RouterMetrics

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+
 from toposerve.router.pool.endpoints import Endpoint
 from toposerve.router.responses.store import KeepOrFail, failed_event
 

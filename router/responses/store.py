@@ -24,6 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 import structlog
+
 from toposerve.router.config import ResponsesStoreConfig
 from toposerve.router.pool.endpoints import Endpoint
 from toposerve.topology.config_file import ConfigError

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict
+
 from toposerve.router.pool.endpoints import Endpoint
 from toposerve.router.prefix.kv_index import KVIndex
 from toposerve.router.request import RequestContext

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from pydantic import ValidationError
+
 from toposerve.router.scheduling.filters import (
     HealthyFilter,
     ModelFilter,

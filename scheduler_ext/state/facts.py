@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
 from toposerve.scheduler_ext.placement.groups import GroupRef, identify, is_active
 from toposerve.scheduler_ext.placement.levels import config_name, parse_level
 from toposerve.scheduler_ext.placement.model import Decision

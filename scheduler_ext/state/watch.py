@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 import structlog
+
 from toposerve.kubeapi import ApiError, JsonApi, Reflector
 from toposerve.scheduler_ext.placement.model import Decision, Group
 from toposerve.scheduler_ext.state.cache import ClusterState

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from toposerve.wire.tokens import BYTES_PER_TOKEN
 
 from bench.router_bench import (
     EXTERNAL,
@@ -30,6 +29,7 @@ from bench.router_bench import (
 )
 from bench.workloads import AgentSession, AgentTurn, agentic, working_set_tokens
 from harness.procs import Procs
+from toposerve.wire.tokens import BYTES_PER_TOKEN
 
 
 def _pressure(seed: int) -> list[AgentSession]:

@@ -8,7 +8,6 @@ import asyncio
 
 import orjson
 import pytest
-from toposerve.localcluster.ports import free_port
 
 from bench.null_backend import NOT_FOUND, answer, serve
 from bench.router_overhead import (
@@ -20,6 +19,7 @@ from bench.router_overhead import (
     bodies,
     fleet_table,
 )
+from toposerve.localcluster.ports import free_port
 
 pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`
 

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from toposerve.main import main
 
 pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from toposerve.dra_driver.kubeletplugin.checkpoint import (
     Checkpoint,
     CheckpointData,

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
+
 from toposerve.dra_driver.kubeletplugin.claims import ClaimError, allocated_devices
 from toposerve.dra_driver.kubeletplugin.device_kind import ClaimRef
 

@@ -11,8 +11,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-from toposerve.dra_driver.kubeletplugin.checkpoint import ClaimState
-from toposerve.dra_driver.kubeletplugin.plugin import POINTS
 
 from harness.dra_gpu import (
     DriverProc,
@@ -23,6 +21,8 @@ from harness.dra_gpu import (
     wait_slices,
 )
 from harness.dra_kubelet import Claim
+from toposerve.dra_driver.kubeletplugin.checkpoint import ClaimState
+from toposerve.dra_driver.kubeletplugin.plugin import POINTS
 
 pytestmark = pytest.mark.cluster
 

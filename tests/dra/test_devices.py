@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from toposerve.dra_driver.gpu.devices import PARTITIONS_LABEL, gpu_pool, partitions_wanted
 from toposerve.dra_driver.net.devices import nic_pool
 from toposerve.dra_driver.resourceslice import slice_plan

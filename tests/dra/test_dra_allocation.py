@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+
+from harness.waiting import wait_for
+from tests.conftest import Cluster
 from toposerve.dra_driver.simulate import LABELS, Simulator
 from toposerve.kubeapi import ApiError, JsonApi
 from toposerve.localcluster.nodes import KWOK_TOLERATION
 from toposerve.topology.profiles import load_profile
-
-from harness.waiting import wait_for
-from tests.conftest import Cluster
 
 pytestmark = pytest.mark.cluster
 RES = "/apis/resource.k8s.io/v1"

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from toposerve.driver_cmd import main
 from toposerve.topology.profiles import load_profile
 from toposerve.topology.sysfs import write_profile_sysfs

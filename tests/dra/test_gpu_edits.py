@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from toposerve.dra_driver.gpu.config import GpuConfig
 from toposerve.dra_driver.gpu.devices import gpu_pool
 from toposerve.dra_driver.gpu.edits import gpu_edits, resolve

@@ -14,6 +14,8 @@ from typing import Any
 
 import grpc
 import pytest
+
+from harness.dra_kubelet import Kubelet
 from toposerve.dra_driver.kubeletplugin.cdi import CdiSpecs, ContainerEdits
 from toposerve.dra_driver.kubeletplugin.checkpoint import CorruptCheckpoint
 from toposerve.dra_driver.kubeletplugin.device_kind import AllocatedDevice, ClaimRef, PreparedEdits
@@ -26,8 +28,6 @@ from toposerve.dra_driver.kubeletplugin.liveness import (
 from toposerve.dra_driver.kubeletplugin.plugin import KubeletPlugin, PluginConfig
 from toposerve.dra_driver.kubeletplugin.sockets import GRPC_PATH_MAX, PluginPaths
 from toposerve.dra_driver.resourceslice import Pool
-
-from harness.dra_kubelet import Kubelet
 
 DRIVER = "fake.toposerve.io"
 

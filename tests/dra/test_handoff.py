@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from harness.handoff_netns import NetEnv, net_env
 from toposerve.dra_driver.kubeletplugin import parse_opaque
 from toposerve.dra_driver.net.config import NetConfig
 from toposerve.dra_driver.net.handoff import cni
@@ -24,8 +26,6 @@ from toposerve.dra_driver.net.handoff.links import Namespace
 from toposerve.dra_driver.net.handoff.mover import HandoffError
 from toposerve.dra_driver.net.records import ClaimRecord, NicHandoff, write_record
 from toposerve.localcluster.realnode import forwarder
-
-from harness.handoff_netns import NetEnv, net_env
 
 CONFIG = parse_opaque({
     "apiVersion": "net.toposerve.io/v1", "kind": "NetConfig", "interfaceName": "net1",

@@ -14,10 +14,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from toposerve.dra_driver.net.handoff.links import Link
 
 from harness.handoff_netns import NetEnv, Nic, net_env
 from tests.dra.test_handoff import CONFIG
+from toposerve.dra_driver.net.handoff.links import Link
 
 TRIALS = 100
 SANDBOX = "sb-crash"

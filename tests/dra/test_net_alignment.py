@@ -15,8 +15,6 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from toposerve.topology.model import DeviceKind
-from toposerve.topology.profiles import load_profile
 
 from harness.waiting import wait_for
 from tests.dra import test_dra_allocation as alloc
@@ -31,6 +29,8 @@ from tests.dra.test_dra_allocation import (
     _request,
     _run,
 )
+from toposerve.topology.model import DeviceKind
+from toposerve.topology.profiles import load_profile
 
 pytestmark = pytest.mark.cluster
 env, runs = alloc.env, alloc.runs  # its fixtures, here by name

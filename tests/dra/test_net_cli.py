@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from toposerve.driver_cmd import main
 from toposerve.topology.profiles import load_profile
 from toposerve.topology.sysfs import write_profile_sysfs

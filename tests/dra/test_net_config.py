@@ -6,6 +6,7 @@ from ipaddress import IPv4Interface, IPv6Interface, ip_address, ip_network
 from typing import Any
 
 import pytest
+
 from toposerve.dra_driver.kubeletplugin import merge_opaque, parse_opaque
 from toposerve.dra_driver.net.config import NetConfig, Route
 

@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from harness.net_standins import PEER_SUFFIX, StandIns, make_sriov, stand_ins
 from toposerve.dra_driver.net.devices import discovered_pool
 from toposerve.dra_driver.net.discovery import NetFilters, Nic, device_name_for_pci, discover
 from toposerve.topology.model import DeviceKind, DomainPath
 from toposerve.topology.profiles import load_profile
 from toposerve.topology.slice_attributes import MAX_ATTRIBUTES
-
-from harness.net_standins import PEER_SUFFIX, StandIns, make_sriov, stand_ins
 
 HW = load_profile("hgx-h100").hardware()
 NICS = HW.devices(DeviceKind.NIC)

@@ -17,13 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from toposerve.dra_driver.kubeletplugin import parse_opaque
-from toposerve.dra_driver.net.config import NetConfig
-from toposerve.dra_driver.net.handoff.journal import Entry, Journal, Step
-from toposerve.dra_driver.net.handoff.links import Namespace
-from toposerve.dra_driver.net.records import read_record
-from toposerve.localcluster.realnode import forwarder
-from toposerve.topology.profiles import load_profile
 
 from harness.dra_net import (
     DRIVER,
@@ -38,6 +31,13 @@ from harness.dra_net import (
 from harness.net_standins import StandIns, stand_ins
 from harness.waiting import wait_for
 from tests.conftest import Cluster
+from toposerve.dra_driver.kubeletplugin import parse_opaque
+from toposerve.dra_driver.net.config import NetConfig
+from toposerve.dra_driver.net.handoff.journal import Entry, Journal, Step
+from toposerve.dra_driver.net.handoff.links import Namespace
+from toposerve.dra_driver.net.records import read_record
+from toposerve.localcluster.realnode import forwarder
+from toposerve.topology.profiles import load_profile
 
 pytestmark = pytest.mark.cluster
 HW = load_profile("hgx-h100").hardware()

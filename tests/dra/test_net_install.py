@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from toposerve.dra_driver.net.handoff.install import (
     DEFAULT_PLUGIN,
     RECORD,

@@ -11,9 +11,9 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from toposerve.dra_driver.net.link_events import Debounce, LinkWatch
 
 from harness.waiting import wait_for
+from toposerve.dra_driver.net.link_events import Debounce, LinkWatch
 
 
 def test_the_debounce_waits_for_quiet_but_not_for_ever() -> None:

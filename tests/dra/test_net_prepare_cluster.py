@@ -11,9 +11,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from toposerve.dra_driver.net.records import read_record
-from toposerve.topology.model import DeviceKind
-from toposerve.topology.profiles import load_profile
 
 from harness.dra_net import (
     DRIVER,
@@ -30,6 +27,9 @@ from harness.dra_net import (
 from harness.net_standins import StandIns, stand_ins
 from harness.waiting import wait_for
 from tests.conftest import Cluster
+from toposerve.dra_driver.net.records import read_record
+from toposerve.topology.model import DeviceKind
+from toposerve.topology.profiles import load_profile
 
 pytestmark = pytest.mark.cluster
 HW = load_profile("hgx-h100").hardware()

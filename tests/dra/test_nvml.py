@@ -17,6 +17,18 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+
+from harness.fake_nvml import (
+    BLACKWELL,
+    ENV,
+    H100_PROFILES,
+    FakeGpu,
+    Scenario,
+    build,
+    gpus_of,
+    inject_xid,
+    set_lost,
+)
 from toposerve.dra_driver.gpu import coexistence, driver
 from toposerve.dra_driver.gpu import nvml as nvml_module
 from toposerve.dra_driver.gpu.config import GpuConfig
@@ -31,18 +43,6 @@ from toposerve.topology.model import DomainPath, NodeTopology
 from toposerve.topology.profiles import load_profile
 from toposerve.topology.quantity import format_bytes
 from toposerve.topology.sysfs import write_profile_sysfs
-
-from harness.fake_nvml import (
-    BLACKWELL,
-    ENV,
-    H100_PROFILES,
-    FakeGpu,
-    Scenario,
-    build,
-    gpus_of,
-    inject_xid,
-    set_lost,
-)
 
 pytestmark = pytest.mark.unit
 HW = load_profile("hgx-h100").hardware()

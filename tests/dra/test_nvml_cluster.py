@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from toposerve.topology.profiles import load_profile
 
 from harness.dra_gpu import DRIVER, NODE, DriverProc, GpuEnv
 from harness.fake_nvml import (
@@ -28,6 +27,7 @@ from harness.fake_nvml import (
     set_lost,
 )
 from harness.waiting import wait_for
+from toposerve.topology.profiles import load_profile
 
 pytestmark = pytest.mark.cluster
 HW = load_profile("hgx-h100").hardware()

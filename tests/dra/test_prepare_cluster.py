@@ -15,9 +15,6 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from toposerve.dra_driver.kubeletplugin.checkpoint import Checkpoint, ClaimState
-from toposerve.dra_driver.kubeletplugin.claim_status import DeviceStatus, apply_device_status
-from toposerve.dra_driver.kubeletplugin.device_kind import ClaimRef
 
 from harness.dra_gpu import (
     DRIVER,
@@ -36,6 +33,9 @@ from harness.dra_gpu import (
 )
 from harness.dra_kubelet import Claim
 from harness.waiting import wait_for
+from toposerve.dra_driver.kubeletplugin.checkpoint import Checkpoint, ClaimState
+from toposerve.dra_driver.kubeletplugin.claim_status import DeviceStatus, apply_device_status
+from toposerve.dra_driver.kubeletplugin.device_kind import ClaimRef
 
 pytestmark = pytest.mark.cluster
 GPU_CONFIG = {"apiVersion": "gpu.toposerve.io/v1", "kind": "GpuConfig"}

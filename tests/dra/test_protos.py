@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from toposerve.dra_driver._generated import (
     dra_v1_pb2,
     dra_v1beta1_pb2,

@@ -17,14 +17,14 @@ from urllib.parse import urlparse
 
 import pytest
 from kubernetes import client
+
+from harness.waiting import wait_for
+from tests.conftest import Cluster
 from toposerve.dra_driver.gpu.devices import gpu_pool
 from toposerve.dra_driver.resourceslice import Pool, SlicePublisher
 from toposerve.kubeapi import JsonApi
 from toposerve.topology.model import DomainPath, NodeTopology
 from toposerve.topology.profiles import load_profile
-
-from harness.waiting import wait_for
-from tests.conftest import Cluster
 
 pytestmark = pytest.mark.cluster
 NODE = "hgx-h100-0000"

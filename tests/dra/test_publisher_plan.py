@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import orjson
+
 from toposerve.dra_driver.resourceslice import slice_plan as sp
 from toposerve.dra_driver.resourceslice.slice_plan import Pool
 from toposerve.kubeapi import Reflector

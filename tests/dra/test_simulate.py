@@ -17,6 +17,9 @@ import httpx
 import pytest
 from kubernetes.client import CoreV1Api
 from prometheus_client.parser import text_string_to_metric_families
+
+from harness.waiting import wait_for
+from tests.conftest import Cluster
 from toposerve.dra_driver.gpu.devices import DRIVER as GPU_DRIVER
 from toposerve.dra_driver.gpu.devices import PARTITIONS_LABEL
 from toposerve.dra_driver.simulate import LABELS, label_partitions, sim_node
@@ -26,9 +29,6 @@ from toposerve.localcluster.ports import free_port
 from toposerve.topology.labels import PRESETS, DialectName
 from toposerve.topology.layout import plan_nodes
 from toposerve.topology.profiles import load_profile
-
-from harness.waiting import wait_for
-from tests.conftest import Cluster
 
 pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[2]

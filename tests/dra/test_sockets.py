@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from toposerve.dra_driver.kubeletplugin.sockets import (
     UNIX_PATH_MAX,
     PluginPaths,

@@ -18,6 +18,9 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
+
+from harness.extender_objects import planned
+from tests.conftest import Cluster
 from toposerve.dra_driver.gpu.devices import gpu_pool
 from toposerve.dra_driver.net.devices import nic_pool
 from toposerve.kubeapi import JsonApi
@@ -28,9 +31,6 @@ from toposerve.topology.labels import PRESETS, DialectName
 from toposerve.topology.model import NodeTopology
 from toposerve.topology.profiles import load_profile
 from toposerve.topology.workloads import LLMD_ROLE, LWS_EXCLUSIVE
-
-from harness.extender_objects import planned
-from tests.conftest import Cluster
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 FILES = sorted(EXAMPLES.glob("*.yaml"))

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from prometheus_client import generate_latest
-from toposerve.scheduler_ext.metrics import Metrics
 
 from bench.extender_bench import call_quantiles, mix, plot
+from toposerve.scheduler_ext.metrics import Metrics
 
 
 def test_call_quantiles_are_the_buckets_that_hold_them() -> None:

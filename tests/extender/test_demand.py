@@ -9,13 +9,13 @@ from typing import Any
 
 import orjson
 import pytest
+
+from harness import extender_objects as k
 from toposerve.scheduler_ext.config import ExtenderConfig
 from toposerve.scheduler_ext.protocol import ExtenderArgs, decode
 from toposerve.scheduler_ext.server import Extender
 from toposerve.scheduler_ext.state import demand as dm
 from toposerve.scheduler_ext.state.cache import ClusterState
-
-from harness import extender_objects as k
 
 pytestmark = pytest.mark.unit
 

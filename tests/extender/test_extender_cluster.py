@@ -15,9 +15,6 @@ from typing import Any
 import orjson
 import pytest
 import urllib3
-from toposerve.dra_driver.gpu.devices import DRIVER
-from toposerve.localcluster.scale import controllers as ctl
-from toposerve.localcluster.scale.controllers import collection
 
 from harness import extender_objects as k
 from harness.extender_cluster import (
@@ -39,6 +36,9 @@ from harness.extender_cluster import (
     wait_bound,
 )
 from harness.waiting import wait_for
+from toposerve.dra_driver.gpu.devices import DRIVER
+from toposerve.localcluster.scale import controllers as ctl
+from toposerve.localcluster.scale.controllers import collection
 
 pytestmark = pytest.mark.cluster
 

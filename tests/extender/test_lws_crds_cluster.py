@@ -11,11 +11,11 @@ import copy
 from typing import Any
 
 import pytest
+
+from tests.conftest import Cluster
 from toposerve.kubeapi import ApiError, JsonApi
 from toposerve.localcluster.scale import controllers as ctl
 from toposerve.localcluster.scale.runner import install_crds
-
-from tests.conftest import Cluster
 
 RACK = "topology.toposerve.io/rack"
 STRICT = [("dryRun", "All"), ("fieldValidation", "Strict")]

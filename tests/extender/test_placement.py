@@ -10,6 +10,8 @@ from dataclasses import replace
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from tests.extender.sim import Sim, cluster, gang
 from toposerve.scheduler_ext.placement import pack
 from toposerve.scheduler_ext.placement.decide import (
     Outcome,
@@ -32,8 +34,6 @@ from toposerve.scheduler_ext.placement.model import Decision, Group, Source, Vie
 from toposerve.topology.labels import PRESETS, DialectName
 from toposerve.topology.model import DomainPath, Tier, TierLink
 from toposerve.topology.profiles import load_profile
-
-from tests.extender.sim import Sim, cluster, gang
 
 TOPO = PRESETS[DialectName.TOPOSERVE]
 

@@ -19,6 +19,8 @@ import pytest
 import yaml
 from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestClient, TestServer
+
+from harness import extender_objects as k
 from toposerve.localcluster.scale import controllers as ctl
 from toposerve.main import main
 from toposerve.scheduler_ext.config import ExtenderConfig, load_extender_config
@@ -27,8 +29,6 @@ from toposerve.scheduler_ext.scheduler_config import scheduler_config
 from toposerve.scheduler_ext.server import Extender
 from toposerve.topology.config_file import ConfigError
 from toposerve.topology.model import Tier
-
-from harness import extender_objects as k
 
 NODES = k.planned(("gb200-nvl72", 36), ("hgx-h100", 4))
 NAMES = [n.name for n in NODES]

@@ -9,6 +9,8 @@ from typing import Any
 import orjson
 import pytest
 from pydantic import ValidationError
+
+from harness import extender_objects as k
 from toposerve.localcluster.scale import controllers as ctl
 from toposerve.scheduler_ext.config import ExtenderConfig
 from toposerve.scheduler_ext.placement.groups import identify
@@ -18,8 +20,6 @@ from toposerve.scheduler_ext.state.facts import PLACEMENT_ANNOTATION, decision_a
 from toposerve.topology.labels import PRESETS, DialectName
 from toposerve.topology.layout import PlannedNode
 from toposerve.topology.model import Tier
-
-from harness import extender_objects as k
 
 TOPO = PRESETS[DialectName.TOPOSERVE]
 

@@ -10,6 +10,8 @@ from collections import Counter
 from typing import Any
 
 import pytest
+
+from harness.extender_objects import disaggregated_pods, lws_pods
 from toposerve.localcluster.scale import controllers as ctl
 from toposerve.scheduler_ext.placement.groups import identify
 from toposerve.scheduler_ext.placement.groups import lws_pods as lws_pod_count
@@ -36,8 +38,6 @@ from toposerve.topology.workloads import (
     LWS_SUBGROUP_SIZE,
     LWS_WORKER_INDEX,
 )
-
-from harness.extender_objects import disaggregated_pods, lws_pods
 
 DIALECT = PRESETS[DialectName.TOPOSERVE]
 RACK = DIALECT.rack or ""

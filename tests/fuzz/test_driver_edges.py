@@ -19,14 +19,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from kubernetes.client import ApiClient, Configuration
-from toposerve.dra_driver.kubeletplugin.cdi import CdiSpecs
-from toposerve.dra_driver.kubeletplugin.liveness import HttpEndpoints, healthz_route, metrics_route
-from toposerve.dra_driver.kubeletplugin.plugin import KubeletPlugin, PluginConfig
-from toposerve.dra_driver.kubeletplugin.sockets import PluginPaths
 
 from harness.dra_kubelet import Claim, Kubelet
 from tests.dra.test_grpc_plugin import DRIVER, FakeKind, Sink
 from tests.fuzz.strategies import FUZZ, json_values, methods, queries
+from toposerve.dra_driver.kubeletplugin.cdi import CdiSpecs
+from toposerve.dra_driver.kubeletplugin.liveness import HttpEndpoints, healthz_route, metrics_route
+from toposerve.dra_driver.kubeletplugin.plugin import KubeletPlugin, PluginConfig
+from toposerve.dra_driver.kubeletplugin.sockets import PluginPaths
 
 CLAIM_PATH = re.compile(r"/apis/resource\.k8s\.io/v1/namespaces/([^/]*)/resourceclaims/([^/?]*)")
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from toposerve.dra_driver.net.handoff import DEFAULT_PLUGIN
 from toposerve.localcluster import image_keys
 from toposerve.localcluster import install as inst

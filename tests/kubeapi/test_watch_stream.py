@@ -10,6 +10,7 @@ from typing import Any
 
 import kubernetes.client
 import pytest
+
 from toposerve.kubeapi import ApiError, JsonApi
 
 pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client
-from toposerve.localcluster.clusters import cluster_dir
-from toposerve.localcluster.processes import processes_under
 
 from tests.conftest import Cluster
+from toposerve.localcluster.clusters import cluster_dir
+from toposerve.localcluster.processes import processes_under
 
 pytestmark = pytest.mark.cluster
 CLI = [sys.executable, "-m", "toposerve.main"]

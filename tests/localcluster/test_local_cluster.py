@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+
+from harness.waiting import wait_for
+from tests.conftest import Cluster
 from toposerve.localcluster.nodes import KWOK_TOLERATION
 from toposerve.topology.labels import PRESETS, PROFILE_LABEL, DialectName, from_labels
 from toposerve.topology.layout import plan_nodes
 from toposerve.topology.profiles import load_profile
 from toposerve.topology.slice_attributes import device_entry
-
-from harness.waiting import wait_for
-from tests.conftest import Cluster
 
 pytestmark = pytest.mark.cluster
 LOOPBACK = ipaddress.IPv4Network("127.0.0.0/8")

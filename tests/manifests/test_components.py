@@ -7,9 +7,9 @@ import json
 
 import pytest
 import yaml
-from toposerve.manifests.values import COMPONENTS, load_values
 
 from tests.manifests.helpers import Obj, cli, objects
+from toposerve.manifests.values import COMPONENTS, load_values
 
 
 def _key(o: Obj) -> tuple[str, str, str]:

@@ -17,11 +17,11 @@ from typing import Any
 
 import grpc
 import pytest
+
+from tests.manifests.helpers import objects, one
 from toposerve.dra_driver._generated import dra_v1_pb2 as dra_pb2
 from toposerve.dra_driver._generated import dra_v1_pb2_grpc as dra_grpc
 from toposerve.dra_driver.kubeletplugin import registration, sockets
-
-from tests.manifests.helpers import objects, one
 
 
 class EmptyPrepare(dra_grpc.DRAPluginServicer):  # type: ignore[misc]

@@ -26,14 +26,14 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
+
+from harness.waiting import wait_for
+from tests.conftest import Cluster
 from toposerve.localcluster.clusters import kubeconfig_path
 from toposerve.localcluster.processes import end_process
 from toposerve.localcluster.tools import find_tools
 from toposerve.manifests.render import GPU_DRIVER, NET_DRIVER, Names, render_objects
 from toposerve.manifests.values import InstallValues, load_values
-
-from harness.waiting import wait_for
-from tests.conftest import Cluster
 
 pytestmark = pytest.mark.cluster
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from tests.manifests.helpers import Obj, objects, one, slice_policy
 from toposerve.dra_driver.net.handoff import DEFAULT_PLUGIN
 from toposerve.manifests.render import NET_DRIVER
-
-from tests.manifests.helpers import Obj, objects, one, slice_policy
 
 
 def _named(objs: list[Obj], name: str) -> list[Obj]:

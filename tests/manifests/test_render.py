@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 import yaml
+
+from tests.manifests.helpers import Obj, cli, objects, one, slice_policy
 from toposerve.manifests.render import RenderError, _parse, render, to_yaml
 from toposerve.manifests.values import COMPONENTS, load_values
 from toposerve.scheduler_ext.state.watch import PATHS as WATCH_PATHS
 from toposerve.topology.config_file import ConfigError
-
-from tests.manifests.helpers import Obj, cli, objects, one, slice_policy
 
 
 def test_output_is_valid_yaml_and_deterministic() -> None:

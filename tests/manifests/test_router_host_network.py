@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 import yaml
+
+from tests.manifests.helpers import Obj, objects, one
 from toposerve.manifests.render import REPLICA_LABEL
 from toposerve.manifests.values import load_values
 from toposerve.topology.config_file import ConfigError
-
-from tests.manifests.helpers import Obj, objects, one
 
 HOST = ("router.hostNetwork=true", "router.port=18080", "router.redis.port=16379")
 

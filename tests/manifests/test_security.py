@@ -10,10 +10,10 @@ import base64
 from typing import Any
 
 import yaml
-from toposerve.manifests.render import render
-from toposerve.manifests.values import load_values
 
 from tests.manifests.helpers import Obj, objects, one
+from toposerve.manifests.render import render
+from toposerve.manifests.values import load_values
 
 
 def _pod(obj: Obj) -> dict[str, Any]:

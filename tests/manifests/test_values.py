@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
+
+from tests.manifests.helpers import cli
 from toposerve.localcluster.tools import versions
 from toposerve.manifests.values import KUBERNETES_VERSION, InstallValues, apply_sets, load_values
 from toposerve.scheduler_ext.config import ExtenderConfig
 from toposerve.topology.config_file import ConfigError
-
-from tests.manifests.helpers import cli
 
 
 def test_defaults_need_only_the_api_server() -> None:

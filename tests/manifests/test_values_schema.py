@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from toposerve.manifests.values import InstallValues, load_values
-from toposerve.topology.config_file import ConfigError
 
 from tests.manifests.helpers import cli
+from toposerve.manifests.values import InstallValues, load_values
+from toposerve.topology.config_file import ConfigError
 
 jsonschema = pytest.importorskip("jsonschema")
 

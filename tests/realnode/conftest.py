@@ -14,16 +14,16 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+
+from harness.dra_net import canonical
+from harness.waiting import wait_for
+from tests.conftest import Cluster
 from toposerve.dra_driver.net.handoff.links import Namespace
 from toposerve.kubeapi import JsonApi
 from toposerve.localcluster.realnode import nics
 from toposerve.localcluster.realnode import node as realnode
 from toposerve.localcluster.realnode.paths import NODE_NAME, Layout, default_layout
 from toposerve.localcluster.realnode.pods import busybox_pod
-
-from harness.dra_net import canonical
-from harness.waiting import wait_for
-from tests.conftest import Cluster
 
 
 @dataclass

@@ -15,6 +15,10 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+
+from harness.waiting import wait_for
+from tests.conftest import Cluster
+from tests.realnode.conftest import PodMaker, ensure_started, wait_phase
 from toposerve.dra_driver.gpu.driver import CDI_CLASS, CDI_VENDOR
 from toposerve.dra_driver.kubeletplugin.cdi import CdiSpecs
 from toposerve.dra_driver.kubeletplugin.checkpoint import Checkpoint, ClaimState, read_boot_id
@@ -23,10 +27,6 @@ from toposerve.localcluster.realnode import node as realnode
 from toposerve.localcluster.realnode.gpu_driver import CDI_ROOT, DRIVER, PLUGIN_DIR, GpuDriver
 from toposerve.localcluster.realnode.paths import NODE_NAME, default_layout
 from toposerve.localcluster.realnode.pods import busybox_pod
-
-from harness.waiting import wait_for
-from tests.conftest import Cluster
-from tests.realnode.conftest import PodMaker, ensure_started, wait_phase
 
 pytestmark = [pytest.mark.cluster, pytest.mark.realnode]
 

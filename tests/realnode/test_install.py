@@ -24,6 +24,11 @@ import orjson
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+
+from harness.images import make_images
+from harness.waiting import wait_for
+from tests.conftest import Cluster
+from tests.realnode.conftest import PodMaker, ensure_started, example_on_real_node, wait_phase
 from toposerve.dra_driver.gpu.driver import CDI_CLASS, CDI_VENDOR
 from toposerve.dra_driver.kubeletplugin.cdi import CdiSpecs
 from toposerve.dra_driver.simulate import LABELS as SIM_LABELS
@@ -45,11 +50,6 @@ from toposerve.scheduler_ext.placement.levels import domain_of, parse_level
 from toposerve.scheduler_ext.state.facts import PLACEMENT_ANNOTATION
 from toposerve.topology.labels import PRESETS, PROFILE_LABEL, DialectName, from_labels
 from toposerve.topology.workloads import GROUP, GROUP_SIZE, LEVEL, ROLE
-
-from harness.images import make_images
-from harness.waiting import wait_for
-from tests.conftest import Cluster
-from tests.realnode.conftest import PodMaker, ensure_started, example_on_real_node, wait_phase
 
 pytestmark = [pytest.mark.cluster, pytest.mark.realnode]
 

@@ -23,15 +23,6 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from toposerve.dra_driver.net.handoff.cni import PLUGIN_TYPE
-from toposerve.dra_driver.net.handoff.install import RECORD, data_dir, plugin_entry
-from toposerve.dra_driver.net.handoff.journal import Journal
-from toposerve.dra_driver.net.handoff.links import Namespace
-from toposerve.localcluster import install as inst
-from toposerve.localcluster.realnode import forwarder, nics
-from toposerve.localcluster.realnode.gpu_driver import DRIVER as GPU_DRIVER
-from toposerve.localcluster.realnode.net_driver import DRIVER, JOURNAL_DIR, PLUGIN_DIR, STATE_DIR
-from toposerve.localcluster.realnode.paths import NODE_NAME, Layout, default_layout
 
 from harness.images import make_images
 from harness.waiting import wait_for
@@ -42,6 +33,15 @@ from tests.realnode.conftest import (
     example_on_real_node,
     on_host_as_it_was,
 )
+from toposerve.dra_driver.net.handoff.cni import PLUGIN_TYPE
+from toposerve.dra_driver.net.handoff.install import RECORD, data_dir, plugin_entry
+from toposerve.dra_driver.net.handoff.journal import Journal
+from toposerve.dra_driver.net.handoff.links import Namespace
+from toposerve.localcluster import install as inst
+from toposerve.localcluster.realnode import forwarder, nics
+from toposerve.localcluster.realnode.gpu_driver import DRIVER as GPU_DRIVER
+from toposerve.localcluster.realnode.net_driver import DRIVER, JOURNAL_DIR, PLUGIN_DIR, STATE_DIR
+from toposerve.localcluster.realnode.paths import NODE_NAME, Layout, default_layout
 
 pytestmark = [pytest.mark.cluster, pytest.mark.realnode]
 

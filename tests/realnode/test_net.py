@@ -20,6 +20,10 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+
+from harness.waiting import wait_for
+from tests.conftest import Cluster
+from tests.realnode.conftest import PodMaker, ensure_started, on_host_as_it_was, wait_phase
 from toposerve.dra_driver.net.handoff.journal import Journal
 from toposerve.dra_driver.net.handoff.links import Namespace
 from toposerve.dra_driver.net.records import all_records
@@ -33,10 +37,6 @@ from toposerve.localcluster.realnode.net_driver import DRIVER, JOURNAL_DIR, STAT
 from toposerve.localcluster.realnode.paths import NODE_NAME, default_layout
 from toposerve.localcluster.realnode.pods import busybox_pod
 from toposerve.localcluster.realnode.teardown import leftovers
-
-from harness.waiting import wait_for
-from tests.conftest import Cluster
-from tests.realnode.conftest import PodMaker, ensure_started, on_host_as_it_was, wait_phase
 
 pytestmark = [pytest.mark.cluster, pytest.mark.realnode]
 

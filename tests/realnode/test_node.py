@@ -6,14 +6,14 @@ from __future__ import annotations
 import ipaddress
 
 import pytest
+
+from tests.realnode.conftest import PodMaker, RealNode, wait_phase
 from toposerve.localcluster.cluster import status
 from toposerve.localcluster.clusters import cluster_dir
 from toposerve.localcluster.realnode.paths import POD_SUBNET, REAL_NODE_LABEL, REAL_NODE_TAINT
 from toposerve.localcluster.realnode.pods import busybox_pod
 from toposerve.localcluster.tools import versions
 from toposerve.main import main
-
-from tests.realnode.conftest import PodMaker, RealNode, wait_phase
 
 pytestmark = [pytest.mark.cluster, pytest.mark.realnode]
 

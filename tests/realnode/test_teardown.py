@@ -8,6 +8,10 @@ import signal
 from pathlib import Path
 
 import pytest
+
+from harness.waiting import wait_for
+from tests.conftest import Cluster
+from tests.realnode.conftest import MACHINE_WAIT_S, PodMaker, RealNode, wait_phase
 from toposerve.localcluster.cluster import running_clusters
 from toposerve.localcluster.realnode import node as realnode
 from toposerve.localcluster.realnode.paths import default_layout
@@ -19,10 +23,6 @@ from toposerve.localcluster.realnode.teardown import (
     our_processes,
 )
 from toposerve.main import main
-
-from harness.waiting import wait_for
-from tests.conftest import Cluster
-from tests.realnode.conftest import MACHINE_WAIT_S, PodMaker, RealNode, wait_phase
 
 pytestmark = [pytest.mark.cluster, pytest.mark.realnode]
 

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from toposerve.localcluster.realnode import cni, config, images
 from toposerve.localcluster.realnode.paths import PAUSE_IMAGE, Layout
 from toposerve.localcluster.realnode.teardown import leftovers, mounts_under

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 import redis
-from toposerve.localcluster.ports import free_port
-from toposerve.localcluster.processes import end_process
 
 from harness.waiting import wait_for
+from toposerve.localcluster.ports import free_port
+from toposerve.localcluster.processes import end_process
 
 REDIS_PASSWORD = "router-tests"
 

@@ -11,6 +11,7 @@ import random
 import time
 
 import pytest
+
 from toposerve.router.config import RouterConfig
 from toposerve.router.pool.endpoints import Endpoint, LoadSample
 from toposerve.router.pool.saturation import saturated

@@ -16,11 +16,11 @@ import time
 import httpx
 import pytest
 from pydantic import ValidationError
-from toposerve.router.config import ServerConfig
 
 from harness.procs import MODEL, Procs
 from harness.waiting import wait_for
 from tests.router.hangup import connect
+from toposerve.router.config import ServerConfig
 
 CHAT = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
 TIMEOUT_S = 1.0

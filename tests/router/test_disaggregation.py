@@ -13,14 +13,14 @@ import httpx
 import openai
 import orjson
 import pytest
-from toposerve.localcluster.ports import free_port
-from toposerve.topology.model import DomainPath, Tier
-from toposerve.topology.profiles import load_profile
-from toposerve.wire.tokens import BYTES_PER_TOKEN
 
 from harness.procs import MODEL, Proc, Procs
 from harness.waiting import wait_for
 from tests.router.hangup import hanging_client
+from toposerve.localcluster.ports import free_port
+from toposerve.topology.model import DomainPath, Tier
+from toposerve.topology.profiles import load_profile
+from toposerve.wire.tokens import BYTES_PER_TOKEN
 
 
 def pd_router(procs: Procs, prefill: list[Proc], decode: list[Proc],

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import structlog
 from multidict import CIMultiDict, CIMultiDictProxy
+
 from toposerve.router.admission.flow_control import Admission
 from toposerve.router.config import RouterConfig
 from toposerve.router.metrics import RouterMetrics

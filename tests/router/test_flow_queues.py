@@ -5,6 +5,7 @@ inside a flow, FCFS or earliest deadline, caps per band."""
 from __future__ import annotations
 
 import pytest
+
 from toposerve.router.admission.queues import BandCaps, FlowQueues, Item, LeastAttained, Ordering
 
 pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`

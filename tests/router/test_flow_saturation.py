@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from toposerve.router.admission.keys import read_file, secret_table
 from toposerve.router.admission.ratelimit import Bucket
 from toposerve.router.admission.tenants import bearer

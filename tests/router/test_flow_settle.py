@@ -14,6 +14,9 @@ from typing import Any
 import httpx
 import yaml
 from multidict import CIMultiDict, CIMultiDictProxy
+
+from harness.procs import MODEL, Procs
+from harness.waiting import wait_for
 from toposerve.router.admission.flow_control import Admission, Classified
 from toposerve.router.admission.ratelimit import Bucket
 from toposerve.router.admission.usage import Answered, output_tokens
@@ -21,9 +24,6 @@ from toposerve.router.config import RouterConfig
 from toposerve.router.metrics import RouterMetrics
 from toposerve.router.pool.endpoints import Endpoint, LoadSample
 from toposerve.router.state import RouterState
-
-from harness.procs import MODEL, Procs
-from harness.waiting import wait_for
 
 
 class Clock:

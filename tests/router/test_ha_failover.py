@@ -22,13 +22,13 @@ from typing import Any
 import httpx
 import pytest
 from kubernetes import client
-from toposerve.localcluster.clusters import kubeconfig_path
-from toposerve.localcluster.pods import model_pod, wait_running
-from toposerve.router.ha.pod_label import ROLE_LABEL
 
 from harness.procs import MODEL, Proc, Procs
 from harness.waiting import wait_for
 from tests.conftest import Cluster
+from toposerve.localcluster.clusters import kubeconfig_path
+from toposerve.localcluster.pods import model_pod, wait_running
+from toposerve.router.ha.pod_label import ROLE_LABEL
 
 pytestmark = pytest.mark.cluster
 CONVERSATIONS = 12

@@ -16,6 +16,9 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
+
+from harness.waiting import wait_for
+from tests.conftest import Cluster
 from toposerve.kubeapi import JsonApi
 from toposerve.localcluster.pods import model_pod
 from toposerve.manifests.render import Names, render_objects
@@ -24,9 +27,6 @@ from toposerve.router.config import LeaseConfig
 from toposerve.router.ha.elector import Elector
 from toposerve.router.ha.lease import Step
 from toposerve.router.ha.pod_label import ROLE_LABEL, PodLabel
-
-from harness.waiting import wait_for
-from tests.conftest import Cluster
 
 pytestmark = pytest.mark.cluster
 APPLIED = {"Namespace", "ServiceAccount", "Role", "RoleBinding", "ClusterRole",

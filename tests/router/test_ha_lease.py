@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+
 from toposerve.router.config import LeaseConfig
 from toposerve.router.ha.elector import lease_body
 from toposerve.router.ha.lease import LeaseRecord, Step, claimed, leading, observe, released, step

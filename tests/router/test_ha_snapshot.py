@@ -16,6 +16,7 @@ from typing import Any
 import orjson
 import pytest
 import redis.asyncio as aioredis
+
 from toposerve.router.config import RouterConfig, SnapshotConfig
 from toposerve.router.ha.replication import Replication
 from toposerve.router.ha.snapshot import VERSION, DecisionLog, SnapshotError, parse

@@ -10,11 +10,11 @@ from functools import partial
 from pathlib import Path
 
 import httpx
-from toposerve.localcluster.ports import free_port
 
 from harness.procs import Procs
 from harness.waiting import wait_for
 from tests.router.hangup import connect
+from toposerve.localcluster.ports import free_port
 
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes.fromhex("000000040000000000")
 

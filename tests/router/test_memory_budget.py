@@ -17,14 +17,14 @@ import openai
 import pytest
 import redis
 from openai._models import FinalRequestOptions
-from toposerve.router.config import ResponsesStoreConfig
-from toposerve.router.http.handlers import session_key
-from toposerve.router.responses.store import MemoryStore, RedisStore
-from toposerve.wire.errors import ApiError
 
 from harness.procs import MODEL, Procs
 from harness.waiting import wait_for
 from tests.router.hangup import connect
+from toposerve.router.config import ResponsesStoreConfig
+from toposerve.router.http.handlers import session_key
+from toposerve.router.responses.store import MemoryStore, RedisStore
+from toposerve.wire.errors import ApiError
 
 CHAT = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
 

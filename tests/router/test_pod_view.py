@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from toposerve.router.config import KubernetesDiscovery
 from toposerve.router.pool.kubernetes import pod_view
 

@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from toposerve.localcluster.ports import free_port
-from toposerve.wire.prompt import chat_prompt
-from toposerve.wire.tokens import ByteTokenizer
 
 from harness.procs import MODEL, Proc, Procs
 from harness.waiting import wait_for
+from toposerve.localcluster.ports import free_port
+from toposerve.wire.prompt import chat_prompt
+from toposerve.wire.tokens import ByteTokenizer
 
 
 def chat(router: Proc, messages: list[dict[str, str]], session: str | None = None,

@@ -4,10 +4,10 @@ share a prefix and arrive before the first is answered follow it."""
 from __future__ import annotations
 
 import pytest
-from toposerve.router.prefix.index import SENT_HOLD_S, PrefixIndex, common_prefix
-from toposerve.router.scheduling.profile import Scheduler
 
 from tests.router.pipeline import LONG, ctx, make_state
+from toposerve.router.prefix.index import SENT_HOLD_S, PrefixIndex, common_prefix
+from toposerve.router.scheduling.profile import Scheduler
 
 pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`
 

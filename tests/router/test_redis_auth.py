@@ -16,6 +16,8 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 import yaml
+
+from harness.waiting import wait_for
 from toposerve.localcluster.ports import free_port
 from toposerve.localcluster.processes import end_process
 from toposerve.router.config import ResponsesStoreConfig
@@ -23,8 +25,6 @@ from toposerve.router.ha.replication import Replication
 from toposerve.router.pool.endpoints import Pool
 from toposerve.router.responses.store import make_store
 from toposerve.topology.config_file import ConfigError
-
-from harness.waiting import wait_for
 
 
 @pytest.fixture

@@ -10,10 +10,10 @@ from urllib.parse import urlsplit
 import openai
 import pytest
 import redis
-from toposerve.localcluster.processes import end_process
 
 from harness.procs import MODEL, Procs
 from harness.waiting import wait_for
+from toposerve.localcluster.processes import end_process
 
 
 def test_chain_continues_on_the_standby(procs: Procs, redis_url: str) -> None:

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import pytest
+
 from toposerve.router.relay.upstream import HIGH_WATER, UpstreamError, Upstreams
 
 pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`

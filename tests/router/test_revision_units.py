@@ -8,6 +8,7 @@ import random
 from collections import Counter
 
 import pytest
+
 from toposerve.router.config import RouterConfig
 from toposerve.router.disaggregation.pairing import Disaggregation
 from toposerve.router.pool.endpoints import Endpoint, LoadSample

@@ -7,13 +7,13 @@ halves pair across them."""
 from __future__ import annotations
 
 import pytest
+
+from harness.extender_objects import disaggregated_pods, lws_pods
 from toposerve.localcluster.scale import controllers as ctl
 from toposerve.router.config import KubernetesDiscovery
 from toposerve.router.pool.kubernetes import pod_view
 from toposerve.router.pool.revisions import revision_of
 from toposerve.topology.workloads import DS_REVISION, LLMD_ROLE, LWS_REVISION
-
-from harness.extender_objects import disaggregated_pods, lws_pods
 
 DISCOVERY = KubernetesDiscovery.model_validate({"labelSelector": "app=llm"})
 

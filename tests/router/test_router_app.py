@@ -15,6 +15,7 @@ import pytest
 import structlog
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+
 from toposerve.router.config import RouterConfig
 from toposerve.router.http.app import ROUTER, Router, build_app
 from toposerve.router.http.handlers import session_key

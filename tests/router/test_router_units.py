@@ -11,6 +11,8 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.router.pipeline import make_state
 from toposerve.router.config import load_router_config
 from toposerve.router.pool.endpoints import LEARN_MIN_TOKENS, LEARN_RATE, Endpoint, Pool
 from toposerve.router.pool.scrape import KV_USAGE, RUNNING, WAITING, parse_load
@@ -43,8 +45,6 @@ from toposerve.wire.kv_events import (
 )
 from toposerve.wire.prompt import chat_prompt
 from toposerve.wire.tokens import ByteTokenizer
-
-from tests.router.pipeline import make_state
 
 pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import time
 
 import pytest
+
+from tests.router.pipeline import LONG, ctx, make_state
 from toposerve.router.config import RouterConfig
 from toposerve.router.pool.endpoints import Endpoint, LoadSample
 from toposerve.router.request import RequestContext
 from toposerve.router.scheduling.cycle import CycleState
 from toposerve.router.scheduling.profile import Decision, Scheduler
 from toposerve.router.state import RouterState
-
-from tests.router.pipeline import LONG, ctx, make_state
 
 pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`
 

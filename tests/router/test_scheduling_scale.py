@@ -16,6 +16,7 @@ from types import FrameType
 from typing import Any
 
 import pytest
+
 from toposerve.router.config import RouterConfig
 from toposerve.router.pool.endpoints import Endpoint, LoadSample
 from toposerve.router.pool.saturation import pool_saturation, saturated

@@ -9,11 +9,11 @@ import httpx
 import msgpack
 import pytest
 import zmq
-from toposerve.localcluster.ports import free_port
-from toposerve.wire.tokens import ByteTokenizer
 
 from harness.procs import MODEL, Procs
 from harness.waiting import wait_for
+from toposerve.localcluster.ports import free_port
+from toposerve.wire.tokens import ByteTokenizer
 
 MESSAGES = [{"role": "system", "content": "You are terse. " * 40},
             {"role": "user", "content": "Name three primes."}]

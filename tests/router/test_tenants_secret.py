@@ -12,11 +12,11 @@ from typing import Any
 import httpx
 import pytest
 from kubernetes import client
-from toposerve.localcluster.clusters import kubeconfig_path
 
 from harness.procs import MODEL, Procs
 from harness.waiting import wait_for
 from tests.conftest import Cluster
+from toposerve.localcluster.clusters import kubeconfig_path
 
 pytestmark = pytest.mark.cluster
 

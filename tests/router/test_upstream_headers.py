@@ -16,10 +16,10 @@ import httpx
 import pytest
 import yaml
 from aiohttp import web
-from toposerve.localcluster.ports import free_port
-from toposerve.router.pool.scrape import KV_USAGE, RUNNING, WAITING
 
 from harness.procs import MODEL, Procs
+from toposerve.localcluster.ports import free_port
+from toposerve.router.pool.scrape import KV_USAGE, RUNNING, WAITING
 
 
 @dataclass

@@ -7,9 +7,9 @@ import gzip
 from pathlib import Path
 
 import pytest
-from toposerve.localcluster.scale import profile
 
 from tests.conftest import Cluster
+from toposerve.localcluster.scale import profile
 
 pytestmark = pytest.mark.cluster
 

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from toposerve.localcluster.cluster import ClusterSpec, up
-from toposerve.localcluster.clusters import api_client
 
 from harness.cluster_claim import claimed
+from toposerve.localcluster.cluster import ClusterSpec, up
+from toposerve.localcluster.clusters import api_client
 
 pytestmark = [pytest.mark.cluster, pytest.mark.scale]
 

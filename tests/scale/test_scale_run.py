@@ -15,11 +15,11 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
+
+from harness.waiting import wait_for
 from toposerve.localcluster.cluster import running_clusters
 from toposerve.localcluster.clusters import cluster_dir
 from toposerve.localcluster.scale.scenario import Setup, builtins
-
-from harness.waiting import wait_for
 
 pytestmark = pytest.mark.cluster
 # never the session cluster's own name: the checks below look for leftovers by prefix

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from toposerve.localcluster.scale import fit, measure, quality, report
 from toposerve.localcluster.scale.controllers import with_owner_uids
 from toposerve.localcluster.scale.scenario import (

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from toposerve.dra_driver.gpu.config import GpuConfig
 from toposerve.dra_driver.kubeletplugin import parse_opaque
 from toposerve.dra_driver.net.config import NetConfig

@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from toposerve.topology.discovery import discover
 from toposerve.topology.model import DeviceKind
 from toposerve.topology.profiles import bundled_names, load_profile

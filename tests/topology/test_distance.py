@@ -3,6 +3,7 @@
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from toposerve.topology.distance import device_affinity, kv_transfer_seconds, node_tier
 from toposerve.topology.model import Affinity, DomainPath, Tier
 from toposerve.topology.profiles import bundled_names, load_profile

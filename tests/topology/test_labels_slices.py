@@ -3,6 +3,7 @@ import re
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from toposerve.topology.labels import PRESETS, DialectName, from_labels, to_labels
 from toposerve.topology.layout import plan_nodes
 from toposerve.topology.model import DomainPath

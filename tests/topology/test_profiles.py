@@ -3,6 +3,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from toposerve.topology.config_file import ConfigError, load_file
 from toposerve.topology.distance import device_affinity
 from toposerve.topology.model import Affinity, DeviceKind

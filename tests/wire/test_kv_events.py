@@ -7,6 +7,8 @@ from typing import Any
 
 import msgpack
 import pytest
+
+from tests.wire.fixtures import kv_events as fx
 from toposerve.router.prefix.index import PrefixIndex
 from toposerve.router.prefix.kv_index import KVIndex
 from toposerve.wire.hashing import token_block_hashes
@@ -21,8 +23,6 @@ from toposerve.wire.kv_events import (
     encode_stored,
 )
 from toposerve.wire.tokens import ByteTokenizer
-
-from tests.wire.fixtures import kv_events as fx
 
 URL = "http://ep"
 STREAMS = {"vllm-v0.11.0": fx.VLLM_V0_11_0, "vllm-v0.11.0-bytes": fx.VLLM_V0_11_0_BYTES,

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.wire.conftest import fixture_text
 from toposerve.router.pool.scrape import CACHE_INFO, KV_USAGE, RUNNING, WAITING, parse_load
 from toposerve.simulator.config import SimConfig
 from toposerve.simulator.server import SimServer
-
-from tests.wire.conftest import fixture_text
 
 FIXTURES = {"vllm": "vllm_v0.33.0_metrics.txt", "sglang": "sglang_v0.5.23_metrics.txt"}
 

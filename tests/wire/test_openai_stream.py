@@ -7,12 +7,12 @@ import json
 from typing import Any
 
 import orjson
+
+from tests.wire.conftest import FIXTURES, fixture_text, sse_events
 from toposerve.router.admission.usage import Answered, output_tokens
 from toposerve.router.disaggregation.pairing import kv_params_of, prefill_body
 from toposerve.simulator.responses_stream import ResponseEvents
 from toposerve.wire.errors import sse_error
-
-from tests.wire.conftest import FIXTURES, fixture_text, sse_events
 
 KV: dict[str, Any] = json.loads((FIXTURES / "kv_transfer.json").read_text())
 
@@ -106,6 +106,7 @@ def _simulated(path: str, body: dict[str, Any]) -> list[bytes]:
     import asyncio
 
     from aiohttp.test_utils import TestClient, TestServer
+
     from toposerve.simulator.config import SimConfig
     from toposerve.simulator.server import build_app
 

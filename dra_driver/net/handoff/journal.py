@@ -17,6 +17,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
+
 from toposerve.dra_driver.kubeletplugin.files import remove_temp_files, write_atomic
 from toposerve.dra_driver.net.config import NetConfig, check_ifname
 

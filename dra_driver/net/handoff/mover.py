@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
+
 from toposerve.dra_driver.net.config import NetConfig
 from toposerve.dra_driver.net.handoff.journal import Entry, Journal, Step
 from toposerve.dra_driver.net.handoff.links import Link, Namespace

@@ -21,6 +21,7 @@ from typing import Any
 
 import structlog
 from prometheus_client import Histogram
+
 from toposerve.dra_driver.net.handoff import cni
 
 log = structlog.get_logger("toposerve.net.handoff")

@@ -13,6 +13,7 @@ from operator import attrgetter
 from typing import ClassVar, Generic, TypeVar
 
 from pydantic import Field
+
 from toposerve.router.pool.endpoints import Endpoint, fresh_loads
 from toposerve.router.request import RequestContext
 from toposerve.router.scheduling.cycle import CycleState

@@ -11,6 +11,7 @@ from operator import attrgetter
 from typing import ClassVar, NamedTuple
 
 from pydantic import Field, field_validator
+
 from toposerve.router.pool.endpoints import Endpoint
 from toposerve.router.request import RequestContext
 from toposerve.router.scheduling.cycle import CycleState, StateKey

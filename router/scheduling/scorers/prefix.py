@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from pydantic import Field
+
 from toposerve.router.pool.endpoints import Endpoint
 from toposerve.router.prefix.index import PrefixIndex
 from toposerve.router.prefix.kv_index import KVIndex
