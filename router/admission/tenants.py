@@ -73,7 +73,12 @@ class Tenants:
         if self.keys is None:
             return ""
         key = bearer(authorization)
-        return None if key is None else self.keys.get(digest(key))
+        if key is None:
+            return None
+        try:
+            return self.keys.get(digest(key))
+        except UnicodeEncodeError:  # bytes that are not UTF-8 (the header keeps them escaped)
+            return None
 
     def metric_label(self, tenant: str) -> str:
         """The tenant's label value in /metrics: its name while there are

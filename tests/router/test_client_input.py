@@ -1,0 +1,63 @@
+"""What a client sends is the client's word, never the router's: the router's
+HTTP app in this process, in front of simulators in this process, given
+keys that are not UTF-8."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.router.test_router_app import completion, run, stack
+
+pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`
+
+
+def _keys(tmp_path: Path, tenants: dict[str, list[str]]) -> dict[str, object]:
+    """The flowControl section of a router whose keys name ``tenants``."""
+    path = tmp_path / "keys.yaml"
+    path.write_text(yaml.safe_dump({"apiVersion": "toposerve.io/v1", "kind": "APIKeys",
+                                    "tenants": tenants}))
+    return {"keys": {"file": str(path)}}
+
+
+async def _raw(port: int, head: bytes, body: bytes) -> tuple[int, dict[str, object]]:
+    """One request sent as bytes (what an HTTP client would refuse to
+    send); its status and JSON body."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(head + f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+                     + body)
+        answer = await reader.read()
+    finally:
+        writer.close()
+    status_line, _, rest = answer.partition(b"\r\n")
+    return int(status_line.split()[1]), json.loads(rest.partition(b"\r\n\r\n")[2])
+
+
+def test_a_key_that_is_not_utf8_is_a_401(tmp_path: Path) -> None:
+    """Bytes that are no UTF-8 in the bearer token: the usual 401, and no
+    traceback (it was a 500, logged, per request, before any key)."""
+    async def go() -> None:
+        async with stack([{}], {"flowControl": {"tenants": _keys(tmp_path, {"a": ["sk-a"]})}}
+                         ) as s:
+            port = s.client.server.port
+            assert port is not None
+            for key in (b"\xff\xfe", b"sk-\xc3", b"\xed\xa0\x80"):  # bad, cut, a surrogate
+                status, body = await _raw(
+                    port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                          b"Content-Type: application/json\r\nAuthorization: Bearer " + key
+                          + b"\r\n", json.dumps(completion("hi")).encode())
+                assert status == 401, body
+                assert body["error"] == {"message": "Incorrect API key provided.",
+                                         "type": "invalid_request_error", "param": None,
+                                         "code": "invalid_api_key"}
+            assert not [e for e in s.logs if e["log_level"] == "error"], s.logs
+            ok = await s.client.post("/v1/completions", json=completion("hi"),
+                                     headers={"Authorization": "Bearer sk-a"})
+            assert ok.status == 200, await ok.text()
+
+    run(go)
