@@ -55,8 +55,18 @@ class ServerConfig(Section):
                                     description="a request's body must arrive within this "
                                                 "of its head (else 408), a connection must "
                                                 "send a whole request head within this of "
-                                                "opening or of its last answer, and an idle "
-                                                "kept-alive connection is closed after it")
+                                                "opening or of its last answer, an idle "
+                                                "kept-alive connection is closed after it, "
+                                                "and a client that reads nothing of its "
+                                                "answer for this long is cut off (its slot "
+                                                "and bytes freed)")
+    max_answer_bytes: int = Field(default=16 * 2**20, alias="maxAnswerBytes", gt=0,
+                                  description="the most of one model server's answer the "
+                                              "router holds at once: a whole answer it "
+                                              "reads (non-streamed, a prefill's) or one "
+                                              "event of a stream it rewrites (Responses); "
+                                              "past it the client gets 502. Held bytes "
+                                              "count against maxInflightBytes too")
     upstream_timeout_s: float = Field(default=600.0, alias="upstreamTimeoutSeconds", gt=0,
                                       description="longest silence from a model server")
     connect_timeout_s: float = Field(default=3.0, alias="connectTimeoutSeconds", gt=0,
@@ -70,6 +80,11 @@ class ServerConfig(Section):
 
     @model_validator(mode="after")
     def _a_body_fits(self) -> ServerConfig:
+        if self.max_answer_bytes > self.max_inflight_bytes:
+            raise ValueError(f"maxAnswerBytes ({self.max_answer_bytes}) is over "
+                             f"maxInflightBytes ({self.max_inflight_bytes}): an answer that "
+                             "large could never be held; raise maxInflightBytes or lower "
+                             "maxAnswerBytes")
         if self.max_body_bytes > self.max_inflight_bytes:
             raise ValueError(f"maxBodyBytes ({self.max_body_bytes}) is over maxInflightBytes "
                              f"({self.max_inflight_bytes}): a body that large could never be "
@@ -382,6 +397,13 @@ class ResponsesStoreConfig(Section):
     sweep_interval_s: float = Field(default=30.0, alias="sweepIntervalSeconds", gt=0,
                                     description="memory backend: how often expired turns are "
                                                 "dropped (Redis expires its own)")
+    max_chain_bytes: int = Field(default=8 * 2**20, alias="maxChainBytes", gt=0,
+                                 description="the most bytes of earlier turns a "
+                                             "previous_response_id may bring into the "
+                                             "request the model server gets (the chain's "
+                                             "inputs and outputs); a longer chain gets 413 "
+                                             "before anything is assembled. The assembled "
+                                             "body counts against server.maxInflightBytes")
     max_chain_turns: int = Field(default=1000, alias="maxChainTurns", ge=1,
                                  description="each turn stores its own input and output and "
                                              "a link to the one before; a "

@@ -72,6 +72,10 @@ class RouterMetrics:
         self.midstream = Counter("toposerve_router_midstream_failures",
                                  "Answers whose upstream broke after it began answering.",
                                  registry=r)
+        self.stalled_clients = Counter(
+            "toposerve_router_stalled_clients",
+            "Answers cut off because their client read nothing of them for "
+            "server.clientTimeoutSeconds.", registry=r)
         self.chat_template_fallbacks = Counter(
             "toposerve_router_chat_template_fallbacks",
             "Chat requests the precise prefix index keyed from the approximate prompt, "

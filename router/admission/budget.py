@@ -48,13 +48,21 @@ class Budget:
         self.requests += 1
 
     def leave(self, hold: Hold) -> None:
-        """The request ended: its slot and its body's bytes come back."""
+        """The request ended: its slot and its bytes come back."""
         self.requests -= 1
-        self.bytes -= hold.bytes
+        self.give_back(hold)
 
-    def _take(self, hold: Hold, n: int) -> None:
+    def give_back(self, hold: Hold) -> None:
+        """The bytes of ``hold`` are free again (a request's part that
+        outlived it, e.g. a prefill answered in the background)."""
+        self.bytes -= hold.bytes
+        hold.bytes = 0
+
+    def take(self, hold: Hold, n: int, what: str = "request bytes") -> None:
+        """``n`` more bytes held for one request (its body as it is read,
+        an answer or a chain it assembles); 429 past the budget."""
         if self.bytes + n > self.cfg.max_inflight_bytes:
-            raise self._overloaded("request bytes (server.maxInflightBytes)")
+            raise self._overloaded(f"{what} (server.maxInflightBytes)")
         self.bytes += n
         hold.bytes += n
 
@@ -90,6 +98,6 @@ class Budget:
             size += len(chunk)
             if size > limit:
                 raise too_large
-            self._take(hold, len(chunk))
+            self.take(hold, len(chunk))
             chunks.append(chunk)
         return b"".join(chunks)

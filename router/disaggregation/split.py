@@ -12,6 +12,7 @@ import orjson
 import structlog
 from aiohttp import web
 
+from toposerve.router.admission.budget import Hold
 from toposerve.router.disaggregation.pairing import (
     RESPONSES_PATH,
     Disaggregation,
@@ -73,7 +74,7 @@ class Splitter:
             return Route(d.ranked, c.body, d.work())
         pre = await self.schedule(c, self.pd.prefill)
         up = await self.proxy.fetch(pre.ranked, c.path, prefill_body(c.doc, c.path), c.headers,
-                                    pre.work())
+                                    pre.work(), c.hold)
         if isinstance(up, Upstream) and 400 <= up.status < 500:
             # the prompt itself is refused (too long, say): a decode endpoint would refuse it too
             self.metrics.disaggregation.labels("refused").inc()
@@ -100,9 +101,12 @@ class Splitter:
             if status != 502:  # 502: the decode endpoint got no KV (below)
                 self._split(prefill, decode.ranked[0])
 
+        # the prefill may answer after the request ended: its bytes are held apart
+        held = Hold()
         first = asyncio.create_task(self.proxy.fetch(
             [prefill], c.path, orjson.dumps({**c.doc, **boot, "stream": False}), c.headers,
-            pre.work()))
+            pre.work(), held))
+        first.add_done_callback(lambda _: self.proxy.budget.give_back(held))
         try:
             # one decode attempt: another would wait for the same room in vain
             resp = await self.relay(c, Route(decode.ranked[:1], orjson.dumps({**c.doc, **boot}),

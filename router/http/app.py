@@ -115,7 +115,8 @@ class Router:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=s.connect_timeout_s,
                                         sock_read=s.upstream_timeout_s)
         self.proxy = Proxy(self.session, self.metrics, s.max_attempts, timeout,
-                           self.admission.request_done)
+                           self.admission.request_done, self.budget, s.client_timeout_s,
+                           s.max_answer_bytes)
         self.director.bind(self.proxy, self.pd)
         for ep in load_static(self.state.pool, self.cfg.discovery.static):
             self._watch_events(ep)

@@ -116,6 +116,7 @@ class Handlers:
                 raise ApiError(404, f"Response with id '{req.previous_response_id}' not "
                                     "found.", "previous_response_id")
             earlier, turns = chain
+            self._check_chain(turns)
             history = [m for t in turns for m in [*responses_items(t["input"]), t["output"]]]
             affinity, revision = turns[-1]["endpoint"], turns[-1].get("revision")
         conversation = history + responses_items(doc["input"])
@@ -129,6 +130,8 @@ class Handlers:
         ctx.affinity_url = affinity
         ctx.revision = revision  # the chain's revision, while it has ready endpoints
         ex.doc, ex.body = upstream_doc, orjson.dumps(upstream_doc)
+        # what the chain brought in is held like a body: the upstream body and the prompt
+        self.budget.take(ex.hold, len(ex.body) + len(ctx.prompt), "assembled chain bytes")
         director = self.director
         if director.split is not None and director.split.splits(ex):
             route = await director.split.hand_over(ex)
@@ -154,9 +157,10 @@ class Handlers:
         if req.stream:
             return await director.relay(ex, ResponsesTap(
                 rid, req.previous_response_id,
-                keep_or_fail(keep, self.metrics.responses_unstored.inc)))
+                keep_or_fail(keep, self.metrics.responses_unstored.inc),
+                self.cfg.server.max_answer_bytes))
         up = await director.proxy.fetch(route.ranked, RESPONSES_PATH, route.body, ex.headers,
-                                        route.work)
+                                        route.work, ex.hold)
         if not isinstance(up, Upstream):
             return director.proxy.refusal(up)
         ex.endpoint = up.endpoint
@@ -169,6 +173,20 @@ class Handlers:
         return web.Response(body=orjson.dumps(resp), content_type="application/json",
                             headers={"X-Request-Id": ex.request_id,
                                      "X-Toposerve-Endpoint": up.endpoint.name, **route.headers})
+
+    def _check_chain(self, turns: list[dict[str, Any]]) -> None:
+        """413 for a chain whose earlier turns come to more than
+        responses.maxChainBytes: checked a turn at a time, before anything
+        is assembled (a small continuation must not make the router build
+        a huge body)."""
+        limit, size = self.cfg.responses.max_chain_bytes, 0
+        for turn in turns:
+            size += len(orjson.dumps([turn["input"], turn["output"]]))
+            if size > limit:
+                raise ApiError(413, f"the conversation before previous_response_id is over "
+                                    f"{limit} bytes (responses.maxChainBytes); start a new "
+                                    "one or send the history yourself",
+                               "previous_response_id")
 
     # --- stored turns ----------------------------------------------------------------
     async def _turn(self, ex: Exchange) -> tuple[str, dict[str, Any]]:

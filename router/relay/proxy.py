@@ -16,6 +16,7 @@ import aiohttp
 import structlog
 from aiohttp import web
 
+from toposerve.router.admission.budget import Budget, Hold
 from toposerve.router.admission.usage import Answered
 from toposerve.router.exchange import Exchange
 from toposerve.router.metrics import RouterMetrics
@@ -105,9 +106,12 @@ class StreamTap(Protocol):
 class Proxy:
     def __init__(self, session: aiohttp.ClientSession, metrics: RouterMetrics,
                  max_attempts: int, timeout: aiohttp.ClientTimeout,
-                 on_done: Callable[[], None]) -> None:
+                 on_done: Callable[[], None], budget: Budget, client_timeout_s: float,
+                 max_answer_bytes: int) -> None:
         self.session, self.metrics = session, metrics
         self.max_attempts, self.timeout = max_attempts, timeout
+        self.budget, self.client_timeout_s = budget, client_timeout_s
+        self.max_answer_bytes = max_answer_bytes
         self.on_done = on_done  # an endpoint may have room again
         self._asking: set[asyncio.Task[object]] = set()  # waiting for an upstream's headers
         self._answering: set[_Response] = set()
@@ -138,7 +142,8 @@ class Proxy:
         if self.cut_reason is not None:
             return 503, self.cut_reason
         self.metrics.midstream.inc()
-        return 502, f"upstream {ep.name} broke while answering ({type(err).__name__})"
+        why = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+        return 502, f"upstream {ep.name} broke while answering ({why})"
 
     async def _open(self, ranked: list[Endpoint], work: Work,
                     post: Callable[[Endpoint], Awaitable[A]]
@@ -183,8 +188,9 @@ class Proxy:
         return None, last_error, None
 
     async def fetch(self, ranked: list[Endpoint], path: str, body: bytes,
-                    headers: dict[str, str], work: Work) -> Upstream | str:
-        """The whole answer of the first endpoint that gives one; else why not."""
+                    headers: dict[str, str], work: Work, hold: Hold) -> Upstream | str:
+        """The whole answer of the first endpoint that gives one, its bytes
+        held in ``hold``; else why not."""
         ep, resp_or_err, _ = await self._open(ranked, work, lambda ep: self.session.post(
             ep.url + path, data=body, headers=headers, timeout=self.timeout))
         if ep is None:
@@ -192,8 +198,8 @@ class Proxy:
         assert isinstance(resp_or_err, aiohttp.ClientResponse)
         resp = resp_or_err
         try:
-            data = await resp.read()
-        except (aiohttp.ClientError, TimeoutError) as err:
+            data = await self._whole(resp, hold)
+        except (aiohttp.ClientError, TimeoutError, UpstreamError) as err:
             return self._broke(ep, err)[1]
         finally:
             self._answering.discard(resp)
@@ -202,6 +208,35 @@ class Proxy:
             self.on_done()
         return Upstream(ep, resp.status, data, resp.headers.get("Content-Type",
                                                                 "application/json"))
+
+    async def _whole(self, resp: aiohttp.ClientResponse, hold: Hold) -> bytes:
+        """aiohttp's answer, read whole within server.maxAnswerBytes and
+        the in-flight byte budget."""
+        chunks: list[bytes] = []
+        size = 0
+        async for piece in resp.content.iter_any():
+            size += len(piece)
+            if size > self.max_answer_bytes:
+                raise UpstreamError(f"answer over {self.max_answer_bytes} bytes "
+                                    "(server.maxAnswerBytes)")
+            self.budget.take(hold, len(piece), "answer bytes")
+            chunks.append(piece)
+        return b"".join(chunks)
+
+    async def _sent(self, request: web.Request, write: Awaitable[None]) -> None:
+        """A write to the client, which must take some of its answer within
+        server.clientTimeoutSeconds: one that reads nothing is cut off, so
+        its slot, its bytes and its upstream are freed."""
+        try:
+            async with asyncio.timeout(self.client_timeout_s):
+                await write
+        except TimeoutError:
+            if request.transport is not None:
+                request.transport.abort()
+            self.metrics.stalled_clients.inc()
+            raise ConnectionResetError(
+                f"the client read nothing for {self.client_timeout_s:g} s "
+                "(server.clientTimeoutSeconds)") from None
 
     async def relay(self, ex: Exchange, tap: StreamTap | None = None,
                     on_status: Callable[[int], None] | None = None) -> web.StreamResponse:
@@ -229,7 +264,8 @@ class Proxy:
         try:
             if not ctype.startswith("text/event-stream"):
                 try:
-                    data = await up.read()
+                    data = await up.read(self.max_answer_bytes, lambda n: self.budget.take(
+                        ex.hold, n, "answer bytes"))
                 except (UpstreamError, TimeoutError) as err:
                     return error_response(*self._broke(ep, err))
                 ex.answered = Answered()  # flow control settles on what went by
@@ -260,29 +296,31 @@ class Proxy:
                             seen.saw(chunk)
                             if left:
                                 seen.saw(left)
-                            await out.write_eof(chunk + left)
+                            await self._sent(request, out.write_eof(chunk + left))
                             return out
-                        await out.write(chunk)  # the headers go out with the first event
+                        # the headers go out with the first event
+                        await self._sent(request, out.write(chunk))
                         seen.saw(chunk)
                         # the rest from the upstream's socket callback to the
                         # client's transport: no await an event
+                        writer = request.writer
                         await up.pipe(request.transport,
                                       out.headers.get("Transfer-Encoding") == "chunked",
-                                      request.writer.drain, seen.saw)
+                                      lambda: self._sent(request, writer.drain()), seen.saw)
                 else:
                     while chunk:
                         if events := await tap.feed(ep, chunk):
-                            await out.write(events)
+                            await self._sent(request, out.write(events))
                         seen.saw(chunk)
                         chunk = await up.chunk()
                     if rest := tap.tail():
-                        await out.write(rest)
+                        await self._sent(request, out.write(rest))
             except (UpstreamError, TimeoutError) as err:
                 status, why = self._broke(ep, err)
                 log.warning("stream broke", endpoint=ep.name, error=type(err).__name__,
                             reason=why)
-                await out.write(sse_error(status, why))
-            await out.write_eof()
+                await self._sent(request, out.write(sse_error(status, why)))
+            await self._sent(request, out.write_eof())
             return out
         except (ConnectionResetError, asyncio.CancelledError):
             raise  # the client went away; the finally below frees the upstream

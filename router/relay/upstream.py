@@ -17,7 +17,8 @@ from urllib.parse import urlsplit
 
 import httptools
 
-# the client's transport buffers this much before the upstream is paused
+# the client's transport buffers this much before the upstream is paused;
+# so does the answer's own buffer while a reader takes it a chunk at a time
 HIGH_WATER = 256 * 1024
 
 
@@ -50,6 +51,11 @@ class Answer(asyncio.Protocol):
         self._dst: asyncio.WriteTransport | None = None  # the pipe's client transport
         self._last_rx = 0.0
         self._timer: asyncio.TimerHandle | None = None
+        self._held = 0  # bytes in _chunks
+        # a whole read's bound: a callback that counts each piece (raising
+        # past what may be held) and the most one answer may hold
+        self._take: Callable[[int], None] | None = None
+        self._limit: int | None = None
 
     # --- asyncio.Protocol ----------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -90,6 +96,8 @@ class Answer(asyncio.Protocol):
         dst = self._dst
         if dst is None:
             self._chunks.append(body)
+            self._held += len(body)
+            self._hold(len(body))
             self._wakeup()
             return
         # the hot path of every stream: one event in, one event out
@@ -114,7 +122,8 @@ class Answer(asyncio.Protocol):
         assert self.transport is not None
         self._parser = httptools.HttpResponseParser(self)
         self._head = self._loop.create_future()
-        self.status, self.headers, self._chunks = 0, {}, []
+        self.status, self.headers, self._chunks, self._held = 0, {}, [], 0
+        self._take = self._limit = None
         self.received = self._complete = self._framed = False
         self._error, self._dst, self._chunked_out = None, None, False
         self.transport.writelines((head, body))
@@ -132,26 +141,39 @@ class Answer(asyncio.Protocol):
         """A piece of the body came and is not read yet."""
         return bool(self._chunks)
 
-    async def read(self) -> bytes:
-        """The whole body."""
+    async def read(self, limit: int, take: Callable[[int], None]) -> bytes:
+        """The whole body: at most ``limit`` bytes (else UpstreamError),
+        each piece counted by ``take`` as it comes (which raises when the
+        router may hold no more: the answer fails with that error)."""
+        if self._held > limit:  # what came before the read
+            raise UpstreamError(f"answer over {limit} bytes (server.maxAnswerBytes)")
+        take(self._held)
+        self._limit, self._take = limit, take
         while not self._complete:
             await self._wait()
         return b"".join(self._chunks)
 
     async def chunk(self) -> bytes:
-        """The next piece of the body as it came; b"" at its end."""
+        """The next piece of the body as it came; b"" at its end. While
+        more than HIGH_WATER waits unread, the upstream is paused."""
         while not self._chunks and not self._complete:
             await self._wait()
-        if self._chunks:
-            return self._chunks.pop(0)
-        return b""
+        if not self._chunks:
+            return b""
+        body = self._chunks.pop(0)
+        self._held -= len(body)
+        if (self._held <= HIGH_WATER and self.transport is not None
+                and not self.transport.is_reading() and not self._complete):
+            self._last_rx = self._loop.time()  # our pause, not the upstream's silence
+            self.transport.resume_reading()
+        return body
 
     def rest(self) -> bytes | None:
         """The rest of the body when all of it has come (b"" for none
         left), else None: a short answer goes out in one write."""
         if not self._complete or self._error is not None:
             return None
-        rest, self._chunks = b"".join(self._chunks), []
+        rest, self._chunks, self._held = b"".join(self._chunks), [], 0
         return rest
 
     async def pipe(self, dst: asyncio.WriteTransport, chunked: bool,
@@ -165,7 +187,7 @@ class Answer(asyncio.Protocol):
         for body in self._chunks:
             dst.write(b"%x\r\n%b\r\n" % (len(body), body) if chunked else body)
             saw(body)
-        self._chunks = []
+        self._chunks, self._held = [], 0
         self._dst = dst
         try:
             while not self._complete:
@@ -194,6 +216,23 @@ class Answer(asyncio.Protocol):
         self._fail(UpstreamError("connection closed by the router"))
 
     # --- internals -----------------------------------------------------------
+    def _hold(self, n: int) -> None:
+        """``n`` more bytes wait in the buffer: a whole read counts them
+        against its bounds; a chunked reader that falls behind pauses the
+        upstream (backpressure)."""
+        if self._take is not None:
+            assert self._limit is not None
+            if self._held > self._limit:
+                self._fail(UpstreamError(f"answer over {self._limit} bytes "
+                                         "(server.maxAnswerBytes)"))
+                return
+            try:
+                self._take(n)
+            except Exception as err:  # the router's budget is spent
+                self._fail(err)
+        elif self._held > HIGH_WATER and self.transport is not None:
+            self.transport.pause_reading()
+
     async def _wait(self) -> None:
         if self._error is not None:
             raise self._error

@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 
 from toposerve.router.pool.endpoints import Endpoint
+from toposerve.router.relay.upstream import UpstreamError
 from toposerve.router.responses.store import KeepOrFail, failed_event
 
 _WHOLE = (b"response.created", b"response.in_progress", b"response.completed",
@@ -24,24 +25,37 @@ def output_text(resp: dict[str, Any]) -> str:
 
 
 class ResponsesTap:
-    def __init__(self, rid: str, previous_response_id: str | None, keep: KeepOrFail) -> None:
+    def __init__(self, rid: str, previous_response_id: str | None, keep: KeepOrFail,
+                 max_event_bytes: int) -> None:
         self.rid, self.previous, self.keep = rid, previous_response_id, keep
-        self._buf = b""
+        self.max_event_bytes = max_event_bytes
+        # the unfinished event: a bytearray, so a stream that never ends
+        # one is not copied whole on every chunk
+        self._buf = bytearray()
 
     async def feed(self, ep: Endpoint, chunk: bytes) -> bytes:
-        """The bytes to send on: every event completed by ``chunk``."""
+        """The bytes to send on: every event completed by ``chunk``. An
+        event longer than ``max_event_bytes`` breaks the stream's framing
+        (UpstreamError: the client gets an SSE error)."""
+        # only the new bytes (and the one before them) can end an event
+        start = max(0, len(self._buf) - 1)
         self._buf += chunk
-        end = self._buf.rfind(b"\n\n")
+        end = self._buf.rfind(b"\n\n", start)
         if end < 0:
+            if len(self._buf) > self.max_event_bytes:
+                raise UpstreamError(f"an event over {self.max_event_bytes} bytes without an "
+                                    "end (server.maxAnswerBytes)")
             return b""
-        ready, self._buf = self._buf[:end + 2], self._buf[end + 2:]
+        ready = bytes(self._buf[:end + 2])
+        del self._buf[:end + 2]
         if not any(t in ready for t in _WHOLE):
             return ready  # text deltas: as they are
         return b"".join([await self._event(ep, ev) + b"\n\n"
                          for ev in ready.split(b"\n\n") if ev])
 
     def tail(self) -> bytes:
-        rest, self._buf = self._buf, b""
+        rest = bytes(self._buf)
+        self._buf.clear()
         return rest
 
     async def _event(self, ep: Endpoint, ev: bytes) -> bytes:
