@@ -47,9 +47,27 @@ OBJECTIVE_HEADER = "x-llm-d-inference-objective"
 FAIRNESS_HEADER = "x-llm-d-inference-fairness-id"
 SLO_TTFT_HEADER = "x-llm-d-slo-ttft-ms"
 DEFAULT_FLOW = "default"
+# a flow, objective or session id is the client's choice and the router keeps
+# it (queues, session tables): bounded, and plain text in logs and metrics
+MAX_CLIENT_ID_BYTES = 256
 MAX_SESSIONS = 200_000  # sessions whose last turn is remembered (turn priority)
 
 Candidates = Callable[[], list[Endpoint]]
+
+
+def client_id(headers: Mapping[str, str], *names: str) -> str | None:
+    """The first of the headers ``names`` the request carries, an id its
+    client chose: at most ``MAX_CLIENT_ID_BYTES`` of printable ASCII, else a
+    400 naming the header."""
+    for name in names:
+        value = headers.get(name)
+        if value is None:
+            continue
+        if len(value) > MAX_CLIENT_ID_BYTES or not (value.isascii() and value.isprintable()):
+            raise ApiError(400, f"{name} must be at most {MAX_CLIENT_ID_BYTES} printable "
+                                "ASCII characters", name)
+        return value
+    return None
 
 
 @dataclass
@@ -104,7 +122,7 @@ class Admission:
     def classify(self, headers: Mapping[str, str], tenant: str = "", session: str | None = None,
                  tokens: int = 0, max_tokens: int | None = None,
                  size_bytes: int = 0) -> Classified:
-        name = headers.get(OBJECTIVE_HEADER) or self.tenants.objective(tenant) or (
+        name = client_id(headers, OBJECTIVE_HEADER) or self.tenants.objective(tenant) or (
             self.cfg.default_objective)
         priority = self.tenants.cap(tenant, self.priorities.get(name, 0) if name else 0)
         wait = self.cfg.queue_ttl_s
@@ -116,7 +134,7 @@ class Admission:
                 raise ApiError(400, f"{SLO_TTFT_HEADER} must be a number of milliseconds, "
                                     f"not {slo!r}", SLO_TTFT_HEADER) from None
         # with keys the tenant is the flow: a client cannot queue in another's
-        flow = tenant or headers.get(FAIRNESS_HEADER) or DEFAULT_FLOW
+        flow = tenant or client_id(headers, FAIRNESS_HEADER) or DEFAULT_FLOW
         out = self.cfg.fairness.expected_output_tokens if max_tokens is None else max_tokens
         return Classified(priority, flow, wait, tenant, session, tokens, out, size_bytes)
 

@@ -13,6 +13,7 @@ from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
 from toposerve.router.admission.budget import Budget
+from toposerve.router.admission.flow_control import client_id
 from toposerve.router.admission.usage import requested_output, responses_output
 from toposerve.router.config import RouterConfig
 from toposerve.router.disaggregation.pairing import RESPONSES_PATH
@@ -73,7 +74,7 @@ class Handlers:
         """What the scheduler will know of the request, and the headers to
         send upstream."""
         request = ex.request
-        raw = next((request.headers[h] for h in SESSION_HEADERS if h in request.headers), None)
+        raw = client_id(request.headers, *SESSION_HEADERS)
         ex.path = path
         ex.ctx = RequestContext(model=model, prompt=prompt.encode("utf-8", "surrogatepass"),
                                 session=None if raw is None else session_key(raw))

@@ -61,3 +61,34 @@ def test_a_key_that_is_not_utf8_is_a_401(tmp_path: Path) -> None:
             assert ok.status == 200, await ok.text()
 
     run(go)
+
+
+ID_HEADERS = ("x-llm-d-inference-fairness-id", "x-llm-d-inference-objective", "x-session-id",
+              "x-llm-d-session-id")
+
+
+def test_headers_that_name_flows_objectives_and_sessions_are_bounded() -> None:
+    """A flow, objective or session id is a client's choice the router keeps
+    (queues, tables): over 256 bytes, or not printable ASCII, it is a 400
+    naming the header; at the bound it goes through."""
+    async def go() -> None:
+        async with stack([{}], {}) as s:
+            port = s.client.server.port
+            assert port is not None
+            for name in ID_HEADERS:
+                ok = await s.client.post("/v1/completions", json=completion("hi"),
+                                         headers={name: "a" * 256})
+                assert ok.status == 200, (name, await ok.text())
+                for value in (b"a" * 257, b"caf\xc3\xa9", b"a\tb", b"\xff"):
+                    status, body = await _raw(
+                        port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                              b"Content-Type: application/json\r\n" + name.encode() + b": "
+                              + value + b"\r\n", json.dumps(completion("hi")).encode())
+                    assert status == 400, (name, value, body)
+                    err = body["error"]
+                    assert isinstance(err, dict)
+                    assert err["param"] == name and name in err["message"], err
+                    assert "256" in err["message"], err
+            assert not [e for e in s.logs if e["log_level"] == "error"], s.logs
+
+    run(go)
