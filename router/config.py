@@ -602,6 +602,12 @@ class TenantConfig(Section):
                                      description="an objective the tenant names with a higher "
                                                  "priority runs at this one (a key does not "
                                                  "let a batch tenant claim another's band)")
+    pass_transfer_fields: bool = Field(
+        default=False, alias="passTransferFields",
+        description="the tenant's kv_transfer_params and bootstrap_* body fields reach the "
+                    "model servers as sent (a client that does its own prefill/decode "
+                    "hand-over); off, as for every tenant not named here, the router drops "
+                    "them, since they tell a model server which host and KV blocks to pull")
 
 
 class TenantsConfig(Section):
@@ -621,6 +627,11 @@ class TenantsConfig(Section):
     @model_validator(mode="after")
     def _unique(self) -> TenantsConfig:
         _no_repeats("tenants", [t.name for t in self.tenants])
+        trusted = [t.name for t in self.tenants if t.pass_transfer_fields]
+        if trusted and self.keys is None:
+            raise ValueError(f"tenants {', '.join(trusted)}: passTransferFields needs keys "
+                             "(without them no client is known, so none is trusted); set "
+                             "keys or remove passTransferFields")
         return self
 
 

@@ -14,3 +14,11 @@ PREFILL_REQUEST: dict[str, Any] = {
 REMOTE_PREFILL_FIELDS = ("remote_engine_id", "remote_block_ids", "remote_host", "remote_port")
 # where an SGLang prefill server waits for decode servers unless told otherwise
 SGLANG_BOOTSTRAP_PORT = 8998
+
+
+def is_hand_over_field(name: str) -> bool:
+    """A request body's field that tells a model server where KV comes from
+    or goes to: NixlConnector's ``kv_transfer_params``, SGLang's
+    ``bootstrap_host``, ``bootstrap_port``, ``bootstrap_room`` (and any other
+    ``bootstrap_`` field)."""
+    return name == "kv_transfer_params" or name.startswith("bootstrap_")

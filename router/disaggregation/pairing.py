@@ -25,12 +25,27 @@ from toposerve.router.scheduling.filters import RevisionFilter, RoleFilter
 from toposerve.router.scheduling.profile import Decision, Scheduler
 from toposerve.router.scheduling.scorers.prefix import APPROX_BLOCK_BYTES, approx_match
 from toposerve.router.state import RouterState
-from toposerve.wire.kv_transfer import PREFILL_REQUEST, REMOTE_PREFILL_FIELDS
+from toposerve.wire.kv_transfer import (
+    PREFILL_REQUEST,
+    REMOTE_PREFILL_FIELDS,
+    is_hand_over_field,
+)
 
 RESPONSES_PATH = "/v1/responses"
 # the token-limit fields of each generation API; a prefill sets them to one
 _LIMITS = {RESPONSES_PATH: ("max_output_tokens",)}
 _DEFAULT_LIMITS = ("max_tokens", "max_completion_tokens")
+
+
+def drop_hand_over(doc: dict[str, Any]) -> bool:
+    """Removes a client's hand-over fields from its body ``doc``: which host
+    and KV blocks a model server pulls from is the router's to say (it sets
+    them when it splits a request), never a client's. Whether any was there
+    (only then does the body need writing again)."""
+    found = [k for k in doc if is_hand_over_field(k)]
+    for k in found:
+        del doc[k]
+    return bool(found)
 
 
 def prefill_body(doc: dict[str, Any], path: str) -> bytes:

@@ -16,7 +16,7 @@ from toposerve.router.admission.budget import Budget
 from toposerve.router.admission.flow_control import client_id
 from toposerve.router.admission.usage import requested_output, responses_output
 from toposerve.router.config import RouterConfig
-from toposerve.router.disaggregation.pairing import RESPONSES_PATH
+from toposerve.router.disaggregation.pairing import RESPONSES_PATH, drop_hand_over
 from toposerve.router.exchange import Exchange
 from toposerve.router.ha.standby import HotStandby
 from toposerve.router.http.director import Director
@@ -61,6 +61,9 @@ class Handlers:
             parsed = model.model_validate(doc)
         except ValidationError as err:
             raise from_validation(err) from None
+        trusted = self.director.admission.tenants.settings.get(ex.tenant)
+        if not (trusted and trusted.pass_transfer_fields) and drop_hand_over(doc):
+            ex.body = orjson.dumps(doc)  # only then: a body goes on as it was read
         ex.doc = doc
         ex.max_tokens = requested_output(parsed)
         return parsed

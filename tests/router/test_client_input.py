@@ -1,6 +1,7 @@
-"""What a client sends is the client's word, never the router's: the router's
-HTTP app in this process, in front of simulators in this process, given
-keys that are not UTF-8."""
+"""What a client sends is the client's word, never the router's: keys that
+are not UTF-8, ids in headers past their bound, fields that would tell a
+model server where to pull KV from. The router's HTTP app in this process,
+in front of simulators in this process."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
-from tests.router.test_router_app import completion, run, stack
+from tests.router.test_router_app import MODEL, completion, run, stack
+from toposerve.router.config import FlowControlConfig
 
 pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`
 
@@ -92,3 +95,47 @@ def test_headers_that_name_flows_objectives_and_sessions_are_bounded() -> None:
             assert not [e for e in s.logs if e["log_level"] == "error"], s.logs
 
     run(go)
+
+
+# a decode server told to take its KV from a remote prefill: the sim refuses
+# these (no such KV), as a real engine would try to pull it from the host named
+PULL = {"kv_transfer_params": {"do_remote_prefill": True, "remote_host": "10.0.0.66"}}
+BOOTSTRAP = {"bootstrap_host": "127.0.0.1", "bootstrap_port": 1, "bootstrap_room": 7}
+BODIES = {"/v1/chat/completions": {"model": MODEL, "max_tokens": 2,
+                                   "messages": [{"role": "user", "content": "hi"}]},
+          "/v1/completions": completion("hi"),
+          "/v1/responses": {"model": MODEL, "input": "hi", "max_output_tokens": 2}}
+
+
+def test_clients_do_not_choose_where_kv_comes_from(tmp_path: Path) -> None:
+    """kv_transfer_params and SGLang's bootstrap_* fields are the router's to
+    set: a client's never reach a model server, on a request the router does
+    not split too, unless its tenant has passTransferFields."""
+    tenants = {**_keys(tmp_path, {"plain": ["sk-plain"], "trusted": ["sk-trusted"]}),
+               "tenants": [{"name": "trusted", "passTransferFields": True}]}
+
+    async def go() -> None:
+        async with stack([{"disaggregation_mode": "decode"}],
+                         {"flowControl": {"tenants": tenants}}) as s:
+            for path, body in BODIES.items():
+                for fields in (PULL, BOOTSTRAP):
+                    if fields is BOOTSTRAP and path == "/v1/responses":
+                        continue  # SGLang's hand-over is for its chat and completions
+                    asked = {**body, **fields}
+                    r = await s.client.post(path, json=asked,
+                                            headers={"Authorization": "Bearer sk-plain"})
+                    assert r.status == 200, (path, fields, await r.text())
+                    # the trusted tenant's reach the model server as sent: it refuses
+                    # them (400), or fails to pull (500, a 502 from the router)
+                    r = await s.client.post(path, json=asked,
+                                            headers={"Authorization": "Bearer sk-trusted"})
+                    assert r.status in (400, 502), (path, fields, await r.text())
+
+    run(go)
+
+
+def test_trusting_a_tenant_with_the_hand_over_needs_keys() -> None:
+    """Without keys every client is the same nobody: none can be trusted."""
+    with pytest.raises(ValidationError, match="passTransferFields needs keys"):
+        FlowControlConfig.model_validate({"tenants": {"tenants": [
+            {"name": "t", "passTransferFields": True}]}})
