@@ -60,6 +60,11 @@ class ServerConfig(Section):
                                                 "and a client that reads nothing of its "
                                                 "answer for this long is cut off (its slot "
                                                 "and bytes freed)")
+    max_list_items: int = Field(default=16_384, alias="maxListItems", gt=0,
+                                description="the most items a request's messages (chat) or "
+                                            "input (Responses) may hold: more get 413 before "
+                                            "the body is validated, so a body of many tiny "
+                                            "items cannot hold the event loop")
     max_answer_bytes: int = Field(default=16 * 2**20, alias="maxAnswerBytes", gt=0,
                                   description="the most of one model server's answer the "
                                               "router holds at once: a whole answer it "

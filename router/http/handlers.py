@@ -57,6 +57,7 @@ class Handlers:
             raise ApiError(400, f"request body is not valid JSON: {err}") from None
         if not isinstance(doc, dict):
             raise ApiError(400, "request body must be a JSON object")
+        self._before_validation(doc)
         try:
             parsed = model.model_validate(doc)
         except ValidationError as err:
@@ -67,6 +68,18 @@ class Handlers:
         ex.doc = doc
         ex.max_tokens = requested_output(parsed)
         return parsed
+
+    def _before_validation(self, doc: dict[str, Any]) -> None:
+        """What is cheap to refuse is refused before the body is validated
+        (validation costs some microseconds an item): an unknown model, and
+        more messages or input items than server.maxListItems."""
+        if isinstance(model := doc.get("model"), str):
+            self._check_model(model)
+        limit = self.cfg.server.max_list_items
+        for key in ("messages", "input"):
+            if isinstance(items := doc.get(key), list) and len(items) > limit:
+                raise ApiError(413, f"{key} holds {len(items)} items, over {limit} "
+                                    "(server.maxListItems)", key)
 
     def _check_model(self, model: str | None) -> None:
         if model is None or self.state.pool.may_serve(model):
