@@ -113,9 +113,10 @@ class Chain:
 def _pod(chain: Chain, s: Samples, i: int, with_nic: bool) -> None:
     kind = "NIC claim" if with_nic else "no NIC claim"
     uid = str(uuid.uuid4())
+    claim_uid = f"00000000-0000-4000-8000-{i:012d}"  # a record is named by a real claim's UID
     if with_nic:
         write_record(chain.work / "records", ClaimRecord(
-            claimUid=f"claim-{i}", claim=f"bench/c{i}", podUids=[uid],
+            claimUid=claim_uid, claim=f"bench/c{i}", podUids=[uid],
             nics=[NicHandoff(device="nic-0", hostIfName="nic0", pciAddress=None,
                              config=CONFIG)]))
     t0 = time.perf_counter()
@@ -128,7 +129,7 @@ def _pod(chain: Chain, s: Samples, i: int, with_nic: bool) -> None:
         raise RuntimeError(f"pod {i}: interfaces {names}")
     s.add(f"toposerve-nic DEL exec, {kind}", chain.delete(f"sb{i}", netns, uid))
     chain.net.remove_pod(netns)
-    (chain.work / "records" / f"claim-{i}.json").unlink(missing_ok=True)
+    (chain.work / "records" / f"{claim_uid}.json").unlink(missing_ok=True)
 
 
 def _resident(net: NetEnv, s: Samples, pods: int) -> None:

@@ -4,6 +4,8 @@ a file, and removed on unprepare.
 
 A device id is ``<vendor>/<class>=<claim uid>-<device>``: the claim UID makes
 every name new, so a runtime that caches specs can never hit a stale entry.
+Both are checked (``validation``) before they name a file or an id, so a
+spec file is always directly under the root.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from toposerve.dra_driver.kubeletplugin import validation
 from toposerve.dra_driver.kubeletplugin.files import write_atomic
 
 CDI_VERSION = "1.1.0"
@@ -92,10 +95,11 @@ class CdiSpecs:
         return f"{self.vendor}_{self.cls}-"
 
     def path(self, claim_uid: str) -> Path:
-        return self.root / f"{self._prefix()}{claim_uid}.json"
+        """Raises ``validation.InvalidName`` for anything but a Kubernetes UID."""
+        return self.root / f"{self._prefix()}{validation.uid(claim_uid)}.json"
 
     def device_id(self, claim_uid: str, device: str) -> str:
-        return f"{self.kind}={claim_uid}-{device}"
+        return f"{self.kind}={validation.uid(claim_uid)}-{validation.label(device, 'device')}"
 
     def spec(self, claim_uid: str, devices: Mapping[str, ContainerEdits],
              common: ContainerEdits) -> dict[str, Any]:
@@ -114,10 +118,11 @@ class CdiSpecs:
     def write(self, claim_uid: str, devices: Mapping[str, ContainerEdits],
               common: ContainerEdits) -> dict[str, str]:
         """Write the claim's spec; returns device name -> CDI device id."""
+        ids = {name: self.device_id(claim_uid, name) for name in devices}  # checks the names
         body = json.dumps(self.spec(claim_uid, devices, common), indent=1).encode()
         # The temp file does not end in .json: a runtime scanning the root never sees it.
         write_atomic(self.path(claim_uid), body, mode=0o644)
-        return {name: self.device_id(claim_uid, name) for name in devices}
+        return ids
 
     def remove(self, claim_uid: str) -> bool:
         try:
@@ -126,20 +131,25 @@ class CdiSpecs:
             return False
         return True
 
+    def _files(self) -> dict[str, Path]:
+        """Claim UID -> its spec file, of the spec files of ours under the root."""
+        if not self.root.is_dir():
+            return {}
+        prefix = self._prefix()
+        return {p.name[len(prefix):-len(".json")]: p for p in self.root.iterdir()
+                if p.name.startswith(prefix) and p.name.endswith(".json")}
+
     def claims(self) -> set[str]:
         """UIDs of the claims that have a spec file of ours under the root."""
-        if not self.root.is_dir():
-            return set()
-        prefix = self._prefix()
-        return {p.name[len(prefix):-len(".json")] for p in self.root.iterdir()
-                if p.name.startswith(prefix) and p.name.endswith(".json")}
+        return set(self._files())
 
     def remove_all_but(self, keep: Iterable[str]) -> list[str]:
         """Remove spec files of claims not in ``keep`` and half-written temp
         files: the leftovers of a crash. Returns the claim UIDs removed."""
-        stale = sorted(self.claims() - set(keep))
-        for uid in stale:
-            self.remove(uid)
+        files = self._files()
+        stale = sorted(files.keys() - set(keep))
+        for uid in stale:  # by the listed file: an older driver's name need not be a UID
+            files[uid].unlink(missing_ok=True)
         for tmp in self.root.glob(f".{self._prefix()}*.tmp") if self.root.is_dir() else []:
             tmp.unlink(missing_ok=True)
         return stale

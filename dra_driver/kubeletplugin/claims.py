@@ -9,6 +9,7 @@ import json
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
+from toposerve.dra_driver.kubeletplugin import validation
 from toposerve.dra_driver.kubeletplugin.device_kind import AllocatedDevice, ClaimRef
 from toposerve.kubeapi.typed import ApiClient, ApiException, ResourceV1Api
 
@@ -89,6 +90,12 @@ def allocated_devices(claim: Mapping[str, Any], ref: ClaimRef, driver: str, node
     if not results:
         raise ClaimError(f"{where} has no allocation result for driver {driver} on node "
                          f"{node_name}")
+    for r in results:  # they name CDI devices and travel to the kind and the checkpoint
+        try:
+            validation.label(r["device"], "device")
+            validation.request(r["request"])
+        except validation.InvalidName as err:
+            raise ClaimError(f"{where}: allocation result: {err}") from None
     configs: list[tuple[bool, list[str], Any]] = []  # (from the claim?, requests, parsed)
     for i, c in enumerate((allocation.get("devices") or {}).get("config") or []):
         opaque = c.get("opaque") or {}

@@ -10,17 +10,25 @@ lock is taken (a crash, an earlier failure, a checkpoint from another
 boot) is undone first: the kind's unprepare, the CDI spec, our claim
 status. So a crash at any point ends consistent after the next call or
 restart, and the kubelet's retry prepares the claim afresh.
+
+A claim is named by what the kubelet sends; one whose UID, namespace or
+name (or a device or request of its allocation) is not of its Kubernetes
+format fails its prepare and is never recorded (``validation``). An entry
+that can never be undone (recorded by an older driver under such a name,
+or an undo step failing in a way no retry changes) is dropped from the
+checkpoint with an error in the log, never retried forever.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import signal
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -29,7 +37,7 @@ from typing import Any, Protocol
 import grpc
 import structlog
 
-from toposerve.dra_driver.kubeletplugin import metrics
+from toposerve.dra_driver.kubeletplugin import metrics, validation
 from toposerve.dra_driver.kubeletplugin.cdi import CdiSpecs
 from toposerve.dra_driver.kubeletplugin.checkpoint import (
     Checkpoint,
@@ -40,6 +48,7 @@ from toposerve.dra_driver.kubeletplugin.checkpoint import (
 )
 from toposerve.dra_driver.kubeletplugin.claim_status import (
     DeviceStatus,
+    UnwritableClaim,
     apply_device_status,
     clear_device_status,
 )
@@ -58,6 +67,7 @@ from toposerve.dra_driver.kubeletplugin.registration import (
 )
 from toposerve.dra_driver.kubeletplugin.sockets import PluginPaths, grpc_target, remove_stale_socket
 from toposerve.dra_driver.resourceslice import Pool
+from toposerve.kubeapi.typed import ApiException
 
 log = structlog.get_logger("dra.plugin")
 
@@ -125,6 +135,34 @@ def taint_unhealthy(pools: Sequence[Pool], unhealthy: set[tuple[str, str]],
             if (p.name, d["name"]) in unhealthy else d for d in p.devices)
         out.append(replace(p, devices=devices))
     return out
+
+
+class Unrecoverable(Exception):
+    """Undoing a claim failed in a way no retry changes; the message says how."""
+
+
+def _permanent(err: Exception) -> bool:
+    """An undo step that no retry can make succeed: a name refused as
+    malformed, a path too long for the file system, a claim status the
+    apiserver refuses for good (``UnwritableClaim``, or 400/422 to the
+    request itself). Anything else (I/O, 403, 5xx, timeouts) is retried."""
+    if isinstance(err, validation.InvalidName | UnwritableClaim):
+        return True
+    if isinstance(err, OSError):
+        return err.errno == errno.ENAMETOOLONG
+    return isinstance(err, ApiException) and err.status in (400, 422)
+
+
+def _malformed(uid: str, entry: ClaimEntry) -> str | None:
+    """Why a recorded claim cannot be named safely (an older driver recorded
+    whatever the kubelet sent), if it cannot."""
+    try:
+        validation.claim(entry.namespace, entry.name, uid)
+        for d in entry.devices:
+            validation.label(d.device, "device")
+    except validation.InvalidName as err:
+        return str(err)
+    return None
 
 
 def _group(devices: Sequence[AllocatedDevice]) -> list[PreparedDevice]:
@@ -281,6 +319,7 @@ class KubeletPlugin:
             pools = self.pool_names()
         for ref in claims:  # API reads before taking the lock, as the Go helper does
             try:
+                validation.claim(ref.namespace, ref.name, ref.uid)  # before it names anything
                 claim = fetch_claim(self.api, ref)
                 ref = replace(ref, pod_uids=reserved_pods(claim))
                 ready.append((ref, allocated_devices(claim, ref, self.cfg.driver,
@@ -288,6 +327,8 @@ class KubeletPlugin:
                                                      self.kind.validate_config)))
             except ClaimError as err:
                 out[ref.uid] = PrepareResult(error=str(err))
+            except validation.InvalidName as err:
+                out[ref.uid] = PrepareResult(error=f"prepare claim: {err}")
             except Exception as err:  # a bug in a kind's validation fails its claim alone
                 out[ref.uid] = PrepareResult(error=f"prepare claim {ref}: {err!r}")
         if ready or not claims:
@@ -351,7 +392,11 @@ class KubeletPlugin:
         except Exception as err:
             msg = f"prepare claim {ref.namespace}/{ref.name}: {err}"
             try:
-                self._undo(ref, entry)
+                try:
+                    self._undo(ref, entry)
+                except Unrecoverable as lost:
+                    self._dropping(ref.uid, entry, str(lost))
+                    msg += f"; undoing it failed for good ({lost}), dropped from the checkpoint"
                 self._save(data, ref.uid, None)
             except Exception as undo_err:
                 # Left as PrepareStarted: the next call or restart undoes it.
@@ -360,10 +405,21 @@ class KubeletPlugin:
 
     def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str | None]:
         out: dict[str, str | None] = {}
+        valid = []
+        for ref in claims:
+            try:
+                validation.claim(ref.namespace, ref.name, ref.uid)
+                valid.append(ref)
+            except validation.InvalidName as err:
+                # never prepared under such a name (prepare refuses it, recovery
+                # drops an older driver's entry): nothing to undo, and an error
+                # would have the kubelet retry forever
+                out[ref.uid] = None
+                log.warning("unprepare of a malformed claim: nothing to do", error=str(err))
         try:
             with self._serialized():
                 data = self._recover()
-                for ref in claims:
+                for ref in valid:
                     t0 = time.monotonic()
                     out[ref.uid] = self._unprepare_one(data, ref)
                     self._observe_unprepare(ref, out[ref.uid], time.monotonic() - t0)
@@ -391,6 +447,8 @@ class KubeletPlugin:
         crashpoint("unprepare-started")
         try:
             self._undo(ref, entry, crash=True)
+        except Unrecoverable as lost:
+            self._dropping(ref.uid, entry, str(lost))  # the kubelet's retry would change nothing
         except Exception as err:
             # Stays UnprepareStarted: finished by the next call or restart.
             return f"unprepare claim {ref.namespace}/{ref.name}: {err}"
@@ -399,16 +457,34 @@ class KubeletPlugin:
         return None
 
     def _undo(self, ref: ClaimRef, entry: ClaimEntry, crash: bool = False) -> None:
-        """Every side effect of prepare, taken back; each step idempotent."""
-        self.kind.unprepare(ref, [d.device for d in entry.devices])
-        if crash:
-            crashpoint("unprepare-devices")
-        self.cfg.cdi.remove(ref.uid)
-        if crash:
-            crashpoint("unprepare-cdi")
-        clear_device_status(self.api, self.cfg.driver, ref)
-        if crash:
-            crashpoint("unprepare-status")
+        """Every side effect of prepare, taken back; each step idempotent.
+        A step failing for good (``_permanent``) does not stop the later
+        ones, and then ``Unrecoverable`` says the entry can only be dropped."""
+        steps: list[tuple[str, Callable[[], object]]] = [
+            ("unprepare-devices", lambda: self.kind.unprepare(ref, [d.device
+                                                                    for d in entry.devices])),
+            ("unprepare-cdi", lambda: self.cfg.cdi.remove(ref.uid)),
+            ("unprepare-status", lambda: clear_device_status(self.api, self.cfg.driver, ref)),
+        ]
+        lost = []
+        for point, step in steps:
+            try:
+                step()
+            except Exception as err:
+                if not _permanent(err):
+                    raise
+                lost.append(f"{point.removeprefix('unprepare-')}: {err}")
+            if crash:
+                crashpoint(point)
+        if lost:
+            raise Unrecoverable("; ".join(lost))
+
+    def _dropping(self, uid: str, entry: ClaimEntry, why: str) -> None:
+        """Say that an entry that can never be undone leaves the checkpoint."""
+        metrics.BACKGROUND_ERRORS.labels(self.cfg.driver, "dropped-claim").inc()
+        log.error("dropping a claim from the checkpoint: it can never be undone; what it "
+                  "prepared may be left behind", uid=uid, claim=f"{entry.namespace}/{entry.name}",
+                  state=entry.state.value, devices=[d.device for d in entry.devices], error=why)
 
     def _save(self, data: CheckpointData, uid: str, entry: ClaimEntry | None) -> None:
         if entry is None:
@@ -422,7 +498,9 @@ class KubeletPlugin:
     def _recover(self) -> CheckpointData:
         """Load the checkpoint (``CorruptCheckpoint`` propagates) and undo
         whatever is not *PrepareCompleted*; a checkpoint from another boot
-        is undone whole. Then drop CDI specs no completed claim owns."""
+        is undone whole. An entry under a malformed name, or whose undo
+        fails for good, is dropped. Then drop CDI specs no completed claim
+        owns."""
         data, other_boot = self.checkpoint.load()
         self.checkpoint.remove_temp_files()
         if other_boot:
@@ -432,11 +510,20 @@ class KubeletPlugin:
                            for uid, e in data.claims.items()}
             self.checkpoint.save(data)
         for uid, entry in list(data.claims.items()):
+            if (malformed := _malformed(uid, entry)) is not None:
+                # not even its CDI spec can be named safely: nothing is touched
+                self._dropping(uid, entry, malformed)
+                self._save(data, uid, None)
+                continue
             if entry.state == ClaimState.PREPARE_COMPLETED:
                 continue
             ref = ClaimRef(namespace=entry.namespace, name=entry.name, uid=uid)
             try:
                 self._undo(ref, entry)
+            except Unrecoverable as lost:
+                self._dropping(uid, entry, str(lost))
+                self._save(data, uid, None)
+                continue
             except Exception as err:
                 metrics.BACKGROUND_ERRORS.labels(self.cfg.driver, "recovery").inc()
                 log.error("undoing an unfinished claim failed; will retry", uid=uid,

@@ -13,20 +13,18 @@ naming it: it is never silently skipped or replaced.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from toposerve.dra_driver.kubeletplugin import validation
 from toposerve.dra_driver.kubeletplugin.files import remove_temp_files, write_atomic
 from toposerve.dra_driver.kubeletplugin.opaque import problems
 from toposerve.dra_driver.net.config import NetConfig
 
 VERSION = 1
 DEFAULT_STATE_DIR = Path("/var/lib/kubelet/plugins/net.toposerve.io/handoff")
-# Kubernetes UIDs; anything else could name a path outside the folder.
-UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,62}$")
 
 
 class CorruptRecord(RuntimeError):
@@ -55,14 +53,10 @@ class ClaimRecord(BaseModel):
     nics: list[NicHandoff]
 
 
-def _uid(uid: str) -> str:
-    if not UID.fullmatch(uid):
-        raise ValueError(f"{uid!r} is not a Kubernetes UID")
-    return uid
-
-
 def record_path(state_dir: Path, claim_uid: str) -> Path:
-    return state_dir / f"{_uid(claim_uid)}.json"
+    """Raises ``validation.InvalidName`` for anything but a Kubernetes UID:
+    it could name a path outside the folder."""
+    return state_dir / f"{validation.uid(claim_uid)}.json"
 
 
 def write_record(state_dir: Path, rec: ClaimRecord) -> None:

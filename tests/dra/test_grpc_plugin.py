@@ -1,7 +1,8 @@
 """The framework's sockets through real gRPC, as the kubelet uses them:
 registration, empty prepare, health stream, liveness, stale sockets,
-rolling-update overlap and shutdown. (Claims need a cluster:
-test_prepare_cluster.py.)"""
+rolling-update overlap and shutdown; claims whose names no apiserver gives,
+and checkpoint entries that can never be undone, over a fake of the three
+claim calls. (Real claims need a cluster: test_prepare_cluster.py.)"""
 
 from __future__ import annotations
 
@@ -15,9 +16,18 @@ from typing import Any
 import grpc
 import pytest
 
-from harness.dra_kubelet import Kubelet
+from harness.dra_kubelet import Claim, Kubelet
+from toposerve.dra_driver.kubeletplugin import plugin as plugin_module
 from toposerve.dra_driver.kubeletplugin.cdi import CdiSpecs, ContainerEdits
-from toposerve.dra_driver.kubeletplugin.checkpoint import CorruptCheckpoint
+from toposerve.dra_driver.kubeletplugin.checkpoint import (
+    Checkpoint,
+    CheckpointData,
+    ClaimEntry,
+    ClaimState,
+    CorruptCheckpoint,
+    PreparedDevice,
+)
+from toposerve.dra_driver.kubeletplugin.claim_status import UnwritableClaim
 from toposerve.dra_driver.kubeletplugin.device_kind import AllocatedDevice, ClaimRef, PreparedEdits
 from toposerve.dra_driver.kubeletplugin.liveness import (
     HttpEndpoints,
@@ -28,6 +38,7 @@ from toposerve.dra_driver.kubeletplugin.liveness import (
 from toposerve.dra_driver.kubeletplugin.plugin import KubeletPlugin, PluginConfig
 from toposerve.dra_driver.kubeletplugin.sockets import GRPC_PATH_MAX, PluginPaths
 from toposerve.dra_driver.resourceslice import Pool
+from toposerve.kubeapi.typed import ApiException
 
 DRIVER = "fake.toposerve.io"
 
@@ -221,3 +232,136 @@ def test_socket_paths_longer_than_grpc_binds(tmp_path_factory: pytest.TempPathFa
     finally:
         p.stop()
     assert not p.cfg.paths.registration_socket.exists()
+
+
+# -- claims with names no apiserver gives, through the kubelet's gRPC -----------
+
+UID_A, UID_B, UID_C = (f"0b7c5a56-0d0e-4f43-9a57-4f1d0a6f2a0{i}" for i in (1, 2, 3))
+
+
+class FakeApi:
+    """The three apiserver calls the plugin makes for a claim, over its module's
+    names: every claim is allocated ``device`` for ``request`` on node-a."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.device, self.request = "dev-0", "r"
+        self.clear_errors: dict[str, Exception] = {}  # by claim UID
+        monkeypatch.setattr(plugin_module, "fetch_claim", self.fetch_claim)
+        monkeypatch.setattr(plugin_module, "apply_device_status", lambda *a, **k: True)
+        monkeypatch.setattr(plugin_module, "clear_device_status", self.clear_device_status)
+
+    def fetch_claim(self, api: object, ref: ClaimRef) -> dict[str, Any]:
+        return {"metadata": {"uid": ref.uid}, "status": {"allocation": {"devices": {"results": [
+            {"request": self.request, "driver": DRIVER, "pool": "node-a",
+             "device": self.device}]}}}}
+
+    def clear_device_status(self, api: object, driver: str, ref: ClaimRef) -> bool:
+        if ref.uid in self.clear_errors:
+            raise self.clear_errors[ref.uid]
+        return False
+
+
+def _files(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*") if not p.is_dir()}
+
+
+@pytest.mark.parametrize("bad, field", [
+    (Claim("default", "c", "x/../../escaped"), "claim UID"),
+    (Claim("default", "c", "../../../escaped"), "claim UID"),
+    (Claim("default", "c", "a" * 300), "claim UID"),
+    (Claim("default", "c", UID_B[:-1] + "\x00"), "claim UID"),
+    (Claim("../..", "c", UID_B), "claim namespace"),
+    (Claim("default", "c/../../x", UID_B), "claim name"),
+])
+def test_a_malformed_claim_fails_alone_and_names_no_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bad: Claim, field: str) -> None:
+    FakeApi(monkeypatch)
+    p = _plugin(tmp_path)
+    p.start()
+    try:
+        before = _files(tmp_path)
+        kubelet = Kubelet(p.cfg.paths.registration_socket)
+        good = Claim("default", "good", UID_A)
+        out = kubelet.prepare([good, bad])
+        assert out[bad.uid].error.startswith(f"prepare claim: {field} ")
+        assert "\n" not in out[bad.uid].error and not out[bad.uid].devices
+        assert not out[good.uid].error
+        assert list(out[good.uid].devices[0].cdi_device_ids) == [
+            f"k8s.fake.toposerve.io/dev={UID_A}-dev-0"]
+        assert set(p.checkpoint.load()[0].claims) == {UID_A}
+        # one spec, under the CDI root; nothing else anywhere
+        assert _files(tmp_path) - before == {
+            f"cdi/k8s.fake.toposerve.io_dev-{UID_A}.json", "plugin/checkpoint.json"}
+        assert kubelet.unprepare([good, bad]) == {UID_A: "", bad.uid: ""}
+        assert p.checkpoint.load()[0].claims == {} and p.cfg.cdi.claims() == set()
+    finally:
+        p.stop()
+
+
+@pytest.mark.parametrize("device, request_name, field", [
+    ("../../../escaped", "r", "device"), ("Dev-0", "r", "device"),
+    ("dev-0", "r/../x", "request"), ("dev-0", "R", "request"),
+])
+def test_a_malformed_device_or_request_fails_its_claim(
+        plugin: KubeletPlugin, monkeypatch: pytest.MonkeyPatch, device: str,
+        request_name: str, field: str) -> None:
+    api = FakeApi(monkeypatch)
+    api.device, api.request = device, request_name
+    out = Kubelet(plugin.cfg.paths.registration_socket).prepare([Claim("default", "c", UID_A)])
+    assert out[UID_A].error.startswith(f"claim default/c: allocation result: {field} ")
+    assert plugin.checkpoint.load()[0].claims == {} and plugin.cfg.cdi.claims() == set()
+
+
+def _entry(state: ClaimState, namespace: str = "default", name: str = "c",
+           device: str = "dev-0") -> ClaimEntry:
+    return ClaimEntry(namespace=namespace, name=name, state=state, devices=[
+        PreparedDevice(requests=["r"], pool="node-a", device=device)])
+
+
+def test_entries_that_can_never_be_undone_are_dropped_not_retried_forever(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As an older driver left them: recorded under names no apiserver gives,
+    or failing an undo step for good; one failing for now stays."""
+    api = FakeApi(monkeypatch)
+    api.clear_errors = {UID_A: UnwritableClaim("the apiserver refuses every status update"),
+                        UID_B: ApiException(status=422, reason="Unprocessable Entity"),
+                        UID_C: ApiException(status=503, reason="Service Unavailable")}
+    p = _plugin(tmp_path)
+    escaped = tmp_path / "escaped.json"  # where an older driver wrote a `../` claim's spec
+    escaped.write_text("{}")
+    p.cfg.cdi.write(UID_A, {"dev-0": ContainerEdits(env={"X": "1"})}, ContainerEdits())
+    Checkpoint(p.cfg.paths.checkpoint, "boot-1").save(CheckpointData(boot_id="boot-1", claims={
+        "a" * 300: _entry(ClaimState.PREPARE_STARTED),
+        UID_A[:-1] + "\x00": _entry(ClaimState.UNPREPARE_STARTED),
+        "x/../../escaped": _entry(ClaimState.PREPARE_COMPLETED),
+        UID_B[:-1] + "f": _entry(ClaimState.PREPARE_STARTED, device="../../x"),
+        UID_A: _entry(ClaimState.PREPARE_STARTED),
+        UID_B: _entry(ClaimState.UNPREPARE_STARTED),
+        UID_C: _entry(ClaimState.PREPARE_STARTED),
+    }))
+    p.start()
+    try:
+        # the transient failure stays to be retried; everything else is gone
+        assert set(p.checkpoint.load()[0].claims) == {UID_C}
+        assert p.cfg.cdi.claims() == set()  # the spec of the claim whose status is stuck too
+        assert escaped.read_text() == "{}"  # outside the root: never touched
+        del api.clear_errors[UID_C]
+        assert Kubelet(p.cfg.paths.registration_socket).prepare([]) == {}
+        assert p.checkpoint.load()[0].claims == {}
+    finally:
+        p.stop()
+
+
+def test_an_unprepare_failing_for_good_ends(plugin: KubeletPlugin,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    api = FakeApi(monkeypatch)
+    kubelet = Kubelet(plugin.cfg.paths.registration_socket)
+    claim = Claim("default", "c", UID_A)
+    assert not kubelet.prepare([claim])[UID_A].error
+    api.clear_errors[UID_A] = UnwritableClaim("the apiserver refuses every status update")
+    assert kubelet.unprepare([claim]) == {UID_A: ""}
+    assert plugin.checkpoint.load()[0].claims == {} and plugin.cfg.cdi.claims() == set()
+    api.clear_errors[UID_A] = ApiException(status=503, reason="Service Unavailable")
+    assert not kubelet.prepare([claim])[UID_A].error
+    assert "503" in kubelet.unprepare([claim])[UID_A]  # for now: the kubelet retries
+    assert set(plugin.checkpoint.load()[0].claims) == {UID_A}

@@ -176,8 +176,11 @@ def test_repair_takes_back_a_nic_whose_pod_namespace_is_gone(env: NetEnv) -> Non
     _assert_on_host(env)
 
 
+CLAIM_UID = "0b7c5a56-0d0e-4f43-9a57-4f1d0a6f2a01"
+
+
 def _record(env: NetEnv, state: Path, pod_uid: str, config: NetConfig = CONFIG) -> None:
-    write_record(state, ClaimRecord(claimUid="c-1", claim="default/nic", podUids=[pod_uid],
+    write_record(state, ClaimRecord(claimUid=CLAIM_UID, claim="default/nic", podUids=[pod_uid],
                                     nics=[NicHandoff(device="nic-0", hostIfName="nic0",
                                                      pciAddress=None, config=config)]))
 
@@ -213,7 +216,7 @@ def test_cni_add_moves_the_pods_nics_and_passes_the_result_on(env: NetEnv, tmp_p
                    _conf(tmp_path, PREV), host)
     assert out2 is not None and out2["interfaces"] == PREV["interfaces"]  # no claim: as it was
     # DEL finds the NIC from the journal: no record, no namespace path needed
-    (tmp_path / "records" / "c-1.json").unlink()
+    (tmp_path / "records" / f"{CLAIM_UID}.json").unlink()
     assert cni.run({**base, "CNI_COMMAND": "DEL", "CNI_NETNS": ""}, _conf(tmp_path), host) is None
     _assert_on_host(env)
 

@@ -123,11 +123,16 @@ def test_random_claims_get_per_claim_errors(kubelet: Kubelet, apiserver: FakeApi
 
 
 def test_a_huge_list_of_duplicate_and_unicode_claims(kubelet: Kubelet) -> None:
-    batch = [Claim(namespace="ns\u00e9", name=f"c-{i}-\U0001f600" * 3, uid=f"u{i % 700}")
-             for i in range(2000)] + [Claim("", "", "")] * 50
+    unknown = [Claim(namespace="ns", name=f"c-{i}", uid=f"00000000-0000-4000-8000-{i % 700:012d}")
+               for i in range(2000)]
+    malformed = [Claim(namespace="ns\u00e9", name=f"c-{i}-\U0001f600" * 3, uid=f"u{i % 700}")
+                 for i in range(2000)] + [Claim("", "", "")] * 50
+    batch = unknown + malformed
     prepared = kubelet.prepare(batch, timeout=60)
     _each_claim_answered(batch, prepared)
-    assert all("not found" in r.error for r in prepared.values())
+    assert all("not found" in prepared[c.uid].error for c in unknown)
+    assert all(prepared[c.uid].error.startswith("prepare claim: claim namespace ")
+               for c in malformed)
     _each_claim_answered(batch, kubelet.unprepare(batch))
     assert kubelet.prepare([]) == {}  # still up
 
