@@ -117,7 +117,7 @@ def _promised(view: View, now: float) -> dict[str, dict[str, int]]:
     layouts: dict[str, Layout] = {}
     for d in sorted(view.decisions.values(), key=lambda d: (d.decided_at, d.group)):
         group = view.groups.get(d.group)
-        if group is None or not d.holds(group, now) or group.too_big():
+        if group is None or not d.holds(group, now) or group.too_big() or group.problem:
             continue
         lay = _layout(view, group, d, reserved)
         for n, held in lay.mine.items():
@@ -326,6 +326,10 @@ def filter_member(view: View, group: Group, uid: str, candidates: list[str], pol
     """Which candidate nodes member ``uid`` of ``group`` may go to."""
     member = group.member(uid)
     assert member is not None, "the pod being placed must be a member of its group"
+    if group.problem is not None:  # its PodGroup or LeaderWorkerSets say it wrongly
+        return FilterResult([], dict.fromkeys(candidates, f"cannot place the pod's group: "
+                                                          f"{group.problem}"),
+                            None, Outcome.BAD_METADATA, unresolvable=True)
     if (too_big := group.too_big()) is not None:
         return FilterResult([], dict.fromkeys(candidates, too_big), None, Outcome.NO_FIT,
                             unresolvable=True)
@@ -432,7 +436,7 @@ def prioritize_member(view: View, group: Group, uid: str, candidates: list[str],
     decision = view.decisions.get(group.key)
     member = group.member(uid)
     if decision is None or member is None or not decision.holds(group, now) or \
-            group.too_big():
+            group.too_big() or group.problem:
         return neutral()
     names = _nodes(view, decision.tier, decision.domain, decision.profiles)
     offered = set(candidates)

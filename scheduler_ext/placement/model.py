@@ -75,7 +75,8 @@ class Group:
     members need most. ``size_known`` is False when only another object
     can say the size (a DisaggregatedSet slice's LeaderWorkerSets, an
     in-tree PodGroup) and the extender has not seen it: ``size`` is then
-    just the members seen so far."""
+    just the members seen so far. ``problem``: what of those objects
+    cannot be read (a size or level), so that no member is placed."""
 
     key: str
     source: Source
@@ -85,6 +86,7 @@ class Group:
     preferred: Tier | None = None
     shape: Shape = Shape.WIDE_EP
     size_known: bool = True
+    problem: str | None = None
 
     def member(self, uid: str) -> Member | None:
         return next((m for m in self.members if m.uid == uid), None)

@@ -112,7 +112,7 @@ class ClusterState:
         self._pods: dict[str, PodFacts] = {}
         self._pod_groups: dict[Key, tuple[int | None, Tier | None, str | None]] = {}
         # LeaderWorkerSets of DisaggregatedSet slices: (their slice's group, pods)
-        self._lws: dict[Key, tuple[str, int]] = {}
+        self._lws: dict[Key, tuple[str, int, str | None]] = {}
         # indexes
         self._slices_of: dict[str, set[str]] = defaultdict(set)  # node -> slice names
         self._device: dict[DeviceId, tuple[str, str]] = {}  # -> (node, unit)
@@ -252,12 +252,12 @@ class ClusterState:
         md = obj.get("metadata") or {}
         key = (md.get("namespace", "default"), md.get("name", ""))
         with self.lock:
-            group, pods = lws_pods(obj) if kind != "DELETED" else (None, 0)
+            group, pods, bad = lws_pods(obj) if kind != "DELETED" else (None, 0, None)
             old = self._lws.pop(key, None)
             touched = {g for g in (group, old[0] if old else None) if g}
             waiting = self._waiting_for_size(touched)
             if group is not None:
-                self._lws[key] = (group, pods)
+                self._lws[key] = (group, pods, bad)
             self._dirty_groups.update(touched)
             self._announce_sized(waiting)
 
@@ -471,11 +471,14 @@ class ClusterState:
         size = max((r.size for r in refs if r.size is not None), default=None)
         required = next((r.required for r in refs if r.required is not None), None)
         preferred = next((r.preferred for r in refs if r.preferred is not None), None)
+        problem = None  # of the objects that say the group's size or level
         if first.pod_group is not None and first.pod_group in self._pod_groups:
-            pg_size, pg_level, _ = self._pod_groups[first.pod_group]
+            pg_size, pg_level, problem = self._pod_groups[first.pod_group]
             size, required = pg_size or size, required or pg_level
         if first.source == Source.DISAGGREGATED_SET:
-            size = sum(pods for group, pods in self._lws.values() if group == key) or None
+            sets = [(pods, bad) for group, pods, bad in self._lws.values() if group == key]
+            size = sum(pods for pods, _ in sets) or None
+            problem = next((bad for _, bad in sets if bad), None)
         # these pods do not carry their group's size: until its object is seen
         # the members seen so far are not the group (placing them would strand them)
         known = size is not None or first.source not in (Source.DISAGGREGATED_SET,
@@ -483,7 +486,7 @@ class ClusterState:
         roles = {m.role for m in members}
         shape = Shape.PD if roles & {PREFILL, DECODE} else Shape.WIDE_EP
         return Group(key, first.source, max(size or 0, len(members)), members, required,
-                     preferred, shape, size_known=known)
+                     preferred, shape, size_known=known, problem=problem)
 
     def snapshot(self) -> View:
         """The view, with what changed since the last call rebuilt. Call

@@ -146,5 +146,5 @@ def test_disaggregated_set_slice_pods_and_their_leaderworkersets() -> None:
         (key, Source.DISAGGREGATED_SET, None)}
     assert Counter(r.role for r in refs if r) == {"prefill": 2, "decode": 2}
     # the slice's size comes from its LeaderWorkerSets
-    assert [lws_pod_count(s) for s in sets] == [(key, 2), (key, 2)]
-    assert sum(n for _, n in map(lws_pod_count, sets)) == len(pods)
+    assert [lws_pod_count(s) for s in sets] == [(key, 2, None), (key, 2, None)]
+    assert sum(n for _, n, _ in map(lws_pod_count, sets)) == len(pods)
