@@ -396,6 +396,12 @@ class ResponsesStoreConfig(Section):
     max_bytes: int = Field(default=256 * 2**20, alias="maxBytes", gt=0,
                            description="memory backend: the turns' stored bytes (their "
                                        "JSON); the oldest are dropped beyond this")
+    tenant_share: float = Field(
+        default=0.25, alias="tenantShare", gt=0, le=1,
+        description="memory backend: the most of maxItems and of maxBytes one tenant's turns "
+                    "may take; a tenant at its share drops its own oldest turns for new ones, "
+                    "never another's. Without API keys every client is one tenant, which has "
+                    "the whole store")
     ttl_s: float = Field(default=3600.0, alias="ttlSeconds", gt=0,
                          description="a stored turn expires after this; a chain's earlier "
                                      "turns live as long as its newest")

@@ -91,12 +91,25 @@ async def read_chain(store: ResponsesStore, rid: str, tenant: str, max_turns: in
     return ids[::-1], turns[::-1]
 
 
+class _Share:
+    """One tenant's turns in the memory store, oldest first, and their bytes."""
+
+    __slots__ = ("bytes", "turns")
+
+    def __init__(self) -> None:
+        self.turns: OrderedDict[str, None] = OrderedDict()
+        self.bytes = 0
+
+
 class MemoryStore:
     def __init__(self, cfg: ResponsesStoreConfig) -> None:
         # in expiry order: every write and refresh moves a turn to the end
-        self._items: OrderedDict[str, tuple[float, bytes]] = OrderedDict()
+        self._items: OrderedDict[str, tuple[float, bytes, str]] = OrderedDict()
+        self._shares: dict[str, _Share] = {}  # each tenant's turns, in the same order
         self.cfg = cfg
         self.bytes = 0
+        self.share_items = max(1, int(cfg.max_items * cfg.tenant_share))
+        self.share_bytes = int(cfg.max_bytes * cfg.tenant_share)
 
     async def get(self, rid: str, tenant: str) -> dict[str, Any] | None:
         item = self._items.get(rid)
@@ -106,7 +119,13 @@ class MemoryStore:
         return _owned(record, tenant)
 
     def _pop(self, rid: str) -> None:
-        self.bytes -= len(self._items.pop(rid)[1])
+        _expires, raw, tenant = self._items.pop(rid)
+        self.bytes -= len(raw)
+        share = self._shares[tenant]
+        del share.turns[rid]
+        share.bytes -= len(raw)
+        if not share.turns:
+            del self._shares[tenant]
 
     async def put(self, rid: str, record: dict[str, Any], tenant: str,
                   earlier: Sequence[str] = ()) -> None:
@@ -118,11 +137,21 @@ class MemoryStore:
         expires = time.monotonic() + self.cfg.ttl_s
         for e in earlier:
             if (item := self._items.get(e)) is not None:
-                self._items[e] = (expires, item[1])
+                self._items[e] = (expires, item[1], item[2])
                 self._items.move_to_end(e)
-        self._items[rid] = (expires, raw)
+                self._shares[item[2]].turns.move_to_end(e)
+        self._items[rid] = (expires, raw, tenant)
         self.bytes += len(raw)
-        # the oldest go first; the new turn stays even if it alone is over
+        share = self._shares.setdefault(tenant, _Share())
+        share.turns[rid] = None
+        share.bytes += len(raw)
+        # a tenant at its share makes room from its own turns, so no tenant can
+        # drop every other's; without keys ("") the one tenant has the whole store
+        if tenant:
+            while len(share.turns) > 1 and (len(share.turns) > self.share_items
+                                            or share.bytes > self.share_bytes):
+                self._pop(next(iter(share.turns)))
+        # then the oldest go first; the new turn stays even if it alone is over
         while len(self._items) > 1 and (len(self._items) > self.cfg.max_items
                                         or self.bytes > self.cfg.max_bytes):
             self._pop(next(iter(self._items)))
@@ -149,6 +178,7 @@ class MemoryStore:
 
     async def close(self) -> None:
         self._items.clear()
+        self._shares.clear()
         self.bytes = 0
 
 
