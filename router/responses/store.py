@@ -185,15 +185,44 @@ class MemoryStore:
 class RedisStore:
     PREFIX = "toposerve:response:"
 
-    def __init__(self, url: str, ttl_s: float,
-                 options: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, url: str, ttl_s: float, options: Mapping[str, Any] | None = None,
+                 allow_open: bool = False) -> None:
+        """``allow_open``: skip the check, made on each new connection, that
+        the Redis keeps its turns from clients without credentials."""
         import redis.asyncio as redis
 
+        self.url, self.options = url, dict(options or {})
         # bounded waits: a Redis that hangs must cost a request an error, not forever
         self._r = redis.from_url(url, socket_timeout=REDIS_TIMEOUT_S,
-                                 socket_connect_timeout=REDIS_TIMEOUT_S, **(options or {}))
+                                 socket_connect_timeout=REDIS_TIMEOUT_S,
+                                 redis_connect_func=None if allow_open else self._connected,
+                                 **self.options)
         self._errors = (redis.RedisError, OSError)
         self.ttl_ms = int(ttl_s * 1000)
+
+    async def _connected(self, conn: Any) -> None:
+        """Each new connection, before any command goes over it: whether the
+        Redis is open is asked again, since the one that answers now may not
+        be the one checked at start (unreachable then, or restarted since)."""
+        import redis.asyncio as redis
+
+        await conn.on_connect()  # what redis-py does without this hook: AUTH, SELECT
+        url, anonymous = _anonymous(self.url, self.options)
+        probe = redis.Redis.from_url(url, socket_timeout=REDIS_TIMEOUT_S,
+                                     socket_connect_timeout=REDIS_TIMEOUT_S, **anonymous)
+        err: Exception | None = None
+        try:
+            await probe.get(PROBE_KEY)
+        except (redis.RedisError, OSError) as e:
+            err = e
+        finally:
+            await probe.aclose()
+        found = _open(err)
+        if found is True:
+            # a RedisError, not a ConnectionError: redis-py does not retry it
+            raise redis.RedisError(_open_message(self.url) + "; nothing is stored in it")
+        if isinstance(found, Exception):
+            raise redis.RedisError(f"cannot check that Redis needs a password: {found}")
 
     def _unavailable(self, err: Exception) -> ApiError:
         log.warning("responses store unavailable", error=str(err))
@@ -278,34 +307,65 @@ def _without_credentials(url: str) -> str:
     return urlunsplit(u._replace(netloc=host))
 
 
+# a key of the store's, read without credentials: if that works, anyone who
+# reaches the Redis reads every tenant's turns
+PROBE_KEY = RedisStore.PREFIX + "probe"
+
+
+def _anonymous(url: str, options: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The URL and options of a client of the same Redis without credentials."""
+    return _without_credentials(url), {k: v for k, v in options.items()
+                                       if k not in ("username", "password")}
+
+
+def _open(err: Exception | None) -> bool | Exception:
+    """Whether a read sent without credentials was answered (``err`` None:
+    the Redis is open), refused (False: it needs a password, or its default
+    user is off or may not read the store's keys, as with ACL users), or
+    could not be made (the error: nothing known)."""
+    import redis
+
+    if err is None:
+        return True
+    if isinstance(err, (redis.AuthenticationError, redis.exceptions.NoPermissionError)):
+        return False  # NOAUTH, NOPERM, or HELLO refused to a default user that is off
+    return err
+
+
+def _open_message(url: str) -> str:
+    return (f"responses.redisUrl {_without_credentials(url)}: this Redis answers without a "
+            "password, so whoever reaches it reads every tenant's stored turns; give it one "
+            "(requirepass, or an ACL user for the router and a default user that may not "
+            "read) and the router responses.redisPasswordFile, or set "
+            "responses.allowUnauthenticated: true")
+
+
 def refuse_open_redis(cfg: ResponsesStoreConfig, options: Mapping[str, Any]) -> None:
-    """Stops the start (ConfigError) when the Redis answers a PING sent
-    without credentials, unless ``allowUnauthenticated``: such a Redis gives
-    every pod that reaches it every tenant's stored turns. A Redis that
-    cannot be reached now is left to the store's own errors (503s until it
-    answers): a router may start before its Redis."""
+    """Stops the start (ConfigError) when the Redis answers a read of the
+    store's keys sent without credentials, unless ``allowUnauthenticated``:
+    such a Redis gives every pod that reaches it every tenant's stored
+    turns. A Redis that cannot be reached now is checked when the store
+    first connects to it (``RedisStore``): a router may start before its
+    Redis."""
     import redis
 
     assert cfg.redis_url is not None  # the config model guarantees it
-    probe = redis.Redis.from_url(
-        _without_credentials(cfg.redis_url), socket_timeout=REDIS_TIMEOUT_S,
-        socket_connect_timeout=REDIS_TIMEOUT_S,
-        **{k: v for k, v in options.items() if k != "password"})
+    url, anonymous = _anonymous(cfg.redis_url, options)
+    probe = redis.Redis.from_url(url, socket_timeout=REDIS_TIMEOUT_S,
+                                 socket_connect_timeout=REDIS_TIMEOUT_S, **anonymous)
+    err: Exception | None = None
     try:
-        probe.ping()
-    except redis.AuthenticationError:
-        return  # NOAUTH: it needs a password
-    except (redis.ConnectionError, redis.TimeoutError, OSError) as err:
-        log.warning("cannot check that Redis needs a password", error=str(err))
-        return
+        probe.get(PROBE_KEY)
+    except (redis.RedisError, OSError) as e:
+        err = e
     finally:
         probe.close()
-    if not cfg.allow_unauthenticated:
-        raise ConfigError(
-            f"responses.redisUrl {_without_credentials(cfg.redis_url)}: this Redis answers "
-            "without a password, so whoever reaches it reads every tenant's stored turns; "
-            "give it one (requirepass) and the router responses.redisPasswordFile, or set "
-            "responses.allowUnauthenticated: true")
+    found = _open(err)
+    if isinstance(found, Exception):
+        log.warning("cannot check that Redis needs a password; checked again when the store "
+                    "connects", error=str(found))
+    elif found and not cfg.allow_unauthenticated:
+        raise ConfigError(_open_message(cfg.redis_url))
 
 
 def make_store(cfg: ResponsesStoreConfig) -> ResponsesStore:
@@ -317,5 +377,5 @@ def make_store(cfg: ResponsesStoreConfig) -> ResponsesStore:
             raise ConfigError(f"responses.redisPasswordFile: cannot read "
                               f"{cfg.redis_password_file}: {err.strerror}") from None
         refuse_open_redis(cfg, options)
-        return RedisStore(cfg.redis_url, cfg.ttl_s, options)
+        return RedisStore(cfg.redis_url, cfg.ttl_s, options, cfg.allow_unauthenticated)
     return MemoryStore(cfg)
