@@ -60,7 +60,7 @@ class ServerConfig(Section):
                                                 "and a client that reads nothing of its "
                                                 "answer for this long is cut off (its slot "
                                                 "and bytes freed)")
-    max_list_items: int = Field(default=16_384, alias="maxListItems", gt=0,
+    max_list_items: int = Field(default=8192, alias="maxListItems", gt=0,
                                 description="the most items a request's messages (chat) or "
                                             "input (Responses) may hold: more get 413 before "
                                             "the body is validated, so a body of many tiny "
@@ -71,7 +71,8 @@ class ServerConfig(Section):
                                               "reads (non-streamed, a prefill's) or one "
                                               "event of a stream it rewrites (Responses); "
                                               "past it the client gets 502. Held bytes "
-                                              "count against maxInflightBytes too")
+                                              "count against maxInflightBytes too (the "
+                                              "smaller of the two bounds an answer)")
     upstream_timeout_s: float = Field(default=600.0, alias="upstreamTimeoutSeconds", gt=0,
                                       description="longest silence from a model server")
     connect_timeout_s: float = Field(default=3.0, alias="connectTimeoutSeconds", gt=0,
@@ -85,11 +86,6 @@ class ServerConfig(Section):
 
     @model_validator(mode="after")
     def _a_body_fits(self) -> ServerConfig:
-        if self.max_answer_bytes > self.max_inflight_bytes:
-            raise ValueError(f"maxAnswerBytes ({self.max_answer_bytes}) is over "
-                             f"maxInflightBytes ({self.max_inflight_bytes}): an answer that "
-                             "large could never be held; raise maxInflightBytes or lower "
-                             "maxAnswerBytes")
         if self.max_body_bytes > self.max_inflight_bytes:
             raise ValueError(f"maxBodyBytes ({self.max_body_bytes}) is over maxInflightBytes "
                              f"({self.max_inflight_bytes}): a body that large could never be "

@@ -58,6 +58,14 @@ class Budget:
         self.bytes -= hold.bytes
         hold.bytes = 0
 
+    def adjust(self, hold: Hold, n: int, what: str) -> None:
+        """``n`` more bytes held (``take``), or ``-n`` given back early."""
+        if n >= 0:
+            self.take(hold, n, what)
+        else:
+            self.bytes += n
+            hold.bytes += n
+
     def take(self, hold: Hold, n: int, what: str = "request bytes") -> None:
         """``n`` more bytes held for one request (its body as it is read,
         an answer or a chain it assembles); 429 past the budget."""

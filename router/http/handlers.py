@@ -175,7 +175,8 @@ class Handlers:
             return await director.relay(ex, ResponsesTap(
                 rid, req.previous_response_id,
                 keep_or_fail(keep, self.metrics.responses_unstored.inc),
-                self.cfg.server.max_answer_bytes))
+                director.proxy.max_answer_bytes,
+                lambda n: self.budget.adjust(ex.hold, n, "answer bytes")))
         up = await director.proxy.fetch(route.ranked, RESPONSES_PATH, route.body, ex.headers,
                                         route.work, ex.hold)
         if not isinstance(up, Upstream):

@@ -111,7 +111,8 @@ class Proxy:
         self.session, self.metrics = session, metrics
         self.max_attempts, self.timeout = max_attempts, timeout
         self.budget, self.client_timeout_s = budget, client_timeout_s
-        self.max_answer_bytes = max_answer_bytes
+        # an answer over the whole byte budget could never be held
+        self.max_answer_bytes = min(max_answer_bytes, budget.cfg.max_inflight_bytes)
         self.on_done = on_done  # an endpoint may have room again
         self._asking: set[asyncio.Task[object]] = set()  # waiting for an upstream's headers
         self._answering: set[_Response] = set()

@@ -7,6 +7,7 @@ turn can name it at once."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -26,9 +27,12 @@ def output_text(resp: dict[str, Any]) -> str:
 
 class ResponsesTap:
     def __init__(self, rid: str, previous_response_id: str | None, keep: KeepOrFail,
-                 max_event_bytes: int) -> None:
+                 max_event_bytes: int, hold: Callable[[int], None]) -> None:
+        """``hold(n)`` counts ``n`` more bytes of the unfinished event
+        against the router's byte budget (negative: given back), raising
+        when the router may hold no more."""
         self.rid, self.previous, self.keep = rid, previous_response_id, keep
-        self.max_event_bytes = max_event_bytes
+        self.max_event_bytes, self._hold = max_event_bytes, hold
         # the unfinished event: a bytearray, so a stream that never ends
         # one is not copied whole on every chunk
         self._buf = bytearray()
@@ -39,6 +43,10 @@ class ResponsesTap:
         (UpstreamError: the client gets an SSE error)."""
         # only the new bytes (and the one before them) can end an event
         start = max(0, len(self._buf) - 1)
+        try:
+            self._hold(len(chunk))
+        except Exception as err:  # the budget is spent: this stream cannot go on
+            raise UpstreamError(str(err)) from None
         self._buf += chunk
         end = self._buf.rfind(b"\n\n", start)
         if end < 0:
@@ -48,6 +56,7 @@ class ResponsesTap:
             return b""
         ready = bytes(self._buf[:end + 2])
         del self._buf[:end + 2]
+        self._hold(-len(ready))
         if not any(t in ready for t in _WHOLE):
             return ready  # text deltas: as they are
         return b"".join([await self._event(ep, ev) + b"\n\n"
@@ -56,6 +65,7 @@ class ResponsesTap:
     def tail(self) -> bytes:
         rest = bytes(self._buf)
         self._buf.clear()
+        self._hold(-len(rest))
         return rest
 
     async def _event(self, ep: Endpoint, ev: bytes) -> bytes:

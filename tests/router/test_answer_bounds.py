@@ -150,6 +150,7 @@ def test_an_event_without_an_end_is_a_stream_error_not_an_endless_buffer() -> No
                 assert b"event: error" in body or b'"error"' in body, body[-300:]
                 assert b"server.maxAnswerBytes" in body
                 assert len(body) < 65536  # nothing of the unended event went on
+                assert s.router.budget.bytes == 0  # what it held came back
         finally:
             await upstream.close()
     _run(go)
