@@ -4,7 +4,13 @@ server.maxInflightBytes), with many long session ids (kept as 32-character
 hashes), with the Responses store filled by 1 MB turns past
 responses.maxBytes, and the extender's call latency for a normal pod
 beside a group that claims a billion pods (the scheduler's 5 s
-httpTimeout). Loopback only; each scenario stops after --seconds.
+httpTimeout). Then the router under attacks that must not grow it past
+400 MiB nor slow its /health past 100 ms p99 (issue 41's bounds): clients
+that stop reading their streams (and how soon their slots come back), an
+endless fast upstream stream nobody reads, an upstream event that never
+ends, a conversation chain past responses.maxChainBytes, bodies of 600,000
+tiny messages, and an endpoint whose /v1/models answer is garbage beside a
+good one. Loopback only; each scenario stops after --seconds.
 
     python -m bench.abuse_bench [--quick] [--seconds 25] [--out bench/results]
 """
@@ -13,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
+import multiprocessing
 import socket
 import statistics
 import tempfile
@@ -33,6 +41,7 @@ from aiohttp import web
 from bench.flags import positive
 from harness import extender_objects as k
 from harness.procs import MODEL, Proc, Procs
+from toposerve.localcluster.ports import free_port
 from toposerve.localcluster.results import table, write
 from toposerve.router.admission.flow_control import MAX_CLIENT_ID_BYTES
 from toposerve.router.config import ServerConfig
@@ -129,7 +138,8 @@ def large_bodies(procs: Procs, sim: Proc, concurrent: int, deadline: float) -> d
             "budget": f"server.maxInflightBytes {_mib(SERVER.max_inflight_bytes)} MiB"}
 
 
-async def _blast(url: str, bodies: Callable[[int], tuple[str, dict[str, Any], dict[str, str]]],
+async def _blast(url: str,
+                 bodies: Callable[[int], tuple[str, dict[str, Any] | bytes, dict[str, str]]],
                  n: int, deadline: float, concurrency: int = 32) -> tuple[int, dict[int, int]]:
     """``n`` requests (or as many as fit before ``deadline``) from
     ``concurrency`` workers; how many were sent, and their statuses."""
@@ -143,7 +153,8 @@ async def _blast(url: str, bodies: Callable[[int], tuple[str, dict[str, Any], di
             if time.monotonic() > deadline:
                 return
             path, body, headers = bodies(i)
-            async with session.post(url + path, data=orjson.dumps(body), headers={
+            data = body if isinstance(body, bytes) else orjson.dumps(body)
+            async with session.post(url + path, data=data, headers={
                     "Content-Type": "application/json", **headers}) as r:
                 await r.read()
                 counts[r.status] = counts.get(r.status, 0) + 1
@@ -262,7 +273,267 @@ def extender_latency(calls: int, deadline: float) -> dict[str, Any]:
     return row
 
 
+# issue 41's bounds for every attack on the router
+RSS_BOUND = 400 * MiB
+HEALTH_P99_BOUND_MS = 100.0
+
+
+@contextmanager
+def health_latency(url: str) -> Iterator[list[float]]:
+    """/health's latency in ms, asked every 20 ms while the block runs (a
+    client of its own, in a thread: the attack's clients cannot delay it)."""
+    host, port = url.removeprefix("http://").split(":")
+    out: list[float] = []
+    stop = threading.Event()
+
+    def probe() -> None:
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            try:
+                with socket.create_connection((host, int(port)), timeout=5) as s:
+                    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    while s.recv(65536):
+                        pass
+                out.append((time.perf_counter() - t0) * 1000)
+            except OSError:
+                out.append(5000.0)  # no answer within the probe's own timeout
+            stop.wait(0.02)
+
+    th = threading.Thread(target=probe, daemon=True)
+    th.start()
+    try:
+        yield out
+    finally:
+        stop.set()
+        th.join()
+
+
+def _p99(xs: list[float]) -> float:
+    return statistics.quantiles(xs, n=100)[98] if len(xs) >= 2 else (xs[0] if xs else 0.0)
+
+
+def _serve_hostile(port: int, stream: bytes, models: bytes) -> None:
+    """The hostile model server's process (see ``Hostile``)."""
+    async def generate(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request)
+        with contextlib.suppress(ConnectionError):
+            while True:
+                await out.write(stream)
+        return out
+
+    async def text(request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def listed(request: web.Request) -> web.Response:
+        return web.Response(body=models, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/health", text)
+    app.router.add_get("/metrics", text)
+    app.router.add_get("/v1/models", listed)
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/responses"):
+        app.router.add_post(path, generate)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+class Hostile:
+    """A model server that misbehaves on purpose, in a process of its own
+    (in a thread here it would take this process's interpreter from the
+    /health probe): /health and /metrics answer; /v1/models answers
+    ``models`` (garbage, if so chosen); a generation streams ``stream``
+    forever (an endless stream of whole events, or one event that never
+    ends)."""
+
+    def __init__(self, stream: bytes = b"", models: bytes = b"") -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        listed = models or orjson.dumps({"object": "list", "data": [{"id": MODEL}]})
+        self._proc = multiprocessing.get_context("spawn").Process(
+            target=_serve_hostile, args=(self.port, stream, listed), daemon=True)
+        self._proc.start()
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return
+            except OSError:
+                if time.monotonic() > deadline or not self._proc.is_alive():
+                    raise RuntimeError("the hostile model server did not start") from None
+                time.sleep(0.05)
+
+    def close(self) -> None:
+        self._proc.terminate()
+        self._proc.join(10)
+
+
+def _stalled(url: str, path: str, doc: dict[str, Any]) -> socket.socket:
+    """A streamed request whose client never reads its answer."""
+    host, port = url.removeprefix("http://").split(":")
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect((host, int(port)))
+    body = orjson.dumps(doc)
+    s.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n%s" % (path.encode(), len(body), body))
+    return s
+
+
+def _attack_row(name: str, rss: dict[str, int], health: list[float], **extra: Any
+                ) -> dict[str, Any]:
+    p99 = _p99(health)
+    ok = rss["peak"] < RSS_BOUND and p99 < HEALTH_P99_BOUND_MS
+    if "recovery_s" in extra:
+        ok = ok and extra["recovery_s"] <= extra["recovery_bound_s"]
+    return {"scenario": name, "peak_rss_bytes": rss["peak"], "health_p99_ms": p99,
+            "health_probes": len(health), **extra, "within_budget": ok,
+            "budget": f"RSS < {_mib(RSS_BOUND)} MiB, /health p99 < {HEALTH_P99_BOUND_MS:g} ms"
+                      + (f", slots back within {extra['recovery_bound_s']:g} s"
+                         if "recovery_s" in extra else "")}
+
+
+def stalled_readers(procs: Procs, sim: Proc, n: int, deadline: float) -> dict[str, Any]:
+    """``n`` streams whose clients read nothing fill maxInflightRequests: how
+    soon a new client is served again (server.clientTimeoutSeconds: 2)."""
+    timeout_s = 2.0
+    router = procs.router({"server": {"maxInflightRequests": n,
+                                      "clientTimeoutSeconds": timeout_s}}, endpoints=[sim.url])
+    doc = {"model": MODEL, "prompt": "hi", "max_tokens": 1_000_000, "stream": True}
+    with peak_rss(router) as rss, health_latency(router.url) as health:
+        started = time.monotonic()
+        socks = [_stalled(router.url, "/v1/completions", doc) for _ in range(n)]
+        recovery = float("nan")
+        while time.monotonic() < deadline:
+            if aiohttp_status(router.url + "/v1/models") == 200 and _completion(router.url) == 200:
+                recovery = time.monotonic() - started
+                break
+            time.sleep(0.1)
+        for s in socks:
+            s.close()
+    router.stop()
+    return _attack_row(f"{n} clients stop reading their streams", rss, health,
+                       recovery_s=recovery, recovery_bound_s=2 * timeout_s + 2)
+
+
+def _completion(url: str) -> int:
+    async def go() -> int:
+        async with aiohttp.ClientSession() as s, s.post(url + "/v1/completions", json={
+                "model": MODEL, "prompt": "hi", "max_tokens": 1}) as r:
+            await r.read()
+            return r.status
+    return asyncio.run(go())
+
+
+def hostile_stream(procs: Procs, stream: bytes, name: str, readers: int, deadline: float,
+                   read: bool) -> dict[str, Any]:
+    """Responses streams from a hostile upstream to ``readers`` clients that
+    read (or not) until ``deadline``."""
+    bad = Hostile(stream=stream)
+    router = procs.router({"server": {"clientTimeoutSeconds": 5}}, endpoints=[bad.url])
+    doc = {"model": MODEL, "input": "hi", "stream": True, "store": False}
+    statuses: dict[int, int] = {}
+
+    async def reader() -> None:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(
+                total=max(1.0, deadline - time.monotonic()))) as s:
+            with contextlib.suppress(TimeoutError, aiohttp.ClientError):
+                async with s.post(router.url + "/v1/responses", json=doc) as r:
+                    statuses[r.status] = statuses.get(r.status, 0) + 1
+                    async for _ in r.content.iter_any():
+                        pass
+
+    async def all_readers() -> None:
+        await asyncio.gather(*(reader() for _ in range(readers)))
+
+    with peak_rss(router) as rss, health_latency(router.url) as health:
+        if read:
+            asyncio.run(all_readers())
+        else:
+            socks = [_stalled(router.url, "/v1/responses", doc) for _ in range(readers)]
+            time.sleep(max(0.0, deadline - time.monotonic()))
+            for s in socks:
+                s.close()
+    router.stop()
+    bad.close()
+    return _attack_row(name, rss, health, statuses=statuses)
+
+
+def huge_chain(procs: Procs, sim: Proc, turns: int, deadline: float) -> dict[str, Any]:
+    """A chain of 1 MiB turns, then tiny continuations of it: past
+    responses.maxChainBytes (8 MiB) each is refused before it is assembled."""
+    router = procs.router(endpoints=[sim.url])
+    text = "z" * MiB
+    counts: dict[int, int] = {}
+
+    async def go() -> None:
+        previous: str | None = None
+        async with aiohttp.ClientSession() as s:
+            for i in range(turns + 3):
+                if time.monotonic() > deadline:
+                    return
+                doc: dict[str, Any] = {"model": MODEL, "max_output_tokens": 1,
+                                       "input": "more?" if i >= turns else f"{i} {text}"}
+                if previous is not None:
+                    doc["previous_response_id"] = previous
+                async with s.post(router.url + "/v1/responses", json=doc) as r:
+                    answer = await r.json()
+                    counts[r.status] = counts.get(r.status, 0) + 1
+                    if r.status == 200 and i < turns:
+                        previous = answer["id"]
+
+    with peak_rss(router) as rss, health_latency(router.url) as health:
+        asyncio.run(go())
+    router.stop()
+    return _attack_row(f"continuations of a chain of {turns} turns of 1 MiB", rss, health,
+                       statuses=counts)
+
+
+def wide_messages(procs: Procs, sim: Proc, n: int, deadline: float) -> dict[str, Any]:
+    """Bodies of 600,000 tiny messages (1.8 MB): refused before validation."""
+    router = procs.router(endpoints=[sim.url])
+    # encoded once: encoding it a request would take this process from the probe
+    wide = orjson.dumps({"model": MODEL, "messages": [{}] * 600_000})
+
+    def body(i: int) -> tuple[str, dict[str, Any] | bytes, dict[str, str]]:
+        return "/v1/chat/completions", wide, {}
+
+    with peak_rss(router) as rss, health_latency(router.url) as health:
+        sent, counts = asyncio.run(_blast(router.url, body, n, deadline, concurrency=4))
+    router.stop()
+    return _attack_row(f"{sent} bodies of 600,000 tiny messages", rss, health,
+                       statuses=counts)
+
+
+def garbage_models(procs: Procs, sim: Proc, deadline: float) -> dict[str, Any]:
+    """An endpoint whose /v1/models answer is garbage beside a good one: the
+    good one must keep being scraped and served."""
+    bad = Hostile(models=b'{"data": 5}')
+    router = procs.router(endpoints=[bad.url, sim.url], wait_ready=False)
+    counts: dict[int, int] = {}
+    with peak_rss(router) as rss, health_latency(router.url) as health:
+        end = min(deadline, time.monotonic() + 5)
+        while time.monotonic() < end:
+            st = _completion(router.url)
+            counts[st] = counts.get(st, 0) + 1
+            time.sleep(0.1)
+    router.stop()
+    bad.close()
+    row = _attack_row("an endpoint answers garbage to /v1/models", rss, health,
+                      statuses=counts)
+    row["within_budget"] = row["within_budget"] and counts.get(200, 0) > 0
+    return row
+
+
 def measured(r: dict[str, Any]) -> str:
+    if "health_p99_ms" in r:
+        text = (f"peak RSS {_mib(r['peak_rss_bytes'])} MiB; /health p99 "
+                f"{r['health_p99_ms']:.1f} ms ({r['health_probes']} probes)")
+        if "recovery_s" in r:
+            text += f"; slots back after {r['recovery_s']:.1f} s"
+        if "statuses" in r:
+            text += f"; statuses {r['statuses']}"
+        return text
     if "normal_p99_ms" in r:
         return (f"normal p50 {r['normal_p50_ms']:.1f} / p99 {r['normal_p99_ms']:.1f} ms; "
                 f"huge group p50 {r['huge_p50_ms']:.1f} / p99 {r['huge_p99_ms']:.1f} ms")
@@ -303,6 +574,18 @@ def main(argv: list[str] | None = None) -> int:
             # three times what the store holds: the growth must not follow the turns
             rows.append(full_store(procs, sim, 8 if q else 3 * STORE_BYTES // MiB,
                                    time.monotonic() + args.seconds))
+            s = min(args.seconds, 10.0)  # the attacks: a bound holds or not within seconds
+            rows.append(stalled_readers(procs, sim, 8, time.monotonic() + 4 * s))
+            rows.append(hostile_stream(
+                procs, b"event: response.output_text.delta\ndata: {\"delta\": \"x\"}\n\n" * 64,
+                "an endless fast stream to 8 clients that read nothing", 8,
+                time.monotonic() + s, read=False))
+            rows.append(hostile_stream(
+                procs, b"x" * 65536, "an upstream event that never ends, 8 clients", 8,
+                time.monotonic() + s, read=True))
+            rows.append(huge_chain(procs, sim, 10, time.monotonic() + 4 * s))
+            rows.append(wide_messages(procs, sim, 5 if q else 40, time.monotonic() + s))
+            rows.append(garbage_models(procs, sim, time.monotonic() + s))
         finally:
             procs.close()
     rows.append(extender_latency(20 if q else 300, time.monotonic() + args.seconds))
