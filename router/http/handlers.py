@@ -32,7 +32,7 @@ from toposerve.router.responses.store import (
     read_chain,
 )
 from toposerve.router.state import RouterState
-from toposerve.wire.errors import ApiError, from_validation
+from toposerve.wire.errors import ApiError, error_response, from_validation
 from toposerve.wire.openai import ChatRequest, CompletionRequest, ResponsesRequest
 from toposerve.wire.prompt import chat_prompt, completion_prompt, responses_items
 
@@ -185,7 +185,13 @@ class Handlers:
         if up.status != 200:
             return web.Response(status=up.status, body=up.body, content_type=None,
                                 headers={"Content-Type": up.content_type})
-        resp = orjson.loads(up.body)
+        try:
+            resp = orjson.loads(up.body)
+        except orjson.JSONDecodeError:
+            resp = None
+        if not isinstance(resp, dict):  # the upstream's fault, not the client's
+            return error_response(502, f"upstream {up.endpoint.name} answered 200 with a body "
+                                       "that is not a JSON object")
         resp["id"], resp["previous_response_id"] = rid, req.previous_response_id
         await keep(up.endpoint, resp, output_text(resp))
         return web.Response(body=orjson.dumps(resp), content_type="application/json",

@@ -21,8 +21,14 @@ _WHOLE = (b"response.created", b"response.in_progress", b"response.completed",
 
 
 def output_text(resp: dict[str, Any]) -> str:
-    return "".join(c.get("text", "") for item in resp.get("output", [])
-                   if item.get("type") == "message" for c in item.get("content", []))
+    """The answer's text, from whatever shape the upstream sent: parts that
+    are not what the Responses API says are skipped, never a fault."""
+    output = resp.get("output")
+    return "".join(
+        c["text"] for item in (output if isinstance(output, list) else ())
+        if isinstance(item, dict) and item.get("type") == "message"
+        and isinstance(content := item.get("content"), list)
+        for c in content if isinstance(c, dict) and isinstance(c.get("text"), str))
 
 
 class ResponsesTap:

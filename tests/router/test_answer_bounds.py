@@ -179,3 +179,64 @@ def test_many_tiny_items_are_refused_before_the_body_is_validated() -> None:
                 "model": MODEL, "messages": ok, "max_tokens": 2})
             assert r.status == 200, await r.text()
     _run(go)
+
+
+async def _upstream(answer: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                    ) -> TestServer:
+    """A model server on loopback that answers every generation with
+    ``answer`` (and lists the model, so the router sends it requests)."""
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": MODEL}]})
+
+    async def ok(request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    app = web.Application()
+    for path in ("/v1/responses", "/v1/chat/completions", "/v1/completions"):
+        app.router.add_post(path, answer)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", ok)
+    app.router.add_get("/metrics", ok)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    return server
+
+
+def test_malformed_upstream_answers_are_the_upstreams_fault() -> None:
+    """A 200 whose body is not JSON is a 502 for a Responses turn (was a
+    500 and a traceback); a streamed response.completed whose output has
+    the wrong shape ends the stream normally, its text stored as empty
+    (was a fault after the stream's head: a 500 head and a chunked body)."""
+    async def not_json(request: web.Request) -> web.StreamResponse:
+        return web.Response(text="<html>oops</html>", content_type="application/json")
+
+    async def odd_completed(request: web.Request) -> web.StreamResponse:
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request)
+        event = {"type": "response.completed",
+                 "response": {"id": "x", "output": "not a list", "status": "completed"}}
+        await out.write(b"event: response.completed\ndata: " + orjson.dumps(event) + b"\n\n")
+        await out.write_eof()
+        return out
+
+    async def go() -> None:
+        for answer, stream in ((not_json, False), (odd_completed, True)):
+            upstream = await _upstream(answer)
+            try:
+                url = str(upstream.make_url("")).rstrip("/")
+                async with stack([{}], {"discovery": {"static": [{"url": url}]}}) as s:
+                    r = await s.client.post("/v1/responses", json={
+                        "model": MODEL, "input": "hi", "stream": stream})
+                    if stream:
+                        assert r.status == 200
+                        body = await r.read()
+                        assert b"response.completed" in body, body
+                        rid = orjson.loads(body.split(b"data: ", 1)[1])["response"]["id"]
+                        kept = await s.client.get(f"/v1/responses/{rid}")
+                        assert kept.status == 200  # the turn was stored
+                    else:
+                        assert r.status == 502
+                        assert "not a JSON object" in (await r.json())["error"]["message"]
+            finally:
+                await upstream.close()
+    _run(go)
