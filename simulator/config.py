@@ -39,6 +39,10 @@ class SimConfig(NodePlace):
     dialect: Dialect = Dialect.VLLM
     tokenizer: str | None = Field(default=None, description="HF tokenizer.json; default: bytes")
     max_model_len: int = Field(default=1_048_576, gt=0)
+    # the router's largest body (8 MiB) with the largest chain it assembles
+    # (responses.maxChainBytes, 8 MiB), escaped: a bound, not 256 MiB a request
+    max_body_bytes: int = Field(default=32 * 2**20, gt=0,
+                                description="larger request bodies get 413")
     # latency model, in model seconds (scaled by time_scale)
     overhead_s: float = Field(default=0.010, ge=0)
     prefill_s_per_token: float = Field(default=0.000_05, ge=0, description="uncached tokens")

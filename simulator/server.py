@@ -21,11 +21,11 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from toposerve.serving.http import run_app
+from toposerve.serving.http import bind, run_app
 from toposerve.simulator.bootstrap import ROUTE, Rooms, pull
 from toposerve.simulator.config import DisaggregationMode, SimConfig
 from toposerve.simulator.engine import Engine, Job
-from toposerve.simulator.kv_publisher import KVEventPublisher
+from toposerve.simulator.kv_publisher import BindError, KVEventPublisher
 from toposerve.simulator.kvcache import BlockCache
 from toposerve.simulator.metrics import SimMetrics
 from toposerve.simulator.responses_stream import ResponseEvents
@@ -77,6 +77,7 @@ class SimServer:
         self.rooms = (Rooms(cfg.disaggregation_bootstrap_timeout_s, cfg.path)
                       if mode == DisaggregationMode.PREFILL else None)
         self.client: aiohttp.ClientSession | None = None  # decode mode: pulls KV
+        self.bootstrap: socket.socket | None = None  # prefill mode: the rooms' port, bound
 
     # --- KV events -------------------------------------------------------
     def _stored(self, s: BlockStored) -> None:
@@ -87,16 +88,33 @@ class SimServer:
         if self.publisher:
             self.publisher.add(encode_removed(hashes, self.publisher.encoding))
 
-    async def start_events(self) -> None:
+    def bind(self) -> None:
+        """Bind what is served besides HTTP, the KV-event sockets and the
+        SGLang bootstrap port, now: a taken one fails before anything
+        serves, with a BindError naming its field."""
         c = self.cfg
-        if c.kv_events_port is None:
-            return
-        replay = (f"tcp://{c.host}:{c.kv_events_replay_port}"
-                  if c.kv_events_replay_port is not None else None)
-        self.publisher = KVEventPublisher(f"tcp://{c.host}:{c.kv_events_port}", replay,
-                                          topic=c.kv_events_topic, encoding=c.kv_events_encoding)
-        self.publisher.start()
-        self.engine.after_store = self.publisher.flush
+        if c.kv_events_port is not None:
+            replay = (f"tcp://{c.host}:{c.kv_events_replay_port}"
+                      if c.kv_events_replay_port is not None else None)
+            try:
+                self.publisher = KVEventPublisher(
+                    f"tcp://{c.host}:{c.kv_events_port}", replay, topic=c.kv_events_topic,
+                    encoding=c.kv_events_encoding)
+            except BindError as err:
+                field = "kv_events_replay_port" if err.address == replay else "kv_events_port"
+                raise BindError(err.address, err.reason, field) from None
+        if self.rooms is not None:
+            try:
+                self.bootstrap = bind(c.host, c.disaggregation_bootstrap_port)
+            except OSError as err:  # the bare reason: create_server adds the address to it
+                why = str(err.strerror or err).split(" (while attempting", 1)[0]
+                raise BindError(f"{c.host}:{c.disaggregation_bootstrap_port}", why,
+                                "disaggregation_bootstrap_port") from None
+
+    async def start_events(self) -> None:
+        if self.publisher is not None:
+            self.publisher.start()
+            self.engine.after_store = self.publisher.flush
 
     # --- helpers ---------------------------------------------------------
     def ready(self) -> bool:
@@ -478,8 +496,10 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
 
 
 def build_app(cfg: SimConfig) -> web.Application:
+    """The app, with its KV-event sockets and bootstrap port bound (BindError)."""
     sim = SimServer(cfg)
-    app = web.Application(middlewares=[_errors], client_max_size=256 * 1024 * 1024)
+    sim.bind()
+    app = web.Application(middlewares=[_errors], client_max_size=cfg.max_body_bytes)
     app.router.add_post("/v1/completions", sim.completions)
     app.router.add_post("/v1/chat/completions", sim.chat)
     app.router.add_post("/v1/responses", sim.create_response)
@@ -494,12 +514,13 @@ def build_app(cfg: SimConfig) -> web.Application:
 
     async def on_startup(app: web.Application) -> None:
         await sim.start_events()
-        if sim.rooms is not None:  # SGLang prefill mode serves its rooms on the bootstrap port
+        # SGLang prefill mode serves its rooms on the bootstrap port
+        if sim.rooms is not None and sim.bootstrap is not None:
             rooms = web.Application()
             rooms.router.add_get(ROUTE, sim.rooms.handle)
             runner = web.AppRunner(rooms, access_log=None)
             await runner.setup()
-            await web.TCPSite(runner, cfg.host, cfg.disaggregation_bootstrap_port).start()
+            await web.SockSite(runner, sim.bootstrap).start()
             bootstrap.append(runner)
 
     async def on_cleanup(app: web.Application) -> None:
