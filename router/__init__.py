@@ -9,7 +9,8 @@ scorers and a picker, reading the ``prefix`` indexes and the endpoint
 it to the endpoint that answers, ``disaggregation`` splits it between a
 prefill and a decode endpoint, ``responses`` keeps Responses-API turns,
 and ``ha`` makes two replicas a hot-standby pair. ``config`` and
-``metrics`` are shared by all of them; ``docgen`` writes their reference pages. The
+``metrics`` are shared by all of them, and ``supervise`` keeps every
+background loop running past bad input; ``docgen`` writes their reference pages. The
 formats it shares with the model servers live in ``wire``."""
 
 # Layers, top to bottom: a module imports only from its own package or a
@@ -24,5 +25,5 @@ formats it shares with the model servers live in ``wire``."""
 #   prefix
 #   request
 #   pool
-#   config
+#   config | supervise
 # Outside the router it imports only topology, wire and kubeapi.

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from toposerve.router.state import RouterState
+from toposerve.router.supervise import ERRORS
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                    5.0, 10.0, 30.0, 60.0, 120.0)
@@ -50,6 +51,22 @@ class _PoolCollector(Collector):
         index.add_metric(["approx"], len(self.state.approx))
         index.add_metric(["precise"], len(self.state.precise))
         yield from (inflight, tokens, waiting, usage, healthy, speed, index)
+
+
+class _LoopCollector(Collector):
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        errors = CounterMetricFamily(
+            "toposerve_router_loop_errors",
+            "Errors the router's background loops went on past, by loop (scrape, discovery, "
+            "kv-events, api-keys, flow-release, replication-publish, replication-subscribe, "
+            "responses-store): a model server's answer that cannot be read (one that never "
+            "came shows in toposerve_router_endpoint_healthy), a pod or Secret that cannot "
+            "be read, a KV-event batch or replicated decision that is not one, an apiserver "
+            "or Redis not answering. The first of each streak is logged, naming the loop and "
+            "what failed.", labels=["loop"])
+        for loop, n in ERRORS.counts().items():
+            errors.add_metric([loop], n)
+        yield errors
 
 
 class RouterMetrics:
@@ -115,6 +132,10 @@ class RouterMetrics:
                                 "last admission decision (1: full).", registry=r)
         self.api_keys = Gauge("toposerve_router_api_keys",
                               "API keys loaded (from the key file or Secret).", registry=r)
+        self.api_keys_loaded = Gauge("toposerve_router_api_keys_loaded",
+                                     "0 while API keys are configured but none has been read "
+                                     "yet (the Secret not reached): every request is answered "
+                                     "401 until then; else 1.", registry=r)
         self.queue_wait = Histogram("toposerve_router_queue_wait_seconds",
                                     "Time requests waited in the router's queue.",
                                     buckets=LATENCY_BUCKETS, registry=r)
@@ -142,6 +163,7 @@ class RouterMetrics:
             "Streamed Responses answers whose turn the store could not keep (Redis down): "
             "they end with response.failed instead of response.completed.", registry=r)
         r.register(_PoolCollector(state))
+        r.register(_LoopCollector())
         # labelled children by their labels: labels() validates and locks on every call
         self._ttfb: dict[str, Histogram] = {}
         self._answered: dict[tuple[str, int], tuple[Counter, Histogram]] = {}

@@ -37,6 +37,7 @@ from toposerve.router.responses.store import ResponsesStore, make_store
 from toposerve.router.scheduling.filters import RevisionFilter
 from toposerve.router.scheduling.profile import Scheduler
 from toposerve.router.state import RouterState
+from toposerve.router.supervise import Streak, supervise
 from toposerve.serving.http import run_app
 from toposerve.wire.chat_template import load_chat_template
 from toposerve.wire.errors import error_response
@@ -132,7 +133,8 @@ class Router:
             scrape_loop(self.session, self.state.pool, sc.interval_s, sc.timeout_s,
                         sc.health_interval_s)))
         self._tasks.append(asyncio.create_task(self.admission.run(sc.interval_s)))
-        self._tasks.append(asyncio.create_task(self.store.run()))
+        self._tasks.append(asyncio.create_task(supervise(Streak("responses-store"),
+                                                         self.store.run)))
         if self.ha is not None:
             self.ha.start()
 
