@@ -2,7 +2,11 @@
 Prometheus ``/metrics`` (vLLM and SGLang names) and its models from
 ``/v1/models``. A non-200 health answer makes the endpoint unready at
 once; a failed scrape leaves the last sample to age into staleness, and
-three in a row mark the endpoint unhealthy."""
+three in a row mark the endpoint unhealthy. An answer that cannot be read
+(malformed, or over ``MAX_ANSWER_BYTES``) fails the scrape the same way
+and is the scrape loop's error for that endpoint alone: logged once a
+streak, counted, and that endpoint tried again after a backoff while the
+others are scraped as before (``toposerve.router.supervise``)."""
 
 from __future__ import annotations
 
@@ -16,9 +20,13 @@ import structlog
 from prometheus_client.parser import text_string_to_metric_families
 
 from toposerve.router.pool.endpoints import Endpoint, LoadSample
+from toposerve.router.supervise import Streak, Streaks, supervise
 
 log = structlog.get_logger("router.pool.scrape")
 UNHEALTHY_AFTER = 3
+# the most of one /metrics or /v1/models answer read: a real one is a few
+# KiB (a server that ignores name[] sends some hundred KiB)
+MAX_ANSWER_BYTES = 4 * 2**20
 
 WAITING = {"vllm:num_requests_waiting", "sglang:num_queue_reqs"}
 RUNNING = {"vllm:num_requests_running", "sglang:num_running_reqs"}
@@ -77,10 +85,53 @@ def parse_load(text: str, cache_info: bool = True) -> tuple[LoadSample, int | No
             block_size, num_blocks)
 
 
+class BadAnswer(ValueError):
+    """An answer of a model server that cannot be read."""
+
+
+async def _body(r: aiohttp.ClientResponse, path: str) -> bytes:
+    """The answer's body, of at most MAX_ANSWER_BYTES."""
+    if r.content_length is not None and r.content_length > MAX_ANSWER_BYTES:
+        raise BadAnswer(f"{path}: an answer of {r.content_length} bytes, over "
+                        f"{MAX_ANSWER_BYTES}")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in r.content.iter_any():
+        size += len(chunk)
+        if size > MAX_ANSWER_BYTES:
+            raise BadAnswer(f"{path}: an answer over {MAX_ANSWER_BYTES} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def parse_models(raw: bytes) -> frozenset[str]:
+    """The model ids of a /v1/models answer; BadAnswer unless it is
+    ``{"data": [{"id": ...}, ...]}``."""
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError as err:
+        raise BadAnswer(f"/v1/models: not JSON: {err}") from None
+    data = doc.get("data") if isinstance(doc, dict) else None
+    if not isinstance(data, list) or not all(isinstance(m, dict) for m in data):
+        raise BadAnswer('/v1/models: not {"data": [{"id": ...}, ...]}')
+    return frozenset(str(m["id"]) for m in data if "id" in m)
+
+
+def _failed(ep: Endpoint, err: Exception) -> None:
+    ep.scrape_failures += 1
+    if ep.scrape_failures >= UNHEALTHY_AFTER and ep.healthy:
+        ep.healthy = False
+        log.warning("endpoint unhealthy", endpoint=ep.name, error=repr(err))
+    elif ep.scrape_failures == UNHEALTHY_AFTER:  # never up (a wrong URL?): said once a streak
+        log.warning("endpoint unreachable", endpoint=ep.name, error=repr(err))
+
+
 async def scrape(session: aiohttp.ClientSession, ep: Endpoint, timeout_s: float,
                  health: bool = True) -> None:
     """Load from /metrics; readiness from /health too when ``health`` (or
-    while the endpoint is not healthy, so it comes back at once)."""
+    while the endpoint is not healthy, so it comes back at once). An answer
+    that cannot be read fails the scrape and is raised, for the scrape
+    loop to count."""
     try:
         if health or not ep.healthy:
             async with session.get(f"{ep.url}/health",
@@ -97,16 +148,18 @@ async def scrape(session: aiohttp.ClientSession, ep: Endpoint, timeout_s: float,
                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
             if r.status != 200:
                 raise aiohttp.ClientResponseError(r.request_info, (), status=r.status)
-            text = await r.text()
-        load, bs, nb = parse_load(text, cache_info=cache_info)
-    except (aiohttp.ClientError, TimeoutError, ValueError) as err:
-        ep.scrape_failures += 1
-        if ep.scrape_failures >= UNHEALTHY_AFTER and ep.healthy:
-            ep.healthy = False
-            log.warning("endpoint unhealthy", endpoint=ep.name, error=repr(err))
-        elif ep.scrape_failures == UNHEALTHY_AFTER:  # never up (a wrong URL?): said once a streak
-            log.warning("endpoint unreachable", endpoint=ep.name, error=repr(err))
+            # the exposition format is UTF-8; a stray byte spoils no value
+            text = (await _body(r, "/metrics")).decode("utf-8", "replace")
+        try:
+            load, bs, nb = parse_load(text, cache_info=cache_info)
+        except ValueError as err:
+            raise BadAnswer(f"/metrics: {err}") from None
+    except (aiohttp.ClientError, TimeoutError) as err:
+        _failed(ep, err)
         return
+    except Exception as err:  # the answer, not the network: the loop counts it too
+        _failed(ep, err)
+        raise
     ep.load = load
     ep.block_size, ep.num_gpu_blocks = bs or ep.block_size, nb or ep.num_gpu_blocks
     ep.scrape_failures = 0
@@ -118,28 +171,47 @@ async def scrape(session: aiohttp.ClientSession, ep: Endpoint, timeout_s: float,
 
 
 async def refresh_models(session: aiohttp.ClientSession, ep: Endpoint, timeout_s: float) -> None:
+    """The endpoint's models; none while the server cannot say (not up, not
+    200); BadAnswer for an answer that is not a model list."""
     try:
         async with session.get(f"{ep.url}/v1/models",
                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
             if r.status != 200:
                 return
-            doc = orjson.loads(await r.read())
-        ep.models = frozenset(str(m["id"]) for m in doc.get("data", []) if "id" in m)
-    except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError):
+            raw = await _body(r, "/v1/models")
+    except (aiohttp.ClientError, TimeoutError):
         return
+    ep.models = parse_models(raw)
 
 
 async def scrape_loop(session: aiohttp.ClientSession, endpoints: Iterable[Endpoint],
                       interval_s: float, timeout_s: float, health_interval_s: float) -> None:
     """Scrape every endpoint of ``endpoints`` (re-read each round) forever;
-    /health at its own, slower pace (each GET costs the server CPU too)."""
-    last_health = 0.0
-    while True:
-        eps = list(endpoints)
-        now = time.monotonic()
-        health = now - last_health >= health_interval_s
-        if health:
-            last_health = now
-        if eps:
-            await asyncio.gather(*(scrape(session, e, timeout_s, health) for e in eps))
-        await asyncio.sleep(interval_s)
+    /health at its own, slower pace (each GET costs the server CPU too).
+    An endpoint whose scrape raised is skipped until its backoff is over."""
+    streaks = Streaks("scrape", "endpoint")
+
+    async def one(ep: Endpoint, health: bool) -> None:
+        if streaks.backing_off(ep.name):
+            return
+        try:
+            await scrape(session, ep, timeout_s, health)
+        except Exception as err:
+            streaks.failed(ep.name, err)
+        else:
+            streaks.ok(ep.name)
+
+    async def rounds() -> None:
+        last_health = 0.0
+        while True:
+            eps = list(endpoints)
+            now = time.monotonic()
+            health = now - last_health >= health_interval_s
+            if health:
+                last_health = now
+            streaks.keep(e.name for e in eps)
+            if eps:
+                await asyncio.gather(*(one(e, health) for e in eps))
+            await asyncio.sleep(interval_s)
+
+    await supervise(Streak("scrape"), rounds)
