@@ -9,22 +9,26 @@ states to the event loop. It lists once, then watches from the list's
 resourceVersion; each watch the server ends is resumed from the last
 version seen (bookmarks keep it current while nothing changes), so a quiet
 namespace costs one watch request per ``watchTimeoutSeconds``, not a LIST;
-only 410 Gone lists again, and errors back off."""
+only 410 Gone lists again, and errors back off. The watch runs under the
+router's supervisor (``toposerve.router.supervise``): an apiserver error or
+an answer of a shape not expected is logged once a streak and counted, and
+a fresh reflector lists again after a backoff; a pod that cannot be read
+is left out (logged once, counted) while the others are routed."""
 
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
-from toposerve.kubeapi import ApiError, JsonApi, Reflector, backoff, connect
+from toposerve.kubeapi import ApiError, JsonApi, Reflector, connect
 from toposerve.router.config import KubernetesDiscovery
 from toposerve.router.pool.endpoints import Endpoint, Pool
 from toposerve.router.pool.revisions import revision_of
+from toposerve.router.supervise import Streak, Streaks, in_thread, supervise
 from toposerve.topology.labels import PRESETS, from_labels
 from toposerve.topology.model import DomainPath
 
@@ -99,10 +103,12 @@ class KubernetesWatcher:
         self.cfg, self.pool, self.drain_timeout_s = cfg, pool, drain_timeout_s
         self.on_add, self.on_remove, self.requests = on_add, on_remove, requests
         self._by_pod: dict[str, str] = {}  # pod name -> url
-        self._stop = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._task: asyncio.Task[None] | None = None
         self._reflector: Reflector | None = None
+        self._watch_streak = Streak("discovery",
+                                    pods=f"{cfg.namespace}/{cfg.label_selector}")
+        self._pod_streaks = Streaks("discovery", "pod")  # the watch thread's own
         self._api: Any = None
         self.synced = asyncio.Event()
         self._drains: set[asyncio.Task[None]] = set()
@@ -114,11 +120,11 @@ class KubernetesWatcher:
         """Finds the credentials now, so that missing ones fail the start."""
         self._api = connect(self.cfg.kubeconfig)
         self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._run, name="pod-watch", daemon=True)
-        self._thread.start()
+        self._task = asyncio.create_task(supervise(self._watch_streak, self._watch))
 
     def stop(self) -> None:
-        self._stop.set()
+        if self._task is not None:
+            self._task.cancel()
         if self._reflector is not None:
             self._reflector.stop()
 
@@ -186,39 +192,54 @@ class KubernetesWatcher:
                         pod=name, portName=self.cfg.port_name)
         return view
 
-    def _run(self) -> None:
+    def _read(self, rest: JsonApi, pod: Any) -> PodView | None:
+        """The pod's view; None for a pod that cannot be read (logged once
+        while it stays so, and counted), so that it stops no other."""
+        name = _name(pod)
+        try:
+            view = self._view(rest, pod)
+        except Exception as err:
+            self._pod_streaks.failed(name, err)
+            return None
+        self._pod_streaks.ok(name)
+        return view
+
+    async def _watch(self) -> None:
+        """One reflector's run: until stopped, or until it raises (a fresh
+        one lists again: what was applied of the last list or event is not
+        known then)."""
         rest = JsonApi(self._api)
 
-        def listed(pods: list[dict[str, Any]], _rv: int) -> None:
-            for p in pods:
-                self._call(self._apply, self._view(rest, p))
-            self._call(self._resync, {p["metadata"]["name"] for p in pods})
+        def listed(pods: list[Any], _rv: int) -> None:
+            views = [v for p in pods if (v := self._read(rest, p)) is not None]
+            for v in views:
+                self._call(self._apply, v)
+            self._call(self._resync, {v.name for v in views})
+            self._pod_streaks.keep(_name(p) for p in pods)
+            self._watch_streak.ok()
 
         def event(kind: str, pod: dict[str, Any]) -> None:
             if kind == "DELETED":
-                self._portless.discard(pod["metadata"]["name"])
-                self._call(self._deleted, pod["metadata"]["name"])
-            else:
-                self._call(self._apply, self._view(rest, pod))
+                name = _name(pod)
+                self._portless.discard(name)
+                self._pod_streaks.ok(name)
+                self._call(self._deleted, name)
+            elif (view := self._read(rest, pod)) is not None:
+                self._call(self._apply, view)
+            self._watch_streak.ok()
 
-        def failed(err: Exception) -> None:
-            log.warning("watch failed", what="pods", error=str(err))
+        self._reflector = reflector = Reflector(
+            _Counted(self._api, self.requests), f"/api/v1/namespaces/{self.cfg.namespace}/pods",
+            [("labelSelector", self.cfg.label_selector)], listed, event,
+            self._watch_streak.failed, timeout=self.cfg.watch_timeout_s)
+        try:
+            await in_thread(reflector.run, "pod-watch")  # returns once stopped
+        finally:  # cancelled too: the thread's watch ends with it
+            reflector.stop()
 
-        failures = 0
-        while True:
-            # a fresh reflector lists again: after an error of our own, what
-            # was applied of the last list or event is not known
-            self._reflector = Reflector(
-                _Counted(self._api, self.requests),
-                f"/api/v1/namespaces/{self.cfg.namespace}/pods",
-                [("labelSelector", self.cfg.label_selector)], listed, event, failed,
-                timeout=self.cfg.watch_timeout_s)
-            if self._stop.is_set():  # after the assignment: stop() stops what it finds
-                return
-            try:
-                self._reflector.run()  # returns once stopped
-                return
-            except Exception as err:  # a pod's JSON we did not expect: keep watching
-                failures += 1
-                log.warning("watch error", what="pods", error=repr(err))
-                self._stop.wait(backoff(failures, 30.0))
+
+def _name(pod: Any) -> str:
+    """The pod's name, or what the log says of one that has none."""
+    meta = pod.get("metadata") if isinstance(pod, dict) else None
+    name = meta.get("name") if isinstance(meta, dict) else None
+    return name if isinstance(name, str) else "(no name)"
