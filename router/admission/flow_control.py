@@ -23,6 +23,7 @@ difference."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections import OrderedDict
@@ -41,6 +42,7 @@ from toposerve.router.pool.saturation import (
     shed_probability,
 )
 from toposerve.router.state import RouterState
+from toposerve.router.supervise import Streak, supervise
 from toposerve.wire.errors import ApiError
 
 OBJECTIVE_HEADER = "x-llm-d-inference-objective"
@@ -113,6 +115,7 @@ class Admission:
             cfg.fairness.program_aware)
         self._granted = 0  # let go from the queue, not yet sent on
         self._last_turn: OrderedDict[str, float] = OrderedDict()  # session -> when it went
+        self._count_keys()
 
     @property
     def queued(self) -> int:
@@ -281,18 +284,28 @@ class Admission:
 
     async def run(self, interval_s: float) -> None:
         """Keeps the API keys current and, after each scrape interval, lets go
-        as many waiting requests as the endpoints have room for."""
+        as many waiting requests as the endpoints have room for. The two are
+        supervised apart: a key source that fails stops no release."""
         source = self.tenants.source
-        if source is not None:
-            source.start()
+        keys = asyncio.create_task(source.run()) if source is not None else None
         try:
-            while True:
-                await asyncio.sleep(interval_s)
-                if self.tenants.keys is not None:
-                    self.metrics.api_keys.set(len(self.tenants.keys))
-                if self.queued:
-                    room = free_slots(self.state.pool.routable(), self.state.config)
-                    self.release(max(1, room - self._granted))
+            await supervise(Streak("flow-release"), lambda: self._release_every(interval_s))
         finally:
-            if source is not None:
-                await source.stop()
+            if keys is not None:
+                keys.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await keys
+
+    def _count_keys(self) -> None:
+        source = self.tenants.source
+        if self.tenants.keys is not None:
+            self.metrics.api_keys.set(len(self.tenants.keys))
+        self.metrics.api_keys_loaded.set(0 if source is not None and not source.loaded else 1)
+
+    async def _release_every(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            self._count_keys()
+            if self.queued:
+                room = free_slots(self.state.pool.routable(), self.state.config)
+                self.release(max(1, room - self._granted))
