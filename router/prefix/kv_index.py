@@ -6,6 +6,12 @@ tokens get, so the router needs no knowledge of the engine's hash seed.
 Engine hashes are kept only to map ``BlockRemoved`` back to our keys.
 A gap in sequence numbers (or a new connection) triggers a replay from
 the endpoint's replay socket.
+
+Each endpoint's subscription runs under the router's supervisor
+(``toposerve.router.supervise``): a batch that cannot be read or applied,
+or a replay answer that is not one, is dropped, logged once a streak and
+counted, and the subscription goes on; one that fails whole starts again
+after a backoff.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import zmq.asyncio
 
 from toposerve.router.prefix.index import PrefixIndex
 from toposerve.router.request import RequestContext
+from toposerve.router.supervise import Streak, supervise
 from toposerve.wire.chat_template import ChatTemplate, chat_text
 from toposerve.wire.hashing import SEED, token_block_hashes
 from toposerve.wire.kv_events import (
@@ -51,6 +58,7 @@ class KVIndex:
         self.block_size = block_size
         self._keys: dict[str, dict[int, int]] = {}  # url -> engine hash -> our key
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._streaks: dict[str, Streak] = {}  # url -> its subscription's errors
         self.applied: dict[str, int] = {}  # url -> last applied seq
         self.orphans = 0
         self.bad = 0
@@ -94,7 +102,8 @@ class KVIndex:
     # --- subscribing -------------------------------------------------------
     def watch(self, url: str, pub: str, replay: str | None) -> None:
         if url not in self._tasks:
-            self._tasks[url] = asyncio.create_task(self._subscribe(url, pub, replay))
+            self._tasks[url] = asyncio.create_task(
+                supervise(self._streak(url), lambda: self._subscribe(url, pub, replay)))
 
     async def unwatch(self, url: str) -> None:
         task = self._tasks.pop(url, None)
@@ -103,6 +112,7 @@ class KVIndex:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._keys.pop(url, None)
+        self._streaks.pop(url, None)
         self.applied.pop(url, None)
         self.index.clear(url)
 
@@ -110,15 +120,20 @@ class KVIndex:
         for url in list(self._tasks):
             await self.unwatch(url)
 
+    def _streak(self, url: str) -> Streak:
+        if (s := self._streaks.get(url)) is None:
+            s = self._streaks[url] = Streak("kv-events", endpoint=url)
+        return s
+
     def _handle(self, url: str, seq: int, payload: bytes) -> None:
         try:
-            events = decode_batch(payload)
-        except BadEvent as err:
+            self.apply(url, decode_batch(payload))
+        except (ValueError, TypeError) as err:  # BadEvent, or a field of another type
             self.bad += 1
-            log.warning("bad kv event batch", endpoint=url, seq=seq, error=str(err))
+            self._streak(url).failed(err)
             return
-        self.apply(url, events)
         self.applied[url] = seq
+        self._streak(url).ok()
 
     async def _replay(self, ctx: zmq.asyncio.Context, url: str, endpoint: str,
                       start: int) -> None:
@@ -132,6 +147,11 @@ class KVIndex:
                     log.warning("kv event replay timed out", endpoint=url)
                     return
                 frames = await sock.recv_multipart()
+                if len(frames) < 2:  # the live events go on; a later gap asks again
+                    self.bad += 1
+                    self._streak(url).failed(BadEvent(
+                        f"a replay answer of {len(frames)} frame(s), not [seq, batch]"))
+                    return
                 seq = int.from_bytes(frames[-2], "big", signed=True)
                 if seq < 0:
                     return
@@ -153,6 +173,8 @@ class KVIndex:
                 frames = await sub.recv_multipart()
                 if len(frames) != 3:
                     self.bad += 1
+                    self._streak(url).failed(BadEvent(
+                        f"a message of {len(frames)} frame(s), not [topic, seq, batch]"))
                     continue
                 seq = int.from_bytes(frames[1], "big")
                 last = self.applied.get(url, -1)
