@@ -16,7 +16,12 @@ carries its sender's sequence number, so the new replica applies the
 snapshot, then the messages it held meanwhile and all later ones, from
 the snapshot's sequence on: nothing missed (it subscribed before asking)
 and nothing twice. A snapshot that is corrupt, too large, of another
-version or late is logged and left: the replica goes on cold, as before."""
+version or late is logged and left: the replica goes on cold, as before.
+
+Publishing and the subscription run under the router's supervisor
+(``toposerve.router.supervise``): Redis down is logged once a streak,
+counted and retried after a backoff; a message that is not a decision is
+dropped, logged once a streak and counted, and the subscription goes on."""
 
 from __future__ import annotations
 
@@ -31,11 +36,12 @@ import orjson
 import structlog
 
 from toposerve.router.config import SnapshotConfig
-from toposerve.router.ha.snapshot import DecisionLog, SnapshotError, parse
+from toposerve.router.ha.snapshot import DecisionLog, SnapshotError, decision, parse
 from toposerve.router.pool.endpoints import Endpoint, Pool
 from toposerve.router.request import RequestContext
 from toposerve.router.scheduling.cycle import CycleState
 from toposerve.router.scheduling.profile import Decision, Scheduler
+from toposerve.router.supervise import Streak, supervise
 
 log = structlog.get_logger("router.ha.replication")
 QUEUE = 10_000
@@ -119,6 +125,9 @@ class Replication:
         self._holding = self.snapshot_cfg.enabled
         self._asked: str | None = None  # the nonce of the snapshot asked for
         self._held: list[tuple[dict[str, Any], bytes]] = []
+        self._publishing = Streak("replication-publish", channel=channel)
+        self._subscribing = Streak("replication-subscribe", channel=channel)
+        self._messages = Streak("replication-subscribe", channel=channel, what="messages")
 
     def tap(self, d: Decision, sched: Scheduler) -> None:
         stage = self._stage.get(id(sched))
@@ -141,7 +150,8 @@ class Replication:
             self.count("dropped", 1)
 
     def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._send()), asyncio.create_task(self._listen())]
+        self._tasks = [asyncio.create_task(supervise(self._publishing, self._send)),
+                       asyncio.create_task(supervise(self._subscribing, self._listen))]
 
     async def close(self) -> None:
         # bounded: a subscription cancelled mid-read can hang in its own
@@ -163,46 +173,46 @@ class Replication:
                     for m in batch:
                         pipe.publish(self.channel, m)
                     await pipe.execute()
-                self.count("sent", len(batch))
-            except Exception as err:  # Redis down: the others' indexes go stale, routing goes on
+            except Exception:  # Redis down: the others' indexes go stale, routing goes on
                 self.count("dropped", len(batch))
-                log.warning("replication publish failed", error=repr(err), dropped=len(batch))
-                await asyncio.sleep(1.0)
+                raise
+            self.count("sent", len(batch))
+            self._publishing.ok()
 
     async def _listen(self) -> None:
+        """One subscription, until it is lost."""
         loop = asyncio.get_running_loop()
-        while True:
-            try:
-                async with self._r.pubsub() as ps:
-                    await ps.subscribe(self.channel)
-                    deadline = loop.time() + self.snapshot_cfg.wait_s
-                    while True:
-                        if self._holding and self._asked is None and len(self.pool):
-                            # subscribed first: nothing after the snapshot is missed
-                            await self._ask_snapshot()
-                        msg = await ps.get_message(ignore_subscribe_messages=True,
-                                                   timeout=POLL_S)
-                        if msg is not None and msg.get("type") == "message":
-                            await self._on_message(msg["data"])
-                        if self._holding and loop.time() > deadline:
-                            log.warning("no routing snapshot came in time; starting cold",
-                                        wait_s=self.snapshot_cfg.wait_s)
-                            self.count_snapshot("missing")
-                            self._resume()
-            except asyncio.CancelledError:
-                raise
-            except Exception as err:
-                log.warning("replication subscription lost; resubscribing", error=repr(err))
-                self._resume()  # a snapshot asked for on a lost subscription will not come
-                await asyncio.sleep(1.0)
+        try:
+            async with self._r.pubsub() as ps:
+                await ps.subscribe(self.channel)
+                self._subscribing.ok()
+                deadline = loop.time() + self.snapshot_cfg.wait_s
+                while True:
+                    if self._holding and self._asked is None and len(self.pool):
+                        # subscribed first: nothing after the snapshot is missed
+                        await self._ask_snapshot()
+                    msg = await ps.get_message(ignore_subscribe_messages=True, timeout=POLL_S)
+                    if msg is not None and msg.get("type") == "message":
+                        await self._on_message(msg["data"])
+                    if self._holding and loop.time() > deadline:
+                        log.warning("no routing snapshot came in time; starting cold",
+                                    wait_s=self.snapshot_cfg.wait_s)
+                        self.count_snapshot("missing")
+                        self._resume()
+        except Exception:
+            self._resume()  # a snapshot asked for on a lost subscription will not come
+            raise
 
     # --- messages -------------------------------------------------------------
     async def _on_message(self, raw: bytes) -> None:
         try:
             doc = orjson.loads(raw)
-        except orjson.JSONDecodeError:
+            if not isinstance(doc, dict):
+                raise SnapshotError("not a JSON object")
+        except ValueError as err:  # not JSON either
+            self._messages.failed(err)
             return
-        if not isinstance(doc, dict) or doc.get("from") == self.instance:
+        if doc.get("from") == self.instance:
             return
         kind = doc.get("kind")
         if kind == "snapshot-request":
@@ -212,6 +222,12 @@ class Replication:
             if self._holding and self._asked is not None and doc.get("nonce") == self._asked:
                 await self._load_snapshot(self._asked)
         elif kind is None:
+            try:
+                decision(doc)
+            except SnapshotError as err:
+                self._messages.failed(err)
+                return
+            self._messages.ok()
             if self._holding:
                 if len(self._held) >= QUEUE:
                     self.count("dropped", 1)

@@ -85,18 +85,21 @@ class Snapshot:
     entries: list[dict[str, Any]]
 
 
-def _entry(e: Any) -> dict[str, Any]:
-    if not isinstance(e, dict) or not isinstance(e.get("url"), str):
-        raise SnapshotError("an entry is not a decision")
+def decision(e: Any) -> dict[str, Any]:
+    """``e``, checked to be a decision as replication carries it (a
+    snapshot's entry, a message)."""
+    if not (isinstance(e, dict) and isinstance(e.get("url"), str)
+            and isinstance(e.get("stage", ""), str) and isinstance(e.get("session"), str | None)):
+        raise SnapshotError("not a decision (its url, stage or session)")
     blocks = e.get("blocks") or {}
     if not isinstance(blocks, dict) or not all(
             isinstance(v, list) and all(isinstance(k, int) for k in v) for v in blocks.values()):
-        raise SnapshotError("an entry's blocks are not lists of block keys")
+        raise SnapshotError("a decision's blocks are not lists of block keys")
     try:
         for size in blocks:
             int(size)
     except ValueError:
-        raise SnapshotError("an entry's block size is not a number") from None
+        raise SnapshotError("a decision's block size is not a number") from None
     return e
 
 
@@ -118,4 +121,4 @@ def parse(raw: bytes, max_bytes: int) -> Snapshot:
         raise SnapshotError("seqs is not a map of sender to sequence number")
     if not isinstance(entries, list):
         raise SnapshotError("entries is not a list")
-    return Snapshot({str(k): v for k, v in seqs.items()}, [_entry(e) for e in entries])
+    return Snapshot({str(k): v for k, v in seqs.items()}, [decision(e) for e in entries])
