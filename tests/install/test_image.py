@@ -188,6 +188,8 @@ failed = {}
 for top in %r:
     pkg = importlib.import_module(top)
     for m in pkgutil.walk_packages(pkg.__path__, top + "."):
+        if m.name.endswith(".__main__"):  # `python -m toposerve`: importing it runs the CLI
+            continue
         try:
             importlib.import_module(m.name)
         except ModuleNotFoundError as e:

@@ -385,5 +385,5 @@ def test_prefill_chunks_stall_decode_when_asked(procs: Procs) -> None:
                              "overhead_s": 0.0}
     free = asyncio.run(decode_time(procs.sim(**flags)))
     stalled = asyncio.run(decode_time(procs.sim(**flags, prefill_stalls_decode=True)))
-    assert free < 0.55  # 0.4 s of decode, not held up
+    assert free < 0.7  # 0.4 s of decode, not held up (held up it would be 0.8 s)
     assert stalled > free + 0.25  # held up by most of the 0.4 s prefill
