@@ -25,21 +25,31 @@ from toposerve.wire.kv_events import EventEncoding
 END_OF_REPLAY = (-1).to_bytes(8, "big", signed=True)
 
 
+class BindError(Exception):
+    """An address the simulator serves on besides HTTP cannot be had;
+    ``field`` is the SimConfig field of its port, where known."""
+
+    def __init__(self, address: str, reason: str, field: str = "") -> None:
+        super().__init__(f"cannot listen on {address}: {reason}")
+        self.address, self.reason, self.field = address, reason, field
+
+
 class KVEventPublisher:
-    """Batches events raised during one engine step and publishes them."""
+    """Batches events raised during one engine step and publishes them.
+    Its sockets are bound when it is made (BindError), before any loop runs."""
 
     def __init__(self, endpoint: str, replay_endpoint: str | None, topic: str = "",
                  encoding: EventEncoding = EventEncoding.ARRAY, buffer: int = 10_000,
                  dp_rank: int = 0) -> None:
         self._ctx = zmq.asyncio.Context.instance()
-        self._pub = self._ctx.socket(zmq.PUB)
-        self._pub.setsockopt(zmq.LINGER, 0)
-        self._pub.bind(endpoint)
+        self._pub = self._bound(zmq.PUB, endpoint)
         self._replay = None
         if replay_endpoint:
-            self._replay = self._ctx.socket(zmq.ROUTER)
-            self._replay.setsockopt(zmq.LINGER, 0)
-            self._replay.bind(replay_endpoint)
+            try:
+                self._replay = self._bound(zmq.ROUTER, replay_endpoint)
+            except BindError:
+                self._pub.close()
+                raise
         self.topic = topic.encode()
         self.encoding = encoding
         self.dp_rank = dp_rank
@@ -47,6 +57,17 @@ class KVEventPublisher:
         self._pending: list[Any] = []
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer)
         self._replay_task: asyncio.Task[None] | None = None
+
+    def _bound(self, kind: int, endpoint: str) -> zmq.asyncio.Socket:
+        sock = self._ctx.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        try:
+            sock.bind(endpoint)
+        except zmq.ZMQError as err:
+            sock.close()
+            # the bare reason: pyzmq's strerror adds the address to it
+            raise BindError(endpoint, zmq.strerror(err.errno) if err.errno else str(err)) from None
+        return sock
 
     def add(self, event: Any) -> None:
         self._pending.append(event)

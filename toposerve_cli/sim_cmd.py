@@ -35,12 +35,16 @@ def _run(args: argparse.Namespace) -> int:
     except ValidationError as err:
         print(f"error: {explain(err, 'toposerve sim', name=_flag)}", file=sys.stderr)
         return 2
+    from toposerve.simulator.kv_publisher import BindError
     from toposerve.simulator.server import build_app, serve
 
-    try:
-        app = build_app(cfg)  # the tokenizer and chat template load here, before listening
+    try:  # the tokenizer and chat template load here, the other ports bind, before listening
+        app = build_app(cfg)
     except (TokenizerError, ChatTemplateError) as err:
         print(f"error: --tokenizer: {err}", file=sys.stderr)
+        return 2
+    except BindError as err:
+        print(f"error: {err}; change --host or {_flag((err.field,))}", file=sys.stderr)
         return 2
     sock = listen(cfg.host, cfg.port, "--host or --port")
     structlog.get_logger("toposerve.sim").info(
