@@ -31,4 +31,4 @@ def api_client(name: str) -> Any:
     path = kubeconfig_path(name)
     if not path.exists():
         raise ClusterError(f"no cluster named {name!r} (no {path})")
-    return connect(path, pool_size=32)
+    return connect(path, pool_size=32, named_by=f"local cluster {name}: kubeconfig")

@@ -38,10 +38,18 @@ def _load(args: argparse.Namespace) -> RouterConfig:
         raise ConfigError(explain(err, "toposerve router", name=_flag)) from None
 
 
-def _kubeconfigs(cfg: RouterConfig) -> list[str | None]:
-    """The credentials the router will need: the pod watch's, the Lease's."""
-    out = [cfg.discovery.kubernetes.kubeconfig] if cfg.discovery.kubernetes else []
-    return out + ([cfg.ha.lease.kubeconfig] if cfg.ha.enabled else [])
+def _kubeconfigs(cfg: RouterConfig) -> list[tuple[str, str | None]]:
+    """The credentials the router will need, each with the field that names
+    it: the pod watch's, the Lease's, the API-key Secret's."""
+    out = []
+    if cfg.discovery.kubernetes is not None:
+        out.append(("discovery.kubernetes.kubeconfig", cfg.discovery.kubernetes.kubeconfig))
+    if cfg.ha.enabled:
+        out.append(("ha.lease.kubeconfig", cfg.ha.lease.kubeconfig))
+    keys = cfg.flow_control.tenants.keys
+    if keys is not None and keys.secret is not None:
+        out.append(("flowControl.tenants.keys.secret.kubeconfig", keys.secret.kubeconfig))
+    return out
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -62,8 +70,8 @@ def _run(args: argparse.Namespace) -> int:
     except ChatTemplateError as err:  # its own file, or the one beside the tokenizer
         print(f"error: kvEvents.chatTemplate in {args.config}: {err}", file=sys.stderr)
         return 2
-    for kubeconfig in _kubeconfigs(cfg):
-        connect(kubeconfig)  # no credentials: one line, before anything serves
+    for field, kubeconfig in _kubeconfigs(cfg):
+        connect(kubeconfig, named_by=field)  # no credentials: one line, before anything serves
     sock = listen(cfg.server.host, cfg.server.port,
                   f"server.host or server.port in {args.config}" if args.config
                   else "--host or --port")
