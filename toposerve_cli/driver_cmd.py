@@ -35,6 +35,8 @@ def _address(value: str) -> tuple[str, int]:
     host, _, port = value.rpartition(":")
     if not host or not port.isdigit():
         raise argparse.ArgumentTypeError(f"{value!r}: give host:port, e.g. 127.0.0.1:9465")
+    if int(port) > 65535:
+        raise argparse.ArgumentTypeError(f"{value!r}: the port must be 0 to 65535")
     return host, int(port)
 
 

@@ -8,9 +8,10 @@ import sys
 from typing import Any
 
 import structlog
+from pydantic import ValidationError
 
 from toposerve.listen import listen
-from toposerve.topology.config_file import ConfigError
+from toposerve.topology.config_file import ConfigError, explain
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -26,7 +27,12 @@ def _run(args: argparse.Namespace) -> int:
         server["host"] = args.host
     if args.port is not None:
         server["port"] = args.port
-    cfg = cfg.model_copy(update={"server": ServerConfig.model_validate(server)})
+    try:  # the file's server section is valid: what fails here is a flag
+        cfg = cfg.model_copy(update={"server": ServerConfig.model_validate(server)})
+    except ValidationError as err:
+        print(f"error: {explain(err, 'toposerve extender', name=lambda loc: f'--{loc[-1]}')}",
+              file=sys.stderr)
+        return 2
     from toposerve.scheduler_ext.server import api_client, serve
 
     api = api_client(args.kubeconfig)  # no credentials: one line, before anything serves

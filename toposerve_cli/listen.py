@@ -15,6 +15,9 @@ class ListenError(Exception):
 def listen(host: str, port: int, change: str) -> socket.socket:
     """A socket listening on ``host:port``; ``change`` says what to change
     when it cannot be had (the flag or config field)."""
+    if not host:  # the socket layer would take it for every address
+        raise ListenError(f"cannot listen on an empty address, which means every address; "
+                          f"change {change} (e.g. 127.0.0.1, or 0.0.0.0 for every address)")
     try:
         return bind(host, port)
     except OSError as err:  # taken, not an address of this host, a name that does not resolve

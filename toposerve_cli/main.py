@@ -7,6 +7,7 @@ import os
 import select
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from toposerve import (
     cluster_cmd,
@@ -53,8 +54,16 @@ def _reader_gone() -> bool:
     return any(events & select.POLLERR for _, events in poll.poll(0))
 
 
+class _OneLine(argparse.ArgumentParser):
+    """A usage error is one line, as every other error is (``--help`` has
+    the usage); subcommands' parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {self.prog}: {message}; see {self.prog} --help\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _OneLine(
         prog="toposerve",
         description="Topology-aware serving for large-model inference on Kubernetes.")
     parser.add_argument("--log-level", default="info",
@@ -101,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except ListenError as err:  # a server's address is taken or not ours
         print(f"error: {err}", file=sys.stderr)
-        return 1
+        return 2
 
 
 if __name__ == "__main__":

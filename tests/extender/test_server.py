@@ -435,7 +435,7 @@ def test_the_command_fails_in_one_line_before_it_says_serving(tmp_path: Path) ->
         taken.listen()
         port = taken.getsockname()[1]
         got = _extender_cli(tmp_path, "--kubeconfig", str(kubeconfig), "--port", str(port))
-    assert got.returncode == 1 and "serving" not in got.stdout + got.stderr
+    assert got.returncode == 2 and "serving" not in got.stdout + got.stderr
     assert got.stderr.strip().splitlines() == [  # bound before the watches start
         f"error: cannot listen on 127.0.0.1:{port}: Address already in use; change --host or "
         "--port"]
