@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -13,6 +14,7 @@ from toposerve.topology.config_file import load_file
 from toposerve.topology.labels import DialectName
 from toposerve.topology.place import NodePlace
 from toposerve.topology.workloads import LLMD_ROLE
+from toposerve.wire.addresses import dialable, zmq_endpoint
 from toposerve.wire.kv_transfer import SGLANG_BOOTSTRAP_PORT
 
 
@@ -114,7 +116,21 @@ class StaticEndpoint(Section, NodePlace):
         if not re.fullmatch(r"https?://[^/\s]+", v):
             raise ValueError(f"{v!r}: give a URL with http:// or https:// and without /v1 "
                              "or another path, e.g. http://127.0.0.1:8000")
+        try:
+            dialable(v)
+        except ValueError as err:
+            raise ValueError(f"{v!r}: {err}; give http://HOST:PORT, e.g. "
+                             "http://127.0.0.1:8000 or http://[::1]:8000") from None
         return v
+
+    @field_validator("kv_events", "kv_events_replay")
+    @classmethod
+    def _zmq(cls, v: str | None) -> str | None:
+        try:
+            return None if v is None else zmq_endpoint(v)
+        except ValueError as err:
+            raise ValueError(f"{v!r}: {err}; give tcp://HOST:PORT, e.g. tcp://10.0.0.5:5557 "
+                             "or tcp://[fd00::5]:5557, or ipc://PATH") from None
 
 
 class KubernetesDiscovery(Section):
@@ -382,6 +398,23 @@ class HAConfig(Section):
                     "let in-flight requests finish")
 
 
+def _redis_address(url: str) -> str:
+    """``url`` when redis-py can connect to it as it reads it, else
+    ValueError: it takes a database that is no number for 0, a bad scheme
+    at the first connection."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        if not parts.path:
+            raise ValueError("no socket path after unix://")
+        return url
+    if parts.scheme not in ("redis", "rediss"):
+        raise ValueError("not redis://, rediss:// or unix://")
+    dialable(url)
+    if not re.fullmatch(r"/?\d*", parts.path):
+        raise ValueError(f"the database {parts.path[1:]!r} is not a number")
+    return url
+
+
 class ResponsesStoreConfig(Section):
     """Where Responses-API turns are kept."""
 
@@ -431,6 +464,15 @@ class ResponsesStoreConfig(Section):
         description="start even when the Redis answers without a password. Off: such a Redis "
                     "stops the start, since whoever reaches it reads every tenant's stored "
                     "turns and can feed the replicas false routing decisions")
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, v: str | None) -> str | None:
+        try:
+            return None if v is None else _redis_address(v)
+        except ValueError as err:
+            raise ValueError(f"{v!r}: {err}; give redis://HOST:PORT/DB (rediss:// for TLS) "
+                             "or unix://PATH") from None
 
     @model_validator(mode="after")
     def _redis(self) -> ResponsesStoreConfig:
