@@ -27,7 +27,8 @@ def test_model_server_urls_that_pass(url: str) -> None:
 ])
 def test_kv_event_endpoints_that_pass(address: str) -> None:
     assert zmq_endpoint(address) == address
-    ep = StaticEndpoint(url="http://h:1", kvEvents=address, kvEventsReplay=address)
+    ep = StaticEndpoint.model_validate({"url": "http://h:1", "kvEvents": address,
+                                        "kvEventsReplay": address})
     assert (ep.kv_events, ep.kv_events_replay) == (address, address)
 
 
@@ -36,7 +37,8 @@ def test_kv_event_endpoints_that_pass(address: str) -> None:
     "redis://redis", "unix:///var/run/redis.sock", "redis://[::1]:6379/",
 ])
 def test_redis_urls_that_pass(url: str) -> None:
-    assert ResponsesStoreConfig(backend="redis", redisUrl=url).redis_url == url
+    store = ResponsesStoreConfig.model_validate({"backend": "redis", "redisUrl": url})
+    assert store.redis_url == url
 
 
 @pytest.mark.parametrize("url, why", [
