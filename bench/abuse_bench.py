@@ -435,13 +435,15 @@ def hostile_stream(procs: Procs, stream: bytes, name: str, readers: int, deadlin
     statuses: dict[int, int] = {}
 
     async def reader() -> None:
+        # again and again until the deadline: the attack lasts, not one stream
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(
                 total=max(1.0, deadline - time.monotonic()))) as s:
-            with contextlib.suppress(TimeoutError, aiohttp.ClientError):
-                async with s.post(router.url + "/v1/responses", json=doc) as r:
-                    statuses[r.status] = statuses.get(r.status, 0) + 1
-                    async for _ in r.content.iter_any():
-                        pass
+            while time.monotonic() < deadline:
+                with contextlib.suppress(TimeoutError, aiohttp.ClientError):
+                    async with s.post(router.url + "/v1/responses", json=doc) as r:
+                        statuses[r.status] = statuses.get(r.status, 0) + 1
+                        async for _ in r.content.iter_any():
+                            pass
 
     async def all_readers() -> None:
         await asyncio.gather(*(reader() for _ in range(readers)))

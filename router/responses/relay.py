@@ -39,29 +39,35 @@ class ResponsesTap:
         when the router may hold no more."""
         self.rid, self.previous, self.keep = rid, previous_response_id, keep
         self.max_event_bytes, self._hold = max_event_bytes, hold
-        # the unfinished event: a bytearray, so a stream that never ends
-        # one is not copied whole on every chunk
-        self._buf = bytearray()
+        # the unfinished event's pieces, as they came: joined once it ends,
+        # never copied while it grows (a stream that never ends one would
+        # otherwise be copied again and again as its buffer grew)
+        self._parts: list[bytes] = []
+        self._size = 0
 
     async def feed(self, ep: Endpoint, chunk: bytes) -> bytes:
         """The bytes to send on: every event completed by ``chunk``. An
         event longer than ``max_event_bytes`` breaks the stream's framing
         (UpstreamError: the client gets an SSE error)."""
-        # only the new bytes (and the one before them) can end an event
-        start = max(0, len(self._buf) - 1)
         try:
             self._hold(len(chunk))
         except Exception as err:  # the budget is spent: this stream cannot go on
             raise UpstreamError(str(err)) from None
-        self._buf += chunk
-        end = self._buf.rfind(b"\n\n", start)
-        if end < 0:
-            if len(self._buf) > self.max_event_bytes:
+        # only the new bytes (and the one before them) can end an event
+        cut = chunk.rfind(b"\n\n") + 2
+        if cut < 2:
+            cut = 1 if self._parts and self._parts[-1].endswith(b"\n") and chunk[:1] == b"\n" \
+                else 0
+        if not cut:
+            self._parts.append(chunk)
+            self._size += len(chunk)
+            if self._size > self.max_event_bytes:
                 raise UpstreamError(f"an event over {self.max_event_bytes} bytes without an "
                                     "end (server.maxAnswerBytes)")
             return b""
-        ready = bytes(self._buf[:end + 2])
-        del self._buf[:end + 2]
+        ready = b"".join([*self._parts, chunk[:cut]])
+        rest = chunk[cut:]
+        self._parts, self._size = ([rest], len(rest)) if rest else ([], 0)
         self._hold(-len(ready))
         if not any(t in ready for t in _WHOLE):
             return ready  # text deltas: as they are
@@ -69,8 +75,8 @@ class ResponsesTap:
                          for ev in ready.split(b"\n\n") if ev])
 
     def tail(self) -> bytes:
-        rest = bytes(self._buf)
-        self._buf.clear()
+        rest = b"".join(self._parts)
+        self._parts, self._size = [], 0
         self._hold(-len(rest))
         return rest
 
