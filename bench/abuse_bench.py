@@ -70,21 +70,35 @@ def peak_rss(proc: Proc) -> Iterator[dict[str, int]]:
     (sampled every 10 ms)."""
     p = psutil.Process(proc.popen.pid)
     out = {"before": p.memory_info().rss, "peak": 0}
-    stop = threading.Event()
 
     def sample() -> None:
-        while not stop.is_set():
-            out["peak"] = max(out["peak"], p.memory_info().rss)
-            stop.wait(0.01)
+        out["peak"] = max(out["peak"], p.memory_info().rss)
 
-    t = threading.Thread(target=sample, daemon=True)
-    t.start()
     try:
-        yield out
+        with _every(0.01, sample):
+            yield out
+    finally:
+        sample()
+
+
+@contextmanager
+def _every(interval_s: float, sample: Callable[[], None]) -> Iterator[None]:
+    """``sample`` every ``interval_s`` in a thread of its own while the
+    block runs (the block's own work cannot delay it)."""
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.is_set():
+            sample()
+            stop.wait(interval_s)
+
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    try:
+        yield
     finally:
         stop.set()
-        t.join()
-        out["peak"] = max(out["peak"], p.memory_info().rss)
+        th.join()
 
 
 def _mib(n: float) -> str:
@@ -284,28 +298,20 @@ def health_latency(url: str) -> Iterator[list[float]]:
     client of its own, in a thread: the attack's clients cannot delay it)."""
     host, port = url.removeprefix("http://").split(":")
     out: list[float] = []
-    stop = threading.Event()
 
     def probe() -> None:
-        while not stop.is_set():
-            t0 = time.perf_counter()
-            try:
-                with socket.create_connection((host, int(port)), timeout=5) as s:
-                    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-                    while s.recv(65536):
-                        pass
-                out.append((time.perf_counter() - t0) * 1000)
-            except OSError:
-                out.append(5000.0)  # no answer within the probe's own timeout
-            stop.wait(0.02)
+        t0 = time.perf_counter()
+        try:
+            with socket.create_connection((host, int(port)), timeout=5) as s:
+                s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                while s.recv(65536):
+                    pass
+            out.append((time.perf_counter() - t0) * 1000)
+        except OSError:
+            out.append(5000.0)  # no answer within the probe's own timeout
 
-    th = threading.Thread(target=probe, daemon=True)
-    th.start()
-    try:
+    with _every(0.02, probe):
         yield out
-    finally:
-        stop.set()
-        th.join()
 
 
 def _p99(xs: list[float]) -> float:

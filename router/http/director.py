@@ -100,9 +100,6 @@ class Director:
         d = await self.route(ex, self.scheduler)
         return Route(d.ranked, ex.body, d.work())
 
-    def splits(self, ex: Exchange) -> bool:
-        return self.split is not None and self.split.splits(ex)
-
     async def generate(self, ex: Exchange) -> web.StreamResponse:
         """A chat or completions request, whole or split, to its answer."""
         if self.split is not None and self.split.splits(ex):

@@ -39,14 +39,20 @@ def _lint(tree: Path) -> subprocess.CompletedProcess[str]:
                           timeout=300, env={"PYTHONPATH": str(tree), "PATH": "/usr/bin:/bin"})
 
 
+def _planted(tree: Path, importer: str, statement: str) -> subprocess.CompletedProcess[str]:
+    """lint-imports over ``tree`` with ``statement`` appended to ``importer``."""
+    with (tree / importer).open("a") as f:
+        f.write(f"\n{statement}  # noqa: E402,F401\n")
+    return _lint(tree)
+
+
 def test_contracts_hold_and_catch_a_part_importing_the_local_cluster(tmp_path: Path) -> None:
     tree = _tree(tmp_path)
     kept = _lint(tree)
     assert kept.returncode == 0, kept.stdout + kept.stderr
     assert "0 broken" in kept.stdout
-    with (tree / "toposerve" / "dra_driver" / "__init__.py").open("a") as f:
-        f.write("\nimport toposerve.localcluster.tools  # noqa: E402,F401\n")
-    broken = _lint(tree)
+    broken = _planted(tree, "toposerve/dra_driver/__init__.py",
+                      "import toposerve.localcluster.tools")
     assert broken.returncode != 0
     assert "the product's floors" in broken.stdout
     assert "toposerve.dra_driver -> toposerve.localcluster.tools" in broken.stdout
@@ -55,19 +61,13 @@ def test_contracts_hold_and_catch_a_part_importing_the_local_cluster(tmp_path: P
 @pytest.mark.parametrize("importer", ["toposerve/router/state.py", "harness/procs.py"])
 def test_contracts_catch_tooling_imported_where_it_must_not_be(tmp_path: Path,
                                                                importer: str) -> None:
-    tree = _tree(tmp_path)
-    with (tree / importer).open("a") as f:
-        f.write("\nimport tests.conftest  # noqa: E402,F401\n")
-    broken = _lint(tree)
+    broken = _planted(_tree(tmp_path), importer, "import tests.conftest")
     assert broken.returncode != 0
     assert "BROKEN" in broken.stdout
 
 
 def test_contracts_catch_a_part_importing_the_kubernetes_client(tmp_path: Path) -> None:
-    tree = _tree(tmp_path)
-    with (tree / "toposerve" / "router" / "state.py").open("a") as f:
-        f.write("\nimport kubernetes.client  # noqa: E402,F401\n")
-    broken = _lint(tree)
+    broken = _planted(_tree(tmp_path), "toposerve/router/state.py", "import kubernetes.client")
     assert broken.returncode != 0
     assert "only toposerve.kubeapi talks to Kubernetes" in broken.stdout
     assert "toposerve.router.state -> kubernetes" in broken.stdout

@@ -7,8 +7,7 @@ traceback."""
 
 from __future__ import annotations
 
-import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -168,15 +167,6 @@ def test_a_port_or_host_that_cannot_be(tmp_path: Path, good_kubeconfig: str, arg
     sysfs = _sysfs(tmp_path)
     got = toposerve(tmp_path, *(a.format(kube=good_kubeconfig, sysfs=sysfs) for a in argv))
     one_line(got, 2, names)
-
-
-@pytest.fixture
-def taken() -> Iterator[int]:
-    """A port of 127.0.0.1 someone else listens on."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
-        yield s.getsockname()[1]
 
 
 @pytest.mark.parametrize("argv, flag", [

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -38,15 +36,6 @@ def one_line(got: subprocess.CompletedProcess[str], rc: int, *parts: str) -> str
     for part in parts:
         assert part in lines[0]
     return lines[0]
-
-
-@pytest.fixture
-def taken() -> Iterator[int]:
-    """A port of 127.0.0.1 someone else listens on."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
-        yield s.getsockname()[1]
 
 
 @pytest.fixture
