@@ -67,6 +67,15 @@ class ServerConfig(Section):
                                             "input (Responses) may hold: more get 413 before "
                                             "the body is validated, so a body of many tiny "
                                             "items cannot hold the event loop")
+    max_json_values: int = Field(default=2**17, alias="maxJsonValues", gt=0,
+                                 description="the most JSON values a request body may hold "
+                                             "(the body, every array element, every object "
+                                             "member; a prompt of token ids counts one a "
+                                             "token): more get 413. A body that may hold "
+                                             "more than a few thousand is parsed and "
+                                             "counted in a worker process first, so the "
+                                             "event loop parses only bodies it serves, and "
+                                             "this bounds what each costs it")
     max_answer_bytes: int = Field(default=16 * 2**20, alias="maxAnswerBytes", gt=0,
                                   description="the most of one model server's answer the "
                                               "router holds at once: a whole answer it "

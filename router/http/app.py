@@ -163,6 +163,7 @@ class Router:
         if self.kv:
             await self.kv.close()
         await self.store.close()
+        await self.handlers.bodies.close()
         if self.proxy:
             self.proxy.close()
         if self.session:

@@ -5,7 +5,7 @@ Responses API's stored turns, the model list and the probes answer here."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import orjson
@@ -19,6 +19,13 @@ from toposerve.router.config import RouterConfig
 from toposerve.router.disaggregation.pairing import RESPONSES_PATH, drop_hand_over
 from toposerve.router.exchange import Exchange
 from toposerve.router.ha.standby import HotStandby
+from toposerve.router.http.bodies import (
+    INLINE_VALUES,
+    BodyWorker,
+    few_values,
+    list_sizes,
+    parse,
+)
 from toposerve.router.http.director import Director
 from toposerve.router.metrics import RouterMetrics
 from toposerve.router.pool.endpoints import Endpoint
@@ -45,19 +52,29 @@ class Handlers:
                  ha: HotStandby | None) -> None:
         self.cfg, self.state, self.metrics, self.budget = cfg, state, metrics, budget
         self.store, self.director, self.ha = store, director, ha
+        self.bodies = BodyWorker()  # the app stops it
 
     # --- reading the request into its exchange ----------------------------------
     async def _json(self, ex: Exchange, model: type[BaseModel]) -> Any:
         """The body, parsed and validated; ``ex`` gets it and the output it
-        asks for (flow control's cost)."""
+        asks for (flow control's cost). A body that may hold more values than
+        the loop parses unseen is read by the body worker first, and refused
+        as the loop would refuse it (bodies.py)."""
         ex.body = await self.budget.read_body(ex.request, ex.hold)
-        try:
-            doc = orjson.loads(ex.body)
-        except orjson.JSONDecodeError as err:
-            raise ApiError(400, f"request body is not valid JSON: {err}") from None
-        if not isinstance(doc, dict):
-            raise ApiError(400, "request body must be a JSON object")
-        self._before_validation(doc)
+        server = self.cfg.server
+        if not few_values(ex.body, min(INLINE_VALUES, server.max_json_values)):
+            v = await self.bodies.vet(ex.body, model, server.max_list_items,
+                                      server.max_json_values)
+            if v.unreadable is not None:
+                raise ApiError(*v.unreadable)
+            self._before_validation(v.model, v.sizes)
+            if v.values > server.max_json_values:
+                raise ApiError(413, f"request body holds more than {server.max_json_values} "
+                                    "JSON values (server.maxJsonValues)")
+            if v.invalid is not None:
+                raise ApiError(*v.invalid)
+        doc = parse(ex.body)  # now known to cost the loop no more than its values
+        self._before_validation(doc.get("model"), list_sizes(doc))
         try:
             parsed = model.model_validate(doc)
         except ValidationError as err:
@@ -69,16 +86,16 @@ class Handlers:
         ex.max_tokens = requested_output(parsed)
         return parsed
 
-    def _before_validation(self, doc: dict[str, Any]) -> None:
+    def _before_validation(self, model: object, sizes: Iterable[tuple[str, int]]) -> None:
         """What is cheap to refuse is refused before the body is validated
         (validation costs some microseconds an item): an unknown model, and
         more messages or input items than server.maxListItems."""
-        if isinstance(model := doc.get("model"), str):
+        if isinstance(model, str):
             self._check_model(model)
         limit = self.cfg.server.max_list_items
-        for key in ("messages", "input"):
-            if isinstance(items := doc.get(key), list) and len(items) > limit:
-                raise ApiError(413, f"{key} holds {len(items)} items, over {limit} "
+        for key, n in sizes:
+            if n > limit:
+                raise ApiError(413, f"{key} holds {n} items, over {limit} "
                                     "(server.maxListItems)", key)
 
     def _check_model(self, model: str | None) -> None:

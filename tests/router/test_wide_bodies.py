@@ -1,0 +1,129 @@
+"""A body of many tiny JSON values cannot hold the router's event loop:
+one that may hold more than a few thousand values is parsed and counted
+in the router's body worker (a process of its own) before the loop parses
+it, and one of more than server.maxJsonValues is refused. Against a real
+router process over a real simulator."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import aiohttp
+import orjson
+
+from harness.procs import MODEL, Procs
+from tests.router.hangup import connect
+
+CHAT = "/v1/chat/completions"
+
+
+async def _post(url: str, path: str, doc: dict[str, Any] | bytes) -> tuple[int, Any]:
+    body = doc if isinstance(doc, bytes) else orjson.dumps(doc)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as s, \
+            s.post(url + path, data=body, headers={"Content-Type": "application/json"}) as r:
+        return r.status, await r.json()
+
+
+def _ask(url: str, path: str, doc: dict[str, Any]) -> tuple[int, Any]:
+    return asyncio.run(_post(url, path, doc))
+
+
+def test_values_past_max_json_values_are_refused_commas_in_strings_are_not_values(
+        procs: Procs) -> None:
+    """600,000 values anywhere in a body get 413 naming server.maxJsonValues
+    (before, one message's 600,000 content parts, or an unknown field of
+    600,000 numbers, were parsed and validated on the event loop and
+    served); 600,000 messages still get maxListItems' 413, an unknown
+    model its 404 first. A body whose commas are in its strings holds few
+    values and is served, as is a prompt of 100,000 token ids."""
+    sim = procs.sim(max_model_len=2**20)
+    router = procs.router(endpoints=[sim.url])
+    for doc, where in (
+            ({"model": MODEL, "max_tokens": 2,
+              "messages": [{"role": "user", "content": [{}] * 600_000}]}, None),
+            ({"model": MODEL, "max_tokens": 2, "prompt": "hi", "junk": [1] * 600_000}, None),
+            ({"model": MODEL, "input": "hi", "junk": [[]] * 600_000}, None)):
+        path = CHAT if "messages" in doc else (
+            "/v1/completions" if "prompt" in doc else "/v1/responses")
+        status, answer = _ask(router.url, path, doc)
+        assert status == 413, (path, answer)
+        assert "server.maxJsonValues" in answer["error"]["message"]
+        assert answer["error"]["param"] == where
+    status, answer = _ask(router.url, CHAT, {"model": MODEL, "messages": [{}] * 600_000})
+    assert status == 413 and "server.maxListItems" in answer["error"]["message"]
+    status, answer = _ask(router.url, CHAT, {"model": "no-such-model",
+                                             "messages": [{}] * 600_000})
+    assert status == 404 and answer["error"]["param"] == "model"
+    status, answer = _ask(router.url, CHAT, {"model": MODEL, "max_tokens": 2, "messages": [
+        {"role": "user", "content": "," * 600_000}]})
+    assert status == 200, answer
+    status, answer = _ask(router.url, "/v1/completions", {
+        "model": MODEL, "max_tokens": 2, "prompt": list(range(100, 100_100))})
+    assert status == 200, answer
+    # an invalid body the worker read is refused as the loop would refuse it
+    status, answer = _ask(router.url, CHAT, {"model": MODEL, "messages": [
+        {"role": "user", "content": [1] * 20_000}]})
+    assert status == 400 and answer["error"]["param"] == "messages.0.content.str", answer
+
+
+@contextmanager
+def _health_latency(url: str) -> Iterator[list[float]]:
+    """/health's latency in seconds, asked every 10 ms from a thread of its
+    own while the block runs."""
+    out: list[float] = []
+    stop = threading.Event()
+
+    def probe() -> None:
+        while not stop.wait(0.01):
+            t0 = time.perf_counter()
+            with connect(url, 30) as s:
+                s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                while s.recv(65536):
+                    pass
+            out.append(time.perf_counter() - t0)
+
+    th = threading.Thread(target=probe, daemon=True)
+    th.start()
+    try:
+        yield out
+    finally:
+        stop.set()
+        th.join()
+
+
+def test_wide_bodies_in_flight_do_not_hold_the_event_loop(procs: Procs) -> None:
+    """Four clients send, three times each, bodies of 1.3 million empty
+    lists (3.9 MB; refused for maxListItems): /health keeps answering in
+    well under the time one such body takes to parse. Before, the router
+    parsed each on its event loop and /health waited for every parse. The
+    bound is relative (half a parse, timed here, on the same machine), so
+    a loaded machine slows both sides alike."""
+    sim = procs.sim()
+    router = procs.router(endpoints=[sim.url])
+    wide = orjson.dumps({"model": MODEL, "messages": [[]] * 1_300_000})
+    parse_s = min(_timed(lambda: orjson.loads(wide)) for _ in range(3))
+
+    async def client() -> list[int]:
+        return [(await _post(router.url, CHAT, wide))[0] for _ in range(3)]
+
+    async def attack() -> list[list[int]]:
+        return await asyncio.gather(*(client() for _ in range(4)))
+
+    with _health_latency(router.url) as latency:
+        statuses = asyncio.run(attack())
+    assert statuses == [[413] * 3] * 4
+    assert latency and max(latency) < parse_s / 2, (
+        f"/health took {1000 * max(latency):.0f} ms with wide bodies in flight; one "
+        f"body's parse takes {1000 * parse_s:.0f} ms here")
+    assert len(latency) >= 10, latency  # the probe ran through the attack
+
+
+def _timed(f: Any) -> float:
+    t0 = time.perf_counter()
+    f()
+    return time.perf_counter() - t0
