@@ -113,7 +113,7 @@ class Procs:
         return proc
 
     def router(self, config: dict[str, Any] | None = None, endpoints: list[str] | None = None,
-               wait_ready: bool = True) -> Proc:
+               wait_ready: bool = True, mode: str = "standalone") -> Proc:
         port = free_port()
         cfg: dict[str, Any] = {"apiVersion": "toposerve.io/v1", "kind": "RouterConfig",
                                **(config or {})}
@@ -123,7 +123,7 @@ class Procs:
         cfg.setdefault("scrape", {"intervalSeconds": 0.05})  # tests want quick reactions
         path = self.tmp / f"router-{len(self.all)}.yaml"
         path.write_text(yaml.safe_dump(cfg))
-        p, log = self._spawn(["router", "--config", str(path)], "router")
+        p, log = self._spawn(["router", "--config", str(path), "--mode", mode], "router")
         proc = Proc(f"http://127.0.0.1:{port}", p, log, {"config": path})
         self.all.append(proc)
         wait_http(proc.url + ("/ready" if wait_ready else "/health"), p, log)

@@ -746,6 +746,25 @@ class FlowControlConfig(Section):
         return self
 
 
+class EndpointPickerConfig(Section):
+    """``toposerve router --mode endpoint-picker``: the gRPC server (Envoy's
+    external processing) a proxy asks which endpoint serves each request,
+    as the Gateway API Inference Extension's endpoint picker
+    (docs/endpoint-picker.md). server.host and server.port then serve only
+    /health, /ready and /metrics."""
+
+    host: str = Field(default="127.0.0.1", description="address the gRPC server listens on")
+    port: int = Field(default=9002, ge=0, le=65535,
+                      description="its port (9002: the port gateways expect an endpoint "
+                                  "picker on)")
+    fallbacks: int = Field(default=0, ge=0, le=16,
+                           description="endpoints named after the picked one, best first, in "
+                                       "x-gateway-destination-endpoint and its envoy.lb "
+                                       "metadata (ip:port,ip:port,...), for a proxy that "
+                                       "retries down the list; an ORIGINAL_DST cluster reads "
+                                       "one address, so 0 there")
+
+
 def _admission_moved(doc: Any) -> Any:
     """``admission`` (objectives, flowControl) was the place of flow control
     before ``flowControl`` took it all; an old file still loads, once warned."""
@@ -787,6 +806,8 @@ class RouterConfig(Section):
     disaggregation: DisaggregationConfig = Field(default_factory=DisaggregationConfig)
     revisions: RevisionsConfig = Field(default_factory=RevisionsConfig)
     ha: HAConfig = Field(default_factory=HAConfig)
+    endpoint_picker: EndpointPickerConfig = Field(default_factory=EndpointPickerConfig,
+                                                  alias="endpointPicker")
 
     @model_validator(mode="after")
     def _ha_shares_responses(self) -> RouterConfig:

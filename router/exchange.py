@@ -4,12 +4,16 @@ who asks; the handler fills in what was asked; the director's stages
 (``toposerve.router.http.director``: admit, schedule, relay, settle) read
 it and record on it what they decided and what came back. Nothing about a
 request travels any other way (no aiohttp request keys), so a reader finds
-all of a request's state here."""
+all of a request's state here. The director's admit, schedule and settle
+stages read only what ``Asked`` names of it, so the endpoint picker
+(``toposerve.router.epp``), whose requests come over gRPC from a proxy, runs
+the same stages over its own record of a request."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
@@ -18,6 +22,29 @@ from toposerve.router.admission.flow_control import Classified
 from toposerve.router.admission.usage import Answered
 from toposerve.router.pool.endpoints import Endpoint, Work
 from toposerve.router.request import RequestContext
+
+
+class Asked(Protocol):
+    """What the director's admit, schedule and settle stages read and
+    record of a request, whichever edge took it."""
+
+    tenant: str
+    ctx: RequestContext | None
+    max_tokens: int | None
+    charges: list[Classified]
+    answered: Answered | None
+    output_tokens: int | None
+
+    @property
+    def client_headers(self) -> Mapping[str, str]:
+        """The headers the client sent (flow control reads its objective,
+        fairness id and SLO there)."""
+        ...
+
+    @property
+    def body_size(self) -> int:
+        """The bytes of its body, as the client declared them."""
+        ...
 
 
 @dataclass(slots=True)
@@ -60,3 +87,11 @@ class Exchange:
     @property
     def request_id(self) -> str:
         return self.headers["X-Request-Id"]
+
+    @property
+    def client_headers(self) -> Mapping[str, str]:
+        return self.request.headers
+
+    @property
+    def body_size(self) -> int:
+        return self.request.content_length or 0

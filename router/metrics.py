@@ -59,11 +59,11 @@ class _LoopCollector(Collector):
             "toposerve_router_loop_errors",
             "Errors the router's background loops went on past, by loop (scrape, discovery, "
             "kv-events, api-keys, flow-release, replication-publish, replication-subscribe, "
-            "responses-store): a model server's answer that cannot be read (one that never "
-            "came shows in toposerve_router_endpoint_healthy), a pod or Secret that cannot "
-            "be read, a KV-event batch or replicated decision that is not one, an apiserver "
-            "or Redis not answering. The first of each streak is logged, naming the loop and "
-            "what failed.", labels=["loop"])
+            "responses-store, epp-health): a model server's answer that cannot be read (one "
+            "that never came shows in toposerve_router_endpoint_healthy), a pod or Secret "
+            "that cannot be read, a KV-event batch or replicated decision that is not one, an "
+            "apiserver or Redis not answering. The first of each streak is logged, naming the "
+            "loop and what failed.", labels=["loop"])
         for loop, n in ERRORS.counts().items():
             errors.add_metric([loop], n)
         yield errors

@@ -25,6 +25,9 @@ class RequestContext:
     prefill: Endpoint | None = None  # a split request's prefill endpoint, once picked
     # the revision it is routed in, once chosen (toposerve.router.pool.revisions; "": unlabelled)
     revision: str | None = None
+    # the endpoints (HOST:PORT, as ``Endpoint.name``) a proxy lets it go to: the
+    # endpoint picker's subset hint (toposerve.router.epp); None: any
+    subset: frozenset[str] | None = None
     _byte_blocks: dict[int, list[int]] = field(default_factory=dict)
     # the prompt's token-block keys for the precise index (one tokenizer and
     # block size per router), set by toposerve.router.prefix.kv_index

@@ -29,7 +29,7 @@ from toposerve.kubeapi import backoff
 log = structlog.get_logger("router.supervise")
 
 Loop = Literal["scrape", "discovery", "kv-events", "api-keys", "flow-release",
-               "replication-publish", "replication-subscribe", "responses-store"]
+               "replication-publish", "replication-subscribe", "responses-store", "epp-health"]
 LOOPS: tuple[Loop, ...] = get_args(Loop)
 BACKOFF_CAP_S = 10.0
 ERROR_CHARS = 500  # of an error's text in the log: an answer quoted whole could be megabytes

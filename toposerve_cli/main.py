@@ -25,7 +25,7 @@ from toposerve.listen import ListenError
 
 # The optional dependencies (pyproject's extras) by the module a part imports.
 EXTRAS = {"pyroute2": "net", "tokenizers": "precise", "tqdm": "scale", "psutil": "scale",
-          "matplotlib": "scale"}
+          "matplotlib": "scale", "envoy": "epp", "grpc_health": "epp"}
 
 
 def missing_extra(err: ModuleNotFoundError) -> str | None:

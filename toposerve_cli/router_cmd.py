@@ -1,4 +1,5 @@
-"""``toposerve router``: the OpenAI-compatible router."""
+"""``toposerve router``: the OpenAI-compatible router, standalone or
+(``--mode endpoint-picker``) as the endpoint picker a Gateway's proxy asks."""
 
 from __future__ import annotations
 
@@ -55,8 +56,13 @@ def _kubeconfigs(cfg: RouterConfig) -> list[tuple[str, str | None]]:
 def _run(args: argparse.Namespace) -> int:
     from toposerve.router.http.app import Router, serve
 
+    picker = args.mode == "endpoint-picker"
+    if picker:  # needs the epp extra: missing, main names it
+        from toposerve.router.epp import server as epp
     try:
         cfg = _load(args)
+        if picker and (why := epp.unfit(cfg)):
+            raise ConfigError(f"{args.config or 'toposerve router'}: {why}")
         Router(cfg)  # builds the profile: unknown plugins fail here, before binding
     except ConfigError as err:  # names its file itself
         print(f"error: {err}", file=sys.stderr)
@@ -77,7 +83,14 @@ def _run(args: argparse.Namespace) -> int:
                   else "--host or --port")
     structlog.get_logger("toposerve.router").info(
         "serving", url=f"http://{cfg.server.host}:{sock.getsockname()[1]}")
-    serve(cfg, sock)
+    if picker:
+        # checked here for the one-line refusal; gRPC binds it itself when it starts
+        e = cfg.endpoint_picker
+        listen(e.host, e.port, f"endpointPicker.host or endpointPicker.port in "
+                               f"{args.config or 'a --config file'}").close()
+        epp.serve(cfg, sock)
+    else:
+        serve(cfg, sock)
     return 0
 
 
@@ -90,4 +103,9 @@ def register(sub: Any) -> None:
                    help="address to listen on with --endpoint (default %(default)s)")
     p.add_argument("--port", type=int, default=8080,
                    help="port to listen on with --endpoint (default %(default)s)")
+    p.add_argument("--mode", choices=("standalone", "endpoint-picker"), default="standalone",
+                   help="standalone: serve the OpenAI API and relay to the endpoints; "
+                        "endpoint-picker: answer a proxy's external-processing calls (gRPC, "
+                        "endpointPicker in the config) with the endpoint for each request, "
+                        "and serve only probes and metrics over HTTP (default %(default)s)")
     p.set_defaults(handler=_run)

