@@ -15,8 +15,10 @@ from typing import Any
 
 import aiohttp
 import orjson
+import psutil
 
 from harness.procs import MODEL, Procs
+from harness.waiting import wait_for
 from tests.router.hangup import connect
 
 CHAT = "/v1/chat/completions"
@@ -127,3 +129,32 @@ def _timed(f: Any) -> float:
     t0 = time.perf_counter()
     f()
     return time.perf_counter() - t0
+
+
+def _worker(router_pid: int) -> psutil.Process | None:
+    for child in psutil.Process(router_pid).children():
+        if "toposerve.router.http.bodies" in child.cmdline():
+            return child
+    return None
+
+
+def test_a_body_worker_that_dies_is_started_again(procs: Procs) -> None:
+    """The worker starts with the first body that needs it; killed, the
+    next such body starts another (or gets 503 if it was in the dying
+    one), and the router stops it when it stops."""
+    sim = procs.sim()
+    router = procs.router(endpoints=[sim.url])
+    wide = {"model": MODEL, "messages": [{}] * 20_000}
+    assert _worker(router.popen.pid) is None  # not before a body needs it
+    assert _ask(router.url, CHAT, wide)[0] == 413
+    first = _worker(router.popen.pid)
+    assert first is not None
+    first.kill()
+    first.wait(10)
+    statuses = {_ask(router.url, CHAT, wide)[0] for _ in range(2)}
+    assert statuses <= {413, 503} and 413 in statuses, statuses
+    second = _worker(router.popen.pid)
+    assert second is not None and second.pid != first.pid
+    router.stop()
+    wait_for("the worker stopped with the router", lambda: not second.is_running()
+             or second.status() == psutil.STATUS_ZOMBIE)
