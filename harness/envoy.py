@@ -107,7 +107,17 @@ def gateway_config(port: int, admin_port: int, picker_port: int,
                     "load_assignment": {"cluster_name": "fallback", "endpoints": [{
                         "lb_endpoints": [_endpoint(a) for a in fallback]}]}}]
                   if fallback else []),
+                # health-checked (the picker's gRPC health), and no panic routing to a
+                # picker known down: a request then learns it before its body is
+                # streamed, which failure_mode_allow needs (a body already handed to
+                # the picker cannot be taken back: 500 whatever the mode)
                 {"name": "endpoint-picker", "type": "STATIC", "connect_timeout": "3s",
+                 "health_checks": [{
+                     "timeout": "1s", "interval": "0.2s", "no_traffic_interval": "0.2s",
+                     "unhealthy_threshold": 1,
+                     "healthy_threshold": 1, "grpc_health_check": {
+                         "service_name": "envoy.service.ext_proc.v3.ExternalProcessor"}}],
+                 "common_lb_config": {"healthy_panic_threshold": {"value": 0}},
                  "typed_extension_protocol_options": {
                      "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": _typed(
                          "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",

@@ -166,9 +166,7 @@ class Picker:
         r = self.router
         body = bytes(p.body)
         if p.route is not None:
-            trusted = r.admission.tenants.settings.get(p.tenant)
-            got = read(p.route, body, p.client_headers, r.cfg.server, r.state.pool,
-                       bool(trusted and trusted.pass_transfer_fields))
+            got = await read(p.route, body, p.client_headers, r.handlers, p.tenant)
             p.ctx, p.max_tokens, body = got.ctx, got.max_tokens, got.body
             p.ctx.subset = p.subset
             await self.director.admit(p, r.scheduler)

@@ -1,9 +1,9 @@
 """What a generation request asks, read from the body a proxy streamed to
-the picker: its model, prompt, session and output limit, refused as the
-router's own HTTP handlers refuse them (``toposerve.router.http.handlers``:
-an unknown model 404, too many items 413, what does not validate 400) and
-with a client's KV hand-over fields dropped, so a request is routed the
-same whichever edge took it."""
+the picker: its model, prompt, session and output limit. The body is read
+by the router's own HTTP handlers (``Handlers.read_json``: the body worker
+for wide bodies, the same refusals in the same order, a client's KV
+hand-over fields dropped), so a request is routed the same whichever edge
+took it."""
 
 from __future__ import annotations
 
@@ -11,17 +11,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from toposerve.router.admission.flow_control import client_id
 from toposerve.router.admission.usage import requested_output
-from toposerve.router.config import ServerConfig
-from toposerve.router.disaggregation.pairing import RESPONSES_PATH, drop_hand_over
-from toposerve.router.http.handlers import SESSION_HEADERS, session_key
-from toposerve.router.pool.endpoints import Pool
+from toposerve.router.disaggregation.pairing import RESPONSES_PATH
+from toposerve.router.http.handlers import SESSION_HEADERS, Handlers, session_key
 from toposerve.router.request import RequestContext
-from toposerve.wire.errors import ApiError, from_validation
+from toposerve.wire.errors import ApiError
 from toposerve.wire.openai import ChatRequest, CompletionRequest, ResponsesRequest
 from toposerve.wire.prompt import chat_prompt, completion_prompt, responses_items
 
@@ -57,34 +54,17 @@ class Read:
     max_tokens: int | None
 
 
-def read(route: Generation, body: bytes, headers: Mapping[str, str], cfg: ServerConfig,
-         pool: Pool, pass_transfer_fields: bool) -> Read:
+async def read(route: Generation, body: bytes, headers: Mapping[str, str],
+               handlers: Handlers, tenant: str) -> Read:
     """The request ``body`` of ``route`` as the scheduler will know it;
     raises the ApiError its client gets instead."""
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError as err:
-        raise ApiError(400, f"request body is not valid JSON: {err}") from None
-    if not isinstance(doc, dict):
-        raise ApiError(400, "request body must be a JSON object")
-    if isinstance(model := doc.get("model"), str) and not pool.may_serve(model):
-        raise ApiError(404, f"The model `{model}` does not exist.", "model")
-    for key in ("messages", "input"):
-        if isinstance(items := doc.get(key), list) and len(items) > cfg.max_list_items:
-            raise ApiError(413, f"{key} holds {len(items)} items, over {cfg.max_list_items} "
-                                "(server.maxListItems)", key)
-    try:
-        parsed = route.model.model_validate(doc)
-    except ValidationError as err:
-        raise from_validation(err) from None
+    body, doc, parsed = await handlers.read_json(body, route.model, tenant)
     if getattr(parsed, "previous_response_id", None) is not None:
         # the standalone router keeps Responses chains itself; here the
         # model server would have to, and the picker cannot yet send a
         # turn to the one that holds its chain
         raise ApiError(400, "previous_response_id is not served by the endpoint picker yet; "
                             "send the conversation in input", "previous_response_id")
-    if not pass_transfer_fields and drop_hand_over(doc):
-        body = orjson.dumps(doc)  # only then: a body goes on as it came
     raw = client_id(headers, *SESSION_HEADERS)
     ctx = RequestContext(model=getattr(parsed, "model", None),
                          prompt=route.prompt_of(doc).encode("utf-8", "surrogatepass"),

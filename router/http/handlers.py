@@ -57,13 +57,23 @@ class Handlers:
     # --- reading the request into its exchange ----------------------------------
     async def _json(self, ex: Exchange, model: type[BaseModel]) -> Any:
         """The body, parsed and validated; ``ex`` gets it and the output it
-        asks for (flow control's cost). A body that may hold more values than
-        the loop parses unseen is read by the body worker first, and refused
-        as the loop would refuse it (bodies.py)."""
+        asks for (flow control's cost)."""
         ex.body = await self.budget.read_body(ex.request, ex.hold)
+        ex.body, ex.doc, parsed = await self.read_json(ex.body, model, ex.tenant)
+        ex.max_tokens = requested_output(parsed)
+        return parsed
+
+    async def read_json(self, body: bytes, model: type[BaseModel], tenant: str
+                        ) -> tuple[bytes, dict[str, Any], Any]:
+        """A request ``body`` of ``model`` read as the router reads every
+        one (the endpoint picker's too): what goes upstream (the body, or it
+        without a client's hand-over fields), the document and the model;
+        else the ApiError its client gets. A body that may hold more values
+        than the loop parses unseen is read by the body worker first, and
+        refused as the loop would refuse it (bodies.py)."""
         server = self.cfg.server
-        if not few_values(ex.body, min(INLINE_VALUES, server.max_json_values)):
-            v = await self.bodies.vet(ex.body, model, server.max_list_items,
+        if not few_values(body, min(INLINE_VALUES, server.max_json_values)):
+            v = await self.bodies.vet(body, model, server.max_list_items,
                                       server.max_json_values)
             if v.unreadable is not None:
                 raise ApiError(*v.unreadable)
@@ -73,18 +83,16 @@ class Handlers:
                                     "JSON values (server.maxJsonValues)")
             if v.invalid is not None:
                 raise ApiError(*v.invalid)
-        doc = parse(ex.body)  # now known to cost the loop no more than its values
+        doc = parse(body)  # now known to cost the loop no more than its values
         self._before_validation(doc.get("model"), list_sizes(doc))
         try:
             parsed = model.model_validate(doc)
         except ValidationError as err:
             raise from_validation(err) from None
-        trusted = self.director.admission.tenants.settings.get(ex.tenant)
+        trusted = self.director.admission.tenants.settings.get(tenant)
         if not (trusted and trusted.pass_transfer_fields) and drop_hand_over(doc):
-            ex.body = orjson.dumps(doc)  # only then: a body goes on as it was read
-        ex.doc = doc
-        ex.max_tokens = requested_output(parsed)
-        return parsed
+            body = orjson.dumps(doc)  # only then: a body goes on as it was read
+        return body, doc, parsed
 
     def _before_validation(self, model: object, sizes: Iterable[tuple[str, int]]) -> None:
         """What is cheap to refuse is refused before the body is validated

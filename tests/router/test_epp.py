@@ -204,9 +204,10 @@ def test_flow_control_refusals_reach_the_client(procs: Procs) -> None:
 
 
 def test_picker_gone(procs: Procs) -> None:
-    """The picker killed: with failure_mode_allow off Envoy answers a clean
-    5xx of its own; on, the request goes to the fallback route's endpoints
-    by Envoy's own balancing."""
+    """The picker killed (Envoy's gRPC health check of it fails): with
+    failure_mode_allow off Envoy answers a clean 5xx of its own; on, the
+    request goes to the fallback route's endpoints by Envoy's own
+    balancing."""
     sim = procs.sim()
     picker = start_picker(procs, [sim.url])
     closed = start_envoy(procs, picker.extra["grpc"])
@@ -214,7 +215,39 @@ def test_picker_gone(procs: Procs) -> None:
                          fallback=[_name(sim)])
     assert _chat(closed, "before").status_code == 200
     picker.kill()
+
+    def marked_down(envoy: Proc) -> bool:  # its health check found the picker gone
+        return "failed_active_hc" in httpx.get(envoy.extra["admin"] + "/clusters").text
+
+    wait_for("both envoys to mark the picker down", lambda: all(map(marked_down,
+                                                                    (closed, opened))))
     r = _chat(closed, "after")
     assert r.status_code >= 500 and r.headers["server"] == "envoy", r.text
     r = _chat(opened, "after")
-    assert r.status_code == 200 and "x-toposerve-endpoint" not in r.headers, r.text
+    assert r.status_code == 200 and "x-toposerve-endpoint" not in r.headers, (r.text, r.headers)
+
+
+def test_bodies_refused_as_standalone(procs: Procs) -> None:
+    """The picker reads a body as the standalone router's handlers do (the
+    body worker for wide ones): each refusal reaches the client through
+    Envoy in OpenAI's shape, and the model server sees none of them."""
+    sim = procs.sim()
+    picker = start_picker(procs, [sim.url], {"server": {"maxJsonValues": 1000}})
+    envoy = start_envoy(procs, picker.extra["grpc"])
+
+    def post(path: str, body: bytes) -> tuple[int, str]:
+        r = httpx.post(envoy.url + path, content=body, timeout=60,
+                       headers={"content-type": "application/json"})
+        return r.status_code, r.json()["error"]["message"]
+
+    wide = b'{"model": "%s", "prompt": [%s]}' % (MODEL.encode(), b",".join([b"7"] * 5000))
+    status, why = post("/v1/completions", wide)
+    assert status == 413 and "server.maxJsonValues" in why
+    status, why = post("/v1/chat/completions", b'{"model": "nope", "messages": []}')
+    assert status == 404 and why == "The model `nope` does not exist."
+    status, why = post("/v1/chat/completions", b"{not json")
+    assert status == 400 and why.startswith("request body is not valid JSON")
+    status, why = post("/v1/responses", b'{"model": "%s", "input": "hi", '
+                                        b'"previous_response_id": "resp_1"}' % MODEL.encode())
+    assert status == 400 and "previous_response_id" in why
+    assert sim.metric("vllm:request_success_total") == 0
