@@ -251,3 +251,51 @@ def test_bodies_refused_as_standalone(procs: Procs) -> None:
                                         b'"previous_response_id": "resp_1"}' % MODEL.encode())
     assert status == 400 and "previous_response_id" in why
     assert sim.metric("vllm:request_success_total") == 0
+
+
+def test_sessions_and_hang_ups_settle(procs: Procs) -> None:
+    """A session's turns stay on one simulator though their prompts share
+    nothing; a client that hangs up while its request waits in flow
+    control leaves no queued request behind; a simulator killed in the
+    middle of a stream leaves nothing counted in flight."""
+    sims = [procs.sim(decode_s_per_token=0.05, time_scale=1.0) for _ in range(2)]
+    picker = start_picker(procs, [s.url for s in sims], {"flowControl": {
+        "enabled": True, "queueTTLSeconds": 30,
+        "saturation": {"detector": "concurrency", "maxConcurrency": 1}}})
+    envoy = start_envoy(procs, picker.extra["grpc"])
+    homes = {_chat(envoy, f"{i} a different thing entirely",
+                   headers={"x-session-id": "one"}).headers["x-toposerve-endpoint"]
+             for i in range(4)}
+    assert len(homes) == 1, homes
+
+    # both slots held by streams; a third request waits, then its client goes
+    broken: list[int] = []
+
+    def stream(i: int) -> None:
+        with httpx.stream("POST", envoy.url + "/v1/chat/completions", timeout=60, json={
+                "model": MODEL, "max_tokens": 100, "stream": True,
+                "messages": [{"role": "user", "content": f"{i} story"}]}) as r:
+            try:
+                for _ in r.iter_raw():
+                    pass
+            except httpx.RemoteProtocolError:  # Envoy cut the client's stream short
+                broken.append(i)
+
+    holders = [threading.Thread(target=stream, args=(i,)) for i in range(2)]
+    for t in holders:
+        t.start()
+    wait_for("both slots held", lambda: _inflight(picker) == 2)
+    with httpx.Client(timeout=httpx.Timeout(60, read=1.0)) as client:
+        try:
+            client.post(envoy.url + "/v1/chat/completions", json={
+                "model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "?"}]})
+        except httpx.ReadTimeout:
+            pass
+    wait_for("the waiting request to leave the queue",
+             lambda: picker.metric("toposerve_router_queued_requests") == 0)
+    for s in sims:
+        s.kill()  # both streams break mid-answer
+    for t in holders:
+        t.join()
+    assert sorted(broken) == [0, 1]
+    wait_for("the picker to hold nothing in flight", lambda: _inflight(picker) == 0)
