@@ -78,19 +78,17 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     for field, kubeconfig in _kubeconfigs(cfg):
         connect(kubeconfig, named_by=field)  # no credentials: one line, before anything serves
-    sock = listen(cfg.server.host, cfg.server.port,
-                  f"server.host or server.port in {args.config}" if args.config
-                  else "--host or --port")
-    structlog.get_logger("toposerve.router").info(
-        "serving", url=f"http://{cfg.server.host}:{sock.getsockname()[1]}")
     if picker:
         # checked here for the one-line refusal; gRPC binds it itself when it starts
         e = cfg.endpoint_picker
         listen(e.host, e.port, f"endpointPicker.host or endpointPicker.port in "
                                f"{args.config or 'a --config file'}").close()
-        epp.serve(cfg, sock)
-    else:
-        serve(cfg, sock)
+    sock = listen(cfg.server.host, cfg.server.port,
+                  f"server.host or server.port in {args.config}" if args.config
+                  else "--host or --port")
+    structlog.get_logger("toposerve.router").info(
+        "serving", url=f"http://{cfg.server.host}:{sock.getsockname()[1]}")
+    (epp.serve if picker else serve)(cfg, sock)
     return 0
 
 

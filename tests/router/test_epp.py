@@ -6,13 +6,18 @@ to the simulator the picker named."""
 from __future__ import annotations
 
 import contextlib
+import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import grpc
 import httpx
 import openai
+import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from harness.envoy import SUBSET_HEADER, start_envoy, start_picker
@@ -299,3 +304,31 @@ def test_sessions_and_hang_ups_settle(procs: Procs) -> None:
         t.join()
     assert sorted(broken) == [0, 1]
     wait_for("the picker to hold nothing in flight", lambda: _inflight(picker) == 0)
+
+
+def test_command_refusals(tmp_path: Path) -> None:
+    """What the picker cannot serve is one line and exit 2 before anything
+    listens: an endpoint named by host, a taken gRPC port."""
+    def run(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "toposerve.main", "router",
+                               "--mode", "endpoint-picker", *argv],
+                              capture_output=True, text=True, timeout=60, check=False)
+
+    r = run("--endpoint", "http://localhost:8000")
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "error: toposerve router: discovery.static[0].url: http://localhost:8000 names a host; "
+        "the endpoint picker names endpoints by IP:PORT for the proxy to connect to: give its "
+        "IP"]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        config = tmp_path / "picker.yaml"
+        config.write_text(yaml.safe_dump({
+            "apiVersion": "toposerve.io/v1", "kind": "RouterConfig", "server": {"port": 0},
+            "endpointPicker": {"port": taken.getsockname()[1]},
+            "discovery": {"static": [{"url": "http://127.0.0.1:9"}]}}))
+        r = run("--config", str(config))
+    assert r.returncode == 2, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("error: cannot listen on 127.0.0.1:") and line.endswith(
+        f"change endpointPicker.host or endpointPicker.port in {config}")
