@@ -97,7 +97,23 @@ build_kubernetes() {
   rm -rf "$dir"; mv "$mod/out" "$dir"
 }
 
+build_helm() {
+  local dir="$BIN/helm-$HELM_VERSION"
+  if [[ -x "$dir/helm" ]]; then say "helm $HELM_VERSION: cached"; return; fi
+  say "helm $HELM_VERSION: building"
+  local mod="$SRC/helm-$HELM_VERSION"
+  rm -rf "$mod"; mkdir -p "$mod"
+  # helm's own main package, built from its module with its version stamped
+  # in (what `helm version` and the chart's kubeVersion checks read)
+  (cd "$mod" && go mod init toposerve.local/helm >/dev/null 2>&1 \
+     && go get "helm.sh/helm/v4@$HELM_VERSION" \
+     && go build -trimpath -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=$HELM_VERSION" \
+          -o "$mod/helm.out" helm.sh/helm/v4/cmd/helm)
+  mkdir -p "$dir"; mv "$mod/helm.out" "$dir/helm"
+}
+
 start=$(date +%s)
+build_helm
 build_kwok
 build_etcd
 build_kubernetes

@@ -57,19 +57,15 @@ class Image(Section):
         return f"{self.repository}:{self.tag}"
 
 
-def _version() -> str:
-    from importlib.metadata import version
-
-    return version("toposerve")
-
-
 class ToposerveImage(Image):
     """The toposerve image (the driver and the extender run it)."""
 
-    repository: Repository = Field(default="localhost/toposerve",
-                                   description="image name without tag")
-    tag: Tag = Field(default_factory=_version,
-                     description="image tag (default: the installed toposerve's version)")
+    repository: Repository = Field(default="ghcr.io/toposerve/toposerve",
+                                   description="image name without tag (docs/image.md: build "
+                                               "it and push it to your registry)")
+    tag: str = Field(default="", pattern=r"^(\w[\w.-]{0,127})?$",
+                     description="image tag; empty: the chart's appVersion (the toposerve "
+                                 "version it was released with)")
 
 
 # The Kubernetes release the install targets (DRA's resource.k8s.io/v1 with
@@ -89,10 +85,11 @@ class SchedulerImage(Image):
 
 
 class ApiServer(Section):
-    """The address every toposerve pod uses for the Kubernetes API. Pods run
-    with host networking and never use the in-cluster service address
-    (`KUBERNETES_SERVICE_HOST`), which on a machine that must not dial the
-    service range is the one address they cannot use."""
+    """An address every toposerve pod uses for the Kubernetes API instead of
+    the in-cluster service: for clusters whose pods cannot use the service
+    address (the local cluster's real node, where pods run on the host's
+    network and dial the API server's loopback address). Each pod then gets a
+    kubeconfig of that address and its own service-account token."""
 
     host: str = Field(description="IP address or DNS name of the API server as seen from a "
                                   "node, e.g. 127.0.0.1 on a single-node cluster")
@@ -381,6 +378,13 @@ class Router(Placement):
     Redis."""
 
     enabled: bool = Field(default=True, description="render this component")
+    namespace: Label | None = Field(
+        default="toposerve-router",
+        description="namespace of the router and its Redis: apart from the drivers' root pods "
+                    "(docs/security.md); none: the release's")
+    create_namespace: bool = Field(
+        default=True, description="render that namespace (with the `restricted` pod security "
+                                  "level); false: it exists already")
     replicas: int = Field(default=2, ge=1, description="router pods (one leads; 1: no standby)")
     port: int = Field(default=8080, ge=1, le=65535, description="HTTP port (pod and Service)")
     shutdown_delay_seconds: float = Field(
@@ -417,11 +421,15 @@ class InstallValues(Section):
     api_version: Literal["toposerve.io/v1"] = Field(default="toposerve.io/v1")
     kind: Literal["InstallValues"] = Field(default="InstallValues",
                                            description="always InstallValues")
-    namespace: Label = Field(default="toposerve-system",
-                             description="namespace of every namespaced object")
+    namespace: Label | None = Field(
+        default=None, description="namespace of the drivers, the extender and the scheduler; "
+                                  "default: the release's (`helm install -n`; `toposerve "
+                                  "manifests render`: toposerve-system)")
     name_prefix: Label = Field(default="toposerve", max_length=40,
                                description="prefix of every object name")
-    api_server: ApiServer = Field(description="how pods reach the API server")
+    api_server: ApiServer | None = Field(
+        default=None, description="how pods reach the API server; default: the in-cluster "
+                                  "service, as any pod does")
     image: ToposerveImage = Field(default_factory=ToposerveImage,
                                   description="the toposerve image (driver and extender)")
     log_level: Literal["debug", "info", "warning", "error"] = Field(
@@ -520,11 +528,4 @@ def load_values(path: str | Path | None = None, sets: Sequence[str] = ()) -> Ins
             raise ConfigError(f"{path}: expected a YAML mapping with apiVersion and kind")
     if sets:
         source += " with --set " + " ".join(sets)
-    doc = apply_sets(doc, sets)
-    try:
-        return parse_document(doc, InstallValues, KIND, source)
-    except ConfigError as err:
-        raise ConfigError(str(err).replace(
-            "apiServer: Field required (required: add it)",
-            "apiServer: Field required (required: add it, e.g. --set "
-            "apiServer.host=ADDRESS; pods use no in-cluster address)")) from None
+    return parse_document(apply_sets(doc, sets), InstallValues, KIND, source)
