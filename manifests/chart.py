@@ -96,7 +96,11 @@ def template(values: InstallValues, helm: Path, namespace: str | None = None,
             raise HelmError(f"{helm}: cannot run: {err.strerror}") from None
     if done.returncode != 0:
         lines = [ln for ln in done.stderr.strip().splitlines() if ln.strip()]
-        raise HelmError(f"helm template failed: {(lines or ['(no output)'])[-1][:400]}")
+        # helm ends with a hint ("Use --debug ..."); its error (a template's
+        # `fail` message too) is the line it starts with "Error:"
+        errors = [ln.removeprefix("Error: ") for ln in lines if ln.startswith("Error: ")]
+        line = (errors or lines or ["(no output)"])[-1]
+        raise HelmError(f"helm template failed: {line[:400]}")
     return done.stdout
 
 

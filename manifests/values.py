@@ -415,6 +415,76 @@ class Router(Placement):
         return self
 
 
+# Kubernetes label keys and values, and a Prometheus duration (30s, 1m30s)
+LabelKey = Annotated[str, Field(pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*"
+                                        r"[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}"
+                                        r"[A-Za-z0-9])?$")]
+LabelValue = Annotated[str, Field(pattern=r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")]
+PromDuration = Annotated[str, Field(min_length=1, pattern=r"^(0|([0-9]+y)?([0-9]+w)?([0-9]+d)?"
+                                                          r"([0-9]+h)?([0-9]+m)?([0-9]+s)?"
+                                                          r"([0-9]+ms)?)$")]
+
+
+class Scrape(Section):
+    """Prometheus operator objects (`monitoring.coreos.com/v1`) that scrape
+    components' `/metrics`; the cluster needs the operator's CRDs."""
+
+    enabled: bool = Field(default=False, description="render the objects")
+    interval: PromDuration = Field(default="30s", description="how often Prometheus scrapes")
+    scrape_timeout: PromDuration | None = Field(
+        default=None, description="per scrape, at most `interval`; none: Prometheus' default")
+    labels: dict[LabelKey, LabelValue] = Field(
+        default_factory=dict,
+        description="more labels on the objects, for a Prometheus that selects its monitors "
+                    "by label (kube-prometheus-stack: `release: <its release>`)")
+
+    @model_validator(mode="after")
+    def _timeout_within_interval(self) -> Scrape:
+        # Prometheus refuses a scrape config whose timeout exceeds its interval
+        if self.scrape_timeout and _seconds(self.scrape_timeout) > _seconds(self.interval):
+            raise ValueError(f"scrapeTimeout {self.scrape_timeout} is longer than interval "
+                             f"{self.interval}: give at most the interval")
+        return self
+
+
+def _seconds(duration: str) -> float:
+    unit = {"y": 365 * 86400, "w": 7 * 86400, "d": 86400, "h": 3600, "m": 60, "s": 1,
+            "ms": 0.001}
+    return sum(int(n) * unit[u] for n, u in re.findall(r"([0-9]+)(ms|[ywdhms])", duration))
+
+
+class GrafanaDashboard(Section):
+    """The chart's Grafana dashboard (`files/dashboards/toposerve.json`) in a
+    ConfigMap that Grafana's dashboard sidecar loads."""
+
+    enabled: bool = Field(default=False, description="render the ConfigMap")
+    namespace: Label | None = Field(
+        default=None, description="its namespace (one the sidecar watches); none: the "
+                                  "drivers' (`namespace`)")
+    labels: dict[LabelKey, LabelValue] = Field(
+        default_factory=lambda: {"grafana_dashboard": "1"},
+        description="labels the sidecar finds dashboards by (its `label` and `labelValue`)")
+    annotations: dict[LabelKey, str] = Field(
+        default_factory=dict, description="e.g. the sidecar's folder annotation")
+
+
+class Monitoring(Section):
+    """What an operator scrapes and looks at, each part off unless asked for
+    (docs/install.md, Monitoring)."""
+
+    service_monitor: Scrape = Field(
+        default_factory=Scrape,
+        description="ServiceMonitors of the router (every replica, through a headless Service "
+                    "of its own: the router's Service reaches the leader only) and the "
+                    "extender")
+    pod_monitor: Scrape = Field(
+        default_factory=Scrape,
+        description="a PodMonitor of the GPU driver's DaemonSet; needs `gpuDriver.httpPort` "
+                    "(a fixed port) and the pod network (the NIC driver, on the node's, "
+                    "serves /metrics on its loopback only)")
+    grafana_dashboard: GrafanaDashboard = Field(default_factory=GrafanaDashboard)
+
+
 class InstallValues(Section):
     """Values that `toposerve manifests render` turns into Kubernetes objects."""
 
@@ -441,6 +511,7 @@ class InstallValues(Section):
     extender: Extender = Field(default_factory=Extender)
     scheduler: Scheduler = Field(default_factory=Scheduler)
     router: Router = Field(default_factory=Router)
+    monitoring: Monitoring = Field(default_factory=Monitoring)
 
     def enabled(self) -> list[Component]:
         on = {"gpu-driver": self.gpu_driver.enabled, "net-driver": self.net_driver.enabled,
