@@ -142,18 +142,11 @@ class StaticEndpoint(Section, NodePlace):
                              "or tcp://[fd00::5]:5557, or ipc://PATH") from None
 
 
-class KubernetesDiscovery(Section):
-    """Model servers found by watching pods."""
+class PodDiscovery(Section):
+    """What is read of each model pod, however the pods are found."""
 
-    namespace: str = Field(default="default", description="namespace of the model pods")
-    label_selector: str = Field(alias="labelSelector", min_length=1,
-                                description="which pods are model servers, e.g. app=vllm")
-    port: int = Field(default=8000, ge=1, le=65535, description="their HTTP port")
-    port_name: str | None = Field(
-        default=None, alias="portName", pattern=r"^[a-z0-9]([-a-z0-9]{0,13}[a-z0-9])?$",
-        description="take each pod's HTTP port from its container port of this name (as "
-                    "a Service's targetPort does) instead of port: pods on the host "
-                    "network, one port each; a pod without it is not routed to")
+    namespace: str = Field(default="default",
+                           description="namespace of the model pods (and of the InferencePool)")
     kubeconfig: str | None = Field(
         default=None, description="default: $KUBECONFIG, ~/.kube/config, then in-cluster")
     role_label: str = Field(default=LLMD_ROLE, alias="roleLabel",
@@ -164,13 +157,16 @@ class KubernetesDiscovery(Section):
                     "DisaggregatedSet's revision, LeaderWorkerSet's template-revision-hash, "
                     "toposerve.io/revision, controller-revision-hash, first found wins)")
     kv_events_port: int | None = Field(default=None, alias="kvEventsPort", ge=1, le=65535,
-                                       description="pods publish KV events on this port")
+                                       description="pods publish KV events on this port (an "
+                                                   "InferencePool's Nth target port: this "
+                                                   "port + N, as vLLM offsets a "
+                                                   "data-parallel rank's)")
     kv_events_port_name: str | None = Field(
         default=None, alias="kvEventsPortName", pattern=r"^[a-z0-9]([-a-z0-9]{0,13}[a-z0-9])?$",
         description="the KV-event port from each pod's container port of this name "
                     "instead of kvEventsPort")
     watch_timeout_s: int = Field(default=300, alias="watchTimeoutSeconds", ge=1,
-                                 description="how long one pod watch request lasts before "
+                                 description="how long one watch request lasts before "
                                              "it is renewed from the last resourceVersion "
                                              "(a LIST only after 410 Gone)")
     topology_labels: DialectName = Field(
@@ -179,19 +175,52 @@ class KubernetesDiscovery(Section):
                     "where each pod's node sits, read from its labels (needs get on nodes)")
 
 
+class KubernetesDiscovery(PodDiscovery):
+    """Model servers found by watching pods."""
+
+    label_selector: str = Field(alias="labelSelector", min_length=1,
+                                description="which pods are model servers, e.g. app=vllm")
+    port: int = Field(default=8000, ge=1, le=65535, description="their HTTP port")
+    port_name: str | None = Field(
+        default=None, alias="portName", pattern=r"^[a-z0-9]([-a-z0-9]{0,13}[a-z0-9])?$",
+        description="take each pod's HTTP port from its container port of this name (as "
+                    "a Service's targetPort does) instead of port: pods on the host "
+                    "network, one port each; a pod without it is not routed to")
+
+
+class InferencePoolDiscovery(PodDiscovery):
+    """Model servers found as an ``InferencePool`` (inference.networking.k8s.io/v1, the
+    Gateway API Inference Extension's) names them: the ready pods its selector matches,
+    each of its target ports an endpoint (docs/endpoint-picker.md)."""
+
+    name: str = Field(min_length=1, max_length=253,
+                      pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+                      description="the InferencePool's name (in namespace); needs get, list "
+                                  "and watch on inferencepools and pods there")
+
+
 class DiscoveryConfig(Section):
-    """Where the model servers are: a static list, Kubernetes, or both."""
+    """Where the model servers are: a static list, Kubernetes pods by label, or both;
+    or an InferencePool alone."""
 
     static: list[StaticEndpoint] = Field(default_factory=list,
                                          description="a fixed list of model servers")
     kubernetes: KubernetesDiscovery | None = Field(default=None,
                                                    description="watch pods instead")
+    inference_pool: InferencePoolDiscovery | None = Field(
+        default=None, alias="inferencePool",
+        description="watch an InferencePool and the pods it selects (neither static nor "
+                    "kubernetes beside it)")
 
     @model_validator(mode="after")
     def _one(self) -> DiscoveryConfig:
-        if not self.static and self.kubernetes is None:
-            raise ValueError("give discovery.static (a list of endpoints) or "
-                             "discovery.kubernetes (a label selector)")
+        if self.inference_pool is not None and (self.static or self.kubernetes is not None):
+            raise ValueError("discovery.inferencePool names the model servers alone: give it "
+                             "without discovery.static and discovery.kubernetes")
+        if not self.static and self.kubernetes is None and self.inference_pool is None:
+            raise ValueError("give discovery.static (a list of endpoints), "
+                             "discovery.kubernetes (a label selector) or "
+                             "discovery.inferencePool (an InferencePool's name)")
         return self
 
 

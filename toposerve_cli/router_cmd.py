@@ -41,10 +41,13 @@ def _load(args: argparse.Namespace) -> RouterConfig:
 
 def _kubeconfigs(cfg: RouterConfig) -> list[tuple[str, str | None]]:
     """The credentials the router will need, each with the field that names
-    it: the pod watch's, the Lease's, the API-key Secret's."""
+    it: the pod (or InferencePool) watch's, the Lease's, the API-key Secret's."""
     out = []
     if cfg.discovery.kubernetes is not None:
         out.append(("discovery.kubernetes.kubeconfig", cfg.discovery.kubernetes.kubeconfig))
+    if cfg.discovery.inference_pool is not None:
+        out.append(("discovery.inferencePool.kubeconfig",
+                    cfg.discovery.inference_pool.kubeconfig))
     if cfg.ha.enabled:
         out.append(("ha.lease.kubeconfig", cfg.ha.lease.kubeconfig))
     keys = cfg.flow_control.tenants.keys

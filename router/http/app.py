@@ -27,6 +27,7 @@ from toposerve.router.http.edge import Edge, errors
 from toposerve.router.http.handlers import Handlers
 from toposerve.router.metrics import RouterMetrics
 from toposerve.router.pool.endpoints import Endpoint
+from toposerve.router.pool.inference_pool import InferencePoolWatcher
 from toposerve.router.pool.kubernetes import KubernetesWatcher
 from toposerve.router.pool.revisions import Revisions
 from toposerve.router.pool.scrape import scrape_loop
@@ -88,7 +89,7 @@ class Router:
         self.edge = Edge(self.budget, self.admission.tenants, self.director)
         self.session: aiohttp.ClientSession | None = None
         self.proxy: Proxy | None = None
-        self.watcher: KubernetesWatcher | None = None
+        self.watcher: KubernetesWatcher | InferencePoolWatcher | None = None
         self._tasks: list[asyncio.Task[Any]] = []
 
     # --- lifecycle ---------------------------------------------------------
@@ -121,12 +122,16 @@ class Router:
         self.director.bind(self.proxy, self.pd)
         for ep in load_static(self.state.pool, self.cfg.discovery.static):
             self._watch_events(ep)
-        if self.cfg.discovery.kubernetes is not None:
-            self.watcher = KubernetesWatcher(self.cfg.discovery.kubernetes, self.state.pool,
-                                             s.drain_timeout_s, on_add=self._watch_events,
-                                             on_remove=self._forget,
-                                             requests=lambda verb: self.metrics.discovery
-                                             .labels(verb).inc())
+        d, pool = self.cfg.discovery, self.state.pool
+        hooks: dict[str, Any] = {"on_add": self._watch_events, "on_remove": self._forget,
+                                 "requests": lambda verb: self.metrics.discovery
+                                 .labels(verb).inc()}
+        if d.kubernetes is not None:
+            self.watcher = KubernetesWatcher(d.kubernetes, pool, s.drain_timeout_s, **hooks)
+        elif d.inference_pool is not None:
+            self.watcher = InferencePoolWatcher(d.inference_pool, pool, s.drain_timeout_s,
+                                                **hooks)
+        if self.watcher is not None:
             self.watcher.start()
         sc = self.cfg.scrape
         self._tasks.append(asyncio.create_task(

@@ -1,8 +1,11 @@
 """Endpoints from a Kubernetes pod watch: ready pods matching a label
 selector become endpoints (role and revision from labels, URL from the pod
-IP; models from the server's own /v1/models, since a model name such as
-``org/model`` cannot be a label value); a pod that goes away or turns unready is drained, so no new
-request goes to it and the ones in flight finish.
+IP and each port of the target: one, or an InferencePool's target ports;
+models from the server's own /v1/models, since a model name such as
+``org/model`` cannot be a label value); a pod that goes away or turns
+unready is drained, so no new request goes to it and the ones in flight
+finish. An InferencePool (``inference_pool``) retargets the watch when its
+selector or ports change.
 
 The watch is a ``kubeapi.Reflector`` over raw JSON in a thread, handing pod
 states to the event loop. It lists once, then watches from the list's
@@ -20,12 +23,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import structlog
 
 from toposerve.kubeapi import ApiError, JsonApi, Reflector, connect
-from toposerve.router.config import KubernetesDiscovery
+from toposerve.router.config import KubernetesDiscovery, PodDiscovery
 from toposerve.router.pool.endpoints import Endpoint, Pool
 from toposerve.router.pool.revisions import revision_of
 from toposerve.router.supervise import Streak, Streaks, in_thread, supervise
@@ -35,14 +38,37 @@ from toposerve.topology.model import DomainPath
 log = structlog.get_logger("router.pool.kubernetes")
 
 
+# a pod annotation naming which of an InferencePool's target ports serve now
+# (comma-separated numbers; the others are not routed): the reference picker's
+ACTIVE_PORTS = "inference.networking.k8s.io/active-ports"
+
+
+@dataclass(frozen=True)
+class Target:
+    """Which pods serve and on which ports: a label selector, and each pod's
+    ports (numbers, or a container port's name), the Nth its Nth endpoint."""
+
+    selector: str
+    ports: tuple[int | str, ...]
+    active_ports: bool = False  # the pods' ACTIVE_PORTS annotation narrows ports
+
+
+def label_target(cfg: KubernetesDiscovery) -> Target:
+    return Target(cfg.label_selector, (cfg.port_name or cfg.port,))
+
+
+class Served(NamedTuple):
+    url: str
+    kv_events: str | None  # tcp://ip:port when the pods publish KV events
+
+
 @dataclass(frozen=True)
 class PodView:
     name: str
-    url: str | None  # None: not routable (unready, no IP, terminating, no such port)
+    served: tuple[Served, ...]  # none: not routable (unready, no IP, terminating, no port)
     role: str | None
     revision: str | None
     path: DomainPath | None = None  # where its node sits
-    kv_events: str | None = None  # tcp://ip:port when the pods publish KV events
 
 
 def named_port(pod: dict[str, Any], name: str) -> int | None:
@@ -54,7 +80,17 @@ def named_port(pod: dict[str, Any], name: str) -> int | None:
     return None
 
 
-def pod_view(pod: dict[str, Any], cfg: KubernetesDiscovery,
+def _active(meta: dict[str, Any], ports: tuple[int | str, ...]) -> set[int | str]:
+    """The ports the pod's ACTIVE_PORTS annotation names (all without one);
+    what is not a port number is skipped, as the reference picker does."""
+    text = (meta.get("annotations") or {}).get(ACTIVE_PORTS)
+    if not isinstance(text, str):
+        return set(ports)
+    named = {int(p) for p in text.split(",") if p.strip().isdigit()}
+    return {p for p in ports if p in named}
+
+
+def pod_view(pod: dict[str, Any], cfg: PodDiscovery, target: Target,
              path: DomainPath | None = None) -> PodView:
     """The pod as the API gives it (raw JSON)."""
     meta, status = pod.get("metadata") or {}, pod.get("status") or {}
@@ -63,17 +99,22 @@ def pod_view(pod: dict[str, Any], cfg: KubernetesDiscovery,
              and any(c.get("type") == "Ready" and c.get("status") == "True"
                      for c in status.get("conditions") or []))
     ip = status.get("podIP")
-    port = named_port(pod, cfg.port_name) if cfg.port_name else cfg.port
-    kv_port = (named_port(pod, cfg.kv_events_port_name) if cfg.kv_events_port_name
-               else cfg.kv_events_port)
-    routable = ready and ip and port
-    return PodView(name=meta["name"], url=f"http://{ip}:{port}" if routable else None,
-                   role=labels.get(cfg.role_label),
-                   revision=revision_of(labels, cfg.revision_label), path=path,
-                   kv_events=f"tcp://{ip}:{kv_port}" if routable and kv_port else None)
+    served: list[Served] = []
+    if ready and ip:
+        host = f"[{ip}]" if ":" in ip else ip
+        active = _active(meta, target.ports) if target.active_ports else set(target.ports)
+        kv_base = (named_port(pod, cfg.kv_events_port_name) if cfg.kv_events_port_name
+                   else cfg.kv_events_port)
+        for rank, p in enumerate(target.ports):
+            port = named_port(pod, p) if isinstance(p, str) else p
+            if port is not None and p in active:
+                served.append(Served(f"http://{host}:{port}",
+                                     f"tcp://{host}:{kv_base + rank}" if kv_base else None))
+    return PodView(name=meta["name"], served=tuple(served), role=labels.get(cfg.role_label),
+                   revision=revision_of(labels, cfg.revision_label), path=path)
 
 
-class _Counted(JsonApi):
+class CountedApi(JsonApi):
     """The reflector's requests, each told to ``count``: a LIST (its first
     page; later pages continue it) or a WATCH."""
 
@@ -95,25 +136,38 @@ class _Counted(JsonApi):
 
 
 class KubernetesWatcher:
-    def __init__(self, cfg: KubernetesDiscovery, pool: Pool, drain_timeout_s: float,
+    """The pods of a ``Target`` as endpoints. A label selector's target is
+    fixed; an InferencePool's changes with the pool (``retarget``): the
+    watch then lists again with the new selector and ports, and what the new
+    list no longer holds drains."""
+
+    def __init__(self, cfg: PodDiscovery, pool: Pool, drain_timeout_s: float,
                  on_add: Callable[[Endpoint], None] | None = None,
                  on_remove: Callable[[str], None] | None = None,
-                 requests: Callable[[str], None] = lambda verb: None) -> None:
-        """``requests`` is told of each LIST and WATCH sent (for metrics)."""
+                 requests: Callable[[str], None] = lambda verb: None,
+                 what: dict[str, str] | None = None) -> None:
+        """``requests`` is told of each LIST and WATCH sent (for metrics);
+        ``what`` names the watch in the log (default: its label selector).
+        A ``KubernetesDiscovery`` gives the target; otherwise there is none
+        until ``retarget``."""
         self.cfg, self.pool, self.drain_timeout_s = cfg, pool, drain_timeout_s
         self.on_add, self.on_remove, self.requests = on_add, on_remove, requests
-        self._by_pod: dict[str, str] = {}  # pod name -> url
+        self.target = label_target(cfg) if isinstance(cfg, KubernetesDiscovery) else None
+        self._by_pod: dict[str, frozenset[str]] = {}  # pod name -> its urls
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
         self._reflector: Reflector | None = None
-        self._watch_streak = Streak("discovery",
-                                    pods=f"{cfg.namespace}/{cfg.label_selector}")
+        # the target's generation: what a reflector of an older one hands over is dropped
+        self._gen = 0
+        self._retargeted = asyncio.Event()
+        self._watch_streak = Streak("discovery", **(what or {
+            "pods": f"{cfg.namespace}/{self.target.selector if self.target else ''}"}))
         self._pod_streaks = Streaks("discovery", "pod")  # the watch thread's own
         self._api: Any = None
         self.synced = asyncio.Event()
         self._drains: set[asyncio.Task[None]] = set()
         self._paths: dict[str, DomainPath] = {}  # node name -> its place; nodes do not move
-        # pods warned of once, no port of portName (the watch thread's own)
+        # pods warned of once, no port of a target's port name (the watch thread's own)
         self._portless: set[str] = set()
 
     def start(self) -> None:
@@ -129,23 +183,46 @@ class KubernetesWatcher:
             self._reflector.stop()
 
     # runs on the loop
+    def retarget(self, target: Target | None) -> None:
+        """Watch ``target``'s pods from now on; None: no pods (every endpoint
+        drains). The same target again changes nothing."""
+        if target != self.target:
+            self.target = target
+            self._gen += 1
+            if self._reflector is not None:
+                self._reflector.stop()
+            for name in list(self._by_pod) if target is None else ():
+                self._deleted(name)
+            self._retargeted.set()
+        if target is None:
+            self.synced.set()  # nothing to list: discovery is done
+
+    def endpoint_count(self) -> int:
+        return sum(map(len, self._by_pod.values()))
+
+    def _current(self, gen: int, fn: Callable[..., None], *args: Any) -> None:
+        if gen == self._gen:
+            fn(*args)
+
     def _apply(self, view: PodView) -> None:
-        old = self._by_pod.get(view.name)
-        if old is not None and old != view.url:
-            self._drain(old)
-            del self._by_pod[view.name]
-        if view.url is not None:
-            ep = self.pool.upsert(Endpoint(url=view.url, role=view.role, revision=view.revision,
-                                           path=view.path, kv_events=view.kv_events))
-            if old != view.url:
-                log.info("endpoint added", pod=view.name, url=view.url)
+        old = self._by_pod.get(view.name, frozenset())
+        urls = frozenset(s.url for s in view.served)
+        for gone in old - urls:
+            self._drain(gone)
+        for s in view.served:
+            ep = self.pool.upsert(Endpoint(url=s.url, role=view.role, revision=view.revision,
+                                           path=view.path, kv_events=s.kv_events))
+            if s.url not in old:
+                log.info("endpoint added", pod=view.name, url=s.url)
                 if self.on_add:
                     self.on_add(ep)
-            self._by_pod[view.name] = view.url
+        if urls:
+            self._by_pod[view.name] = urls
+        else:
+            self._by_pod.pop(view.name, None)
 
     def _deleted(self, name: str) -> None:
-        url = self._by_pod.pop(name, None)
-        if url:
+        for url in self._by_pod.pop(name, ()):
             self._drain(url)
 
     def _resync(self, names: set[str]) -> None:
@@ -166,11 +243,7 @@ class KubernetesWatcher:
         t.add_done_callback(self._drains.discard)
 
     # runs in the thread
-    def _call(self, fn: Callable[..., None], *args: Any) -> None:
-        assert self._loop is not None
-        self._loop.call_soon_threadsafe(fn, *args)
-
-    def _view(self, rest: JsonApi, pod: dict[str, Any]) -> PodView:
+    def _view(self, rest: JsonApi, pod: dict[str, Any], target: Target) -> PodView:
         """The pod, with its node's place in the topology read from the
         node's labels (once per node; without access, the node name only)."""
         node = (pod.get("spec") or {}).get("nodeName")
@@ -183,21 +256,21 @@ class KubernetesWatcher:
                             status=err.status)
                 labels = {}
             self._paths[node] = from_labels(node, labels, PRESETS[self.cfg.topology_labels])
-        view = pod_view(pod, self.cfg, self._paths.get(node) if node else None)
+        view = pod_view(pod, self.cfg, target, self._paths.get(node) if node else None)
         name = view.name
-        if (self.cfg.port_name and name not in self._portless
-                and named_port(pod, self.cfg.port_name) is None):
-            self._portless.add(name)
-            log.warning("pod has no container port of the configured name; not routed",
-                        pod=name, portName=self.cfg.port_name)
+        for p in target.ports:
+            if isinstance(p, str) and name not in self._portless and named_port(pod, p) is None:
+                self._portless.add(name)
+                log.warning("pod has no container port of the configured name; not routed",
+                            pod=name, portName=p)
         return view
 
-    def _read(self, rest: JsonApi, pod: Any) -> PodView | None:
+    def _read(self, rest: JsonApi, pod: Any, target: Target) -> PodView | None:
         """The pod's view; None for a pod that cannot be read (logged once
         while it stays so, and counted), so that it stops no other."""
         name = _name(pod)
         try:
-            view = self._view(rest, pod)
+            view = self._view(rest, pod, target)
         except Exception as err:
             self._pod_streaks.failed(name, err)
             return None
@@ -205,16 +278,28 @@ class KubernetesWatcher:
         return view
 
     async def _watch(self) -> None:
-        """One reflector's run: until stopped, or until it raises (a fresh
-        one lists again: what was applied of the last list or event is not
-        known then)."""
+        """Reflectors, one a target, while there is one: until stopped, or
+        until one raises (a fresh one lists again: what was applied of the
+        last list or event is not known then)."""
         rest = JsonApi(self._api)
+        while True:
+            self._retargeted.clear()
+            target, gen = self.target, self._gen
+            if target is None:
+                await self._retargeted.wait()
+                continue
+            await self._watch_target(rest, target, gen)
+
+    async def _watch_target(self, rest: JsonApi, target: Target, gen: int) -> None:
+        def call(fn: Callable[..., None], *args: Any) -> None:
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self._current, gen, fn, *args)
 
         def listed(pods: list[Any], _rv: int) -> None:
-            views = [v for p in pods if (v := self._read(rest, p)) is not None]
+            views = [v for p in pods if (v := self._read(rest, p, target)) is not None]
             for v in views:
-                self._call(self._apply, v)
-            self._call(self._resync, {v.name for v in views})
+                call(self._apply, v)
+            call(self._resync, {v.name for v in views})
             self._pod_streaks.keep(_name(p) for p in pods)
             self._watch_streak.ok()
 
@@ -223,14 +308,14 @@ class KubernetesWatcher:
                 name = _name(pod)
                 self._portless.discard(name)
                 self._pod_streaks.ok(name)
-                self._call(self._deleted, name)
-            elif (view := self._read(rest, pod)) is not None:
-                self._call(self._apply, view)
+                call(self._deleted, name)
+            elif (view := self._read(rest, pod, target)) is not None:
+                call(self._apply, view)
             self._watch_streak.ok()
 
         self._reflector = reflector = Reflector(
-            _Counted(self._api, self.requests), f"/api/v1/namespaces/{self.cfg.namespace}/pods",
-            [("labelSelector", self.cfg.label_selector)], listed, event,
+            CountedApi(self._api, self.requests), f"/api/v1/namespaces/{self.cfg.namespace}/pods",
+            [("labelSelector", target.selector)], listed, event,
             self._watch_streak.failed, timeout=self.cfg.watch_timeout_s)
         try:
             await in_thread(reflector.run, "pod-watch")  # returns once stopped

@@ -96,6 +96,9 @@ COMMANDS: dict[str, Command] = {
     "router discovery.kubernetes.kubeconfig": lambda t, k: (
         _router(t, f"discovery: {{kubernetes: {{labelSelector: app=vllm, kubeconfig: '{k}'}}}}\n"),
         {}, f"discovery.kubernetes.kubeconfig {k}"),
+    "router discovery.inferencePool.kubeconfig": lambda t, k: (
+        _router(t, f"discovery: {{inferencePool: {{name: llama, kubeconfig: '{k}'}}}}\n"),
+        {}, f"discovery.inferencePool.kubeconfig {k}"),
     "router keys.secret.kubeconfig": lambda t, k: (
         _router(t, STATIC + "flowControl: {tenants: {keys: {secret: "
                 f"{{name: keys, kubeconfig: '{k}'}}}}}}}}\n"),

@@ -11,7 +11,7 @@ import pytest
 from harness.extender_objects import disaggregated_pods, lws_pods
 from toposerve.localcluster.scale import controllers as ctl
 from toposerve.router.config import KubernetesDiscovery
-from toposerve.router.pool.kubernetes import pod_view
+from toposerve.router.pool.kubernetes import label_target, pod_view
 from toposerve.router.pool.revisions import revision_of
 from toposerve.topology.workloads import DS_REVISION, LLMD_ROLE, LWS_REVISION
 
@@ -26,7 +26,7 @@ def test_a_disaggregated_set_revision_spans_its_roles() -> None:
     assert all({DS_REVISION, LWS_REVISION, "controller-revision-hash"} <= ls.keys()
                for ls in labels)
     assert {revision_of(ls) for ls in labels} == {"7f9b8c1d"}
-    assert sorted(pod_view(p, DISCOVERY).role or "" for p in pods) == ["decode", "prefill"]
+    assert sorted(pod_view(p, DISCOVERY, label_target(DISCOVERY)).role or "" for p in pods) == ["decode", "prefill"]
 
 
 @pytest.mark.unit
