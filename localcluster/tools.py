@@ -39,6 +39,11 @@ class Tools:
     kube_scheduler: Path
 
 
+def helm_path() -> Path:
+    """Where ``make setup`` builds the install's helm (it may not be there yet)."""
+    return cache_dir() / "bin" / f"helm-{versions()['HELM_VERSION']}" / "helm"
+
+
 def find_tools() -> Tools:
     v = versions()
     b = cache_dir() / "bin"

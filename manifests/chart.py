@@ -125,15 +125,15 @@ def _lines(model: type[BaseModel], values: Mapping[str, Any], path: tuple[str, .
         value = values.get(key)
         if field.description:
             out += _comment(field.description, indent)
-        sub = _section(field.annotation)
-        if (path + (key,)) in CONFIG_DEFAULTS:
-            out.append(f"{indent}{key}: {_flow(CONFIG_DEFAULTS[path + (key,)])}")
+        sub, here = _section(field.annotation), (*path, key)
+        if here in CONFIG_DEFAULTS:
+            out.append(f"{indent}{key}: {_flow(CONFIG_DEFAULTS[here])}")
         elif sub is not None and isinstance(value, Mapping):
             doc = (sub.__doc__ or "").strip()
             if doc and not field.description:
                 out += _comment(" ".join(doc.split()), indent)
             out.append(f"{indent}{key}:")
-            out += _lines(sub, value, path + (key,), depth + 1)
+            out += _lines(sub, value, here, depth + 1)
         else:
             out.append(f"{indent}{key}: {_flow(value)}")
     return out

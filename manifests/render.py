@@ -1,73 +1,45 @@
-"""Values in, Kubernetes objects out: each component is a jinja2 template
-(``manifests/templates``) rendered with StrictUndefined, parsed back as YAML
-and checked, so what is printed is valid YAML and the same for the same
-values, byte for byte."""
+"""Values in, Kubernetes objects out: the chart (``manifests/chart``)
+rendered by ``helm template`` with the values that passed the pydantic
+models, parsed back as YAML and checked (every document an object, no two
+alike, the routers' and extenders' embedded configs valid as their commands
+will read them), so what ``toposerve manifests render`` prints is what
+``helm install`` would create, the same for the same values."""
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import json
-import secrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-import jinja2
 import yaml
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
+from toposerve.manifests.chart import DEFAULT_NAMESPACE, HelmError, find_helm, template
 from toposerve.manifests.values import COMPONENTS, Component, InstallValues
 from toposerve.router.config import RouterConfig
-from toposerve.router.ha.pod_label import ROLE_LABEL
 from toposerve.scheduler_ext.config import ExtenderConfig
-from toposerve.scheduler_ext.scheduler_config import scheduler_config
-from toposerve.scheduler_ext.state.facts import PLACEMENT_ANNOTATION, SIZE_SEEN_ANNOTATION
 
 GPU_DRIVER = "gpu.toposerve.io"
 NET_DRIVER = "net.toposerve.io"
-# where every pod finds the rendered kubeconfig and its own service-account token
-KUBECONFIG_DIR = "/etc/toposerve/kubeconfig"
-KUBECONFIG_FILE = f"{KUBECONFIG_DIR}/kubeconfig"
-SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
-# where the router finds the Redis password and CA, the extender its decision key
-REDIS_AUTH_DIR = "/etc/toposerve/redis-auth"
-REDIS_TLS_DIR = "/etc/toposerve/redis-tls"
-EXTENDER_KEY_DIR = "/etc/toposerve/extender-key"
 # on the host network, which of the router's per-replica Deployments a pod is of
 REPLICA_LABEL = "toposerve.io/router-replica"
-
-
-def liveness_script(driver: str) -> str:
-    """A driver's exec liveness probe: the framework's own probe (GetInfo, then
-    an empty NodePrepareResources) on the registration socket its pod UID
-    names; sys.exit(message) fails the probe and says why."""
-    return ("import os, sys; from pathlib import Path; "
-            "from toposerve.dra_driver.kubeletplugin.liveness import probe; "
-            "from toposerve.dra_driver.kubeletplugin.sockets import PluginPaths; "
-            f"p = PluginPaths({driver!r}, registry_dir=Path(sys.argv[1]), "
-            "pod_uid=os.environ['POD_UID']); "
-            "sys.exit(probe(p.registration_socket, p.driver))")
-
-
-TEMPLATES: dict[Component | None, str] = {
-    None: "base.yaml.j2",  # namespace and kubeconfig: every namespaced component needs them
-    "gpu-driver": "gpu-driver.yaml.j2",
-    "net-driver": "net-driver.yaml.j2",
-    "admission-policy": "admission-policy.yaml.j2",
-    "device-classes": "device-classes.yaml.j2",
-    "extender": "extender.yaml.j2",
-    "scheduler": "scheduler.yaml.j2",
-    "router": "router.yaml.j2",
-    "secrets": "secrets.yaml.j2",
-}
-NAMESPACED: frozenset[Component] = frozenset({"gpu-driver", "net-driver",
-                                              "extender", "scheduler", "router"})
+COMPONENT_LABEL = "app.kubernetes.io/component"
+# the Secrets with random values the chart makes (helm keeps them across
+# upgrades); `manifests render` prints them only when asked (--component secrets)
+GENERATED = "toposerve.io/generated"
+# objects labelled with a part of a component, by the component they belong to
+PART_OF: dict[str, Component] = {"router-redis": "router"}
+# each component's values section (the secrets have none)
+SECTIONS: dict[Component, str] = {
+    "gpu-driver": "gpu_driver", "net-driver": "net_driver", "admission-policy": "admission_policy",
+    "device-classes": "device_classes", "extender": "extender", "scheduler": "scheduler",
+    "router": "router"}
 
 
 class RenderError(ValueError):
-    """The templates produced something that is not a valid object list (a bug
-    in a template, reported with the template's name)."""
+    """The chart produced something that is not a valid object list (a bug
+    in a template, reported with what was wrong), or helm failed."""
 
 
 @dataclass(frozen=True)
@@ -98,206 +70,13 @@ class Names:
         return cls(**{k: f"{prefix}-{v}" for k, v in suffixes.items()})
 
 
-def service_account_user(namespace: str, name: str) -> str:
-    return f"system:serviceaccount:{namespace}:{name}"
+def system_namespace(values: InstallValues) -> str:
+    """Where ``manifests render`` puts the drivers, extender and scheduler."""
+    return values.namespace or DEFAULT_NAMESPACE
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, BaseModel):
-        return value.model_dump(by_alias=True, exclude_none=True, mode="json")
-    raise TypeError(f"cannot put {type(value).__name__} into a manifest")
-
-
-def _q(value: Any) -> str:
-    """Any value as a YAML flow scalar or collection (JSON is YAML)."""
-    return json.dumps(value, default=_plain, sort_keys=True)
-
-
-def _sha256(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-_ENV = jinja2.Environment(
-    loader=jinja2.PackageLoader("toposerve.manifests", "templates"),
-    undefined=jinja2.StrictUndefined,
-    autoescape=False,  # YAML, not HTML
-    keep_trailing_newline=True,
-)
-_ENV.filters["q"] = _q
-_ENV.filters["sha256"] = _sha256
-
-
-def extender_config(values: InstallValues) -> ExtenderConfig:
-    """The extender's configuration as its pods get it: listening where the
-    scheduler calls it (loopback, unless the scheduler is given a URL that
-    reaches it from elsewhere)."""
-    cfg = values.extender.config
-    host = "0.0.0.0" if values.scheduler.extender_url else "127.0.0.1"
-    update: dict[str, Any] = {
-        "server": cfg.server.model_copy(update={"host": host, "port": values.extender.port})}
-    # every replica signs and checks decisions with the one key of its Secret
-    update["decision_key_file"] = f"{EXTENDER_KEY_DIR}/key"
-    if "accelerators" not in cfg.model_fields_set:
-        # claims name the GPU class this install creates
-        update["accelerators"] = cfg.accelerators.model_copy(
-            update={"device_classes": [values.device_classes.gpu]})
-    return cfg.model_copy(update=update)
-
-
-# RBAC for what the extender writes: annotations on pods, each group's decision on
-# one of its pods (unless ``persistDecisions`` is off) and, on a group's waiting
-# pods, that its size became known (so the scheduler retries them at once)
-EXTENDER_WRITES = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}]
-
-
-def second_scheduler_config(values: InstallValues, url: str) -> dict[str, Any]:
-    """The extender's KubeSchedulerConfiguration for a scheduler of its own,
-    with its own leader-election lease."""
-    s = values.scheduler
-    cfg = scheduler_config(url, weight=s.extender_weight, timeout_s=s.extender_timeout_seconds,
-                           scheduler_name=s.scheduler_name,
-                           kubeconfig=KUBECONFIG_FILE)
-    cfg["leaderElection"] = {"leaderElect": True, "resourceNamespace": values.namespace,
-                             "resourceName": s.scheduler_name}
-    return cfg
-
-
-def router_redis_url(values: InstallValues) -> str:
-    r = values.router.redis
-    if r.url is not None:
-        return r.url
-    if values.router.host_network:  # Redis on the node's loopback, beside the router
-        return f"redis://127.0.0.1:{r.port}/0"
-    scheme = "rediss" if r.tls_secret else "redis"
-    return (f"{scheme}://{Names.of(values.name_prefix).router_redis}.{values.namespace}.svc:"
-            f"{r.port}/0")
-
-
-def router_redis_password_secret(values: InstallValues) -> str | None:
-    """The Secret of the Redis password; None when Redis runs without one."""
-    r = values.router.redis
-    if r.allow_unauthenticated:
-        return None
-    return r.password_secret or Names.of(values.name_prefix).router_redis_auth
-
-
-def extender_key_secret(values: InstallValues) -> str:
-    return values.extender.decision_key_secret or Names.of(values.name_prefix).extender_key
-
-
-def generated_secrets(values: InstallValues) -> list[dict[str, str]]:
-    """The Secrets ``--component secrets`` makes, each with a fresh random
-    value: those the values do not name as existing ones."""
-    names = Names.of(values.name_prefix)
-    out = []
-    r = values.router.redis
-    if (values.router.enabled and not r.allow_unauthenticated
-            and r.password_secret is None):
-        out.append({"name": names.router_redis_auth, "key": "password", "component": "router"})
-    if values.extender.enabled and values.extender.decision_key_secret is None:
-        out.append({"name": names.extender_key, "key": "key", "component": "extender"})
-    return [{**s, "value": base64.b64encode(
-        secrets.token_urlsafe(32).encode()).decode()} for s in out]
-
-
-def router_keys_secret(values: InstallValues) -> str:
-    return values.router.api_keys.secret_name or Names.of(values.name_prefix).router_keys
-
-
-def router_config(values: InstallValues, replica: int = 0) -> dict[str, Any]:
-    """The router's configuration as its pods get it: listening on every
-    address at the values' port (on the host network: on 127.0.0.1, replica
-    ``replica`` at port + replica), a hot-standby pair on a Lease named like
-    the Deployment, the Responses store in the install's Redis, keys from
-    its Secret, and every client on the mounted kubeconfig."""
-    r = values.router
-    doc = r.config.model_dump(by_alias=True, mode="json", exclude_none=True)
-    doc["server"] = ({**doc["server"], "host": "127.0.0.1", "port": r.port + replica}
-                     if r.host_network else {**doc["server"], "host": "0.0.0.0", "port": r.port})
-    if "kubernetes" in doc["discovery"]:
-        doc["discovery"]["kubernetes"]["kubeconfig"] = KUBECONFIG_FILE
-    doc["responses"] = {**doc["responses"], "backend": "redis",
-                        "redisUrl": router_redis_url(values),
-                        "allowUnauthenticated": r.redis.allow_unauthenticated}
-    if router_redis_password_secret(values) is not None:
-        doc["responses"]["redisPasswordFile"] = f"{REDIS_AUTH_DIR}/password"
-    if r.redis.tls_secret:
-        doc["responses"]["redisCaFile"] = f"{REDIS_TLS_DIR}/ca.crt"
-    doc["ha"] = {**doc["ha"], "enabled": r.replicas > 1, "shutdownDelaySeconds":
-                 r.shutdown_delay_seconds, "lease": {
-                     **doc["ha"]["lease"], "name": Names.of(values.name_prefix).router,
-                     "namespace": values.namespace, "kubeconfig": KUBECONFIG_FILE}}
-    if r.api_keys.enabled:
-        tenants = doc.setdefault("flowControl", {}).setdefault("tenants", {})
-        tenants["keys"] = {"secret": {"namespace": values.namespace,
-                                      "name": router_keys_secret(values),
-                                      "kubeconfig": KUBECONFIG_FILE}}
-    # checked as the router will read it, then written without the defaults
-    return RouterConfig.model_validate(doc).model_dump(by_alias=True, mode="json",
-                                                       exclude_none=True, exclude_defaults=True)
-
-
-def router_deployments(values: InstallValues) -> list[dict[str, Any]]:
-    """The router's Deployments: one of ``replicas`` pods; on the host
-    network one per replica instead, each with its own port and config."""
-    r, name = values.router, Names.of(values.name_prefix).router
-    if not r.host_network:
-        return [{"name": name, "replicas": r.replicas, "replica": {}, "port": r.port,
-                 "config_key": "config.yaml", "config": _yaml(router_config(values))}]
-    return [{"name": f"{name}-{i}", "replicas": 1, "replica": {REPLICA_LABEL: str(i)},
-             "port": r.port + i, "config_key": f"config-{i}.yaml",
-             "config": _yaml(router_config(values, i))} for i in range(r.replicas)]
-
-
-def _yaml(doc: Mapping[str, Any]) -> str:
-    return yaml.safe_dump(dict(doc), sort_keys=False)
-
-
-def _context(values: InstallValues) -> dict[str, Any]:
-    names = Names.of(values.name_prefix)
-    restricted = [service_account_user(values.namespace, names.gpu_driver)]
-    router_user = service_account_user(values.namespace, names.router)
-    extender_user = service_account_user(values.namespace, names.extender)
-    if values.admission_policy.include_net_driver or values.net_driver.enabled:
-        restricted.append(service_account_user(values.namespace, names.net_driver))
-
-    def labels(component: str) -> dict[str, str]:
-        return {**selector(component), "app.kubernetes.io/part-of": "toposerve",
-                "app.kubernetes.io/version": values.image.tag}
-
-    def selector(component: str) -> dict[str, str]:
-        return {"app.kubernetes.io/name": "toposerve",
-                "app.kubernetes.io/instance": values.name_prefix,
-                "app.kubernetes.io/component": component}
-
-    ext = extender_config(values)
-    url = values.scheduler.extender_url or f"http://127.0.0.1:{values.extender.port}"
-    return {
-        "v": values, "names": names, "labels": labels, "selector": selector,
-        "gpu_driver": GPU_DRIVER, "net_driver": NET_DRIVER, "liveness_script": liveness_script,
-        "restricted_users": restricted,
-        # what each service account may change on a pod: nothing else
-        "role_label": ROLE_LABEL,
-        "extender_annotations": [PLACEMENT_ANNOTATION, SIZE_SEEN_ANNOTATION],
-        "router_user": router_user, "extender_user": extender_user,
-        "redis_auth_dir": REDIS_AUTH_DIR, "redis_tls_dir": REDIS_TLS_DIR,
-        "extender_key_dir": EXTENDER_KEY_DIR,
-        "redis_password_secret": router_redis_password_secret(values),
-        "extender_key_secret": extender_key_secret(values),
-        "generated_secrets": lambda: generated_secrets(values),
-        "kubeconfig_dir": KUBECONFIG_DIR, "kubeconfig_file": KUBECONFIG_FILE,
-        "sa_dir": SA_DIR,
-        "extender_config": yaml.safe_dump(
-            ext.model_dump(by_alias=True, mode="json", exclude_none=True), sort_keys=False),
-        "scheduler_config": yaml.safe_dump(second_scheduler_config(values, url),
-                                           sort_keys=False),
-        "extender_write_rules": EXTENDER_WRITES,
-        "router_deployments": lambda: router_deployments(values),
-        "router_redis_url": router_redis_url(values),
-        "router_keys_secret": router_keys_secret(values),
-        "router_models": values.router.config.discovery.kubernetes,
-        "router_leader": {**selector("router"), ROLE_LABEL: "leader"},
-    }
+def router_namespace(values: InstallValues) -> str:
+    return values.router.namespace or system_namespace(values)
 
 
 def _key(obj: Mapping[str, Any]) -> tuple[str, str, str, str]:
@@ -306,17 +85,40 @@ def _key(obj: Mapping[str, Any]) -> tuple[str, str, str, str]:
             str(meta.get("name")))
 
 
-def _parse(text: str, template: str) -> list[dict[str, Any]]:
+def _parse(text: str, source: str) -> list[dict[str, Any]]:
     try:
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as err:
-        raise RenderError(f"{template}: rendered text is not YAML: {err}") from None
+        raise RenderError(f"{source}: rendered text is not YAML: {err}") from None
     for d in docs:
         if not (isinstance(d, dict) and d.get("apiVersion") and d.get("kind")
                 and isinstance(d.get("metadata"), dict) and d["metadata"].get("name")):
-            raise RenderError(f"{template}: a document without apiVersion, kind and "
+            raise RenderError(f"{source}: a document without apiVersion, kind and "
                               f"metadata.name: {str(d)[:120]}")
     return docs
+
+
+def _check_configs(objects: Sequence[Mapping[str, Any]]) -> None:
+    """The embedded router and extender configs, read as their commands
+    read them: a values combination the chart cannot express fails here,
+    not in a crash-looping pod."""
+    models: dict[str, type[BaseModel]] = {"router": RouterConfig, "extender": ExtenderConfig}
+    # files the install mounts into the pod, which are not here to read
+    mounted = {"extender": ("decisionKeyFile",)}
+    for obj in objects:
+        component = (obj["metadata"].get("labels") or {}).get(COMPONENT_LABEL)
+        if obj["kind"] != "ConfigMap" or component not in models:
+            continue
+        for key, text in (obj.get("data") or {}).items():
+            try:
+                doc = yaml.safe_load(text)
+                for field in mounted.get(component, ()):
+                    doc.pop(field, None)
+                models[component].model_validate(doc)
+            except (yaml.YAMLError, ValidationError, AttributeError) as err:
+                first = str(err).splitlines()[:3]
+                raise RenderError(f"the {component} config {obj['metadata']['name']}/{key} "
+                                  f"is not valid: {' '.join(first)}") from None
 
 
 def selected(values: InstallValues, only: Iterable[Component] = ()) -> list[Component]:
@@ -326,27 +128,56 @@ def selected(values: InstallValues, only: Iterable[Component] = ()) -> list[Comp
     return [c for c in COMPONENTS if c in asked] if asked else values.enabled()
 
 
-def render_objects(values: InstallValues, only: Iterable[Component] = ()) -> list[dict[str, Any]]:
-    """The objects of the selected components, namespace first."""
+def _component(obj: Mapping[str, Any]) -> str | None:
+    if (obj["metadata"].get("annotations") or {}).get(GENERATED) == "true":
+        return "secrets"
+    label = (obj["metadata"].get("labels") or {}).get(COMPONENT_LABEL)
+    return PART_OF.get(label or "", label)
+
+
+def namespace_object(name: str) -> dict[str, Any]:
+    """The drivers' namespace for ``kubectl apply`` (``helm install
+    --create-namespace`` makes it for a release): its pods mount host paths,
+    which pod security calls privileged."""
+    return {"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": name, "labels": {
+                "app.kubernetes.io/part-of": "toposerve",
+                "pod-security.kubernetes.io/enforce": "privileged"}}}
+
+
+def render_objects(values: InstallValues, only: Iterable[Component] = (),
+                   helm: Path | None = None) -> list[dict[str, Any]]:
+    """The objects of the selected components, each namespace before what
+    it holds: the chart's, filtered by their component label, and (for
+    ``kubectl apply``) the drivers' namespace."""
     components = selected(values, only)
-    parts: list[Component | None] = list(components)
-    if NAMESPACED & set(components):
-        parts.insert(0, None)
-    ctx = _context(values)
-    objects: list[dict[str, Any]] = []
-    for part in parts:
-        name = TEMPLATES[part]
-        try:
-            text = _ENV.get_template(name).render(ctx)
-        except jinja2.UndefinedError as err:
-            raise RenderError(f"{name}: {err.message}") from None
-        objects.extend(_parse(text, name))
+    # a component asked for by name is rendered, enabled or not
+    on = {SECTIONS[c]: getattr(values, SECTIONS[c]).model_copy(update={"enabled": True})
+          for c in components if c in SECTIONS}
+    try:
+        text = template(values.model_copy(update=on), helm or find_helm())
+    except HelmError as err:
+        raise RenderError(str(err)) from None
+    objects = _parse(text, "the chart")
+    _check_configs(objects)
     seen: set[tuple[str, str, str, str]] = set()
     for obj in objects:
         if _key(obj) in seen:
             raise RenderError(f"two objects named {'/'.join(_key(obj))}")
         seen.add(_key(obj))
-    return objects
+    want = set(components)
+    # the kubeconfig ConfigMaps serve every namespaced component
+    keep = [o for o in objects if _component(o) in want
+            or (_component(o) == "base" and want - {"secrets", "device-classes",
+                                                     "admission-policy"})]
+    # the Secrets are applied into an install that made its namespace
+    namespaces = {str(o["metadata"]["namespace"]) for o in keep if o["metadata"].get(
+        "namespace") and _component(o) != "secrets"}
+    own = [namespace_object(system_namespace(values))] if system_namespace(
+        values) in namespaces else []
+    # Namespaces first: kubectl apply creates in the order given
+    ordered = sorted(keep, key=lambda o: o["kind"] != "Namespace")
+    return own + ordered
 
 
 class _Dumper(yaml.SafeDumper):
@@ -367,6 +198,7 @@ def to_yaml(objects: Iterable[Mapping[str, Any]]) -> str:
                          default_flow_style=False, width=1 << 16, explicit_start=True)
 
 
-def render(values: InstallValues, only: Iterable[Component] = ()) -> str:
+def render(values: InstallValues, only: Iterable[Component] = (),
+           helm: Path | None = None) -> str:
     """Multi-document YAML of the selected components."""
-    return to_yaml(render_objects(values, only))
+    return to_yaml(render_objects(values, only, helm))

@@ -179,6 +179,11 @@ class GpuDriver(PluginDriver):
         description="the host's NVIDIA driver root: `/`, or `/run/nvidia/driver` with the GPU "
                     "Operator's containerized driver; mounted read-only at /driver-root, where "
                     "the driver searches `libnvidia-ml.so.1` (not found: sysfs only)")
+    host_network: bool = Field(
+        default=False,
+        description="its pods on the node's network: it needs none of the host's interfaces "
+                    "(the kubelet talks to it over unix sockets); for nodes whose pods cannot "
+                    "reach the API server otherwise (the local cluster's values)")
 
 
 class NetDriverCni(Section):
@@ -281,7 +286,13 @@ class Extender(Placement):
 
     enabled: bool = Field(default=True, description="render this component")
     replicas: int = Field(default=1, ge=1, description="extender pods")
-    port: int = Field(default=8888, ge=1, le=65535, description="HTTP port on the node")
+    port: int = Field(default=8888, ge=1, le=65535,
+                      description="HTTP port (pod and Service) the scheduler calls")
+    host_network: bool = Field(
+        default=False,
+        description="its pods on the node's network (the local cluster's values); with "
+                    "`scheduler.hostNetwork` too and no `scheduler.extenderURL` it listens "
+                    "on 127.0.0.1 and each scheduler pod runs beside one")
     decision_key_secret: Label | None = Field(
         default=None, description="Secret whose `key` signs the placement decisions, mounted "
                                   "into every replica; default `<namePrefix>-extender-key`, "
@@ -289,8 +300,8 @@ class Extender(Placement):
     config: ExtenderConfig = Field(
         default_factory=ExtenderConfig,
         description="its `ExtenderConfig` (docs/extender.md); `server` is set by the install: "
-                    "`port` above, on 127.0.0.1, or on every address when "
-                    "`scheduler.extenderURL` is given")
+                    "`port` above, on every address (127.0.0.1 when it and the scheduler are "
+                    "on the node's network and no `scheduler.extenderURL` is given)")
 
     _config_over_default = _over(EXTENDER_CONFIG)
 
@@ -306,12 +317,16 @@ class Scheduler(Placement):
                                   description="kube-scheduler image")
     replicas: int = Field(default=1, ge=1, description="scheduler pods (one leads)")
     secure_port: int = Field(default=10269, ge=1, le=65535,
-                             description="its HTTPS port on the node (not the default "
-                                         "scheduler's 10259)")
+                             description="its HTTPS port (its probes'; on the node's network "
+                                         "not the default scheduler's 10259)")
+    host_network: bool = Field(
+        default=False, description="its pods on the node's network (the local cluster's values)")
     extender_url: str | None = Field(
         default=None, alias="extenderURL", pattern=r"^https?://[^/\s]+(/\S*)?$",
-        description="URL prefix the scheduler calls; default http://127.0.0.1:(extender.port), "
-                    "and the scheduler pod then runs on a node with an extender pod")
+        description="URL prefix the scheduler calls; default the extender's Service, "
+                    "http://(namePrefix)-extender.(namespace).svc:(extender.port); with both "
+                    "on the node's network http://127.0.0.1:(extender.port), each scheduler "
+                    "pod beside an extender pod")
     extender_weight: int = Field(default=1, ge=1, description="weight of its priorities")
     extender_timeout_seconds: float = Field(default=5.0, gt=0,
                                             description="per call; past it the call is ignored")

@@ -17,10 +17,14 @@ from harness.cluster_claim import claimed
 from harness.procs import Procs
 from toposerve.localcluster.cluster import ClusterSpec, up
 from toposerve.localcluster.clusters import api_client
+from toposerve.localcluster.tools import helm_path
 
 # Overridable so that two test runs on one machine do not tear down each other's cluster.
 TEST_CLUSTER = os.environ.get("TOPOSERVE_TEST_CLUSTER", "toposerve-test")
 TEST_GROUPS = [("hgx-h100", 4), ("gb200-nvl72", 18), ("mi300x", 2)]
+# the install's tests render the chart with the helm `make setup` builds
+if os.access(helm_path(), os.X_OK):
+    os.environ.setdefault("TOPOSERVE_HELM", str(helm_path()))
 
 
 @dataclass

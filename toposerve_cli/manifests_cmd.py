@@ -1,6 +1,7 @@
-"""``toposerve manifests render``: print the install as multi-document YAML
-(``kubectl apply -f -`` takes it), from a values file and ``--set`` flags;
-``toposerve manifests schema``: the values' JSON Schema."""
+"""``toposerve manifests render``: print the install (the Helm chart as
+``helm template`` renders it, after the values passed their models) as
+multi-document YAML (``kubectl apply -f -`` takes it), from a values file
+and ``--set`` flags; ``toposerve manifests schema``: the values' JSON Schema."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from toposerve.localcluster.tools import helm_path
+from toposerve.manifests.chart import HelmError, find_helm
 from toposerve.manifests.render import RenderError, render
 from toposerve.manifests.values import COMPONENTS, load_values, values_schema
 from toposerve.topology.config_file import ConfigError
@@ -18,8 +21,8 @@ from toposerve.topology.config_file import ConfigError
 def _render(args: argparse.Namespace) -> int:
     try:
         values = load_values(args.values, args.set or ())
-        text = render(values, args.component or ())
-    except (ConfigError, RenderError) as err:
+        text = render(values, args.component or (), find_helm(helm_path()))
+    except (ConfigError, RenderError, HelmError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     sys.stdout.write(text)

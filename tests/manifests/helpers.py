@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,8 +14,20 @@ from toposerve.manifests.values import Component, load_values
 Obj = dict[str, Any]
 
 
+# what a pod gets from the values' API server address: its own kubeconfig
+LOCAL_API = "apiServer.host=127.0.0.1"
+
+
 def objects(*sets: str, only: Sequence[Component] = ()) -> list[Obj]:
-    return render_objects(load_values(None, ["apiServer.host=127.0.0.1", *sets]), only)
+    """The chart rendered with the defaults and ``sets`` (a real cluster's
+    install: in-cluster API access; LOCAL_API for a kubeconfig of an address):
+    a copy each call, of one helm run for each distinct ask."""
+    return copy.deepcopy(_rendered(tuple(sets), tuple(only)))
+
+
+@functools.cache
+def _rendered(sets: tuple[str, ...], only: tuple[Component, ...]) -> list[Obj]:
+    return render_objects(load_values(None, list(sets)), only)
 
 
 def one(objs: list[Obj], kind: str, name: str | None = None) -> Obj:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.manifests.helpers import Obj, cli, objects, one, slice_policy
+from tests.manifests.helpers import LOCAL_API, Obj, cli, objects, one, slice_policy
 from toposerve.manifests.render import RenderError, _parse, render, to_yaml
 from toposerve.manifests.values import COMPONENTS, load_values
 from toposerve.scheduler_ext.state.watch import PATHS as WATCH_PATHS
@@ -26,7 +26,9 @@ def test_output_is_valid_yaml_and_deterministic() -> None:
     # dumping what was parsed gives the same text: nothing lost, nothing ambiguous
     assert to_yaml(docs) == text
     kinds = [d["kind"] for d in docs]
-    assert kinds[:2] == ["Namespace", "ConfigMap"]
+    # the namespaces first (kubectl apply creates in order): the drivers' and the router's
+    assert kinds[:2] == ["Namespace", "Namespace"] and "Namespace" not in kinds[2:]
+    assert [d["metadata"]["name"] for d in docs[:2]] == ["toposerve-system", "toposerve-router"]
     assert {"DaemonSet", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
             "DeviceClass", "Deployment", "Service"} <= set(kinds)
 
@@ -60,20 +62,30 @@ def test_cli_prints_the_documents(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_bad_template_output_is_reported() -> None:
-    with pytest.raises(RenderError, match=r"x\.j2: a document without apiVersion"):
-        _parse("apiVersion: v1\nkind: ConfigMap\n", "x.j2")
-    with pytest.raises(RenderError, match=r"x\.j2: rendered text is not YAML"):
-        _parse("a: [", "x.j2")
+    with pytest.raises(RenderError, match=r"the chart: a document without apiVersion"):
+        _parse("apiVersion: v1\nkind: ConfigMap\n", "the chart")
+    with pytest.raises(RenderError, match=r"the chart: rendered text is not YAML"):
+        _parse("a: [", "the chart")
 
 
 def _container(obj: Obj) -> dict[str, Any]:
-    c: dict[str, Any] = obj["spec"]["template"]["spec"]["containers"][0]
+    return _container_of(obj["spec"]["template"]["spec"])
+
+
+def _container_of(pod: Obj) -> dict[str, Any]:
+    c: dict[str, Any] = pod["containers"][0]
     return c
 
 
 def test_gpu_driver_daemonset() -> None:
+    # a real cluster's: on the pod network, the API server through the in-cluster service
+    plain = one(objects(only=["gpu-driver"]), "DaemonSet")
+    assert "hostNetwork" not in plain["spec"]["template"]["spec"]
+    assert not [a for a in _container(plain)["command"] if a.startswith("--kubeconfig")]
+    assert "KUBERNETES_SERVICE_HOST" not in {e["name"] for e in _container(plain)["env"]}
     ds = one(objects("gpuDriver.kubeletDir=/var/lib/k", "gpuDriver.cdiRoot=/run/cdi",
-                     "gpuDriver.extraArgs=[--x=1]", "apiServer.port=7443"), "DaemonSet")
+                     "gpuDriver.extraArgs=[--x=1]", LOCAL_API, "apiServer.port=7443",
+                     "gpuDriver.hostNetwork=true"), "DaemonSet")
     pod = ds["spec"]["template"]["spec"]
     assert pod["priorityClassName"] == "system-node-critical"
     assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "Default"
@@ -121,8 +133,13 @@ def test_gpu_driver_mounts_the_nvidia_driver_root(root: str) -> None:
 
 
 def test_kubeconfig_names_the_values_api_server() -> None:
-    cm = one(objects("apiServer.host=api.example.test", "apiServer.port=443"), "ConfigMap",
-             "toposerve-kubeconfig")
+    objs = objects("apiServer.host=api.example.test", "apiServer.port=443")
+    cm = one([o for o in objs if o["metadata"].get("namespace") == "toposerve-system"],
+             "ConfigMap", "toposerve-kubeconfig")
+    # one beside the router too, in its own namespace
+    assert one([o for o in objs if o["metadata"].get("namespace") == "toposerve-router"],
+               "ConfigMap", "toposerve-kubeconfig")["data"] == cm["data"]
+    assert not [o for o in objects() if o["metadata"]["name"] == "toposerve-kubeconfig"]
     kc = yaml.safe_load(cm["data"]["kubeconfig"])
     assert kc["clusters"][0]["cluster"]["server"] == "https://api.example.test:443"
     assert kc["users"][0]["user"] == {
@@ -188,19 +205,31 @@ def test_second_scheduler_wires_the_extender() -> None:
     assert cfg["kind"] == "KubeSchedulerConfiguration"
     assert cfg["percentageOfNodesToScore"] == 100
     assert cfg["profiles"] == [{"schedulerName": "toposerve-scheduler"}]
+    # a real cluster's: the extender's Service, the scheduler anywhere
     assert cfg["extenders"] == [{
-        "urlPrefix": "http://127.0.0.1:8888", "filterVerb": "filter",
+        "urlPrefix": "http://toposerve-extender.toposerve-system.svc:8888", "filterVerb": "filter",
         "prioritizeVerb": "prioritize", "preemptVerb": "preempt", "weight": 1,
         "enableHTTPS": False, "nodeCacheCapable": True, "managedResources": [],
         "ignorable": True, "httpTimeout": "5s"}]
     assert cfg["leaderElection"] == {"leaderElect": True, "resourceNamespace": "toposerve-system",
                                      "resourceName": "toposerve-scheduler"}
-    objs = objects(only=["scheduler"])
-    aff = one(objs, "Deployment")["spec"]["template"]["spec"]["affinity"]
-    # loopback URL: the scheduler runs beside an extender pod
-    assert aff["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0][
+    pod = one(objects(only=["scheduler"]), "Deployment")["spec"]["template"]["spec"]
+    assert "podAffinity" not in pod["affinity"] and "hostNetwork" not in pod
+    assert "--bind-address=0.0.0.0" in _container_of(pod)["command"]
+    assert "host" not in _container_of(pod)["readinessProbe"]["httpGet"]
+    # both on the node's network (the local cluster): loopback, beside an extender pod
+    on_node = ("extender.hostNetwork=true", "scheduler.hostNetwork=true")
+    assert _scheduler_config(*on_node)["extenders"][0]["urlPrefix"] == "http://127.0.0.1:8888"
+    pod = one(objects(*on_node, only=["scheduler"]), "Deployment")["spec"]["template"]["spec"]
+    assert pod["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0][
         "labelSelector"]["matchLabels"]["app.kubernetes.io/component"] == "extender"
-    url = "http://toposerve-extender.toposerve-system.svc:8888"
+    assert "--bind-address=127.0.0.1" in _container_of(pod)["command"]
+    assert _container_of(pod)["readinessProbe"]["httpGet"]["host"] == "127.0.0.1"
+    # the scheduler alone on it dials the Service through the cluster's DNS
+    pod = one(objects("scheduler.hostNetwork=true", only=["scheduler"]),
+              "Deployment")["spec"]["template"]["spec"]
+    assert pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+    url = "http://extender.example.test:8888"
     assert _scheduler_config(f"scheduler.extenderURL={url}")["extenders"][0]["urlPrefix"] == url
     aff = one(objects(f"scheduler.extenderURL={url}", only=["scheduler"]),
               "Deployment")["spec"]["template"]["spec"]["affinity"]
@@ -214,21 +243,30 @@ def test_extender_deployment_and_config() -> None:
     assert cfg["kind"] == "ExtenderConfig"
     assert cfg["placement"]["promiseTTLSeconds"] == 30
     # it listens where the scheduler calls it, and counts the class this install creates
-    assert cfg["server"] == {"host": "127.0.0.1", "port": 9000}
+    assert cfg["server"] == {"host": "0.0.0.0", "port": 9000}
     assert cfg["accelerators"]["deviceClasses"] == ["accel.example.test"]
     dep = one(objs, "Deployment")
     c = _container(dep)
-    assert c["command"][2:] == ["extender", "--config=/etc/toposerve/extender/config.yaml",
-                                "--kubeconfig=/etc/toposerve/kubeconfig/kubeconfig"]
+    assert c["command"][2:] == ["extender", "--config=/etc/toposerve/extender/config.yaml"]
+    assert "host" not in c["readinessProbe"]["httpGet"]
+    assert "hostNetwork" not in dep["spec"]["template"]["spec"]
     assert one(objs, "Service")["spec"]["ports"][0]["port"] == 9000
     # a changed config rolls the pods
     other = one(objects("extender.port=9001", only=["extender"]), "Deployment")
     ann = "toposerve.io/config-hash"
     assert (dep["spec"]["template"]["metadata"]["annotations"][ann]
             != other["spec"]["template"]["metadata"]["annotations"][ann])
-    # reached through a URL: it listens on every address
-    url = "scheduler.extenderURL=http://toposerve-extender.toposerve-system.svc:8888"
-    cm = one(objects(url, only=["extender"]), "ConfigMap", "toposerve-extender")
+    # both on the node's network: on its loopback, where the scheduler beside it calls
+    on_node = ("extender.hostNetwork=true", "scheduler.hostNetwork=true", LOCAL_API)
+    objs = objects(*on_node, only=["extender"])
+    cm = one(objs, "ConfigMap", "toposerve-extender")
+    assert yaml.safe_load(cm["data"]["config.yaml"])["server"]["host"] == "127.0.0.1"
+    c = _container(one(objs, "Deployment"))
+    assert c["readinessProbe"]["httpGet"]["host"] == "127.0.0.1"
+    assert "--kubeconfig=/etc/toposerve/kubeconfig/kubeconfig" in c["command"]
+    # unless the scheduler is given a URL: every address again
+    url = "scheduler.extenderURL=http://extender.example.test:8888"
+    cm = one(objects(*on_node, url, only=["extender"]), "ConfigMap", "toposerve-extender")
     assert yaml.safe_load(cm["data"]["config.yaml"])["server"]["host"] == "0.0.0.0"
 
 

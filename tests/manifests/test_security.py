@@ -86,7 +86,7 @@ def test_redis_tls_option() -> None:
     assert redis["volumes"] == [{"name": "tls", "secret": {"secretName": "redis-tls",
                                                            "defaultMode": 0o440}}]
     responses = _router_config(objs)["responses"]
-    assert responses["redisUrl"].startswith("rediss://toposerve-router-redis.toposerve-system"
+    assert responses["redisUrl"].startswith("rediss://toposerve-router-redis.toposerve-router"
                                             ".svc:")
     router = _pod(one(objs, "Deployment", "toposerve-router"))
     vol = next(v for v in router["volumes"] if v["name"] == "redis-tls")
@@ -108,10 +108,11 @@ def test_router_patches_pods_only_as_a_ha_pair() -> None:
 
 
 def test_pod_writes_policy_names_the_router_and_the_extender() -> None:
-    objs = objects("namespace=ts", "namePrefix=p", only=["admission-policy"])
+    objs = objects("namespace=ts", "namePrefix=p", "router.namespace=tr",
+                   only=["admission-policy"])
     vap = one(objs, "ValidatingAdmissionPolicy", "p-pod-writes")
     assert vap["spec"]["matchConditions"][0]["expression"] == (
-        'request.userInfo.username in ["system:serviceaccount:ts:p-router", '
+        'request.userInfo.username in ["system:serviceaccount:tr:p-router", '
         '"system:serviceaccount:ts:p-extender"]')
     assert vap["spec"]["matchConstraints"]["resourceRules"][0]["operations"] == ["UPDATE"]
     assert "object.spec == oldObject.spec" in [v["expression"]

@@ -15,15 +15,20 @@ from toposerve.scheduler_ext.config import ExtenderConfig
 from toposerve.topology.config_file import ConfigError
 
 
-def test_defaults_need_only_the_api_server() -> None:
-    v = load_values(None, ["apiServer.host=127.0.0.1"])
-    assert v.api_server.url == "https://127.0.0.1:6443"
+def test_defaults_need_nothing() -> None:
+    """A real cluster's install: the in-cluster API service, the release's
+    namespace, the router in its own, the image of the chart's version."""
+    v = load_values()
+    assert v.api_server is None and v.namespace is None
+    assert v.router.namespace == "toposerve-router"
     assert v.enabled() == ["gpu-driver", "admission-policy", "device-classes", "extender",
                            "scheduler", "router"]
     assert v.scheduler.image.ref == "registry.k8s.io/kube-scheduler:v1.37.2"
-    with pytest.raises(ConfigError, match=r"apiServer: Field required \(required: add it, "
-                                          r"e\.g\. --set apiServer\.host=ADDRESS"):
-        load_values()
+    assert v.image.repository == "ghcr.io/toposerve/toposerve" and v.image.tag == ""
+    assert not (v.gpu_driver.host_network or v.extender.host_network
+                or v.scheduler.host_network or v.router.host_network)
+    given = load_values(None, ["apiServer.host=127.0.0.1"]).api_server
+    assert given is not None and given.url == "https://127.0.0.1:6443"
 
 
 def test_file_and_sets_merge(tmp_path: Path) -> None:
@@ -34,11 +39,11 @@ def test_file_and_sets_merge(tmp_path: Path) -> None:
     v = load_values(f, ["gpuDriver.enabled=false", "image.tag=v9", "apiServer.port=8443",
                         "gpuDriver.tolerations=[{operator: Exists}]", "scheduler.extenderURL="
                         "http://127.0.0.1:9999"])
-    assert v.api_server.url == "https://api.example.test:8443"
+    assert v.api_server is not None and v.api_server.url == "https://api.example.test:8443"
     assert v.gpu_driver.cdi_root == "/run/cdi" and not v.gpu_driver.enabled
     assert v.gpu_driver.node_selector == {"gpu": "yes"}
     assert v.gpu_driver.tolerations[0].operator == "Exists"
-    assert v.image.ref == "localhost/toposerve:v9"
+    assert v.image.ref == "ghcr.io/toposerve/toposerve:v9"
     assert v.scheduler.extender_url == "http://127.0.0.1:9999"
 
 

@@ -32,7 +32,7 @@ def validator(tmp_path_factory: pytest.TempPathFactory) -> Any:
 def test_schema_to_stdout(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert cli(["manifests", "schema"]) == 0
     printed = capsys.readouterr().out
-    assert json.loads(printed)["required"] == ["apiVersion", "kind", "apiServer"]
+    assert json.loads(printed)["required"] == ["apiVersion", "kind"]
     assert cli(["manifests", "schema", "-o", str(tmp_path / "none" / "x.json")]) == 2
     assert "cannot write" in capsys.readouterr().err
 
@@ -72,7 +72,6 @@ def test_good_values(validator: Any, doc: dict[str, Any], tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("doc", [
-    {"apiVersion": "toposerve.io/v1", "kind": "InstallValues"},  # no apiServer
     {"apiServer": {"host": "127.0.0.1"}},  # a file names its kind
     {**HOST, "gpuDriver": {"cdiRot": "/run/cdi"}},
     {**HOST, "image": {"pullPolicy": "Sometimes"}},

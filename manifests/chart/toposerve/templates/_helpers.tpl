@@ -9,9 +9,9 @@ are called with (dict "root" $ "component" "router").
 {{- printf "%s-%s" .root.Values.namePrefix .suffix -}}
 {{- end -}}
 
-{{- /* Where the drivers, the extender and the scheduler run: the release's namespace. */ -}}
+{{- /* Where the drivers, the extender and the scheduler run: the values', else the release's namespace. */ -}}
 {{- define "toposerve.systemNamespace" -}}
-{{- .Release.Namespace -}}
+{{- .Values.namespace | default .Release.Namespace -}}
 {{- end -}}
 
 {{- /* Where the router and its Redis run: a namespace of their own (docs/security.md). */ -}}
@@ -66,4 +66,22 @@ server; the node's resolv.conf, no service links. */ -}}
 hostNetwork: true
 dnsPolicy: Default
 enableServiceLinks: false
+{{- end -}}
+
+{{- /* "true" when the scheduler calls the extender on the node's loopback:
+both on the node's network and no scheduler.extenderURL given. */ -}}
+{{- define "toposerve.extenderOnLoopback" -}}
+{{- and .Values.extender.hostNetwork .Values.scheduler.hostNetwork (not .Values.scheduler.extenderURL) -}}
+{{- end -}}
+
+{{- /* The URL prefix the scheduler calls: the values', the node's loopback,
+or the extender's Service. */ -}}
+{{- define "toposerve.extenderURL" -}}
+{{- if .Values.scheduler.extenderURL -}}
+{{- regexReplaceAll "/+$" .Values.scheduler.extenderURL "" -}}
+{{- else if eq (include "toposerve.extenderOnLoopback" .) "true" -}}
+{{- printf "http://127.0.0.1:%v" .Values.extender.port -}}
+{{- else -}}
+{{- printf "http://%s.%s.svc:%v" (include "toposerve.name" (dict "root" . "suffix" "extender")) (include "toposerve.systemNamespace" .) .Values.extender.port -}}
+{{- end -}}
 {{- end -}}

@@ -20,6 +20,7 @@ Called with a dict of the per-driver pieces:
   extraMounts   more volumeMounts of the driver container
   extraVolumes  more pod volumes
   capabilities  (optional) added to an otherwise empty set
+  hostNetwork   the pod on the node's network
   initContainers (optional) the pod's initContainers, rendered YAML
 */ -}}
 {{- define "toposerve.kubeletPlugin" -}}
@@ -101,7 +102,7 @@ spec:
       {{- include "toposerve.selector" (dict "root" $ "component" .component) | nindent 6 }}
   updateStrategy:
     type: RollingUpdate
-    {{- if $d.httpPort }}
+    {{- if and $d.httpPort .hostNetwork }}
     # a fixed port on the host network: the old pod must go before the new one binds it
     rollingUpdate: {maxSurge: 0, maxUnavailable: 1}
     {{- else }}
@@ -116,9 +117,9 @@ spec:
     spec:
       serviceAccountName: {{ $name | quote }}
       priorityClassName: {{ $d.priorityClassName | quote }}
-      # the node's network and its resolv.conf: the pod dials only the API
-      # server address from the values, never the cluster's service range
+      {{- if .hostNetwork }}
       {{- include "toposerve.hostNetwork" $ | nindent 6 }}
+      {{- end }}
       nodeSelector: {{ $d.nodeSelector | default dict | toJson }}
       tolerations: {{ $d.tolerations | default list | toJson }}
       # SIGTERM: the driver removes its sockets and finishes the call in flight
@@ -146,7 +147,8 @@ spec:
         - --cdi-root={{ $d.cdiRoot }}
         - --sysfs-root={{ $d.sysfsRoot }}
         - --dev-root={{ $d.devRoot }}
-        - --http-address=127.0.0.1:{{ $d.httpPort | default 0 }}
+        {{- /* metrics for a scraper on the pod network; on the node's, its loopback only */}}
+        - --http-address={{ ternary "127.0.0.1" "0.0.0.0" (.hostNetwork | default false) }}:{{ $d.httpPort | default 0 }}
         {{- range .extraFlags }}
         - {{ . | quote }}
         {{- end }}
@@ -159,6 +161,10 @@ spec:
         - name: POD_UID
           valueFrom: {fieldRef: {fieldPath: metadata.uid}}
         {{- include "toposerve.apiEnv" $ | nindent 8 }}
+        {{- if $d.httpPort }}
+        ports:
+        - {name: metrics, containerPort: {{ $d.httpPort }}, protocol: TCP}
+        {{- end }}
         livenessProbe:
           # GetInfo and an empty prepare on this pod's own sockets (named by
           # its UID): no port, so two overlapping pods never answer for each other

@@ -52,7 +52,9 @@ client on the mounted kubeconfig. Called with (dict "root" $ "replica" i).
 {{- $responses := deepCopy (get $doc "responses" | default dict) -}}
 {{- $_ := set $responses "backend" "redis" -}}
 {{- $_ := set $responses "redisUrl" $f.redisUrl -}}
-{{- $_ := set $responses "allowUnauthenticated" $r.redis.allowUnauthenticated -}}
+{{- if $r.redis.allowUnauthenticated -}}
+{{- $_ := set $responses "allowUnauthenticated" true -}}
+{{- end -}}
 {{- if $f.passwordSecret -}}
 {{- $_ := set $responses "redisPasswordFile" "/etc/toposerve/redis-auth/password" -}}
 {{- end -}}
