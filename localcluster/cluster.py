@@ -23,6 +23,7 @@ import urllib3
 import yaml
 
 from toposerve.kubeapi import ApiError, JsonApi
+from toposerve.localcluster import crds
 from toposerve.localcluster.clusters import (
     ClusterError,
     api_client,
@@ -83,6 +84,9 @@ class ClusterSpec:
     # waits between this and 1.1x; None: kwokctl's 600 s, which sends every
     # node's patch within the same ten seconds: 500 a second at 5,000 nodes)
     node_status_s: int | None = None
+    # CRDs installed once the nodes are up, by name (toposerve.localcluster.crds.CRDS),
+    # e.g. ("inference-pool",): the InferencePool of the Gateway API Inference Extension
+    crds: tuple[str, ...] = ()
 
 
 def _kwokctl(tools: Tools, *args: str, check: bool = True,
@@ -180,6 +184,9 @@ def validate(spec: ClusterSpec) -> None:
         if comp not in COMPONENTS or value < 1:
             raise ClusterError(f"gogc: {comp}={value}: give a component of "
                                f"{', '.join(COMPONENTS)} and a GOGC of at least 1")
+    for name in spec.crds:
+        if name not in crds.CRDS:
+            raise ClusterError(f"--crd {name}: give one of {', '.join(crds.CRDS)}")
 
 
 def _create_nodes(api: Any, manifests: list[dict[str, Any]], progress: Progress) -> None:
@@ -264,6 +271,8 @@ def up(spec: ClusterSpec, progress: Progress = _stderr, attempts: int = 3) -> Pa
         tools = find_tools()
     except ToolsMissing as err:
         raise ClusterError(str(err)) from None
+    for name in spec.crds:
+        crds.crd_file(name)  # fetched before the cluster starts: no half-made cluster
     if spec.name in running_clusters(tools):
         raise ClusterError(f"cluster {spec.name!r} already exists: run `toposerve cluster "
                            f"down --name {spec.name}` first or pick another --name")
@@ -312,6 +321,9 @@ def _up_once(spec: ClusterSpec, tools: Tools, progress: Progress) -> Path:
             timeout = spec.ready_timeout_s or 60 + 0.2 * len(manifests)
             wait_nodes_ready(api, len(manifests), timeout, progress, spec.name)
             wait_default_service_account(api)
+            if spec.crds:
+                took = crds.install_named(JsonApi(api), list(spec.crds))
+                progress(f"CRDs {', '.join(spec.crds)} served in {took:.1f}s")
             check_components(spec.name)
             meta = {"name": spec.name, "groups": spec.groups, "dialect": spec.dialect.value,
                     "nodes": len(manifests), "upSeconds": round(time.monotonic() - started, 2)}

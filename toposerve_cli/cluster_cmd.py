@@ -56,7 +56,7 @@ def _up(args: argparse.Namespace) -> int:
         spec = ClusterSpec(name=args.name, groups=groups,
                            scheduler_config=Path(args.scheduler_config)
                            if args.scheduler_config else None,
-                           dialect=DialectName(args.dialect))
+                           dialect=DialectName(args.dialect), crds=tuple(args.crd or ()))
         if (args.install or args.values or args.set) and not args.real_node:
             raise ClusterError("--install runs the stack's pods on the real node: "
                                "add --real-node")
@@ -157,6 +157,10 @@ def register(sub: Any) -> None:
     s.add_argument("--scheduler-config", help="a KubeSchedulerConfiguration file")
     s.add_argument("--dialect", default="toposerve", choices=[d.value for d in DialectName],
                    help="which node labels carry the domain tree")
+    s.add_argument("--crd", action="append", metavar="NAME",
+                   help="install a CRD another project defines, from its Go module at a pinned "
+                        "version (repeatable): inference-pool (the Gateway API Inference "
+                        "Extension's InferencePool v1)")
     s.add_argument("--real-node", action="store_true",
                    help="also run one real kubelet node (containerd + runc; root, one per machine)")
     s.add_argument("--install", action="store_true",

@@ -348,9 +348,3 @@ def collection(kind: str, namespace: str = "default") -> str:
             "DisaggregatedSet": f"/apis/{DS_API}/namespaces/{namespace}/disaggregatedsets",
             "CustomResourceDefinition": "/apis/apiextensions.k8s.io/v1/"
                                         "customresourcedefinitions"}[kind]
-
-
-def established(crd_obj: dict[str, Any]) -> bool:
-    """Whether a CustomResourceDefinition as read back is served yet."""
-    return any(c.get("type") == "Established" and c.get("status") == "True"
-               for c in (crd_obj.get("status") or {}).get("conditions") or [])

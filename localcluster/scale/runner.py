@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from toposerve.dra_driver.simulate import label_partitions
 from toposerve.kubeapi import ApiError, JsonApi
+from toposerve.localcluster import crds
 from toposerve.localcluster.cluster import ClusterSpec, down, running_clusters, up
 from toposerve.localcluster.clusters import ClusterError, api_client, cluster_dir
 from toposerve.localcluster.nodes import node_manifest
@@ -358,13 +359,7 @@ def install_crds(rest: JsonApi) -> float:
     """The LWS project's CRDs with upstream's schemas (LeaderWorkerSet,
     DisaggregatedSet and its role scaler), served before the extender starts
     (it looks for them once); the seconds it took."""
-    path = ctl.collection("CustomResourceDefinition")
-    for c in ctl.CRDS:
-        with contextlib.suppress(ApiError):
-            rest.request("POST", path, body=c)
-    return wait("the LWS and DisaggregatedSet CRDs", lambda: all(
-        ctl.established(rest.request("GET", f"{path}/{c['metadata']['name']}"))
-        for c in ctl.CRDS), 60)
+    return crds.install(rest, ctl.CRDS, "the LWS and DisaggregatedSet CRDs")
 
 
 def _create_objects(rest: JsonApi, p: Plan) -> ctl.Uids:
