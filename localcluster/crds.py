@@ -44,7 +44,18 @@ class ModuleCRD:
 INFERENCE_POOL = ModuleCRD("sigs.k8s.io/gateway-api-inference-extension", "v1.6.0",
                            "config/crd/bases/inference.networking.k8s.io_inferencepools.yaml",
                            "inference.networking.k8s.io/bundle-version")
-CRDS: dict[str, ModuleCRD] = {"inference-pool": INFERENCE_POOL}
+# The Prometheus operator's ServiceMonitor and PodMonitor (monitoring.coreos.com/v1), which the
+# chart renders when asked (docs/install.md, Monitoring); its annotation writes 0.85.0 for v0.85.0
+PROMETHEUS_OPERATOR = ("github.com/prometheus-operator/prometheus-operator", "v0.85.0")
+SERVICE_MONITOR = ModuleCRD(
+    *PROMETHEUS_OPERATOR,
+    "example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml",
+    "operator.prometheus.io/version")
+POD_MONITOR = ModuleCRD(
+    *PROMETHEUS_OPERATOR, "example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml",
+    "operator.prometheus.io/version")
+CRDS: dict[str, ModuleCRD] = {"inference-pool": INFERENCE_POOL,
+                              "service-monitor": SERVICE_MONITOR, "pod-monitor": POD_MONITOR}
 
 
 def crd_file(name: str) -> Path:
@@ -84,8 +95,8 @@ def check(name: str, crd: Any) -> None:
     c = CRDS[name]
     ok = isinstance(crd, dict) and crd.get("kind") == "CustomResourceDefinition"
     if ok and c.version_annotation is not None:
-        ok = (crd.get("metadata") or {}).get("annotations", {}).get(
-            c.version_annotation) == c.version
+        named = (crd.get("metadata") or {}).get("annotations", {}).get(c.version_annotation)
+        ok = named in (c.version, c.version.removeprefix("v"))
     if not ok:
         raise ClusterError(f"{c.module}@{c.version}'s {c.file} is not the {name} CRD of "
                            f"{c.version}")

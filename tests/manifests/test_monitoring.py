@@ -1,11 +1,13 @@
 """The chart's monitoring: ServiceMonitors and a PodMonitor that scrape what
 the components serve (checked against the Services, pods and configs of the
-same render), each only when asked for, and a Grafana dashboard whose every
+same render, and against the Prometheus operator's CRDs at a pinned
+version), each only when asked for, and a Grafana dashboard whose every
 PromQL expression names only series the components export (read from their
 own Prometheus registries) with labels those series carry."""
 
 from __future__ import annotations
 
+import copy
 import importlib
 import json
 import pkgutil
@@ -23,7 +25,9 @@ from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import CollectorRegistry
 
 import toposerve.dra_driver
-from toposerve.localcluster.tools import cache_dir, versions
+from toposerve.localcluster import crds
+from toposerve.localcluster.clusters import ClusterError
+from toposerve.localcluster.tools import helm_path
 from toposerve.manifests.chart import HelmError, chart_dir, find_helm, template
 from toposerve.manifests.values import load_values
 from toposerve.router.config import RouterConfig
@@ -41,7 +45,7 @@ ON = ("monitoring.serviceMonitor.enabled=true", "monitoring.podMonitor.enabled=t
 @pytest.fixture(scope="module")
 def helm() -> Path:
     try:
-        return find_helm(cache_dir() / "bin" / f"helm-{versions()['HELM_VERSION']}" / "helm")
+        return find_helm(helm_path())
     except HelmError as err:
         pytest.skip(f"no helm to render the chart with: {err}")
 
@@ -208,6 +212,62 @@ def test_monitors_off_with_their_component(helm: Path) -> None:
     assert [m["metadata"]["name"] for m in of_kind(objs, "ServiceMonitor")] == [
         "toposerve-extender"]
     assert of_kind(objs, "PodMonitor") == []
+
+
+def _strict(schema: Any) -> Any:
+    """A CRD's schema refusing fields it does not name, as the API server's
+    strict field validation does (it prunes them otherwise)."""
+    if isinstance(schema, list):
+        return [_strict(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _strict(v) for k, v in schema.items()}
+    if ("properties" in out and "additionalProperties" not in out
+            and not out.get("x-kubernetes-preserve-unknown-fields")):
+        out["additionalProperties"] = False
+    return out
+
+
+@pytest.fixture(scope="module")
+def monitor_crds() -> dict[str, Any]:
+    """The v1 schema of each of the Prometheus operator's monitor kinds, by
+    kind, from its Go module at the pinned version (localcluster.crds)."""
+    jsonschema = pytest.importorskip("jsonschema")
+    out: dict[str, Any] = {}
+    for name in ("service-monitor", "pod-monitor"):
+        try:
+            crd = crds.load(name)
+        except ClusterError as err:
+            pytest.skip(f"no {name} CRD to check against: {err}")
+        assert crd["spec"]["scope"] == "Namespaced"
+        (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1" and v["served"]]
+        # no CEL rules: the schema is all the API server checks of them
+        assert "x-kubernetes-validations" not in json.dumps(v1)
+        out[crd["spec"]["names"]["kind"]] = jsonschema.Draft7Validator(
+            _strict(v1["schema"]["openAPIV3Schema"]))
+    return out
+
+
+def test_monitors_valid_for_the_operator_crds(helm: Path, monitor_crds: dict[str, Any]) -> None:
+    objs = render(helm, *ON, "monitoring.serviceMonitor.scrapeTimeout=10s",
+                  "monitoring.serviceMonitor.labels={release: kps}",
+                  "monitoring.podMonitor.labels={release: kps}",
+                  "extender.config.server.certFile=/tls/crt",
+                  "extender.config.server.keyFile=/tls/key")
+    monitors = [o for o in objs if o["apiVersion"] == "monitoring.coreos.com/v1"]
+    assert sorted(o["kind"] for o in monitors) == ["PodMonitor", "ServiceMonitor",
+                                                   "ServiceMonitor"]
+    for obj in monitors:
+        assert obj["metadata"]["namespace"]
+        errors = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
+                  for e in monitor_crds[obj["kind"]].iter_errors(obj)]
+        assert errors == [], f"{obj['kind']} {obj['metadata']['name']}"
+        # what the check refuses: a misspelt field, a bad duration
+        bad = copy.deepcopy(obj)
+        endpoints = bad["spec"].get("endpoints") or bad["spec"]["podMetricsEndpoints"]
+        endpoints[0]["intervall"] = endpoints[0].pop("interval")
+        endpoints[0]["scrapeTimeout"] = "10 s"
+        assert len(list(monitor_crds[obj["kind"]].iter_errors(bad))) == 2
 
 
 def test_lint_strict_with_monitoring(helm: Path, tmp_path: Path) -> None:
