@@ -9,8 +9,10 @@ httpTimeout). Then the router under attacks that must not grow it past
 that stop reading their streams (and how soon their slots come back), an
 endless fast upstream stream nobody reads, an upstream event that never
 ends, a conversation chain past responses.maxChainBytes, bodies of 600,000
-tiny messages for as long as the scenario lasts, and an endpoint whose
-/v1/models answer is garbage beside a good one. Loopback only; each scenario stops after --seconds.
+tiny messages for as long as the scenario lasts, valid bodies as wide as
+the router serves (each must also cost the router under 50 ms of CPU, the
+most a request may hold its event loop), and an endpoint whose /v1/models
+answer is garbage beside a good one. Loopback only; each scenario stops after --seconds.
 
     python -m bench.abuse_bench [--quick] [--seconds 25] [--out bench/results]
 """
@@ -40,6 +42,7 @@ from aiohttp import web
 
 from bench.flags import positive
 from harness import extender_objects as k
+from harness.bodies import encoded
 from harness.procs import MODEL, Proc, Procs
 from toposerve.localcluster.ports import free_port
 from toposerve.localcluster.results import table, write
@@ -326,10 +329,12 @@ def _p99(xs: list[float]) -> float:
     return statistics.quantiles(xs, n=100)[98] if len(xs) >= 2 else (xs[0] if xs else 0.0)
 
 
-def _serve_hostile(port: int, stream: bytes, models: bytes) -> None:
+def _serve_hostile(port: int, stream: bytes, models: bytes, answer: bytes) -> None:
     """The hostile model server's process (see ``Hostile``)."""
     async def generate(request: web.Request) -> web.StreamResponse:
         await request.read()
+        if answer:
+            return web.Response(body=answer, content_type="application/json")
         out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await out.prepare(request)
         with contextlib.suppress(ConnectionError):
@@ -343,7 +348,7 @@ def _serve_hostile(port: int, stream: bytes, models: bytes) -> None:
     async def listed(request: web.Request) -> web.Response:
         return web.Response(body=models, content_type="application/json")
 
-    app = web.Application()
+    app = web.Application(client_max_size=SERVER.max_body_bytes)  # takes what the router sends
     app.router.add_get("/health", text)
     app.router.add_get("/metrics", text)
     app.router.add_get("/v1/models", listed)
@@ -358,14 +363,15 @@ class Hostile:
     /health probe): /health and /metrics answer; /v1/models answers
     ``models`` (garbage, if so chosen); a generation streams ``stream``
     forever (an endless stream of whole events, or one event that never
-    ends)."""
+    ends), or, given an ``answer``, answers it at once (a model server that
+    costs nothing, so that what is measured is the router's work)."""
 
-    def __init__(self, stream: bytes = b"", models: bytes = b"") -> None:
+    def __init__(self, stream: bytes = b"", models: bytes = b"", answer: bytes = b"") -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         listed = models or orjson.dumps({"object": "list", "data": [{"id": MODEL}]})
         self._proc = multiprocessing.get_context("spawn").Process(
-            target=_serve_hostile, args=(self.port, stream, listed), daemon=True)
+            target=_serve_hostile, args=(self.port, stream, listed, answer), daemon=True)
         self._proc.start()
         deadline = time.monotonic() + 30
         while True:
@@ -523,6 +529,52 @@ def wide_messages(procs: Procs, sim: Proc, deadline: float) -> dict[str, Any]:
                        statuses=counts)
 
 
+# the most CPU a request may cost the router (issue 41: no request may hold
+# the event loop past ~50 ms; the loop is the router's one thread of work)
+LOOP_BOUND_MS = 50.0
+# one answer for every route, with the usage each reads
+ANSWER = orjson.dumps({"id": "x", "object": "x", "choices": [], "output": [], "usage": {
+    "prompt_tokens": 1, "completion_tokens": 1, "input_tokens": 1, "output_tokens": 1}})
+
+
+def at_limit_bodies(procs: Procs, deadline: float) -> dict[str, Any]:
+    """Valid bodies as wide as the router serves, of each shape
+    (harness.bodies), four clients sending one shape after another until
+    the deadline, to a model server that answers at once: /health p99
+    during them, and the router's CPU time a body of each shape (its own
+    process, where its event loop runs; the body worker is not counted;
+    the /health probes and scrapes meanwhile are, a millisecond or two a
+    body)."""
+    up = Hostile(answer=ANSWER)
+    router = procs.router(endpoints=[up.url])
+    cpu = psutil.Process(router.popen.pid)
+    shapes = encoded(SERVER)
+    ms: dict[str, float] = {}
+    counts: dict[int, int] = {}
+    with peak_rss(router) as rss, health_latency(router.url) as health:
+        for i, (name, (path, body)) in enumerate(shapes.items()):
+            until = time.monotonic() + (deadline - time.monotonic()) / (len(shapes) - i)
+            before = sum(cpu.cpu_times()[:2])
+
+            def ask(_: int, p: str = path, b: bytes = body
+                    ) -> tuple[str, dict[str, Any] | bytes, dict[str, str]]:
+                return p, b, {}
+
+            sent, got = asyncio.run(_blast(router.url, ask, 10**9, until, concurrency=4))
+            ms[name] = 1000 * (sum(cpu.cpu_times()[:2]) - before) / max(sent, 1)
+            for status, n in got.items():
+                counts[status] = counts.get(status, 0) + n
+    router.stop()
+    up.close()
+    row = _attack_row(f"valid bodies as wide as served, {len(shapes)} shapes, 4 at a time",
+                      rss, health, statuses=counts, cpu_ms=ms)
+    # every body served: a refused one would cost less than one read through
+    row["within_budget"] = (row["within_budget"] and max(ms.values()) < LOOP_BOUND_MS
+                            and set(counts) == {200})
+    row["budget"] += f", router CPU < {LOOP_BOUND_MS:g} ms a body, all 200"
+    return row
+
+
 def garbage_models(procs: Procs, sim: Proc, deadline: float) -> dict[str, Any]:
     """An endpoint whose /v1/models answer is garbage beside a good one: the
     good one must keep being scraped and served."""
@@ -551,6 +603,9 @@ def measured(r: dict[str, Any]) -> str:
             text += f"; slots back after {r['recovery_s']:.1f} s"
         if "statuses" in r:
             text += f"; statuses {r['statuses']}"
+        if "cpu_ms" in r:
+            text += "; router CPU a body: " + ", ".join(
+                f"{name} {ms:.1f} ms" for name, ms in r["cpu_ms"].items())
         return text
     if "normal_p99_ms" in r:
         return (f"normal p50 {r['normal_p50_ms']:.1f} / p99 {r['normal_p99_ms']:.1f} ms; "
@@ -603,6 +658,7 @@ def main(argv: list[str] | None = None) -> int:
                 time.monotonic() + s, read=True))
             rows.append(huge_chain(procs, sim, 10, time.monotonic() + 4 * s))
             rows.append(wide_messages(procs, sim, time.monotonic() + (2 if q else s)))
+            rows.append(at_limit_bodies(procs, time.monotonic() + (5 if q else s)))
             rows.append(garbage_models(procs, sim, time.monotonic() + s))
         finally:
             procs.close()

@@ -70,9 +70,11 @@ class Handlers:
         without a client's hand-over fields), the document and the model;
         else the ApiError its client gets. A body that may hold more values
         than the loop parses unseen is read by the body worker first, and
-        refused as the loop would refuse it (bodies.py)."""
+        refused as the loop would refuse it (bodies.py); the model of a
+        body the worker read is not validated again (``unvalidated``)."""
         server = self.cfg.server
-        if not few_values(body, min(INLINE_VALUES, server.max_json_values)):
+        vetted = not few_values(body, min(INLINE_VALUES, server.max_json_values))
+        if vetted:
             v = await self.bodies.vet(body, model, server.max_list_items,
                                       server.max_json_values)
             if v.unreadable is not None:
@@ -85,10 +87,13 @@ class Handlers:
                 raise ApiError(*v.invalid)
         doc = parse(body)  # now known to cost the loop no more than its values
         self._before_validation(doc.get("model"), list_sizes(doc))
-        try:
-            parsed = model.model_validate(doc)
-        except ValidationError as err:
-            raise from_validation(err) from None
+        if vetted:
+            parsed = unvalidated(model, doc)
+        else:
+            try:
+                parsed = model.model_validate(doc)
+            except ValidationError as err:
+                raise from_validation(err) from None
         trusted = self.director.admission.tenants.settings.get(tenant)
         if not (trusted and trusted.pass_transfer_fields) and drop_hand_over(doc):
             body = orjson.dumps(doc)  # only then: a body goes on as it was read
@@ -316,6 +321,17 @@ class Handlers:
     async def metrics_endpoint(self, request: web.Request) -> web.StreamResponse:
         return web.Response(body=self.metrics.render(),
                             headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+def unvalidated(model: type[BaseModel], doc: dict[str, Any]) -> Any:
+    """``model`` of a document the body worker has validated, built without
+    validating it again: that cost the loop what the worker spared it (21
+    ms of the 32 ms an at-limit chat of 8,192 messages took to read). Its
+    fields are the document's own values, unvalidated lists included
+    (messages stay dicts): read lists from the document. Only the model's
+    fields are passed (an extra field named ``_fields_set`` would be taken
+    for model_construct's own argument)."""
+    return model.model_construct(**{k: doc[k] for k in model.model_fields if k in doc})
 
 
 def session_key(header: str) -> str:
