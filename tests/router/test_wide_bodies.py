@@ -21,6 +21,7 @@ from harness.bodies import encoded
 from harness.procs import MODEL, Procs
 from harness.waiting import wait_for
 from tests.router.hangup import connect
+from tests.router.test_router_app import stack
 from toposerve.router.config import RouterConfig
 from toposerve.router.http.app import Router
 from toposerve.router.http.bodies import INLINE_VALUES, few_values
@@ -178,7 +179,7 @@ def test_a_body_the_worker_validated_is_not_validated_again() -> None:
     prompt batch, Responses items) are read by the body worker, which
     validates them; the event loop then parses them and validates nothing:
     the model's wide list is the document's own (validating it again made
-    a copy, and cost an 8,192-message chat 17 ms of the loop, a batch of
+    a copy, and cost an 8,192-message chat 21 ms of the loop, a batch of
     one-token prompts 30 ms). A body too small for the worker is validated
     on the loop. In this process: a router's handlers, its real worker."""
     cfg = RouterConfig.model_validate({
@@ -201,4 +202,31 @@ def test_a_body_the_worker_validated_is_not_validated_again() -> None:
             assert isinstance(parsed.messages[0], Message)
         finally:
             await router.handlers.bodies.close()
+    asyncio.run(asyncio.wait_for(go(), 60))
+
+
+def test_many_tiny_items_are_refused_before_the_body_is_validated() -> None:
+    """A body of many tiny messages costs validation some microseconds an
+    item: an unknown model is a 404 and too many items a 413 naming
+    server.maxListItems, both before it (before, 600,000 items held the event
+    loop over a second and then got a validation error). In this process
+    (a router and simulators on loopback ports), but not a unit test: the
+    wide bodies start the router's body worker, a process."""
+    async def go() -> None:
+        async with stack([{}], {"server": {"maxListItems": 1000}}) as s:
+            wide: list[dict[str, Any]] = [{}] * 600_000
+            r = await s.client.post("/v1/chat/completions",
+                                    json={"model": "no-such-model", "messages": wide})
+            assert r.status == 404
+            r = await s.client.post("/v1/chat/completions", json={"model": MODEL,
+                                                                  "messages": wide})
+            assert r.status == 413
+            err = (await r.json())["error"]
+            assert "server.maxListItems" in err["message"] and err["param"] == "messages"
+            r = await s.client.post("/v1/responses", json={"model": MODEL, "input": wide})
+            assert r.status == 413 and (await r.json())["error"]["param"] == "input"
+            ok = [{"role": "user", "content": "hi"}] * 1000  # at the bound
+            r = await s.client.post("/v1/chat/completions", json={
+                "model": MODEL, "messages": ok, "max_tokens": 2})
+            assert r.status == 200, await r.text()
     asyncio.run(asyncio.wait_for(go(), 60))
