@@ -300,6 +300,7 @@ def test_dashboard_config_map(helm: Path) -> None:
     assert default["metadata"]["namespace"] == "toposerve-system"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("path", dashboards(), ids=lambda p: p.name)
 def test_dashboard_is_grafana_json(path: Path) -> None:
     dash = json.loads(path.read_text())
@@ -454,6 +455,7 @@ def expressions(dash: Mapping[str, Any]) -> Iterator[tuple[str, str, str]]:
             yield f"variable {v['name']}", f"sum by ({m.group(2)}) ({m.group(1)})", ""
 
 
+@pytest.mark.unit
 def test_exported_metrics_read_from_the_registries() -> None:
     known = exported()
     # one family of each component and each kind, as /metrics names them
@@ -467,6 +469,7 @@ def test_exported_metrics_read_from_the_registries() -> None:
     assert known["toposerve_dra_prepare_seconds_bucket"] == {"driver", "result", "le"}
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("expr", "wrong"), [
     ("sum(rate(toposerve_router_requests[5m]))", ["toposerve_router_requests: no component"]),
     ('rate(toposerve_router_tenant_requests_total{band="0"}[$__rate_interval])',
@@ -484,6 +487,7 @@ def test_problems_finds_unknown_names(expr: str, wrong: list[str]) -> None:
         found)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("path", dashboards(), ids=lambda p: p.name)
 def test_dashboard_names_only_exported_series(path: Path) -> None:
     known = exported()
