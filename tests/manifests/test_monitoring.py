@@ -25,6 +25,8 @@ from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import CollectorRegistry
 
 import toposerve.dra_driver
+from tests.conftest import Cluster
+from toposerve.kubeapi import ApiError, JsonApi
 from toposerve.localcluster import crds
 from toposerve.localcluster.clusters import ClusterError
 from toposerve.localcluster.tools import helm_path
@@ -505,3 +507,43 @@ def test_dashboard_names_only_exported_series(path: Path) -> None:
                   if label not in labels]
     assert not wrong, "\n".join(wrong)
     assert named_series > 40  # the check read the expressions, it did not skip them
+
+
+# --- on the real API server ---
+
+STRICT = [("dryRun", "All"), ("fieldValidation", "Strict")]
+PATHS = {"Service": "/api/v1/namespaces/{}/services",
+         "ConfigMap": "/api/v1/namespaces/{}/configmaps",
+         "ServiceMonitor": "/apis/monitoring.coreos.com/v1/namespaces/{}/servicemonitors",
+         "PodMonitor": "/apis/monitoring.coreos.com/v1/namespaces/{}/podmonitors"}
+
+
+@pytest.mark.cluster
+def test_monitoring_objects_pass_a_strict_dry_run(cluster: Cluster, helm: Path) -> None:
+    """What monitoring adds to an install is created by a server-side dry
+    run with strict field validation once the operator's CRDs are served,
+    and comes back as written; a misspelt field is refused there."""
+    rest = JsonApi(cluster.api)
+    crds.install_named(rest, ["service-monitor", "pod-monitor"])
+    # all in `default`: a dry run needs its namespace to exist
+    objs = render(helm, *ON, "namespace=default", "router.namespace=default",
+                  "router.createNamespace=false", "monitoring.serviceMonitor.scrapeTimeout=10s",
+                  "monitoring.serviceMonitor.labels={release: kps}")
+    added = [o for o in objs if o["kind"] in ("ServiceMonitor", "PodMonitor")
+             or o["metadata"]["name"] in ("toposerve-router-metrics", "toposerve-dashboards")]
+    assert sorted(o["kind"] for o in added) == ["ConfigMap", "PodMonitor", "Service",
+                                                "ServiceMonitor", "ServiceMonitor"]
+    for obj in added:
+        got = rest.request("POST", PATHS[obj["kind"]].format(obj["metadata"]["namespace"]),
+                           STRICT, body=obj)
+        assert got["metadata"].get("uid"), obj["metadata"]["name"]  # answered as created
+        if obj["kind"] == "Service":  # it gains defaults (clusterIPs, ipFamilies, ...)
+            assert got["spec"]["selector"] == obj["spec"]["selector"]
+            assert got["spec"]["clusterIP"] == "None"
+        else:
+            assert got.get("spec", got.get("data")) == obj.get("spec", obj.get("data"))
+    bad = copy.deepcopy(named(added, "ServiceMonitor", "toposerve-router"))
+    bad["spec"]["endpoints"][0]["intervall"] = "30s"
+    with pytest.raises(ApiError) as err:
+        rest.request("POST", PATHS["ServiceMonitor"].format("default"), STRICT, body=bad)
+    assert err.value.status in (400, 422) and "intervall" in str(err.value)
