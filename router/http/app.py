@@ -133,6 +133,7 @@ class Router:
                                                 **hooks)
         if self.watcher is not None:
             self.watcher.start()
+            self.handlers.discovered = self.watcher.synced.is_set
         sc = self.cfg.scrape
         self._tasks.append(asyncio.create_task(
             scrape_loop(self.session, self.state.pool, sc.interval_s, sc.timeout_s,

@@ -53,6 +53,8 @@ class Handlers:
         self.cfg, self.state, self.metrics, self.budget = cfg, state, metrics, budget
         self.store, self.director, self.ha = store, director, ha
         self.bodies = BodyWorker()  # the app stops it
+        # has discovery listed the pods once (the app sets it with a watcher)
+        self.discovered: Callable[[], bool] = lambda: True
 
     # --- reading the request into its exchange ----------------------------------
     async def _json(self, ex: Exchange, model: type[BaseModel]) -> Any:
@@ -309,14 +311,25 @@ class Handlers:
         return web.Response(text="ok")
 
     async def ready(self, request: web.Request) -> web.StreamResponse:
-        """200 with a ready endpoint, on the leader only under ha (a
-        Service then sends traffic to it); ``?role=any``: whatever the role
-        (a Deployment's readiness probe, so a rollout is not held up by a
-        standby that is rightly unready)."""
+        """200 with a ready endpoint, on the leader only under ha (a load
+        balancer's check: this router can serve a model now). ``?role=any``
+        is the pod's readiness probe: whatever the role (a rollout is not
+        held up by a standby that is rightly unready), and warm suffices:
+        discovery listed the pods and every endpoint found was scraped once,
+        healthy or not. A router with no model server is a working router
+        (503 "no endpoint" until one comes): an install on an empty cluster
+        becomes ready."""
         n = sum(1 for ep in self.state.pool.routable() if ep.healthy)
-        if self.ha is not None and not self.ha.leader and request.query.get("role") != "any":
+        pod_probe = request.query.get("role") == "any"
+        if self.ha is not None and not self.ha.leader and not pod_probe:
             return web.Response(status=503, text=f"standby; {n} endpoints ready")
-        return web.Response(status=200 if n else 503, text=f"{n} endpoints ready")
+        if n or (pod_probe and self.warm()):
+            return web.Response(status=200, text=f"{n} endpoints ready")
+        return web.Response(status=503, text=f"{n} endpoints ready")
+
+    def warm(self) -> bool:
+        """Discovery has listed (``discovered``) and no endpoint awaits its first scrape."""
+        return self.discovered() and all(ep.scraped for ep in self.state.pool.routable())
 
     async def metrics_endpoint(self, request: web.Request) -> web.StreamResponse:
         return web.Response(body=self.metrics.render(),

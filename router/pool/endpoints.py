@@ -58,6 +58,7 @@ class Endpoint:
     kv_events: str | None = None
     kv_events_replay: str | None = None
     healthy: bool = False
+    scraped: bool = False  # asked once, whatever the answer: its health is known
     draining: bool = False
     load: LoadSample = field(default_factory=LoadSample)
     scrape_failures: int = 0

@@ -133,6 +133,14 @@ async def scrape(session: aiohttp.ClientSession, ep: Endpoint, timeout_s: float,
     that cannot be read fails the scrape and is raised, for the scrape
     loop to count."""
     try:
+        await _scrape(session, ep, timeout_s, health)
+    finally:
+        ep.scraped = True
+
+
+async def _scrape(session: aiohttp.ClientSession, ep: Endpoint, timeout_s: float,
+                  health: bool) -> None:
+    try:
         if health or not ep.healthy:
             async with session.get(f"{ep.url}/health",
                                    timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:

@@ -65,6 +65,28 @@ def test_no_ready_endpoint_503(procs: Procs) -> None:
     assert r.status_code == 503 and r.json()["error"]["type"] == "ServiceUnavailable"
 
 
+def test_ready_for_a_pod_probe_without_model_servers(procs: Procs) -> None:
+    """A router with no model server that works answers 503 "no endpoint",
+    and its pod is ready (the install on an empty cluster finishes): the pod
+    probe (?role=any) needs it warm, each endpoint scraped once, not a
+    healthy one; a load balancer's plain /ready still needs one."""
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        nobody = f"http://127.0.0.1:{s.getsockname()[1]}"
+    router = procs.router(endpoints=[nobody], wait_ready=False)
+    wait_for("warm", lambda: httpx.get(router.url + "/ready?role=any").status_code == 200,
+             timeout=10)
+    assert httpx.get(router.url + "/ready").status_code == 503
+    r = httpx.post(router.url + "/v1/chat/completions", json={**CHAT, "model": None})
+    assert r.status_code == 503 and r.json()["error"]["type"] == "ServiceUnavailable"
+    starting = procs.sim(slow_start_s=60)
+    router = procs.router(endpoints=[starting.url], wait_ready=False)
+    # the endpoint's first scrape fails (it is starting): known, unhealthy
+    wait_for("warm", lambda: httpx.get(router.url + "/ready?role=any").status_code == 200,
+             timeout=20)
+    assert httpx.get(router.url + "/ready").status_code == 503
+
+
 def test_failing_endpoint_is_retried(procs: Procs) -> None:
     bad = procs.sim(error_rate=1.0)
     good = procs.sim()
