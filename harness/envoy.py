@@ -160,11 +160,11 @@ def start_envoy(procs: Procs, picker_port: int, failure_mode_allow: bool = False
     return proc
 
 
-def start_picker(procs: Procs, endpoints: list[str], config: dict[str, Any] | None = None
-                 ) -> Proc:
-    """``toposerve router --mode endpoint-picker`` over ``endpoints``, ready
-    (an endpoint healthy): a Proc whose url serves its probes and metrics
-    (``extra["grpc"]``: the picker's gRPC port)."""
+def start_picker(procs: Procs, endpoints: list[str] | None,
+                 config: dict[str, Any] | None = None) -> Proc:
+    """``toposerve router --mode endpoint-picker`` over ``endpoints`` (None:
+    ``config``'s discovery), ready (an endpoint healthy): a Proc whose url
+    serves its probes and metrics (``extra["grpc"]``: the picker's gRPC port)."""
     grpc = free_port()
     proc = procs.router({**(config or {}), "endpointPicker": {"port": grpc}}, endpoints,
                         mode="endpoint-picker")

@@ -1,5 +1,6 @@
 """``toposerve cluster`` against real processes: refusing a second cluster
-of the same name, and ``down`` ending every process ``up`` started."""
+of the same name, ``up --crd`` installing a CRD, and ``down`` ending every
+process ``up`` started."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import pytest
 from kubernetes import client
 
 from tests.conftest import Cluster
-from toposerve.localcluster.clusters import cluster_dir
+from toposerve.kubeapi import JsonApi
+from toposerve.localcluster import crds
+from toposerve.localcluster.clusters import api_client, cluster_dir
 from toposerve.localcluster.processes import processes_under
 
 pytestmark = pytest.mark.cluster
@@ -55,8 +58,13 @@ def test_down_ends_every_process() -> None:
     name = "pytest-down"
     workdir = cluster_dir(name)
     cli("cluster", "down", "--name", name)  # leftovers from an interrupted run
-    r = cli("cluster", "up", "--name", name, "--profile", "mi300x=2")
+    r = cli("cluster", "up", "--name", name, "--profile", "mi300x=2", "--crd", "inference-pool")
     assert r.returncode == 0, r.stderr
+    # --crd: the InferencePool v1 CRD of the pinned module version, served
+    crd = JsonApi(api_client(name)).request(
+        "GET", f"{crds.PATH}/inferencepools.inference.networking.k8s.io")
+    assert crds.established(crd)
+    assert crd["metadata"]["annotations"][crds.INFERENCE_POOL.version_annotation] == "v1.6.0"
     started = processes_under(workdir)
     # etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok-controller
     assert len(started) >= 5, started
