@@ -175,7 +175,8 @@ class InferencePoolWatcher:
             self._loop.call_soon_threadsafe(self._set, target, picker_ref(obj))
 
     async def _watch(self, api: Any) -> None:
-        """One reflector's run, as the pods' (``KubernetesWatcher._watch``)."""
+        """One reflector's run: until stopped, or until it raises (the
+        supervisor then starts a fresh one, which lists again)."""
         assert self._loop is not None
         loop = self._loop
 
