@@ -53,6 +53,7 @@ from toposerve.localcluster.realnode import node as realnode
 from toposerve.localcluster.realnode.paths import NODE_NAME
 from toposerve.localcluster.realnode.tools import find_node_tools
 from toposerve.localcluster.tools import ToolsMissing
+from toposerve.manifests.render import router_namespace, system_namespace
 
 NAME = "demo"
 OUT = Path(tempfile.gettempdir()) / "toposerve-demo"
@@ -84,9 +85,11 @@ def _cannot_run() -> str | None:
 
 def _show_install(installed: Installed) -> str:
     """The installed components and their pods; the router leader's URL."""
-    ns = installed.values.namespace
+    v = installed.values
+    namespaces = sorted({system_namespace(v), router_namespace(v)})
     st = wait_until("the router's leader", lambda: (
-        s if "routerURL" in (s := install_status(api_client(NAME), ns)) else None), timeout=60)
+        s if "routerURL" in (s := install_status(api_client(NAME), namespaces)) else None),
+        timeout=60)
     for c in st["components"]:
         pods = ", ".join(f"{p['name']} on {p['node']}" for p in c["pods"])
         print(f"   {c['kind'].lower()}/{c['name']}: {c['ready']} available ({pods})")
@@ -134,7 +137,7 @@ def main() -> int:
         procs.close()
         try:
             if installed is not None:
-                uninstall_stack(NAME, installed.objects, installed.values, progress=progress)
+                uninstall_stack(NAME, installed.values, progress=progress)
         finally:
             down(NAME)  # stops the real node first
     print(f"\n   make demo: done in {time.monotonic() - started:.0f}s")

@@ -1,17 +1,18 @@
-"""The whole install from its manifests on the local cluster's real node
-(docs/install.md, docs/real-node.md): the locally built images imported into
-the node's containerd (never pulled), values that fit the local cluster, the
-rendered objects applied server-side, and a wait until every workload is
-available. kwok nodes get no DaemonSet pod: they keep their simulated slices."""
+"""The whole install, the chart as a Helm release, on the local cluster's
+real node (docs/install.md, docs/real-node.md): the locally built images
+imported into the node's containerd (never pulled), the chart's local-cluster
+overlay with this run's values over it, ``helm upgrade --install``, and a
+wait until every workload is available. kwok nodes get no DaemonSet pod:
+they keep their simulated slices."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import socket
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,16 +40,24 @@ from toposerve.localcluster.realnode.paths import (
     default_layout,
 )
 from toposerve.localcluster.realnode.tools import find_node_tools
-from toposerve.localcluster.tools import cache_dir
-from toposerve.manifests.render import render_objects
+from toposerve.localcluster.tools import cache_dir, helm_path
+from toposerve.manifests.chart import (
+    DEFAULT_NAMESPACE,
+    RELEASE,
+    HelmError,
+    chart_dir,
+    find_helm,
+    helm_error,
+    helm_values,
+)
+from toposerve.manifests.render import render_objects, router_namespace, system_namespace
 from toposerve.manifests.values import KIND, InstallValues, apply_sets
 from toposerve.router.ha.pod_label import ROLE_LABEL
-from toposerve.topology.config_file import API_VERSION, ConfigError, parse_document, read_document
+from toposerve.topology.config_file import ConfigError, parse_document, read_document
 from toposerve.topology.profiles import load_profile
 from toposerve.topology.sysfs import write_profile_sysfs
 
 Progress = Callable[[str], None]
-FIELD_MANAGER = "toposerve-cluster-install"
 # what `make image` writes (docs/image.md): the values section of each image
 IMAGE_VALUES = {"toposerve": "image", "kube-scheduler": "scheduler.image",
                 "redis": "router.redis.image"}
@@ -59,6 +68,8 @@ WORKLOADS = ("DaemonSet", "Deployment")
 # layout.cni_conf): the NIC driver's init container chains toposerve-nic into it
 NODE_CONFLIST = "10-toposerve.conflist"
 COMPONENT_LABEL = "app.kubernetes.io/component"
+# what the local cluster needs and a real cluster does not, shipped with the chart
+LOCAL_OVERLAY = "ci/local-cluster-values.yaml"
 
 
 class InstallError(RuntimeError):
@@ -199,11 +210,11 @@ def api_address(cluster: str) -> tuple[str, int]:
 
 def local_sets(cluster: str, images: Mapping[str, Path], sysfs: Path, dev: Path,
                layout: Layout | None = None) -> list[str]:
-    """``--set`` values that fit the local cluster; the user's come after
-    them and win: the API server's loopback address (no pod dials the service
-    range), the imported images never pulled, every pod on the real node only
-    (kwok nodes keep their simulated slices), the stand-in GPUs and NICs, and
-    the node's own CNI folders and pod network namespaces for the NIC driver."""
+    """``--set`` values of this run, over the chart's local-cluster overlay;
+    the user's come after them and win: the API server's loopback address,
+    the imported images, every pod on the real node only (kwok nodes keep
+    their simulated slices), the stand-in GPUs and NICs, the node's own CNI
+    folders and pod network namespaces for the NIC driver, free ports."""
     layout = layout or default_layout()
     host, port = api_address(cluster)
     sets = [f"apiServer.host={host}", f"apiServer.port={port}"]
@@ -211,8 +222,7 @@ def local_sets(cluster: str, images: Mapping[str, Path], sysfs: Path, dev: Path,
         section = IMAGE_VALUES.get(_image_name(ref))
         if section:
             repo, tag = ref.rsplit(":", 1)
-            sets += [f"{section}.repository={repo}", f"{section}.tag={tag}",
-                     f"{section}.pullPolicy=Never"]
+            sets += [f"{section}.repository={repo}", f"{section}.tag={tag}"]
     on_real = json.dumps({REAL_NODE_LABEL: "real"})
     tolerate = json.dumps([REAL_NODE_TOLERATION])
     for section in ("gpuDriver", "netDriver", "extender", "scheduler", "router",
@@ -224,11 +234,9 @@ def local_sets(cluster: str, images: Mapping[str, Path], sysfs: Path, dev: Path,
              f"netDriver.kubeletDir={layout.kubelet_root}",
              f"netDriver.cni.binDir={layout.cni_bin}", f"netDriver.cni.confDir={layout.cni_conf}",
              f"netDriver.cni.chainInto={NODE_CONFLIST}",
-             # the pod network is not reachable from the host, and nothing on
-             # loopback resolves a Service name: the router pair and Redis on
-             # the node's loopback, each replica on a port of its own
-             "router.hostNetwork=true", f"router.port={_free_pair()}",
-             f"router.redis.port={free_port()}"]
+             # the router pair and Redis on the node's loopback (the overlay):
+             # free ports of this machine
+             f"router.port={_free_pair()}", f"router.redis.port={free_port()}"]
     return sets
 
 
@@ -252,9 +260,10 @@ def _is_free(port: int) -> bool:
 def local_values(cluster: str, images: Mapping[str, Path], sysfs: Path, dev: Path,
                  values_file: str | Path | None = None, sets: Sequence[str] = (),
                  layout: Layout | None = None) -> InstallValues:
-    """Ours, then the values file over them, then the user's ``--set``."""
-    doc = apply_sets({"apiVersion": API_VERSION, "kind": KIND},
-                     local_sets(cluster, images, sysfs, dev, layout))
+    """The chart's local-cluster overlay, this run's values over it, then
+    the values file, then the user's ``--set``."""
+    overlay = read_document(chart_dir() / LOCAL_OVERLAY)
+    doc = apply_sets(overlay, local_sets(cluster, images, sysfs, dev, layout))
     source = "the local cluster's values"
     if values_file is not None:
         source += f", {values_file}"
@@ -286,32 +295,40 @@ def _path(obj: Mapping[str, Any], name: bool = True) -> str:
     return f"{path}/{obj['metadata']['name']}" if name else path
 
 
-def apply(api: Any, objects: Iterable[Mapping[str, Any]]) -> int:
-    """Server-side apply, ours the field manager, conflicts forced; strict
-    field validation: a misspelt field is an error, not dropped."""
-    rest = JsonApi(api)
-    n = 0
-    for obj in objects:
-        rest.request("PATCH", _path(obj), [("fieldManager", FIELD_MANAGER), ("force", "true"),
-                                           ("fieldValidation", "Strict")],
-                     body=obj, content_type="application/apply-patch+yaml")
-        n += 1
-    return n
+def helm(cluster: str, args: Sequence[str], timeout_s: float = 600) -> str:
+    """``helm ARGS`` against ``cluster`` (its loopback kubeconfig); its
+    stdout, or InstallError with helm's own line of what failed."""
+    try:
+        binary = find_helm(helm_path())
+    except HelmError as err:
+        raise InstallError(str(err)) from None
+    argv = [str(binary), *args, "--kubeconfig", str(kubeconfig_path(cluster))]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s,
+                              check=False)
+    except subprocess.TimeoutExpired:
+        raise InstallError(f"helm {args[0]} did not end in {timeout_s:.0f}s") from None
+    if done.returncode != 0:
+        raise InstallError(f"helm {args[0]} failed: {helm_error(done.stderr)}")
+    return done.stdout
 
 
-def create_secrets(api: Any, values: InstallValues) -> list[str]:
-    """The generated Secrets (--component secrets) those that do not exist
-    yet: created once, never replaced (a new key would split the replicas)."""
-    rest = JsonApi(api)
-    made = []
-    for obj in render_objects(values, ["secrets"]):
-        try:
-            rest.request("POST", _path(obj, name=False), body=obj)
-            made.append(str(obj["metadata"]["name"]))
-        except ApiError as err:
-            if err.status != 409:
-                raise
-    return made
+def release_namespace(values: InstallValues) -> str:
+    return values.namespace or DEFAULT_NAMESPACE
+
+
+def helm_install(cluster: str, values: InstallValues, release: str = RELEASE,
+                 chart: Path | None = None) -> None:
+    """``helm upgrade --install`` of the chart (``chart``: another version
+    of it) with ``values``, as any admin's install or upgrade: the release's
+    history, its generated Secrets kept across upgrades. Availability is
+    waited for apart (wait_available), with progress."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="toposerve-values-") as f:
+        json.dump(helm_values(values), f)  # JSON is YAML
+        f.flush()
+        helm(cluster, ["upgrade", "--install", release, str(chart or chart_dir()),
+                       "--namespace", release_namespace(values), "--create-namespace",
+                       "--values", f.name])
 
 
 def _available(obj: Mapping[str, Any]) -> tuple[bool, str]:
@@ -396,15 +413,20 @@ def install(cluster: str, values_file: str | Path | None = None, sets: Sequence[
     if values.net_driver.enabled:
         stand_in_nics()
         share_pod_netns_dir(layout)
-    objects = render_objects(values)
-    api = api_client(cluster)
-    n = apply(api, objects)
-    made = create_secrets(api, values)
-    progress(f"applied {n} objects" + (f", created {', '.join(made)}" if made else ""))
-    wait_available(api, objects, timeout_s, progress)
+    objects = render_objects(values, helm=_helm_binary())
+    helm_install(cluster, values)
+    progress(f"helm release {RELEASE} in {release_namespace(values)}: {len(objects)} objects")
+    wait_available(api_client(cluster), objects, timeout_s, progress)
     took = time.monotonic() - started
     progress(f"installed: every workload available in {took:.1f}s")
     return Installed(values, objects, took)
+
+
+def _helm_binary() -> Path:
+    try:
+        return find_helm(helm_path())
+    except HelmError as err:
+        raise InstallError(str(err)) from None
 
 
 def _slice_cleanup(cluster: str, kind: str, sysfs_root: str) -> str:
@@ -421,26 +443,32 @@ def _slice_cleanup(cluster: str, kind: str, sysfs_root: str) -> str:
     return proc.stdout.strip()
 
 
-def uninstall(cluster: str, objects: Sequence[Mapping[str, Any]], values: InstallValues,
-              progress: Progress = _stderr, timeout_s: float = 120) -> None:
-    """Delete the rendered objects (the Namespace last) and wait for their
-    pods to go, then on the host: each driver's slice cleanup (``driver gpu
-    --uninstall``, ``driver net --uninstall``: their slices outlive their
-    pods on purpose) and what the NIC driver's init container changed in the
-    node's CNI config undone (``net-install-cni --uninstall``)."""
-    api = api_client(cluster)
-    rest = JsonApi(api)
-    for obj in reversed(objects):
-        with contextlib.suppress(ApiError):  # gone already
-            rest.request("DELETE", _path(obj), [("propagationPolicy", "Foreground")])
-    ns = values.namespace
+def uninstall(cluster: str, values: InstallValues, progress: Progress = _stderr,
+              timeout_s: float = 120, release: str = RELEASE) -> None:
+    """``helm uninstall`` and a wait for the release's pods to go, then on
+    the host: each driver's slice cleanup (``driver gpu --uninstall``,
+    ``driver net --uninstall``: their slices outlive their pods on purpose)
+    and what the NIC driver's init container changed in the node's CNI
+    config undone (``net-install-cni --uninstall``). Kept on purpose
+    (``helm.sh/resource-policy: keep``): the generated Secrets and the
+    router's namespace, so a reinstall keeps the Redis password and the
+    extender's key (docs/install.md)."""
+    helm(cluster, ["uninstall", release, "--namespace", release_namespace(values), "--wait",
+                   "--timeout", f"{timeout_s:.0f}s"], timeout_s + 30)
+    rest = JsonApi(api_client(cluster))
+    namespaces = sorted({system_namespace(values), router_namespace(values)})
 
     def pods_left() -> list[str]:
-        try:
-            items = rest.request("GET", f"/api/v1/namespaces/{ns}/pods").get("items") or []
-        except ApiError:
-            return []
-        return [str(p["metadata"]["name"]) for p in items]
+        left = []
+        for ns in namespaces:
+            try:
+                items = rest.request("GET", f"/api/v1/namespaces/{ns}/pods",
+                                     [("labelSelector", "app.kubernetes.io/part-of=toposerve")]
+                                     ).get("items") or []
+            except ApiError:
+                continue
+            left += [f"{ns}/{p['metadata']['name']}" for p in items]
+        return left
 
     deadline = time.monotonic() + timeout_s
     while (left := pods_left()) and time.monotonic() < deadline:
@@ -461,39 +489,41 @@ def uninstall(cluster: str, objects: Sequence[Mapping[str, Any]], values: Instal
     progress("uninstalled")
 
 
-def install_status(api: Any, values_namespace: str = "toposerve-system") -> dict[str, Any]:
-    """The installed components, their pods and phases, and the router's URL
-    (its pods on the real node's host network, 127.0.0.1) if it runs."""
+def install_status(api: Any, namespaces: Sequence[str] = (DEFAULT_NAMESPACE, "toposerve-router")
+                   ) -> dict[str, Any]:
+    """The installed components in ``namespaces`` (the drivers' and the
+    router's), their pods and phases, and the router's URL (its pods on the
+    real node's host network, 127.0.0.1) if it runs."""
     rest = JsonApi(api)
-    try:
-        pods = rest.request("GET", f"/api/v1/namespaces/{values_namespace}/pods",
-                            timeout=5).get("items") or []
-        workloads = [(kind, w) for kind in WORKLOADS for w in rest.request(
-            "GET", f"/apis/apps/v1/namespaces/{values_namespace}/{kind.lower()}s",
-            timeout=5).get("items") or []]
-    except ApiError as err:
-        if err.status == 404:
-            return {"namespace": values_namespace, "components": []}
-        raise
-    components = []
-    for kind, w in workloads:
-        sel = ((w.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
-        ok, count = _available({**w, "kind": kind})
-        mine = [p for p in pods if sel and all(
-            (p["metadata"].get("labels") or {}).get(k) == v for k, v in sel.items())]
-        components.append({
-            "name": w["metadata"]["name"], "kind": kind,
-            "component": (w["metadata"].get("labels") or {}).get(COMPONENT_LABEL),
-            "available": ok, "ready": count,
-            "pods": [{"name": p["metadata"]["name"],
-                      "node": (p.get("spec") or {}).get("nodeName"),
-                      "phase": (p.get("status") or {}).get("phase")} for p in mine]})
-    out: dict[str, Any] = {"namespace": values_namespace, "components": components}
-    router = next((c for c in components if c["component"] == "router"), None)
-    if router is not None:
-        port = _router_port(rest, values_namespace)
-        if port is not None:
-            out["routerURL"] = f"http://127.0.0.1:{port}"
+    components: list[dict[str, Any]] = []
+    out: dict[str, Any] = {"namespaces": list(namespaces), "components": components}
+    for ns in namespaces:
+        try:
+            pods = rest.request("GET", f"/api/v1/namespaces/{ns}/pods",
+                                timeout=5).get("items") or []
+            workloads = [(kind, w) for kind in WORKLOADS for w in rest.request(
+                "GET", f"/apis/apps/v1/namespaces/{ns}/{kind.lower()}s",
+                timeout=5).get("items") or []]
+        except ApiError as err:
+            if err.status == 404:
+                continue
+            raise
+        for kind, w in workloads:
+            sel = ((w.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+            ok, count = _available({**w, "kind": kind})
+            mine = [p for p in pods if sel and all(
+                (p["metadata"].get("labels") or {}).get(k) == v for k, v in sel.items())]
+            components.append({
+                "name": w["metadata"]["name"], "kind": kind, "namespace": ns,
+                "component": (w["metadata"].get("labels") or {}).get(COMPONENT_LABEL),
+                "available": ok, "ready": count,
+                "pods": [{"name": p["metadata"]["name"],
+                          "node": (p.get("spec") or {}).get("nodeName"),
+                          "phase": (p.get("status") or {}).get("phase")} for p in mine]})
+        if any(c["component"] == "router" and c["namespace"] == ns for c in components):
+            port = _router_port(rest, ns)
+            if port is not None:
+                out["routerURL"] = f"http://127.0.0.1:{port}"
     return out
 
 

@@ -166,10 +166,11 @@ def render_objects(values: InstallValues, only: Iterable[Component] = (),
             raise RenderError(f"two objects named {'/'.join(_key(obj))}")
         seen.add(_key(obj))
     want = set(components)
-    # the kubeconfig ConfigMaps serve every namespaced component
+    # what no one component owns (the kubeconfig ConfigMaps, the dashboards)
+    # goes with any that runs pods
+    shared = bool(want - {"secrets", "device-classes", "admission-policy"})
     keep = [o for o in objects if _component(o) in want
-            or (_component(o) == "base" and want - {"secrets", "device-classes",
-                                                     "admission-policy"})]
+            or (shared and _component(o) not in (*COMPONENTS, *PART_OF))]
     # the Secrets are applied into an install that made its namespace
     namespaces = {str(o["metadata"]["namespace"]) for o in keep if o["metadata"].get(
         "namespace") and _component(o) != "secrets"}

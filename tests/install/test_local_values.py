@@ -64,7 +64,12 @@ def test_every_pod_on_the_real_node_with_imported_images_and_the_loopback_api() 
     assert f"--plugin={DEFAULT_PLUGIN}" in init["command"]
     assert {f"--bin-dir={layout.cni_bin}", f"--conf-dir={layout.cni_conf}",
             f"--chain-into={inst.NODE_CONFLIST}"} <= set(init["command"])
-    assert v.api_server.url == "https://127.0.0.1:34567"
+    assert v.api_server is not None and v.api_server.url == "https://127.0.0.1:34567"
+    # the chart's local-cluster overlay: every pod on the node's network,
+    # which a real cluster's defaults give the NIC driver only
+    assert all(pod.get("hostNetwork") for _, pod in pods)
+    plain = _pods(render_objects(inst.InstallValues()))
+    assert [n for n, pod in plain if pod.get("hostNetwork")] == []
 
 
 def test_router_pair_and_redis_on_the_nodes_loopback() -> None:

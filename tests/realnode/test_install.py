@@ -118,7 +118,8 @@ def stack(real_node_cluster: Cluster) -> Iterator[Stack]:
     lines: list[str] = []
     try:
         installed = inst.install(real_node_cluster.name, sets=[
-            f"namespace={PREFIX}", f"namePrefix={PREFIX}", f"deviceClasses.gpu={GPU_CLASS}",
+            f"namespace={PREFIX}", f"router.namespace={PREFIX}", f"namePrefix={PREFIX}",
+            f"deviceClasses.gpu={GPU_CLASS}",
             "deviceClasses.nic=rn-install-nic.toposerve.io",
             "deviceClasses.rdmaNic=rn-install-rdma-nic.toposerve.io",
             f"router.config.discovery.kubernetes.labelSelector=app={SIM}",
@@ -144,7 +145,7 @@ def stack(real_node_cluster: Cluster) -> Iterator[Stack]:
             res.delete_namespaced_resource_claim_template(TEMPLATE, "default")
         _delete_sims(core)
         if not s.uninstalled:
-            inst.uninstall(real_node_cluster.name, installed.objects, installed.values)
+            inst.uninstall(real_node_cluster.name, installed.values)
 
 
 def _driver_pods(s: Stack) -> list[Any]:
@@ -200,12 +201,13 @@ def test_images_imported_and_never_pulled(stack: Stack) -> None:
             continue  # Redis: no token, no API
         for c in pod["containers"]:
             env = {e["name"]: e.get("value") for e in c.get("env", [])}
+            assert v.api_server is not None
             assert env["KUBERNETES_SERVICE_HOST"] == v.api_server.host == "127.0.0.1"
             assert env["KUBERNETES_SERVICE_PORT"] == str(v.api_server.port)
 
 
 def test_every_workload_available_on_the_real_node_only(stack: Stack) -> None:
-    status = inst.install_status(stack.cluster.api, PREFIX)
+    status = inst.install_status(stack.cluster.api, [PREFIX])
     kinds = {(c["kind"], c["component"]): c for c in status["components"]}
     assert set(kinds) == {("DaemonSet", "gpu-driver"), ("Deployment", "extender"),
                           ("Deployment", "scheduler"), ("Deployment", "router"),
@@ -311,7 +313,7 @@ def test_router_pair_serves_the_sim_and_the_standby_takes_over(stack: Stack) -> 
                        timeout=60)
     leader, standby = _url(by_role["leader"]), _url(by_role["standby"])
     assert leader != standby
-    assert inst.install_status(stack.cluster.api, PREFIX)["routerURL"] == leader
+    assert inst.install_status(stack.cluster.api, [PREFIX])["routerURL"] == leader
     # both model servers, one IP and a port each, are found and healthy
     want = {f"127.0.0.1:{p}" for p in SIM_PORTS.values()}
     wait_for("both model servers healthy behind the leader",
@@ -534,10 +536,10 @@ def test_example_06_partition_on_the_real_node(stack: Stack, make_pod: PodMaker)
     _delete_and_wait_unprepared(stack, name, claim.metadata.uid)
 
 def test_uninstall_leaves_no_slices_sockets_or_cdi_specs(stack: Stack) -> None:
-    inst.uninstall(stack.cluster.name, stack.installed.objects, stack.installed.values)
+    inst.uninstall(stack.cluster.name, stack.installed.values)
     stack.uninstalled = True
     assert not _gpus(stack)
     assert not _driver_pods(stack)
     assert not _sockets()
     assert not list(CDI_ROOT.glob(f"{CDI_VENDOR}_{CDI_CLASS}-*"))
-    assert inst.install_status(stack.cluster.api, PREFIX)["components"] == []
+    assert inst.install_status(stack.cluster.api, [PREFIX])["components"] == []

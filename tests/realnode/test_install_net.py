@@ -118,7 +118,7 @@ def net_stack(real_node_cluster: Cluster) -> Iterator[NetStack]:
         yield s
     finally:
         if s is not None and not s.uninstalled:
-            inst.uninstall(real_node_cluster.name, s.installed.objects, s.installed.values)
+            inst.uninstall(real_node_cluster.name, s.installed.values)
         conflist.write_bytes(node_conflist)
         exe.write_bytes(node_exe)
         exe.chmod(0o755)
@@ -258,7 +258,7 @@ def test_example_04_gpu_and_nic_on_one_pcie_root(net_stack: NetStack, make_pod: 
 
 def test_uninstall_restores_the_nodes_cni_config(net_stack: NetStack) -> None:
     s = net_stack
-    inst.uninstall(s.cluster.name, s.installed.objects, s.installed.values)
+    inst.uninstall(s.cluster.name, s.installed.values)
     s.uninstalled = True
     assert s.conflist.read_bytes() == s.bare
     assert not s.forwarder.exists()
@@ -268,4 +268,4 @@ def test_uninstall_restores_the_nodes_cni_config(net_stack: NetStack) -> None:
     assert not _sockets()
     assert not list(STATE_DIR.glob("*.json")) and Journal(JOURNAL_DIR).entries() == []
     assert all(on_host_as_it_was(n) for n in _stand_ins())
-    assert inst.install_status(s.cluster.api, PREFIX)["components"] == []
+    assert inst.install_status(s.cluster.api, [PREFIX])["components"] == []
