@@ -310,9 +310,9 @@ class Proxy:
                                       lambda: self._sent(request, writer.drain()), seen.saw)
                 else:
                     # what is counted is what the tap sends on: an event
-                    # that never ends is scanned by the tap alone (its
-                    # counting scans were two thirds of the loop's time
-                    # under an upstream that sent one, fast and unended)
+                    # that never ends is scanned by the tap alone (counting
+                    # it too was half the router's CPU under an upstream
+                    # that sent one, fast and unended)
                     while chunk:
                         if events := await tap.feed(ep, chunk):
                             await self._sent(request, out.write(events))
