@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from toposerve.localcluster.tools import helm_path
 from toposerve.manifests.chart import HelmError, find_helm
 from toposerve.manifests.render import RenderError, render
 from toposerve.manifests.values import COMPONENTS, load_values, values_schema
@@ -21,12 +20,22 @@ from toposerve.topology.config_file import ConfigError
 def _render(args: argparse.Namespace) -> int:
     try:
         values = load_values(args.values, args.set or ())
-        text = render(values, args.component or (), find_helm(helm_path()))
+        text = render(values, args.component or (), find_helm(_built_helm()))
     except (ConfigError, RenderError, HelmError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     sys.stdout.write(text)
     return 0
+
+
+def _built_helm() -> Path | None:
+    """The helm `make setup` builds, where the local cluster's tools are part
+    of this install (a wheel without them finds helm on PATH)."""
+    try:
+        from toposerve.localcluster.tools import helm_path
+    except ImportError:
+        return None
+    return helm_path()
 
 
 def _schema(args: argparse.Namespace) -> int:

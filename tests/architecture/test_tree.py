@@ -97,6 +97,10 @@ def test_wheel_installs_one_import_name_and_the_whole_product(tmp_path: Path) ->
                for folder in installs for p in (ROOT / folder).rglob("*.py")}
     assert sources - set(names) == set()
     # the data the product reads at run time travels with it
-    assert "toposerve/manifests/templates/" in "".join(names)
+    chart = "toposerve/manifests/chart/toposerve"
+    assert {f"{chart}/{f}" for f in ("Chart.yaml", "values.yaml", "values.schema.json",
+                                     ".helmignore", "templates/_helpers.tpl",
+                                     "templates/router.yaml", "ci/local-cluster-values.yaml",
+                                     "files/dashboards/toposerve.json")} <= set(names)
     assert any(n.startswith("toposerve/topology/profiles/") and n.endswith(".yaml") for n in names)
     assert "toposerve/py.typed" in names

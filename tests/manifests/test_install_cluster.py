@@ -7,6 +7,7 @@ a pod's token carries."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
@@ -29,9 +30,12 @@ from kubernetes.dynamic import DynamicClient
 
 from harness.waiting import wait_for
 from tests.conftest import Cluster
+from toposerve.kubeapi import JsonApi
+from toposerve.localcluster import crds
 from toposerve.localcluster.clusters import kubeconfig_path
 from toposerve.localcluster.processes import end_process
 from toposerve.localcluster.tools import find_tools
+from toposerve.manifests.chart import chart_dir
 from toposerve.manifests.render import GPU_DRIVER, NET_DRIVER, Names, render_objects
 from toposerve.manifests.values import InstallValues, load_values
 
@@ -47,6 +51,7 @@ COMPONENT = "app.kubernetes.io/component"
 @dataclass
 class Install:
     values: InstallValues
+    namespace: str  # the drivers', the router's too
     objects: list[dict[str, Any]]
     names: Names
     driver_user: str
@@ -68,7 +73,8 @@ def install(cluster: Cluster) -> Iterator[Install]:
     tag = f"tsm-{uuid.uuid4().hex[:6]}"
     url = urlparse(cluster.api.configuration.host)
     values = load_values(None, [f"apiServer.host={url.hostname}", f"apiServer.port={url.port}",
-                                f"namespace={tag}", f"namePrefix={tag}",
+                                f"namespace={tag}", f"router.namespace={tag}",
+                                f"namePrefix={tag}",
                                 "admissionPolicy.includeNetDriver=true",
                                 "netDriver.enabled=true"])
     objects = render_objects(values)
@@ -88,7 +94,7 @@ def install(cluster: Cluster) -> Iterator[Install]:
         wait_for("policy enforced", lambda: _rejection(
             client.ResourceV1Api(_as(cluster, user, nodes[0])), client.ResourceV1Api(cluster.api),
             _slice(f"{tag}-probe", nodes[1])), timeout=30)
-        yield Install(values, objects, names, user, nodes[:2])
+        yield Install(values, tag, objects, names, user, nodes[:2])
     finally:
         for obj in reversed(applied):
             if obj["kind"] == "Namespace":
@@ -120,8 +126,40 @@ def test_every_object_accepted_by_server_side_dry_run(cluster: Cluster,
     apps: Any = client.AppsV1Api(cluster.api)
     with pytest.raises(ApiException) as err:
         apps.read_namespaced_daemon_set(
-            install.names.gpu_driver, install.values.namespace)
+            install.names.gpu_driver, install.namespace)
     assert err.value.status == 404
+
+
+@pytest.mark.parametrize("overlay", [None, *sorted((chart_dir() / "ci").glob("*-values.yaml"))],
+                         ids=lambda p: p.name if p else "defaults")
+def test_defaults_and_each_overlay_pass_a_strict_dry_run(cluster: Cluster,
+                                                         overlay: Path | None) -> None:
+    """What helm would create for a real cluster's defaults and for each
+    overlay the chart ships (ci/): every object accepted by a server-side
+    dry run with strict field validation, in namespaces of the test's."""
+    tag = f"tso-{uuid.uuid4().hex[:6]}"
+    values = load_values(overlay, [f"namespace={tag}", f"router.namespace={tag}-r",
+                                   f"namePrefix={tag}"])
+    objects = render_objects(values)
+    rest = JsonApi(cluster.api)
+    if any(o["apiVersion"].startswith("monitoring.coreos.com/") for o in objects):
+        crds.install_named(rest, ["service-monitor", "pod-monitor"])
+    dyn: Any = DynamicClient(cluster.api)  # type: ignore[no-untyped-call]
+    core: Any = client.CoreV1Api(cluster.api)
+    namespaces = sorted({str(o["metadata"]["namespace"]) for o in objects
+                         if o["metadata"].get("namespace")} - {"default", "kube-system"})
+    try:
+        for ns in namespaces:  # a dry run needs its namespace to exist
+            core.create_namespace({"metadata": {"name": ns}})
+        for obj in objects:
+            if obj["kind"] != "Namespace":
+                got = _apply(dyn, obj, dry_run=True)
+                assert got.metadata.name == obj["metadata"]["name"]
+    finally:
+        for ns in namespaces:
+            with contextlib.suppress(ApiException):
+                core.delete_namespace(ns)
+    assert {o["kind"] for o in objects} >= {"DaemonSet", "Deployment", "Service"}
 
 
 def test_admission_policy_expressions_type_check(cluster: Cluster, install: Install) -> None:
@@ -165,7 +203,7 @@ def _denied(call: Any, *args: Any, status: int = 403) -> str:
 
 def test_driver_writes_only_its_own_nodes_slices(cluster: Cluster, install: Install) -> None:
     own, other = install.nodes
-    tag = install.values.namespace
+    tag = install.namespace
     admin: Any = client.ResourceV1Api(cluster.api)
     driver: Any = client.ResourceV1Api(_as(cluster, install.driver_user, own))
     others_slice = f"{tag}-{other}"
@@ -244,7 +282,7 @@ def _rules(cluster: Cluster, user: str, namespace: str) -> set[tuple[str, str, s
 
 
 def test_driver_rbac_is_exactly_the_listed_rules(cluster: Cluster, install: Install) -> None:
-    ns = install.values.namespace
+    ns = install.namespace
     granted = _rules(cluster, install.driver_user, ns)
     # what any service account of the namespace may do anyway
     baseline = _rules(cluster, f"system:serviceaccount:{ns}:nobody", ns)
@@ -274,7 +312,7 @@ def test_driver_writes_claim_status_only_on_its_node(cluster: Cluster,
     `associated-node` verbs pass only for a claim allocated on the node the
     driver's token names, and only for its own driver name."""
     own, other = install.nodes
-    ns = install.values.namespace
+    ns = install.namespace
     admin: Any = client.ResourceV1Api(cluster.api)
     name = f"claim-{uuid.uuid4().hex[:6]}"
     admin.create_namespaced_resource_claim(ns, _claim(name))
@@ -328,7 +366,7 @@ def test_scheduler_config_loads_in_kube_scheduler(cluster: Cluster, install: Ins
     assert [p["schedulerName"] for p in out["profiles"]] == ["toposerve-scheduler"]
     (ext,) = out["extenders"]
     assert ext["nodeCacheCapable"] is True and ext["ignorable"] is True
-    assert ext["urlPrefix"] == "http://127.0.0.1:8888"
+    assert ext["urlPrefix"] == f"http://{install.names.extender}.{install.namespace}.svc:8888"
 
 
 def test_rbac_is_enough_for_the_real_publisher(cluster: Cluster, install: Install) -> None:
@@ -476,15 +514,15 @@ def _patcher(cluster: Cluster, install: Install, component: str,
         if (obj["kind"] in ("Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding",
                             "ServiceAccount")
                 and obj["metadata"].get("labels", {}).get(COMPONENT) == component
-                and obj["metadata"].get("namespace", install.values.namespace)
-                == install.values.namespace):
+                and obj["metadata"].get("namespace", install.namespace)
+                == install.namespace):
             _apply(dyn, obj, dry_run=False)
             if obj["kind"].startswith("Cluster"):
                 resource = dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
                 request.addfinalizer(functools.partial(dyn.delete, resource,
                                                        name=obj["metadata"]["name"]))
     name = getattr(install.names, component)
-    return client.CoreV1Api(_as(cluster, f"system:serviceaccount:{install.values.namespace}:"
+    return client.CoreV1Api(_as(cluster, f"system:serviceaccount:{install.namespace}:"
                                          f"{name}", None))
 
 
@@ -493,7 +531,7 @@ def test_router_and_extender_change_only_their_own_pod_metadata(
     """The pod-writes policy on the real apiserver, by impersonation: the
     router may set its role label on its own pods and nothing else; the
     extender its placement annotations; neither a pod's spec (its image)."""
-    ns = install.values.namespace
+    ns = install.namespace
     core: Any = client.CoreV1Api(cluster.api)
     router_labels = next(o for o in install.objects if o["kind"] == "Deployment"
                          and o["metadata"]["name"] == install.names.router

@@ -46,8 +46,10 @@ client on the mounted kubeconfig. Called with (dict "root" $ "replica" i).
 {{- end -}}
 {{- $_ := set $doc "server" $server -}}
 {{- $discovery := get $doc "discovery" | default dict -}}
-{{- if and (hasKey $discovery "kubernetes") $kubeconfig $discovery.kubernetes -}}
-{{- $_ := set $discovery.kubernetes "kubeconfig" $kubeconfig -}}
+{{- range $source := list "kubernetes" "inferencePool" -}}
+{{- if and $kubeconfig (get $discovery $source) -}}
+{{- $_ := set (get $discovery $source) "kubeconfig" $kubeconfig -}}
+{{- end -}}
 {{- end -}}
 {{- $responses := deepCopy (get $doc "responses" | default dict) -}}
 {{- $_ := set $responses "backend" "redis" -}}

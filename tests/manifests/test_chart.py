@@ -1,0 +1,156 @@
+"""The chart as an admin takes it: its version is the package's, its
+generated values.yaml and values.schema.json are the models' (regenerate with
+``python -m toposerve.manifests.chart``), ``helm lint --strict`` passes for
+the defaults and every shipped overlay, helm itself refuses values the
+models refuse, and a real cluster's defaults need no apiServer and put
+nothing but the NIC driver on the node's network."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.manifests.helpers import objects
+from toposerve.manifests.chart import chart_dir, find_helm, generated
+from toposerve.manifests.values import InstallValues, load_values
+
+pytestmark = pytest.mark.unit
+ROOT = Path(__file__).resolve().parents[2]
+OVERLAYS = sorted((chart_dir() / "ci").glob("*-values.yaml"))
+
+
+def _helm(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(find_helm()), *args], capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+def test_chart_version_is_the_package_version() -> None:
+    chart = yaml.safe_load((chart_dir() / "Chart.yaml").read_text())
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert chart["apiVersion"] == "v2"
+    assert chart["version"] == chart["appVersion"] == project["version"]
+
+
+@pytest.mark.parametrize("name", ["values.yaml", "values.schema.json"])
+def test_generated_files_are_current(name: str) -> None:
+    assert (chart_dir() / name).read_text() == generated()[name], (
+        "run: python -m toposerve.manifests.chart")
+
+
+def test_values_yaml_is_the_models_defaults() -> None:
+    """What helm reads as the defaults is what the models default to."""
+    doc = yaml.safe_load((chart_dir() / "values.yaml").read_text())
+    assert InstallValues.model_validate(doc) == InstallValues()
+
+
+@pytest.mark.parametrize("overlay", [None, *OVERLAYS], ids=lambda p: p.name if p else "defaults")
+def test_lint_strict(overlay: Path | None) -> None:
+    args = ["lint", "--strict", str(chart_dir())] + (["-f", str(overlay)] if overlay else [])
+    done = _helm(*args)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
+def test_each_overlay_is_valid_values(overlay: Path) -> None:
+    """An overlay passes the models as helm's schema check passes it."""
+    load_values(overlay)
+
+
+@pytest.mark.parametrize("bad, field", [
+    ("gpuDriver.cdiRot=/x", "cdiRot"),
+    ("extender.replicas=0", "replicas"),
+    ("image.pullPolicy=Sometimes", "pullPolicy"),
+])
+def test_helm_refuses_what_the_models_refuse(bad: str, field: str) -> None:
+    """helm install -f/--set without toposerve's CLI: values.schema.json
+    refuses the same mistakes, naming the field."""
+    done = _helm("template", "t", str(chart_dir()), "--set", bad)
+    assert done.returncode != 0 and field in done.stderr, done.stderr
+
+
+def _pod(obj: dict[str, Any]) -> dict[str, Any]:
+    pod: dict[str, Any] = obj["spec"]["template"]["spec"]
+    return pod
+
+
+def test_a_real_clusters_defaults() -> None:
+    """No apiServer: in-cluster access; the drivers, extender and scheduler
+    in the release's namespace, the router and Redis in theirs; only the
+    NIC driver on the node's network; every pod's service account token is
+    the API credential (no kubeconfig mounted)."""
+    objs = objects("netDriver.enabled=true")
+    workloads = {o["metadata"]["name"]: o for o in objs if o["kind"] in ("Deployment",
+                                                                           "DaemonSet")}
+    where = {n: (o["metadata"]["namespace"], bool(_pod(o).get("hostNetwork")))
+             for n, o in workloads.items()}
+    assert where == {
+        "toposerve-gpu-driver": ("toposerve-system", False),
+        "toposerve-net-driver": ("toposerve-system", True),
+        "toposerve-extender": ("toposerve-system", False),
+        "toposerve-scheduler": ("toposerve-system", False),
+        "toposerve-router": ("toposerve-router", False),
+        "toposerve-router-redis": ("toposerve-router", False)}
+    for name, o in workloads.items():
+        for c in _pod(o)["containers"]:
+            assert not [e for e in c.get("env", []) if e["name"].startswith("KUBERNETES_")], name
+            assert not [m for m in c.get("volumeMounts", []) if m["name"] == "kubeconfig"], name
+    ns = {o["metadata"]["name"]: o for o in objs if o["kind"] == "Namespace"}
+    assert ns["toposerve-router"]["metadata"]["labels"][
+        "pod-security.kubernetes.io/enforce"] == "restricted"
+    assert {o["kind"] for o in objs if o["metadata"].get("namespace") == "toposerve-router"
+            } >= {"Service", "PodDisruptionBudget", "NetworkPolicy", "Deployment"}
+
+
+def test_restricted_pods_in_the_routers_namespace() -> None:
+    """What pod security's restricted level asks of every container there."""
+    for o in objects(only=["router"]):
+        if o["kind"] != "Deployment":
+            continue
+        pod = _pod(o)
+        for c in pod["containers"]:
+            sc = {**pod.get("securityContext", {}), **c.get("securityContext", {})}
+            assert sc["runAsNonRoot"] and sc["allowPrivilegeEscalation"] is False
+            assert sc["capabilities"]["drop"] == ["ALL"]
+            assert sc["seccompProfile"] == {"type": "RuntimeDefault"}, o["metadata"]["name"]
+
+
+def test_the_values_file_and_set_reach_helm_as_given(tmp_path: Path) -> None:
+    """toposerve manifests render passes helm only what was given; the
+    rest is the chart's values.yaml (the same defaults): same objects as a
+    plain helm template with the same -f."""
+    f = tmp_path / "v.yaml"
+    f.write_text("apiVersion: toposerve.io/v1\nkind: InstallValues\nlogLevel: debug\n"
+                 "router: {replicas: 3}\n")
+    done = _helm("template", "toposerve", str(chart_dir()), "-n", "toposerve-system",
+                 "-f", str(f), "--kube-version", "v1.37.2")
+    assert done.returncode == 0, done.stderr
+    plain = [d for d in yaml.safe_load_all(done.stdout) if d]
+    ours = [o for o in objects("logLevel=debug", "router.replicas=3") if o["kind"] != "Namespace"
+            or o["metadata"]["name"] != "toposerve-system"]
+    generated_secret = {"toposerve-router-redis-auth", "toposerve-extender-key"}
+
+    def key(o: dict[str, Any]) -> str:
+        return json.dumps([o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]])
+
+    assert {key(o) for o in plain if o["metadata"]["name"] not in generated_secret} == {
+        key(o) for o in ours}
+
+
+def test_inference_pool_discovery_gets_its_rbac() -> None:
+    """A router reading an InferencePool may read that pool, by name, and
+    list the pods in its namespace: nothing else of the extension's."""
+    objs = objects("router.config.discovery={kubernetes: null, "
+                   "inferencePool: {name: llama, namespace: llm}}", only=["router"])
+    (role,) = [o for o in objs if o["kind"] == "Role"
+               and o["metadata"]["name"] == "toposerve-router-model-pods"]
+    assert role["metadata"]["namespace"] == "llm"
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
+        {"apiGroups": ["inference.networking.k8s.io"], "resources": ["inferencepools"],
+         "resourceNames": ["llama"], "verbs": ["get", "list", "watch"]}]
