@@ -21,7 +21,7 @@ from harness.waiting import wait_for
 from tests.conftest import Cluster
 from toposerve.kubeapi import JsonApi
 from toposerve.localcluster.pods import model_pod
-from toposerve.manifests.render import Names, render_objects
+from toposerve.manifests.render import Names, render_objects, router_namespace
 from toposerve.manifests.values import InstallValues, load_values
 from toposerve.router.config import LeaseConfig
 from toposerve.router.ha.elector import Elector
@@ -48,7 +48,8 @@ def install(cluster: Cluster) -> Iterator[tuple[InstallValues, list[dict[str, An
     models = ("{apiVersion: toposerve.io/v1, kind: RouterConfig, discovery: {kubernetes: "
               f"{{namespace: {tag}, labelSelector: app=vllm}}}}}}")
     values = load_values(None, [f"apiServer.host={url.hostname}", f"apiServer.port={url.port}",
-                                f"namespace={tag}", f"namePrefix={tag}",
+                                f"namespace={tag}", f"router.namespace={tag}",
+                                f"namePrefix={tag}",
                                 f"router.config={models}"])
     objects = render_objects(values, ["router"])
     dyn: Any = DynamicClient(cluster.api)  # type: ignore[no-untyped-call]
@@ -112,7 +113,7 @@ def test_router_objects_pass_a_strict_dry_run(
 def test_router_rbac_is_enough_and_no_more(
         cluster: Cluster, install: tuple[InstallValues, list[dict[str, Any]]]) -> None:
     values, _ = install
-    ns, names = values.namespace, Names.of(values.name_prefix)
+    ns, names = router_namespace(values), Names.of(values.name_prefix)
     me = _as(cluster, f"system:serviceaccount:{ns}:{names.router}")
     # the election: create, then renew, the Lease the config names
     lease = LeaseConfig(name=names.router, namespace=ns, identity="replica-0")
