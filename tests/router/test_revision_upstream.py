@@ -26,7 +26,8 @@ def test_a_disaggregated_set_revision_spans_its_roles() -> None:
     assert all({DS_REVISION, LWS_REVISION, "controller-revision-hash"} <= ls.keys()
                for ls in labels)
     assert {revision_of(ls) for ls in labels} == {"7f9b8c1d"}
-    assert sorted(pod_view(p, DISCOVERY, label_target(DISCOVERY)).role or "" for p in pods) == ["decode", "prefill"]
+    roles = sorted(pod_view(p, DISCOVERY, label_target(DISCOVERY)).role or "" for p in pods)
+    assert roles == ["decode", "prefill"]
 
 
 @pytest.mark.unit
