@@ -95,13 +95,17 @@ def template(values: InstallValues, helm: Path, namespace: str | None = None,
         except OSError as err:
             raise HelmError(f"{helm}: cannot run: {err.strerror}") from None
     if done.returncode != 0:
-        lines = [ln for ln in done.stderr.strip().splitlines() if ln.strip()]
-        # helm ends with a hint ("Use --debug ..."); its error (a template's
-        # `fail` message too) is the line it starts with "Error:"
-        errors = [ln.removeprefix("Error: ") for ln in lines if ln.startswith("Error: ")]
-        line = (errors or lines or ["(no output)"])[-1]
-        raise HelmError(f"helm template failed: {line[:400]}")
+        raise HelmError(f"helm template failed: {helm_error(done.stderr)}")
     return done.stdout
+
+
+def helm_error(stderr: str) -> str:
+    """helm's one line of what failed: it ends with a hint ("Use --debug
+    ..."); its error (a template's `fail` message too) is the line it starts
+    with "Error:"."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    errors = [ln.removeprefix("Error: ") for ln in lines if ln.startswith("Error: ")]
+    return (errors or lines or ["(no output)"])[-1][:400]
 
 
 # --- values.yaml and values.schema.json, generated from the models ---
