@@ -160,12 +160,14 @@ def register(sub: Any) -> None:
     s.add_argument("--crd", action="append", metavar="NAME",
                    help="install a CRD another project defines, from its Go module at a pinned "
                         "version (repeatable): inference-pool (the Gateway API Inference "
-                        "Extension's InferencePool v1)")
+                        "Extension's InferencePool v1), service-monitor, pod-monitor (the "
+                        "Prometheus operator's, for the chart's monitoring values)")
     s.add_argument("--real-node", action="store_true",
                    help="also run one real kubelet node (containerd + runc; root, one per machine)")
     s.add_argument("--install", action="store_true",
-                   help="with --real-node: install toposerve from its manifests on the real "
-                        "node (the images of `make image` imported, never pulled)")
+                   help="with --real-node: install toposerve's Helm chart on the real node "
+                        "as a release, with its local-cluster overlay (the images of `make "
+                        "image` imported, never pulled)")
     s.add_argument("-f", "--values", help="with --install: an InstallValues file over the "
                                           "local cluster's values")
     s.add_argument("--set", action="append", metavar="KEY=VALUE",
