@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
@@ -117,7 +118,12 @@ def _flow(value: Any) -> str:
 
 
 def _comment(text: str, indent: str) -> list[str]:
-    return [f"{indent}# {line}".rstrip() for line in text.splitlines()]
+    """``text`` as comment lines of at most 100 columns (a long URL or path
+    may run over, unbroken)."""
+    width = max(40, 100 - len(indent) - 2)
+    return [f"{indent}# {line}".rstrip() for para in text.splitlines()
+            for line in textwrap.wrap(para, width, break_long_words=False,
+                                      break_on_hyphens=False) or [""]]
 
 
 def _lines(model: type[BaseModel], values: Mapping[str, Any], path: tuple[str, ...],
@@ -131,7 +137,10 @@ def _lines(model: type[BaseModel], values: Mapping[str, Any], path: tuple[str, .
             out += _comment(field.description, indent)
         sub, here = _section(field.annotation), (*path, key)
         if here in CONFIG_DEFAULTS:
-            out.append(f"{indent}{key}: {_flow(CONFIG_DEFAULTS[here])}")
+            block = yaml.safe_dump(CONFIG_DEFAULTS[here], default_flow_style=False,
+                                   sort_keys=False, width=100 - len(indent))
+            out.append(f"{indent}{key}:")
+            out += [f"{indent}  {line}" for line in block.splitlines()]
         elif sub is not None and isinstance(value, Mapping):
             doc = (sub.__doc__ or "").strip()
             if doc and not field.description:
