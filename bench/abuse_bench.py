@@ -551,9 +551,11 @@ def at_limit_bodies(procs: Procs, deadline: float) -> dict[str, Any]:
     shapes = encoded(SERVER)
     ms: dict[str, float] = {}
     counts: dict[int, int] = {}
+    # each shape its share of the time, however long the one before ran over
+    span = (deadline - time.monotonic()) / len(shapes)
     with peak_rss(router) as rss, health_latency(router.url) as health:
-        for i, (name, (path, body)) in enumerate(shapes.items()):
-            until = time.monotonic() + (deadline - time.monotonic()) / (len(shapes) - i)
+        for name, (path, body) in shapes.items():
+            until = time.monotonic() + span
             before = sum(cpu.cpu_times()[:2])
 
             def ask(_: int, p: str = path, b: bytes = body
@@ -561,7 +563,8 @@ def at_limit_bodies(procs: Procs, deadline: float) -> dict[str, Any]:
                 return p, b, {}
 
             sent, got = asyncio.run(_blast(router.url, ask, 10**9, until, concurrency=4))
-            ms[name] = 1000 * (sum(cpu.cpu_times()[:2]) - before) / max(sent, 1)
+            ms[name] = (1000 * (sum(cpu.cpu_times()[:2]) - before) / sent if sent
+                        else float("nan"))  # none sent: not measured, not within
             for status, n in got.items():
                 counts[status] = counts.get(status, 0) + n
     router.stop()
@@ -569,8 +572,8 @@ def at_limit_bodies(procs: Procs, deadline: float) -> dict[str, Any]:
     row = _attack_row(f"valid bodies as wide as served, {len(shapes)} shapes, 4 at a time",
                       rss, health, statuses=counts, cpu_ms=ms)
     # every body served: a refused one would cost less than one read through
-    row["within_budget"] = (row["within_budget"] and max(ms.values()) < LOOP_BOUND_MS
-                            and set(counts) == {200})
+    row["within_budget"] = (row["within_budget"] and set(counts) == {200}
+                            and all(v < LOOP_BOUND_MS for v in ms.values()))
     row["budget"] += f", router CPU < {LOOP_BOUND_MS:g} ms a body, all 200"
     return row
 
