@@ -30,6 +30,11 @@ AbsPath = Annotated[str, Field(pattern=r"^/\S*$")]
 Label = Annotated[str, Field(pattern=DNS_LABEL, max_length=63)]
 Repository = Annotated[str, Field(min_length=1, pattern=r"^\S+$")]
 Tag = Annotated[str, Field(pattern=r"^\w[\w.-]{0,127}$")]
+# Kubernetes label keys and values
+LabelKey = Annotated[str, Field(pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*"
+                                        r"[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}"
+                                        r"[A-Za-z0-9])?$")]
+LabelValue = Annotated[str, Field(pattern=r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")]
 Component = Literal["gpu-driver", "net-driver",
                     "admission-policy", "device-classes", "extender", "scheduler",
                     "router", "secrets"]
@@ -375,6 +380,42 @@ class RouterKeys(Section):
                                                                 "`<namePrefix>-router-keys`")
 
 
+class RouterInferencePool(Section):
+    """An `InferencePool` (`inference.networking.k8s.io/v1`) for the router
+    in `endpoint-picker` mode (docs/gateway.md): rendered in the router's
+    namespace (its `endpointPickerRef` names a Service of its own namespace,
+    the router's), pointing at the router's Service and gRPC port; the
+    router's discovery is then that pool (it replaces `config.discovery`).
+    The cluster needs the extension's CRD."""
+
+    create: bool = Field(default=False, description="render the InferencePool")
+    name: Label | None = Field(default=None, description="its name; default "
+                                                         "`<namePrefix>-pool`")
+    selector: dict[LabelKey, LabelValue] = Field(
+        default_factory=dict, max_length=64, description="labels of the model servers' pods "
+                                          "(`spec.selector.matchLabels`), in the router's "
+                                          "namespace")
+    target_ports: list[Annotated[int, Field(ge=1, le=65535)]] = Field(
+        default_factory=lambda: [8000], min_length=1, max_length=8,
+        description="the ports each pod serves on, each an endpoint of its own")
+    app_protocol: Literal["http", "kubernetes.io/h2c"] | None = Field(
+        default=None, description="how the gateway speaks to the model servers; none: the "
+                                   "CRD's default (HTTP/1.1)")
+    failure_mode: Literal["FailOpen", "FailClose"] = Field(
+        default="FailClose",
+        description="what the gateway does while the picker cannot answer: FailClose refuses "
+                    "the request, FailOpen sends it on with the gateway's own balancing")
+
+    @model_validator(mode="after")
+    def _complete(self) -> RouterInferencePool:
+        if self.create and not self.selector:
+            raise ValueError("selector: give the labels of the model servers' pods, e.g. "
+                             "{app: vllm-llama}")
+        if len(set(self.target_ports)) != len(self.target_ports):
+            raise ValueError(f"targetPorts {self.target_ports}: a port appears twice")
+        return self
+
+
 # the model servers an install routes to unless told otherwise
 ROUTER_CONFIG: dict[str, Any] = {
     "apiVersion": API_VERSION, "kind": "RouterConfig",
@@ -390,7 +431,8 @@ class Router(Placement):
     Deployment (the replicas elect a leader on a Lease; the leader labels
     its pod `toposerve.io/router-role: leader`, which the Service selects),
     its Service, ConfigMap, RBAC, PodDisruptionBudget, the API-key Secret and
-    Redis."""
+    Redis. In `endpoint-picker` mode the same pair answers a Gateway's
+    external-processing calls instead (docs/gateway.md)."""
 
     enabled: bool = Field(default=True, description="render this component")
     namespace: Label | None = Field(
@@ -400,8 +442,22 @@ class Router(Placement):
     create_namespace: bool = Field(
         default=True, description="render that namespace (with the `restricted` pod security "
                                   "level); false: it exists already")
+    mode: Literal["standalone", "endpoint-picker"] = Field(
+        default="standalone",
+        description="standalone: the router serves the OpenAI API and relays to the model "
+                    "servers; endpoint-picker: it is a Gateway's endpoint picker "
+                    "(`toposerve router --mode endpoint-picker`), the Service exposing its "
+                    "gRPC port (docs/gateway.md)")
     replicas: int = Field(default=2, ge=1, description="router pods (one leads; 1: no standby)")
-    port: int = Field(default=8080, ge=1, le=65535, description="HTTP port (pod and Service)")
+    port: int = Field(default=8080, ge=1, le=65535,
+                      description="HTTP port (pod and Service); in endpoint-picker mode it "
+                                  "serves only /health, /ready and /metrics")
+    picker_port: int = Field(
+        default=9002, ge=1, le=65535,
+        description="endpoint-picker mode: the gRPC (ext_proc) port of the pod and the "
+                    "Service, `endpointPicker.port` of its config (9002: where gateways "
+                    "expect a picker)")
+    inference_pool: RouterInferencePool = Field(default_factory=RouterInferencePool)
     shutdown_delay_seconds: float = Field(
         default=5.0, ge=0, description="after SIGTERM a pod serves on this long, unready and "
                                        "without the Lease, while Services stop sending to it")
@@ -423,6 +479,28 @@ class Router(Placement):
     _config_over_default = _over(ROUTER_CONFIG)
 
     @model_validator(mode="after")
+    def _picker(self) -> Router:
+        pool = self.inference_pool
+        if pool.create and self.mode != "endpoint-picker":
+            raise ValueError("inferencePool.create: the pool's endpointPickerRef is the "
+                             "router's gRPC port, served in mode endpoint-picker only: set "
+                             "router.mode: endpoint-picker")
+        if pool.create and (self.config.discovery.static or self.config.discovery.inference_pool):
+            raise ValueError("inferencePool.create: the router then reads the pool it "
+                             "creates; leave config.discovery.static and "
+                             "config.discovery.inferencePool out")
+        if self.mode == "endpoint-picker":
+            # on the node's network replica i listens on port + i and picker_port + i
+            span = self.replicas if self.host_network else 1
+            if abs(self.picker_port - self.port) < span:
+                raise ValueError(f"pickerPort {self.picker_port} and port {self.port}: the "
+                                 "pod listens on both" + (f", each replica on the next "
+                                                          f"({span} replicas)"
+                                                          if span > 1 else "")
+                                 + "; give ports further apart")
+        return self
+
+    @model_validator(mode="after")
     def _host_network_redis(self) -> Router:
         if self.host_network and self.redis.tls_secret and self.redis.url is None:
             raise ValueError("redis.tlsSecret names the Redis Service, which hostNetwork "
@@ -430,11 +508,7 @@ class Router(Placement):
         return self
 
 
-# Kubernetes label keys and values, and a Prometheus duration (30s, 1m30s)
-LabelKey = Annotated[str, Field(pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*"
-                                        r"[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}"
-                                        r"[A-Za-z0-9])?$")]
-LabelValue = Annotated[str, Field(pattern=r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")]
+# a Prometheus duration (30s, 1m30s)
 PromDuration = Annotated[str, Field(min_length=1, pattern=r"^(0|([0-9]+y)?([0-9]+w)?([0-9]+d)?"
                                                           r"([0-9]+h)?([0-9]+m)?([0-9]+s)?"
                                                           r"([0-9]+ms)?)$")]

@@ -144,6 +144,8 @@ def test_defaults_and_each_overlay_pass_a_strict_dry_run(cluster: Cluster,
     rest = JsonApi(cluster.api)
     if any(o["apiVersion"].startswith("monitoring.coreos.com/") for o in objects):
         crds.install_named(rest, ["service-monitor", "pod-monitor"])
+    if any(o["apiVersion"].startswith("inference.networking.k8s.io/") for o in objects):
+        crds.install_named(rest, ["inference-pool"])
     dyn: Any = DynamicClient(cluster.api)  # type: ignore[no-untyped-call]
     core: Any = client.CoreV1Api(cluster.api)
     namespaces = sorted({str(o["metadata"]["namespace"]) for o in objects

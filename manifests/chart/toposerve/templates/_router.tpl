@@ -21,6 +21,22 @@ redisUrl: {{ $url | quote }}
 passwordSecret: {{ $r.redis.passwordSecret | default (include "toposerve.name" (dict "root" . "suffix" "router-redis-auth")) | quote }}
 {{- end }}
 keysSecret: {{ $r.apiKeys.secretName | default (include "toposerve.name" (dict "root" . "suffix" "router-keys")) | quote }}
+picker: {{ eq $r.mode "endpoint-picker" }}
+{{- if $r.inferencePool.create }}
+poolName: {{ $r.inferencePool.name | default (include "toposerve.name" (dict "root" . "suffix" "pool")) | quote }}
+{{- end }}
+{{- end -}}
+
+{{- /* Where the router finds the model servers: the config's discovery, or
+the InferencePool the install creates (the pool names the endpoints alone).
+Called with the root context; returns YAML. */ -}}
+{{- define "toposerve.router.discovery" -}}
+{{- $f := include "toposerve.router.facts" . | fromYaml -}}
+{{- if .Values.router.inferencePool.create -}}
+{{- toYaml (dict "inferencePool" (dict "name" $f.poolName "namespace" $f.namespace)) -}}
+{{- else -}}
+{{- toYaml ((.Values.router.config | default dict).discovery | default dict) -}}
+{{- end -}}
 {{- end -}}
 
 {{- /*
@@ -28,7 +44,9 @@ The router's configuration as a pod gets it: listening on every address at
 the values' port (on the host network: on 127.0.0.1, replica i at port + i),
 a hot-standby pair on a Lease named like the Deployment, the Responses store
 in the install's Redis, keys from their Secret, and (with apiServer) every
-client on the mounted kubeconfig. Called with (dict "root" $ "replica" i).
+client on the mounted kubeconfig; in endpoint-picker mode its gRPC server on
+the same address at pickerPort (+ i), and discovery from the pool it
+creates, if it does. Called with (dict "root" $ "replica" i).
 */ -}}
 {{- define "toposerve.router.config" -}}
 {{- $ := .root -}}
@@ -45,6 +63,14 @@ client on the mounted kubeconfig. Called with (dict "root" $ "replica" i).
 {{- $_ := set $server "port" $r.port -}}
 {{- end -}}
 {{- $_ := set $doc "server" $server -}}
+{{- if $f.picker -}}
+{{- /* the gRPC server a gateway dials, where the HTTP probes listen */ -}}
+{{- $picker := deepCopy (get $doc "endpointPicker" | default dict) -}}
+{{- $_ := set $picker "host" (get $server "host") -}}
+{{- $_ := set $picker "port" (ternary (add $r.pickerPort .replica) $r.pickerPort $r.hostNetwork) -}}
+{{- $_ := set $doc "endpointPicker" $picker -}}
+{{- end -}}
+{{- $_ := set $doc "discovery" (include "toposerve.router.discovery" $ | fromYaml) -}}
 {{- $discovery := get $doc "discovery" | default dict -}}
 {{- range $source := list "kubernetes" "inferencePool" -}}
 {{- if and $kubeconfig (get $discovery $source) -}}
