@@ -17,6 +17,7 @@ from pydantic.alias_generators import to_camel
 
 from toposerve.dra_driver.net.handoff import DEFAULT_PLUGIN
 from toposerve.router.config import RouterConfig
+from toposerve.router.epp.fit import unfit
 from toposerve.scheduler_ext.config import ExtenderConfig
 from toposerve.topology.config_file import API_VERSION, ConfigError, parse_document, read_document
 
@@ -489,6 +490,8 @@ class Router(Placement):
             raise ValueError("inferencePool.create: the router then reads the pool it "
                              "creates; leave config.discovery.static and "
                              "config.discovery.inferencePool out")
+        if self.mode == "endpoint-picker" and (why := unfit(self.config)):
+            raise ValueError(f"config.{why}")  # what the pod would refuse at start
         if self.mode == "endpoint-picker":
             # on the node's network replica i listens on port + i and picker_port + i
             span = self.replicas if self.host_network else 1

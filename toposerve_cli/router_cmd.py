@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from toposerve.kubeapi import connect
 from toposerve.listen import listen
 from toposerve.router.config import RouterConfig, load_router_config, quick_config
+from toposerve.router.epp.fit import unfit
 from toposerve.router.scheduling.registry import PluginError
 from toposerve.topology.config_file import ConfigError, explain
 from toposerve.wire.chat_template import ChatTemplateError
@@ -64,7 +65,7 @@ def _run(args: argparse.Namespace) -> int:
         from toposerve.router.epp import server as epp
     try:
         cfg = _load(args)
-        if picker and (why := epp.unfit(cfg)):
+        if picker and (why := unfit(cfg)):
             raise ConfigError(f"{args.config or 'toposerve router'}: {why}")
         Router(cfg)  # builds the profile: unknown plugins fail here, before binding
     except ConfigError as err:  # names its file itself

@@ -8,10 +8,8 @@ probes and metrics the standalone router serves."""
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import socket
 from typing import Any
-from urllib.parse import urlsplit
 
 import grpc
 import structlog
@@ -112,20 +110,3 @@ def serve(cfg: RouterConfig, sock: socket.socket) -> None:
     run_app(build_app(cfg), error_factory=error_response, sock=sock, access_log=None,
             shutdown_timeout=cfg.server.drain_timeout_s)
 
-
-def unfit(cfg: RouterConfig) -> str | None:
-    """What in ``cfg`` the picker cannot serve, for a person; None: all.
-    A proxy connects to the address the picker names, so a static endpoint
-    is named by IP; a split request takes two upstream calls the proxy
-    would not make."""
-    if cfg.disaggregation.enabled:
-        return ("disaggregation.enabled: the endpoint picker does not split requests yet; "
-                "run the router standalone for prefill/decode disaggregation")
-    for i, ep in enumerate(cfg.discovery.static):
-        host = urlsplit(ep.url).hostname or ""
-        try:
-            ipaddress.ip_address(host)
-        except ValueError:
-            return (f"discovery.static[{i}].url: {ep.url} names a host; the endpoint picker "
-                    "names endpoints by IP:PORT for the proxy to connect to: give its IP")
-    return None

@@ -33,7 +33,7 @@ from toposerve.manifests.chart import chart_dir, find_helm
 from toposerve.manifests.render import render_objects
 from toposerve.manifests.values import load_values
 from toposerve.router.config import RouterConfig
-from toposerve.router.epp.server import unfit
+from toposerve.router.epp.fit import unfit
 from toposerve.topology.config_file import ConfigError
 
 OVERLAY = chart_dir() / "ci" / "endpoint-picker-values.yaml"
@@ -200,6 +200,12 @@ def test_standalone_renders_none_of_it() -> None:
     (["router.mode=endpoint-picker", "router.pickerPort=8080"], "give ports further apart"),
     (["router.mode=endpoint-picker", "router.hostNetwork=true", "router.pickerPort=8081",
       "apiServer.host=127.0.0.1"], "each replica on the next"),
+    # what the picker would refuse at start, refused before a pod runs
+    (["router.mode=endpoint-picker", "router.config.disaggregation.enabled=true"],
+     "config.disaggregation.enabled: the endpoint picker does not split requests"),
+    (["router.mode=endpoint-picker",
+      "router.config.discovery={kubernetes: null, static: [{url: 'http://vllm-0:8000'}]}"],
+     "config.discovery.static[0].url: http://vllm-0:8000 names a host"),
 ])
 def test_values_that_cannot_work_are_one_line(sets: list[str], says: str) -> None:
     with pytest.raises(ConfigError) as err:

@@ -12,7 +12,7 @@ from google.protobuf import struct_pb2
 
 from toposerve.router.config import RouterConfig
 from toposerve.router.epp import protocol
-from toposerve.router.epp.server import unfit
+from toposerve.router.epp.fit import unfit
 
 pytestmark = pytest.mark.unit
 
