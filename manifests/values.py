@@ -138,6 +138,16 @@ class Resources(Section):
     limits: dict[str, str] = Field(default_factory=dict, description="e.g. {memory: 256Mi}")
 
 
+def sized(cpu: str, memory: str, memory_limit: str | None = None) -> Any:
+    """A component's default resources: requests a scheduler can place it by
+    (a starting point for a small cluster; raise them with load) and, where
+    a runaway would hurt its node, a memory limit."""
+    return Field(default_factory=lambda: Resources(
+        requests={"cpu": cpu, "memory": memory},
+        limits={"memory": memory_limit} if memory_limit else {}),
+        description="requests and limits of the main container")
+
+
 class Placement(Section):
     """Where a component's pods run and what they may use."""
 
@@ -153,6 +163,7 @@ class PluginDriver(Placement):
     """What every DRA driver's DaemonSet is rendered from."""
 
     enabled: bool = Field(default=True, description="render this component")
+    resources: Resources = sized("50m", "64Mi", "512Mi")
     kubelet_dir: AbsPath = Field(default="/var/lib/kubelet",
                                  description="the kubelet's root: its `plugins_registry` and "
                                              "`plugins` folders are mounted from here")
@@ -169,8 +180,9 @@ class PluginDriver(Placement):
                                      description="keeps the driver on a node under pressure")
     http_port: int = Field(
         default=0, ge=0, le=65535,
-        description="/metrics and /healthz on 127.0.0.1 of the node; 0: a free port, so the "
-                    "old and new pod of a rolling update can overlap. A fixed port makes the "
+        description="/metrics and /healthz: a fixed port is the pod's `metrics` port (what a "
+                    "PodMonitor scrapes); 0: a free port (in the driver's log). On the node's "
+                    "network they listen on its 127.0.0.1 only, and a fixed port makes the "
                     "update replace pods one at a time, old first (no overlap)")
     extra_args: list[str] = Field(default_factory=list,
                                   description="more flags for the driver's command")
@@ -291,6 +303,7 @@ class Extender(Placement):
     RBAC and its `ExtenderConfig`."""
 
     enabled: bool = Field(default=True, description="render this component")
+    resources: Resources = sized("50m", "128Mi", "1Gi")
     replicas: int = Field(default=1, ge=1, description="extender pods")
     port: int = Field(default=8888, ge=1, le=65535,
                       description="HTTP port (pod and Service) the scheduler calls")
@@ -317,6 +330,7 @@ class Scheduler(Placement):
     it with `spec.schedulerName`."""
 
     enabled: bool = Field(default=True, description="render this component")
+    resources: Resources = sized("50m", "64Mi")
     scheduler_name: Label = Field(default="toposerve-scheduler",
                                   description="the `spec.schedulerName` workloads select")
     image: SchedulerImage = Field(default_factory=SchedulerImage,
@@ -353,6 +367,7 @@ class RouterRedis(Placement):
     nothing until it is back (each routes on alone)."""
 
     enabled: bool = Field(default=True, description="render it; false: give `url`")
+    resources: Resources = sized("50m", "64Mi")
     url: str | None = Field(default=None, pattern=r"^rediss?://\S+$",
                             description="an existing Redis instead, redis://HOST:PORT/DB")
     image: RedisImage = Field(default_factory=RedisImage)
@@ -436,6 +451,7 @@ class Router(Placement):
     external-processing calls instead (docs/gateway.md)."""
 
     enabled: bool = Field(default=True, description="render this component")
+    resources: Resources = sized("250m", "256Mi", "2Gi")
     namespace: Label | None = Field(
         default="toposerve-router",
         description="namespace of the router and its Redis: apart from the drivers' root pods "
