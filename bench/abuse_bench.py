@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
 import multiprocessing
 import socket
@@ -47,7 +48,10 @@ from harness.procs import MODEL, Proc, Procs
 from toposerve.localcluster.ports import free_port
 from toposerve.localcluster.results import table, write
 from toposerve.router.admission.flow_control import MAX_CLIENT_ID_BYTES
-from toposerve.router.config import ServerConfig
+from toposerve.router.config import RouterConfig, ServerConfig
+from toposerve.router.epp.reading import ROUTES
+from toposerve.router.http.app import GC_THRESHOLDS, Router
+from toposerve.router.pool.static import load_static
 from toposerve.scheduler_ext.config import ExtenderConfig
 from toposerve.scheduler_ext.server import Extender
 
@@ -543,6 +547,41 @@ def _always(path: str, body: bytes
     return lambda _: (path, body, {})
 
 
+def loop_time(shapes: dict[str, tuple[str, bytes]], runs: int = 7) -> dict[str, float]:
+    """What reading each body costs the event loop, in this process: the
+    router's own handlers read it (``Handlers.read_json``, with a real body
+    worker) and its prompt is made as the endpoint picker makes it; the
+    loop's thread time (the worker's not), median of ``runs``, under the
+    router's collector thresholds."""
+    cfg = RouterConfig.model_validate({
+        "apiVersion": "toposerve.io/v1", "kind": "RouterConfig",
+        "discovery": {"static": [{"url": "http://127.0.0.1:9"}]}})
+    router = Router(cfg)
+    load_static(router.state.pool, cfg.discovery.static)  # a model server not yet asked
+    out: dict[str, float] = {}
+
+    async def go() -> None:
+        try:
+            for name, (path, body) in shapes.items():
+                route, took = ROUTES[path], []
+                for _ in range(runs):
+                    t0 = time.thread_time()
+                    doc = (await router.handlers.read_json(body, route.model, "default"))[1]
+                    route.prompt_of(doc)
+                    took.append(time.thread_time() - t0)
+                out[name] = 1000 * statistics.median(took)
+        finally:
+            await router.handlers.bodies.close()
+
+    thresholds = gc.get_threshold()
+    gc.set_threshold(*GC_THRESHOLDS)
+    try:
+        asyncio.run(go())
+    finally:
+        gc.set_threshold(*thresholds)
+    return out
+
+
 def at_limit_bodies(procs: Procs, deadline: float) -> dict[str, Any]:
     """Valid bodies as wide as the router serves, of each shape
     (harness.bodies), four clients sending one shape after another until
@@ -575,12 +614,14 @@ def at_limit_bodies(procs: Procs, deadline: float) -> dict[str, Any]:
                 counts[status] = counts.get(status, 0) + n
     router.stop()
     up.close()
+    loop = loop_time(shapes)
     row = _attack_row(f"valid bodies as wide as served, {len(shapes)} shapes, 4 at a time",
-                      rss, health, statuses=counts, cpu_ms=ms)
+                      rss, health, statuses=counts, cpu_ms=ms, loop_ms=loop)
     # every body served: a refused one would cost less than one read through
     row["within_budget"] = (row["within_budget"] and set(counts) == {200}
-                            and all(v < LOOP_BOUND_MS for v in ms.values()))
-    row["budget"] += f", router CPU < {LOOP_BOUND_MS:g} ms a body, all 200"
+                            and all(v < LOOP_BOUND_MS for v in [*ms.values(), *loop.values()]))
+    row["budget"] += (f", router CPU and loop time < {LOOP_BOUND_MS:g} ms a body, "
+                      "all 200")
     return row
 
 
@@ -615,6 +656,8 @@ def measured(r: dict[str, Any]) -> str:
         if "cpu_ms" in r:
             text += "; router CPU a body: " + ", ".join(
                 f"{name} {ms:.1f} ms" for name, ms in r["cpu_ms"].items())
+            text += "; the loop's time to read one and make its prompt: " + ", ".join(
+                f"{ms:.1f}" for ms in r["loop_ms"].values()) + " ms"
         return text
     if "normal_p99_ms" in r:
         return (f"normal p50 {r['normal_p50_ms']:.1f} / p99 {r['normal_p99_ms']:.1f} ms; "
