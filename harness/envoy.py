@@ -8,6 +8,7 @@ configuration."""
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Callable
 from importlib.metadata import distribution
 from pathlib import Path
 from typing import Any
@@ -66,28 +67,68 @@ def gateway_config(port: int, admin_port: int, picker_port: int,
         request_rules=[{"header": SUBSET_HEADER, "remove": True, "on_header_present": {
             "metadata_namespace": "envoy.lb.subset_hint",
             "key": "x-gateway-destination-endpoint-subset", "type": "STRING"}}])
+    routes = [
+        # the picker clears the route cache: the route is chosen again with its header
+        {"match": {"prefix": "/", "headers": [{"name": DESTINATION, "present_match": True}]},
+         "route": {"cluster": "pool", "timeout": "600s"}},
+        {"match": {"prefix": "/"}, **(
+            {"route": {"cluster": "fallback", "timeout": "600s"}} if fallback else
+            {"direct_response": {"status": 503, "body": {
+                "inline_string": "no endpoint picked"}}})}]
+    filters = [
+        {"name": "envoy.filters.http.header_mutation", "typed_config": _typed(
+            "envoy.extensions.filters.http.header_mutation.v3.HeaderMutation",
+            mutations={"request_mutations": [{"remove": DESTINATION}]})},
+        {"name": "envoy.filters.http.header_to_metadata", "typed_config": subset},
+        {"name": "envoy.filters.http.ext_proc", "typed_config": ext_proc}]
+    return _bootstrap(port, admin_port, routes, filters, [
+        {"name": "pool", "type": "ORIGINAL_DST", "lb_policy": "CLUSTER_PROVIDED",
+         "connect_timeout": "3s",
+         "original_dst_lb_config": {"use_http_header": True,
+                                    "http_header_name": DESTINATION}},
+        *([_static_cluster("fallback", fallback)] if fallback else []),
+        # health-checked (the picker's gRPC health), and no panic routing to a
+        # picker known down: a request then learns it before its body is
+        # streamed, which failure_mode_allow needs (a body already handed to
+        # the picker cannot be taken back: 500 whatever the mode)
+        {"name": "endpoint-picker", "type": "STATIC", "connect_timeout": "3s",
+         "health_checks": [{
+             "timeout": "1s", "interval": "0.2s", "no_traffic_interval": "0.2s",
+             "unhealthy_threshold": 1,
+             "healthy_threshold": 1, "grpc_health_check": {
+                 "service_name": "envoy.service.ext_proc.v3.ExternalProcessor"}}],
+         "common_lb_config": {"healthy_panic_threshold": {"value": 0}},
+         "typed_extension_protocol_options": {
+             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": _typed(
+                 "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                 explicit_http_config={"http2_protocol_options": {}})},
+         "load_assignment": {"cluster_name": "endpoint-picker", "endpoints": [{
+             "lb_endpoints": [_endpoint(f"127.0.0.1:{picker_port}")]}]}}])
+
+
+def plain_config(port: int, admin_port: int, endpoints: list[str]) -> dict[str, Any]:
+    """Envoy alone: 127.0.0.1:``port`` straight to a static cluster of
+    ``endpoints`` (ip:port) by Envoy's round robin, no picker asked (what
+    the proxy itself costs, apart from the picker's share)."""
+    return _bootstrap(port, admin_port,
+                      [{"match": {"prefix": "/"}, "route": {"cluster": "pool",
+                                                            "timeout": "600s"}}],
+                      [], [_static_cluster("pool", endpoints)])
+
+
+def _bootstrap(port: int, admin_port: int, routes: list[dict[str, Any]],
+               filters: list[dict[str, Any]], clusters: list[dict[str, Any]]
+               ) -> dict[str, Any]:
+    """The static config both layouts share: an admin port, one HTTP
+    listener whose ``routes`` pick among ``clusters``, ``filters`` before
+    the router filter."""
     manager = _typed(
         "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
         stat_prefix="gateway",
         route_config={"name": "pool", "virtual_hosts": [{
-            "name": "pool", "domains": ["*"],
-            "routes": [
-                # the picker clears the route cache: the route is chosen again with its header
-                {"match": {"prefix": "/", "headers": [{"name": DESTINATION,
-                                                       "present_match": True}]},
-                 "route": {"cluster": "pool", "timeout": "600s"}},
-                {"match": {"prefix": "/"}, **(
-                    {"route": {"cluster": "fallback", "timeout": "600s"}} if fallback else
-                    {"direct_response": {"status": 503, "body": {
-                        "inline_string": "no endpoint picked"}}})}]}]},
-        http_filters=[
-            {"name": "envoy.filters.http.header_mutation", "typed_config": _typed(
-                "envoy.extensions.filters.http.header_mutation.v3.HeaderMutation",
-                mutations={"request_mutations": [{"remove": DESTINATION}]})},
-            {"name": "envoy.filters.http.header_to_metadata", "typed_config": subset},
-            {"name": "envoy.filters.http.ext_proc", "typed_config": ext_proc},
-            {"name": "envoy.filters.http.router", "typed_config": _typed(
-                "envoy.extensions.filters.http.router.v3.Router")}])
+            "name": "pool", "domains": ["*"], "routes": routes}]},
+        http_filters=[*filters, {"name": "envoy.filters.http.router", "typed_config": _typed(
+            "envoy.extensions.filters.http.router.v3.Router")}])
     return {
         "admin": {"address": {"socket_address": {"address": "127.0.0.1",
                                                  "port_value": admin_port}}},
@@ -98,32 +139,13 @@ def gateway_config(port: int, admin_port: int, picker_port: int,
                 "filter_chains": [{"filters": [{
                     "name": "envoy.filters.network.http_connection_manager",
                     "typed_config": manager}]}]}],
-            "clusters": [
-                {"name": "pool", "type": "ORIGINAL_DST", "lb_policy": "CLUSTER_PROVIDED",
-                 "connect_timeout": "3s",
-                 "original_dst_lb_config": {"use_http_header": True,
-                                            "http_header_name": DESTINATION}},
-                *([{"name": "fallback", "type": "STATIC", "connect_timeout": "3s",
-                    "load_assignment": {"cluster_name": "fallback", "endpoints": [{
-                        "lb_endpoints": [_endpoint(a) for a in fallback]}]}}]
-                  if fallback else []),
-                # health-checked (the picker's gRPC health), and no panic routing to a
-                # picker known down: a request then learns it before its body is
-                # streamed, which failure_mode_allow needs (a body already handed to
-                # the picker cannot be taken back: 500 whatever the mode)
-                {"name": "endpoint-picker", "type": "STATIC", "connect_timeout": "3s",
-                 "health_checks": [{
-                     "timeout": "1s", "interval": "0.2s", "no_traffic_interval": "0.2s",
-                     "unhealthy_threshold": 1,
-                     "healthy_threshold": 1, "grpc_health_check": {
-                         "service_name": "envoy.service.ext_proc.v3.ExternalProcessor"}}],
-                 "common_lb_config": {"healthy_panic_threshold": {"value": 0}},
-                 "typed_extension_protocol_options": {
-                     "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": _typed(
-                         "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                         explicit_http_config={"http2_protocol_options": {}})},
-                 "load_assignment": {"cluster_name": "endpoint-picker", "endpoints": [{
-                     "lb_endpoints": [_endpoint(f"127.0.0.1:{picker_port}")]}]}}]}}
+            "clusters": clusters}}
+
+
+def _static_cluster(name: str, addresses: list[str]) -> dict[str, Any]:
+    return {"name": name, "type": "STATIC", "connect_timeout": "3s",
+            "load_assignment": {"cluster_name": name, "endpoints": [{
+                "lb_endpoints": [_endpoint(a) for a in addresses]}]}}
 
 
 def _endpoint(address: str) -> dict[str, Any]:
@@ -133,17 +155,30 @@ def _endpoint(address: str) -> dict[str, Any]:
 
 
 def start_envoy(procs: Procs, picker_port: int, failure_mode_allow: bool = False,
-                fallback: list[str] | None = None) -> Proc:
+                fallback: list[str] | None = None, workers: int = 2) -> Proc:
     """Envoy in front of the picker on ``picker_port``, until ``procs``
     closes: a Proc whose url is the listener (``extra["admin"]``: its
     admin address)."""
+    return _launch(procs, lambda port, admin: gateway_config(
+        port, admin, picker_port, failure_mode_allow, fallback), workers)
+
+
+def start_plain_envoy(procs: Procs, endpoints: list[str], workers: int = 2) -> Proc:
+    """Envoy alone (``plain_config``) over ``endpoints`` (ip:port), as
+    ``start_envoy`` starts it."""
+    return _launch(procs, lambda port, admin: plain_config(port, admin, endpoints), workers)
+
+
+def _launch(procs: Procs, config: Callable[[int, int], dict[str, Any]], workers: int) -> Proc:
+    """Envoy on ``config(listener port, admin port)`` with ``workers``
+    worker threads, live (its admin /ready: clusters initialised, the
+    picker's first health check included)."""
     port, admin = free_port(), free_port()
     path = procs.tmp / f"envoy-{len(procs.all)}.yaml"
-    path.write_text(yaml.safe_dump(gateway_config(port, admin, picker_port,
-                                                  failure_mode_allow, fallback)))
+    path.write_text(yaml.safe_dump(config(port, admin)))
     log = procs.tmp / f"envoy-{len(procs.all)}.log"
     p = subprocess.Popen([str(envoy_binary()), "-c", str(path), "--log-level", "warning",
-                          "--concurrency", "2", "--base-id", str(port)],
+                          "--concurrency", str(workers), "--base-id", str(port)],
                          stdout=log.open("wb"), stderr=subprocess.STDOUT)
     proc = Proc(f"http://127.0.0.1:{port}", p, log, {"admin": f"http://127.0.0.1:{admin}"})
     procs.all.append(proc)

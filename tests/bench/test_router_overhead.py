@@ -10,14 +10,22 @@ import orjson
 import pytest
 
 from bench.null_backend import NOT_FOUND, answer, serve
+from bench.router_bench import OURS
 from bench.router_overhead import (
     DIRECT,
+    ENVOY_ALONE,
+    ENVOY_EPP,
     FLEET_CONCURRENCY,
+    GATEWAY,
+    GATEWAY_ROUTERS,
     LOADS,
+    ROUTERS,
+    STANDALONE,
     Row,
     added,
     bodies,
     fleet_table,
+    gateway_table,
 )
 from toposerve.localcluster.ports import free_port
 
@@ -88,3 +96,29 @@ def test_fleet_table_gives_the_cost_ratio() -> None:
                       _row("a", 16, c, 1.0, 0.5), _row("a", 64, c, 1.0, 0.6)])
     assert "| a | 0.400 | 0.500 | 0.600 | 1.50 |" in md
     assert "direct" not in md
+
+
+def test_gateway_table_gives_ratios_to_ours_standalone_and_the_pickers_share() -> None:
+    """Each row over ours standalone at its own clients (added p50, p99 and
+    req/s); Envoy + picker also over Envoy alone; a base at or below direct
+    gives no ratio rather than a division by zero."""
+    rows = added([_row(DIRECT, 4, 1, 0.1, 0.0), _row(OURS, 4, 1, 1.1, 0.3),
+                  _row(ENVOY_EPP, 4, 1, 3.1, 0.9), _row(ENVOY_ALONE, 4, 1, 0.6, 0.1),
+                  _row("smg cache_aware", 4, 1, 48.1, 0.2),
+                  _row(DIRECT, 4, 8, 0.5, 0.0), _row(OURS, 4, 8, 0.5, 0.3),
+                  _row(ENVOY_EPP, 4, 8, 2.5, 0.9)])
+    rows[2].rps, rows[3].rps = 50.0, 400.0
+    md = gateway_table(rows)
+    lines = md.splitlines()
+    assert lines[0].startswith("| router | endpoints | clients | added p50 / toposerve |")
+    # added p50 3.0 over 1.0 (p99 6.0 over 2.0); 50 req/s over 100; over Envoy alone: 2.5, 5.0
+    assert f"| {ENVOY_EPP} | 4 | 1 | 3.00 | 3.00 | 0.50 | 2.500 | 5.00 |" in lines
+    assert f"| {ENVOY_ALONE} | 4 | 1 | 0.50 | 0.50 | 4.00 | | |" in lines
+    assert "| smg cache_aware | 4 | 1 | 48.00 | 48.00 | 1.00 | | |" in lines
+    assert f"| {ENVOY_EPP} | 4 | 8 | | | 1.00 | | |" in lines  # ours adds nothing at 8
+    assert not any(line.startswith(("| direct", "| toposerve |")) for line in lines)
+
+
+def test_gateway_routers_stay_out_of_a_plain_run() -> None:
+    assert set(GATEWAY_ROUTERS) <= set(ROUTERS) and set(GATEWAY) <= set(GATEWAY_ROUTERS)
+    assert not set(GATEWAY) & set(STANDALONE) and OURS in STANDALONE
