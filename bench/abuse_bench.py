@@ -599,9 +599,11 @@ def at_limit_bodies(procs: Procs, deadline: float) -> dict[str, Any]:
     # one body of each first, unmeasured: the first wide body starts the
     # body worker, a fork and exec charged to the router's CPU
     for path, body in shapes.values():
-        asyncio.run(_blast(router.url, _always(path, body), 1, deadline))
-    # each shape its share of the time, however long the one before ran over
-    span = (deadline - time.monotonic()) / len(shapes)
+        asyncio.run(_blast(router.url, _always(path, body), 1, time.monotonic() + 60))
+    # each shape its share of the time (a second at least: on a loaded
+    # machine the router's start took it all), however long the one before
+    # ran over
+    span = max(1.0, (deadline - time.monotonic()) / len(shapes))
     with peak_rss(router) as rss, health_latency(router.url) as health:
         for name, (path, body) in shapes.items():
             until = time.monotonic() + span
