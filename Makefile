@@ -11,7 +11,7 @@ PRODUCT_DIRS := toposerve_cli topology kubeapi wire serving dra_driver scheduler
 STAMP := $(VENV)/.installed-$(shell { cat pyproject.toml; git ls-files -co --exclude-standard -- $(PRODUCT_DIRS) 2>/dev/null; } | sha256sum | cut -c1-12)
 PYTEST := $(PY) -m pytest
 
-.PHONY: setup venv tools node-tools nic-cni sysdeps peers lint test demo bench scale clean protos
+.PHONY: setup venv tools node-tools nic-cni sysdeps peers engines lint test demo bench scale clean protos
 
 setup: venv tools node-tools nic-cni sysdeps
 
@@ -34,6 +34,12 @@ tools:
 # from the cluster tools' wrapper module, so after them)
 node-tools: tools
 	bash hack/build-node-tools.sh
+
+# the engine tier's real vLLM (its CPU build, in a venv of its own so its pins
+# never touch ours) and the tiny model it serves, cached in ~/.cache/toposerve
+# by their pins and by the code that makes them (harness/engines.py)
+engines: venv
+	$(PY) -m harness.engines
 
 # the NIC hand-off's CNI plugin toposerve-nic: a static Go binary (stdlib only),
 # cached under a hash of its source (localcluster/realnode/forwarder.py)
@@ -64,7 +70,8 @@ unit: venv
 	$(PYTEST) -m unit tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 # pytest exits 5 when it collects nothing: that must fail, not pass.
-test: setup lint
+# engines: the engine tier's vLLM and model (tests/engine; cached, so warm runs build nothing)
+test: setup engines lint
 	$(PYTEST) tests; rc=$$?; if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$rc
 
 demo: setup image

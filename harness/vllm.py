@@ -1,0 +1,149 @@
+"""Real vLLM servers (the CPU build `make engines` caches) on loopback, for
+the engine tier and the benchmarks: started in a process group of their
+own, ready when they answer, ended with the whole group.
+
+The serve flags are DESIGN §11's, each one for something the router reads:
+prefix caching with reproducible block hashes and ``cached_tokens`` in
+usage, map-encoded KV events over ZMQ, a KV cache small enough to evict,
+few sequences so that load shows, one core per server."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from harness.engines import VLLM_ENV, installed
+from toposerve.localcluster.ports import free_port
+
+MODEL = "toposerve/tiny-llama"
+BLOCK_SIZE = 32  # CPU attention: a multiple of 32; only full blocks are cached
+MAX_MODEL_LEN = 2048
+KV_CACHE_BYTES = 8 * 1024 * 1024  # 8,192 tokens of the tiny model: evictions are reachable
+MAX_NUM_SEQS = 4
+READY_TIMEOUT_S = 240.0  # about 25 s alone; far longer when two start on a busy machine
+
+
+@dataclass
+class VllmServer:
+    url: str
+    kv_events: str  # where the router's subscriber connects
+    kv_replay: str
+    cpu: int
+    popen: subprocess.Popen[bytes]
+    log: Path
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def hostport(self) -> str:
+        return self.url.removeprefix("http://")
+
+    def log_tail(self, lines: int = 25) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
+        """Until /health and /v1/models answer 200; RuntimeError with the
+        log's tail if the server exits or the time runs out."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.popen.poll() is not None:
+                raise RuntimeError(f"vLLM on cpu {self.cpu} exited ({self.popen.returncode}):\n"
+                                   f"{self.log_tail()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if (httpx.get(self.url + "/health", timeout=2).status_code == 200
+                        and httpx.get(self.url + "/v1/models", timeout=2).status_code == 200):
+                    return
+            time.sleep(0.25)
+        raise RuntimeError(f"vLLM on cpu {self.cpu} not ready after {timeout:.0f}s:\n"
+                           f"{self.log_tail()}")
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        """SIGTERM to its process group (the API server and its engine core),
+        SIGKILL to what is left after ``grace_s``."""
+        pgid = self.popen.pid  # start_new_session: the group is the server's own
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(grace_s)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)  # the engine core may outlive the API server
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(5)
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signal.SIGKILL)
+        self.popen.wait(10)
+
+
+def serve_args(model: Path, port: int, kv_port: int, replay_port: int) -> list[str]:
+    # vLLM binds its PUB socket only for an endpoint holding "*" or "::" (any
+    # other it connects to); the IPv4-mapped loopback address has "::" and
+    # binds 127.0.0.1 alone, where the router's subscriber connects.
+    events = {"enable_kv_cache_events": True, "publisher": "zmq", "topic": "kv-events",
+              "endpoint": f"tcp://[::ffff:127.0.0.1]:{kv_port}",
+              "replay_endpoint": f"tcp://127.0.0.1:{replay_port}"}
+    return ["serve", str(model), "--served-model-name", MODEL,
+            "--host", "127.0.0.1", "--port", str(port),
+            "--dtype", "bfloat16", "--enforce-eager",
+            "--block-size", str(BLOCK_SIZE), "--max-model-len", str(MAX_MODEL_LEN),
+            "--enable-prefix-caching", "--prefix-caching-hash-algo", "sha256_cbor",
+            "--kv-cache-memory-bytes", str(KV_CACHE_BYTES),
+            "--max-num-seqs", str(MAX_NUM_SEQS),
+            "--enable-prompt-tokens-details",
+            "--kv-events-config", json.dumps(events)]
+
+
+def start(log_dir: Path, cpu: int) -> VllmServer:
+    """One server pinned to ``cpu``, not yet ready (start several, then
+    wait_ready each: they load side by side). EngineMissing when `make
+    engines` has not run."""
+    python, model = installed()
+    port, kv_port, replay_port = free_port(), free_port(), free_port()
+    log = log_dir / f"vllm-cpu{cpu}-{port}.log"
+    # VLLM_CPU_KVCACHE_SPACE would override --kv-cache-memory-bytes
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
+    env.update(VLLM_ENV, VLLM_CPU_OMP_THREADS_BIND=str(cpu), PYTHONUNBUFFERED="1")
+    with log.open("wb") as out:
+        popen = subprocess.Popen(
+            [str(python), "-m", "vllm.entrypoints.cli.main",
+             *serve_args(model, port, kv_port, replay_port)],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            cwd=log_dir, start_new_session=True)
+    return VllmServer(url=f"http://127.0.0.1:{port}", kv_events=f"tcp://127.0.0.1:{kv_port}",
+                      kv_replay=f"tcp://127.0.0.1:{replay_port}", cpu=cpu, popen=popen, log=log,
+                      extra={"model": str(model)})
+
+
+def start_many(log_dir: Path, count: int) -> list[VllmServer]:
+    """``count`` servers, one per core (wrapping on a smaller machine), all
+    ready; on any failure every one started is ended before the error."""
+    cpus = sorted(os.sched_getaffinity(0))
+    servers: list[VllmServer] = []
+    try:
+        for i in range(count):
+            servers.append(start(log_dir, cpus[i % len(cpus)]))
+        for s in servers:
+            s.wait_ready()
+    except BaseException:
+        for s in servers:
+            s.stop()
+        raise
+    return servers
+
+
+def router_config(servers: list[VllmServer], model: Path) -> dict[str, Any]:
+    """Our router's config for ``servers``: their KV events, keyed with the
+    model's own tokenizer and chat template (beside it in
+    tokenizer_config.json) in blocks of the servers' size."""
+    return {"kvEvents": {"tokenizer": str(model / "tokenizer.json"), "blockSize": BLOCK_SIZE},
+            "discovery": {"static": [{"url": s.url, "kvEvents": s.kv_events,
+                                      "kvEventsReplay": s.kv_replay} for s in servers]}}
