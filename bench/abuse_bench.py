@@ -43,15 +43,14 @@ from aiohttp import web
 
 from bench.flags import positive
 from harness import extender_objects as k
-from harness.bodies import encoded
+from harness.bodies import encoded, reading_router
 from harness.procs import MODEL, Proc, Procs
 from toposerve.localcluster.ports import free_port
 from toposerve.localcluster.results import table, write
 from toposerve.router.admission.flow_control import MAX_CLIENT_ID_BYTES
-from toposerve.router.config import RouterConfig, ServerConfig
+from toposerve.router.config import ServerConfig
 from toposerve.router.epp.reading import ROUTES
-from toposerve.router.http.app import GC_THRESHOLDS, Router
-from toposerve.router.pool.static import load_static
+from toposerve.router.http.app import GC_THRESHOLDS
 from toposerve.scheduler_ext.config import ExtenderConfig
 from toposerve.scheduler_ext.server import Extender
 
@@ -553,11 +552,7 @@ def loop_time(shapes: dict[str, tuple[str, bytes]], runs: int = 7) -> dict[str, 
     worker) and its prompt is made as the endpoint picker makes it; the
     loop's thread time (the worker's not), median of ``runs``, under the
     router's collector thresholds."""
-    cfg = RouterConfig.model_validate({
-        "apiVersion": "toposerve.io/v1", "kind": "RouterConfig",
-        "discovery": {"static": [{"url": "http://127.0.0.1:9"}]}})
-    router = Router(cfg)
-    load_static(router.state.pool, cfg.discovery.static)  # a model server not yet asked
+    router = reading_router()
     out: dict[str, float] = {}
 
     async def go() -> None:

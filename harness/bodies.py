@@ -14,8 +14,10 @@ from typing import Any
 import orjson
 
 from harness.procs import MODEL
-from toposerve.router.config import ServerConfig
+from toposerve.router.config import RouterConfig, ServerConfig
+from toposerve.router.http.app import Router
 from toposerve.router.http.bodies import count_values
+from toposerve.router.pool.static import load_static
 
 PARTS = 4  # content parts a message (chat) or an input item (Responses)
 _TEXT = {"type": "text", "text": "a"}  # 3 values
@@ -50,3 +52,15 @@ def at_limit(server: ServerConfig) -> dict[str, tuple[str, dict[str, Any]]]:
 def encoded(server: ServerConfig) -> dict[str, tuple[str, bytes]]:
     """``at_limit``'s bodies as sent."""
     return {name: (path, orjson.dumps(doc)) for name, (path, doc) in at_limit(server).items()}
+
+
+def reading_router() -> Router:
+    """A router's parts, not serving, with one model server (never asked):
+    its handlers read a body as a serving router's do (``read_json``, a
+    real body worker that the caller closes: ``handlers.bodies.close()``)."""
+    cfg = RouterConfig.model_validate({
+        "apiVersion": "toposerve.io/v1", "kind": "RouterConfig",
+        "discovery": {"static": [{"url": "http://127.0.0.1:9"}]}})
+    router = Router(cfg)
+    load_static(router.state.pool, cfg.discovery.static)  # a model it may serve
+    return router

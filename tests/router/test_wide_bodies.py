@@ -17,15 +17,12 @@ import aiohttp
 import orjson
 import psutil
 
-from harness.bodies import encoded
+from harness.bodies import encoded, reading_router
 from harness.procs import MODEL, Procs
 from harness.waiting import wait_for
 from tests.router.hangup import connect
 from tests.router.test_router_app import stack
-from toposerve.router.config import RouterConfig
-from toposerve.router.http.app import Router
 from toposerve.router.http.bodies import INLINE_VALUES, few_values
-from toposerve.router.pool.static import load_static
 from toposerve.wire.openai import ChatRequest, CompletionRequest, Message, ResponsesRequest
 
 CHAT = "/v1/chat/completions"
@@ -182,16 +179,12 @@ def test_a_body_the_worker_validated_is_not_validated_again() -> None:
     a copy, and cost an 8,192-message chat 21 ms of the loop, a batch of
     one-token prompts 30 ms). A body too small for the worker is validated
     on the loop. In this process: a router's handlers, its real worker."""
-    cfg = RouterConfig.model_validate({
-        "apiVersion": "toposerve.io/v1", "kind": "RouterConfig",
-        "discovery": {"static": [{"url": "http://127.0.0.1:9"}]}})
-    router = Router(cfg)
-    load_static(router.state.pool, cfg.discovery.static)  # a model server not yet asked
+    router = reading_router()
     read = router.handlers.read_json
 
     async def go() -> None:
         try:
-            for name, (path, body) in encoded(cfg.server).items():
+            for name, (path, body) in encoded(router.cfg.server).items():
                 model, wide = READ[path]
                 assert not few_values(body, INLINE_VALUES), name  # the worker reads it
                 _, doc, parsed = await read(body, model, "default")
