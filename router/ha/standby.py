@@ -33,13 +33,18 @@ class HotStandby:
                  schedulers: Mapping[str, Scheduler],
                  pool: Pool, leading: Callable[[bool], None],
                  count: Callable[[str, int], None],
-                 count_snapshot: Callable[[str], None] = lambda outcome: None) -> None:
+                 count_snapshot: Callable[[str], None] = lambda outcome: None,
+                 warm: Callable[[], bool] = lambda: False) -> None:
         """``leading`` is told of each change of role (from a thread);
-        ``count`` of replicated decisions, ``count_snapshot`` of snapshots."""
+        ``count`` of replicated decisions, ``count_snapshot`` of snapshots.
+        It may take the Lease with a healthy endpoint, or once ``warm``
+        (discovery listed the pods, every endpoint found was asked once):
+        on a cluster with no model server yet one replica must lead, as the
+        Service sends to the leader only, and answer 503 "no endpoint"."""
         self.cfg, self.leading = cfg, leading
         self.label: PodLabel | None = None
-        self.elector = Elector(cfg.lease, on_change=self._role,
-                               eligible=lambda: any(e.healthy for e in pool.routable()))
+        self.elector = Elector(cfg.lease, on_change=self._role, eligible=lambda: any(
+            e.healthy for e in pool.routable()) or warm())
         assert redis.redis_url is not None  # RouterConfig guarantees it with ha.enabled
         self.replication = Replication(redis.redis_url,
                                        f"toposerve:decisions:{cfg.lease.namespace}/"

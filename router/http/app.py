@@ -81,7 +81,9 @@ class Router:
                                  count=lambda outcome, n: self.metrics.replication
                                  .labels(outcome).inc(n),
                                  count_snapshot=lambda outcome: self.metrics.snapshots
-                                 .labels(outcome).inc())
+                                 .labels(outcome).inc(),
+                                 # read after start(): discovery's own by then
+                                 warm=lambda: self.handlers.warm())
             self.metrics.leader.set(0)
         self.director = Director(self.metrics, self.admission, self.scheduler, self.ha)
         self.handlers = Handlers(cfg, self.state, self.metrics, self.budget, self.store,
