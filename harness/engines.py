@@ -72,12 +72,26 @@ def python(venv: Path | None = None) -> Path:
     return (venv or venv_dir()) / "bin" / "python"
 
 
+def _broken(venv: Path) -> str | None:
+    """What a stamped venv lacks of the parts the tier loads (a cache
+    pruned by hand), or None."""
+    site = _site_packages(venv)
+    for part in (venv / "bin" / "python", site / f"torch-{TORCH}.dist-info",
+                 site / "vllm" / "_C.abi3.so",
+                 site / f"vllm-{SHIM_VERSION}.dist-info" / "METADATA"):
+        if not part.exists():
+            return str(part.relative_to(venv))
+    return None
+
+
 def installed() -> tuple[Path, Path]:
     """The engine's python and the model's folder; EngineMissing (one line
-    naming ``make engines``) when either is absent or half-built."""
+    naming ``make engines``) when either is absent, half-built or broken."""
     venv, model = venv_dir(), model_dir()
-    if not (venv / STAMP).is_file() or not os.access(python(venv), os.X_OK):
+    if not (venv / STAMP).is_file():
         raise EngineMissing(f"the vLLM engine venv {venv} is not built: {HINT}")
+    if (lacks := _broken(venv)) is not None:
+        raise EngineMissing(f"the vLLM engine venv {venv} is broken (no {lacks}): {HINT}")
     if not (model / STAMP).is_file():
         raise EngineMissing(f"the tiny model {model} is not built: {HINT}")
     return python(venv), model
@@ -138,8 +152,10 @@ def _shim(venv: Path) -> None:
 def build_venv() -> Path:
     venv = venv_dir()
     if (venv / STAMP).is_file():
-        say(f"vLLM venv: cached ({venv})")
-        return venv
+        if (lacks := _broken(venv)) is None:
+            say(f"vLLM venv: cached ({venv})")
+            return venv
+        say(f"vLLM venv: {venv} lacks {lacks}: building it again")
     started = time.monotonic()
     shutil.rmtree(venv, ignore_errors=True)  # a half-built one from an interrupted run
     say(f"vLLM venv: building {venv} ({' '.join(PINS)}; cold: minutes, about 6 GB)")

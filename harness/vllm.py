@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,6 +85,25 @@ class VllmServer:
         self.popen.wait(10)
 
 
+# Runs vLLM as its child and leads the process group: when the server exits
+# it takes what the server left (vLLM's engine core outlives its API server),
+# and when the process that started it dies (a test run killed outright) it
+# ends the whole group, so no 2 GB server is left behind. The group's SIGTERM
+# is for the server; the reaper only waits for it.
+REAPER = """
+import ctypes, os, signal, subprocess, sys
+def end(*_):
+    os.killpg(0, signal.SIGKILL)
+signal.signal(signal.SIGUSR1, end)
+ctypes.CDLL(None).prctl(1, signal.SIGUSR1)  # PR_SET_PDEATHSIG
+if os.getppid() != int(sys.argv[1]):
+    end()
+signal.signal(signal.SIGTERM, lambda *_: None)
+subprocess.call(sys.argv[2:])
+end()
+"""
+
+
 def serve_args(model: Path, port: int, kv_port: int, replay_port: int) -> list[str]:
     # vLLM binds its PUB socket only for an endpoint holding "*" or "::" (any
     # other it connects to); the IPv4-mapped loopback address has "::" and
@@ -114,7 +134,8 @@ def start(log_dir: Path, cpu: int) -> VllmServer:
     env.update(VLLM_ENV, VLLM_CPU_OMP_THREADS_BIND=str(cpu), PYTHONUNBUFFERED="1")
     with log.open("wb") as out:
         popen = subprocess.Popen(
-            [str(python), "-m", "vllm.entrypoints.cli.main",
+            [sys.executable, "-c", REAPER, str(os.getpid()),
+             str(python), "-m", "vllm.entrypoints.cli.main",
              *serve_args(model, port, kv_port, replay_port)],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
             cwd=log_dir, start_new_session=True)
