@@ -50,10 +50,20 @@ from toposerve.manifests.chart import (
     helm_error,
     helm_values,
 )
-from toposerve.manifests.render import render_objects, router_namespace, system_namespace
+from toposerve.manifests.render import (
+    render_objects,
+    router_namespace,
+    selected,
+    system_namespace,
+)
 from toposerve.manifests.values import KIND, InstallValues, apply_sets
 from toposerve.router.ha.pod_label import ROLE_LABEL
-from toposerve.topology.config_file import ConfigError, parse_document, read_document
+from toposerve.topology.config_file import (
+    API_VERSION,
+    ConfigError,
+    parse_document,
+    read_document,
+)
 from toposerve.topology.profiles import load_profile
 from toposerve.topology.sysfs import write_profile_sysfs
 
@@ -70,6 +80,8 @@ NODE_CONFLIST = "10-toposerve.conflist"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 # what the local cluster needs and a real cluster does not, shipped with the chart
 LOCAL_OVERLAY = "ci/local-cluster-values.yaml"
+# objects so annotated outlive `helm uninstall` (docs/install.md)
+KEEP_ANNOTATION = "helm.sh/resource-policy"
 
 
 class InstallError(RuntimeError):
@@ -276,6 +288,17 @@ def local_values(cluster: str, images: Mapping[str, Path], sysfs: Path, dev: Pat
     return parse_document(apply_sets(doc, sets), InstallValues, KIND, source)
 
 
+def with_sets(values: InstallValues, sets: Sequence[str]) -> InstallValues:
+    """``values`` with ``--set`` assignments over them: an upgrade's values
+    change, checked by the model as an install's are."""
+    doc = {"apiVersion": API_VERSION, "kind": KIND, **helm_values(values)}
+    try:
+        return parse_document(apply_sets(doc, sets), InstallValues, KIND,
+                              "the installed values with --set " + " ".join(sets))
+    except ConfigError as err:
+        raise InstallError(str(err)) from None
+
+
 def _merge(a: dict[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
     out = dict(a)
     for k, v in b.items():
@@ -329,6 +352,32 @@ def helm_install(cluster: str, values: InstallValues, release: str = RELEASE,
         helm(cluster, ["upgrade", "--install", release, str(chart or chart_dir()),
                        "--namespace", release_namespace(values), "--create-namespace",
                        "--values", f.name])
+
+
+def rollback(cluster: str, values: InstallValues, revision: int | None = None,
+             release: str = RELEASE) -> None:
+    """``helm rollback`` of the release to ``revision`` (the one before the
+    last when None): a new revision with that one's manifest and values.
+    Availability is waited for apart (wait_available)."""
+    helm(cluster, ["rollback", release, *([str(revision)] if revision else []),
+                   "--namespace", release_namespace(values)])
+
+
+def history(cluster: str, values: InstallValues, release: str = RELEASE
+            ) -> list[dict[str, Any]]:
+    """``helm history``: the release's revisions, oldest first (revision,
+    status, chart, app_version, description)."""
+    out = json.loads(helm(cluster, ["history", release, "--namespace",
+                                    release_namespace(values), "--output", "json"]))
+    return sorted(out, key=lambda r: int(r["revision"]))
+
+
+def releases(cluster: str) -> list[dict[str, Any]]:
+    """``helm list --all-namespaces``: every release, whatever its state
+    (helm 4 names each; without them it lists only the deployed and failed)."""
+    states = ["--deployed", "--failed", "--pending", "--superseded", "--uninstalling"]
+    return list(json.loads(helm(cluster, ["list", "--all-namespaces", *states,
+                                          "--output", "json"])) or [])
 
 
 def _available(obj: Mapping[str, Any]) -> tuple[bool, str]:
@@ -397,9 +446,10 @@ class Installed:
 
 def install(cluster: str, values_file: str | Path | None = None, sets: Sequence[str] = (),
             progress: Progress = _stderr, timeout_s: float = 300,
-            layout: Layout | None = None) -> Installed:
+            layout: Layout | None = None, chart: Path | None = None) -> Installed:
     """Import, render, apply, wait: the whole stack on the real node of
-    ``cluster`` (which runs: ``toposerve cluster up --real-node``)."""
+    ``cluster`` (which runs: ``toposerve cluster up --real-node``); ``chart``:
+    another version of the chart (an upgrade test's older one)."""
     layout = layout or default_layout()
     started = time.monotonic()
     images = built_images()
@@ -414,7 +464,7 @@ def install(cluster: str, values_file: str | Path | None = None, sets: Sequence[
         stand_in_nics()
         share_pod_netns_dir(layout)
     objects = render_objects(values, helm=_helm_binary())
-    helm_install(cluster, values)
+    helm_install(cluster, values, chart=chart)
     progress(f"helm release {RELEASE} in {release_namespace(values)}: {len(objects)} objects")
     wait_available(api_client(cluster), objects, timeout_s, progress)
     took = time.monotonic() - started
@@ -427,6 +477,15 @@ def _helm_binary() -> Path:
         return find_helm(helm_path())
     except HelmError as err:
         raise InstallError(str(err)) from None
+
+
+def kept_objects(values: InstallValues) -> list[dict[str, Any]]:
+    """The release's objects that ``helm uninstall`` keeps on purpose
+    (``helm.sh/resource-policy: keep``): the generated Secrets and the
+    router's Namespace, as the chart renders them for ``values``."""
+    every = render_objects(values, (*selected(values), "secrets"), helm=_helm_binary())
+    return [o for o in every
+            if (o["metadata"].get("annotations") or {}).get(KEEP_ANNOTATION) == "keep"]
 
 
 def _slice_cleanup(cluster: str, kind: str, sysfs_root: str) -> str:
@@ -486,7 +545,10 @@ def uninstall(cluster: str, values: InstallValues, progress: Progress = _stderr,
         except (CniInstallError, OSError) as err:
             raise InstallError(f"undoing the NIC driver's CNI install failed: {err}") from None
         progress(f"toposerve-nic uninstalled: {', '.join(changed) or 'nothing to undo'}")
-    progress("uninstalled")
+    kept = [" ".join((o["kind"], "/".join(filter(None, (o["metadata"].get("namespace"),
+                                                        o["metadata"]["name"])))))
+            for o in kept_objects(values)]
+    progress(f"uninstalled; kept on purpose: {', '.join(kept) or 'nothing'}")
 
 
 def install_status(api: Any, namespaces: Sequence[str] = (DEFAULT_NAMESPACE, "toposerve-router")

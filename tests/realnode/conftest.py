@@ -5,6 +5,8 @@ the kwok tests elsewhere never see it."""
 from __future__ import annotations
 
 import contextlib
+import re
+import shutil
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,11 +21,12 @@ from harness.dra_net import canonical
 from harness.waiting import wait_for
 from tests.conftest import Cluster
 from toposerve.dra_driver.net.handoff.links import Namespace
-from toposerve.kubeapi import JsonApi
+from toposerve.kubeapi import ApiError, JsonApi
 from toposerve.localcluster.realnode import nics
 from toposerve.localcluster.realnode import node as realnode
 from toposerve.localcluster.realnode.paths import NODE_NAME, Layout, default_layout
 from toposerve.localcluster.realnode.pods import busybox_pod
+from toposerve.manifests.chart import chart_dir
 
 
 @dataclass
@@ -151,3 +154,52 @@ def example_on_real_node(core: Any, res: Any, make_pod: PodMaker, file: str, pre
         c.update(image=base["containers"][0]["image"], imagePullPolicy="Never")
     make_pod(pod)
     return wait_phase(core, pod["metadata"]["name"], {"Running"})
+
+
+def previous_chart(dest: Path) -> tuple[Path, str]:
+    """The chart as its previous version would be, in ``dest``: this tree's
+    chart with ``version`` in Chart.yaml lowered (0.1.0 -> 0.0.0, 1.2.3 ->
+    1.2.2), nothing else changed. No version of the chart was released
+    before this one, and the chart at the commit before the release install
+    (44a127d) has the same templates and the same version, so upgrading
+    from it would change no pod. Every pod template carries the chart's
+    version (label helm.sh/chart), so the upgrade to this tree's chart rolls
+    every workload, the drivers' DaemonSets included: what an admin's
+    ``helm upgrade`` to a new chart version does. Its version too."""
+    target = dest / "toposerve"
+    shutil.copytree(chart_dir(), target)
+    chart_yaml = target / "Chart.yaml"
+    text = chart_yaml.read_text()
+    found = re.search(r"^version: (\d+)\.(\d+)\.(\d+)$", text, re.M)
+    assert found, "Chart.yaml has no plain MAJOR.MINOR.PATCH version"
+    parts = [int(x) for x in found.groups()]
+    at = max(i for i, v in enumerate(parts) if v > 0 or i == 0)
+    parts[at] -= 1
+    lower = ".".join(str(v) for v in parts)
+    chart_yaml.write_text(text[:found.start()] + f"version: {lower}" + text[found.end():])
+    return target, lower
+
+
+def labelled_objects(api: Any, selector: str) -> list[str]:
+    """Every object the API server lists with labels ``selector``, of every
+    listable kind it serves (built-in and custom resources alike), as
+    ``kind namespace/name``: what an uninstall must not leave behind."""
+    rest = JsonApi(api)
+    groups = [("/api/v1", "v1")] + [
+        (f"/apis/{g['preferredVersion']['groupVersion']}", g["preferredVersion"]["groupVersion"])
+        for g in rest.request("GET", "/apis").get("groups") or []]
+    found: list[str] = []
+    for base, _version in groups:
+        try:
+            resources = rest.request("GET", base).get("resources") or []
+        except ApiError:
+            continue  # a group whose server went (an aggregated API): nothing of ours
+        for r in resources:
+            # events are the API server's record of what happened, not objects of ours
+            if "/" in r["name"] or "list" not in r.get("verbs", []) or r["kind"] == "Event":
+                continue
+            items = rest.request("GET", f"{base}/{r['name']}",
+                                 [("labelSelector", selector)]).get("items") or []
+            found += [f"{r['kind']} {i['metadata'].get('namespace', '')}/"
+                      f"{i['metadata']['name']}" for i in items]
+    return sorted(set(found))

@@ -1,11 +1,18 @@
-"""The whole install from its manifests on the real node (docs/install.md,
-docs/real-node.md): the images of `make image` imported, never pulled; the
-GPU driver's DaemonSet pod registered with the real kubelet, its slices
-written under its service account; a claim prepared for a pod and
-unprepared; a rolling restart of the driver under a running claim; the
-router pair and its Redis on the node's loopback in front of simulator pods,
-and the standby taking over when the leader's pod is deleted; and an
-uninstall that leaves no slice, socket or CDI spec behind."""
+"""The whole install, the chart as a Helm release, on the real node
+(docs/install.md, docs/real-node.md): the images of `make image` imported,
+never pulled; the install on an empty cluster finishing, its router
+answering 503 until a model server comes, then serving; the GPU driver's
+DaemonSet pod registered with the real kubelet, its slices written under
+its service account; a claim prepared for a pod and unprepared; a rolling
+restart of the driver under a running claim; the router pair and its Redis
+on the node's loopback in front of simulator pods, the standby taking over
+when the leader's pod is deleted; a values change through ``helm upgrade``
+rolling the router pair under a stream in flight, ``helm rollback`` to the
+values before; and ``helm uninstall`` leaving no release, slice, socket, CDI
+spec or object of ours but those it keeps on purpose.
+
+The tests share one install (module fixture) and run in file order: the
+upgrade, rollback and uninstall tests build on the revisions before them."""
 
 from __future__ import annotations
 
@@ -13,6 +20,7 @@ import contextlib
 import random
 import re
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,7 +36,13 @@ from kubernetes.client.exceptions import ApiException
 from harness.images import make_images
 from harness.waiting import wait_for
 from tests.conftest import Cluster
-from tests.realnode.conftest import PodMaker, ensure_started, example_on_real_node, wait_phase
+from tests.realnode.conftest import (
+    PodMaker,
+    ensure_started,
+    example_on_real_node,
+    labelled_objects,
+    wait_phase,
+)
 from toposerve.dra_driver.gpu.driver import CDI_CLASS, CDI_VENDOR
 from toposerve.dra_driver.kubeletplugin.cdi import CdiSpecs
 from toposerve.dra_driver.simulate import LABELS as SIM_LABELS
@@ -45,6 +59,8 @@ from toposerve.localcluster.realnode.paths import (
 )
 from toposerve.localcluster.realnode.pods import busybox_pod
 from toposerve.localcluster.realnode.tools import find_node_tools
+from toposerve.manifests.chart import RELEASE, helm_values
+from toposerve.manifests.values import InstallValues
 from toposerve.router.ha.pod_label import ROLE_LABEL
 from toposerve.scheduler_ext.placement.levels import domain_of, parse_level
 from toposerve.scheduler_ext.state.facts import PLACEMENT_ANNOTATION
@@ -54,6 +70,9 @@ from toposerve.topology.workloads import GROUP, GROUP_SIZE, LEVEL, ROLE
 pytestmark = [pytest.mark.cluster, pytest.mark.realnode]
 
 PREFIX = "rn-install"  # namespace and name prefix: nothing shared with other tests
+# the router in a namespace of its own, as by default (a Namespace the chart
+# makes and uninstall keeps)
+ROUTER_NS = f"{PREFIX}-router"
 GPU_CLASS = "rn-install-gpu.toposerve.io"
 TEMPLATE = "rn-install-one-gpu"
 REGISTRY = Path("/var/lib/kubelet/plugins_registry")
@@ -66,6 +85,7 @@ SIM = "rn-install-sim"
 SIM_MODEL = "rn-install/sim"
 SIM_PORTS = {f"{SIM}-{i}": free_port() for i in range(2)}
 FAILOVER_S = 2.0  # docs/router-ha.md: the standby takes over within 2 s
+CONFIG_HASH = "toposerve.io/config-hash"  # on the router's pods: its RouterConfig's
 
 
 @dataclass
@@ -76,6 +96,7 @@ class Stack:
     res: Any
     installed: inst.Installed
     cdi: CdiSpecs
+    image: str  # the installed toposerve image: the model servers run it too
     uninstalled: bool = False
 
 
@@ -103,31 +124,56 @@ def _delete_sims(core: Any) -> None:
             core.delete_namespaced_pod(name, "default", grace_period_seconds=1)
 
 
+def _sim_pods(core: Any) -> list[Any]:
+    return list(core.list_namespaced_pod("default", label_selector=f"app={SIM}").items)
+
+
+def _start_sims(s: Stack) -> None:
+    """The two model servers, unless they run."""
+    have = {p.metadata.name for p in _sim_pods(s.core)}
+    for name, port in SIM_PORTS.items():
+        if name not in have:
+            s.core.create_namespaced_pod("default", _sim_pod(s.image, name, port))
+
+
+def _delete_kept(core: Any, values: InstallValues) -> None:
+    """What uninstall keeps on purpose (the generated Secrets, the router's
+    Namespace), so that later tests start clean."""
+    for obj in inst.kept_objects(values):
+        with contextlib.suppress(ApiException):
+            if obj["kind"] == "Namespace":
+                core.delete_namespace(obj["metadata"]["name"])
+            else:
+                core.delete_namespaced_secret(obj["metadata"]["name"],
+                                              obj["metadata"]["namespace"])
+    # and the release's namespace: `helm install --create-namespace` made it,
+    # outside the release, and `helm uninstall` leaves it
+    with contextlib.suppress(ApiException):
+        core.delete_namespace(PREFIX)
+    wait_for("the namespaces gone", lambda: not {ROUTER_NS, PREFIX} & {
+        n.metadata.name for n in core.list_namespace().items}, timeout=120)
+
+
 @pytest.fixture(scope="module")
 def stack(real_node_cluster: Cluster) -> Iterator[Stack]:
+    """The install on a cluster without model servers (they come in the
+    first test): ``cluster up --install``'s, names prefixed."""
     ensure_started(real_node_cluster)
     core: Any = client.CoreV1Api(real_node_cluster.api)
     # this tree's images (an archive built from older code under the same tag
-    # would run that code); the model server first: the routers are ready
-    # (warm) once they find one
+    # would run that code)
     images = make_images()
-    inst.import_images(images.values())
     image = next(ref for ref in images if inst._image_name(ref) == "toposerve")
-    for name, port in SIM_PORTS.items():
-        core.create_namespaced_pod("default", _sim_pod(image, name, port))
     lines: list[str] = []
     try:
         installed = inst.install(real_node_cluster.name, sets=[
-            f"namespace={PREFIX}", f"router.namespace={PREFIX}", f"namePrefix={PREFIX}",
+            f"namespace={PREFIX}", f"router.namespace={ROUTER_NS}", f"namePrefix={PREFIX}",
             f"deviceClasses.gpu={GPU_CLASS}",
             "deviceClasses.nic=rn-install-nic.toposerve.io",
             "deviceClasses.rdmaNic=rn-install-rdma-nic.toposerve.io",
             f"router.config.discovery.kubernetes.labelSelector=app={SIM}",
             "router.config.discovery.kubernetes.portName=http",
             "router.apiKeys.enabled=false"], progress=lines.append)
-    except BaseException:
-        _delete_sims(core)
-        raise
     finally:
         print("\n".join(lines))  # the progress lines and the time it took, in -s output
     res: Any = client.ResourceV1Api(real_node_cluster.api)
@@ -137,7 +183,7 @@ def stack(real_node_cluster: Cluster) -> Iterator[Stack]:
             {"name": "gpu", "exactly": {"deviceClassName": GPU_CLASS}}]}}}})
     s = Stack(cluster=real_node_cluster, core=core,
               apps=client.AppsV1Api(real_node_cluster.api), res=res, installed=installed,
-              cdi=CdiSpecs(CDI_ROOT, CDI_VENDOR, CDI_CLASS))
+              cdi=CdiSpecs(CDI_ROOT, CDI_VENDOR, CDI_CLASS), image=image)
     try:
         yield s
     finally:
@@ -146,6 +192,13 @@ def stack(real_node_cluster: Cluster) -> Iterator[Stack]:
         _delete_sims(core)
         if not s.uninstalled:
             inst.uninstall(real_node_cluster.name, installed.values)
+        _delete_kept(core, installed.values)
+
+
+@pytest.fixture
+def sims(stack: Stack) -> None:
+    """The model servers running (the first test made them; again if it did not run)."""
+    _start_sims(stack)
 
 
 def _driver_pods(s: Stack) -> list[Any]:
@@ -178,6 +231,38 @@ def _delete_and_wait_unprepared(s: Stack, name: str, claim_uid: str) -> None:
     assert not s.cdi.path(claim_uid).exists()
 
 
+def _workloads(s: Stack) -> list[dict[str, Any]]:
+    return [o for o in s.installed.objects if o["kind"] in inst.WORKLOADS]
+
+
+def test_install_on_an_empty_cluster_serves_once_a_model_server_comes(stack: Stack) -> None:
+    """No model server runs when the install starts: it still ends with
+    every workload available (the fixture waited for that; read again
+    here), and the router answers a clear 503 until a simulator pod comes,
+    then serves."""
+    assert not _sim_pods(stack.core), "the model servers come in this test, not before"
+    inst.wait_available(stack.cluster.api, _workloads(stack), timeout_s=1)
+    by_role = _pair(stack)
+    leader = _url(by_role["leader"])
+    # one replica leads with no model server (the Service sends to the leader)
+    r = _chat(leader, model=None)  # any model: none is served yet
+    assert r.status_code == 503, r.text
+    error = r.json()["error"]
+    assert error["type"] == "ServiceUnavailable" and "no ready endpoint" in error["message"]
+    r = _chat(leader)  # a model no server serves yet: as vLLM answers an unknown one
+    assert r.status_code == 404 and r.json()["error"]["param"] == "model", r.text
+    # a load balancer's check says the same; the pod probe says warm
+    assert httpx.get(leader + "/ready", timeout=5).status_code == 503
+    assert all(httpx.get(_url(p) + "/ready?role=any", timeout=5).status_code == 200
+               for p in by_role.values())
+    _start_sims(stack)
+    started = time.monotonic()
+    wait_for("the router serving the first model server", lambda: _chat(
+        leader).status_code == 200, timeout=90, interval=0.5)
+    print(f"router: 503 until the model servers came; served {time.monotonic() - started:.1f}s "
+          "after their pods were created")
+
+
 def test_images_imported_and_never_pulled(stack: Stack) -> None:
     tools = find_node_tools()
     layout = default_layout()
@@ -207,7 +292,7 @@ def test_images_imported_and_never_pulled(stack: Stack) -> None:
 
 
 def test_every_workload_available_on_the_real_node_only(stack: Stack) -> None:
-    status = inst.install_status(stack.cluster.api, [PREFIX])
+    status = inst.install_status(stack.cluster.api, [PREFIX, ROUTER_NS])
     kinds = {(c["kind"], c["component"]): c for c in status["components"]}
     assert set(kinds) == {("DaemonSet", "gpu-driver"), ("Deployment", "extender"),
                           ("Deployment", "scheduler"), ("Deployment", "router"),
@@ -286,10 +371,28 @@ def test_rolling_restart_under_a_running_claim(stack: Stack, make_pod: PodMaker)
 def _routers(s: Stack) -> dict[str, Any]:
     """The router pods by role, once there are a leader and a standby."""
     pods = [p for p in s.core.list_namespaced_pod(
-        PREFIX, label_selector="app.kubernetes.io/component=router").items
+        ROUTER_NS, label_selector="app.kubernetes.io/component=router").items
         if p.metadata.deletion_timestamp is None and p.status.phase == "Running"]
     by = {str((p.metadata.labels or {}).get(ROLE_LABEL)): p for p in pods}
     return by if len(pods) == 2 and set(by) == {"leader", "standby"} else {}
+
+
+def _pair(s: Stack, timeout: float = 60) -> dict[str, Any]:
+    """The router pods by role once there are a leader and a standby; else
+    an AssertionError with each pod's phase, role and last log lines."""
+    try:
+        got: dict[str, Any] = wait_for("a leading and a standing-by router pod",
+                                       lambda: _routers(s), timeout=timeout)
+        return got
+    except AssertionError as err:
+        pods = s.core.list_namespaced_pod(
+            ROUTER_NS, label_selector="app.kubernetes.io/component=router").items
+        said = [f"{p.metadata.name} {p.status.phase} role="
+                f"{(p.metadata.labels or {}).get(ROLE_LABEL)}: " + " | ".join(
+                    s.core.read_namespaced_pod_log(p.metadata.name, ROUTER_NS,
+                                                   tail_lines=8).splitlines())
+                for p in pods if p.status.phase == "Running"]
+        raise AssertionError(f"{err}: {'; '.join(said) or 'no router pod running'}") from None
 
 
 def _url(pod: Any) -> str:
@@ -297,9 +400,9 @@ def _url(pod: Any) -> str:
     return f"http://127.0.0.1:{pod.spec.containers[0].ports[0].container_port}"
 
 
-def _chat(url: str) -> httpx.Response:
+def _chat(url: str, model: str | None = SIM_MODEL) -> httpx.Response:
     return httpx.post(url + "/v1/chat/completions", timeout=10, json={
-        "model": SIM_MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+        "model": model, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
 
 
 def _healthy_endpoints(router: str) -> set[str]:
@@ -308,12 +411,12 @@ def _healthy_endpoints(router: str) -> set[str]:
             if line.startswith("toposerve_router_endpoint_healthy{") and line.endswith(" 1.0")}
 
 
+@pytest.mark.usefixtures("sims")
 def test_router_pair_serves_the_sim_and_the_standby_takes_over(stack: Stack) -> None:
-    by_role = wait_for("a leading and a standing-by router pod", lambda: _routers(stack),
-                       timeout=60)
+    by_role = _pair(stack)
     leader, standby = _url(by_role["leader"]), _url(by_role["standby"])
     assert leader != standby
-    assert inst.install_status(stack.cluster.api, [PREFIX])["routerURL"] == leader
+    assert inst.install_status(stack.cluster.api, [PREFIX, ROUTER_NS])["routerURL"] == leader
     # both model servers, one IP and a port each, are found and healthy
     want = {f"127.0.0.1:{p}" for p in SIM_PORTS.values()}
     wait_for("both model servers healthy behind the leader",
@@ -330,7 +433,7 @@ def test_router_pair_serves_the_sim_and_the_standby_takes_over(stack: Stack) -> 
     got = httpx.get(f"{standby}/v1/responses/{turn.json()['id']}", timeout=5)
     assert got.status_code == 200, got.text
 
-    stack.core.delete_namespaced_pod(by_role["leader"].metadata.name, PREFIX)
+    stack.core.delete_namespaced_pod(by_role["leader"].metadata.name, ROUTER_NS)
     deleted = time.monotonic()
     wait_for("the standby to lead", lambda: httpx.get(
         standby + "/ready", timeout=1).status_code == 200, timeout=10, interval=0.02)
@@ -535,11 +638,139 @@ def test_example_06_partition_on_the_real_node(stack: Stack, make_pod: PodMaker)
     _log(stack, name, env["CUDA_VISIBLE_DEVICES"])  # `echo $CUDA_VISIBLE_DEVICES`
     _delete_and_wait_unprepared(stack, name, claim.metadata.uid)
 
-def test_uninstall_leaves_no_slices_sockets_or_cdi_specs(stack: Stack) -> None:
-    inst.uninstall(stack.cluster.name, stack.installed.values)
+# -- helm upgrade with a values change, helm rollback, helm uninstall --
+
+# a router-only values change: the RouterConfig's hash on its pods rolls the pair
+HEALTH_EVERY = "router.config.scrape.healthIntervalSeconds=4"
+STREAM_TOKENS = 500  # at the simulator's 20 ms a token, some 10 s: across the roll
+
+
+def _router_workloads(s: Stack) -> list[dict[str, Any]]:
+    return [o for o in _workloads(s) if o["metadata"]["namespace"] == ROUTER_NS
+            and o["metadata"]["labels"][inst.COMPONENT_LABEL] == "router"]
+
+
+def _stream(url: str, got: dict[str, Any], first: threading.Event) -> None:
+    """A streamed chat of STREAM_TOKENS tokens: its status, its data lines
+    and when it ended into ``got`` (or the error that cut it)."""
+    lines: list[str] = []
+    try:
+        with httpx.stream("POST", url + "/v1/chat/completions", timeout=60, json={
+                "model": SIM_MODEL, "max_tokens": STREAM_TOKENS, "stream": True,
+                "ignore_eos": True, "messages": [{"role": "user", "content": "hi"}]}) as r:
+            got["status"] = r.status_code
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    lines.append(line.removeprefix("data: "))
+                    first.set()
+    except httpx.HTTPError as err:
+        got["error"] = repr(err)
+    finally:
+        got["lines"], got["ended"] = lines, time.monotonic()
+        first.set()
+
+
+@pytest.mark.usefixtures("sims")
+def test_a_values_change_rolls_the_router_pair_without_dropping_a_stream(stack: Stack
+                                                                         ) -> None:
+    """``helm upgrade`` with a router setting changed rolls both router
+    pods (Recreate: each holds its port on the node); a stream in flight to
+    the leader when its pod is told to stop runs to its end (the router
+    drains in-flight requests on SIGTERM)."""
+    by_role = _pair(stack)
+    old = by_role["leader"]
+    leader = _url(old)
+    want = {f"127.0.0.1:{p}" for p in SIM_PORTS.values()}
+    wait_for("both model servers healthy behind the leader",
+             lambda: _healthy_endpoints(leader) == want, timeout=30)
+    got: dict[str, Any] = {}
+    first = threading.Event()
+    streaming = threading.Thread(target=_stream, args=(leader, got, first), daemon=True)
+    streaming.start()
+    assert first.wait(15) and "error" not in got, got
+    inst.helm_install(stack.cluster.name, inst.with_sets(stack.installed.values,
+                                                         [HEALTH_EVERY]))
+
+    def stopping() -> bool:
+        pod = stack.core.list_namespaced_pod(
+            ROUTER_NS, field_selector=f"metadata.name={old.metadata.name}").items
+        return not pod or pod[0].metadata.deletion_timestamp is not None
+
+    wait_for("the leader's pod told to stop", stopping, timeout=30, interval=0.05)
+    told = time.monotonic()
+    streaming.join(60)
+    assert "error" not in got and got.get("status") == 200, got
+    assert got["ended"] > told, "the stream ended before the leader's pod was told to stop"
+    assert got["lines"][-1] == "[DONE]"
+    chunks = [orjson.loads(x) for x in got["lines"][:-1]]
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]
+            and c["choices"][0].get("finish_reason")] == ["length"]
+    print(f"router roll: the stream ran {got['ended'] - told:.1f}s past its router's stop")
+    inst.wait_available(stack.cluster.api, _router_workloads(stack), timeout_s=120)
+    now = _pair(stack)
+    assert not {p.metadata.uid for p in now.values()} & {
+        p.metadata.uid for p in by_role.values()}
+    cm = stack.core.read_namespaced_config_map(f"{PREFIX}-router", ROUTER_NS)
+    assert all("healthIntervalSeconds: 4" in text for text in cm.data.values()), cm.data
+    assert _chat(_url(now["leader"])).status_code == 200
+
+
+def _rendered(s: Stack, kind: str, name: str) -> dict[str, Any]:
+    return next(o for o in s.installed.objects
+                if o["kind"] == kind and o["metadata"]["name"] == name)
+
+
+@pytest.mark.usefixtures("sims")
+def test_rollback_to_the_revision_before(stack: Stack) -> None:
+    """``helm rollback`` after the values change: a new revision in the
+    history, the workloads available again with the values before (the
+    router's config and its pods' config hash as the first install rendered
+    them), serving."""
+    values = stack.installed.values
+    if len(inst.history(stack.cluster.name, values)) < 2:  # run without the test before
+        inst.helm_install(stack.cluster.name, inst.with_sets(values, [HEALTH_EVERY]))
+    before = inst.history(stack.cluster.name, values)
+    inst.rollback(stack.cluster.name, values)
+    after = inst.history(stack.cluster.name, values)
+    last = after[-1]
+    assert len(after) == len(before) + 1 and last["status"] == "deployed", after
+    assert last["description"] == f"Rollback to {before[-2]['revision']}", last
+    assert [r["status"] for r in after[:-1]] == ["superseded"] * len(before), after
+    inst.wait_available(stack.cluster.api, _workloads(stack), timeout_s=120)
+    got = orjson.loads(inst.helm(stack.cluster.name, [
+        "get", "values", RELEASE, "--namespace", PREFIX, "--output", "json"]))
+    assert got == helm_values(values)
+    cm = stack.core.read_namespaced_config_map(f"{PREFIX}-router", ROUTER_NS)
+    assert cm.data == _rendered(stack, "ConfigMap", f"{PREFIX}-router")["data"]
+    routers = _pair(stack)
+    for pod in routers.values():
+        deployment = f"{PREFIX}-router-{pod.metadata.labels['toposerve.io/router-replica']}"
+        want = _rendered(stack, "Deployment", deployment)["spec"]["template"]["metadata"][
+            "annotations"][CONFIG_HASH]
+        assert pod.metadata.annotations[CONFIG_HASH] == want, deployment
+    wait_for("the leader serving", lambda: _chat(_url(routers["leader"])).status_code == 200,
+             timeout=30)
+
+
+def test_uninstall_leaves_only_what_it_keeps(stack: Stack) -> None:
+    """``helm uninstall`` (and the host cleanups): no release, no slice,
+    plugin socket or CDI spec of the driver, no object of the release but
+    those the chart keeps on purpose: the generated Secrets and the
+    router's Namespace (docs/install.md; the fixture deletes them after)."""
+    values = stack.installed.values
+    inst.uninstall(stack.cluster.name, values)
     stack.uninstalled = True
+    assert not [r for r in inst.releases(stack.cluster.name) if r["name"] == RELEASE]
     assert not _gpus(stack)
     assert not _driver_pods(stack)
     assert not _sockets()
     assert not list(CDI_ROOT.glob(f"{CDI_VENDOR}_{CDI_CLASS}-*"))
-    assert inst.install_status(stack.cluster.api, [PREFIX])["components"] == []
+    assert inst.install_status(stack.cluster.api, [PREFIX, ROUTER_NS])["components"] == []
+    kept = inst.kept_objects(values)
+    assert sorted(o["kind"] for o in kept) == ["Namespace", "Secret", "Secret"], kept
+    assert all((o["metadata"].get("annotations") or {}).get("toposerve.io/generated") == "true"
+               for o in kept if o["kind"] == "Secret")
+    assert [o["metadata"]["name"] for o in kept if o["kind"] == "Namespace"] == [ROUTER_NS]
+    left = labelled_objects(stack.cluster.api, f"app.kubernetes.io/instance={PREFIX}")
+    assert left == sorted(f"{o['kind']} {o['metadata'].get('namespace', '')}/"
+                          f"{o['metadata']['name']}" for o in kept)
