@@ -24,6 +24,7 @@ from toposerve.localcluster.realnode.paths import (
     default_layout,
 )
 from toposerve.manifests.render import render_objects
+from toposerve.manifests.values import InstallValues
 
 pytestmark = pytest.mark.unit
 
@@ -68,7 +69,7 @@ def test_every_pod_on_the_real_node_with_imported_images_and_the_loopback_api() 
     # the chart's local-cluster overlay: every pod on the node's network,
     # which a real cluster's defaults give the NIC driver only
     assert all(pod.get("hostNetwork") for _, pod in pods)
-    plain = _pods(render_objects(inst.InstallValues()))
+    plain = _pods(render_objects(InstallValues()))
     assert [n for n, pod in plain if pod.get("hostNetwork")] == []
 
 

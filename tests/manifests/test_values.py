@@ -77,7 +77,8 @@ def test_component_configs_merge_over_their_defaults(tmp_path: Path) -> None:
 
 
 def test_ipv6_api_server_url() -> None:
-    assert load_values(None, ["apiServer.host=::1"]).api_server.url == "https://[::1]:6443"
+    given = load_values(None, ["apiServer.host=::1"]).api_server
+    assert given is not None and given.url == "https://[::1]:6443"
 
 
 @pytest.mark.parametrize("sets, message", [
