@@ -22,11 +22,12 @@ from harness.waiting import wait_for
 from tests.conftest import Cluster
 from toposerve.dra_driver.net.handoff.links import Namespace
 from toposerve.kubeapi import ApiError, JsonApi
+from toposerve.localcluster import install as inst
 from toposerve.localcluster.realnode import nics
 from toposerve.localcluster.realnode import node as realnode
 from toposerve.localcluster.realnode.paths import NODE_NAME, Layout, default_layout
 from toposerve.localcluster.realnode.pods import busybox_pod
-from toposerve.manifests.chart import chart_dir
+from toposerve.manifests.chart import RELEASE, chart_dir
 
 
 @dataclass
@@ -203,3 +204,12 @@ def labelled_objects(api: Any, selector: str) -> list[str]:
             found += [f"{r['kind']} {i['metadata'].get('namespace', '')}/"
                       f"{i['metadata']['name']}" for i in items]
     return sorted(set(found))
+
+
+def drop_failed_release(cluster: str, namespace: str) -> None:
+    """After an install that failed part way: its release uninstalled, so
+    that its driver pods do not outlive the module next to the next
+    install's (the next driver's start deletes its node's slices)."""
+    with contextlib.suppress(inst.InstallError):
+        inst.helm(cluster, ["uninstall", RELEASE, "--namespace", namespace, "--wait",
+                            "--ignore-not-found"])

@@ -38,6 +38,7 @@ from harness.waiting import wait_for
 from tests.conftest import Cluster
 from tests.realnode.conftest import (
     PodMaker,
+    drop_failed_release,
     ensure_started,
     example_on_real_node,
     labelled_objects,
@@ -174,6 +175,9 @@ def stack(real_node_cluster: Cluster) -> Iterator[Stack]:
             f"router.config.discovery.kubernetes.labelSelector=app={SIM}",
             "router.config.discovery.kubernetes.portName=http",
             "router.apiKeys.enabled=false"], progress=lines.append)
+    except BaseException:
+        drop_failed_release(real_node_cluster.name, PREFIX)
+        raise
     finally:
         print("\n".join(lines))  # the progress lines and the time it took, in -s output
     res: Any = client.ResourceV1Api(real_node_cluster.api)

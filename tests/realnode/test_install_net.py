@@ -40,6 +40,7 @@ from harness.waiting import wait_for
 from tests.conftest import Cluster
 from tests.realnode.conftest import (
     PodMaker,
+    drop_failed_release,
     ensure_started,
     example_on_real_node,
     labelled_objects,
@@ -138,6 +139,9 @@ def net_stack(real_node_cluster: Cluster, tmp_path_factory: pytest.TempPathFacto
                 # what these tests need: the two drivers and their classes
                 "extender.enabled=false", "scheduler.enabled=false", "router.enabled=false"],
                 progress=lines.append, chart=chart)
+        except BaseException:
+            drop_failed_release(real_node_cluster.name, PREFIX)
+            raise
         finally:
             print("\n".join(lines))
         s = NetStack(cluster=real_node_cluster, core=core,
