@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import socket
 import subprocess
 import threading
 import time
@@ -128,14 +129,13 @@ def role_labels(core: Any, replicas: list[Proc]) -> dict[str, str]:
     return out
 
 
-@pytest.fixture
-def pair(cluster: Cluster, procs: Procs, redis_url: str,
-         monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
-         ) -> Iterator[tuple[list[Proc], list[Proc], Service]]:
-    """Its parameter (indirect): the lease duration, default 1 s."""
-    duration = int(getattr(request, "param", 1))
+def start_pair(cluster: Cluster, procs: Procs, redis_url: str,
+               monkeypatch: pytest.MonkeyPatch, endpoints: list[str], duration: int = 1
+               ) -> tuple[list[Proc], list[str]]:
+    """Two HA router replicas on one new Lease (``duration`` seconds) in
+    front of ``endpoints``, each with a pod (kwok's) to label: the replicas
+    and the pods' names. The replicas are not waited for."""
     core: Any = client.CoreV1Api(cluster.api)
-    sims = [procs.sim(time_scale=0.02) for _ in range(3)]
     lease = f"router-{uuid.uuid4().hex[:6]}"
     # pods for the replicas to label (kwok runs them; the routers run here)
     pods = [f"{lease}-a", f"{lease}-b"]
@@ -155,8 +155,27 @@ def pair(cluster: Cluster, procs: Procs, redis_url: str,
                 # reads twice as often as the default: the 2 s bound holds on a loaded machine
                 "renewIntervalSeconds": 0.1,
                 "kubeconfig": str(kubeconfig_path(cluster.name))}}},
-            endpoints=[s.url for s in sims], wait_ready=False))
+            endpoints=endpoints, wait_ready=False))
         replicas[-1].extra["pod"] = ident
+    return replicas, pods
+
+
+def delete_pods(cluster: Cluster, pods: list[str]) -> None:
+    core: Any = client.CoreV1Api(cluster.api)
+    for pod in pods:
+        with contextlib.suppress(client.exceptions.ApiException):
+            core.delete_namespaced_pod(pod, "default", grace_period_seconds=0)
+
+
+@pytest.fixture
+def pair(cluster: Cluster, procs: Procs, redis_url: str,
+         monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+         ) -> Iterator[tuple[list[Proc], list[Proc], Service]]:
+    """Its parameter (indirect): the lease duration, default 1 s."""
+    duration = int(getattr(request, "param", 1))
+    sims = [procs.sim(time_scale=0.02) for _ in range(3)]
+    replicas, pods = start_pair(cluster, procs, redis_url, monkeypatch,
+                                [s.url for s in sims], duration)
     wait_for("one leader, one standby",
              lambda: sorted(status(r.url) for r in replicas) == [200, 503], timeout=20)
     # the standby is warm: ready but for its role
@@ -169,9 +188,34 @@ def pair(cluster: Cluster, procs: Procs, redis_url: str,
     finally:
         service.stop.set()
         poller.join(5)
-        for pod in pods:
-            with contextlib.suppress(client.exceptions.ApiException):
-                core.delete_namespaced_pod(pod, "default", grace_period_seconds=0)
+        delete_pods(cluster, pods)
+
+
+def test_a_warm_pair_without_model_servers_has_a_leader(
+        cluster: Cluster, procs: Procs, redis_url: str, monkeypatch: pytest.MonkeyPatch
+        ) -> None:
+    """No model server answers (an endpoint nobody listens on): both
+    replicas get warm (they asked it once) and one takes the Lease, so the
+    Service, which selects the leader, has a router that answers 503 "no
+    endpoint" (an install on an empty cluster: before, neither led)."""
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        nobody = f"http://127.0.0.1:{s.getsockname()[1]}"
+    core: Any = client.CoreV1Api(cluster.api)
+    replicas, pods = start_pair(cluster, procs, redis_url, monkeypatch, [nobody])
+    try:
+        wait_for("both replicas warm", lambda: all(
+            status(r.url, "/ready?role=any") == 200 for r in replicas), timeout=20)
+        roles = wait_for("a leader and a standby by their pods' labels", lambda: (
+            got if sorted((got := role_labels(core, replicas)).values()) == [
+                "leader", "standby"] else {}), timeout=10)
+        leader = next(url for url, role in roles.items() if role == "leader")
+        assert status(leader) == 503  # a load balancer's check still needs an endpoint
+        r = httpx.post(leader + "/v1/chat/completions", timeout=10, json={
+            "model": None, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 503 and r.json()["error"]["type"] == "ServiceUnavailable", r.text
+    finally:
+        delete_pods(cluster, pods)
 
 
 def run_load(service: Service) -> tuple[Load, list[threading.Thread]]:
