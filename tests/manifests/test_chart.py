@@ -154,3 +154,14 @@ def test_inference_pool_discovery_gets_its_rbac() -> None:
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
         {"apiGroups": ["inference.networking.k8s.io"], "resources": ["inferencepools"],
          "resourceNames": ["llama"], "verbs": ["get", "list", "watch"]}]
+
+
+def test_the_api_keys_secret_outlives_the_release() -> None:
+    """The chart makes the tenants' keys Secret empty and keeps it on
+    uninstall (an admin writes the keys); a Secret the values name is the
+    admin's, not rendered."""
+    (keys,) = [o for o in objects(only=["router"]) if o["kind"] == "Secret"]
+    assert keys["metadata"]["name"] == "toposerve-router-keys" and "data" not in keys
+    assert keys["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert not [o for o in objects("router.apiKeys.secretName=mine", only=["router"])
+                if o["kind"] == "Secret"]
