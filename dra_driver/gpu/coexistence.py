@@ -8,7 +8,6 @@ an Event on the Node."""
 
 from __future__ import annotations
 
-import datetime
 import json
 from typing import Any
 
@@ -16,7 +15,8 @@ import structlog
 from prometheus_client import Gauge
 
 from toposerve.dra_driver.gpu.nvml import NvmlNode
-from toposerve.kubeapi.typed import ApiClient, CoreV1Api, ResourceV1Api
+from toposerve.kubeapi import events
+from toposerve.kubeapi.typed import ApiClient, ResourceV1Api
 from toposerve.topology.model import DeviceKind, NodeHardware
 
 log = structlog.get_logger("dra.gpu.coexistence")
@@ -102,16 +102,7 @@ class NvidiaNeighbours:
                    f"advertises on this node ({', '.join(sorted(gpus))}): one GPU would be "
                    f"handed out twice; --allow-shared-with-nvidia publishes them anyway")
         log.warning(message, driver=self.driver, node=self.node_name, by=who)
-        now = datetime.datetime.now(datetime.UTC).isoformat()
         meta = node.metadata
-        body: Any = {
-            "metadata": {"generateName": f"{self.node_name}.gpus-withheld."},
-            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": self.node_name,
+        events.warn(self.api, {"apiVersion": "v1", "kind": "Node", "name": self.node_name,
                                "uid": meta.uid if meta is not None else None},
-            "reason": "GpusWithheld", "message": message, "type": "Warning",
-            "source": {"component": self.driver, "host": self.node_name},
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1}
-        try:
-            CoreV1Api(self.api).create_namespaced_event("default", body, _request_timeout=20)
-        except Exception as err:  # the Event is a courtesy; the log line says it all
-            log.warning("cannot write the Node event", driver=self.driver, error=str(err))
+                    "GpusWithheld", message, self.driver, self.node_name)

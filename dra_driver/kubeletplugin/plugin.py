@@ -67,6 +67,7 @@ from toposerve.dra_driver.kubeletplugin.registration import (
 )
 from toposerve.dra_driver.kubeletplugin.sockets import PluginPaths, grpc_target, remove_stale_socket
 from toposerve.dra_driver.resourceslice import Pool
+from toposerve.kubeapi.events import warn as warn_event
 from toposerve.kubeapi.typed import ApiException
 
 log = structlog.get_logger("dra.plugin")
@@ -482,9 +483,21 @@ class KubeletPlugin:
     def _dropping(self, uid: str, entry: ClaimEntry, why: str) -> None:
         """Say that an entry that can never be undone leaves the checkpoint."""
         metrics.BACKGROUND_ERRORS.labels(self.cfg.driver, "dropped-claim").inc()
+        devices = [d.device for d in entry.devices]
         log.error("dropping a claim from the checkpoint: it can never be undone; what it "
                   "prepared may be left behind", uid=uid, claim=f"{entry.namespace}/{entry.name}",
-                  state=entry.state.value, devices=[d.device for d in entry.devices], error=why)
+                  state=entry.state.value, devices=devices, error=why)
+        if self.api is None:  # run without an apiserver: the log line is all
+            return
+        # where its owner looks (kubectl describe resourceclaim); a claim under
+        # names no apiserver gives gets none, the log line above is all
+        warn_event(self.api, {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                              "namespace": entry.namespace, "name": entry.name, "uid": uid},
+                   "DroppedFromCheckpoint",
+                   f"{self.cfg.driver} on node {self.cfg.node_name} gave up on this claim "
+                   f"({entry.state.value}, devices {', '.join(devices) or 'none'}): {why}. What "
+                   "it prepared may be left behind on the node", self.cfg.driver,
+                   self.cfg.node_name)
 
     def _save(self, data: CheckpointData, uid: str, entry: ClaimEntry | None) -> None:
         if entry is None:

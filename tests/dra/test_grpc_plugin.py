@@ -326,7 +326,16 @@ def test_entries_that_can_never_be_undone_are_dropped_not_retried_forever(
     api.clear_errors = {UID_A: UnwritableClaim("the apiserver refuses every status update"),
                         UID_B: ApiException(status=422, reason="Unprocessable Entity"),
                         UID_C: ApiException(status=503, reason="Service Unavailable")}
+    warned: list[tuple[dict[str, Any], str, str]] = []
+
+    def warn(api: object, involved: dict[str, Any], reason: str, message: str,
+             *_: str) -> bool:
+        warned.append((involved, reason, message))
+        return True
+
+    monkeypatch.setattr(plugin_module, "warn_event", warn)
     p = _plugin(tmp_path)
+    p.api = object()  # an apiserver's client, for the Events: warn_event is the test's
     escaped = tmp_path / "escaped.json"  # where an older driver wrote a `../` claim's spec
     escaped.write_text("{}")
     p.cfg.cdi.write(UID_A, {"dev-0": ContainerEdits(env={"X": "1"})}, ContainerEdits())
@@ -343,6 +352,13 @@ def test_entries_that_can_never_be_undone_are_dropped_not_retried_forever(
     try:
         # the transient failure stays to be retried; everything else is gone
         assert set(p.checkpoint.load()[0].claims) == {UID_C}
+        # each drop a Warning on its claim, saying what was given up and why
+        assert sorted(i["uid"] for i, _, _ in warned) == sorted(
+            ["a" * 300, UID_A[:-1] + "\x00", "x/../../escaped", UID_B[:-1] + "f", UID_A, UID_B])
+        for involved, reason, message in warned:
+            assert (involved["kind"], involved["namespace"], involved["name"], reason) == (
+                "ResourceClaim", "default", "c", "DroppedFromCheckpoint")
+            assert "gave up on this claim" in message and "may be left behind" in message
         assert p.cfg.cdi.claims() == set()  # the spec of the claim whose status is stuck too
         assert escaped.read_text() == "{}"  # outside the root: never touched
         del api.clear_errors[UID_C]

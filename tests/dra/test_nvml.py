@@ -38,6 +38,7 @@ from toposerve.dra_driver.gpu.edits import gpu_edits, resolve
 from toposerve.dra_driver.gpu.nvml import NVML_AVAILABLE, Nvml, XidEvent, find_library
 from toposerve.dra_driver.kubeletplugin import AllocatedDevice, ClaimRef, HealthBoard
 from toposerve.dra_driver.kubeletplugin.health import Health
+from toposerve.kubeapi import events as kube_events
 from toposerve.topology.discovery import discover
 from toposerve.topology.model import DomainPath, NodeTopology
 from toposerve.topology.profiles import load_profile
@@ -312,7 +313,7 @@ def kind_of(nvml_of: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         _, path = nvml_of(scenario)
         core = core or _Core()
         monkeypatch.setattr(driver, "CoreV1Api", core)
-        monkeypatch.setattr(coexistence, "CoreV1Api", core)
+        monkeypatch.setattr(kube_events, "CoreV1Api", core)
         monkeypatch.setattr(coexistence.NvidiaNeighbours, "_nvidia_slices",
                             lambda self: nvidia_slices or [])
         sysfs = tmp_path / "sysfs"

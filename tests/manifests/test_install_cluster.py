@@ -297,7 +297,8 @@ def test_driver_rbac_is_exactly_the_listed_rules(cluster: Cluster, install: Inst
         ("associated-node:update", g, "resourceclaims/driver", GPU_DRIVER),
         ("associated-node:patch", g, "resourceclaims/driver", GPU_DRIVER),
         ("get", "", "nodes", ""),
-        ("create", "", "events", ""),  # the Node Warning when it withholds NVIDIA's GPUs
+        # a Warning on a claim it gives up on; on the Node when it withholds NVIDIA's GPUs
+        ("create", "", "events", ""),
     }
 
 

@@ -158,10 +158,13 @@ def test_gpu_driver_rbac_is_exactly_the_listed_rules() -> None:
         (("resource.k8s.io",), ("resourceclaims/driver",), ("gpu.toposerve.io",),
          ("associated-node:patch", "associated-node:update")),
         (("",), ("nodes",), (), ("get",)),
-        (("",), ("events",), (), ("create",)),  # a Node Warning when GPUs are withheld
+        # a Warning on a claim given up on, on the Node when GPUs are withheld
+        (("",), ("events",), (), ("create",)),
     }
     net = one(objects("netDriver.enabled=true", only=["net-driver"]), "ClusterRole")
-    assert not [r for r in net["rules"] if "events" in r["resources"]]
+    # a Warning on a claim it gives up on, as the GPU driver
+    assert [r for r in net["rules"] if "events" in r["resources"]] == [
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
 
 
 def test_admission_policy_covers_the_net_driver_when_asked() -> None:

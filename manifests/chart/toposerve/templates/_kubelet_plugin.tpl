@@ -67,12 +67,11 @@ rules:
 - apiGroups: [""]
   resources: [nodes]
   verbs: [get]
-{{- if eq .driver "gpu.toposerve.io" }}
-# a Warning on the Node when it withholds GPUs that NVIDIA's plugins advertise
+# a Warning on a claim it gives up on (and, the GPU driver, on the Node
+# when it withholds GPUs that NVIDIA's plugins advertise)
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
-{{- end }}
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRoleBinding
