@@ -121,7 +121,9 @@ class RouterMetrics:
         self.admission = Counter("toposerve_router_admission",
                                  "Admission decisions where an objective or flow control "
                                  "applied: admitted, queued (then sent), shed, expired, "
-                                 "queue-full, rate-limited.", ["outcome"], registry=r)
+                                 "queue-full, rate-limited; priority: the request's band "
+                                 "(its objective's priority, 0 without one).",
+                                 ["outcome", "priority"], registry=r)
         self.tenant_requests = Counter("toposerve_router_tenant_requests",
                                        "Admission decisions per tenant of an API key "
                                        "(outcomes as toposerve_router_admission); beyond "

@@ -160,7 +160,9 @@ class Admission:
                 self._last_turn.popitem(last=False)
 
     def _count(self, c: Classified, outcome: str) -> None:
-        self.metrics.admission.labels(outcome).inc()
+        # the band is one of the configured objectives' priorities (or 0):
+        # no client can widen the label's values
+        self.metrics.admission.labels(outcome, str(c.priority)).inc()
         if c.tenant:
             self.metrics.tenant_requests.labels(self.tenants.metric_label(c.tenant),
                                                 outcome).inc()

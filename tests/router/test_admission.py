@@ -54,8 +54,10 @@ def test_shedding_queueing_and_ttl(procs: Procs) -> None:
     for t in busy:
         t.join()
     metrics = httpx.get(router.url + "/metrics").text
-    for outcome in ("shed", "expired", "queued"):
-        assert f'toposerve_router_admission_total{{outcome="{outcome}"}} 1.0' in metrics
+    # each with its band: the sheddable objective's, else 0
+    for outcome, band in (("shed", -1), ("expired", 0), ("queued", 0)):
+        assert (f'toposerve_router_admission_total{{outcome="{outcome}",priority="{band}"}} 1.0'
+                in metrics), outcome
     assert "toposerve_router_queued_requests 0.0" in metrics
 
 
