@@ -9,10 +9,10 @@ of the answer as the proxy streamed it through."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import grpc
 import orjson
 import structlog
 from aiohttp import web
@@ -94,11 +94,14 @@ class Picker:
         self.router = router
         self.director, self.metrics = router.director, router.metrics
 
-    async def Process(self, requests: AsyncIterator[Any], context: Any
-                      ) -> AsyncIterator[Any]:
+    async def Process(self, requests: Any, context: Any) -> None:
+        """One stream, read and written through ``context`` rather than as
+        async generators: each message costs the picker a loop wake-up in
+        grpc.aio anyway, and the two generator layers added to each."""
         p = Picking(time.monotonic())
+        read, write = context.read, context.write
         try:
-            async for msg in requests:
+            while (msg := await read()) is not grpc.aio.EOF:
                 try:
                     out = await self._on(p, msg)
                 except ApiError as err:
@@ -109,10 +112,10 @@ class Picker:
                     refused = None
                 if refused is not None:  # the proxy answers the client; the stream is over
                     p.status = refused.status
-                    yield refused.response
+                    await write(refused.response)
                     return
                 for response in out:
-                    yield response
+                    await write(response)
         finally:
             self._end(p)
 
@@ -194,7 +197,7 @@ class Picker:
         p.endpoint, p.prefill = ep, prefill
 
     def _answer_headers(self, p: Picking, msg: Any) -> list[Any]:
-        p.status = int(protocol.headers_of(msg.response_headers).get(":status") or 0)
+        p.status = protocol.status_of(msg.response_headers)
         p.answered = Answered()  # flow control settles on what goes by
         ep = p.endpoint
         served = protocol.served_of(msg)
@@ -207,12 +210,12 @@ class Picker:
                 self._begin(p, moved)
                 ep = moved
         if ep is None:
-            return [protocol.answer_headers([])]
+            return [protocol.answer_headers(())]
         if p.work is not None and p.work.answered is not None and p.status < 400:
             p.work.answered(ep)  # where the prompt is cached now
         if msg.response_headers.end_of_stream:
             self._first_byte(p)
-        return [protocol.answer_headers([("x-toposerve-endpoint", ep.name)])]
+        return [protocol.answer_headers((("x-toposerve-endpoint", ep.name),))]
 
     def _first_byte(self, p: Picking) -> None:
         ep = p.endpoint

@@ -12,6 +12,7 @@ body back, and hands each piece of the answer back as it sees it."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import lru_cache
 from typing import Any
 
 from envoy.config.core.v3 import base_pb2
@@ -42,6 +43,15 @@ def headers_of(headers: Any) -> dict[str, str]:
     ``raw_value`` bytes."""
     return {h.key: h.raw_value.decode("utf-8", "surrogateescape") if h.raw_value else h.value
             for h in headers.headers.headers}
+
+
+def status_of(headers: Any) -> int:
+    """An answer's ``:status`` (0 when it has none), read without taking
+    its other headers apart."""
+    for h in headers.headers.headers:
+        if h.key == ":status":
+            return int(h.raw_value or h.value or 0)
+    return 0
 
 
 def _string_values(value: struct_pb2.Value) -> list[str]:
@@ -112,11 +122,28 @@ def picked(endpoints: list[str], body_bytes: int | None, remove: list[str]) -> A
         dynamic_metadata=meta)
 
 
-def answer_headers(set_headers: list[tuple[str, str]]) -> Any:
-    """The answer to the response headers: they go on, with ``set_headers``."""
+@lru_cache(maxsize=4096)
+def answer_headers(set_headers: tuple[tuple[str, str], ...]) -> Any:
+    """The answer to the response headers: they go on, with ``set_headers``.
+    One message per value, built once (an endpoint's name, each answer):
+    the caller sends it, never changes it."""
     return ext.ProcessingResponse(response_headers=ext.HeadersResponse(
         response=ext.CommonResponse(header_mutation=ext.HeaderMutation(
             set_headers=_set(set_headers)))))
+
+
+def _piece(which: str, body: bytes, end: bool) -> Any:
+    piece = ext.StreamedBodyResponse(body=body, end_of_stream=end)
+    mutation = ext.CommonResponse(body_mutation=ext.BodyMutation(streamed_response=piece))
+    return ext.ProcessingResponse(**{which: ext.BodyResponse(response=mutation)})
+
+
+# what is sent often and always the same, built once (never changed):
+# a body's empty last piece (Envoy ends most bodies with an empty chunk),
+# and trailers handed back as they are
+_ENDS = {which: _piece(which, b"", True) for which in ("request_body", "response_body")}
+_TRAILERS = {which: ext.ProcessingResponse(**{which: ext.TrailersResponse()})
+             for which in ("request_trailers", "response_trailers")}
 
 
 def body_pieces(which: str, body: bytes, end: bool) -> list[Any]:
@@ -124,20 +151,16 @@ def body_pieces(which: str, body: bytes, end: bool) -> list[Any]:
     ``response_body``) in pieces of at most PIECE_BYTES; the last ends the
     stream when ``end``. An empty body is one empty piece (an end of stream
     must still be said)."""
-    starts = range(0, len(body), PIECE_BYTES) if body else range(1)
-    out = []
-    for start in starts:
-        piece = ext.StreamedBodyResponse(body=body[start:start + PIECE_BYTES],
-                                         end_of_stream=end and start + PIECE_BYTES >= len(body))
-        mutation = ext.CommonResponse(body_mutation=ext.BodyMutation(streamed_response=piece))
-        out.append(ext.ProcessingResponse(**{which: ext.BodyResponse(response=mutation)}))
-    return out
+    if len(body) <= PIECE_BYTES:  # most chunks: one piece
+        return [_ENDS[which] if end and not body else _piece(which, body, end)]
+    return [_piece(which, body[start:start + PIECE_BYTES], end and start + PIECE_BYTES >= len(body))
+            for start in range(0, len(body), PIECE_BYTES)]
 
 
 def trailers(which: str) -> Any:
     """Trailers (``request_trailers`` or ``response_trailers``) go on as
     they are."""
-    return ext.ProcessingResponse(**{which: ext.TrailersResponse()})
+    return _TRAILERS[which]
 
 
 def immediate(status: int, body: bytes, headers: list[tuple[str, str]]) -> Any:

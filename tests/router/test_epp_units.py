@@ -69,6 +69,21 @@ def test_body_handed_back_in_pieces() -> None:
     assert empty.response_body.response.body_mutation.streamed_response.end_of_stream
 
 
+def test_answer_status_and_its_headers_answer() -> None:
+    def answer(*headers: tuple[str, bytes]) -> Any:
+        return ext.HttpHeaders(headers=base_pb2.HeaderMap(headers=[
+            base_pb2.HeaderValue(key=k, raw_value=v) for k, v in headers]))
+    assert protocol.status_of(answer(("content-type", b"text/event-stream"),
+                                     (":status", b"429"))) == 429
+    assert protocol.status_of(answer(("content-type", b"text/plain"))) == 0
+    named = protocol.answer_headers((("x-toposerve-endpoint", "10.0.0.1:8000"),))
+    (h,) = named.response_headers.response.header_mutation.set_headers
+    assert (h.header.key, h.header.raw_value) == ("x-toposerve-endpoint", b"10.0.0.1:8000")
+    # built once a value: the same message each answer from that endpoint
+    assert protocol.answer_headers((("x-toposerve-endpoint", "10.0.0.1:8000"),)) is named
+    assert not protocol.answer_headers(()).response_headers.response.header_mutation.set_headers
+
+
 def test_immediate_refusal() -> None:
     r = protocol.immediate(429, b'{"error": {}}', [("content-type", "application/json")])
     assert r.immediate_response.status.code == 429
