@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -43,12 +44,27 @@ def ready(router: Router) -> bool:
         router.ha is None or router.ha.leader)
 
 
+class _Health(health.aio.HealthServicer):  # type: ignore[misc]
+    """gRPC health whose readiness is the pool's when a ``Check`` (a
+    proxy's health check) asks: a picker whose endpoints' first scrape
+    came after its start is ready then, not a scrape interval later (a
+    minute, for some). ``Watch`` hears the refresh each scrape interval."""
+
+    def __init__(self, refresh: Callable[[], Awaitable[None]]) -> None:
+        super().__init__()
+        self._refresh = refresh
+
+    async def Check(self, request: Any, context: Any) -> Any:
+        await self._refresh()
+        return await super().Check(request, context)
+
+
 class PickerServer:
     """The gRPC half, started and stopped with the HTTP app."""
 
     def __init__(self, router: Router) -> None:
         self.router = router
-        self.health = health.aio.HealthServicer()
+        self.health = _Health(self._readiness)
         self.server: Any = None
         self._watch: asyncio.Task[None] | None = None
 
