@@ -39,15 +39,22 @@ def _typed(kind: str, **fields: Any) -> dict[str, Any]:
 
 
 def gateway_config(port: int, admin_port: int, picker_port: int,
-                   failure_mode_allow: bool = False, fallback: list[str] | None = None
-                   ) -> dict[str, Any]:
+                   failure_mode_allow: bool = False, fallback: list[str] | None = None,
+                   pool: list[str] | None = None, retries: int = 0) -> dict[str, Any]:
     """Envoy's static config: 127.0.0.1:``port`` -> ext_proc (the picker on
     127.0.0.1:``picker_port``, HTTP/2) -> the ORIGINAL_DST cluster keyed by
     the picker's header. A request that reaches the router filter without
     the header (the picker unreachable and ``failure_mode_allow`` on) goes
     to the ``fallback`` endpoints (ip:port) by Envoy's own round robin, or
     gets a 503 when there are none. A client's own header is removed
-    before the picker is asked: only the picker steers."""
+    before the picker is asked: only the picker steers.
+
+    With ``pool`` (the endpoints, ip:port) the cluster is instead a static
+    one of them whose override-host load balancing reads the picker's list
+    (``envoy.lb`` metadata, else the header): the first address, and the
+    next on each of ``retries`` retries (a refused connection or a reset);
+    the address that served goes back to the picker in ``envoy.lb`` /
+    ``x-gateway-destination-endpoint-served``."""
     ext_proc = _typed(
         "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
         grpc_service={"envoy_grpc": {"cluster_name": "endpoint-picker"}, "timeout": "10s"},
@@ -67,10 +74,14 @@ def gateway_config(port: int, admin_port: int, picker_port: int,
         request_rules=[{"header": SUBSET_HEADER, "remove": True, "on_header_present": {
             "metadata_namespace": "envoy.lb.subset_hint",
             "key": "x-gateway-destination-endpoint-subset", "type": "STRING"}}])
-    routes = [
+    picked_route: dict[str, Any] = {"cluster": "pool", "timeout": "600s"}
+    if retries:
+        picked_route["retry_policy"] = {"retry_on": "connect-failure,refused-stream,reset",
+                                        "num_retries": retries}
+    routes: list[dict[str, Any]] = [
         # the picker clears the route cache: the route is chosen again with its header
         {"match": {"prefix": "/", "headers": [{"name": DESTINATION, "present_match": True}]},
-         "route": {"cluster": "pool", "timeout": "600s"}},
+         "route": picked_route},
         {"match": {"prefix": "/"}, **(
             {"route": {"cluster": "fallback", "timeout": "600s"}} if fallback else
             {"direct_response": {"status": 503, "body": {
@@ -82,6 +93,7 @@ def gateway_config(port: int, admin_port: int, picker_port: int,
         {"name": "envoy.filters.http.header_to_metadata", "typed_config": subset},
         {"name": "envoy.filters.http.ext_proc", "typed_config": ext_proc}]
     return _bootstrap(port, admin_port, routes, filters, [
+        _override_host_cluster(pool) if pool else
         {"name": "pool", "type": "ORIGINAL_DST", "lb_policy": "CLUSTER_PROVIDED",
          "connect_timeout": "3s",
          "original_dst_lb_config": {"use_http_header": True,
@@ -148,6 +160,26 @@ def _static_cluster(name: str, addresses: list[str]) -> dict[str, Any]:
                 "lb_endpoints": [_endpoint(a) for a in addresses]}]}}
 
 
+def _override_host_cluster(addresses: list[str]) -> dict[str, Any]:
+    """The pool's endpoints, each request sent where the picker's list says
+    (Envoy's override-host policy, made for the endpoint-picker protocol);
+    round robin only when there is no list or no address of it is known."""
+    def lb_key(key: str) -> dict[str, Any]:
+        return {"key": "envoy.lb", "path": [{"key": key}]}
+
+    policy = _typed("envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost",
+                    override_host_sources=[{"metadata": lb_key(DESTINATION)},
+                                           {"header": DESTINATION}],
+                    selected_host_key=lb_key(DESTINATION + "-served"),
+                    fallback_policy={"policies": [{"typed_extension_config": {
+                        "name": "envoy.load_balancing_policies.round_robin",
+                        "typed_config": _typed("envoy.extensions.load_balancing_policies."
+                                               "round_robin.v3.RoundRobin")}}]})
+    return {**_static_cluster("pool", addresses), "load_balancing_policy": {"policies": [
+        {"typed_extension_config": {"name": "envoy.load_balancing_policies.override_host",
+                                    "typed_config": policy}}]}}
+
+
 def _endpoint(address: str) -> dict[str, Any]:
     host, port = address.rsplit(":", 1)
     return {"endpoint": {"address": {"socket_address": {"address": host.strip("[]"),
@@ -155,12 +187,13 @@ def _endpoint(address: str) -> dict[str, Any]:
 
 
 def start_envoy(procs: Procs, picker_port: int, failure_mode_allow: bool = False,
-                fallback: list[str] | None = None, workers: int = 2) -> Proc:
-    """Envoy in front of the picker on ``picker_port``, until ``procs``
-    closes: a Proc whose url is the listener (``extra["admin"]``: its
-    admin address)."""
+                fallback: list[str] | None = None, workers: int = 2,
+                pool: list[str] | None = None, retries: int = 0) -> Proc:
+    """Envoy in front of the picker on ``picker_port`` (``gateway_config``),
+    until ``procs`` closes: a Proc whose url is the listener
+    (``extra["admin"]``: its admin address)."""
     return _launch(procs, lambda port, admin: gateway_config(
-        port, admin, picker_port, failure_mode_allow, fallback), workers)
+        port, admin, picker_port, failure_mode_allow, fallback, pool, retries), workers)
 
 
 def start_plain_envoy(procs: Procs, endpoints: list[str], workers: int = 2) -> Proc:
@@ -200,8 +233,9 @@ def start_picker(procs: Procs, endpoints: list[str] | None,
     """``toposerve router --mode endpoint-picker`` over ``endpoints`` (None:
     ``config``'s discovery), ready (an endpoint healthy): a Proc whose url
     serves its probes and metrics (``extra["grpc"]``: the picker's gRPC port)."""
-    grpc = free_port()
-    proc = procs.router({**(config or {}), "endpointPicker": {"port": grpc}}, endpoints,
-                        mode="endpoint-picker")
+    grpc, config = free_port(), config or {}
+    proc = procs.router({**config, "endpointPicker": {**config.get("endpointPicker", {}),
+                                                      "port": grpc}},
+                        endpoints, mode="endpoint-picker")
     proc.extra["grpc"] = grpc
     return proc

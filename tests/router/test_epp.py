@@ -23,6 +23,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from harness.envoy import SUBSET_HEADER, start_envoy, start_picker
 from harness.procs import MODEL, Proc, Procs
 from harness.waiting import wait_for
+from toposerve.localcluster.ports import free_port
+from toposerve.wire.prompt import chat_prompt
+from toposerve.wire.tokens import ByteTokenizer
 
 
 def _name(sim: Proc) -> str:
@@ -332,3 +335,79 @@ def test_command_refusals(tmp_path: Path) -> None:
     (line,) = r.stderr.strip().splitlines()
     assert line.startswith("error: cannot listen on 127.0.0.1:") and line.endswith(
         f"change endpointPicker.host or endpointPicker.port in {config}")
+
+
+def test_fallback_endpoints_reached_by_envoys_retry(procs: Procs) -> None:
+    """``endpointPicker.fallbacks: 1`` behind Envoy's override-host cluster
+    (the pool's endpoints, the picker's list read from ``envoy.lb``, one
+    retry on a refused connection): a session's turns go to the first
+    address; its home killed (the picker scrapes once a minute, so still
+    names it first), Envoy's retry takes the next in the list, and the
+    picker, told by Envoy which endpoint served, counts the answer there.
+    An ORIGINAL_DST cluster reads the header as one address: a list is no
+    host to it (503)."""
+    sims = [procs.sim() for _ in range(2)]
+    names = [_name(s) for s in sims]
+    picker = start_picker(procs, [s.url for s in sims], {
+        "endpointPicker": {"fallbacks": 1},
+        "scrape": {"intervalSeconds": 60, "staleAfterSeconds": 120}})
+    envoy = start_envoy(procs, picker.extra["grpc"], pool=names, retries=1)
+    session = {"x-session-id": "fallback"}
+    homes = {_chat(envoy, f"turn {i}", session).headers["x-toposerve-endpoint"]
+             for i in range(3)}
+    assert len(homes) == 1, homes
+    (home,) = homes
+    original_dst = start_envoy(procs, picker.extra["grpc"])
+    r = _chat(original_dst, "turn 3", session)
+    assert r.status_code == 503 and r.text == "no healthy upstream", r.text
+
+    dead, alive = (sims[0], sims[1]) if names[0] == home else (sims[1], sims[0])
+    dead.kill()
+    r = _chat(envoy, "turn 4", session)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-toposerve-endpoint"] == _name(alive)
+    assert alive.metric("vllm:request_success_total") == 1
+    wait_for("the picker to hold nothing in flight", lambda: _inflight(picker) == 0)
+
+
+def test_precise_kv_events_decide_through_envoy(procs: Procs) -> None:
+    """The picker with the precise scorer alone, fed each simulator's KV
+    events: a conversation one simulator served before, asked of it
+    directly (the picker never saw it: neither its sessions nor an index
+    of what it routed know of it), goes there through Envoy, for each of
+    the two; each such decision is the precise scorer's, over the whole
+    prompt, and the simulator serves the prompt from its cache."""
+    sims: list[Proc] = []
+    static = []
+    for _ in range(2):
+        pub, rep = free_port(), free_port()
+        sims.append(procs.sim(kv_events_port=pub, kv_events_replay_port=rep))
+        static.append({"url": sims[-1].url, "kvEvents": f"tcp://127.0.0.1:{pub}",
+                       "kvEventsReplay": f"tcp://127.0.0.1:{rep}"})
+    picker = start_picker(procs, None, {
+        "profile": {"scorers": [{"type": "prefix-precise", "weight": 1}]},
+        "kvEvents": {"tokenizer": "bytes", "blockSize": 16},
+        "discovery": {"static": static}})
+    envoy = start_envoy(procs, picker.extra["grpc"])
+    conversations = [_agent(i, 2) for i in range(2)]
+    for sim, messages in zip(sims, conversations, strict=True):
+        r = httpx.post(sim.url + "/v1/chat/completions", timeout=60,
+                       json={"model": MODEL, "max_tokens": 1, "messages": messages})
+        assert r.status_code == 200, r.text
+    blocks = sum(len(ByteTokenizer().encode(chat_prompt(m))) // 16 for m in conversations)
+    wait_for(f"both simulators' {blocks} blocks in the picker's index",
+             lambda: sum(s.value for s in picker.samples()
+                         if s.name == "toposerve_router_prefix_index_blocks"
+                         and s.labels["index"] == "precise") >= blocks)
+    for sim, messages in zip(sims, conversations, strict=True):
+        r = httpx.post(envoy.url + "/v1/chat/completions", timeout=60,
+                       json={"model": MODEL, "max_tokens": 1, "messages": messages})
+        assert r.status_code == 200, r.text
+        assert r.headers["x-toposerve-endpoint"] == _name(sim)
+        usage = r.json()["usage"]
+        assert usage["prompt_tokens_details"]["cached_tokens"] >= usage["prompt_tokens"] - 16
+    decided = {s.labels["reason"]: s.value for s in picker.samples()
+               if s.name == "toposerve_router_decisions_total"}
+    assert decided == {"prefix-precise": 2}
+    # the share of the prompt's blocks the picked simulator holds: all, both times
+    assert picker.metric("toposerve_router_prefix_match_ratio_sum") == 2
