@@ -8,7 +8,7 @@ configuration."""
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from importlib.metadata import distribution
 from pathlib import Path
 from typing import Any
@@ -38,11 +38,13 @@ def _typed(kind: str, **fields: Any) -> dict[str, Any]:
     return {"@type": f"type.googleapis.com/{kind}", **fields}
 
 
-def gateway_config(port: int, admin_port: int, picker_port: int,
+def gateway_config(port: int, admin_port: int, picker_port: int | Sequence[int],
                    failure_mode_allow: bool = False, fallback: list[str] | None = None,
                    pool: list[str] | None = None, retries: int = 0) -> dict[str, Any]:
     """Envoy's static config: 127.0.0.1:``port`` -> ext_proc (the picker on
-    127.0.0.1:``picker_port``, HTTP/2) -> the ORIGINAL_DST cluster keyed by
+    127.0.0.1:``picker_port``, HTTP/2; several ports: a replica on each,
+    asked only while its gRPC health says SERVING, as a hot-standby pair's
+    leader does) -> the ORIGINAL_DST cluster keyed by
     the picker's header. A request that reaches the router filter without
     the header (the picker unreachable and ``failure_mode_allow`` on) goes
     to the ``fallback`` endpoints (ip:port) by Envoy's own round robin, or
@@ -115,7 +117,8 @@ def gateway_config(port: int, admin_port: int, picker_port: int,
                  "envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
                  explicit_http_config={"http2_protocol_options": {}})},
          "load_assignment": {"cluster_name": "endpoint-picker", "endpoints": [{
-             "lb_endpoints": [_endpoint(f"127.0.0.1:{picker_port}")]}]}}])
+             "lb_endpoints": [_endpoint(f"127.0.0.1:{p}") for p in (
+                 [picker_port] if isinstance(picker_port, int) else picker_port)]}]}}])
 
 
 def plain_config(port: int, admin_port: int, endpoints: list[str]) -> dict[str, Any]:
@@ -186,7 +189,7 @@ def _endpoint(address: str) -> dict[str, Any]:
                                                         "port_value": int(port)}}}}
 
 
-def start_envoy(procs: Procs, picker_port: int, failure_mode_allow: bool = False,
+def start_envoy(procs: Procs, picker_port: int | Sequence[int], failure_mode_allow: bool = False,
                 fallback: list[str] | None = None, workers: int = 2,
                 pool: list[str] | None = None, retries: int = 0) -> Proc:
     """Envoy in front of the picker on ``picker_port`` (``gateway_config``),

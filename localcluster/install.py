@@ -14,7 +14,7 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -229,6 +229,7 @@ def local_sets(cluster: str, images: Mapping[str, Path], sysfs: Path, dev: Path,
     folders and pod network namespaces for the NIC driver, free ports."""
     layout = layout or default_layout()
     host, port = api_address(cluster)
+    http = _free_pair()
     sets = [f"apiServer.host={host}", f"apiServer.port={port}"]
     for ref in images:
         section = IMAGE_VALUES.get(_image_name(ref))
@@ -247,16 +248,19 @@ def local_sets(cluster: str, images: Mapping[str, Path], sysfs: Path, dev: Path,
              f"netDriver.cni.binDir={layout.cni_bin}", f"netDriver.cni.confDir={layout.cni_conf}",
              f"netDriver.cni.chainInto={NODE_CONFLIST}",
              # the router pair and Redis on the node's loopback (the overlay):
-             # free ports of this machine
-             f"router.port={_free_pair()}", f"router.redis.port={free_port()}"]
+             # free ports of this machine (the pair's gRPC ports too, which
+             # the endpoint-picker mode serves)
+             f"router.port={http}", f"router.pickerPort={_free_pair({http, http + 1})}",
+             f"router.redis.port={free_port()}"]
     return sets
 
 
-def _free_pair() -> int:
-    """A free port whose next one is free too: the two router replicas'."""
+def _free_pair(taken: Collection[int] = ()) -> int:
+    """A free port whose next one is free too, neither in ``taken``: the two
+    router replicas'."""
     while True:
         port = free_port()
-        if port < 65535 and _is_free(port + 1):
+        if port < 65535 and _is_free(port + 1) and not {port, port + 1} & set(taken):
             return port
 
 

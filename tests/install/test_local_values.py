@@ -88,6 +88,19 @@ def test_router_pair_and_redis_on_the_nodes_loopback() -> None:
     assert v.router.port in ports and v.router.port + 1 in ports
 
 
+def test_endpoint_picker_pair_on_free_ports_of_its_own() -> None:
+    """In endpoint-picker mode each replica also serves gRPC on the node's
+    loopback: a free pair of ports, apart from the HTTP pair (the chart's
+    default 9002 may be taken on a developer's machine)."""
+    v = inst.local_values("c", IMAGES, Path("/s"), Path("/d"),
+                          sets=["router.mode=endpoint-picker"])
+    pods = dict(_pods(render_objects(v)))
+    grpc = sorted(p["containerPort"] for name in ("toposerve-router-0", "toposerve-router-1")
+                  for p in pods[name]["containers"][0]["ports"] if p["name"] == "grpc")
+    assert grpc == [v.router.picker_port, v.router.picker_port + 1] != [9002, 9003]
+    assert not set(grpc) & {v.router.port, v.router.port + 1}
+
+
 def test_values_file_over_ours_and_set_over_the_file(tmp_path: Path) -> None:
     f = tmp_path / "values.yaml"
     f.write_text("apiVersion: toposerve.io/v1\nkind: InstallValues\nlogLevel: debug\n"

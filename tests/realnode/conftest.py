@@ -25,9 +25,17 @@ from toposerve.kubeapi import ApiError, JsonApi
 from toposerve.localcluster import install as inst
 from toposerve.localcluster.realnode import nics
 from toposerve.localcluster.realnode import node as realnode
-from toposerve.localcluster.realnode.paths import NODE_NAME, Layout, default_layout
+from toposerve.localcluster.realnode.paths import (
+    NODE_NAME,
+    REAL_NODE_LABEL,
+    REAL_NODE_TOLERATION,
+    Layout,
+    default_layout,
+)
 from toposerve.localcluster.realnode.pods import busybox_pod
 from toposerve.manifests.chart import RELEASE, chart_dir
+from toposerve.manifests.values import InstallValues
+from toposerve.router.ha.pod_label import ROLE_LABEL
 
 
 @dataclass
@@ -118,6 +126,80 @@ def on_host_as_it_was(nic: nics.StandIn) -> bool:
         link = host.find(nic.ifname, nic.mac)
     return link is not None and (link.name, link.mtu, link.up, link.addresses) == (
         nic.ifname, nic.mtu, False, frozenset())
+
+
+def sim_pod(image: str, name: str, port: int, app: str, model: str,
+            annotations: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """`toposerve sim` of the installed image (a model server) on the node's
+    loopback, labelled ``app``; Ready once it answers, which the router's
+    discovery waits for. On the host network every pod has the node's IP,
+    so each one listens on a port of its own."""
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": {"app": app},
+                         "annotations": dict(annotations or {})},
+            "spec": {"nodeSelector": {REAL_NODE_LABEL: "real"},
+                     "tolerations": [REAL_NODE_TOLERATION], "hostNetwork": True,
+                     "dnsPolicy": "Default", "automountServiceAccountToken": False,
+                     "enableServiceLinks": False, "terminationGracePeriodSeconds": 1,
+                     "containers": [{
+                         "name": "sim", "image": image, "imagePullPolicy": "Never",
+                         "command": ["toposerve", "sim", "--host=127.0.0.1",
+                                     f"--port={port}", f"--model={model}"],
+                         "ports": [{"name": "http", "containerPort": port}],
+                         "readinessProbe": {"periodSeconds": 1, "httpGet": {
+                             "host": "127.0.0.1", "port": port, "path": "/health"}}}]}}
+
+
+def delete_kept(core: Any, values: InstallValues, namespace: str) -> None:
+    """After an uninstall, what it keeps on purpose (the generated Secrets,
+    the router's Namespace) and the release's ``namespace`` (`helm install
+    --create-namespace` made it, outside the release): later tests start
+    clean."""
+    for obj in inst.kept_objects(values):
+        with contextlib.suppress(ApiException):
+            if obj["kind"] == "Namespace":
+                core.delete_namespace(obj["metadata"]["name"])
+            else:
+                core.delete_namespaced_secret(obj["metadata"]["name"],
+                                              obj["metadata"]["namespace"])
+    with contextlib.suppress(ApiException):
+        core.delete_namespace(namespace)
+    gone = {namespace, values.router.namespace or namespace}
+    wait_for("the namespaces gone", lambda: not gone & {
+        n.metadata.name for n in core.list_namespace().items}, timeout=120)
+
+
+def router_roles(core: Any, namespace: str) -> dict[str, Any]:
+    """The router pods by role, once there are a leader and a standby."""
+    pods = [p for p in core.list_namespaced_pod(
+        namespace, label_selector="app.kubernetes.io/component=router").items
+        if p.metadata.deletion_timestamp is None and p.status.phase == "Running"]
+    by = {str((p.metadata.labels or {}).get(ROLE_LABEL)): p for p in pods}
+    return by if len(pods) == 2 and set(by) == {"leader", "standby"} else {}
+
+
+def router_pair(core: Any, namespace: str, timeout: float = 60) -> dict[str, Any]:
+    """The router pods by role once there are a leader and a standby; else
+    an AssertionError with each pod's phase, role and last log lines."""
+    try:
+        got: dict[str, Any] = wait_for("a leading and a standing-by router pod",
+                                       lambda: router_roles(core, namespace), timeout=timeout)
+        return got
+    except AssertionError as err:
+        pods = core.list_namespaced_pod(
+            namespace, label_selector="app.kubernetes.io/component=router").items
+        said = [f"{p.metadata.name} {p.status.phase} role="
+                f"{(p.metadata.labels or {}).get(ROLE_LABEL)}: " + " | ".join(
+                    core.read_namespaced_pod_log(p.metadata.name, namespace,
+                                                 tail_lines=8).splitlines())
+                for p in pods if p.status.phase == "Running"]
+        raise AssertionError(f"{err}: {'; '.join(said) or 'no router pod running'}") from None
+
+
+def host_url(pod: Any, port: int = 0) -> str:
+    """The address of a host-network pod's ``port``-th container port."""
+    assert pod.spec.host_network
+    return f"http://127.0.0.1:{pod.spec.containers[0].ports[port].container_port}"
 
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -38,10 +38,14 @@ from harness.waiting import wait_for
 from tests.conftest import Cluster
 from tests.realnode.conftest import (
     PodMaker,
+    delete_kept,
     drop_failed_release,
     ensure_started,
     example_on_real_node,
+    host_url,
     labelled_objects,
+    router_pair,
+    sim_pod,
     wait_phase,
 )
 from toposerve.dra_driver.gpu.driver import CDI_CLASS, CDI_VENDOR
@@ -54,15 +58,11 @@ from toposerve.localcluster.ports import free_port
 from toposerve.localcluster.realnode.gpu_driver import CDI_ROOT, DRIVER, PLUGIN_DIR
 from toposerve.localcluster.realnode.paths import (
     NODE_NAME,
-    REAL_NODE_LABEL,
-    REAL_NODE_TOLERATION,
     default_layout,
 )
 from toposerve.localcluster.realnode.pods import busybox_pod
 from toposerve.localcluster.realnode.tools import find_node_tools
 from toposerve.manifests.chart import RELEASE, helm_values
-from toposerve.manifests.values import InstallValues
-from toposerve.router.ha.pod_label import ROLE_LABEL
 from toposerve.scheduler_ext.placement.levels import domain_of, parse_level
 from toposerve.scheduler_ext.state.facts import PLACEMENT_ANNOTATION
 from toposerve.topology.labels import PRESETS, PROFILE_LABEL, DialectName, from_labels
@@ -101,24 +101,6 @@ class Stack:
     uninstalled: bool = False
 
 
-def _sim_pod(image: str, name: str, port: int) -> dict[str, Any]:
-    """`toposerve sim` of the installed image on the node's loopback; Ready
-    once it answers, which the router's discovery waits for."""
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "labels": {"app": SIM}},
-            "spec": {"nodeSelector": {REAL_NODE_LABEL: "real"},
-                     "tolerations": [REAL_NODE_TOLERATION], "hostNetwork": True,
-                     "dnsPolicy": "Default", "automountServiceAccountToken": False,
-                     "enableServiceLinks": False, "terminationGracePeriodSeconds": 1,
-                     "containers": [{
-                         "name": "sim", "image": image, "imagePullPolicy": "Never",
-                         "command": ["toposerve", "sim", "--host=127.0.0.1",
-                                     f"--port={port}", f"--model={SIM_MODEL}"],
-                         "ports": [{"name": "http", "containerPort": port}],
-                         "readinessProbe": {"periodSeconds": 1, "httpGet": {
-                             "host": "127.0.0.1", "port": port, "path": "/health"}}}]}}
-
-
 def _delete_sims(core: Any) -> None:
     for name in SIM_PORTS:
         with contextlib.suppress(ApiException):
@@ -134,25 +116,7 @@ def _start_sims(s: Stack) -> None:
     have = {p.metadata.name for p in _sim_pods(s.core)}
     for name, port in SIM_PORTS.items():
         if name not in have:
-            s.core.create_namespaced_pod("default", _sim_pod(s.image, name, port))
-
-
-def _delete_kept(core: Any, values: InstallValues) -> None:
-    """What uninstall keeps on purpose (the generated Secrets, the router's
-    Namespace), so that later tests start clean."""
-    for obj in inst.kept_objects(values):
-        with contextlib.suppress(ApiException):
-            if obj["kind"] == "Namespace":
-                core.delete_namespace(obj["metadata"]["name"])
-            else:
-                core.delete_namespaced_secret(obj["metadata"]["name"],
-                                              obj["metadata"]["namespace"])
-    # and the release's namespace: `helm install --create-namespace` made it,
-    # outside the release, and `helm uninstall` leaves it
-    with contextlib.suppress(ApiException):
-        core.delete_namespace(PREFIX)
-    wait_for("the namespaces gone", lambda: not {ROUTER_NS, PREFIX} & {
-        n.metadata.name for n in core.list_namespace().items}, timeout=120)
+            s.core.create_namespaced_pod("default", sim_pod(s.image, name, port, SIM, SIM_MODEL))
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +160,7 @@ def stack(real_node_cluster: Cluster) -> Iterator[Stack]:
         _delete_sims(core)
         if not s.uninstalled:
             inst.uninstall(real_node_cluster.name, installed.values)
-        _delete_kept(core, installed.values)
+        delete_kept(core, installed.values, PREFIX)
 
 
 @pytest.fixture
@@ -246,8 +210,8 @@ def test_install_on_an_empty_cluster_serves_once_a_model_server_comes(stack: Sta
     then serves."""
     assert not _sim_pods(stack.core), "the model servers come in this test, not before"
     inst.wait_available(stack.cluster.api, _workloads(stack), timeout_s=1)
-    by_role = _pair(stack)
-    leader = _url(by_role["leader"])
+    by_role = router_pair(stack.core, ROUTER_NS)
+    leader = host_url(by_role["leader"])
     # one replica leads with no model server (the Service sends to the leader)
     r = _chat(leader, model=None)  # any model: none is served yet
     assert r.status_code == 503, r.text
@@ -257,7 +221,7 @@ def test_install_on_an_empty_cluster_serves_once_a_model_server_comes(stack: Sta
     assert r.status_code == 404 and r.json()["error"]["param"] == "model", r.text
     # a load balancer's check says the same; the pod probe says warm
     assert httpx.get(leader + "/ready", timeout=5).status_code == 503
-    assert all(httpx.get(_url(p) + "/ready?role=any", timeout=5).status_code == 200
+    assert all(httpx.get(host_url(p) + "/ready?role=any", timeout=5).status_code == 200
                for p in by_role.values())
     _start_sims(stack)
     started = time.monotonic()
@@ -372,38 +336,6 @@ def test_rolling_restart_under_a_running_claim(stack: Stack, make_pod: PodMaker)
     _delete_and_wait_unprepared(stack, name, claim_uid)
 
 
-def _routers(s: Stack) -> dict[str, Any]:
-    """The router pods by role, once there are a leader and a standby."""
-    pods = [p for p in s.core.list_namespaced_pod(
-        ROUTER_NS, label_selector="app.kubernetes.io/component=router").items
-        if p.metadata.deletion_timestamp is None and p.status.phase == "Running"]
-    by = {str((p.metadata.labels or {}).get(ROLE_LABEL)): p for p in pods}
-    return by if len(pods) == 2 and set(by) == {"leader", "standby"} else {}
-
-
-def _pair(s: Stack, timeout: float = 60) -> dict[str, Any]:
-    """The router pods by role once there are a leader and a standby; else
-    an AssertionError with each pod's phase, role and last log lines."""
-    try:
-        got: dict[str, Any] = wait_for("a leading and a standing-by router pod",
-                                       lambda: _routers(s), timeout=timeout)
-        return got
-    except AssertionError as err:
-        pods = s.core.list_namespaced_pod(
-            ROUTER_NS, label_selector="app.kubernetes.io/component=router").items
-        said = [f"{p.metadata.name} {p.status.phase} role="
-                f"{(p.metadata.labels or {}).get(ROLE_LABEL)}: " + " | ".join(
-                    s.core.read_namespaced_pod_log(p.metadata.name, ROUTER_NS,
-                                                   tail_lines=8).splitlines())
-                for p in pods if p.status.phase == "Running"]
-        raise AssertionError(f"{err}: {'; '.join(said) or 'no router pod running'}") from None
-
-
-def _url(pod: Any) -> str:
-    assert pod.spec.host_network
-    return f"http://127.0.0.1:{pod.spec.containers[0].ports[0].container_port}"
-
-
 def _chat(url: str, model: str | None = SIM_MODEL) -> httpx.Response:
     return httpx.post(url + "/v1/chat/completions", timeout=10, json={
         "model": model, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
@@ -417,8 +349,8 @@ def _healthy_endpoints(router: str) -> set[str]:
 
 @pytest.mark.usefixtures("sims")
 def test_router_pair_serves_the_sim_and_the_standby_takes_over(stack: Stack) -> None:
-    by_role = _pair(stack)
-    leader, standby = _url(by_role["leader"]), _url(by_role["standby"])
+    by_role = router_pair(stack.core, ROUTER_NS)
+    leader, standby = host_url(by_role["leader"]), host_url(by_role["standby"])
     assert leader != standby
     assert inst.install_status(stack.cluster.api, [PREFIX, ROUTER_NS])["routerURL"] == leader
     # both model servers, one IP and a port each, are found and healthy
@@ -681,9 +613,9 @@ def test_a_values_change_rolls_the_router_pair_without_dropping_a_stream(stack: 
     pods (Recreate: each holds its port on the node); a stream in flight to
     the leader when its pod is told to stop runs to its end (the router
     drains in-flight requests on SIGTERM)."""
-    by_role = _pair(stack)
+    by_role = router_pair(stack.core, ROUTER_NS)
     old = by_role["leader"]
-    leader = _url(old)
+    leader = host_url(old)
     want = {f"127.0.0.1:{p}" for p in SIM_PORTS.values()}
     wait_for("both model servers healthy behind the leader",
              lambda: _healthy_endpoints(leader) == want, timeout=30)
@@ -711,12 +643,12 @@ def test_a_values_change_rolls_the_router_pair_without_dropping_a_stream(stack: 
             and c["choices"][0].get("finish_reason")] == ["length"]
     print(f"router roll: the stream ran {got['ended'] - told:.1f}s past its router's stop")
     inst.wait_available(stack.cluster.api, _router_workloads(stack), timeout_s=120)
-    now = _pair(stack)
+    now = router_pair(stack.core, ROUTER_NS)
     assert not {p.metadata.uid for p in now.values()} & {
         p.metadata.uid for p in by_role.values()}
     cm = stack.core.read_namespaced_config_map(f"{PREFIX}-router", ROUTER_NS)
     assert all("healthIntervalSeconds: 4" in text for text in cm.data.values()), cm.data
-    assert _chat(_url(now["leader"])).status_code == 200
+    assert _chat(host_url(now["leader"])).status_code == 200
 
 
 def _rendered(s: Stack, kind: str, name: str) -> dict[str, Any]:
@@ -746,13 +678,13 @@ def test_rollback_to_the_revision_before(stack: Stack) -> None:
     assert got == helm_values(values)
     cm = stack.core.read_namespaced_config_map(f"{PREFIX}-router", ROUTER_NS)
     assert cm.data == _rendered(stack, "ConfigMap", f"{PREFIX}-router")["data"]
-    routers = _pair(stack)
+    routers = router_pair(stack.core, ROUTER_NS)
     for pod in routers.values():
         deployment = f"{PREFIX}-router-{pod.metadata.labels['toposerve.io/router-replica']}"
         want = _rendered(stack, "Deployment", deployment)["spec"]["template"]["metadata"][
             "annotations"][CONFIG_HASH]
         assert pod.metadata.annotations[CONFIG_HASH] == want, deployment
-    wait_for("the leader serving", lambda: _chat(_url(routers["leader"])).status_code == 200,
+    wait_for("the leader serving", lambda: _chat(host_url(routers["leader"])).status_code == 200,
              timeout=30)
 
 
