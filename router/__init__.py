@@ -8,7 +8,8 @@ scorers and a picker, reading the ``prefix`` indexes and the endpoint
 ``pool`` (its scraped load, saturation and discovery), ``relay`` forwards
 it to the endpoint that answers, ``disaggregation`` splits it between a
 prefill and a decode endpoint, ``responses`` keeps Responses-API turns,
-and ``ha`` makes two replicas a hot-standby pair; ``epp`` is a second edge
+and ``ha`` lets router replicas and workers share one view (all serving,
+or a hot-standby pair); ``epp`` is a second edge
 over the same parts and stages, asked by a proxy (Envoy's external
 processing) which endpoint serves each request. ``config`` and
 ``metrics`` are shared by all of them, and ``supervise`` keeps every

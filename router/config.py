@@ -17,6 +17,8 @@ from toposerve.topology.workloads import LLMD_ROLE
 from toposerve.wire.addresses import dialable, zmq_endpoint
 from toposerve.wire.kv_transfer import SGLANG_BOOTSTRAP_PORT
 
+MAX_WORKERS = 64
+
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
@@ -27,6 +29,12 @@ class ServerConfig(Section):
 
     host: str = Field(default="127.0.0.1", description="address to listen on")
     port: int = Field(default=8080, ge=0, le=65535, description="port to listen on")
+    workers: int = Field(default=1, ge=1, le=MAX_WORKERS,
+                         description="router processes serving this port (SO_REUSEPORT: the "
+                                     "kernel spreads connections over them), so one pod uses "
+                                     "that many cores; they share in-flight counts, sessions "
+                                     "and routing decisions through Redis with ha.enabled, "
+                                     "else through a socket of their own (docs/router-ha.md)")
     # 1M tokens of text is about 4 MiB (some 4 bytes a token); JSON framing
     # and escaping at most double it
     max_body_bytes: int = Field(default=8 * 2**20, alias="maxBodyBytes", gt=0,
@@ -418,17 +426,51 @@ class SnapshotConfig(Section):
                                       "goes on without")
 
 
-class HAConfig(Section):
-    """Hot standby: replicas elect a leader with a Lease; /ready answers 200
-    on the leader only, so a Service sends traffic there. Every replica
-    watches the pool, scrapes and reads KV events itself, and each tells
-    the others, through Redis, where it sent each request, so a standby's
-    prefix index and sessions are the leader's when it takes over."""
+class InflightShareConfig(Section):
+    """What each router process tells the others sharing its view of the
+    requests it has in flight to each endpoint, so that N processes do not
+    each take an endpoint for idle (docs/router-ha.md: the over-commit)."""
 
-    enabled: bool = Field(default=False, description="elect a leader (needs responses.backend: "
-                                                     "redis, shared by the replicas)")
-    lease: LeaseConfig = Field(default_factory=LeaseConfig)
+    interval_s: float = Field(default=0.005, alias="intervalSeconds", gt=0, le=1,
+                              description="a change of this process's in-flight counts is "
+                                          "told the others within this (one message each "
+                                          "time at most, whatever the request rate); the "
+                                          "others' view of it lags by this plus the delivery")
+    peer_timeout_s: float = Field(default=2.0, alias="peerTimeoutSeconds", gt=0, le=60,
+                                  description="a process heard nothing from for this long "
+                                              "counts as gone: its in-flight requests no "
+                                              "longer count (each says where it stands every "
+                                              "quarter of this, busy or not)")
+
+    @model_validator(mode="after")
+    def _timing(self) -> InflightShareConfig:
+        if not self.interval_s < self.peer_timeout_s / 4:
+            raise ValueError(f"intervalSeconds ({self.interval_s:g}) must be under a quarter "
+                             f"of peerTimeoutSeconds ({self.peer_timeout_s:g}); lower "
+                             "intervalSeconds or raise peerTimeoutSeconds")
+        return self
+
+
+class HAConfig(Section):
+    """Router replicas serving one pool. Every replica watches the pool,
+    scrapes and reads KV events itself; through Redis each tells the others
+    where it sent each request (prefix index, conversations, sessions) and
+    what it has in flight to each endpoint. active-active: every replica
+    serves. hot-standby: the replicas elect a leader with a Lease and /ready
+    answers 200 on the leader only, so a Service sends traffic there."""
+
+    enabled: bool = Field(default=False, description="share the view with the other replicas "
+                                                     "(needs responses.backend: redis, shared "
+                                                     "by the replicas)")
+    mode: Literal["active-active", "hot-standby"] = Field(
+        default="hot-standby",
+        description="active-active: every warm replica serves (/ready 200), no Lease; "
+                    "hot-standby: the Lease's holder serves, the others wait warm")
+    lease: LeaseConfig = Field(default_factory=LeaseConfig,
+                               description="hot-standby: the Lease; either mode: its namespace "
+                                           "and name name the replicas' Redis channel")
     snapshot: SnapshotConfig = Field(default_factory=SnapshotConfig)
+    inflight: InflightShareConfig = Field(default_factory=InflightShareConfig)
     shutdown_delay_s: float = Field(
         default=0.0, alias="shutdownDelaySeconds", ge=0,
         description="on SIGTERM: release the Lease and answer /ready 503 at once, keep serving "
@@ -843,6 +885,9 @@ class RouterConfig(Section):
         if self.ha.enabled and self.responses.backend != "redis":
             raise ValueError("ha.enabled needs responses.backend: redis (with redisUrl), so "
                              "either replica continues the other's Responses chains")
+        if self.server.workers > 1 and self.ha.enabled and self.ha.mode == "hot-standby":
+            raise ValueError(f"server.workers ({self.server.workers}) needs ha.mode: "
+                             "active-active: in a hot-standby pair one process leads")
         return self
 
     _admission_moved = model_validator(mode="before")(staticmethod(_admission_moved))
@@ -852,9 +897,9 @@ def load_router_config(path: str) -> RouterConfig:
     return load_file(path, RouterConfig, "RouterConfig")
 
 
-def quick_config(endpoints: list[str], host: str, port: int) -> RouterConfig:
+def quick_document(endpoints: list[str], host: str, port: int) -> dict[str, Any]:
     """The default profile over a static list, for ``--endpoint`` quick starts."""
-    return RouterConfig.model_validate({
-        "apiVersion": "toposerve.io/v1", "kind": "RouterConfig",
-        "server": {"host": host, "port": port},
-        "discovery": {"static": [{"url": u.rstrip("/")} for u in endpoints]}})
+    return {"apiVersion": "toposerve.io/v1", "kind": "RouterConfig",
+            "server": {"host": host, "port": port},
+            "discovery": {"static": [{"url": u.rstrip("/")} for u in endpoints]}}
+

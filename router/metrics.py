@@ -21,9 +21,16 @@ class _PoolCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         inflight = GaugeMetricFamily("toposerve_router_endpoint_inflight",
-                                     "Requests in flight per endpoint.", labels=["endpoint"])
+                                     "Requests this router process has in flight per "
+                                     "endpoint.", labels=["endpoint"])
         tokens = GaugeMetricFamily("toposerve_router_endpoint_inflight_tokens",
-                                   "Prompt tokens in flight per endpoint.", labels=["endpoint"])
+                                   "Prompt tokens this router process has in flight per "
+                                   "endpoint.", labels=["endpoint"])
+        peers = GaugeMetricFamily("toposerve_router_endpoint_peer_inflight",
+                                  "Requests in flight per endpoint from the other router "
+                                  "processes sharing this one's view (replicas, workers), as "
+                                  "they last reported; routing counts them with its own.",
+                                  labels=["endpoint"])
         waiting = GaugeMetricFamily("toposerve_router_endpoint_waiting",
                                     "Waiting requests per endpoint, as last scraped.",
                                     labels=["endpoint"])
@@ -40,8 +47,9 @@ class _PoolCollector(Collector):
             "by it.",
             labels=["endpoint"])
         for e in self.state.pool:
-            inflight.add_metric([e.name], e.inflight)
-            tokens.add_metric([e.name], e.inflight_tokens)
+            inflight.add_metric([e.name], e.own_inflight)
+            tokens.add_metric([e.name], e.own_inflight_tokens)
+            peers.add_metric([e.name], e.peer_inflight)
             waiting.add_metric([e.name], e.load.waiting)
             usage.add_metric([e.name], e.load.kv_usage)
             healthy.add_metric([e.name], 1.0 if e.healthy and not e.draining else 0.0)
@@ -50,7 +58,7 @@ class _PoolCollector(Collector):
                                   "Blocks held in the prefix indexes.", labels=["index"])
         index.add_metric(["approx"], len(self.state.approx))
         index.add_metric(["precise"], len(self.state.precise))
-        yield from (inflight, tokens, waiting, usage, healthy, speed, index)
+        yield from (inflight, tokens, peers, waiting, usage, healthy, speed, index)
 
 
 class _LoopCollector(Collector):
@@ -148,18 +156,21 @@ class RouterMetrics:
                                  "list (at start and after 410 Gone) and watch.", ["verb"],
                                  registry=r)
         self.leader = Gauge("toposerve_router_leader",
-                            "1 while this replica leads its hot-standby pair (/ready answers "
-                            "200); 1 without ha.", registry=r)
+                            "1 while this replica takes traffic (/ready answers 200): the "
+                            "leader of a hot-standby pair, any active-active replica until it "
+                            "stops; 1 without ha.", registry=r)
         self.leader.set(1)
         self.replication = Counter("toposerve_router_replicated_decisions",
-                                   "Routing decisions shared with the other replicas: sent, "
-                                   "received (applied here), dropped (Redis down or slow).",
+                                   "Routing decisions shared with the other router processes "
+                                   "(replicas, workers): sent, received (applied here), "
+                                   "dropped (the bus, Redis or local, down or slow).",
                                    ["outcome"], registry=r)
         self.snapshots = Counter("toposerve_router_replication_snapshots",
                                  "Snapshots of the routing state learnt from decisions: written "
-                                 "(by the leader, on a new replica's request), loaded, ignored "
-                                 "(corrupt, another version, too large), missing (none came "
-                                 "in time: the replica starts cold).", ["outcome"], registry=r)
+                                 "(for a starting or reconnected process that asked this one), "
+                                 "loaded, ignored (corrupt, another version, too large), "
+                                 "missing (none came in time: the process goes on with what "
+                                 "it has).", ["outcome"], registry=r)
         self.responses_unstored = Counter(
             "toposerve_router_responses_unstored",
             "Streamed Responses answers whose turn the store could not keep (Redis down): "

@@ -45,10 +45,13 @@ _PASSING = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 log = logging.getLogger(__name__)
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """A socket listening on ``host:port`` (IPv6 when the host has a colon)."""
+def bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """A socket listening on ``host:port`` (IPv6 when the host has a colon);
+    ``reuse_port``: one of several processes' sockets on it (SO_REUSEPORT:
+    the kernel spreads the connections over them)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    return socket.create_server((host, port), family=family, backlog=BACKLOG)
+    return socket.create_server((host, port), family=family, backlog=BACKLOG,
+                                reuse_port=reuse_port)
 
 
 def unparsable(exc: BaseException | None) -> str:

@@ -1,9 +1,11 @@
 """``toposerve router``: the OpenAI-compatible router, standalone or
-(``--mode endpoint-picker``) as the endpoint picker a Gateway's proxy asks."""
+(``--mode endpoint-picker``) as the endpoint picker a Gateway's proxy asks;
+standalone, in ``--workers`` processes on one port."""
 
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 from typing import Any
 
@@ -12,10 +14,10 @@ from pydantic import ValidationError
 
 from toposerve.kubeapi import connect
 from toposerve.listen import listen
-from toposerve.router.config import RouterConfig, load_router_config, quick_config
+from toposerve.router.config import MAX_WORKERS, RouterConfig, quick_document
 from toposerve.router.epp.fit import unfit
 from toposerve.router.scheduling.registry import PluginError
-from toposerve.topology.config_file import ConfigError, explain
+from toposerve.topology.config_file import ConfigError, explain, parse_document, read_document
 from toposerve.wire.chat_template import ChatTemplateError
 from toposerve.wire.tokens import TokenizerError
 
@@ -27,29 +29,53 @@ def _flag(loc: tuple[int | str, ...]) -> str:
     return "--" + str(loc[-1]) if loc[:1] == ("server",) else ".".join(map(str, loc))
 
 
-def _load(args: argparse.Namespace) -> RouterConfig:
+def _document(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    """The config document, with --workers in it, and what errors call it."""
     if args.config:
         if args.endpoint:
             raise ConfigError("give --config or --endpoint, not both")
-        return load_router_config(args.config)
-    if not args.endpoint:
+        doc, source = read_document(args.config), args.config
+    elif not args.endpoint:
         raise ConfigError("give --config FILE or at least one --endpoint http://HOST:PORT")
+    else:
+        doc, source = quick_document(args.endpoint, args.host, args.port), "toposerve router"
+    if args.workers is not None and isinstance(doc, dict) and isinstance(
+            doc.get("server", {}), dict):
+        doc = {**doc, "server": {**doc.get("server", {}), "workers": args.workers}}
+    return doc, source
+
+
+def _load(doc: dict[str, Any], source: str, args: argparse.Namespace) -> RouterConfig:
+    if args.config:
+        return parse_document(doc, RouterConfig, "RouterConfig", source)
     try:
-        return quick_config(args.endpoint, args.host, args.port)
+        return RouterConfig.model_validate(doc)
     except ValidationError as err:
-        raise ConfigError(explain(err, "toposerve router", name=_flag)) from None
+        raise ConfigError(explain(err, source, name=_flag)) from None
+
+
+def _workers(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_WORKERS:
+        raise argparse.ArgumentTypeError(f"--workers: {text!r} is not a number from 1 to "
+                                         f"{MAX_WORKERS}")
+    return n
 
 
 def _kubeconfigs(cfg: RouterConfig) -> list[tuple[str, str | None]]:
     """The credentials the router will need, each with the field that names
-    it: the pod (or InferencePool) watch's, the Lease's, the API-key Secret's."""
+    it: the pod (or InferencePool) watch's, the hot-standby Lease's, the
+    API-key Secret's."""
     out = []
     if cfg.discovery.kubernetes is not None:
         out.append(("discovery.kubernetes.kubeconfig", cfg.discovery.kubernetes.kubeconfig))
     if cfg.discovery.inference_pool is not None:
         out.append(("discovery.inferencePool.kubeconfig",
                     cfg.discovery.inference_pool.kubeconfig))
-    if cfg.ha.enabled:
+    if cfg.ha.enabled and cfg.ha.mode == "hot-standby":  # active-active takes no Lease
         out.append(("ha.lease.kubeconfig", cfg.ha.lease.kubeconfig))
     keys = cfg.flow_control.tenants.keys
     if keys is not None and keys.secret is not None:
@@ -59,14 +85,24 @@ def _kubeconfigs(cfg: RouterConfig) -> list[tuple[str, str | None]]:
 
 def _run(args: argparse.Namespace) -> int:
     from toposerve.router.http.app import Router, serve
+    from toposerve.router.http.workers import Assignment, Workers
 
+    if args.worker:  # one of the parent's --workers, all checked by it already
+        a = Assignment.read()
+        serve(parse_document(a.doc, RouterConfig, "RouterConfig", a.source),
+              socket.socket(fileno=a.fd), a.bus, a.index)
+        return 0
     picker = args.mode == "endpoint-picker"
     if picker:  # needs the epp extra: missing, main names it
         from toposerve.router.epp import server as epp
     try:
-        cfg = _load(args)
+        doc, source = _document(args)
+        cfg = _load(doc, source, args)
         if picker and (why := unfit(cfg)):
             raise ConfigError(f"{args.config or 'toposerve router'}: {why}")
+        if picker and cfg.server.workers > 1:
+            raise ConfigError(f"{source}: server.workers (--workers) {cfg.server.workers}: "
+                              "the endpoint picker runs in one process; give 1")
         Router(cfg)  # builds the profile: unknown plugins fail here, before binding
     except ConfigError as err:  # names its file itself
         print(f"error: {err}", file=sys.stderr)
@@ -87,11 +123,16 @@ def _run(args: argparse.Namespace) -> int:
         e = cfg.endpoint_picker
         listen(e.host, e.port, f"endpointPicker.host or endpointPicker.port in "
                                f"{args.config or 'a --config file'}").close()
+    workers = cfg.server.workers
     sock = listen(cfg.server.host, cfg.server.port,
                   f"server.host or server.port in {args.config}" if args.config
-                  else "--host or --port")
+                  else "--host or --port", reuse_port=workers > 1)
     structlog.get_logger("toposerve.router").info(
-        "serving", url=f"http://{cfg.server.host}:{sock.getsockname()[1]}")
+        "serving", url=f"http://{cfg.server.host}:{sock.getsockname()[1]}", workers=workers)
+    if workers > 1:
+        return Workers(cfg, doc, source, sock, [
+            sys.executable, "-m", "toposerve.main", "--log-level", args.log_level, "router",
+            "--worker"]).run()
     (epp.serve if picker else serve)(cfg, sock)
     return 0
 
@@ -110,4 +151,8 @@ def register(sub: Any) -> None:
                         "endpoint-picker: answer a proxy's external-processing calls (gRPC, "
                         "endpointPicker in the config) with the endpoint for each request, "
                         "and serve only probes and metrics over HTTP (default %(default)s)")
+    p.add_argument("--workers", type=_workers, default=None,
+                   help="router processes on one port (SO_REUSEPORT), sharing in-flight "
+                        "counts, sessions and routing decisions (default: server.workers, 1)")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(handler=_run)

@@ -1,2 +1,4 @@
-"""Hot standby: leader election on a Lease, and the routing state the
-replicas share (router-ha.md)."""
+"""Router replicas and workers that share one view: the routing state
+they tell each other (decisions, in-flight counts, snapshots) over a bus
+(Redis, or a pod's local one), and the replicas' roles: all serving, or a
+hot-standby pair on a Lease (router-ha.md)."""

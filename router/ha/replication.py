@@ -1,33 +1,40 @@
-"""What each replica learns from its own routing, told to the others
-through Redis pub/sub: for every answered request, the endpoint that
-answered, the prompt's block keys and its session. A replica applies what
-the others publish to its own scorers, as if it had routed the request
-itself, so a standby's approximate prefix index, conversations and
-sessions are the leader's when it takes over. (The precise index, load and
-health each replica reads from the model servers itself.)
+"""What each router process learns from its own routing, told to the
+others sharing its view (replicas through Redis, workers of one pod
+through their local bus: ``toposerve.router.ha.bus``): for every answered
+request, the endpoint that answered, the prompt's block keys and its
+session. A process applies what the others publish to its own scorers,
+as if it had routed the request itself, so every replica's approximate
+prefix index, conversations and sessions are the same. (The precise
+index, load and health each reads from the model servers itself.) Beside
+the decisions, each reports what it has in flight to each endpoint
+(``toposerve.router.ha.peers``).
 
 Publishing never blocks a request: messages go through a bounded queue,
-dropped (and counted) when Redis cannot keep up or is down.
+dropped (and counted) when the bus cannot keep up or is down.
 
-A replica that starts beside a running leader asks it for a snapshot
-(``toposerve.router.ha.snapshot``) once subscribed: the leader writes one to a key
-of its own for that request and says so on the channel. Each message
-carries its sender's sequence number, so the new replica applies the
-snapshot, then the messages it held meanwhile and all later ones, from
-the snapshot's sequence on: nothing missed (it subscribed before asking)
-and nothing twice. A snapshot that is corrupt, too large, of another
-version or late is logged and left: the replica goes on cold, as before.
+A process that starts, or whose subscription comes back after it was
+lost, asks a peer for a snapshot (``toposerve.router.ha.snapshot``) once
+subscribed: the peer named in the request (the fullest of those its load
+reports say are done starting) writes one under a key of its own and
+says so on the channel. Each message carries its sender's sequence
+number, so the asker applies the snapshot's decisions it has not applied
+yet, then the messages it held meanwhile and all later ones: nothing
+missed (it subscribed before asking) and nothing twice. A snapshot that
+is corrupt, too large, of another version or late is logged and left: the
+process goes on with what it has.
 
 Publishing and the subscription run under the router's supervisor
-(``toposerve.router.supervise``): Redis down is logged once a streak,
-counted and retried after a backoff; a message that is not a decision is
-dropped, logged once a streak and counted, and the subscription goes on."""
+(``toposerve.router.supervise``): the bus down is logged once a streak,
+counted and retried after a backoff; a message that is not a decision or
+a report is dropped, logged once a streak and counted, and the
+subscription goes on."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import secrets
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -35,7 +42,9 @@ from typing import Any, ClassVar
 import orjson
 import structlog
 
-from toposerve.router.config import SnapshotConfig
+from toposerve.router.config import InflightShareConfig, SnapshotConfig
+from toposerve.router.ha.bus import Bus
+from toposerve.router.ha.peers import Peers, ReportError
 from toposerve.router.ha.snapshot import DecisionLog, SnapshotError, decision, parse
 from toposerve.router.pool.endpoints import Endpoint, Pool
 from toposerve.router.request import RequestContext
@@ -48,7 +57,8 @@ QUEUE = 10_000
 BATCH = 256
 CLOSE_TIMEOUT_S = 1.0
 SNAPSHOT_TTL_S = 60  # a snapshot's key outlives its reader's wait, then goes
-POLL_S = 0.2  # how often the listener looks at the time while it waits for one
+POLL_S = 0.05  # how often the listener looks at the time while it waits for a snapshot
+IDLE_POLL_S = 1.0  # and otherwise
 
 
 def message(sender: str, seq: int, stage: str, ctx: RequestContext, ep: Endpoint
@@ -91,43 +101,62 @@ class _Tap:
 
 
 class Replication:
-    def __init__(self, redis_url: str, channel: str, identity: str,
-                 schedulers: Mapping[str, Scheduler], pool: Pool,
+    def __init__(self, bus: Bus, identity: str, schedulers: Mapping[str, Scheduler], pool: Pool,
                  count: Callable[[str, int], None] = lambda outcome, n: None,
                  snapshot: SnapshotConfig | None = None,
-                 leading: Callable[[], bool] = lambda: False,
                  count_snapshot: Callable[[str], None] = lambda outcome: None,
-                 redis_options: Mapping[str, Any] | None = None) -> None:
+                 inflight: InflightShareConfig | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 room: Callable[[], None] = lambda: None) -> None:
         """``count`` is told of messages sent, received and dropped;
         ``count_snapshot`` of snapshots written, loaded, ignored and
-        missing. ``leading``: whether this replica leads (only the leader
-        answers a request for a snapshot). ``redis_options``: redis-py's
-        beyond the URL (password, TLS CA: ResponsesStoreConfig.redis_options)."""
-        import redis.asyncio as redis
-
-        self._r = redis.from_url(redis_url, **(redis_options or {}))
-        self.channel, self.identity = channel, identity
+        missing. ``inflight``: how often this process's in-flight counts
+        are told the others, and when a silent peer counts as gone;
+        ``room``: told when the others' requests end (``Peers``)."""
+        self.bus = bus
         # the sender of this process's messages: a restarted replica's
         # sequence numbers start afresh under a name of their own
         self.instance = f"{identity}#{secrets.token_hex(4)}"
         self.schedulers, self.pool = schedulers, pool
+        self.share = inflight or InflightShareConfig()
+        self.peers = Peers(self.instance, pool, self.share, clock, room)
         self._stage = {id(s): name for name, s in schedulers.items()}
         self._queue: asyncio.Queue[bytes] = asyncio.Queue(QUEUE)
         self._tasks: list[asyncio.Task[None]] = []
-        self.count, self.count_snapshot, self.leading = count, count_snapshot, leading
+        self.count, self.count_snapshot = count, count_snapshot
         self.snapshot_cfg = snapshot or SnapshotConfig()
         self.log = DecisionLog(self.snapshot_cfg.max_bytes)
         self._seq = 0
         self._applied: dict[str, int] = {}  # sender -> the last sequence number applied
-        # from the first subscription until the snapshot is in (or late),
-        # what is heard is held; the snapshot is asked for once this
-        # replica knows an endpoint (decisions name endpoints)
-        self._holding = self.snapshot_cfg.enabled
+        # from each subscription until the snapshot is in (or late), what
+        # is heard is held; the snapshot is asked for once this process
+        # knows an endpoint (decisions name endpoints) and a peer to ask
+        self._holding = False
+        self._subscribed = False  # reports wait for it: a peer's answer to one must be heard
+        # done starting (its snapshot in, or none to be had): it may serve,
+        # and answer others' requests for one
+        self._started = asyncio.Event()
+        if not self.snapshot_cfg.enabled:
+            self._started.set()
         self._asked: str | None = None  # the nonce of the snapshot asked for
         self._held: list[tuple[dict[str, Any], bytes]] = []
-        self._publishing = Streak("replication-publish", channel=channel)
-        self._subscribing = Streak("replication-subscribe", channel=channel)
-        self._messages = Streak("replication-subscribe", channel=channel, what="messages")
+        self._publishing = Streak("replication-publish", where=bus.where)
+        self._subscribing = Streak("replication-subscribe", where=bus.where)
+        self._messages = Streak("replication-subscribe", where=bus.where, what="messages")
+        self._reporting = Streak("replication-publish", where=bus.where, what="in-flight")
+
+    @property
+    def started(self) -> bool:
+        return self._started.is_set()
+
+    async def ready(self) -> None:
+        """Until this process has the others' view (a snapshot, or none to be
+        had), at most ``ha.snapshot.waitSeconds`` and a heartbeat: the
+        router starts serving after it, so a request it takes meanwhile is
+        not placed on a cold view."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._started.wait(),
+                                   self.snapshot_cfg.wait_s + self.peers.heartbeat_s)
 
     def tap(self, d: Decision, sched: Scheduler) -> None:
         stage = self._stage.get(id(sched))
@@ -135,7 +164,7 @@ class Replication:
             d.scorers = [*d.scorers, _Tap(self, stage)]
 
     def decided(self, stage: str, ctx: RequestContext, ep: Endpoint) -> None:
-        """This replica sent a request of ``stage`` to ``ep``: the others are told."""
+        """This process sent a request of ``stage`` to ``ep``: the others are told."""
         self._seq += 1
         doc = message(self.instance, self._seq, stage, ctx, ep)
         raw = orjson.dumps(doc)
@@ -151,7 +180,8 @@ class Replication:
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(supervise(self._publishing, self._send)),
-                       asyncio.create_task(supervise(self._subscribing, self._listen))]
+                       asyncio.create_task(supervise(self._subscribing, self._listen)),
+                       asyncio.create_task(self._report())]
 
     async def close(self) -> None:
         # bounded: a subscription cancelled mid-read can hang in its own
@@ -160,8 +190,11 @@ class Replication:
             t.cancel()
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=CLOSE_TIMEOUT_S)
+        with contextlib.suppress(Exception):  # the others stop counting this one at once
+            await asyncio.wait_for(self.bus.publish([orjson.dumps(self.peers.goodbye())]),
+                                   CLOSE_TIMEOUT_S)
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._r.aclose(), CLOSE_TIMEOUT_S)
+            await asyncio.wait_for(self.bus.close(), CLOSE_TIMEOUT_S)
 
     async def _send(self) -> None:
         while True:
@@ -169,39 +202,75 @@ class Replication:
             while len(batch) < BATCH and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
             try:
-                async with self._r.pipeline(transaction=False) as pipe:
-                    for m in batch:
-                        pipe.publish(self.channel, m)
-                    await pipe.execute()
-            except Exception:  # Redis down: the others' indexes go stale, routing goes on
+                await self.bus.publish(batch)
+            except Exception:  # the bus down: the others' indexes go stale, routing goes on
                 self.count("dropped", len(batch))
                 raise
             self.count("sent", len(batch))
             self._publishing.ok()
 
+    async def _report(self) -> None:
+        """Tell the others what this process has in flight, and forget the
+        peers gone silent; the latter goes on while the bus is down (so
+        their counts stop weighing), the former waits for it."""
+        ticks = 0
+        while True:
+            await asyncio.sleep(self.share.interval_s)
+            self.peers.expire()
+            ticks += 1
+            if ticks * self.share.interval_s >= self.peers.heartbeat_s:
+                ticks = 0
+                self.peers.reapply()  # on endpoints discovery added since
+            if not self._subscribed or self._reporting.backing_off():
+                continue
+            doc = self.peers.report(len(self.log), self.started)
+            if doc is None:
+                continue
+            try:
+                await self.bus.publish([orjson.dumps(doc)])
+            except Exception as err:
+                self.peers.want_full = True  # the others may have missed what changed
+                self._reporting.failed(err)
+            else:
+                self._reporting.ok()
+
     async def _listen(self) -> None:
         """One subscription, until it is lost."""
         loop = asyncio.get_running_loop()
         try:
-            async with self._r.pubsub() as ps:
-                await ps.subscribe(self.channel)
+            async with self.bus.subscribe() as sub:
                 self._subscribing.ok()
-                deadline = loop.time() + self.snapshot_cfg.wait_s
+                # after a lost subscription too: what the others decided
+                # meanwhile comes back by snapshot
+                self._holding, self._asked = self.snapshot_cfg.enabled, None
+                # the others hear of this one now (they may have dropped it),
+                # and answer with a full report each: a heartbeat is plenty
+                self._subscribed, self.peers.want_full = True, True
+                now = loop.time()
+                deadline, alone = now + self.snapshot_cfg.wait_s, now + self.peers.heartbeat_s
                 while True:
-                    if self._holding and self._asked is None and len(self.pool):
-                        # subscribed first: nothing after the snapshot is missed
-                        await self._ask_snapshot()
-                    msg = await ps.get_message(ignore_subscribe_messages=True, timeout=POLL_S)
-                    if msg is not None and msg.get("type") == "message":
-                        await self._on_message(msg["data"])
+                    if self._holding and self._asked is None:
+                        peer = self.peers.source()
+                        if peer is not None and len(self.pool):
+                            # subscribed first: nothing after the snapshot is missed
+                            await self._ask_snapshot(peer)
+                        elif peer is None and loop.time() > alone:
+                            self._late("no peer has a view to give")
+                    raw = await sub.next(POLL_S if self._holding else IDLE_POLL_S)
+                    if raw is not None:
+                        await self._on_message(raw)
                     if self._holding and loop.time() > deadline:
-                        log.warning("no routing snapshot came in time; starting cold",
-                                    wait_s=self.snapshot_cfg.wait_s)
-                        self.count_snapshot("missing")
-                        self._resume()
+                        self._late("no routing snapshot came in time")
         except Exception:
+            self._subscribed = False
             self._resume()  # a snapshot asked for on a lost subscription will not come
             raise
+
+    def _late(self, why: str) -> None:
+        log.info(f"{why}; going on with what this process has",
+                 wait_s=self.snapshot_cfg.wait_s, peers=len(self.peers))
+        self.count_snapshot("missing")
+        self._resume()
 
     # --- messages -------------------------------------------------------------
     async def _on_message(self, raw: bytes) -> None:
@@ -215,8 +284,13 @@ class Replication:
         if doc.get("from") == self.instance:
             return
         kind = doc.get("kind")
-        if kind == "snapshot-request":
-            if self.leading() and isinstance(doc.get("nonce"), str):
+        if kind == "load":
+            try:
+                self.peers.heard(doc)
+            except ReportError as err:
+                self._messages.failed(err)
+        elif kind == "snapshot-request":
+            if doc.get("to") == self.instance and isinstance(doc.get("nonce"), str):
                 await self._write_snapshot(doc["nonce"])
         elif kind == "snapshot":
             if self._holding and self._asked is not None and doc.get("nonce") == self._asked:
@@ -236,11 +310,19 @@ class Replication:
             else:
                 self._apply(doc, raw)
 
+    def _unseen(self, doc: Mapping[str, Any]) -> bool:
+        """Whether ``doc`` is another's decision not applied yet."""
+        sender, seq = doc.get("from"), doc.get("seq")
+        if sender == self.instance:
+            return False  # this process's own, in another's snapshot
+        return not (isinstance(sender, str) and isinstance(seq, int)
+                    and seq <= self._applied.get(sender, 0))
+
     def _apply(self, doc: dict[str, Any], raw: bytes) -> None:
+        if not self._unseen(doc):
+            return
         sender, seq = doc.get("from"), doc.get("seq")
         if isinstance(sender, str) and isinstance(seq, int):
-            if seq <= self._applied.get(sender, 0):
-                return  # in the snapshot already
             self._applied[sender] = seq
         if replay(doc, self.schedulers, self.pool):
             self.count("received", 1)
@@ -250,46 +332,50 @@ class Replication:
     def _resume(self) -> None:
         """Stop waiting for a snapshot: apply what was held meanwhile."""
         self._holding = False
+        self._started.set()
         held, self._held = self._held, []
         for doc, raw in held:
             self._apply(doc, raw)
 
     # --- snapshots ------------------------------------------------------------
-    def _key(self, nonce: str) -> str:
-        return f"{self.channel}:snapshot:{nonce}"
-
-    async def _ask_snapshot(self) -> None:
+    async def _ask_snapshot(self, peer: str) -> None:
         self._asked = nonce = secrets.token_hex(8)
-        await self._r.publish(self.channel, orjson.dumps(
-            {"kind": "snapshot-request", "from": self.instance, "nonce": nonce}))
+        await self.bus.publish([orjson.dumps(
+            {"kind": "snapshot-request", "from": self.instance, "to": peer, "nonce": nonce})])
 
     async def _write_snapshot(self, nonce: str) -> None:
-        """A new replica asked: the leader writes what it holds, with the
-        sequence number it holds of each sender (its own: the last it
+        """A starting process asked this one: it writes what it holds, with
+        the sequence number it holds of each sender (its own: the last it
         gave, so a message still in its send queue is not applied twice)."""
         blob = self.log.snapshot({**self._applied, self.instance: self._seq})
-        await self._r.set(self._key(nonce), blob, ex=SNAPSHOT_TTL_S)
-        await self._r.publish(self.channel, orjson.dumps(
-            {"kind": "snapshot", "from": self.instance, "nonce": nonce}))
+        await self.bus.put(f"snapshot:{nonce}", blob, SNAPSHOT_TTL_S)
+        await self.bus.publish([orjson.dumps(
+            {"kind": "snapshot", "from": self.instance, "nonce": nonce})])
         self.count_snapshot("written")
         log.info("routing snapshot written", decisions=len(self.log), bytes=len(blob))
 
     async def _load_snapshot(self, nonce: str) -> None:
-        raw = await self._r.get(self._key(nonce))
+        raw = await self.bus.get(f"snapshot:{nonce}")
         try:
             if raw is None:
                 raise SnapshotError("its key is gone")
-            snap = parse(raw.encode() if isinstance(raw, str) else raw,
-                         self.snapshot_cfg.max_bytes)
+            snap = parse(raw, self.snapshot_cfg.max_bytes)
         except SnapshotError as err:
-            log.warning("routing snapshot ignored; starting cold", error=str(err))
+            log.warning("routing snapshot ignored; going on with what this process has",
+                        error=str(err))
             self.count_snapshot("ignored")
         else:
+            applied = 0
             for entry in snap.entries:
-                if replay(entry, self.schedulers, self.pool):
+                # the seqs are raised after the whole snapshot: its entries
+                # are compared with what was applied before it only
+                if self._unseen(entry) and replay(
+                        entry, self.schedulers, self.pool):
                     self.log.add(entry, orjson.dumps(entry))
+                    applied += 1
             for sender, seq in snap.seqs.items():
-                self._applied[sender] = max(seq, self._applied.get(sender, 0))
+                if sender != self.instance:
+                    self._applied[sender] = max(seq, self._applied.get(sender, 0))
             self.count_snapshot("loaded")
-            log.info("routing snapshot loaded", decisions=len(snap.entries))
+            log.info("routing snapshot loaded", decisions=len(snap.entries), applied=applied)
         self._resume()

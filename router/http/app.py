@@ -21,7 +21,11 @@ from toposerve.router.admission.flow_control import Admission
 from toposerve.router.admission.tenants import OPEN_PATHS
 from toposerve.router.config import RouterConfig
 from toposerve.router.disaggregation.pairing import Disaggregation
-from toposerve.router.ha.standby import HotStandby
+from toposerve.router.ha.bus import Bus, RedisBus
+from toposerve.router.ha.elector import default_identity
+from toposerve.router.ha.local_bus import LocalBus, max_frame
+from toposerve.router.ha.replica import Replica, channel
+from toposerve.router.ha.replication import Replication
 from toposerve.router.http.director import Director
 from toposerve.router.http.edge import Edge, errors
 from toposerve.router.http.handlers import Handlers
@@ -52,8 +56,22 @@ PARSER_SLACK = 8
 GC_THRESHOLDS = (50_000, 20, 100)
 
 
+def _bus(cfg: RouterConfig, local_bus: str | None) -> Bus | None:
+    """Where this process shares its view: the replicas' Redis with ha,
+    else its pod's local bus when it is one of several workers."""
+    if cfg.ha.enabled:
+        assert cfg.responses.redis_url is not None  # RouterConfig guarantees it with ha
+        return RedisBus(cfg.responses.redis_url, channel(cfg.ha), cfg.responses.redis_options())
+    if local_bus is not None:
+        return LocalBus(local_bus, max_frame(cfg.ha.snapshot.max_bytes))
+    return None
+
+
 class Router:
-    def __init__(self, cfg: RouterConfig) -> None:
+    def __init__(self, cfg: RouterConfig, local_bus: str | None = None,
+                 worker: int | None = None) -> None:
+        """``worker``: this process's index among its pod's workers (their
+        ``local_bus``: the parent's socket, when they share no Redis)."""
         self.cfg = cfg
         self.state = RouterState(cfg)
         self.metrics = RouterMetrics(self.state)
@@ -72,20 +90,25 @@ class Router:
         self.admission = Admission(cfg.flow_control, self.state, self.metrics)
         self.budget = Budget(cfg.server)
         self.store: ResponsesStore = make_store(cfg.responses)
-        self.ha: HotStandby | None = None
-        if cfg.ha.enabled:
+        self.replication: Replication | None = None
+        self.ha: Replica | None = None
+        if (bus := _bus(cfg, local_bus)) is not None:
             stages = {"profile": self.scheduler} | (
                 {"prefill": self.pd.prefill, "decode": self.pd.decode} if self.pd else {})
-            self.ha = HotStandby(cfg.ha, cfg.responses, stages, self.state.pool,
-                                 leading=lambda on: self.metrics.leader.set(1 if on else 0),
-                                 count=lambda outcome, n: self.metrics.replication
-                                 .labels(outcome).inc(n),
-                                 count_snapshot=lambda outcome: self.metrics.snapshots
-                                 .labels(outcome).inc(),
-                                 # read after start(): discovery's own by then
-                                 warm=lambda: self.handlers.warm())
+            identity = cfg.ha.lease.identity or default_identity()
+            self.replication = Replication(
+                bus, identity if worker is None else f"{identity}/w{worker}", stages,
+                self.state.pool, lambda outcome, n: self.metrics.replication.labels(outcome).inc(n),
+                cfg.ha.snapshot, lambda outcome: self.metrics.snapshots.labels(outcome).inc(),
+                cfg.ha.inflight, room=self.admission.request_done)
+        if cfg.ha.enabled:
+            assert self.replication is not None
+            self.ha = Replica(cfg.ha, self.replication, self.state.pool,
+                              leading=lambda on: self.metrics.leader.set(1 if on else 0),
+                              # read after start(): discovery's own by then
+                              warm=lambda: self.handlers.warm())
             self.metrics.leader.set(0)
-        self.director = Director(self.metrics, self.admission, self.scheduler, self.ha)
+        self.director = Director(self.metrics, self.admission, self.scheduler, self.replication)
         self.handlers = Handlers(cfg, self.state, self.metrics, self.budget, self.store,
                                  self.director, self.ha)
         self.edge = Edge(self.budget, self.admission.tenants, self.director)
@@ -145,6 +168,10 @@ class Router:
                                                          self.store.run)))
         if self.ha is not None:
             self.ha.start()
+        elif self.replication is not None:
+            self.replication.start()
+        if self.replication is not None:
+            await self.replication.ready()  # it listens once it has the others' view
 
     async def draining(self, app: web.Application) -> None:
         """On SIGTERM the listener is closed; in-flight requests get
@@ -152,7 +179,7 @@ class Router:
         why (aiohttp waits DRAIN_GRACE_S longer, for those last writes)."""
         drain = self.cfg.server.drain_timeout_s
         log.info("stopping: in-flight requests finish first",
-                 inflight=sum(ep.inflight for ep in self.state.pool), timeout_s=drain)
+                 inflight=sum(ep.own_inflight for ep in self.state.pool), timeout_s=drain)
         assert self.proxy is not None
         asyncio.get_running_loop().call_later(
             drain, self.proxy.cut, "the router stopped before the answer was complete "
@@ -163,6 +190,8 @@ class Router:
             self.watcher.stop()
         if self.ha is not None:
             await self.ha.close()
+        elif self.replication is not None:
+            await self.replication.close()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -182,8 +211,9 @@ class Router:
 ROUTER = web.AppKey("router", Router)
 
 
-def build_app(cfg: RouterConfig) -> web.Application:
-    router = Router(cfg)
+def build_app(cfg: RouterConfig, local_bus: str | None = None,
+              worker: int | None = None) -> web.Application:
+    router = Router(cfg, local_bus, worker)
     h, take = router.handlers, router.edge.take
     app = web.Application(middlewares=[errors(router.metrics, cfg.server.max_header_bytes)],
                           client_max_size=cfg.server.max_body_bytes)
@@ -207,10 +237,11 @@ def build_app(cfg: RouterConfig) -> web.Application:
     return app
 
 
-def serve(cfg: RouterConfig, sock: socket.socket | None = None) -> None:
+def serve(cfg: RouterConfig, sock: socket.socket | None = None, local_bus: str | None = None,
+          worker: int | None = None) -> None:
     """Serve until stopped, on ``sock`` when given (bound already, so that a
     taken address fails before the router starts), else on the configured
-    address."""
+    address; ``local_bus`` and ``worker`` as for ``Router``."""
     import uvloop
 
     uvloop.install()
@@ -223,7 +254,8 @@ def serve(cfg: RouterConfig, sock: socket.socket | None = None) -> None:
     gc.set_threshold(*GC_THRESHOLDS)
     where: dict[str, Any] = ({"sock": sock} if sock else
                              {"host": cfg.server.host, "port": cfg.server.port})
-    run_app(build_app(cfg), error_factory=error_response, **where, access_log=None,
+    run_app(build_app(cfg, local_bus, worker), error_factory=error_response, **where,
+            access_log=None,
             max_line_size=PARSER_SLACK * cfg.server.max_header_bytes,
             max_field_size=PARSER_SLACK * cfg.server.max_header_bytes,
             shutdown_timeout=cfg.server.drain_timeout_s + DRAIN_GRACE_S,

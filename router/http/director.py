@@ -17,7 +17,7 @@ from toposerve.router.admission.usage import output_tokens
 from toposerve.router.disaggregation.pairing import Disaggregation
 from toposerve.router.disaggregation.split import Splitter
 from toposerve.router.exchange import Asked, Exchange, Route
-from toposerve.router.ha.standby import HotStandby
+from toposerve.router.ha.replication import Replication
 from toposerve.router.metrics import RouterMetrics
 from toposerve.router.relay.proxy import Proxy, StreamTap
 from toposerve.router.scheduling.profile import Decision, Scheduler
@@ -26,8 +26,9 @@ from toposerve.wire.errors import ApiError
 
 class Director:
     def __init__(self, metrics: RouterMetrics, admission: Admission, scheduler: Scheduler,
-                 ha: HotStandby | None) -> None:
-        self.metrics, self.admission, self.scheduler, self.ha = metrics, admission, scheduler, ha
+                 replication: Replication | None) -> None:
+        self.metrics, self.admission, self.scheduler = metrics, admission, scheduler
+        self.replication = replication
         self._proxy: Proxy | None = None
         self.split: Splitter | None = None
 
@@ -62,8 +63,8 @@ class Director:
         t0 = time.perf_counter()
         d = scheduler.schedule(ex.ctx)
         self.metrics.scheduling.observe(time.perf_counter() - t0)
-        if self.ha is not None:
-            self.ha.tap(d, scheduler)  # the other replicas learn where it went
+        if self.replication is not None:
+            self.replication.tap(d, scheduler)  # the other routers learn where it went
         if not d.ranked:
             raise ApiError(503, "no ready endpoint serves this request")
         self.metrics.decided(d.reason)

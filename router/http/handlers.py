@@ -18,7 +18,7 @@ from toposerve.router.admission.usage import requested_output, responses_output
 from toposerve.router.config import RouterConfig
 from toposerve.router.disaggregation.pairing import RESPONSES_PATH, drop_hand_over
 from toposerve.router.exchange import Exchange
-from toposerve.router.ha.standby import HotStandby
+from toposerve.router.ha.replica import Replica
 from toposerve.router.http.bodies import (
     INLINE_VALUES,
     BodyWorker,
@@ -49,7 +49,7 @@ SESSION_HEADERS = ("x-session-id", "x-llm-d-session-id")
 class Handlers:
     def __init__(self, cfg: RouterConfig, state: RouterState, metrics: RouterMetrics,
                  budget: Budget, store: ResponsesStore, director: Director,
-                 ha: HotStandby | None) -> None:
+                 ha: Replica | None) -> None:
         self.cfg, self.state, self.metrics, self.budget = cfg, state, metrics, budget
         self.store, self.director, self.ha = store, director, ha
         self.bodies = BodyWorker()  # the app stops it
@@ -311,8 +311,9 @@ class Handlers:
         return web.Response(text="ok")
 
     async def ready(self, request: web.Request) -> web.StreamResponse:
-        """200 with a ready endpoint, on the leader only under ha (a load
-        balancer's check: this router can serve a model now). ``?role=any``
+        """200 with a ready endpoint, while this replica serves under ha
+        (the hot-standby leader, or any active-active replica not stopping:
+        a load balancer's check, this router can serve a model now). ``?role=any``
         is the pod's readiness probe: whatever the role (a rollout is not
         held up by a standby that is rightly unready), and warm suffices:
         discovery listed the pods and every endpoint found was scraped once,

@@ -1,6 +1,7 @@
 """The pool of model-server endpoints the router can send to, and what it
 knows of each: identity (from discovery), health and load (from scraping),
-and the router's own in-flight counts."""
+and the requests in flight to it: this process's own, plus those the other
+router processes sharing its view report (``toposerve.router.ha.peers``)."""
 
 from __future__ import annotations
 
@@ -34,13 +35,16 @@ class Changes:
     every endpoint of the process: ``shape`` for the pool's membership and
     an endpoint's models, role, revision, health or draining; ``load`` for
     a new load sample. A list derived from the pool (the routable ones, a
-    filter's answer) is reused while the counts it was made at stand."""
+    filter's answer) is reused while the counts it was made at stand.
+    ``own`` counts changes to this process's in-flight counts, which the
+    other router processes are told of when it moves."""
 
-    __slots__ = ("load", "shape")
+    __slots__ = ("load", "own", "shape")
 
     def __init__(self) -> None:
         self.shape = 0
         self.load = 0
+        self.own = 0
 
 
 CHANGES = Changes()
@@ -64,9 +68,18 @@ class Endpoint:
     scrape_failures: int = 0
     block_size: int | None = None  # from vllm:cache_config_info
     num_gpu_blocks: int | None = None
+    # in flight to it from every router process sharing this view: this
+    # one's (own_*) plus what the others last reported (peer_*); what the
+    # filters, scorers and flow control read
     inflight: int = 0
     inflight_tokens: int = 0
     prefill_tokens: int = 0  # uncached prompt tokens sent but not yet answered
+    own_inflight: int = 0
+    own_inflight_tokens: int = 0
+    own_prefill_tokens: int = 0
+    peer_inflight: int = 0
+    peer_inflight_tokens: int = 0
+    peer_prefill_tokens: int = 0
     # seconds a token of prefill holds back a first byte, learned from this
     # endpoint's streamed answers (0: none yet): how slow it is, queueing for
     # a free slot included
@@ -90,14 +103,20 @@ class Endpoint:
         return self.url.removeprefix("http://").removeprefix("https://")
 
     def begin(self, tokens: int, prefill: int) -> None:
+        self.own_inflight += 1
+        self.own_inflight_tokens += tokens
+        self.own_prefill_tokens += prefill
         self.inflight += 1
         self.inflight_tokens += tokens
         self.prefill_tokens += prefill
+        CHANGES.own += 1
         self.idle.clear()
 
     def first_byte(self, prefill: int) -> None:
         """The prompt is processed: its prefill no longer queues others."""
+        self.own_prefill_tokens -= prefill
         self.prefill_tokens -= prefill
+        CHANGES.own += 1
 
     def learn_prefill(self, seconds: float, tokens: int, backlog: int) -> None:
         """A first byte came ``seconds`` after the request was sent, with
@@ -124,11 +143,28 @@ class Endpoint:
     def end(self, tokens: int, prefill: int) -> None:
         """The answer is over; ``prefill`` is what ``first_byte`` has not yet
         released (all of it when no byte came)."""
+        self.own_prefill_tokens -= prefill
+        self.own_inflight -= 1
+        self.own_inflight_tokens -= tokens
         self.prefill_tokens -= prefill
         self.inflight -= 1
         self.inflight_tokens -= tokens
-        if self.inflight == 0:
+        CHANGES.own += 1
+        if self.own_inflight == 0:  # drain waits for this process's own
             self.idle.set()
+
+    def own(self) -> tuple[int, int, int]:
+        """This process's requests, prompt tokens and prefill tokens in flight here."""
+        return self.own_inflight, self.own_inflight_tokens, self.own_prefill_tokens
+
+    def shared(self, inflight: int, tokens: int, prefill: int) -> None:
+        """What the other router processes sharing this view have in flight
+        here, as they last reported it."""
+        self.peer_inflight, self.peer_inflight_tokens, self.peer_prefill_tokens = (
+            inflight, tokens, prefill)
+        self.inflight = self.own_inflight + inflight
+        self.inflight_tokens = self.own_inflight_tokens + tokens
+        self.prefill_tokens = self.own_prefill_tokens + prefill
 
     def stale(self, stale_after_s: float, now: float | None = None) -> bool:
         now = time.monotonic() if now is None else now

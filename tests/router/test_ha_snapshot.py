@@ -1,8 +1,9 @@
-"""The routing snapshot a starting replica gets from the leader: the
+"""The routing snapshot a starting replica gets from a running one: the
 decision log's bounds and format (pure), and the exchange over a real
-redis-server: the new replica holds what it hears, loads the snapshot,
-then applies only what came after it; a corrupt snapshot is logged,
-counted and ignored, and the replica goes on."""
+redis-server: the new replica holds what it hears, asks the peer its
+load reports name, loads the snapshot, then applies only what came after
+it; a corrupt snapshot is logged, counted and ignored, and the replica
+goes on."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from toposerve.router.config import RouterConfig, SnapshotConfig
+from toposerve.router.ha.bus import RedisBus
 from toposerve.router.ha.replication import Replication
 from toposerve.router.ha.snapshot import VERSION, DecisionLog, SnapshotError, parse
 from toposerve.router.pool.endpoints import Endpoint, Pool
@@ -65,8 +67,8 @@ def test_unusable_snapshots_are_refused_whole(raw: bytes, why: str) -> None:
         parse(raw, 1000)
 
 
-def _replica(url: str, leading: bool, counts: dict[str, float],
-             enabled: bool = True) -> Replication:
+def _replica(url: str, identity: str, counts: dict[str, float], enabled: bool = True,
+             wait_s: float = 5) -> Replication:
     cfg = RouterConfig.model_validate({
         "apiVersion": "toposerve.io/v1", "kind": "RouterConfig",
         "discovery": {"static": [{"url": u} for u in URLS]}})
@@ -76,9 +78,9 @@ def _replica(url: str, leading: bool, counts: dict[str, float],
     def count(outcome: str, n: int = 1) -> None:
         counts[outcome] = counts.get(outcome, 0) + n
 
-    return Replication(url, CHANNEL, "a" if leading else "b",
+    return Replication(RedisBus(url, CHANNEL), identity,
                        {"profile": Scheduler(state, cfg.profile, None)}, state.pool, count,
-                       SnapshotConfig(enabled=enabled, wait_s=5), lambda: leading,
+                       SnapshotConfig(enabled=enabled, wait_s=wait_s),
                        lambda outcome: count(f"snapshot-{outcome}"))
 
 
@@ -104,14 +106,16 @@ def test_a_late_replica_loads_the_snapshot_then_only_what_follows(redis_url: str
     async def go() -> None:
         lc: dict[str, float] = {}
         sc: dict[str, float] = {}
-        leader = _replica(redis_url, True, lc)
+        # alone, it starts once its own (short) wait for a snapshot is over
+        leader = _replica(redis_url, "a", lc, wait_s=0.2)
         leader.start()
+        await _until("started", lambda: leader.started)
         for i in range(10):
             ctx = RequestContext(model=None, prompt=f"prompt {i}".encode(), session=f"s{i}")
             ctx.byte_blocks(64)
             leader.decided("profile", ctx, _endpoint(leader.pool, i))
         await _until("sent", lambda: lc.get("sent", 0) == 10)
-        standby = _replica(redis_url, False, sc)
+        standby = _replica(redis_url, "b", sc)
         standby.start()
         await _until("loaded", lambda: sc.get("snapshot-loaded", 0) == 1)
         assert lc["snapshot-written"] == 1
@@ -136,18 +140,23 @@ def test_a_corrupt_snapshot_is_ignored_and_the_replica_goes_on(redis_url: str) -
     async def go() -> None:
         sc: dict[str, float] = {}
         r = aioredis.from_url(redis_url)
-        standby = _replica(redis_url, False, sc)
+        standby = _replica(redis_url, "b", sc)
         async with r.pubsub() as ps:
             await ps.subscribe(CHANNEL)
             standby.start()
-            # a leader of another build answers the request with garbage
+            # a peer of another build, which says it has started, answers
+            # the request with garbage
+            report = orjson.dumps({"kind": "load", "from": "other#1", "seq": 1, "full": True,
+                                   "eps": {}, "decisions": 5, "started": True})
             end = asyncio.get_running_loop().time() + 10
             doc: dict[str, Any] = {}
             while doc.get("kind") != "snapshot-request":
                 assert asyncio.get_running_loop().time() < end, "no snapshot request"
+                await r.publish(CHANNEL, report)
                 # None for the subscription's own confirmation
-                msg = await ps.get_message(ignore_subscribe_messages=True, timeout=1)
+                msg = await ps.get_message(ignore_subscribe_messages=True, timeout=0.2)
                 doc = orjson.loads(msg["data"]) if msg is not None else {}
+            assert doc["to"] == "other#1"
             held = orjson.dumps({**_doc("s1", 1, URLS[2]), "from": "other#1"})
             await r.publish(CHANNEL, held)  # heard while it waits: applied after
             await r.set(f"{CHANNEL}:snapshot:{doc['nonce']}", b"\x00garbage")

@@ -35,6 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from toposerve.localcluster.ports import free_port
 from toposerve.router.admission.flow_control import Admission
 from toposerve.router.config import KubernetesDiscovery, RouterConfig, SnapshotConfig
+from toposerve.router.ha.bus import RedisBus
 from toposerve.router.ha.replication import Replication
 from toposerve.router.http.app import ROUTER, Router, build_app
 from toposerve.router.metrics import RouterMetrics
@@ -441,8 +442,8 @@ def test_replication_drops_what_is_not_a_decision_and_goes_on(redis_url: str) ->
         state = RouterState(cfg)
         load_static(state.pool, cfg.discovery.static)
         counts: Counter[str] = Counter()
-        rep = Replication(redis_url, channel, "b", {"profile": Scheduler(state, cfg.profile,
-                                                                         None)},
+        rep = Replication(RedisBus(redis_url, channel), "b",
+                          {"profile": Scheduler(state, cfg.profile, None)},
                           state.pool, lambda outcome, n: counts.update({outcome: n}),
                           SnapshotConfig(enabled=False))
         r = aioredis.from_url(redis_url)

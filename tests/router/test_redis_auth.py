@@ -22,8 +22,7 @@ from harness.waiting import wait_for
 from toposerve.localcluster.ports import free_port
 from toposerve.localcluster.processes import end_process
 from toposerve.router.config import ResponsesStoreConfig
-from toposerve.router.ha.replication import Replication
-from toposerve.router.pool.endpoints import Pool
+from toposerve.router.ha.bus import RedisBus
 from toposerve.router.responses.store import ResponsesStore, make_store
 from toposerve.topology.config_file import ConfigError
 from toposerve.wire.errors import ApiError
@@ -110,15 +109,14 @@ def test_password_file_authenticates_store_and_replication(
     store = make_store(cfg)  # it needs a password: no refusal
 
     async def roundtrip() -> object:
-        rep = Replication(bare, "toposerve:test", "a", {}, Pool(),
-                          redis_options=cfg.redis_options())
+        bus = RedisBus(bare, "toposerve:test", cfg.redis_options())
         try:
             await store.put("r1", {"x": 1}, "t")
-            await rep._r.ping()  # authenticated, else NOAUTH
+            await bus.ping()  # authenticated, else NOAUTH
             return await store.get("r1", "t")
         finally:
             await store.close()
-            await rep.close()
+            await bus.close()
 
     assert asyncio.run(roundtrip()) == {"x": 1, "tenant": "t"}
     # and without the file, the same Redis refuses the store's commands
