@@ -42,13 +42,16 @@ class Tier(IntEnum):
 
 
 class Affinity(IntEnum):
-    """Device<->device distance inside one node, nearest first."""
+    """Device<->device distance inside one node, nearest first. ``NVLINK``:
+    two GPUs of one NVLink domain, whatever PCIe lies between them (a node's
+    hardware alone never says so; the devices' ``nvlinkDomain`` does)."""
 
     SAME_DEVICE = 0
-    SAME_SWITCH = 1
-    SAME_ROOT = 2
-    SAME_NUMA = 3
-    SAME_NODE = 4
+    NVLINK = 1
+    SAME_SWITCH = 2
+    SAME_ROOT = 3
+    SAME_NUMA = 4
+    SAME_NODE = 5
 
 
 Bdf = Annotated[str, Field(pattern=BDF_RE.pattern, description="extended BDF: 0000:18:00.0")]

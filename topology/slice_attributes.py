@@ -9,16 +9,20 @@ to the publishing driver. Our topology attributes (``pcieSwitch``,
 extender and router use, so "same switch" or "same NVLink domain" is a
 ``matchAttribute`` away. The drivers add their kind's own names on top
 (``toposerve.dra_driver.gpu.devices``, ``toposerve.dra_driver.net.devices``).
+``held_device`` reads an entry back into the place of a device a pod holds
+(``toposerve.topology.transfer``).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from functools import cache
 from typing import Any
 
 from toposerve.topology.model import DeviceKind, DevicePlace, DomainPath
 from toposerve.topology.quantity import format_bytes
+from toposerve.topology.transfer import HeldDevice
 
 STD = "resource.kubernetes.io"
 MAX_ATTRIBUTES = 32  # attributes + capacities per device (API limit)
@@ -134,3 +138,36 @@ def check_entry(entry: dict[str, Any]) -> None:
         if len(value) != 1 or next(iter(value)) not in ("int", "bool", "string", "version"):
             raise ValueError(f"device {name}: attribute {key} needs exactly one of "
                              "int, bool, string, version")
+
+
+def _attribute(attrs: Mapping[str, Any], driver: str, name: str) -> Any:
+    """An attribute's value by its name, unprefixed names being the
+    driver's: ``kind`` and ``<driver>/kind`` are one attribute."""
+    value = attrs.get(name)
+    if value is None and "/" not in name:
+        value = attrs.get(f"{driver}/{name}")
+    return next(iter(value.values())) if isinstance(value, dict) and len(value) == 1 else None
+
+
+def held_device(driver: str, pool: str, entry: Mapping[str, Any]) -> HeldDevice:
+    """A published device entry read back into its place: this vocabulary's
+    names, and NVIDIA's (``type: gpu`` or ``mig`` for a GPU without ``kind``).
+    A value of the wrong type is left unknown."""
+    attrs = entry.get("attributes") or {}
+    if not isinstance(attrs, Mapping):
+        attrs = {}
+
+    def text(name: str) -> str | None:
+        v = _attribute(attrs, driver, name)
+        return v if isinstance(v, str) else None
+
+    kind_text = text("kind") or ("gpu" if text("type") in ("gpu", "mig") else None)
+    numa = _attribute(attrs, driver, f"{STD}/numaNode")
+    if numa is None:
+        numa = _attribute(attrs, driver, "numaNode")
+    return HeldDevice(
+        driver=driver, pool=pool, name=str(entry.get("name", "")),
+        kind=DeviceKind(kind_text) if kind_text in ("gpu", "nic") else None,
+        nvlink_domain=text("nvlinkDomain"), pcie_switch=text("pcieSwitch"),
+        pcie_root=text(f"{STD}/pcieRoot"),
+        numa=numa if isinstance(numa, int) and not isinstance(numa, bool) else None)
