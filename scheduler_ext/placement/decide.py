@@ -10,7 +10,8 @@
 - A preferred level climbs one level at a time when nothing fits; a
   required level never does.
 - Decode members score nodes by modelled KV-transfer time from their
-  slice's prefill members (``toposerve.topology.distance``).
+  slice's prefill members, over the tier ``toposerve.topology.transfer``
+  gives (the router's too).
 - Pods outside any group go anywhere but onto accelerators promised to a
   group (else a rack a slice was promised fills with single-GPU pods
   between its members' turns, and the slice splits); those asking
@@ -43,8 +44,9 @@ from toposerve.scheduler_ext.placement.model import (
     Source,
     View,
 )
-from toposerve.topology.distance import kv_transfer_seconds, node_tier, transfer_seconds
+from toposerve.topology.distance import transfer_seconds
 from toposerve.topology.model import Tier, TierLink
+from toposerve.topology.transfer import NO_DEVICES, transfer
 
 MAX_SCORE = 10
 
@@ -543,6 +545,13 @@ def _pack_scores(view: View, group: Group, demand: int, names: list[str],
     return scores, own
 
 
+def _tier(view: View, src: str, dst: str) -> Tier:
+    """The tier KV crosses from node ``src`` to node ``dst``, as the router
+    reckons it, from the nodes alone: a pod's devices are allocated in the
+    scheduling cycle that picks its node, after the extender is asked."""
+    return transfer(view.nodes[src].path, NO_DEVICES, view.nodes[dst].path, NO_DEVICES).tier
+
+
 def _kv_scores(view: View, peers: list[str], candidates: list[str], inside: set[str],
                policy: Policy) -> dict[str, int]:
     assert policy.links is not None
@@ -550,10 +559,9 @@ def _kv_scores(view: View, peers: list[str], candidates: list[str], inside: set[
     for c in candidates:
         if c not in view.nodes:
             continue
-        dst = view.nodes[c]
         # the tier's cost even on the peer's own node, so that ratios stay finite
         cost[c] = min(transfer_seconds(policy.kv_bytes, policy.links(view.nodes[p].profile)[
-            node_tier(view.nodes[p].path, dst.path)]) for p in peers)
+            _tier(view, p, c)]) for p in peers)
     best = min((v for c, v in cost.items() if c in inside), default=None)
     out: dict[str, int] = {}
     for c in candidates:
@@ -576,7 +584,7 @@ def modelled_kv_seconds(view: View, group: Group, policy: Policy) -> float | Non
     dec = [m.node for m in group.members if m.role == DECODE and m.node in view.nodes]
     if not pre or not dec:
         return None
-    times = [min(kv_transfer_seconds(policy.kv_bytes, view.nodes[p].path, view.nodes[d].path,
-                                     policy.links(view.nodes[p].profile)) for p in pre)
-             for d in dec]
+    times = [min(0.0 if view.nodes[p].path == view.nodes[d].path else transfer_seconds(
+                     policy.kv_bytes, policy.links(view.nodes[p].profile)[_tier(view, p, d)])
+                 for p in pre) for d in dec]
     return sum(times) / len(times)
