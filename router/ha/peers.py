@@ -162,6 +162,13 @@ class Peers:
             self._drop(s)
         return gone
 
+    def known(self) -> list[str]:
+        return list(self._peers)
+
+    def started(self) -> list[str]:
+        """The peers done starting (they may be asked for a snapshot)."""
+        return [s for s, p in self._peers.items() if p.started]
+
     def source(self) -> str | None:
         """The peer to ask for a snapshot: of those done starting, the one
         holding the most decisions."""

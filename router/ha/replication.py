@@ -12,16 +12,24 @@ the decisions, each reports what it has in flight to each endpoint
 Publishing never blocks a request: messages go through a bounded queue,
 dropped (and counted) when the bus cannot keep up or is down.
 
-A process that starts, or whose subscription comes back after it was
-lost, asks a peer for a snapshot (``toposerve.router.ha.snapshot``) once
-subscribed: the peer named in the request (the fullest of those its load
-reports say are done starting) writes one under a key of its own and
-says so on the channel. Each message carries its sender's sequence
-number, so the asker applies the snapshot's decisions it has not applied
-yet, then the messages it held meanwhile and all later ones: nothing
-missed (it subscribed before asking) and nothing twice. A snapshot that
-is corrupt, too large, of another version or late is logged and left: the
-process goes on with what it has.
+A process that starts asks a peer for a snapshot
+(``toposerve.router.ha.snapshot``) once subscribed: the peer named in the
+request (the fullest of those its load reports say are done starting)
+writes one under a key of its own and says so on the channel. Each
+message carries its sender's sequence number, so the asker applies the
+snapshot's decisions, then the messages it held meanwhile and all later
+ones: nothing missed (it subscribed before asking) and nothing twice.
+
+Later, a sender this process has not heard everything from since its
+subscription began (a peer that came after the snapshot, or one back
+from a partition, or every peer after this process's own subscription
+was lost) is caught up the same way, on its own: its messages are held
+while that peer is asked for a snapshot of its own decisions, and only
+those numbered above what was applied of it are applied. So what the
+replicas decided while Redis was down comes back when it does.
+
+A snapshot that is corrupt, too large, of another version or late is
+logged and left: the process goes on with what it has.
 
 Publishing and the subscription run under the router's supervisor
 (``toposerve.router.supervise``): the bus down is logged once a streak,
@@ -35,7 +43,7 @@ import asyncio
 import contextlib
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -45,7 +53,13 @@ import structlog
 from toposerve.router.config import InflightShareConfig, SnapshotConfig
 from toposerve.router.ha.bus import Bus
 from toposerve.router.ha.peers import Peers, ReportError
-from toposerve.router.ha.snapshot import DecisionLog, SnapshotError, decision, parse
+from toposerve.router.ha.snapshot import (
+    DecisionLog,
+    Snapshot,
+    SnapshotError,
+    decision,
+    parse,
+)
 from toposerve.router.pool.endpoints import Endpoint, Pool
 from toposerve.router.request import RequestContext
 from toposerve.router.scheduling.cycle import CycleState
@@ -140,6 +154,12 @@ class Replication:
             self._started.set()
         self._asked: str | None = None  # the nonce of the snapshot asked for
         self._held: list[tuple[dict[str, Any], bytes]] = []
+        # the catch-up of one sender (after the first snapshot): those applied
+        # in full since this subscription began, the nonces asked of others,
+        # and what each of the others sent meanwhile (since when)
+        self._synced: set[str] = set()
+        self._catching: dict[str, str] = {}  # nonce -> the sender asked
+        self._waiting: dict[str, tuple[float, list[tuple[dict[str, Any], bytes]]]] = {}
         self._publishing = Streak("replication-publish", where=bus.where)
         self._subscribing = Streak("replication-subscribe", where=bus.where)
         self._messages = Streak("replication-subscribe", where=bus.where, what="messages")
@@ -216,7 +236,8 @@ class Replication:
         ticks = 0
         while True:
             await asyncio.sleep(self.share.interval_s)
-            self.peers.expire()
+            # a peer back after this would have missed: it is caught up again
+            self._synced.difference_update(self.peers.expire())
             ticks += 1
             if ticks * self.share.interval_s >= self.peers.heartbeat_s:
                 ticks = 0
@@ -240,9 +261,10 @@ class Replication:
         try:
             async with self.bus.subscribe() as sub:
                 self._subscribing.ok()
-                # after a lost subscription too: what the others decided
-                # meanwhile comes back by snapshot
-                self._holding, self._asked = self.snapshot_cfg.enabled, None
+                # the first: the others' view comes by a snapshot; after a lost
+                # subscription, each sender is caught up on its own
+                self._holding, self._asked = not self.started, None
+                self._synced.clear()
                 # the others hear of this one now (they may have dropped it),
                 # and answer with a full report each: a heartbeat is plenty
                 self._subscribed, self.peers.want_full = True, True
@@ -253,18 +275,46 @@ class Replication:
                         peer = self.peers.source()
                         if peer is not None and len(self.pool):
                             # subscribed first: nothing after the snapshot is missed
-                            await self._ask_snapshot(peer)
+                            self._asked = await self._ask(peer, whole=True)
                         elif peer is None and loop.time() > alone:
                             self._late("no peer has a view to give")
-                    raw = await sub.next(POLL_S if self._holding else IDLE_POLL_S)
+                    elif not self._holding and self.snapshot_cfg.enabled:
+                        await self._catch_up(loop.time())
+                    raw = await sub.next(POLL_S if self._holding or self._waiting
+                                         else IDLE_POLL_S)
                     if raw is not None:
-                        await self._on_message(raw)
+                        await self._on_message(raw, loop.time())
                     if self._holding and loop.time() > deadline:
                         self._late("no routing snapshot came in time")
         except Exception:
             self._subscribed = False
             self._resume()  # a snapshot asked for on a lost subscription will not come
+            for sender in list(self._waiting):
+                self._release(sender)
+            self._catching.clear()
             raise
+
+    async def _catch_up(self, now: float) -> None:
+        """Ask each started peer not caught up (and not asked) for its own
+        decisions; give up on a sender whose answer is late."""
+        asked = set(self._catching.values())
+        for peer in self.peers.started():
+            if peer not in self._synced and peer not in asked:
+                self._waiting.setdefault(peer, (now, []))
+                self._catching[await self._ask(peer, whole=False)] = peer
+        for sender, (since, _) in list(self._waiting.items()):
+            if now - since > self.snapshot_cfg.wait_s:
+                log.info("a peer's decisions did not come in time; going on without them",
+                         peer=sender, wait_s=self.snapshot_cfg.wait_s)
+                self.count_snapshot("missing")
+                self._catching = {n: p for n, p in self._catching.items() if p != sender}
+                self._release(sender)
+
+    def _release(self, sender: str) -> None:
+        """``sender`` is caught up (or given up on): what it sent meanwhile applies."""
+        self._synced.add(sender)
+        for doc, raw in self._waiting.pop(sender, (0.0, []))[1]:
+            self._apply(doc, raw)
 
     def _late(self, why: str) -> None:
         log.info(f"{why}; going on with what this process has",
@@ -273,7 +323,7 @@ class Replication:
         self._resume()
 
     # --- messages -------------------------------------------------------------
-    async def _on_message(self, raw: bytes) -> None:
+    async def _on_message(self, raw: bytes, now: float) -> None:
         try:
             doc = orjson.loads(raw)
             if not isinstance(doc, dict):
@@ -281,7 +331,8 @@ class Replication:
         except ValueError as err:  # not JSON either
             self._messages.failed(err)
             return
-        if doc.get("from") == self.instance:
+        sender = doc.get("from")
+        if sender == self.instance:
             return
         kind = doc.get("kind")
         if kind == "load":
@@ -291,10 +342,13 @@ class Replication:
                 self._messages.failed(err)
         elif kind == "snapshot-request":
             if doc.get("to") == self.instance and isinstance(doc.get("nonce"), str):
-                await self._write_snapshot(doc["nonce"])
+                await self._write_snapshot(doc["nonce"], whole=doc.get("whole") is not False)
         elif kind == "snapshot":
-            if self._holding and self._asked is not None and doc.get("nonce") == self._asked:
+            nonce = doc.get("nonce")
+            if self._holding and self._asked is not None and nonce == self._asked:
                 await self._load_snapshot(self._asked)
+            elif isinstance(nonce, str) and (peer := self._catching.pop(nonce, None)):
+                await self._load_own(peer, nonce)
         elif kind is None:
             try:
                 decision(doc)
@@ -307,8 +361,15 @@ class Replication:
                     self.count("dropped", 1)
                 else:
                     self._held.append((doc, raw))
-            else:
+            elif (not self.snapshot_cfg.enabled or not isinstance(sender, str)
+                  or sender in self._synced):
                 self._apply(doc, raw)
+            else:  # not caught up on its sender yet: held until it is
+                held = self._waiting.setdefault(sender, (now, []))[1]
+                if len(held) >= QUEUE:
+                    self.count("dropped", 1)
+                else:
+                    held.append((doc, raw))
 
     def _unseen(self, doc: Mapping[str, Any]) -> bool:
         """Whether ``doc`` is another's decision not applied yet."""
@@ -333,49 +394,75 @@ class Replication:
         """Stop waiting for a snapshot: apply what was held meanwhile."""
         self._holding = False
         self._started.set()
+        self._synced.update(self.peers.known())  # the snapshot held what they had sent
         held, self._held = self._held, []
         for doc, raw in held:
             self._apply(doc, raw)
 
     # --- snapshots ------------------------------------------------------------
-    async def _ask_snapshot(self, peer: str) -> None:
-        self._asked = nonce = secrets.token_hex(8)
+    async def _ask(self, peer: str, whole: bool) -> str:
+        """Ask ``peer`` for a snapshot: of all it holds (``whole``), or of
+        its own decisions; the request's nonce."""
+        nonce = secrets.token_hex(8)
         await self.bus.publish([orjson.dumps(
-            {"kind": "snapshot-request", "from": self.instance, "to": peer, "nonce": nonce})])
+            {"kind": "snapshot-request", "from": self.instance, "to": peer, "nonce": nonce,
+             "whole": whole})])
+        return nonce
 
-    async def _write_snapshot(self, nonce: str) -> None:
-        """A starting process asked this one: it writes what it holds, with
-        the sequence number it holds of each sender (its own: the last it
-        gave, so a message still in its send queue is not applied twice)."""
-        blob = self.log.snapshot({**self._applied, self.instance: self._seq})
+    async def _write_snapshot(self, nonce: str, whole: bool) -> None:
+        """A peer asked this one: it writes what it holds (``whole``) or
+        its own decisions, with the sequence number it holds of each
+        sender (its own: the last it gave, so a message still in its send
+        queue is not applied twice)."""
+        blob = self.log.snapshot({**self._applied, self.instance: self._seq},
+                                 None if whole else self.instance)
         await self.bus.put(f"snapshot:{nonce}", blob, SNAPSHOT_TTL_S)
         await self.bus.publish([orjson.dumps(
             {"kind": "snapshot", "from": self.instance, "nonce": nonce})])
         self.count_snapshot("written")
-        log.info("routing snapshot written", decisions=len(self.log), bytes=len(blob))
+        log.info("routing snapshot written", whole=whole, decisions=len(self.log),
+                 bytes=len(blob))
 
-    async def _load_snapshot(self, nonce: str) -> None:
+    async def _read(self, nonce: str) -> Snapshot | None:
         raw = await self.bus.get(f"snapshot:{nonce}")
         try:
             if raw is None:
                 raise SnapshotError("its key is gone")
-            snap = parse(raw, self.snapshot_cfg.max_bytes)
+            return parse(raw, self.snapshot_cfg.max_bytes)
         except SnapshotError as err:
             log.warning("routing snapshot ignored; going on with what this process has",
                         error=str(err))
             self.count_snapshot("ignored")
-        else:
-            applied = 0
-            for entry in snap.entries:
-                # the seqs are raised after the whole snapshot: its entries
-                # are compared with what was applied before it only
-                if self._unseen(entry) and replay(
-                        entry, self.schedulers, self.pool):
-                    self.log.add(entry, orjson.dumps(entry))
-                    applied += 1
-            for sender, seq in snap.seqs.items():
-                if sender != self.instance:
-                    self._applied[sender] = max(seq, self._applied.get(sender, 0))
-            self.count_snapshot("loaded")
+            return None
+
+    def _replay(self, snap: Snapshot, senders: Container[str] | None = None) -> int:
+        """Apply the snapshot's decisions (of ``senders``, when given) not
+        applied yet, then count its sequence numbers applied."""
+        applied = 0
+        for entry in snap.entries:
+            # the seqs are raised after the whole snapshot: its entries
+            # are compared with what was applied before it only
+            if (senders is None or entry.get("from") in senders) and self._unseen(
+                    entry) and replay(entry, self.schedulers, self.pool):
+                self.log.add(entry, orjson.dumps(entry))
+                applied += 1
+        for sender, seq in snap.seqs.items():
+            if sender != self.instance and (senders is None or sender in senders):
+                self._applied[sender] = max(seq, self._applied.get(sender, 0))
+        self.count_snapshot("loaded")
+        return applied
+
+    async def _load_own(self, peer: str, nonce: str) -> None:
+        """A peer's own decisions, to catch up on it."""
+        snap = await self._read(nonce)
+        if snap is not None:
+            applied = self._replay(snap, {peer})
+            log.info("caught up on a peer's decisions", peer=peer, applied=applied)
+        self._release(peer)
+
+    async def _load_snapshot(self, nonce: str) -> None:
+        snap = await self._read(nonce)
+        if snap is not None:
+            applied = self._replay(snap)
             log.info("routing snapshot loaded", decisions=len(snap.entries), applied=applied)
         self._resume()

@@ -64,10 +64,16 @@ class DecisionLog:
                 del self._senders[old[0]]
             self.bytes -= len(old[1]) + 1
 
-    def snapshot(self, seqs: Mapping[str, int]) -> bytes:
+    def snapshot(self, seqs: Mapping[str, int], of: str | None = None) -> bytes:
         """The log as a snapshot of at most ``max_bytes``, with the
-        sequence numbers of the senders it holds (of ``seqs``). The
-        messages go in as they are: no re-encoding of their block keys."""
+        sequence numbers of the senders it holds (of ``seqs``); ``of``:
+        that sender's decisions alone. The messages go in as they are: no
+        re-encoding of their block keys."""
+        if of is not None:  # a part of the log: within its budget already
+            head = orjson.dumps({"version": VERSION,
+                                 "seqs": {of: seqs[of]} if of in seqs else {}})[:-1]
+            return b"".join((head, b',"entries":[', b",".join(
+                raw for sender, raw in self._entries.values() if sender == of), b"]}"))
         while True:
             head = orjson.dumps({"version": VERSION, "seqs": {
                 k: v for k, v in seqs.items() if k in self._senders}})[:-1]

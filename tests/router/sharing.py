@@ -63,7 +63,8 @@ class Running:
 class Load:
     """``clients`` threads, each sending one request after another to the
     routers in turn (a round-robin front), started ``ramp_s`` apart; what
-    came back, by router."""
+    came back, by router. A request refused a connection (a router gone)
+    is not counted: it never started."""
 
     routers: list[str]
     clients: int
@@ -85,6 +86,9 @@ class Load:
                     "model": MODEL, "max_tokens": self.max_tokens,
                     "messages": [{"role": "user", "content": f"client {k} request {i}"}]})
                 why = None if r.status_code == 200 else f"{r.status_code} {r.text[:100]}"
+            except httpx.ConnectError:  # it never reached a router: a client retries
+                time.sleep(0.02)
+                continue
             except httpx.HTTPError as err:
                 why = repr(err)
             with self._lock:
