@@ -4,26 +4,32 @@ admitted and scheduled by the router's own stages (the director's admit
 and schedule, over the same flow control, profile and indexes as the
 standalone router), begun on the picked endpoint as the relay begins it,
 and settled when the answer ends however it ends, from what the picker saw
-of the answer as the proxy streamed it through."""
+of the answer as the proxy streamed it through. A Responses turn's answer
+is stamped and stored on its way (``turns``)."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import parse_qsl, unquote
 
 import grpc
 import orjson
 import structlog
 from aiohttp import web
 
+from toposerve.router.admission.budget import Hold
 from toposerve.router.admission.flow_control import Classified
 from toposerve.router.admission.usage import Answered
 from toposerve.router.epp import protocol
 from toposerve.router.epp.reading import ROUTES, Generation, read
+from toposerve.router.epp.turns import TurnAnswer
 from toposerve.router.http.app import Router
 from toposerve.router.pool.endpoints import Endpoint, Work
 from toposerve.router.request import RequestContext
+from toposerve.router.responses import stored
+from toposerve.router.responses.turn import Turn
 from toposerve.wire.errors import ApiError, error_body
 
 log = structlog.get_logger("router.epp")
@@ -46,6 +52,8 @@ class Picking:
     ctx: RequestContext | None = None
     max_tokens: int | None = None
     charges: list[Classified] = field(default_factory=list)
+    turn: Turn | None = None  # a Responses turn
+    hold: Hold = field(default_factory=Hold)  # the bytes it holds of the router's budget
     # what was decided: the endpoints named, the one it was begun on
     ranked: list[Endpoint] = field(default_factory=list)
     work: Work | None = None
@@ -58,32 +66,35 @@ class Picking:
     status: int = 0  # the answer's, or the picker's own refusal's
     first_byte: bool = False
     answered: Answered | None = None
-    output_tokens: int | None = None  # the picker reads no usage of its own
+    output_tokens: int | None = None  # a Responses turn's usage; no other is read
+    turn_answer: TurnAnswer | None = None  # a turn's 200 answer, stamped on its way
+    held: Any = None  # the answer to its headers, while a whole turn answer is held
 
     @property
     def body_size(self) -> int:
         return len(self.body)
 
 
-class _Refused(Exception):
-    """The proxy answers the client itself: ``response`` says how."""
+class _Immediate(Exception):
+    """The proxy answers the client itself (a refusal, or what the picker
+    answers from the router's own state): ``response`` says how."""
 
     def __init__(self, status: int, response: Any) -> None:
         super().__init__(status)
         self.status, self.response = status, response
 
 
-def _refusal(err: ApiError) -> _Refused:
+def _refusal(err: ApiError) -> _Immediate:
     body = orjson.dumps(error_body(err.status, err.message, err.param))
-    return _Refused(err.status, protocol.immediate(err.status, body,
+    return _Immediate(err.status, protocol.immediate(err.status, body,
                                                    [("content-type", "application/json")]))
 
 
-def _unauthorized(resp: web.Response) -> _Refused:
+def _unauthorized(resp: web.Response) -> _Immediate:
     body = resp.body if isinstance(resp.body, bytes) else b""
     headers = [(k.lower(), v) for k, v in resp.headers.items()
                if k.lower() in ("content-type", "www-authenticate")]
-    return _Refused(resp.status, protocol.immediate(resp.status, body, headers))
+    return _Immediate(resp.status, protocol.immediate(resp.status, body, headers))
 
 
 class Picker:
@@ -105,14 +116,14 @@ class Picker:
                 try:
                     out = await self._on(p, msg)
                 except ApiError as err:
-                    refused: _Refused | None = _refusal(err)
-                except _Refused as err:
-                    refused = err
+                    immediate: _Immediate | None = _refusal(err)
+                except _Immediate as err:
+                    immediate = err
                 else:
-                    refused = None
-                if refused is not None:  # the proxy answers the client; the stream is over
-                    p.status = refused.status
-                    await write(refused.response)
+                    immediate = None
+                if immediate is not None:  # the proxy answers the client; the stream is over
+                    p.status = immediate.status
+                    await write(immediate.response)
                     return
                 for response in out:
                     await write(response)
@@ -135,10 +146,10 @@ class Picker:
             out = [] if p.endpoint is not None else await self._pick(p, body_ends=False)
             return [*out, protocol.trailers(kind)]
         if kind == "response_headers":
-            return self._answer_headers(p, msg)
+            return await self._answer_headers(p, msg)
         if kind == "response_body":
-            return self._answer_body(p, msg.response_body.body,
-                                     msg.response_body.end_of_stream)
+            return await self._answer_body(p, msg.response_body.body,
+                                           msg.response_body.end_of_stream)
         return [protocol.trailers(kind)]  # response_trailers
 
     async def _headers(self, p: Picking, msg: Any) -> list[Any]:
@@ -148,7 +159,7 @@ class Picker:
                                 "FULL_DUPLEX_STREAMED in the proxy's ext_proc filter")
         p.client_headers = h = protocol.headers_of(msg.request_headers)
         p.subset = protocol.subset_of(msg)
-        path = h.get(":path", "").split("?", 1)[0]
+        path, _, query = h.get(":path", "").partition("?")
         if h.get(":method") == "POST" and (route := ROUTES.get(path)) is not None:
             p.route, p.path = route, path
         tenants = self.router.admission.tenants
@@ -156,6 +167,12 @@ class Picker:
         if isinstance(who, web.Response):
             raise _unauthorized(who)
         p.tenant, p.key_checked = who, tenants.keys is not None
+        if (turn_route := stored.route_of(h.get(":method", ""), path)) is not None:
+            # a stored turn: the router kept it, no model server did
+            answer, rid = turn_route
+            body = await answer(self.router.store, unquote(rid), p.tenant, dict(parse_qsl(query)))
+            raise _Immediate(200, protocol.immediate(200, body,
+                                                     [("content-type", "application/json")]))
         if msg.request_headers.end_of_stream:  # no body (a GET): picked now
             return await self._pick(p, body_ends=None)
         return []
@@ -170,8 +187,10 @@ class Picker:
         body = bytes(p.body)
         if p.route is not None:
             got = await read(p.route, body, p.client_headers, r.handlers, p.tenant)
-            p.ctx, p.max_tokens, body = got.ctx, got.max_tokens, got.body
+            p.ctx, p.max_tokens, body, p.turn = got.ctx, got.max_tokens, got.body, got.turn
             p.ctx.subset = p.subset
+            if p.turn is not None:  # the conversation its chain brought in is held
+                r.budget.take(p.hold, len(body) + len(p.ctx.prompt), "assembled chain bytes")
             await self.director.admit(p, r.scheduler)
         else:
             p.ctx = RequestContext(model=None, prompt=b"", subset=p.subset)
@@ -196,7 +215,7 @@ class Picker:
         ep.begin(p.work.tokens, prefill)
         p.endpoint, p.prefill = ep, prefill
 
-    def _answer_headers(self, p: Picking, msg: Any) -> list[Any]:
+    async def _answer_headers(self, p: Picking, msg: Any) -> list[Any]:
         p.status = protocol.status_of(msg.response_headers)
         p.answered = Answered()  # flow control settles on what goes by
         ep = p.endpoint
@@ -213,9 +232,24 @@ class Picker:
             return [protocol.answer_headers(())]
         if p.work is not None and p.work.answered is not None and p.status < 400:
             p.work.answered(ep)  # where the prompt is cached now
-        if msg.response_headers.end_of_stream:
+        end = msg.response_headers.end_of_stream
+        if end:
             self._first_byte(p)
-        return [protocol.answer_headers((("x-toposerve-endpoint", ep.name),))]
+        answer = protocol.answer_headers((("x-toposerve-endpoint", ep.name),))
+        if (turn := p.turn) is None or p.status != 200:  # an error answer goes on as it is
+            return [answer]
+        streamed = protocol.headers_of(msg.response_headers).get(
+            "content-type", "").startswith("text/event-stream")
+        r = self.router
+        p.turn_answer = TurnAnswer(
+            turn, streamed,
+            lambda served, resp, text: turn.keep(r.store, p, served, served, resp, text),
+            self.metrics.responses_unstored.inc, self.director.proxy.max_answer_bytes,
+            lambda n: r.budget.adjust(p.hold, n, "answer bytes"))
+        if streamed:
+            return [answer]
+        p.held = answer  # a whole answer: its headers wait for it (it may yet fail)
+        return await self._answer_body(p, b"", True) if end else []
 
     def _first_byte(self, p: Picking) -> None:
         ep = p.endpoint
@@ -228,12 +262,21 @@ class Picker:
         ep.first_byte(p.prefill)
         p.prefill = 0
 
-    def _answer_body(self, p: Picking, chunk: bytes, end: bool) -> list[Any]:
+    async def _answer_body(self, p: Picking, chunk: bytes, end: bool) -> list[Any]:
         if chunk:
             self._first_byte(p)
             if p.answered is not None:
                 p.answered.saw(chunk)
-        return protocol.body_pieces("response_body", chunk, end)
+        if p.turn_answer is None or p.endpoint is None:
+            return protocol.body_pieces("response_body", chunk, end)
+        out = await p.turn_answer.feed(p.endpoint, chunk, end)
+        if out is None or not (out or end):
+            return []  # held, or no event completed yet
+        pieces = protocol.body_pieces("response_body", out, end)
+        if p.held is not None:
+            pieces.insert(0, p.held)
+            p.held = None
+        return pieces
 
     def _end(self, p: Picking) -> None:
         """The stream ended: the answer is over, refused, or its client (or
@@ -242,6 +285,7 @@ class Picker:
         if p.endpoint is not None and p.work is not None:
             p.endpoint.end(p.work.tokens, p.prefill)
             self.router.admission.request_done()  # a slot may have opened
+        self.router.budget.give_back(p.hold)
         self.director.settle(p, not 0 < p.status < 400)
         if p.status:
             self.metrics.answered(p.path, p.status, time.monotonic() - p.started)

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from toposerve.router.admission.budget import Budget
 from toposerve.router.admission.flow_control import client_id
-from toposerve.router.admission.usage import requested_output, responses_output
+from toposerve.router.admission.usage import requested_output
 from toposerve.router.config import RouterConfig
 from toposerve.router.disaggregation.pairing import RESPONSES_PATH, drop_hand_over
 from toposerve.router.exchange import Exchange
@@ -31,17 +31,14 @@ from toposerve.router.metrics import RouterMetrics
 from toposerve.router.pool.endpoints import Endpoint
 from toposerve.router.relay.proxy import Upstream, forward_headers
 from toposerve.router.request import RequestContext
+from toposerve.router.responses import stored
 from toposerve.router.responses.relay import ResponsesTap, output_text
-from toposerve.router.responses.store import (
-    ResponsesStore,
-    keep_or_fail,
-    new_id,
-    read_chain,
-)
+from toposerve.router.responses.store import ResponsesStore, keep_or_fail
+from toposerve.router.responses.turn import begin as begin_turn
 from toposerve.router.state import RouterState
-from toposerve.wire.errors import ApiError, error_response, from_validation
+from toposerve.wire.errors import ApiError, from_validation
 from toposerve.wire.openai import ChatRequest, CompletionRequest, ResponsesRequest
-from toposerve.wire.prompt import chat_prompt, completion_prompt, responses_items
+from toposerve.wire.prompt import chat_prompt, completion_prompt
 
 SESSION_HEADERS = ("x-session-id", "x-llm-d-session-id")
 
@@ -154,31 +151,11 @@ class Handlers:
         chain; the endpoint that served the last turn is still preferred."""
         req = await self._json(ex, ResponsesRequest)
         self._check_model(req.model)
-        doc = ex.doc
-        history: list[dict[str, Any]] = []
-        earlier: list[str] = []
-        affinity = revision = None
-        if req.previous_response_id is not None:
-            chain = await read_chain(self.store, req.previous_response_id, ex.tenant,
-                                     self.cfg.responses.max_chain_turns)
-            if chain is None:
-                raise ApiError(404, f"Response with id '{req.previous_response_id}' not "
-                                    "found.", "previous_response_id")
-            earlier, turns = chain
-            self._check_chain(turns)
-            history = [m for t in turns for m in [*responses_items(t["input"]), t["output"]]]
-            affinity, revision = turns[-1]["endpoint"], turns[-1].get("revision")
-        conversation = history + responses_items(doc["input"])
-        upstream_doc = {k: v for k, v in doc.items() if k != "previous_response_id"}
-        upstream_doc.update(input=[{"type": "message", "role": m["role"],
-                                    "content": m["content"]} for m in conversation],
-                            store=False)
-        msgs = ([{"role": "system", "content": req.instructions}] if req.instructions else []
-                ) + conversation
-        ctx = self._asked(ex, RESPONSES_PATH, req.model, chat_prompt(msgs))
-        ctx.affinity_url = affinity
-        ctx.revision = revision  # the chain's revision, while it has ready endpoints
-        ex.doc, ex.body = upstream_doc, orjson.dumps(upstream_doc)
+        turn = await begin_turn(self.store, self.cfg.responses, req, ex.doc, ex.tenant)
+        ctx = self._asked(ex, RESPONSES_PATH, req.model, turn.prompt)
+        ctx.affinity_url = turn.affinity
+        ctx.revision = turn.revision  # the chain's revision, while it has ready endpoints
+        ex.doc, ex.body = turn.doc, turn.body
         # what the chain brought in is held like a body: the upstream body and the prompt
         self.budget.take(ex.hold, len(ex.body) + len(ctx.prompt), "assembled chain bytes")
         director = self.director
@@ -189,23 +166,14 @@ class Handlers:
         else:
             route = await director.whole(ex)
         ex.route = route
-        rid = new_id()  # the turn's id, whatever the upstream calls its answer
 
         async def keep(ep: Endpoint, resp: dict[str, Any], text: str) -> None:
-            if (n := responses_output(resp)) is not None:
-                ex.output_tokens = n  # flow control settles on the answer's usage
-            # a split chain's next turn prefers the prefill endpoint: it holds the prefix;
-            # the turn stores its own input and output, the chain before it is linked
-            if req.store is not False:
-                await self.store.put(rid, {
-                    "endpoint": (route.prefill or ep).url, "response": resp,
-                    "revision": ep.revision or "", "previous": req.previous_response_id,
-                    "input": doc["input"], "output": {"role": "assistant", "content": text}},
-                    ex.tenant, earlier)
+            # a split chain's next turn prefers the prefill endpoint: it holds the prefix
+            await turn.keep(self.store, ex, route.prefill or ep, ep, resp, text)
 
         if req.stream:
             return await director.relay(ex, ResponsesTap(
-                rid, req.previous_response_id,
+                turn.rid, turn.previous,
                 keep_or_fail(keep, self.metrics.responses_unstored.inc),
                 director.proxy.max_answer_bytes,
                 lambda n: self.budget.adjust(ex.hold, n, "answer bytes")))
@@ -217,80 +185,25 @@ class Handlers:
         if up.status != 200:
             return web.Response(status=up.status, body=up.body, content_type=None,
                                 headers={"Content-Type": up.content_type})
-        try:
-            resp = orjson.loads(up.body)
-        except orjson.JSONDecodeError:
-            resp = None
-        if not isinstance(resp, dict):  # the upstream's fault, not the client's
-            return error_response(502, f"upstream {up.endpoint.name} answered 200 with a body "
-                                       "that is not a JSON object")
-        resp["id"], resp["previous_response_id"] = rid, req.previous_response_id
+        resp = turn.whole(up.body, up.endpoint)
         await keep(up.endpoint, resp, output_text(resp))
         return web.Response(body=orjson.dumps(resp), content_type="application/json",
                             headers={"X-Request-Id": ex.request_id,
                                      "X-Toposerve-Endpoint": up.endpoint.name, **route.headers})
 
-    def _check_chain(self, turns: list[dict[str, Any]]) -> None:
-        """413 for a chain whose earlier turns come to more than
-        responses.maxChainBytes: checked a turn at a time, before anything
-        is assembled (a small continuation must not make the router build
-        a huge body)."""
-        limit, size = self.cfg.responses.max_chain_bytes, 0
-        for turn in turns:
-            size += len(orjson.dumps([turn["input"], turn["output"]]))
-            if size > limit:
-                raise ApiError(413, f"the conversation before previous_response_id is over "
-                                    f"{limit} bytes (responses.maxChainBytes); start a new "
-                                    "one or send the history yourself",
-                               "previous_response_id")
-
     # --- stored turns ----------------------------------------------------------------
-    async def _turn(self, ex: Exchange) -> tuple[str, dict[str, Any]]:
-        rid = ex.request.match_info["id"]
-        rec = await self.store.get(rid, ex.tenant)
-        if rec is None:
-            raise ApiError(404, f"Response with id '{rid}' not found.")
-        return rid, rec
+    async def _stored(self, ex: Exchange, route: stored.Route) -> web.StreamResponse:
+        body = await route(self.store, ex.request.match_info["id"], ex.tenant, ex.request.query)
+        return web.Response(body=body, content_type="application/json")
 
     async def get_response(self, ex: Exchange) -> web.StreamResponse:
-        _rid, rec = await self._turn(ex)
-        return web.Response(body=orjson.dumps(rec["response"]), content_type="application/json")
+        return await self._stored(ex, stored.retrieve)
 
     async def delete_response(self, ex: Exchange) -> web.StreamResponse:
-        rid = ex.request.match_info["id"]
-        if not await self.store.delete(rid, ex.tenant):
-            raise ApiError(404, f"Response with id '{rid}' not found.")
-        return web.Response(body=orjson.dumps({"id": rid, "object": "response",
-                                               "deleted": True}),
-                            content_type="application/json")
+        return await self._stored(ex, stored.delete)
 
     async def input_items(self, ex: Exchange) -> web.StreamResponse:
-        """The turn's own input items, as OpenAI lists them (newest first
-        unless ``order=asc``; ``limit``, ``after``)."""
-        rid, rec = await self._turn(ex)
-        raw = rec["input"]
-        items = [{"type": "message", "role": "user", "content": raw}] if isinstance(
-            raw, str) else [i for i in raw if isinstance(i, dict)]
-        listed = [{**item, "id": item.get("id") or f"msg_{rid[5:]}_{n}",
-                   **({"type": "message", "status": "completed",
-                       "content": _input_content(item.get("content"))}
-                      if item.get("type", "message") == "message" else {})}
-                  for n, item in enumerate(items)]
-        q = ex.request.query
-        if q.get("order", "desc") == "desc":
-            listed.reverse()
-        if (after := q.get("after")) is not None:
-            ids = [i["id"] for i in listed]
-            listed = listed[ids.index(after) + 1:] if after in ids else []
-        try:
-            limit = min(max(int(q.get("limit", "20")), 1), 100)
-        except ValueError:
-            raise ApiError(400, "limit must be an integer", "limit") from None
-        page = listed[:limit]
-        return web.Response(body=orjson.dumps({
-            "object": "list", "data": page, "has_more": len(listed) > limit,
-            "first_id": page[0]["id"] if page else None,
-            "last_id": page[-1]["id"] if page else None}), content_type="application/json")
+        return await self._stored(ex, stored.input_items)
 
     # --- models and probes -------------------------------------------------------------
     def _served(self) -> list[str]:
@@ -358,8 +271,3 @@ def session_key(header: str) -> str:
 
 def _model(name: str) -> dict[str, Any]:
     return {"id": name, "object": "model", "created": 0, "owned_by": "toposerve"}
-
-
-def _input_content(content: Any) -> Any:
-    """A message's content as OpenAI lists an input item's: parts."""
-    return [{"type": "input_text", "text": content}] if isinstance(content, str) else content

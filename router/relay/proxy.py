@@ -72,6 +72,12 @@ def forward_headers(request: web.Request, key_checked: bool) -> dict[str, str]:
     return out
 
 
+def broke(ep: Endpoint, err: Exception) -> str:
+    """What a client is told of an upstream that broke while answering."""
+    why = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+    return f"upstream {ep.name} broke while answering ({why})"
+
+
 def request_id() -> str:
     """32 random hex digits, as uuid4().hex gives, for a fifth of its cost
     (no system call): an id for logs, not a secret."""
@@ -143,8 +149,7 @@ class Proxy:
         if self.cut_reason is not None:
             return 503, self.cut_reason
         self.metrics.midstream.inc()
-        why = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
-        return 502, f"upstream {ep.name} broke while answering ({why})"
+        return 502, broke(ep, err)
 
     async def _open(self, ranked: list[Endpoint], work: Work,
                     post: Callable[[Endpoint], Awaitable[A]]

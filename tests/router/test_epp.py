@@ -258,7 +258,7 @@ def test_bodies_refused_as_standalone(procs: Procs) -> None:
     assert status == 400 and why.startswith("request body is not valid JSON")
     status, why = post("/v1/responses", b'{"model": "%s", "input": "hi", '
                                         b'"previous_response_id": "resp_1"}' % MODEL.encode())
-    assert status == 400 and "previous_response_id" in why
+    assert status == 404 and why == "Response with id 'resp_1' not found."
     assert sim.metric("vllm:request_success_total") == 0
 
 
