@@ -150,7 +150,9 @@ class Picker:
         if kind == "response_body":
             return await self._answer_body(p, msg.response_body.body,
                                            msg.response_body.end_of_stream)
-        return [protocol.trailers(kind)]  # response_trailers
+        # response_trailers: a turn's answer that ended with them, not end_of_stream, ends here
+        out = [] if p.turn_answer is None else await self._answer_body(p, b"", True, False)
+        return [*out, protocol.trailers(kind)]
 
     async def _headers(self, p: Picking, msg: Any) -> list[Any]:
         if not protocol.streamed(msg):
@@ -262,7 +264,10 @@ class Picker:
         ep.first_byte(p.prefill)
         p.prefill = 0
 
-    async def _answer_body(self, p: Picking, chunk: bytes, end: bool) -> list[Any]:
+    async def _answer_body(self, p: Picking, chunk: bytes, end: bool,
+                           closes: bool = True) -> list[Any]:
+        """The answer's ``chunk`` handed on; ``end``: its body's last, which
+        ``closes`` the stream unless trailers follow."""
         if chunk:
             self._first_byte(p)
             if p.answered is not None:
@@ -270,9 +275,11 @@ class Picker:
         if p.turn_answer is None or p.endpoint is None:
             return protocol.body_pieces("response_body", chunk, end)
         out = await p.turn_answer.feed(p.endpoint, chunk, end)
+        if end:
+            p.turn_answer = None  # stamped and kept: trailers after it end nothing more
         if out is None or not (out or end):
             return []  # held, or no event completed yet
-        pieces = protocol.body_pieces("response_body", out, end)
+        pieces = protocol.body_pieces("response_body", out, end and closes)
         if p.held is not None:
             pieces.insert(0, p.held)
             p.held = None
