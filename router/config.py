@@ -181,6 +181,15 @@ class PodDiscovery(Section):
         default=DialectName.TOPOSERVE, alias="topologyLabels",
         description="node-label dialect of the topology (toposerve, gke, kubernetes): "
                     "where each pod's node sits, read from its labels (needs get on nodes)")
+    claim_devices: bool = Field(
+        default=True, alias="claimDevices",
+        description="read the devices each pod's ResourceClaims were allocated and the "
+                    "ResourceSlices of its node (needs get on resourceclaims, list and watch "
+                    "on resourceslices, create on events): a device with a NoSchedule or "
+                    "NoExecute taint takes its pod out of rotation until the taint goes, and "
+                    "the devices' NVLink domain, PCIe switch and root and NICs pair decode "
+                    "with prefill; costs nothing for pods without claims. false: node labels "
+                    "only")
 
 
 class KubernetesDiscovery(PodDiscovery):

@@ -39,6 +39,11 @@ class _PoolCollector(Collector):
                                   labels=["endpoint"])
         healthy = GaugeMetricFamily("toposerve_router_endpoint_healthy",
                                     "1 when the endpoint takes requests.", labels=["endpoint"])
+        tainted = GaugeMetricFamily(
+            "toposerve_router_endpoint_device_tainted",
+            "1 for each NoSchedule or NoExecute taint on a device an endpoint's pod holds "
+            "(discovery claimDevices): the endpoint takes no new requests until it goes.",
+            labels=["endpoint", "device", "key", "effect"])
         speed = GaugeMetricFamily(
             "toposerve_router_endpoint_prefill_seconds_per_token",
             "Seconds a token of prefill holds back a first byte, learned from streamed answers "
@@ -52,13 +57,16 @@ class _PoolCollector(Collector):
             peers.add_metric([e.name], e.peer_inflight)
             waiting.add_metric([e.name], e.load.waiting)
             usage.add_metric([e.name], e.load.kv_usage)
-            healthy.add_metric([e.name], 1.0 if e.healthy and not e.draining else 0.0)
+            healthy.add_metric([e.name], 1.0 if e.healthy and not e.draining and not e.taints
+                               else 0.0)
+            for t in e.taints:
+                tainted.add_metric([e.name, t.device, t.key, t.effect], 1.0)
             speed.add_metric([e.name], e.prefill_s_per_token)
         index = GaugeMetricFamily("toposerve_router_prefix_index_blocks",
                                   "Blocks held in the prefix indexes.", labels=["index"])
         index.add_metric(["approx"], len(self.state.approx))
         index.add_metric(["precise"], len(self.state.precise))
-        yield from (inflight, tokens, peers, waiting, usage, healthy, speed, index)
+        yield from (inflight, tokens, peers, waiting, usage, healthy, tainted, speed, index)
 
 
 class _LoopCollector(Collector):

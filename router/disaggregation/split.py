@@ -26,7 +26,7 @@ from toposerve.router.pool.endpoints import Endpoint
 from toposerve.router.relay.proxy import Proxy, Upstream
 from toposerve.router.request import RequestContext
 from toposerve.router.scheduling.profile import Decision, Scheduler
-from toposerve.topology.distance import node_tier
+from toposerve.topology.transfer import transfer
 from toposerve.wire.errors import ApiError
 
 log = structlog.get_logger("router.disaggregation.split")
@@ -126,7 +126,8 @@ class Splitter:
     def _split(self, prefill: Endpoint, decode: Endpoint) -> None:
         self.metrics.disaggregation.labels("split").inc()
         tier = ("unknown" if prefill.path is None or decode.path is None
-                else node_tier(prefill.path, decode.path).name.lower())
+                else transfer(prefill.path, prefill.devices, decode.path, decode.devices
+                              ).tier.name.lower())
         self.metrics.pd_pairs.labels(tier).inc()
 
     def _decode_for(self, ctx: RequestContext, prefill: Endpoint | None) -> Decision:

@@ -11,7 +11,9 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
+from toposerve.router.pool.devices import DeviceTaint
 from toposerve.topology.model import DomainPath
+from toposerve.topology.transfer import NO_DEVICES, DeviceSet
 
 # A first byte teaches the endpoint's prefill speed only when at least this
 # much prefill stood before it, so fixed costs (HTTP, scheduling, one decode
@@ -48,7 +50,7 @@ class Changes:
 
 
 CHANGES = Changes()
-_SHAPE = frozenset({"models", "role", "revision", "healthy", "draining"})
+_SHAPE = frozenset({"models", "role", "revision", "healthy", "draining", "taints"})
 
 
 @dataclass(eq=False, slots=True)  # identity: one object per URL, hashed in C; no dict
@@ -58,6 +60,8 @@ class Endpoint:
     revision: str | None = None
     models: frozenset[str] = frozenset()
     path: DomainPath | None = None  # its node's place in the topology (host: the node)
+    devices: DeviceSet = NO_DEVICES  # what its pod's claims hold (``pool.devices``)
+    taints: tuple[DeviceTaint, ...] = ()  # on those devices: not routed while any
     bootstrap_port: int | None = None  # SGLang prefill servers: their bootstrap port
     kv_events: str | None = None
     kv_events_replay: str | None = None
@@ -219,26 +223,28 @@ class Pool:
             self.changed.set()
             return ep
         cur.role, cur.revision, cur.path = ep.role, ep.revision, ep.path
+        cur.devices, cur.taints = ep.devices, ep.taints
         cur.bootstrap_port = ep.bootstrap_port
         cur.kv_events, cur.kv_events_replay = ep.kv_events, ep.kv_events_replay
         cur.draining = False
         return cur
 
     def routable(self) -> list[Endpoint]:
-        """The endpoints not draining: the same list object until the pool
-        or an endpoint's shape changes (``CHANGES``), so the filters' and
-        scorers' answers for it are reused too. Not to be changed."""
+        """The endpoints not draining and holding no tainted device: the
+        same list object until the pool or an endpoint's shape changes
+        (``CHANGES``), so the filters' and scorers' answers for it are
+        reused too. Not to be changed."""
         at, eps = self._routable
         if at != CHANGES.shape:
             at = CHANGES.shape
-            eps = [e for e in self._eps.values() if not e.draining]
+            eps = [e for e in self._eps.values() if not e.draining and not e.taints]
             self._routable = (at, eps)
         return eps
 
     def may_serve(self, model: str) -> bool:
         """Some routable endpoint serves ``model`` or has not said what it
         serves yet: a walk that stops at the first, with no list made."""
-        return any(not e.draining and (not e.models or model in e.models)
+        return any(not e.draining and not e.taints and (not e.models or model in e.models)
                    for e in self._eps.values())
 
     async def drain(self, url: str, timeout_s: float) -> None:

@@ -16,19 +16,27 @@ only 410 Gone lists again, and errors back off. The watch runs under the
 router's supervisor (``toposerve.router.supervise``): an apiserver error or
 an answer of a shape not expected is logged once a streak and counted, and
 a fresh reflector lists again after a backoff; a pod that cannot be read
-is left out (logged once, counted) while the others are routed."""
+is left out (logged once, counted) while the others are routed.
+
+With ``claimDevices``, each routable pod's claimed devices (``devices``)
+give its endpoints their place below the node and their health: an
+endpoint whose device is tainted leaves rotation (its requests in flight
+finish) and comes back when the taint goes, each time with a log line and
+an Event on the pod."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import structlog
 
-from toposerve.kubeapi import ApiError, JsonApi, Reflector, connect
+from toposerve.kubeapi import ApiError, JsonApi, Reflector, connect, events
 from toposerve.router.config import KubernetesDiscovery, PodDiscovery
+from toposerve.router.pool.devices import NOTHING, DeviceWatch, Holding
 from toposerve.router.pool.endpoints import Endpoint, Pool
 from toposerve.router.pool.revisions import revision_of
 from toposerve.router.supervise import Streak, Streaks, in_thread, supervise
@@ -69,6 +77,7 @@ class PodView:
     role: str | None
     revision: str | None
     path: DomainPath | None = None  # where its node sits
+    uid: str = ""
 
 
 def named_port(pod: dict[str, Any], name: str) -> int | None:
@@ -111,7 +120,8 @@ def pod_view(pod: dict[str, Any], cfg: PodDiscovery, target: Target,
                 served.append(Served(f"http://{host}:{port}",
                                      f"tcp://{host}:{kv_base + rank}" if kv_base else None))
     return PodView(name=meta["name"], served=tuple(served), role=labels.get(cfg.role_label),
-                   revision=revision_of(labels, cfg.revision_label), path=path)
+                   revision=revision_of(labels, cfg.revision_label), path=path,
+                   uid=str(meta.get("uid", "")))
 
 
 class CountedApi(JsonApi):
@@ -169,11 +179,20 @@ class KubernetesWatcher:
         self._paths: dict[str, DomainPath] = {}  # node name -> its place; nodes do not move
         # pods warned of once, no port of a target's port name (the watch thread's own)
         self._portless: set[str] = set()
+        self.devices: DeviceWatch | None = None  # with claimDevices, once started
+        self._held: dict[str, tuple[str, Holding]] = {}  # pod name -> (its uid, what it holds)
+        self._uids: dict[str, str] = {}  # pod name -> uid, of the pods routed
+        self._writes: set[asyncio.Task[bool]] = set()  # Events being written
 
     def start(self) -> None:
         """Finds the credentials now, so that missing ones fail the start."""
         self._api = connect(self.cfg.kubeconfig)
         self._loop = asyncio.get_running_loop()
+        if self.cfg.claim_devices:
+            loop = self._loop
+            self.devices = DeviceWatch(
+                self._api, lambda pod, uid, held: loop.call_soon_threadsafe(
+                    self._holds, pod, uid, held), self.cfg.watch_timeout_s)
         self._task = asyncio.create_task(supervise(self._watch_streak, self._watch))
 
     def stop(self) -> None:
@@ -181,6 +200,8 @@ class KubernetesWatcher:
             self._task.cancel()
         if self._reflector is not None:
             self._reflector.stop()
+        if self.devices is not None:
+            self.devices.stop()
 
     # runs on the loop
     def retarget(self, target: Target | None) -> None:
@@ -193,6 +214,8 @@ class KubernetesWatcher:
                 self._reflector.stop()
             for name in list(self._by_pod) if target is None else ():
                 self._deleted(name)
+            if target is None and self.devices is not None:
+                self.devices.keep(())
             self._retargeted.set()
         if target is None:
             self.synced.set()  # nothing to list: discovery is done
@@ -209,9 +232,14 @@ class KubernetesWatcher:
         urls = frozenset(s.url for s in view.served)
         for gone in old - urls:
             self._drain(gone)
+        uid, held = self._held.get(view.name, ("", NOTHING))
+        if uid != view.uid:
+            held = NOTHING
+        self._uids[view.name] = view.uid
         for s in view.served:
             ep = self.pool.upsert(Endpoint(url=s.url, role=view.role, revision=view.revision,
-                                           path=view.path, kv_events=s.kv_events))
+                                           path=view.path, kv_events=s.kv_events,
+                                           devices=held.devices, taints=held.taints))
             if s.url not in old:
                 log.info("endpoint added", pod=view.name, url=s.url)
                 if self.on_add:
@@ -222,8 +250,43 @@ class KubernetesWatcher:
             self._by_pod.pop(view.name, None)
 
     def _deleted(self, name: str) -> None:
+        self._held.pop(name, None)
+        self._uids.pop(name, None)
         for url in self._by_pod.pop(name, ()):
             self._drain(url)
+
+    def _holds(self, pod: str, uid: str, held: Holding) -> None:
+        """What a pod holds, first known or changed: its endpoints' devices
+        and taints; leaving rotation or coming back is logged and told in an
+        Event on the pod."""
+        before = self._held.get(pod, ("", NOTHING))
+        self._held[pod] = (uid, held)
+        if self._uids.get(pod, uid) != uid:
+            return  # of an older pod of that name: never routed here
+        for url in self._by_pod.get(pod, ()):
+            if (ep := self.pool.get(url)) is not None:
+                ep.devices, ep.taints = held.devices, held.taints
+        was = before[1].taints if before[0] == uid else ()
+        if held.taints and set(held.taints) != set(was):
+            taints = ", ".join(map(str, held.taints))
+            log.warning("endpoint out of rotation: a device its pod holds is tainted", pod=pod,
+                        taints=taints)
+            self._event(events.warn, pod, uid, "DeviceTainted",
+                        f"not routed to while a device it holds is tainted: {taints}")
+        elif was and not held.taints:
+            log.info("endpoint back in rotation: its devices' taints are gone", pod=pod)
+            self._event(events.normal, pod, uid, "DeviceTaintsCleared",
+                        "routed to again: no device it holds is tainted")
+
+    def _event(self, write: Callable[..., bool], pod: str, uid: str, reason: str,
+               message: str) -> None:
+        involved = {"apiVersion": "v1", "kind": "Pod", "namespace": self.cfg.namespace,
+                    "name": pod, "uid": uid}
+        t = asyncio.ensure_future(asyncio.to_thread(
+            write, self._api, involved, reason, message, "toposerve-router",
+            socket.gethostname()))
+        self._writes.add(t)
+        t.add_done_callback(self._writes.discard)
 
     def _resync(self, names: set[str]) -> None:
         for gone in set(self._by_pod) - names:
@@ -258,6 +321,10 @@ class KubernetesWatcher:
             self._paths[node] = from_labels(node, labels, PRESETS[self.cfg.topology_labels])
         view = pod_view(pod, self.cfg, target, self._paths.get(node) if node else None)
         name = view.name
+        if self.devices is not None and view.served and node:
+            # before the view is applied: a tainted device keeps it out from the start
+            self.devices.hold(name, view.uid, node, self.devices.claimed(
+                rest, self.cfg.namespace, pod))
         for p in target.ports:
             if isinstance(p, str) and name not in self._portless and named_port(pod, p) is None:
                 self._portless.add(name)
@@ -297,6 +364,8 @@ class KubernetesWatcher:
 
         def listed(pods: list[Any], _rv: int) -> None:
             views = [v for p in pods if (v := self._read(rest, p, target)) is not None]
+            if self.devices is not None:
+                self.devices.keep(v.uid for v in views)
             for v in views:
                 call(self._apply, v)
             call(self._resync, {v.name for v in views})
@@ -307,6 +376,8 @@ class KubernetesWatcher:
             if kind == "DELETED":
                 name = _name(pod)
                 self._portless.discard(name)
+                if self.devices is not None:
+                    self.devices.drop(str((pod.get("metadata") or {}).get("uid", "")))
                 self._pod_streaks.ok(name)
                 call(self._deleted, name)
             elif (view := self._read(rest, pod, target)) is not None:

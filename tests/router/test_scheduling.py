@@ -13,6 +13,8 @@ from toposerve.router.request import RequestContext
 from toposerve.router.scheduling.cycle import CycleState
 from toposerve.router.scheduling.profile import Decision, Scheduler
 from toposerve.router.state import RouterState
+from toposerve.topology.model import Affinity, Tier
+from toposerve.topology.transfer import DeviceSet, HeldDevice, Transfer, closeness
 
 pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`
 
@@ -125,11 +127,37 @@ def test_near_prefill_scores_by_topology_tier() -> None:
     c = ctx("x")
     c.prefill = prefill
     scores = NearPrefillScorer(state).score(c, CycleState(), list(eps.values()))
-    assert {n: scores[e] for n, e in eps.items()} == {
-        "same-node": 1.0, "nvlink": 0.8, "rack": 0.6, "other-block": 0.2, "unknown": 0.0}
+    near = {n: scores[e] for n, e in eps.items()}
+    assert near["same-node"] > near["nvlink"] > near["rack"] > near["other-block"] > 0
+    assert near["unknown"] == 0.0
+    # pods without claims: the node tier, the inside of the node unknown
+    assert near["nvlink"] == closeness(Transfer(Tier.NVLINK, Affinity.NVLINK))
+    assert near["rack"] == closeness(Transfer(Tier.RACK, Affinity.SAME_NODE))
     c.prefill = None  # not a split request: no preference
     assert set(NearPrefillScorer(state).score(c, CycleState(), list(eps.values())).values()
                ) == {0.0}
+
+
+def test_near_prefill_tells_apart_decode_pods_of_one_node_by_their_devices() -> None:
+    from toposerve.router.scheduling.scorers.prefill import NearPrefillScorer
+    from toposerve.topology.model import DeviceKind, DomainPath
+
+    def gpu(name: str, switch: str, root: str, numa: int) -> DeviceSet:
+        return DeviceSet((HeldDevice(driver="gpu.toposerve.io", pool="n", name=name,
+                                     kind=DeviceKind.GPU, pcie_switch=switch, pcie_root=root,
+                                     numa=numa),))
+
+    here = DomainPath(zone="z", block="b", rack="r", host="n")
+    prefill = Endpoint(url="http://p:1", path=here, devices=gpu("gpu-0", "s0", "r0", 0))
+    eps = [Endpoint(url="http://far:1", path=here, devices=gpu("gpu-4", "s2", "r2", 1)),
+           Endpoint(url="http://bare:1", path=here),
+           Endpoint(url="http://near:1", path=here, devices=gpu("gpu-1", "s0", "r0", 0))]
+    c = ctx("x")
+    c.prefill = prefill
+    scores = NearPrefillScorer(make_state()).score(c, CycleState(), eps)
+    far, bare, near = (scores[e] for e in eps)
+    assert near == closeness(Transfer(Tier.SAME_NODE, Affinity.SAME_SWITCH))
+    assert near > far == bare == closeness(Transfer(Tier.SAME_NODE, Affinity.SAME_NODE))
 
 
 def _split_state(min_prefill_tokens: int, scorers: list[dict[str, object]]) -> RouterState:

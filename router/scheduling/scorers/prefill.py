@@ -24,8 +24,7 @@ from toposerve.router.scheduling.scorers.prefix import (
 )
 from toposerve.router.scheduling.scoring import Wait
 from toposerve.router.state import RouterState
-from toposerve.topology.distance import node_tier
-from toposerve.topology.model import Tier
+from toposerve.topology.transfer import closeness, transfer
 
 # Tokens of prefill below which differences between endpoints hardly matter.
 PREFILL_SLACK_TOKENS = 2048
@@ -141,14 +140,21 @@ class PrefillCostScorer:
 @dataclass
 class NearPrefillScorer(FromState, Stateless):
     """For the decode stage of a split request: the nearer a decode endpoint
-    sits to the request's prefill endpoint in the topology, the higher it
-    scores (same node 1, same NVLink domain 0.8, rack 0.6, block 0.4, zone
-    0.2, else or unknown 0): that is the path its KV takes."""
+    sits to the request's prefill endpoint, the higher it scores, by
+    ``topology.transfer.closeness``: the node tier first (same node, NVLink
+    domain, rack, block, zone, beyond), then inside it how near the devices
+    the two pods hold are (GPUs of one NVLink domain, PCIe switch, root,
+    NUMA node; between nodes, each GPU's NIC). That is the path its KV
+    takes. A pod that holds no claim is placed by its node; an endpoint
+    whose node is unknown scores 0."""
 
     name: ClassVar[str] = "near-prefill"
 
     def score(self, ctx: RequestContext, cycle: CycleState, eps: list[Endpoint]
               ) -> dict[Endpoint, float]:
-        src = ctx.prefill.path if ctx.prefill is not None else None
-        return {e: 0.0 if src is None or e.path is None
-                else (Tier.BEYOND - node_tier(src, e.path)) / Tier.BEYOND for e in eps}
+        src = ctx.prefill
+        if src is None or src.path is None:
+            return dict.fromkeys(eps, 0.0)
+        at, held = src.path, src.devices
+        return {e: 0.0 if e.path is None else closeness(transfer(at, held, e.path, e.devices))
+                for e in eps}
