@@ -186,13 +186,16 @@ SCRAPE_S = ScrapeConfig().interval_s
 
 
 def ours_with(scorers: list[dict[str, Any]] | None = None, scrape_s: float = SCRAPE_S,
-              health_s: float | None = None) -> Start:
+              health_s: float | None = None, workers: int = 1) -> Start:
     """Our router with other scorers (None: the default profile), another
-    scrape interval or another health-check interval (None: as shipped)."""
+    scrape interval or another health-check interval (None: as shipped),
+    or ``workers`` processes on its port."""
     def start(procs: Procs, sims: list[Proc]) -> Proc:
         cfg: dict[str, Any] = {"scrape": {"intervalSeconds": scrape_s}}
         if health_s is not None:
             cfg["scrape"]["healthIntervalSeconds"] = health_s
+        if workers > 1:
+            cfg["server"] = {"workers": workers}
         if scorers is not None:
             cfg["profile"] = {"scorers": scorers}
         return procs.router(cfg, endpoints=[s.url for s in sims])

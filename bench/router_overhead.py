@@ -49,6 +49,7 @@ from bench.router_bench import (
     order,
     ours,
     ours_at,
+    ours_with,
     peer,
     peers_missing,
 )
@@ -120,8 +121,10 @@ PEER_ROUTERS: dict[str, Start] = {  # from .venv-peers (`make peers`)
     "sglang-router cache_aware": peer("sglang-router", "launch", "--policy", "cache_aware"),
     "smg cache_aware": peer("smg", "launch", "--policy", "cache_aware"),
 }
+OURS_2 = f"{OURS} --workers 2"  # sharing in-flight and decisions over its local bus
 ROUTERS: dict[str, Start] = {
     OURS: ours,
+    OURS_2: ours_with(workers=2),
     "toposerve[Python's default GC]": ours_untuned_gc,
     **PEER_ROUTERS,
     # what the server part of a Python router costs alone (it answers itself)

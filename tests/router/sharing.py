@@ -40,14 +40,22 @@ def decisions(router: Proc, outcome: str) -> float:
 @dataclass
 class Running:
     """Samples a model server's running requests (its own gauge) until
-    stopped: the most it ran at once."""
+    stopped: the most it ran at once, and the mean once ``settle_s`` has
+    passed (the clients all started)."""
 
     sim: Proc
-    every_s: float = 0.02
+    every_s: float = 0.01
+    settle_s: float = 1.0
     peak: float = 0.0
+    samples: list[float] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
 
+    @property
+    def mean(self) -> float:
+        return sum(self.samples) / len(self.samples) if self.samples else 0.0
+
     def run(self) -> None:
+        settled = time.monotonic() + self.settle_s
         with httpx.Client(timeout=2) as c:
             while not self.stop.wait(self.every_s):
                 try:
@@ -56,7 +64,10 @@ class Running:
                     continue
                 for line in text.splitlines():
                     if line.startswith("vllm:num_requests_running"):
-                        self.peak = max(self.peak, float(line.rsplit(" ", 1)[1]))
+                        n = float(line.rsplit(" ", 1)[1])
+                        self.peak = max(self.peak, n)
+                        if time.monotonic() > settled:
+                            self.samples.append(n)
 
 
 @dataclass

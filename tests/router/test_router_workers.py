@@ -54,11 +54,10 @@ def test_workers_share_sessions_and_decisions(procs: Procs) -> None:
 
 
 def test_workers_do_not_each_fill_an_endpoint(procs: Procs) -> None:
-    """One endpoint that takes CAP requests, two workers, 12 clients: the
-    endpoint never runs more than CAP + 2 at once (each worker alone would
-    let CAP through: 2 x CAP). Clients start 30 ms apart, more than a
-    report's interval plus its delivery, so this is the steady bound, not
-    a burst's (docs/router-ha.md, the over-commit)."""
+    """One endpoint that takes CAP requests, two workers, 12 clients 30 ms
+    apart: the endpoint runs CAP at a time, give or take the over-commit
+    (docs/router-ha.md: the two acting on the same freed slot within a
+    report's lag), never the 2 x CAP two workers alone would let through."""
     sim = procs.sim(time_scale=1.0, decode_s_per_token=0.01)
     router = procs.router({
         "server": {"workers": 2},
@@ -76,13 +75,12 @@ def test_workers_do_not_each_fill_an_endpoint(procs: Procs) -> None:
         load.end()
         running.stop.set()
         watch.join(5)
-    print(f"peak running at the endpoint: {running.peak} (cap {CAP}); "
+    print(f"running at the endpoint: mean {running.mean:.2f}, peak {running.peak} (cap {CAP}); "
           f"answered {sum(load.ok.values())}")
     assert not load.failed, load.failed
     assert sum(load.ok.values()) > 20
-    # +1: the model server still counts a request whose answer the router has read
-    # whole (a worker then sends the next); +1: the over-commit bound
-    assert CAP <= running.peak <= CAP + 2
+    assert CAP - 0.5 <= running.mean <= CAP + 1, running.mean  # busy, at the cap
+    assert running.peak < 2 * CAP
 
 
 def test_a_dead_worker_is_started_again_and_sigterm_ends_all(procs: Procs) -> None:
