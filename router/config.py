@@ -183,13 +183,13 @@ class PodDiscovery(Section):
                     "where each pod's node sits, read from its labels (needs get on nodes)")
     claim_devices: bool = Field(
         default=True, alias="claimDevices",
-        description="read the devices each pod's ResourceClaims were allocated and the "
-                    "ResourceSlices of its node (needs get on resourceclaims, list and watch "
-                    "on resourceslices, create on events): a device with a NoSchedule or "
-                    "NoExecute taint takes its pod out of rotation until the taint goes, and "
-                    "the devices' NVLink domain, PCIe switch and root and NICs pair decode "
-                    "with prefill; costs nothing for pods without claims. false: node labels "
-                    "only")
+        description="read the devices each pod's ResourceClaims were allocated, the "
+                    "ResourceSlices of its node and the DeviceTaintRules (needs get on "
+                    "resourceclaims, list and watch on resourceslices and devicetaintrules, "
+                    "create on events): a device with a NoSchedule or NoExecute taint takes "
+                    "its pod out of rotation until the taint goes, and the devices' NVLink "
+                    "domain, PCIe switch and root and NICs pair decode with prefill; costs "
+                    "nothing for pods without claims. false: node labels only")
 
 
 class KubernetesDiscovery(PodDiscovery):

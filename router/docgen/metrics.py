@@ -8,7 +8,6 @@ from prometheus_client.metrics import MetricWrapperBase
 
 from toposerve.router.config import RouterConfig
 from toposerve.router.metrics import RouterMetrics
-from toposerve.router.pool.static import load_static
 from toposerve.router.state import RouterState
 
 
@@ -17,7 +16,6 @@ def render() -> str:
         "apiVersion": "toposerve.io/v1", "kind": "RouterConfig",
         "discovery": {"static": [{"url": "http://127.0.0.1:1"}]}})
     state = RouterState(cfg)
-    load_static(state.pool, cfg.discovery.static)  # so the per-endpoint families show labels
     metrics = RouterMetrics(state)
     labels = {m._name: m._labelnames for m in vars(metrics).values()
               if isinstance(m, MetricWrapperBase)}
@@ -26,8 +24,8 @@ def render() -> str:
              "`python -m toposerve.router.docgen.metrics`.", "",
              "| name | type | labels | meaning |", "|---|---|---|---|"]
     for fam in metrics.registry.collect():
-        names = labels[fam.name] if fam.name in labels else next(
-            (tuple(s.labels) for s in fam.samples if s.labels), ())
+        # a collector's family names its labels even with no sample
+        names = labels[fam.name] if fam.name in labels else getattr(fam, "_labelnames", ())
         suffix = "_total" if fam.type == "counter" else ""
         lines.append(f"| `{fam.name}{suffix}` | {fam.type} | {', '.join(names) or '-'} | "
                      f"{fam.documentation} |")

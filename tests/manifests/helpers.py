@@ -16,6 +16,10 @@ Obj = dict[str, Any]
 
 # what a pod gets from the values' API server address: its own kubeconfig
 LOCAL_API = "apiServer.host=127.0.0.1"
+# the router's rules in the model pods' namespace for discovery's claimDevices
+CLAIMS_RULES = (
+    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]})
 
 
 def objects(*sets: str, only: Sequence[Component] = ()) -> list[Obj]:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.manifests.helpers import objects
+from tests.manifests.helpers import CLAIMS_RULES, objects
 from toposerve.manifests.chart import chart_dir, find_helm, generated
 from toposerve.manifests.values import InstallValues, load_values
 
@@ -152,8 +152,29 @@ def test_inference_pool_discovery_gets_its_rbac() -> None:
     assert role["metadata"]["namespace"] == "llm"
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
+        *CLAIMS_RULES,
         {"apiGroups": ["inference.networking.k8s.io"], "resources": ["inferencepools"],
          "resourceNames": ["llama"], "verbs": ["get", "list", "watch"]}]
+
+
+def test_claim_devices_gets_its_rbac_unless_turned_off() -> None:
+    """The router reads its pods' claims, the slices of their nodes and the
+    DeviceTaintRules, and writes Events on its pods: read-only but for the
+    Events, and gone with claimDevices: false."""
+    def rules(*sets: str) -> tuple[list[Any], list[Any]]:
+        objs = objects(*sets, only=["router"])
+        (role,) = [o for o in objs if o["kind"] == "Role"
+                   and o["metadata"]["name"] == "toposerve-router-model-pods"]
+        (cluster,) = [o for o in objs if o["kind"] == "ClusterRole"]
+        return role["rules"], cluster["rules"]
+
+    role, cluster = rules()
+    assert all(r in role for r in CLAIMS_RULES)
+    assert {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices", "devicetaintrules"],
+            "verbs": ["list", "watch"]} in cluster
+    role, cluster = rules("router.config.discovery.kubernetes.claimDevices=false")
+    assert role == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}]
+    assert cluster == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]}]
 
 
 def test_the_api_keys_secret_outlives_the_release() -> None:

@@ -23,7 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from harness.waiting import wait_for
 from tests.conftest import Cluster
-from tests.manifests.helpers import Obj, objects, one
+from tests.manifests.helpers import CLAIMS_RULES, Obj, objects, one
 from toposerve.kubeapi import ApiError, JsonApi
 from toposerve.localcluster import crds
 from toposerve.localcluster.clusters import kubeconfig_path
@@ -128,6 +128,7 @@ def test_the_pool_gets_its_rbac_by_name() -> None:
     assert role["metadata"]["namespace"] == "serving"
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
+        *CLAIMS_RULES,
         {"apiGroups": ["inference.networking.k8s.io"], "resources": ["inferencepools"],
          "resourceNames": ["llama"], "verbs": ["get", "list", "watch"]}]
     binding = one(objs, "RoleBinding", "toposerve-router-model-pods")
