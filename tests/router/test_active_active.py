@@ -92,6 +92,22 @@ def test_every_replica_serves_and_sessions_hold_across_them(
     assert decisions(a, "received") > 0 and decisions(b, "received") > 0
 
 
+def test_a_replica_of_workers_shares_with_the_others_through_redis(
+        procs: Procs, redis_url: str, sims: list[Proc]) -> None:
+    """A replica of two workers (each a replica to the others, over Redis)
+    beside a replica of one: a session's turns land where its first did,
+    through whichever replica and worker."""
+    group = f"aa-{uuid.uuid4().hex[:6]}"
+    urls = [s.url for s in sims]
+    two = _replica(procs, redis_url, group, urls, server={"workers": 2})
+    one = _replica(procs, redis_url, group, urls)
+    first = {s: turn(two.url, s, 0) for s in range(10)}
+    assert len(set(first.values())) > 1, first
+    moved = [(s, n) for n in (1, 2) for s in range(10)
+             if turn((one, two)[n % 2].url, s, n) != first[s]]
+    assert moved == []
+
+
 def test_two_replicas_do_not_each_fill_an_endpoint(procs: Procs, redis_url: str) -> None:
     """One endpoint that takes CAP requests, two replicas behind a round
     robin, 12 clients 30 ms apart: as for workers (test_router_workers.py),
