@@ -4,8 +4,12 @@ Engine hashes are not trusted as keys: each stored block is re-keyed from
 its ``token_ids`` with our own chained hash, the same one a request's
 tokens get, so the router needs no knowledge of the engine's hash seed.
 Engine hashes are kept only to map ``BlockRemoved`` back to our keys.
-A gap in sequence numbers (or a new connection) triggers a replay from
-the endpoint's replay socket.
+Each connection to the publisher, and each gap in sequence numbers,
+triggers a replay from the endpoint's replay socket. A publisher that goes
+away (its engine stopped or restarted, or unreachable past the heartbeat)
+takes its endpoint's blocks with it, and the next connection replays from
+the start: a restarted engine's cache is empty, and one that was only out
+of reach tells again what its replay buffer still holds.
 
 Each endpoint's subscription runs under the router's supervisor
 (``toposerve.router.supervise``): a batch that cannot be read or applied,
@@ -23,6 +27,7 @@ from collections.abc import Callable
 import structlog
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from toposerve.router.prefix.index import PrefixIndex
 from toposerve.router.request import RequestContext
@@ -41,6 +46,7 @@ from toposerve.wire.tokens import Tokenizer
 
 log = structlog.get_logger("router.prefix.kv_index")
 REPLAY_TIMEOUT_S = 2.0
+HEARTBEAT_MS = 1000
 # the events of device memory (vLLM and SGLang name it "GPU"; None: unsaid)
 GPU_MEDIA = (None, "GPU")
 
@@ -165,28 +171,61 @@ class KVIndex:
         sub = ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
+        # a publisher that no longer answers pings (its node gone, no FIN
+        # sent) counts as disconnected
+        sub.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_MS)
+        sub.setsockopt(zmq.HEARTBEAT_TIMEOUT, 3 * HEARTBEAT_MS)
+        # the connection's ups and downs: a publisher gone is an engine
+        # stopped (its cache with it) or events lost, either way its blocks
+        # are no longer known; each connection begins with a replay
+        monitor = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        poller = zmq.asyncio.Poller()
+        poller.register(sub, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
         sub.connect(pub)
         try:
-            if replay:
-                await self._replay(ctx, url, replay, 0)
             while True:
-                frames = await sub.recv_multipart()
-                if len(frames) != 3:
-                    self.bad += 1
-                    self._streak(url).failed(BadEvent(
-                        f"a message of {len(frames)} frame(s), not [topic, seq, batch]"))
-                    continue
-                seq = int.from_bytes(frames[1], "big")
-                last = self.applied.get(url, -1)
-                if seq == 0 and last >= 0:  # the engine restarted: its cache is empty
-                    self.apply(url, [AllBlocksCleared()])
-                    last = self.applied[url] = -1
-                if seq <= last:
-                    continue
-                if seq > last + 1 and replay:
-                    await self._replay(ctx, url, replay, last + 1)
-                    if seq <= self.applied.get(url, -1):
-                        continue
-                self._handle(url, seq, frames[2])
+                ready = dict(await poller.poll())
+                if monitor in ready:
+                    event = parse_monitor_message(await monitor.recv_multipart())["event"]
+                    if event == zmq.EVENT_DISCONNECTED:
+                        await self._gone(url, sub)
+                    elif replay:
+                        await self._replay(ctx, url, replay, self.applied.get(url, -1) + 1)
+                if sub in ready:
+                    await self._receive(ctx, url, await sub.recv_multipart(), replay)
         finally:
+            sub.disable_monitor()
+            monitor.close()
             sub.close()
+
+    async def _gone(self, url: str, sub: zmq.asyncio.Socket) -> None:
+        """The publisher went away: what it sent before is dropped unread
+        (a restarted engine's numbering begins again at 0, its cache empty)
+        and its blocks are forgotten."""
+        while int(sub.get(zmq.EVENTS)) & zmq.POLLIN:
+            await sub.recv_multipart()
+        if self._keys.get(url) or self.index.held(url):
+            log.info("kv event publisher gone: its blocks are forgotten", endpoint=url)
+        self.apply(url, [AllBlocksCleared()])
+        self.applied.pop(url, None)
+
+    async def _receive(self, ctx: zmq.asyncio.Context, url: str, frames: list[bytes],
+                       replay: str | None) -> None:
+        if len(frames) != 3:
+            self.bad += 1
+            self._streak(url).failed(BadEvent(
+                f"a message of {len(frames)} frame(s), not [topic, seq, batch]"))
+            return
+        seq = int.from_bytes(frames[1], "big")
+        last = self.applied.get(url, -1)
+        if seq == 0 and last >= 0:  # the engine restarted unseen: its cache is empty
+            self.apply(url, [AllBlocksCleared()])
+            last = self.applied[url] = -1
+        if seq <= last:
+            return
+        if seq > last + 1 and replay:
+            await self._replay(ctx, url, replay, last + 1)
+            if seq <= self.applied.get(url, -1):
+                return
+        self._handle(url, seq, frames[2])
