@@ -62,11 +62,20 @@ class _PoolCollector(Collector):
             for t in e.taints:
                 tainted.add_metric([e.name, t.device, t.key, t.effect], 1.0)
             speed.add_metric([e.name], e.prefill_s_per_token)
+        held = GaugeMetricFamily(
+            "toposerve_router_endpoint_prefix_blocks",
+            "Blocks the prefix indexes hold for each endpoint: approx, where prompts were "
+            "sent; precise, what its KV events say it stored and has not removed.",
+            labels=["endpoint", "index"])
+        for e in self.state.pool:
+            held.add_metric([e.name, "approx"], self.state.approx.held(e.url))
+            held.add_metric([e.name, "precise"], self.state.precise.held(e.url))
         index = GaugeMetricFamily("toposerve_router_prefix_index_blocks",
                                   "Blocks held in the prefix indexes.", labels=["index"])
         index.add_metric(["approx"], len(self.state.approx))
         index.add_metric(["precise"], len(self.state.precise))
-        yield from (inflight, tokens, peers, waiting, usage, healthy, tainted, speed, index)
+        yield from (inflight, tokens, peers, waiting, usage, healthy, tainted, speed, held,
+                    index)
 
 
 class _LoopCollector(Collector):
