@@ -446,8 +446,10 @@ class Router(Placement):
     """The OpenAI-compatible router (`toposerve router`): a hot-standby
     Deployment (the replicas elect a leader on a Lease; the leader labels
     its pod `toposerve.io/router-role: leader`, which the Service selects),
-    its Service, ConfigMap, RBAC, PodDisruptionBudget, the API-key Secret and
-    Redis. In `endpoint-picker` mode the same pair answers a Gateway's
+    or with `config.ha.mode: active-active` one whose every replica serves
+    behind the Service (no Lease; docs/router-ha.md); its Service,
+    ConfigMap, RBAC, PodDisruptionBudget, the API-key Secret and Redis. In
+    `endpoint-picker` mode the same pair answers a Gateway's
     external-processing calls instead (docs/gateway.md)."""
 
     enabled: bool = Field(default=True, description="render this component")
@@ -465,7 +467,8 @@ class Router(Placement):
                     "servers; endpoint-picker: it is a Gateway's endpoint picker "
                     "(`toposerve router --mode endpoint-picker`), the Service exposing its "
                     "gRPC port (docs/gateway.md)")
-    replicas: int = Field(default=2, ge=1, description="router pods (one leads; 1: no standby)")
+    replicas: int = Field(default=2, ge=1, description="router pods (hot-standby: one leads; "
+                                                          "active-active: all serve; 1: alone)")
     port: int = Field(default=8080, ge=1, le=65535,
                       description="HTTP port (pod and Service); in endpoint-picker mode it "
                                   "serves only /health, /ready and /metrics")

@@ -22,6 +22,10 @@ passwordSecret: {{ $r.redis.passwordSecret | default (include "toposerve.name" (
 {{- end }}
 keysSecret: {{ $r.apiKeys.secretName | default (include "toposerve.name" (dict "root" . "suffix" "router-keys")) | quote }}
 picker: {{ eq $r.mode "endpoint-picker" }}
+{{- /* a hot-standby pair: a Lease, and the Service selects the leader by its
+pod's label; else (one replica, or router.config.ha.mode: active-active)
+every warm replica serves */}}
+leaderOnly: {{ and (gt (int $r.replicas) 1) (ne (dig "ha" "mode" "hot-standby" ($r.config | default dict)) "active-active") }}
 {{- if $r.inferencePool.create }}
 poolName: {{ $r.inferencePool.name | default (include "toposerve.name" (dict "root" . "suffix" "pool")) | quote }}
 {{- end }}
