@@ -365,7 +365,8 @@ def test_a_standby_started_late_gets_the_leaders_state(
         t.join(60)
     assert len(first) == 18 and len(set(first.values())) > 1, first
     b, c = replica("b", snapshot=True), replica("c", snapshot=False)
-    wait_for("b loaded a snapshot", lambda: _snapshots(b, "loaded") == 1, timeout=20)
+    # at least a's whole one; then perhaps c's own decisions (none), as b catches up on c
+    wait_for("b loaded a snapshot", lambda: _snapshots(b, "loaded") >= 1, timeout=20)
     assert _snapshots(a, "written") == 1
     wait_for("warm standbys", lambda: all(status(r.url, "/ready?role=any") == 200
                                           for r in (b, c)), timeout=20)
