@@ -1,0 +1,102 @@
+"""What a device-health test of the router watches, whoever taints the
+device (a test writing the slice, the GPU driver after a fake NVML XID on
+the real node): traffic that records which endpoint served each request
+and when it was sent, the router's view of tainted endpoints, and the
+Events it wrote on a pod."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from harness.procs import MODEL, Proc
+from toposerve.kubeapi import JsonApi
+
+TAINTED = "toposerve_router_endpoint_device_tainted"
+
+
+@dataclass(frozen=True)
+class Sent:
+    at: float  # monotonic time the request was sent
+    endpoint: str  # as X-Toposerve-Endpoint names it ("?" without an answer)
+    status: int
+
+
+@dataclass
+class Traffic:
+    """``clients`` threads sending short chat requests to ``router`` until
+    stopped, each recorded."""
+
+    router: Proc
+    clients: int = 4
+    max_tokens: int = 3
+    sent: list[Sent] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+
+    def __enter__(self) -> Traffic:
+        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True)
+                         for i in range(self.clients)]
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(30)
+
+    def _run(self, client: int) -> None:
+        with httpx.Client(base_url=self.router.url, timeout=30) as c:
+            i = 0
+            while not self._stop.is_set():
+                at = time.monotonic()
+                try:
+                    r = c.post("/v1/chat/completions", json={
+                        "model": MODEL, "max_tokens": self.max_tokens,
+                        "messages": [{"role": "user", "content": f"client {client} turn {i}"}]})
+                    self.sent.append(Sent(at, r.headers.get("x-toposerve-endpoint", "?"),
+                                          r.status_code))
+                except httpx.HTTPError:
+                    self.sent.append(Sent(at, "?", 0))
+                i += 1
+
+    def served(self, endpoint: str, after: float = 0.0) -> int:
+        """Requests sent after ``after`` that ``endpoint`` served."""
+        return sum(1 for s in list(self.sent) if s.at > after and s.endpoint == endpoint)
+
+
+def tainted(router: Proc) -> dict[str, set[tuple[str, str, str]]]:
+    """Endpoint -> its taints (device, key, effect), as the router reports them."""
+    out: dict[str, set[tuple[str, str, str]]] = {}
+    for s in router.samples():
+        if s.name == TAINTED and s.value == 1:
+            out.setdefault(s.labels["endpoint"], set()).add(
+                (s.labels["device"], s.labels["key"], s.labels["effect"]))
+    return out
+
+
+def wait_tainted(router: Proc, endpoint: str, out: bool, timeout: float = 10) -> float:
+    """Polls the router until ``endpoint`` is (``out``) or is no longer out
+    of rotation for a device taint; the monotonic time it was first seen so."""
+    deadline = time.monotonic() + timeout
+    while True:
+        now = time.monotonic()
+        if (endpoint in tainted(router)) == out:
+            return now
+        if now > deadline:
+            raise AssertionError(f"{endpoint} {'never left' if out else 'never came back to'} "
+                                 "rotation")
+        time.sleep(0.02)
+
+
+def pod_events(rest: JsonApi, namespace: str, pod: str, reason: str) -> list[dict[str, Any]]:
+    """The Events on ``pod`` of ``reason``."""
+    items: list[dict[str, Any]] = rest.request(
+        "GET", f"/api/v1/namespaces/{namespace}/events",
+        [("fieldSelector", f"involvedObject.name={pod},reason={reason}")])["items"]
+    return items
