@@ -242,9 +242,11 @@ class Pool:
         return eps
 
     def may_serve(self, model: str) -> bool:
-        """Some routable endpoint serves ``model`` or has not said what it
-        serves yet: a walk that stops at the first, with no list made."""
-        return any(not e.draining and not e.taints and (not e.models or model in e.models)
+        """Some endpoint not draining serves ``model`` or has not said what it
+        serves yet (one out of rotation for a tainted device still serves it:
+        the model exists, its servers are unwell): a walk that stops at the
+        first, with no list made."""
+        return any(not e.draining and (not e.models or model in e.models)
                    for e in self._eps.values())
 
     async def drain(self, url: str, timeout_s: float) -> None:

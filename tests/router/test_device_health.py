@@ -42,6 +42,7 @@ RES = "/apis/resource.k8s.io/v1"
 NS = "default"
 PORT = 8000
 WITHIN_S = 2.0  # a taint takes its endpoint out of rotation, and back, within this
+REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 
 
 @dataclass
@@ -88,11 +89,17 @@ class Gpus:
     def pod(self, core: Any, name: str, app: str, role: str, device: str) -> str:
         """A model pod on the node holding ``device`` through a claim; its IP."""
         self.claim(name, app, device)
-        pod = model_pod(name, app, role, self.node)
-        pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": name}]
-        pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
-        core.create_namespaced_pod(NS, pod)
+        core.create_namespaced_pod(NS, claiming(model_pod(name, app, role, self.node),
+                                                resourceClaimName=name))
         return str(wait_running(core, [name])[name][0])
+
+
+def claiming(pod: dict[str, Any], **claim: str) -> dict[str, Any]:
+    """``pod``, its container using the claim ``claim`` names (by
+    resourceClaimName or resourceClaimTemplateName)."""
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", **claim}]
+    pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
+    return pod
 
 
 def _publish(rest: JsonApi, node: str, nvlink_pairs: bool) -> Gpus:
@@ -230,6 +237,52 @@ def test_a_tainted_gpu_takes_its_pod_out_of_rotation_and_back(cluster: Cluster,
         statuses = {s.status for s in traffic.sent}
         assert statuses == {200}, statuses
         assert len(traffic.sent) > 100
+
+
+def test_a_claim_made_from_a_template_and_allocated_by_the_scheduler(
+        cluster: Cluster, procs: Procs) -> None:
+    """As on a real cluster: kube-scheduler allocates the pod's claim (made
+    from a template by the controller manager, its name in the pod's
+    status) from the slice, and the router finds the device it got."""
+    core: Any = client.CoreV1Api(cluster.api)
+    with published(cluster) as (gpus, app):
+        rest, cls, name = gpus.rest, f"{gpus.driver}-gpu", f"{app}-t"
+        rest.request("POST", f"{RES}/deviceclasses", body={
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": cls},
+            "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{gpus.driver}'"}}]}})
+        try:
+            rest.request("POST", f"{RES}/namespaces/{NS}/resourceclaimtemplates", body={
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                "metadata": {"name": name}, "spec": {"spec": {"devices": {"requests": [
+                    {"name": "gpu", "exactly": {"deviceClassName": cls}}]}}}})
+            pod = claiming(model_pod(name, app, "decode"), resourceClaimTemplateName=name)
+            pod["spec"].pop("nodeSelector")  # the scheduler places it, on the node
+            pod["spec"]["affinity"] = {"nodeAffinity": {REQUIRED: {"nodeSelectorTerms": [
+                {"matchFields": [{"key": "metadata.name", "operator": "In",
+                                  "values": [gpus.node]}]}]}}}
+            core.create_namespaced_pod(NS, pod)
+            ip = wait_running(core, [name])[name][0]
+            status = core.read_namespaced_pod(name, NS).status.resource_claim_statuses
+            claim = rest.request("GET", f"{RES}/namespaces/{NS}/resourceclaims/"
+                                        f"{status[0].resource_claim_name}")
+            (result,) = claim["status"]["allocation"]["devices"]["results"]
+            procs.sim(host=ip, port=PORT)
+            router = _router(procs, cluster, app)
+            ep = f"{ip}:{PORT}"
+            wait_for("the endpoint", lambda: _healthy(router).get(ep) == 1.0, timeout=20)
+            gpus.taint(result["device"], {"key": TAINT_XID, "value": "48",
+                                          "effect": "NoSchedule"})
+            wait_tainted(router, ep, out=True)
+            r = httpx.post(router.url + "/v1/chat/completions", timeout=30, json={
+                "model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
+            assert r.status_code == 503, r.text  # its only endpoint is out of rotation
+            gpus.taint(result["device"], None)
+            wait_tainted(router, ep, out=False)
+        finally:
+            core.delete_namespaced_pod(name, NS, grace_period_seconds=0)
+            with contextlib.suppress(ApiError):
+                rest.request("DELETE", f"{RES}/namespaces/{NS}/resourceclaimtemplates/{name}")
+            rest.request("DELETE", f"{RES}/deviceclasses/{cls}")
 
 
 @pytest.mark.parametrize(("nvlink_pairs", "prefill", "near", "far"), [

@@ -113,11 +113,12 @@ def test_a_tainted_endpoint_leaves_rotation_and_comes_back() -> None:
     a.taints = (DeviceTaint("d/p/gpu-0", "k", "", "NoExecute"),)
     assert pool.routable() == [b]
     b.taints = a.taints
-    assert pool.routable() == [] and not pool.may_serve("m")
+    # the model is still served, by servers out of rotation: 503, not 404
+    assert pool.routable() == [] and pool.may_serve("m")
     a.end(10, 10)  # the request finished: the endpoint stays, out of rotation
     assert pool.get(a.url) is a
     a.taints = b.taints = ()
-    assert pool.routable() == [a, b] and pool.may_serve("m")
+    assert pool.routable() == [a, b]
     # discovery's next view keeps what the device watch said
     pool.upsert(Endpoint(url="http://a:1", taints=(DeviceTaint("d/p/gpu-0", "k", "", "x"),)))
     assert pool.routable() == [b]
