@@ -48,9 +48,11 @@ class Proc:
         text = httpx.get(self.url + "/metrics").text
         return [s for fam in text_string_to_metric_families(text) for s in fam.samples]
 
-    def metric(self, name: str) -> float:
-        """The sum of the samples named ``name`` on its /metrics now."""
-        return sum(s.value for s in self.samples() if s.name == name)
+    def metric(self, name: str, **labels: str) -> float:
+        """The sum of the samples named ``name`` (with ``labels``, when
+        given) on its /metrics now."""
+        return sum(s.value for s in self.samples()
+                   if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
 
     def counters(self) -> dict[str, float]:
         """Every counter and histogram sum and count on its /metrics now,

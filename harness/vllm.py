@@ -35,13 +35,26 @@ READY_TIMEOUT_S = 240.0  # about 25 s alone; far longer when two start on a busy
 
 @dataclass
 class VllmServer:
-    url: str
-    kv_events: str  # where the router's subscriber connects
-    kv_replay: str
+    port: int
+    kv_port: int  # its KV events' PUB socket, where the router's subscriber connects
+    replay_port: int
     cpu: int
+    max_num_seqs: int
     popen: subprocess.Popen[bytes]
     log: Path
     extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def kv_events(self) -> str:
+        return f"tcp://127.0.0.1:{self.kv_port}"
+
+    @property
+    def kv_replay(self) -> str:
+        return f"tcp://127.0.0.1:{self.replay_port}"
 
     @property
     def hostport(self) -> str:
@@ -79,10 +92,37 @@ class VllmServer:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(5)
 
+    def reset_cache(self, timeout: float = 30) -> None:
+        """Empties its prefix cache once no request holds blocks (vLLM
+        refuses until then: RuntimeError after ``timeout`` seconds) and has
+        it send AllBlocksCleared now: vLLM publishes KV events with its next
+        step, so a one-token request without a full block follows."""
+        deadline = time.monotonic() + timeout
+        while True:
+            r = httpx.post(self.url + "/reset_prefix_cache", timeout=timeout)
+            r.raise_for_status()
+            if r.json() == {"success": True}:
+                httpx.post(self.url + "/v1/completions", timeout=timeout, json={
+                    "model": MODEL, "prompt": "hi", "max_tokens": 1}).raise_for_status()
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"vLLM on cpu {self.cpu} kept refusing to reset its "
+                                   f"cache: {r.text}")
+            time.sleep(0.2)
+
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.popen.pid, signal.SIGKILL)
         self.popen.wait(10)
+
+    def restart(self) -> None:
+        """A new process on the same ports and core, not yet ready (what a
+        restarted pod is to the router: the same address, an empty cache);
+        whatever is left of the old one is ended first."""
+        self.stop()
+        self.popen, self.log = _launch(Path(self.extra["model"]), self.log.parent, self.cpu,
+                                       self.port, self.kv_port, self.replay_port,
+                                       self.max_num_seqs)
 
 
 # Runs vLLM as its child and leads the process group: when the server exits
@@ -104,7 +144,8 @@ end()
 """
 
 
-def serve_args(model: Path, port: int, kv_port: int, replay_port: int) -> list[str]:
+def serve_args(model: Path, port: int, kv_port: int, replay_port: int,
+               max_num_seqs: int = MAX_NUM_SEQS) -> list[str]:
     # vLLM binds its PUB socket only for an endpoint holding "*" or "::" (any
     # other it connects to); the IPv4-mapped loopback address has "::" and
     # binds 127.0.0.1 alone, where the router's subscriber connects.
@@ -117,31 +158,41 @@ def serve_args(model: Path, port: int, kv_port: int, replay_port: int) -> list[s
             "--block-size", str(BLOCK_SIZE), "--max-model-len", str(MAX_MODEL_LEN),
             "--enable-prefix-caching", "--prefix-caching-hash-algo", "sha256_cbor",
             "--kv-cache-memory-bytes", str(KV_CACHE_BYTES),
-            "--max-num-seqs", str(MAX_NUM_SEQS),
+            "--max-num-seqs", str(max_num_seqs),
             "--enable-prompt-tokens-details",
             "--kv-events-config", json.dumps(events)]
 
 
-def start(log_dir: Path, cpu: int) -> VllmServer:
+def start(log_dir: Path, cpu: int, max_num_seqs: int = MAX_NUM_SEQS) -> VllmServer:
     """One server pinned to ``cpu``, not yet ready (start several, then
     wait_ready each: they load side by side). EngineMissing when `make
     engines` has not run."""
-    python, model = installed()
+    _, model = installed()
     port, kv_port, replay_port = free_port(), free_port(), free_port()
-    log = log_dir / f"vllm-cpu{cpu}-{port}.log"
+    popen, log = _launch(model, log_dir, cpu, port, kv_port, replay_port, max_num_seqs)
+    return VllmServer(port=port, kv_port=kv_port, replay_port=replay_port, cpu=cpu,
+                      max_num_seqs=max_num_seqs, popen=popen, log=log,
+                      extra={"model": str(model)})
+
+
+def _launch(model: Path, log_dir: Path, cpu: int, port: int, kv_port: int, replay_port: int,
+            max_num_seqs: int) -> tuple[subprocess.Popen[bytes], Path]:
+    """The reaper and the server under it, logging to a new file in ``log_dir``."""
+    python, _ = installed()
+    log = log_dir / f"vllm-cpu{cpu}-{port}-{time.monotonic_ns()}.log"
     # VLLM_CPU_KVCACHE_SPACE would override --kv-cache-memory-bytes
     env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
-    env.update(VLLM_ENV, VLLM_CPU_OMP_THREADS_BIND=str(cpu), PYTHONUNBUFFERED="1")
+    # dev mode: POST /reset_prefix_cache (vLLM then sends AllBlocksCleared), on loopback only
+    env.update(VLLM_ENV, VLLM_CPU_OMP_THREADS_BIND=str(cpu), VLLM_SERVER_DEV_MODE="1",
+               PYTHONUNBUFFERED="1")
     with log.open("wb") as out:
         popen = subprocess.Popen(
             [sys.executable, "-c", REAPER, str(os.getpid()),
              str(python), "-m", "vllm.entrypoints.cli.main",
-             *serve_args(model, port, kv_port, replay_port)],
+             *serve_args(model, port, kv_port, replay_port, max_num_seqs)],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
             cwd=log_dir, start_new_session=True)
-    return VllmServer(url=f"http://127.0.0.1:{port}", kv_events=f"tcp://127.0.0.1:{kv_port}",
-                      kv_replay=f"tcp://127.0.0.1:{replay_port}", cpu=cpu, popen=popen, log=log,
-                      extra={"model": str(model)})
+    return popen, log
 
 
 def start_many(log_dir: Path, count: int) -> list[VllmServer]:
