@@ -5,7 +5,8 @@ own, ready when they answer, ended with the whole group.
 The serve flags are DESIGN §11's, each one for something the router reads:
 prefix caching with reproducible block hashes and ``cached_tokens`` in
 usage, map-encoded KV events over ZMQ, a KV cache small enough to evict,
-few sequences so that load shows, one core per server."""
+few sequences so that load shows, one core per server. With ``nixl``, a
+server also runs vLLM's NixlConnector on CPU buffers, for prefill/decode."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from harness.engines import VLLM_ENV, installed
+from harness.engines import VLLM_ENV, installed, nixl_installed
 from toposerve.localcluster.ports import free_port
 
 MODEL = "toposerve/tiny-llama"
@@ -30,6 +31,9 @@ BLOCK_SIZE = 32  # CPU attention: a multiple of 32; only full blocks are cached
 MAX_MODEL_LEN = 2048
 KV_CACHE_BYTES = 8 * 1024 * 1024  # 8,192 tokens of the tiny model: evictions are reachable
 MAX_NUM_SEQS = 4
+# prefill or decode per request (the router decides), KV in host memory: the
+# CPU build has no other buffer
+KV_TRANSFER = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu"}
 READY_TIMEOUT_S = 240.0  # about 25 s alone; far longer when two start on a busy machine
 
 
@@ -43,6 +47,9 @@ class VllmServer:
     popen: subprocess.Popen[bytes]
     log: Path
     extra: dict[str, str] = field(default_factory=dict)
+    # NIXL's side channel, where a decode server asks for this one's KV
+    # layout; None: no KV connector
+    nixl_port: int | None = None
 
     @property
     def url(self) -> str:
@@ -122,7 +129,7 @@ class VllmServer:
         self.stop()
         self.popen, self.log = _launch(Path(self.extra["model"]), self.log.parent, self.cpu,
                                        self.port, self.kv_port, self.replay_port,
-                                       self.max_num_seqs)
+                                       self.max_num_seqs, self.nixl_port)
 
 
 # Runs vLLM as its child and leads the process group: when the server exits
@@ -145,7 +152,7 @@ end()
 
 
 def serve_args(model: Path, port: int, kv_port: int, replay_port: int,
-               max_num_seqs: int = MAX_NUM_SEQS) -> list[str]:
+               max_num_seqs: int = MAX_NUM_SEQS, nixl: bool = False) -> list[str]:
     # vLLM binds its PUB socket only for an endpoint holding "*" or "::" (any
     # other it connects to); the IPv4-mapped loopback address has "::" and
     # binds 127.0.0.1 alone, where the router's subscriber connects.
@@ -160,23 +167,28 @@ def serve_args(model: Path, port: int, kv_port: int, replay_port: int,
             "--kv-cache-memory-bytes", str(KV_CACHE_BYTES),
             "--max-num-seqs", str(max_num_seqs),
             "--enable-prompt-tokens-details",
-            "--kv-events-config", json.dumps(events)]
+            "--kv-events-config", json.dumps(events),
+            *(["--kv-transfer-config", json.dumps(KV_TRANSFER)] if nixl else [])]
 
 
-def start(log_dir: Path, cpu: int, max_num_seqs: int = MAX_NUM_SEQS) -> VllmServer:
+def start(log_dir: Path, cpu: int, max_num_seqs: int = MAX_NUM_SEQS,
+          nixl: bool = False) -> VllmServer:
     """One server pinned to ``cpu``, not yet ready (start several, then
     wait_ready each: they load side by side). EngineMissing when `make
     engines` has not run."""
     _, model = installed()
     port, kv_port, replay_port = free_port(), free_port(), free_port()
-    popen, log = _launch(model, log_dir, cpu, port, kv_port, replay_port, max_num_seqs)
+    nixl_port = free_port() if nixl else None
+    popen, log = _launch(model, log_dir, cpu, port, kv_port, replay_port, max_num_seqs,
+                         nixl_port)
     return VllmServer(port=port, kv_port=kv_port, replay_port=replay_port, cpu=cpu,
                       max_num_seqs=max_num_seqs, popen=popen, log=log,
-                      extra={"model": str(model)})
+                      extra={"model": str(model)}, nixl_port=nixl_port)
 
 
 def _launch(model: Path, log_dir: Path, cpu: int, port: int, kv_port: int, replay_port: int,
-            max_num_seqs: int) -> tuple[subprocess.Popen[bytes], Path]:
+            max_num_seqs: int, nixl_port: int | None = None
+            ) -> tuple[subprocess.Popen[bytes], Path]:
     """The reaper and the server under it, logging to a new file in ``log_dir``."""
     python, _ = installed()
     log = log_dir / f"vllm-cpu{cpu}-{port}-{time.monotonic_ns()}.log"
@@ -185,24 +197,28 @@ def _launch(model: Path, log_dir: Path, cpu: int, port: int, kv_port: int, repla
     # dev mode: POST /reset_prefix_cache (vLLM then sends AllBlocksCleared), on loopback only
     env.update(VLLM_ENV, VLLM_CPU_OMP_THREADS_BIND=str(cpu), VLLM_SERVER_DEV_MODE="1",
                PYTHONUNBUFFERED="1")
+    if nixl_port is not None:
+        env.update(PYTHONPATH=str(nixl_installed()), VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1",
+                   VLLM_NIXL_SIDE_CHANNEL_PORT=str(nixl_port))
     with log.open("wb") as out:
         popen = subprocess.Popen(
             [sys.executable, "-c", REAPER, str(os.getpid()),
              str(python), "-m", "vllm.entrypoints.cli.main",
-             *serve_args(model, port, kv_port, replay_port, max_num_seqs)],
+             *serve_args(model, port, kv_port, replay_port, max_num_seqs,
+                         nixl_port is not None)],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
             cwd=log_dir, start_new_session=True)
     return popen, log
 
 
-def start_many(log_dir: Path, count: int) -> list[VllmServer]:
+def start_many(log_dir: Path, count: int, nixl: bool = False) -> list[VllmServer]:
     """``count`` servers, one per core (wrapping on a smaller machine), all
     ready; on any failure every one started is ended before the error."""
     cpus = sorted(os.sched_getaffinity(0))
     servers: list[VllmServer] = []
     try:
         for i in range(count):
-            servers.append(start(log_dir, cpus[i % len(cpus)]))
+            servers.append(start(log_dir, cpus[i % len(cpus)], nixl=nixl))
         for s in servers:
             s.wait_ready()
     except BaseException:
