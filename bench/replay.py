@@ -16,6 +16,7 @@ import orjson
 from bench.workloads import AgentSession, TraceRequest, text_tokens
 
 MODEL = "toposerve/sim-model"
+ERROR_CHARS = 300
 
 
 @dataclass
@@ -27,6 +28,9 @@ class Result:
     text: str = ""
     started: float = 0.0
     completion_tokens: int = 0  # from the stream's usage chunk
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # the engine's prompt_tokens_details.cached_tokens
+    error: str = ""  # a failed answer's body or SSE error event, its first ERROR_CHARS
 
 
 @dataclass
@@ -38,6 +42,15 @@ class Run:
     def ok(self) -> list[Result]:
         return [r for r in self.results if r.status == 200 and r.ttft is not None]
 
+    def errors(self) -> dict[str, int]:
+        """The answers that are not ok, counted by status and error text."""
+        out: dict[str, int] = {}
+        for r in self.results:
+            if r.status != 200 or r.ttft is None:
+                key = f"{r.status} {r.error}".strip()
+                out[key] = out.get(key, 0) + 1
+        return out
+
 
 async def _stream(session: aiohttp.ClientSession, url: str, path: str, body: dict[str, Any],
                   prompt: bytes, timeout_s: float) -> Result:
@@ -48,7 +61,7 @@ async def _stream(session: aiohttp.ClientSession, url: str, path: str, body: dic
     try:
         async with _post(session, url + path, orjson.dumps(body), timeout_s) as r:
             if r.status != 200:
-                await r.read()
+                r0.error = (await r.content.read(ERROR_CHARS)).decode(errors="replace")
                 return _done(r0, r.status)
             async for raw in r.content:
                 line = raw.strip()
@@ -56,9 +69,13 @@ async def _stream(session: aiohttp.ClientSession, url: str, path: str, body: dic
                     continue
                 chunk = orjson.loads(line[6:])
                 if "error" in chunk:
+                    r0.error = str(chunk["error"])[:ERROR_CHARS]
                     return _done(r0, 599)
                 if usage := chunk.get("usage"):
                     r0.completion_tokens = int(usage.get("completion_tokens") or 0)
+                    r0.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+                    details = usage.get("prompt_tokens_details") or {}
+                    r0.cached_tokens = int(details.get("cached_tokens") or 0)
                 for ch in chunk.get("choices", []):
                     piece = ch.get("text") or (ch.get("delta") or {}).get("content") or ""
                     if piece:
@@ -110,8 +127,22 @@ def _messages_prompt(msgs: list[dict[str, str]]) -> bytes:
     return chat_prompt(msgs).encode()
 
 
-async def _agent(session: aiohttp.ClientSession, url: str, s: AgentSession, time_scale: float,
-                 run: Run, timeout_s: float) -> None:
+@dataclass
+class Target:
+    """Where a replay sends its requests: the router's URL, the model
+    named, and fields every body adds (a real engine's ``ignore_eos``)."""
+
+    url: str
+    model: str = MODEL
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def body(self, **fields: Any) -> dict[str, Any]:
+        return {"model": self.model, **fields, "stream": True,
+                "stream_options": {"include_usage": True}, **self.extra}
+
+
+async def _agent(session: aiohttp.ClientSession, to: Target, s: AgentSession,
+                 time_scale: float, run: Run, timeout_s: float) -> None:
     await asyncio.sleep(s.start_s * time_scale)
     msgs = [{"role": "system", "content": s.system}]
     for n, turn in enumerate(s.turns):
@@ -119,41 +150,41 @@ async def _agent(session: aiohttp.ClientSession, url: str, s: AgentSession, time
             await asyncio.sleep(turn.think_s * time_scale)
         msgs.append({"role": "user",
                      "content": text_tokens(turn.user_tokens, f"user-{s.sid}-{n}")})
-        body = {"model": MODEL, "messages": msgs, "max_tokens": turn.max_tokens, "stream": True,
-                "stream_options": {"include_usage": True}}
-        subs = [_subagent(session, url, msgs, s.sid, n, k, sizes, time_scale, run, timeout_s)
+        body = to.body(messages=msgs, max_tokens=turn.max_tokens)
+        subs = [_subagent(session, to, msgs, s.sid, n, k, sizes, time_scale, run, timeout_s)
                 for k, sizes in enumerate(turn.subagents)]
         main, *_ = await asyncio.gather(
-            _stream(session, url, "/v1/chat/completions", body, _messages_prompt(msgs),
+            _stream(session, to.url, "/v1/chat/completions", body, _messages_prompt(msgs),
                     timeout_s), *subs)
         assert isinstance(main, Result)
         run.results.append(main)
         msgs = [*msgs, {"role": "assistant", "content": main.text}]
 
 
-async def _subagent(session: aiohttp.ClientSession, url: str, parent: list[dict[str, str]],
+async def _subagent(session: aiohttp.ClientSession, to: Target, parent: list[dict[str, str]],
                     sid: int, turn: int, k: int, sizes: list[int], time_scale: float, run: Run,
                     timeout_s: float) -> Result | None:
     # a sub-agent starts from its parent's system prompt and first task
     msgs = [dict(m) for m in parent[:2]]
     for j, size in enumerate(sizes):
         msgs.append({"role": "user", "content": text_tokens(size, f"sub-{sid}-{turn}-{k}-{j}")})
-        body = {"model": MODEL, "messages": msgs, "max_tokens": 8, "stream": True,
-                "stream_options": {"include_usage": True}}
-        r = await _stream(session, url, "/v1/chat/completions", body, _messages_prompt(msgs),
-                          timeout_s)
+        body = to.body(messages=msgs, max_tokens=8)
+        r = await _stream(session, to.url, "/v1/chat/completions", body,
+                          _messages_prompt(msgs), timeout_s)
         run.results.append(r)
         msgs.append({"role": "assistant", "content": r.text})
         await asyncio.sleep(0.5 * time_scale)
     return None
 
 
-async def replay_agentic(url: str, sessions: list[AgentSession], time_scale: float,
+async def replay_agentic(to: str | Target, sessions: list[AgentSession], time_scale: float,
                          timeout_s: float = 120) -> Run:
+    """The sessions through ``to`` (a URL: the simulators' model)."""
+    target = Target(to) if isinstance(to, str) else to
     run = Run()
     t0 = time.monotonic()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        await asyncio.gather(*(_agent(session, url, s, time_scale, run, timeout_s)
+        await asyncio.gather(*(_agent(session, target, s, time_scale, run, timeout_s)
                                for s in sessions))
     run.wall_s = time.monotonic() - t0
     return run

@@ -3,6 +3,7 @@ by side in one run. Prints a table, writes JSON and a PNG plot.
 
     python -m bench.router_bench [--quick] [--out bench/results]
     python -m bench.router_bench --sim-cmd 'PATH --port {port} ...'  # another simulator
+    python -m bench.router_bench --engine vllm  # two real vLLM servers (bench.engine_bench)
 """
 
 from __future__ import annotations
@@ -170,13 +171,17 @@ Start = Callable[[Procs, list[Proc]], Proc]
 
 
 def peer(binary: str, *args: str, kv_events: bool = False) -> Start:
+    """A peer router's starter; a server's ``extra`` may name its model
+    and block size (a real engine's), else they are our simulator's."""
     def start(procs: Procs, sims: list[Proc]) -> Proc:
         argv = [*args, "--worker-urls", *(s.url for s in sims),
                 "--max-payload-size", str(512 * 2**20)]
         if kv_events:  # vllm-router's kv_aware: events per worker, ids from its /tokenize
             for s in sims:
                 argv += ["--kv-event-source", f"{s.url}={s.extra['kv_events']}"]
-            argv += ["--kv-event-model", MODEL, "--kv-event-block-size", str(SIM["block_size"])]
+            argv += ["--kv-event-model", sims[0].extra.get("model", MODEL),
+                     "--kv-event-block-size", str(sims[0].extra.get("block_size",
+                                                                    SIM["block_size"]))]
         return launch_peer(procs, binary, argv, ("/health", "/v1/models"))
     return start
 
@@ -598,22 +603,32 @@ def runnable(workloads: list[str], external: bool, trace: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # here, not at the top: bench.engine_bench starts its routers with this module's
+    from bench.engine_bench import CHOICES as ENGINE_CHOICES
+    from bench.engine_bench import run as run_engines
+
     ap = argparse.ArgumentParser(prog="python -m bench.router_bench", description=__doc__)
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     ap.add_argument("--quick", action="store_true", help="a smaller run, for a smoke test")
-    ap.add_argument("--routers", nargs="+", default=list(ROUTERS),
-                    choices=list(ROUTERS) + list(ABLATIONS))
+    ap.add_argument("--engine", choices=("sim", "vllm"), default="sim",
+                    help="vllm: two real vLLM CPU servers (`make engines`) instead of "
+                         "simulators, on agentic and kv-pressure sessions the tiny model "
+                         "fits, hits from the engines' own counters (bench.engine_bench)")
+    ap.add_argument("--routers", nargs="+",
+                    choices=list(dict.fromkeys([*ROUTERS, *ABLATIONS, *ENGINE_CHOICES])),
+                    help="default: every router of the mode")
     ap.add_argument("--ablation", action="store_true",
                     help="also run other scorer sets of our router")
-    ap.add_argument("--sessions", type=count, default=16, help="agentic sessions")
+    ap.add_argument("--sessions", type=count,
+                    help="agentic sessions (default 16; --engine vllm: 8, or 4 --quick)")
     ap.add_argument("--repeats", "--seeds", type=count, default=1, dest="repeats",
                     help="runs per workload and router (agentic: a new seed each), the "
                          "routers' order rotated each time; the main table shows medians, "
                          "failures summed, the per-seed table every run")
-    ap.add_argument("--workloads", nargs="+", default=["agentic", "mooncake"],
-                    choices=WORKLOADS,
+    ap.add_argument("--workloads", nargs="+", choices=WORKLOADS,
                     help="kv-pressure: more agentic sessions than the caches hold; uneven: "
-                         "the agentic sessions with one simulator 4x slower")
+                         "the agentic sessions with one simulator 4x slower (default: "
+                         "agentic mooncake; --engine vllm: agentic kv-pressure)")
     ap.add_argument("--sim-cmd", metavar="TEMPLATE",
                     help="run every workload on N_SIMS of another simulator instead of ours: "
                          "a command line with {port} (and optionally {model}, {blocks}, "
@@ -627,6 +642,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--against", metavar="REV",
                     help="also run our router as committed at REV (an A/B in one run)")
     args = ap.parse_args(argv)
+    if args.engine == "vllm":
+        return run_engines(args)
+    args.routers = args.routers or list(ROUTERS)
+    args.workloads = args.workloads or ["agentic", "mooncake"]
+    args.sessions = args.sessions or 16
     if args.ablation:
         args.routers += [a for a in ABLATIONS if a not in args.routers]
     ROUTERS.update(ABLATIONS)

@@ -56,8 +56,10 @@ class AgentSession:
 
 
 def agentic(sessions: int = 16, turns: int = 8, scale: float = 1 / 20,
-            seed: int = 0) -> list[AgentSession]:
-    """p50/p90/p99 from the study, multiplied by ``scale`` for token counts."""
+            seed: int = 0, output_scale: float | None = None) -> list[AgentSession]:
+    """p50/p90/p99 from the study, multiplied by ``scale`` for token counts
+    (``output_scale``, when given, for the answers' instead)."""
+    out_scale = scale if output_scale is None else output_scale
     rng = random.Random(seed)
     out = []
     for s in range(sessions):
@@ -66,13 +68,15 @@ def agentic(sessions: int = 16, turns: int = 8, scale: float = 1 / 20,
         for _ in range(turns):
             subs = []
             if rng.random() < 0.25:  # a group of sub-agents forks off this turn
-                subs = [[int(lognormal(rng, 632 * scale * 4, 5000 * scale, 20_000 * scale))]
+                # at least a token: a small scale must not make an empty message
+                subs = [[max(1, int(lognormal(rng, 632 * scale * 4, 5000 * scale,
+                                              20_000 * scale)))]
                         * rng.randint(1, 2) for _ in range(rng.randint(2, 4))]
             ts.append(AgentTurn(
                 user_tokens=max(4, int(lognormal(rng, 632 * scale, 2500 * scale,
                                                  10_000 * scale))),
-                max_tokens=max(2, int(lognormal(rng, 317 * scale, 1705 * scale,
-                                                7551 * scale))),
+                max_tokens=max(2, int(lognormal(rng, 317 * out_scale, 1705 * out_scale,
+                                                7551 * out_scale))),
                 think_s=lognormal(rng, 2.0, 24.0, 30.0), subagents=subs))
         out.append(AgentSession(sid=s, start_s=rng.uniform(0, 10), turns=ts,
                                 system=text_tokens(base, f"system-{seed}-{s}")))
