@@ -82,11 +82,13 @@ def tainted(router: Proc) -> dict[str, set[tuple[str, str, str]]]:
 
 def wait_tainted(router: Proc, endpoint: str, out: bool, timeout: float = 10) -> float:
     """Polls the router until ``endpoint`` is (``out``) or is no longer out
-    of rotation for a device taint; the monotonic time it was first seen so."""
+    of rotation for a device taint; the monotonic time the answer saying so
+    came (it was so by then: a request sent later is routed so)."""
     deadline = time.monotonic() + timeout
     while True:
+        seen = (endpoint in tainted(router)) == out
         now = time.monotonic()
-        if (endpoint in tainted(router)) == out:
+        if seen:
             return now
         if now > deadline:
             raise AssertionError(f"{endpoint} {'never left' if out else 'never came back to'} "

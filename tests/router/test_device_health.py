@@ -19,13 +19,17 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from kubernetes import client
 
+from harness import dra_gpu
 from harness.device_health import Traffic, pod_events, tainted, wait_tainted
+from harness.dra_gpu import GpuEnv
+from harness.fake_nvml import Scenario, gpus_of, inject_xid, set_lost
 from harness.procs import MODEL, Proc, Procs
 from harness.waiting import wait_for
 from tests.conftest import Cluster
@@ -283,6 +287,86 @@ def test_a_claim_made_from_a_template_and_allocated_by_the_scheduler(
             with contextlib.suppress(ApiError):
                 rest.request("DELETE", f"{RES}/namespaces/{NS}/resourceclaimtemplates/{name}")
             rest.request("DELETE", f"{RES}/deviceclasses/{cls}")
+
+
+@pytest.fixture(scope="module")
+def gpu_site(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GpuEnv]:
+    """The GPU driver's kwok node of its own (``harness.dra_gpu``)."""
+    env = dra_gpu.setup_env(cluster.name, cluster.api, tmp_path_factory.mktemp("gpu-site"))
+    try:
+        yield env
+    finally:
+        dra_gpu.teardown_env(cluster.api)
+
+
+def test_an_xid_from_nvml_takes_the_pod_out_of_rotation(gpu_site: GpuEnv, cluster: Cluster,
+                                                       procs: Procs, tmp_path: Path) -> None:
+    """The whole path but the kubelet: ``toposerve driver gpu`` reads the
+    fake NVML library, a critical XID under a model pod's GPU becomes the
+    slice's taint, and the router stops sending there; the GPU reset (lost,
+    then back), the taint goes and so does the pod's exclusion."""
+    core: Any = client.CoreV1Api(cluster.api)
+    rest = JsonApi(cluster.api)
+    ns, app = dra_gpu.NAMESPACE, f"xid-{uuid.uuid4().hex[:6]}"
+    scenario = Scenario(gpus_of(load_profile(dra_gpu.PROFILE).hardware())).write(
+        tmp_path / "scenario")
+    driver = dra_gpu.DriverProc(gpu_site, tmp_path / "driver")
+    driver.start(nvml=scenario)
+    try:
+        dra_gpu.wait_slices(cluster.api)
+        rest.request("POST", f"{RES}/namespaces/{ns}/resourceclaimtemplates", body={
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": app}, "spec": {"spec": {"devices": {"requests": [
+                {"name": "gpu", "exactly": {"deviceClassName": dra_gpu.CLASS, "selectors": [
+                    {"cel": {"expression": f"device.attributes['{dra_gpu.DRIVER}'].type "
+                                           "== 'gpu'"}}]}}]}}}})
+        names = [f"{app}-{i}" for i in range(2)]
+        for name in names:
+            pod = claiming(model_pod(name, app, "decode"), resourceClaimTemplateName=app)
+            pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": gpu_site.node}
+            core.create_namespaced_pod(ns, pod)
+        ips = {n: ip for n, (ip, _) in wait_running(core, names, ns).items()}
+        for ip in ips.values():
+            procs.sim(host=ip, port=PORT)
+        router = procs.router({"discovery": {"kubernetes": {
+            "namespace": ns, "labelSelector": f"app={app}", "port": PORT,
+            "kubeconfig": str(kubeconfig_path(cluster.name))}}})
+        wait_for("both endpoints", lambda: sum(_healthy(router).values()) == 2, timeout=20)
+        victim = names[0]
+        ep = f"{ips[victim]}:{PORT}"
+        claim = core.read_namespaced_pod(victim, ns).status.resource_claim_statuses[0]
+        device = rest.request("GET", f"{RES}/namespaces/{ns}/resourceclaims/"
+                                     f"{claim.resource_claim_name}")[
+            "status"]["allocation"]["devices"]["results"][0]["device"]
+        with Traffic(router) as traffic:
+            wait_for("traffic on it", lambda: traffic.served(ep) > 0, timeout=20)
+            sent = time.monotonic()
+            inject_xid(scenario, int(device.rsplit("-", 1)[1]), 79)
+            out = wait_tainted(router, ep, out=True)
+            assert out - sent < WITHIN_S, f"out of rotation {out - sent:.2f} s after the XID"
+            # the driver's unhealthy taint and the XID's come in one write or two
+            wait_for("the XID's taint", lambda: (
+                f"{dra_gpu.DRIVER}/{gpu_site.node}/{device}", TAINT_XID, "NoSchedule") in
+                tainted(router).get(ep, ()))
+            wait_for("traffic after the XID", lambda: len(traffic.sent) > 40 + sum(
+                1 for s in traffic.sent if s.at <= out), timeout=20)
+            assert traffic.served(ep, out) == 0, [
+                line for line in router.log.read_text().splitlines() if "rotation" in line]
+            assert pod_events(rest, ns, victim, "DeviceTainted")
+            set_lost(scenario, [int(device.rsplit("-", 1)[1])])  # the GPU reset
+            wait_for("the GPU lost", lambda: any(
+                t[1] == f"{dra_gpu.DRIVER}/gpu-lost" for t in tainted(router).get(ep, ())),
+                timeout=20)
+            set_lost(scenario, [])
+            back = wait_tainted(router, ep, out=False, timeout=20)
+            wait_for("traffic on it again", lambda: traffic.served(ep, back) > 0, timeout=20)
+        assert {s.status for s in traffic.sent} == {200}
+    finally:
+        driver.kill()
+        for name in core.list_namespaced_pod(ns, label_selector=f"app={app}").items:
+            core.delete_namespaced_pod(name.metadata.name, ns, grace_period_seconds=0)
+        with contextlib.suppress(ApiError):
+            rest.request("DELETE", f"{RES}/namespaces/{ns}/resourceclaimtemplates/{app}")
 
 
 @pytest.mark.parametrize(("nvlink_pairs", "prefill", "near", "far"), [
