@@ -1,9 +1,9 @@
 """Evictions from a real vLLM's small KV cache leave the router's precise
 index: once more distinct prompts than the cache holds have gone by, the
 first one's blocks are removed (vLLM's ``BlockRemoved`` events), the
-index holds no more of that server than its cache can, and the evicted
-prompt is no longer routed for its prefix, which the engine's
-``cached_tokens`` confirms; what is still cached still routes home. Last,
+index holds no more of that server than its cache can, and what the
+router predicts is left of the evicted prompt is what the engine's
+``cached_tokens`` finds; what is still cached still routes home. Last,
 the cache is emptied (``/reset_prefix_cache``: vLLM's ``AllBlocksCleared``)
 and the server's entries go with it, which also leaves the shared server
 as the other tests expect it."""
@@ -70,9 +70,13 @@ def test_evicted_blocks_leave_the_index(procs: Procs, engines: list[VllmServer],
         assert last <= now <= capacity, (last, now, capacity)
         print(f"[engine] index of {home.hostport}: {before:.0f} blocks, {now:.0f} after "
               f"{len(flood)} prompts of {last} blocks (cache: {capacity})")
-        # the evicted prompt: held nowhere, as the engine confirms
+        # the first prompt, evicted (vLLM may keep its head, freed last): the
+        # router predicts what the engine still holds of it, no more
         where, share, cached = routed(router, first)
-        assert (share, cached) == (0, 0), (where, share, cached)
+        kept = round(share * blocks)
+        assert abs(share * blocks - kept) < 1e-6 and kept < blocks, (share, blocks)
+        assert cached == kept * BLOCK_SIZE, (where, kept, cached)
+        print(f"[engine] {kept} of the first prompt's {blocks} blocks left, as predicted")
         # the last prompt, still cached, goes home and is found there whole
         where, share, cached = routed(router, flood[-1])
         assert where == home.hostport and share == 1, (where, share)
