@@ -29,7 +29,7 @@ import tokenizers
 
 from bench.replay import Run, Target, replay_agentic
 from bench.report import medians, pct
-from bench.router_bench import PEERS, ROUTERS, Start, order, ours_with
+from bench.router_bench import PEERS, ROUTERS, SCRAPE_S, Start, order, ours_with
 from bench.workloads import AgentSession, AgentTurn, agentic, text_tokens
 from harness.engines import installed
 from harness.procs import Proc, Procs
@@ -178,7 +178,10 @@ def with_workers(start: Start) -> Start:
 def starters(servers: list[VllmServer], model: Path) -> dict[str, Start]:
     """How each router starts in front of ``servers``."""
     return {**{n: with_workers(ROUTERS[n]) for n in ENGINE_ROUTERS if n != PRECISE},
-            PRECISE: lambda procs, _: procs.router(router_config(servers, model)),
+            # the scrape as shipped: Procs.router's 0.05 s for tests would have
+            # each engine render its /metrics 20 times a second on its one core
+            PRECISE: lambda procs, _: procs.router({**router_config(servers, model),
+                                                    "scrape": {"intervalSeconds": SCRAPE_S}}),
             APPROX: ours_with()}
 
 
