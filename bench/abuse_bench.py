@@ -49,7 +49,7 @@ from toposerve.localcluster.ports import free_port
 from toposerve.localcluster.results import table, write
 from toposerve.router.admission.flow_control import MAX_CLIENT_ID_BYTES
 from toposerve.router.config import ServerConfig
-from toposerve.router.epp.reading import ROUTES
+from toposerve.router.epp.reading import ROUTES, read
 from toposerve.router.http.app import GC_THRESHOLDS
 from toposerve.scheduler_ext.config import ExtenderConfig
 from toposerve.scheduler_ext.server import Extender
@@ -561,8 +561,7 @@ def loop_time(shapes: dict[str, tuple[str, bytes]], runs: int = 7) -> dict[str, 
                 route, took = ROUTES[path], []
                 for _ in range(runs):
                     t0 = time.thread_time()
-                    doc = (await router.handlers.read_json(body, route.model, "default"))[1]
-                    route.prompt_of(doc)
+                    await read(route, body, {}, router.handlers, "default")
                     took.append(time.thread_time() - t0)
                 out[name] = 1000 * statistics.median(took)
         finally:
