@@ -44,6 +44,7 @@ from harness.vllm import (
 )
 from toposerve.localcluster.results import pyplot, save, write
 from toposerve.localcluster.results import table as md_table
+from toposerve.router.config import ProfileConfig
 
 N_ENGINES = 2  # one a core
 # the tiny model's KV: 2 layers x (K + V) x 128 hidden x 2 bytes a token
@@ -60,8 +61,9 @@ TIME_SCALE = 0.1  # think times and arrivals: 2 s at the median becomes 0.2 s
 KV_PRESSURE = 2.0  # the sessions' working set over both servers' KV caches
 # greedy and fixed-length: every router's run asks the engines for the same work
 BODY = {"ignore_eos": True, "temperature": 0}
-# toposerve as docs/engines.md deploys it in front of vLLM (precise prefix
-# routing from the KV events), and as shipped (the approximate index)
+# toposerve as docs/engines.md deploys it in front of vLLM (the default
+# profile with prefix-precise, fed by the KV events), and as shipped (the
+# approximate index alone)
 PRECISE = "toposerve"
 APPROX = "toposerve[approx]"
 ENGINE_ROUTERS = ("round-robin", PRECISE, "vllm-router cache_aware", "vllm-router kv_aware",
@@ -175,12 +177,23 @@ def with_workers(start: Start) -> Start:
     return go
 
 
+def precise_profile() -> dict[str, Any]:
+    """The default profile, its prefix scorer reading the engines' KV
+    events (docs/engines.md): the other scorers as shipped."""
+    scorers = [s.model_dump(by_alias=True) for s in ProfileConfig().scorers]
+    for s in scorers:
+        if s["type"] == "prefix-approx":
+            s["type"] = "prefix-precise"
+    return {"scorers": scorers}
+
+
 def starters(servers: list[VllmServer], model: Path) -> dict[str, Start]:
     """How each router starts in front of ``servers``."""
     return {**{n: with_workers(ROUTERS[n]) for n in ENGINE_ROUTERS if n != PRECISE},
             # the scrape as shipped: Procs.router's 0.05 s for tests would have
             # each engine render its /metrics 20 times a second on its one core
             PRECISE: lambda procs, _: procs.router({**router_config(servers, model),
+                                                    "profile": precise_profile(),
                                                     "scrape": {"intervalSeconds": SCRAPE_S}}),
             APPROX: ours_with()}
 

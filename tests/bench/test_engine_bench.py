@@ -23,10 +23,12 @@ from bench.engine_bench import (
     Fit,
     against_peers,
     missing,
+    precise_profile,
     sessions,
 )
 from bench.router_bench import main
 from bench.workloads import text_tokens
+from toposerve.router.config import ProfileConfig
 
 pytestmark = pytest.mark.unit
 
@@ -105,3 +107,11 @@ def test_seeds_where_ours_is_level_with_the_best_peer() -> None:
             _row("toposerve[approx]", 1, 0.9, 10, 10)]  # ours too: not a peer
     (line,) = against_peers(runs).splitlines()[2:]
     assert line == "| agentic | 2 | 2/2 | 1/2 | 1/2 |"
+
+
+def test_ours_on_engines_is_the_default_profile_reading_the_events() -> None:
+    shipped = [(s.type, s.weight) for s in ProfileConfig().scorers]
+    ours = [(s["type"], s["weight"]) for s in precise_profile()["scorers"]]
+    assert ("prefix-approx", 4.0) in shipped
+    assert ours == [("prefix-precise", w) if t == "prefix-approx" else (t, w)
+                    for t, w in shipped]
