@@ -9,10 +9,16 @@ request (its process tree, from /proc) and RSS; then the same at 4, 16 and
     python -m bench.router_overhead --quick    # a smoke run
     python -m bench.router_overhead --new-connections  # a connection a request
     python -m bench.router_overhead --gateway  # Envoy + our endpoint picker beside standalone
+    python -m bench.router_overhead --cores 1 2  # ours N workers, Rust routers, N cores each
 
 The routers are pinned to one CPU (``--router-cpu``, every thread of their
 process tree), the clients and the null backends to another, so "saturation"
 is one core's worth of router; on a one-CPU machine nothing is pinned.
+With ``--cores``, each router gets the first N of ``--router-cpu`` (ours N
+workers; a Rust router is started on those N CPUs, so its runtime sizes its
+thread pool to them: none of their CLIs takes a thread count), and
+``--client-procs`` spreads the clients over processes, as one Python
+client process saturates before a router on several cores does.
 A router of two processes (Envoy and the endpoint picker it asks) has both
 on that core, and its CPU and RSS are the two's.
 """
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import os
@@ -28,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from importlib.metadata import PackageNotFoundError
 from pathlib import Path
@@ -296,6 +304,27 @@ async def load_new(url: str, concurrency: int, total: int, payloads: list[bytes]
 
 
 LOADS = {"kept": load, "new": load_new}  # one kept-alive connection a client; one a request
+# --client-procs: the processes the clients are spread over, and how many (None: this one)
+CLIENTS: tuple[concurrent.futures.ProcessPoolExecutor, int] | None = None
+
+
+def _load_part(connections: str, url: str, concurrency: int, total: int,
+               payloads: list[bytes]) -> tuple[list[float], int, float]:
+    return asyncio.run(LOADS[connections](url, concurrency, total, payloads))
+
+
+def drive(connections: str, url: str, concurrency: int, total: int,
+          payloads: list[bytes]) -> tuple[list[float], int, float]:
+    """``LOADS[connections]`` from this process, or split evenly over the
+    CLIENTS processes (their TTFTs and failures together, the longest wall)."""
+    if CLIENTS is None:
+        return _load_part(connections, url, concurrency, total, payloads)
+    pool, n = CLIENTS[0], min(CLIENTS[1], concurrency)
+    parts = [pool.submit(_load_part, connections, url, concurrency // n + (k < concurrency % n),
+                         total // n + (k < total % n), payloads) for k in range(n)]
+    results = [f.result() for f in parts]
+    return ([t for r in results for t in r[0]], sum(r[1] for r in results),
+            max(r[2] for r in results))
 
 
 def envoy_missing() -> str | None:
@@ -367,15 +396,15 @@ class Row:
     rss_mb: float
     load1: float  # the machine's 1-minute load average at the measurement
     repeat: int = 0
+    cores: int = 1  # the CPUs the router had (--cores; else the one --router-cpu)
 
 
 def measure(name: str, url: str, proc: Proc | None, fleet: int, concurrency: int, total: int,
             payloads: list[bytes], idle_cpu_s: float, repeat: int,
-            connections: str = "kept") -> Row:
-    load_of = LOADS[connections]
-    asyncio.run(load_of(url, concurrency, 2 * concurrency, payloads))  # warmed up
+            connections: str = "kept", cores: int = 1) -> Row:
+    drive(connections, url, concurrency, 2 * concurrency, payloads)  # warmed up
     cpu0 = cpu_seconds(proc) if proc else 0.0
-    ttfts, failed, wall = asyncio.run(load_of(url, concurrency, total, payloads))
+    ttfts, failed, wall = drive(connections, url, concurrency, total, payloads)
     cpu = (cpu_seconds(proc) - cpu0 - idle_cpu_s * wall) if proc else 0.0
     ms = [1000 * t for t in ttfts]
     p = (pct(ms, 0.5), pct(ms, 0.99), pct(ms, 0.999))
@@ -386,7 +415,7 @@ def measure(name: str, url: str, proc: Proc | None, fleet: int, concurrency: int
                rps=len(ttfts) / wall if wall else 0.0,
                cpu_ms_per_request=1000 * cpu / max(1, len(ttfts)),
                rss_mb=rss_mb(proc) if proc else 0.0, load1=os.getloadavg()[0],
-               repeat=repeat)
+               repeat=repeat, cores=cores)
 
 
 def added(rows: list[Row]) -> list[Row]:
@@ -478,18 +507,40 @@ def plot(rows: list[Row], fleet: int, path: Path, connections: str = "kept") -> 
     save(fig, path)
 
 
+@contextlib.contextmanager
+def started_on(cpus: set[int] | None) -> Iterator[None]:
+    """What this thread starts meanwhile starts on ``cpus`` (a child
+    inherits its parent's mask at fork): a runtime that sizes its thread
+    pool to the CPUs it may use sizes it to the router's."""
+    if cpus is None:
+        yield
+        return
+    mine = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, mine)
+
+
 def run(tmp: Path, names: list[str], fleets: tuple[int, ...], levels: tuple[int, ...],
         total: int, repeats: int, cpus: tuple[set[int], set[int]] | None,
-        connections: str = "kept") -> list[Row]:
+        connections: str = "kept", cores: int = 1,
+        starters: dict[str, Start] | None = None) -> list[Row]:
+    """Each of ``names`` (started by ``starters``, default ROUTERS) in
+    front of the same null backends, measured at ``levels`` clients,
+    ``cores`` recorded as the CPUs each router has."""
     payloads = bodies()
     rows: list[Row] = []
+    starters = starters or ROUTERS
     for fleet in fleets:
         procs = Procs(tmp)
         try:
             backends = start_backends(procs, fleet)
             # a front end alone routes nothing: once, at the first fleet
             here = [n for n in names if fleet == fleets[0] or n not in FRONT_ENDS]
-            routers = {name: ROUTERS[name](procs, backends) for name in here}
+            with started_on(None if cpus is None else cpus[1]):
+                routers = {name: starters[name](procs, backends) for name in here}
             if cpus is not None:
                 pin(backends[0], cpus[0])
                 for proc in routers.values():
@@ -502,18 +553,81 @@ def run(tmp: Path, names: list[str], fleets: tuple[int, ...], levels: tuple[int,
             for repeat in range(repeats):
                 for c in levels if fleet == fleets[0] else (FLEET_CONCURRENCY,):
                     rows.append(measure(DIRECT, backends[0].url, None, fleet, c, total,
-                                        payloads, 0.0, repeat, connections))
+                                        payloads, 0.0, repeat, connections, cores))
                     for name in order(here, repeat):
                         r = measure(name, routers[name].url, routers[name], fleet, c, total,
-                                    payloads, idle[name], repeat, connections)
+                                    payloads, idle[name], repeat, connections, cores)
                         rows.append(r)
-                        print(f"  {fleet:3} endpoints, {c:3} clients, {name:26} TTFT p50 "
+                        print(f"  {cores} cores, {fleet:3} endpoints, {c:3} clients, {name:26} "
+                              f"TTFT p50 "
                               f"{r.ttft_p50_ms:7.3f} p99 {r.ttft_p99_ms:7.2f} ms  "
                               f"{r.rps:6.0f} req/s  {r.cpu_ms_per_request:.3f} ms CPU/req  "
                               f"load {r.load1:.1f}", file=sys.stderr, flush=True)
         finally:
             procs.close()
     return added(rows)
+
+
+CORES_CONCURRENCY = (64, 128, 256, 512)
+CORES_ROUTERS = (OURS, *PEER_ROUTERS)  # ours with a worker a core beside the Rust routers
+
+
+def cores_starters(cores: int) -> dict[str, Start]:
+    """Who runs on ``cores`` CPUs: ours with that many workers, the Rust
+    routers as they are (their pools sized by the CPUs they start on)."""
+    return {OURS: ours_with(workers=cores), **PEER_ROUTERS}
+
+
+def run_cores(tmp: Path, cores: tuple[int, ...], levels: tuple[int, ...], total: int,
+              repeats: int, router_cpus: list[int], client_cpus: set[int],
+              connections: str = "kept") -> list[Row]:
+    """CORES_ROUTERS at 4 null endpoints, each router on the first N of
+    ``router_cpus`` for each N of ``cores``."""
+    return [row for n in cores
+            for row in run(tmp, list(CORES_ROUTERS), (FLEETS[0],), levels, total, repeats,
+                           (client_cpus, set(router_cpus[:n])), connections, n,
+                           cores_starters(n))]
+
+
+def cores_table(rows: list[Row]) -> str:
+    """Each router at each core count and clients: added p50/p99, req/s and
+    their ratios to the best Rust router there (the lowest added p50, the
+    lowest added p99, the most req/s: each its own best)."""
+    lines = []
+    for cores, c in dict.fromkeys((r.cores, r.concurrency) for r in rows):
+        here = [r for r in rows if (r.cores, r.concurrency) == (cores, c) and r.router != DIRECT]
+        rust = [r for r in here if r.router in PEER_ROUTERS]
+        best = (min((r.added_p50_ms for r in rust), default=0.0),
+                min((r.added_p99_ms for r in rust), default=0.0),
+                max((r.rps for r in rust), default=0.0))
+        for r in here:
+            lines.append([r.router, cores, c, f"{r.added_p50_ms:.3f}", f"{r.added_p99_ms:.2f}",
+                          f"{r.rps:.0f}", _over(r.added_p50_ms, best[0]),
+                          _over(r.added_p99_ms, best[1]), _over(r.rps, best[2]),
+                          f"{r.cpu_ms_per_request:.3f}", r.failed])
+    return table(["router", "cores", "clients", "added p50 ms", "added p99 ms", "req/s",
+                  "p50 / best Rust", "p99 / best Rust", "req/s / best Rust",
+                  "router CPU ms/req", "failed"], lines, "lrr" + "r" * 8)
+
+
+def plot_cores(rows: list[Row], path: Path) -> None:
+    """Requests/s and added p99 by cores, a line a router, at the most clients."""
+    plt = pyplot()
+    top = max(r.concurrency for r in rows)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    for ax, field, label in zip(axes, ("rps", "added_p99_ms"),
+                                ("requests/s", "added TTFT p99, ms"), strict=True):
+        for name in dict.fromkeys(r.router for r in rows if r.router != DIRECT):
+            mine = sorted((r for r in rows if r.router == name and r.concurrency == top),
+                          key=lambda r: r.cores)
+            ax.plot([r.cores for r in mine], [getattr(r, field) for r in mine], marker="o",
+                    label=f"{name} (--workers N)" if name == OURS else name)
+        ax.set_xticks(sorted({r.cores for r in rows}))
+        ax.set_xlabel("router cores")
+        ax.set_ylabel(label)
+        ax.set_title(f"{label} at {top} clients, 4 null endpoints")
+    axes[0].legend(fontsize=8)
+    save(fig, path)
 
 
 def instructions(tree: Path, fleet: int, tmp: Path, warm: int = 300,
@@ -650,8 +764,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=count, default=3)
     ap.add_argument("--against", metavar="REV",
                     help="also measure our router as committed at REV (an A/B in one run)")
-    ap.add_argument("--router-cpu", type=cpu, default=1)
-    ap.add_argument("--client-cpu", type=cpu, default=0)
+    ap.add_argument("--router-cpu", type=cpu, nargs="+", default=[1],
+                    help="the routers' CPUs (--cores: the first N of them)")
+    ap.add_argument("--client-cpu", type=cpu, nargs="+", default=[0],
+                    help="the clients' and the null backends' CPUs")
+    ap.add_argument("--cores", type=count, nargs="+", metavar="N",
+                    help=f"instead: {', '.join(CORES_ROUTERS)} on N of --router-cpu for each "
+                         f"N (ours with N workers), {FLEETS[0]} endpoints, default "
+                         f"{CORES_CONCURRENCY} clients (router_overhead_cores.*)")
+    ap.add_argument("--client-procs", type=count, default=1,
+                    help="processes the clients are spread over")
     ap.add_argument("--new-connections", action="store_true",
                     help="each request on a connection of its own (Connection: close), as "
                          "clients without a pool send them (router_overhead_new_connections.*)")
@@ -659,9 +781,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="instead: our router's instructions a request at each of --fleets "
                          "(valgrind callgrind; with --against, that revision's too)")
     args = ap.parse_args(argv)
-    args.routers = args.routers or list(GATEWAY_ROUTERS if args.gateway else STANDALONE)
+    if args.cores and max(args.cores) > len(args.router_cpu):
+        ap.error(f"--cores {max(args.cores)} needs as many --router-cpu, "
+                 f"not {len(args.router_cpu)}")
+    args.routers = args.routers or list(
+        CORES_ROUTERS if args.cores else GATEWAY_ROUTERS if args.gateway else STANDALONE)
     args.concurrency = args.concurrency or list(
-        GATEWAY_CONCURRENCY if args.gateway else CONCURRENCY)
+        CORES_CONCURRENCY if args.cores else GATEWAY_CONCURRENCY if args.gateway
+        else CONCURRENCY)
     args.fleets = args.fleets or ([FLEETS[0]] if args.gateway else list(FLEETS))
     if args.instructions:
         with tempfile.TemporaryDirectory() as tmp:
@@ -681,9 +808,27 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     cpus = None
     if len(os.sched_getaffinity(0)) > 1:
-        cpus = ({args.client_cpu}, {args.router_cpu})
+        cpus = (set(args.client_cpu), set(args.router_cpu))
         os.sched_setaffinity(0, cpus[0])  # this process: the clients
+    global CLIENTS
+    if args.client_procs > 1:  # forked after the pinning: on the clients' CPUs too
+        CLIENTS = (concurrent.futures.ProcessPoolExecutor(args.client_procs), args.client_procs)
     load_before = os.getloadavg()
+    if args.cores:
+        with tempfile.TemporaryDirectory() as tmp:
+            runs = run_cores(Path(tmp), tuple(args.cores), tuple(args.concurrency),
+                             args.requests, args.repeats, args.router_cpu,
+                             set(args.client_cpu) if cpus else set(os.sched_getaffinity(0)))
+        rows = medians(runs, ("router", "cores", "fleet", "concurrency"))
+        write(Path(args.out), "router_overhead_cores", cores_table(rows), {
+            "requests": args.requests, "repeats": args.repeats, "cores": args.cores,
+            "router_cpus": args.router_cpu, "client_cpus": args.client_cpu,
+            "client_procs": args.client_procs, "shared_cpus": cpus is None or bool(
+                cpus[0] & cpus[1]),
+            "load_before": load_before, "load_after": os.getloadavg(), "cpus": os.cpu_count(),
+            "rows": [asdict(r) for r in rows], "runs": [asdict(r) for r in runs]},
+            lambda path: plot_cores(rows, path))
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         if args.against:
             name, start = ours_at(args.against, Path(tmp))
