@@ -4,6 +4,7 @@ by side in one run. Prints a table, writes JSON and a PNG plot.
     python -m bench.router_bench [--quick] [--out bench/results]
     python -m bench.router_bench --sim-cmd 'PATH --port {port} ...'  # another simulator
     python -m bench.router_bench --engine vllm  # two real vLLM servers (bench.engine_bench)
+    python -m bench.router_bench --replicas 1 2 4  # ours active-active behind Envoy (issue 45)
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import asyncio
 import functools
 import math
 import os
+import secrets
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -37,7 +40,9 @@ from bench.replay import (
 )
 from bench.report import medians, pct
 from bench.workloads import AgentSession, TraceRequest, agentic, mooncake, working_set_tokens
+from harness.envoy import start_plain_envoy
 from harness.procs import MODEL, Proc, Procs
+from harness.waiting import wait_for
 from toposerve.localcluster.ports import free_port
 from toposerve.localcluster.results import pyplot, save, write
 from toposerve.localcluster.results import table as md_table
@@ -210,6 +215,57 @@ def ours_with(scorers: list[dict[str, Any]] | None = None, scrape_s: float = SCR
 ours = ours_with()  # the default profile and scrape interval, as shipped
 
 
+def start_redis(procs: Procs) -> str:
+    """A redis-server on a loopback port of its own, with a password (the
+    router refuses an open one), until ``procs`` closes: its URL."""
+    server = shutil.which("redis-server")
+    if server is None:
+        raise RuntimeError("redis-server missing: `make setup` installs it")
+    port, password = free_port(), secrets.token_hex(8)
+    log = procs.tmp / f"redis-{port}.log"
+    p = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                          "--appendonly", "no", "--requirepass", password],
+                         stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    procs.all.append(Proc(f"redis://127.0.0.1:{port}", p, log))
+    url = f"redis://:{password}@127.0.0.1:{port}/0"
+
+    def answers() -> bool:
+        if p.poll() is not None:
+            raise RuntimeError(f"redis-server exited ({p.returncode}): {log.read_text()}")
+        import redis  # the router's own client; only this starter needs it
+
+        try:
+            return bool(redis.Redis.from_url(url).ping())
+        except redis.ConnectionError:
+            return False
+
+    wait_for("redis to answer", answers, interval=0.05)
+    return url
+
+
+def replicas(n: int) -> Start:
+    """``n`` of our routers, active-active (``ha.mode: active-active``)
+    over one Redis, behind Envoy's round robin (harness.envoy, one worker
+    a replica): how routing holds up when no replica sees every request.
+    The replicas ride in ``extra["behind"]`` so their CPU counts."""
+    def start(procs: Procs, sims: list[Proc]) -> Proc:
+        redis_url, group = start_redis(procs), f"bench-{secrets.token_hex(3)}"
+        routers = [procs.router({
+            "scrape": {"intervalSeconds": SCRAPE_S},
+            "responses": {"backend": "redis", "redisUrl": redis_url},
+            "ha": {"enabled": True, "mode": "active-active", "lease": {"name": group}}},
+            endpoints=[s.url for s in sims]) for _ in range(n)]
+        front = start_plain_envoy(procs, [r.url.removeprefix("http://") for r in routers],
+                                  workers=n)
+        front.extra["behind"] = routers
+        return front
+    return start
+
+
+def replica_name(n: int) -> str:
+    return f"{OURS} x{n} active-active, Envoy round robin"
+
+
 def checkout(rev: str, tmp: Path) -> Path:
     """``rev``'s tree (a git archive of it) under ``tmp``, with the import
     root of its code (``import_root``)."""
@@ -355,12 +411,13 @@ def run_one(tmp: Path, name: str, workload: str, payload: Any, seed: int = 0,
                 [sim_with_events(procs, **sim_flags(workload, payload, i)) for i in range(N_SIMS)])
         router = ROUTERS[name](procs, sims)
         time.sleep(0.5)
-        cpu0 = router.cpu_seconds()
+        parts = [router, *router.extra.get("behind", [])]  # a front and the routers behind
+        cpu0 = sum(p.cpu_seconds() for p in parts)
         if workload in CLOSED_LOOP:
             run = asyncio.run(replay_agentic(router.url, payload, SIM["time_scale"]))
         else:
             run = asyncio.run(replay_trace(router.url, payload, 1.0))
-        cpu = router.cpu_seconds() - cpu0
+        cpu = sum(p.cpu_seconds() for p in parts) - cpu0
         counters = [s.counters() for s in sims]
     finally:
         procs.close()
@@ -556,6 +613,29 @@ def plot_seeds(runs: list[Row], path: Path) -> None:
     save(fig, path)
 
 
+def replica_table(rows: list[Row], counts: list[int]) -> str:
+    """Per workload, each active-active replica count against one replica
+    behind the same front: hit rate in points, TTFT p50/p99 as ratios."""
+    lines = []
+    for wl in dict.fromkeys(r.workload for r in rows):
+        by = {r.router: r for r in rows if r.workload == wl}
+        one = by.get(replica_name(min(counts)))
+        for n in counts:
+            r = by.get(replica_name(n))
+            if r is None or one is None:
+                continue
+            lines.append([wl, n, share(r.hit_rate),
+                          f"{100 * (r.hit_rate - one.hit_rate):+.1f}", f"{r.ttft_p50_ms:.0f}",
+                          f"{r.ttft_p99_ms:.0f}", f"{r.ttft_p50_ms / one.ttft_p50_ms:.2f}",
+                          f"{r.ttft_p99_ms / one.ttft_p99_ms:.2f}",
+                          f"{r.cpu_ms_per_request:.2f}", r.failed])
+    base = min(counts)
+    return md_table(["workload", "replicas", "hit rate (simulators' counters)",
+                     f"points over {base}", "TTFT p50 ms", "TTFT p99 ms", f"p50 / {base}",
+                     f"p99 / {base}", "CPU ms/req (Envoy + replicas)", "failed"],
+                    lines, "lr" + "r" * 8)
+
+
 def order(names: list[str], repeat: int) -> list[str]:
     """The routers rotated by one each repeat, so a drift in the shared
     machine's load does not always fall on the same router."""
@@ -641,16 +721,23 @@ def main(argv: list[str] | None = None) -> int:
                     help="skip the idle latency and CPU runs (their columns read nan)")
     ap.add_argument("--against", metavar="REV",
                     help="also run our router as committed at REV (an A/B in one run)")
+    ap.add_argument("--replicas", type=count, nargs="+", metavar="N",
+                    help="instead of the routers (with --routers, beside them): N of ours "
+                         "active-active over one Redis behind Envoy's round robin, for each "
+                         "N; a table against the fewest (issue 45)")
     args = ap.parse_args(argv)
     if args.engine == "vllm":
         return run_engines(args)
-    args.routers = args.routers or list(ROUTERS)
+    replicated = {replica_name(n): replicas(n) for n in args.replicas or ()}
+    ROUTERS.update(replicated)
+    args.routers = args.routers or ([] if replicated else list(ROUTERS))
+    args.routers += [r for r in replicated if r not in args.routers]
     args.workloads = args.workloads or ["agentic", "mooncake"]
     args.sessions = args.sessions or 16
     if args.ablation:
         args.routers += [a for a in ABLATIONS if a not in args.routers]
     ROUTERS.update(ABLATIONS)
-    if err := peers_missing():
+    if any(is_peer(n) for n in args.routers) and (err := peers_missing()):
         print(err, file=sys.stderr)
         return 2
     # the same every repeat, and about 8 s to synthesise: built once
@@ -708,10 +795,12 @@ def main(argv: list[str] | None = None) -> int:
 
     name = args.name or ("router_bench_external" if args.sim_cmd else "router_bench")
     write(Path(args.out), name,
-                 "\n\n".join(t for t in (table(rows, over), floors(rows, models), per_seed(runs))
-                            if t), {
+                 "\n\n".join(t for t in (
+                     replica_table(rows, args.replicas) if args.replicas else "",
+                     table(rows, over), floors(rows, models), per_seed(runs)) if t), {
                      "sim": SIM, "sims": N_SIMS, "repeats": args.repeats,
                      "slow_sim": SLOW_SIM, "kv_pressure": KV_PRESSURE, "sim_cmd": args.sim_cmd,
+                     "replicas": args.replicas,
                      "rows": [asdict(r) for r in rows], "runs": [asdict(r) for r in runs],
                      "overheads": over, "modelled": models}, plots)
     return 0
