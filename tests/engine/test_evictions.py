@@ -56,7 +56,8 @@ def test_evicted_blocks_leave_the_index(procs: Procs, engines: list[VllmServer],
         wait_for("the router to index the first prompt",
                  lambda: held(router, home) >= min(before + blocks, capacity - 1), timeout=30)
         where, share, cached = routed(router, first)
-        assert where == home.hostport and share == 1 and cached > 0, (where, share, cached)
+        assert where == home.hostport and share == pytest.approx(1) and cached > 0, (
+            where, share, cached)
         # more distinct blocks than the cache holds, each prompt a chain of its own:
         # vLLM evicts the least recently used, the first prompt's among them
         flood = [f"[{salt} flood {i}] " + "word " * FLOOD_WORDS
@@ -79,7 +80,7 @@ def test_evicted_blocks_leave_the_index(procs: Procs, engines: list[VllmServer],
         print(f"[engine] {kept} of the first prompt's {blocks} blocks left, as predicted")
         # the last prompt, still cached, goes home and is found there whole
         where, share, cached = routed(router, flood[-1])
-        assert where == home.hostport and share == 1, (where, share)
+        assert where == home.hostport and share == pytest.approx(1), (where, share)
         assert cached >= (last - 1) * BLOCK_SIZE, (cached, last)
         # an emptied cache (vLLM's AllBlocksCleared) leaves nothing of it in the index
         home.reset_cache()
