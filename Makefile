@@ -93,6 +93,9 @@ bench: setup peers
 	$(PY) -m bench.router_overhead
 	$(PY) -m bench.router_overhead --new-connections --fleets 4 --concurrency 1 16 64 128
 	$(PY) -m bench.router_overhead --gateway
+	$(PY) -m bench.router_overhead --cores 1 2
+	$(PY) -m bench.router_bench --replicas 1 2 4 --workloads agentic mooncake --no-overheads \
+		--name router_bench_replicas
 	$(PY) -m bench.router_bench --ablation --repeats 3
 	$(PY) -m bench.router_bench --workloads kv-pressure uneven --repeats 3 --no-overheads \
 		--name router_bench_pressure --routers round-robin toposerve \
