@@ -12,12 +12,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from harness.cluster_claim import claimed
 from harness.procs import Procs
 from toposerve.localcluster.cluster import ClusterSpec, up
 from toposerve.localcluster.clusters import api_client
 from toposerve.localcluster.tools import helm_path
+
+# Property tests check results, not speed (benchmarks measure that): no
+# per-example deadline, which a busy 2-core machine overruns (570 ms
+# against hypothesis' 200 ms default). A test that sets its own keeps it.
+settings.register_profile("toposerve", deadline=None)
+settings.load_profile("toposerve")
 
 # Overridable so that two test runs on one machine do not tear down each other's cluster.
 TEST_CLUSTER = os.environ.get("TOPOSERVE_TEST_CLUSTER", "toposerve-test")
