@@ -257,16 +257,19 @@ def run_one(tmp: Path, servers: list[VllmServer], start: Start, name: str, workl
         router_cpu_ms_per_request=1000 * cpu / max(1, len(run.results))), run.errors()
 
 
-def table(rows: list[EngineRow]) -> str:
+def table(rows: list[EngineRow], per_seed: bool = False) -> str:
+    """The medians over seeds, or (``per_seed``) each run with its seed."""
     return md_table(
-        ["workload", "router", "sessions", "requests", "hit rate (engine counters)",
-         "cached share (usage)", "TTFT p50 ms", "TTFT p99 ms", "engine TTFT mean ms", "req/s",
-         "tokens/s", "max/mean requests", "router CPU ms/req", "failed"],
-        ([r.workload, r.router, r.sessions, r.requests, f"{r.hit_rate:.1%}",
-          f"{r.cached_share:.1%}", f"{r.ttft_p50_ms:.0f}", f"{r.ttft_p99_ms:.0f}",
-          f"{r.engine_ttft_ms:.0f}", f"{r.throughput_rps:.2f}", f"{r.tokens_per_s:.0f}",
-          f"{r.max_over_mean_load:.2f}", f"{r.router_cpu_ms_per_request:.2f}", r.failed]
-         for r in rows), "llrrrrrrrrrrrr")
+        ["workload", "router", *(["seed"] if per_seed else []), "sessions", "requests",
+         "hit rate (engine counters)", "cached share (usage)", "TTFT p50 ms", "TTFT p99 ms",
+         "engine TTFT mean ms", "req/s", "tokens/s", "max/mean requests", "router CPU ms/req",
+         "failed"],
+        ([r.workload, r.router, *([r.seed] if per_seed else []), r.sessions, r.requests,
+          f"{r.hit_rate:.1%}", f"{r.cached_share:.1%}", f"{r.ttft_p50_ms:.0f}",
+          f"{r.ttft_p99_ms:.0f}", f"{r.engine_ttft_ms:.0f}", f"{r.throughput_rps:.2f}",
+          f"{r.tokens_per_s:.0f}", f"{r.max_over_mean_load:.2f}",
+          f"{r.router_cpu_ms_per_request:.2f}", r.failed] for r in rows),
+        "ll" + "r" * (13 if per_seed else 12))
 
 
 def against_peers(runs: list[EngineRow]) -> str:
@@ -375,7 +378,8 @@ def run(args: argparse.Namespace) -> int:
                          for what, n in e.items())])
     write(Path(args.out), args.name or "router_bench_vllm",
           "\n\n".join(t for t in (table(rows), against_peers(runs),
-                                   table(runs) if args.repeats > 1 else "", notes) if t), {
+                                   table(runs, per_seed=True) if args.repeats > 1 else "",
+                                   notes) if t), {
               "engines": N_ENGINES, "model": MODEL, "block_size": BLOCK_SIZE,
               "kv_tokens_each": KV_TOKENS, "kv_pressure": KV_PRESSURE, "scale": SCALE,
               "output_scale": OUTPUT_SCALE, "time_scale": TIME_SCALE, "body": BODY,
