@@ -86,7 +86,7 @@ peers:
 	@grep -qxF '$(PEER_PINS)' $(PEERS)/.installed 2>/dev/null || { \
 		$(PEERS)/bin/pip install --quiet $(PEER_PINS) && echo '$(PEER_PINS)' > $(PEERS)/.installed; }
 
-bench: setup peers
+bench: setup peers engines
 	$(PY) -m pip install --quiet -e '.[dev,bench]' --config-settings editable_mode=strict
 	$(PY) -m bench.http_stack
 	$(PY) -m bench.router_cpu
@@ -96,6 +96,7 @@ bench: setup peers
 	$(PY) -m bench.router_overhead --cores 1 2
 	$(PY) -m bench.router_bench --replicas 1 2 4 --workloads agentic mooncake --no-overheads \
 		--name router_bench_replicas
+	$(PY) -m bench.router_bench --engine vllm --seeds 3
 	$(PY) -m bench.router_bench --ablation --repeats 3
 	$(PY) -m bench.router_bench --workloads kv-pressure uneven --repeats 3 --no-overheads \
 		--name router_bench_pressure --routers round-robin toposerve \
