@@ -899,6 +899,22 @@ class RouterConfig(Section):
                              "active-active: in a hot-standby pair one process leads")
         return self
 
+    @model_validator(mode="after")
+    def _events_read(self) -> RouterConfig:
+        # KV events feed only the precise index: subscribed to under profiles
+        # without prefix-precise they cost a socket a server and route nothing
+        d = self.discovery
+        pods = [p for p in (d.kubernetes, d.inference_pool) if p is not None]
+        fed = any(e.kv_events for e in d.static) or any(
+            p.kv_events_port is not None or p.kv_events_port_name is not None for p in pods)
+        profiles = (self.profile, self.disaggregation.decode)
+        if fed and not any(s.type == "prefix-precise" for p in profiles for s in p.scorers):
+            structlog.get_logger("router.config").warning(
+                "config: the model servers' KV events are configured but no scorer reads "
+                "them: put prefix-precise in profile.scorers (in place of prefix-approx) to "
+                "route by what the engines report cached")
+        return self
+
     _admission_moved = model_validator(mode="before")(staticmethod(_admission_moved))
 
 
