@@ -16,7 +16,6 @@ import math
 import os
 import secrets
 import shlex
-import shutil
 import statistics
 import subprocess
 import sys
@@ -40,9 +39,9 @@ from bench.replay import (
 )
 from bench.report import medians, pct
 from bench.workloads import AgentSession, TraceRequest, agentic, mooncake, working_set_tokens
+from harness import redis_proc
 from harness.envoy import start_plain_envoy
 from harness.procs import MODEL, Proc, Procs
-from harness.waiting import wait_for
 from toposerve.localcluster.ports import free_port
 from toposerve.localcluster.results import pyplot, save, write
 from toposerve.localcluster.results import table as md_table
@@ -218,28 +217,10 @@ ours = ours_with()  # the default profile and scrape interval, as shipped
 def start_redis(procs: Procs) -> str:
     """A redis-server on a loopback port of its own, with a password (the
     router refuses an open one), until ``procs`` closes: its URL."""
-    server = shutil.which("redis-server")
-    if server is None:
-        raise RuntimeError("redis-server missing: `make setup` installs it")
-    port, password = free_port(), secrets.token_hex(8)
+    port = free_port()
     log = procs.tmp / f"redis-{port}.log"
-    p = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                          "--appendonly", "no", "--requirepass", password],
-                         stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    url, p = redis_proc.start(secrets.token_hex(8), port, log=log)
     procs.all.append(Proc(f"redis://127.0.0.1:{port}", p, log))
-    url = f"redis://:{password}@127.0.0.1:{port}/0"
-
-    def answers() -> bool:
-        if p.poll() is not None:
-            raise RuntimeError(f"redis-server exited ({p.returncode}): {log.read_text()}")
-        import redis  # the router's own client; only this starter needs it
-
-        try:
-            return bool(redis.Redis.from_url(url).ping())
-        except redis.ConnectionError:
-            return False
-
-    wait_for("redis to answer", answers, interval=0.05)
     return url
 
 

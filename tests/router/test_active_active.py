@@ -15,12 +15,11 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from urllib.parse import urlsplit
 
 import httpx
 import pytest
-import redis
 
+from harness import redis_proc
 from harness.procs import Proc, Procs
 from harness.waiting import wait_for
 from tests.router.sharing import Load, Running, decisions, peer_inflight, turn
@@ -181,12 +180,6 @@ def restartable_redis(redis_server: tuple[str, subprocess.Popen[bytes]]
             end_process(p, 10)
 
 
-def _answers(url: str) -> bool:
-    try:
-        return bool(redis.Redis.from_url(url).ping())
-    except redis.ConnectionError:
-        return False
-
 
 def test_redis_lost_and_back(procs: Procs, sims: list[Proc],
                              restartable_redis: tuple[str, list[subprocess.Popen[bytes]]]
@@ -207,12 +200,7 @@ def test_redis_lost_and_back(procs: Procs, sims: list[Proc],
     during_b = {s: turn(b.url, s, 0) for s in range(200, 206)}
     assert all(turn(a.url, s, 1) == during_a[s] for s in during_a)  # a's own view holds
     loaded = (_snapshots(a, "loaded"), _snapshots(b, "loaded"))
-    port = urlsplit(url).port
-    servers.append(subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--requirepass", urlsplit(url).password or ""],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-    wait_for("redis back", lambda: _answers(url), interval=0.05)
+    servers.append(redis_proc.start_again(url))
     wait_for("each caught up on the other",
              lambda: _snapshots(a, "loaded") > loaded[0] and _snapshots(b, "loaded") > loaded[1],
              timeout=30)

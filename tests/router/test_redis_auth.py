@@ -18,6 +18,7 @@ import pytest
 import redis
 import yaml
 
+from harness import redis_proc
 from harness.waiting import wait_for
 from toposerve.localcluster.ports import free_port
 from toposerve.localcluster.processes import end_process
@@ -30,25 +31,11 @@ from toposerve.wire.errors import ApiError
 
 @pytest.fixture
 def open_redis(tmp_path: Path) -> Iterator[str]:
-    server = shutil.which("redis-server")
-    assert server, "redis-server missing: `make setup` installs it (hack/install-system-deps.sh)"
-    port = free_port()
-    p = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                          "--appendonly", "no", "--dir", str(tmp_path)],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
-    wait_for("redis to answer", lambda: _answers(url), interval=0.05)
+    url, p = redis_proc.start(workdir=tmp_path)
     try:
         yield url
     finally:
         end_process(p, 10)
-
-
-def _answers(url: str) -> bool:
-    try:
-        return bool(redis.Redis.from_url(url).ping())
-    except redis.ConnectionError:
-        return False
 
 
 def _store(**fields: object) -> ResponsesStoreConfig:

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Callable
-from urllib.parse import urlsplit
 
 import openai
 import pytest
 import redis
 
+from harness import redis_proc
 from harness.procs import MODEL, Procs
-from harness.waiting import wait_for
 from toposerve.localcluster.processes import end_process
 
 
@@ -94,13 +93,8 @@ def test_a_stream_whose_turn_redis_cannot_keep_ends_failed(
     assert last.response.error is not None and last.response.error.code == "server_error"
     assert "Responses store is unavailable" in last.response.error.message
     assert router.counters().get("toposerve_router_responses_unstored_total") == 1.0
-    port = url.rsplit(":", 1)[1].split("/")[0]
-    back = subprocess.Popen(["redis-server", "--port", port, "--bind", "127.0.0.1",
-                             "--save", "", "--appendonly", "no",
-                             "--requirepass", urlsplit(url).password or ""],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    back = redis_proc.start_again(url)
     try:
-        wait_for("redis back", lambda: _answers(url), interval=0.05)
         with pytest.raises(openai.NotFoundError):
             client.responses.retrieve(rid)
         kept = client.responses.create(model=MODEL, input="again", max_output_tokens=2,
@@ -110,10 +104,3 @@ def test_a_stream_whose_turn_redis_cannot_keep_ends_failed(
         assert client.responses.retrieve(done[0].response.id).id == done[0].response.id
     finally:
         end_process(back, 10)
-
-
-def _answers(url: str) -> bool:
-    try:
-        return bool(redis.Redis.from_url(url).ping())
-    except redis.ConnectionError:
-        return False
