@@ -42,7 +42,7 @@ from toposerve.wire.openai import (
     ResponsesRequest,
     TokenizeRequest,
 )
-from toposerve.wire.prompt import chat_prompt, completion_prompt, responses_items
+from toposerve.wire.prompt import completion_prompt, responses_items
 from toposerve.wire.tokens import load_tokenizer
 
 WORDS = (" the", " kv ", " and", " for", " GPU", " one", " two", " ten")
@@ -395,7 +395,8 @@ class SimServer:
             conversation
         # vLLM takes kv_transfer_params on /v1/responses too (since 2026-03)
         remote_decode, remote_prefill, source = self._kv_params(body)
-        job = self._job(chat_prompt(msgs), 1 if remote_decode
+        # through the model's chat template, as vLLM renders Responses input
+        job = self._job(chat_text(self.chat_template, {"messages": msgs})[0], 1 if remote_decode
                         else self._max_tokens(body, "max_output_tokens"), remote_prefill, source)
         rid, item_id = f"resp_{uuid.uuid4().hex}", f"msg_{uuid.uuid4().hex}"
         resp: dict[str, Any] = {
