@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from packaging.requirements import Requirement
@@ -204,41 +204,41 @@ def build_venv() -> Path:
     return venv
 
 
+def _made_once(dest: Path, what: str, made: str, stamp: str,
+               make: Callable[[Path], None]) -> Path:
+    """``dest``, made by ``make`` into a temporary folder beside it that
+    becomes ``dest`` only once whole (its stamp last), or as cached: an
+    interrupted run leaves no half-made ``dest``."""
+    if (dest / STAMP).is_file():
+        say(f"{what}: cached ({dest})")
+        return dest
+    started = time.monotonic()
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    make(tmp)
+    (tmp / STAMP).write_text(stamp + "\n")
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+    say(f"{what}: {made} in {time.monotonic() - started:.0f}s ({dest})")
+    return dest
+
+
 def build_model(venv: Path) -> Path:
     model = model_dir()
-    if (model / STAMP).is_file():
-        say(f"tiny model: cached ({model})")
-        return model
-    started = time.monotonic()
-    tmp = model.with_name(model.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    _run([python(venv), MODEL_SCRIPT, tmp], "making the tiny model", env=VLLM_ENV)
-    (tmp / STAMP).write_text(model.name + "\n")
-    shutil.rmtree(model, ignore_errors=True)
-    tmp.rename(model)
-    say(f"tiny model: made in {time.monotonic() - started:.0f}s ({model})")
-    return model
+    return _made_once(model, "tiny model", "made", model.name, lambda tmp: _run(
+        [python(venv), MODEL_SCRIPT, tmp], "making the tiny model", env=VLLM_ENV))
 
 
 def build_nixl(venv: Path) -> Path:
-    nixl = nixl_dir()
-    if (nixl / STAMP).is_file():
-        say(f"NIXL: cached ({nixl})")
-        return nixl
-    started = time.monotonic()
-    tmp = nixl.with_name(nixl.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    # beside the venv, not in it: its torch and numpy are the venv's own
-    _run([python(venv), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-          "--no-deps", "--target", tmp, *NIXL_PINS], f"installing {' '.join(NIXL_PINS)}")
-    _run([python(venv), "-c", "from nixl._api import nixl_agent, nixl_agent_config; "
-          "nixl_agent('check', nixl_agent_config(backends=['UCX']))"],
-         "starting a NIXL agent with UCX", env={**VLLM_ENV, "PYTHONPATH": str(tmp)})
-    (tmp / STAMP).write_text(" ".join(NIXL_PINS) + "\n")
-    shutil.rmtree(nixl, ignore_errors=True)
-    tmp.rename(nixl)
-    say(f"NIXL: installed in {time.monotonic() - started:.0f}s ({nixl})")
-    return nixl
+    def install(tmp: Path) -> None:
+        # beside the venv, not in it: its torch and numpy are the venv's own
+        _run([python(venv), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+              "--no-deps", "--target", tmp, *NIXL_PINS], f"installing {' '.join(NIXL_PINS)}")
+        _run([python(venv), "-c", "from nixl._api import nixl_agent, nixl_agent_config; "
+              "nixl_agent('check', nixl_agent_config(backends=['UCX']))"],
+             "starting a NIXL agent with UCX", env={**VLLM_ENV, "PYTHONPATH": str(tmp)})
+
+    return _made_once(nixl_dir(), "NIXL", "installed", " ".join(NIXL_PINS), install)
 
 
 def main(argv: list[str] | None = None) -> int:
