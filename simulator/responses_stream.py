@@ -28,7 +28,7 @@ class ResponseEvents:
     def opening(self) -> bytes:
         item = {"type": "message", "id": self.item_id, "status": "in_progress",
                 "role": "assistant", "content": []}
-        part = {"type": "output_text", "text": "", "annotations": []}
+        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
         return b"".join((
             self.event("response.created", response={**self.response, "status": "in_progress"}),
             self.event("response.in_progress",

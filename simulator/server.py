@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 import orjson
 from aiohttp import web
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 
 from toposerve.serving.http import bind, run_app
 from toposerve.simulator.bootstrap import ROUTE, Rooms, pull
@@ -51,6 +51,23 @@ MAX_STORED_RESPONSES = 10_000
 # ran, so the decode server can price the pull by topology tier. A real
 # NixlConnector learns its peer from the NIXL agent's metadata instead.
 PLACE_FIELD = "toposerve_place"
+
+
+class Sampling(BaseModel):
+    """The sampling settings vLLM type-checks on every generation API (a
+    string for a number is a 400), with its defaults, which Responses echo."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _default_for_null(cls, v: Any, info: ValidationInfo) -> Any:
+        return cls.model_fields[str(info.field_name)].default if v is None else v
 
 
 def filler(n: int, offset: int = 0) -> str:
@@ -131,6 +148,7 @@ class SimServer:
             raise ApiError(400, "Request body must be a JSON object")
         try:
             schema.model_validate(body)
+            Sampling.model_validate(body)
         except ValidationError as err:
             raise from_validation(err) from None
         model = body.get("model")
@@ -159,6 +177,12 @@ class SimServer:
         """A generation job, refused as vLLM refuses one that overflows the
         context; ``source`` is where a remote prefill left its KV."""
         tokens = self.tokenizer.encode(prompt)
+        if len(tokens) > self.cfg.max_model_len:  # vLLM names the prompt, not max_tokens
+            raise ApiError(400, f"This model's maximum context length is "
+                                f"{self.cfg.max_model_len} tokens. However, your prompt "
+                                f"contains {len(tokens)} input tokens, which exceeds this "
+                                f"limit even without any output tokens. Please reduce the "
+                                f"length of the input prompt.", "input_tokens")
         if len(tokens) + max_tokens > self.cfg.max_model_len:
             raise ApiError(400, f"This model's maximum context length is "
                                 f"{self.cfg.max_model_len} tokens. However, you requested "
@@ -396,14 +420,21 @@ class SimServer:
         # vLLM takes kv_transfer_params on /v1/responses too (since 2026-03)
         remote_decode, remote_prefill, source = self._kv_params(body)
         # through the model's chat template, as vLLM renders Responses input
-        job = self._job(chat_text(self.chat_template, {"messages": msgs})[0], 1 if remote_decode
-                        else self._max_tokens(body, "max_output_tokens"), remote_prefill, source)
+        max_tokens = 1 if remote_decode else self._max_tokens(body, "max_output_tokens")
+        job = self._job(chat_text(self.chat_template, {"messages": msgs})[0], max_tokens,
+                        remote_prefill, source)
         rid, item_id = f"resp_{uuid.uuid4().hex}", f"msg_{uuid.uuid4().hex}"
         resp: dict[str, Any] = {
             "id": rid, "object": "response", "created_at": int(time.time()),
             "model": body.get("model") or self.cfg.names[0], "status": "completed",
             "output": [], "previous_response_id": prev, "instructions": instructions,
-            "parallel_tool_calls": True, "tools": [], "usage": None}
+            "parallel_tool_calls": True, "tools": [], "usage": None,
+            # the request's settings as vLLM echoes them (its defaults when not given)
+            "background": False, "max_output_tokens": max_tokens,
+            "service_tier": body.get("service_tier") or "auto",
+            **Sampling.model_validate(body).model_dump(),
+            "tool_choice": body.get("tool_choice") or "auto",
+            "truncation": body.get("truncation") or "disabled"}
         if remote_decode:
             resp["kv_transfer_params"] = self._kv_response(job, rid)
 
@@ -414,8 +445,14 @@ class SimServer:
                                    {"type": "output_text", "text": text, "annotations": []}]}]
             resp["usage"] = {"input_tokens": len(job.tokens), "output_tokens": produced,
                              "total_tokens": len(job.tokens) + produced,
-                             "input_tokens_details": {"cached_tokens": job.cached_tokens},
-                             "output_tokens_details": {"reasoning_tokens": 0}}
+                             # vLLM 0.32's details, for one turn without tools
+                             "input_tokens_details": {
+                                 "cached_tokens": job.cached_tokens, "cache_write_tokens": 0,
+                                 "cached_tokens_per_turn": [], "input_tokens_per_turn": []},
+                             "output_tokens_details": {
+                                 "reasoning_tokens": 0, "tool_output_tokens": 0,
+                                 "output_tokens_per_turn": [],
+                                 "tool_output_tokens_per_turn": []}}
             if body.get("store", True):
                 self.responses[rid] = {"response": resp, "conversation": [
                     *conversation, {"role": "assistant", "content": text}]}
@@ -452,8 +489,17 @@ class SimServer:
         data: list[dict[str, Any]] = [
             {"id": n, "object": "model", "created": created, "owned_by": "vllm",
              "root": self.cfg.model, "parent": None, "max_model_len": self.cfg.max_model_len,
-             "permission": []} for n in self.cfg.names]
+             "permission": [self._permission(created)]} for n in self.cfg.names]
         return web.json_response({"object": "list", "data": data})
+
+    @staticmethod
+    def _permission(created: int) -> dict[str, Any]:
+        """vLLM's one permission object per model (OpenAI's legacy shape)."""
+        return {"id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission",
+                "created": created, "allow_create_engine": False, "allow_sampling": True,
+                "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
+                "allow_fine_tuning": False, "organization": "*", "group": None,
+                "is_blocking": False}
 
     async def tokenize(self, request: web.Request) -> web.Response:
         """vLLM's /tokenize: the token ids a generation request with this
