@@ -21,6 +21,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -138,13 +139,17 @@ def killed_mid_stream_and_restarted(procs: Procs, other: VllmServer, victim: Vll
             stream=True, extra_body=FIXED) as streamed:
         assert streamed.headers["x-toposerve-endpoint"] == victim.hostport
         chunks = iter(streamed.parse())
-        for _ in range(3):
-            next(chunks)
+        # killed as soon as the answer has begun: on a quiet machine the tiny
+        # model makes the whole answer within the time a few chunks are read
+        next(chunks)
         victim.kill()  # the whole process group, as a node or OOM kill does
         killed = time.monotonic()
+        after: list[Any] = []
         with pytest.raises(openai.APIError) as err:
-            for _ in chunks:
-                pass
+            after.extend(chunks)
+            # not raised: say whether the answer had ended before the kill
+            ends = [c.choices[0].finish_reason for c in after if c.choices]
+            print(f"[engine] no error: {len(after)} chunks after the kill, ends {ends[-1:]}")
     took = time.monotonic() - killed
     assert took < 10, took
     assert isinstance(err.value.body, dict), err.value.body

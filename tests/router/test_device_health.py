@@ -386,9 +386,12 @@ def test_decode_pairs_with_the_gpus_next_to_the_prefills(
             ep[name] = f"{ip}:{PORT}"
         router = _router(procs, cluster, app, disaggregation={"enabled": True})
         wait_for("3 endpoints", lambda: sum(_healthy(router).values()) == 3, timeout=20)
+        # one conversation (its first KiB shared), so that the decode profile's
+        # spreading of new conversations stays out of it: the first request
+        # is placed by the devices alone, and the rest follow it there
         for i in range(6):
             r = httpx.post(router.url + "/v1/completions", timeout=30, json={
-                "model": MODEL, "prompt": f"chapter {i} " * 100, "max_tokens": 2})
+                "model": MODEL, "prompt": "chapter one " * 100 + f"part {i}", "max_tokens": 2})
             assert r.status_code == 200, r.text
             assert r.headers["x-toposerve-prefill-endpoint"] == ep["p"]
             assert r.headers["x-toposerve-endpoint"] == ep["near"], (
