@@ -5,30 +5,42 @@ engines`, never a skip."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from harness.engines import EngineMissing, installed
+from harness.engines import EngineMissing, installed, nixl_installed
 from harness.vllm import VllmServer, start_many
 
 
-@pytest.fixture(scope="package")
-def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[VllmServer]]:
+@contextlib.contextmanager
+def vllm_pair(logs: Path, nixl: bool = False) -> Iterator[list[VllmServer]]:
+    """Two real vLLM servers logging under ``logs`` (``nixl``: with the
+    NixlConnector, for prefill/decode), stopped after; a missing engine
+    fails the test naming `make engines`."""
     try:
         installed()
+        if nixl:
+            nixl_installed()
     except EngineMissing as err:
         pytest.fail(str(err), pytrace=False)
-    logs = tmp_path_factory.mktemp("vllm")
-    servers = start_many(logs, 2)
-    print(f"[engine] vLLM logs in {logs}", file=sys.stderr)
+    servers = start_many(logs, 2, nixl=nixl)
     try:
         yield servers
     finally:
         for s in servers:
             s.stop()
+
+
+@pytest.fixture(scope="package")
+def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[VllmServer]]:
+    logs = tmp_path_factory.mktemp("vllm")
+    print(f"[engine] vLLM logs in {logs}", file=sys.stderr)
+    with vllm_pair(logs) as servers:
+        yield servers
 
 
 @pytest.fixture

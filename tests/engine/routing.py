@@ -6,6 +6,7 @@ index) from the router's /metrics."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import httpx
 
@@ -13,6 +14,13 @@ from harness.procs import Proc
 from harness.vllm import MODEL, VllmServer
 
 FIXED = {"ignore_eos": True}  # random weights: the end-of-sequence token may come at any step
+
+
+def precise_only(seed: int) -> dict[str, Any]:
+    """A router profile that scores by the engines' KV events alone (the
+    precise index), ties broken by ``seed``."""
+    return {"scorers": [{"type": "prefix-precise", "weight": 1}],
+            "picker": {"type": "max-score", "params": {"seed": seed}}}
 
 
 def chat(url: str, content: str, max_tokens: int = 2) -> httpx.Response:

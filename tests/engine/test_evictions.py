@@ -19,7 +19,7 @@ import pytest
 from harness.procs import Proc, Procs
 from harness.vllm import BLOCK_SIZE, VllmServer, router_config
 from harness.waiting import wait_for
-from tests.engine.routing import complete, held, settled
+from tests.engine.routing import complete, held, precise_only, settled
 
 pytestmark = pytest.mark.engine
 FLOOD_WORDS = 1800  # about as many tokens: 56 full blocks, well within the model's 2048
@@ -39,9 +39,7 @@ def routed(router: Proc, prompt: str) -> tuple[str, float, int]:
 
 def test_evicted_blocks_leave_the_index(procs: Procs, engines: list[VllmServer],
                                         model_dir: Path) -> None:
-    router = procs.router({**router_config(engines, model_dir), "profile": {
-        "scorers": [{"type": "prefix-precise", "weight": 1}],
-        "picker": {"type": "max-score", "params": {"seed": 7}}}})
+    router = procs.router({**router_config(engines, model_dir), "profile": precise_only(7)})
     home = engines[0]
     capacity = int(httpx.get(home.url + "/metrics").text.split(
         'num_gpu_blocks="', 1)[1].split('"', 1)[0])

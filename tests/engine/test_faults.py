@@ -30,7 +30,15 @@ import pytest
 from harness.procs import Procs
 from harness.vllm import BLOCK_SIZE, MAX_MODEL_LEN, MODEL, VllmServer, router_config
 from harness.waiting import wait_for
-from tests.engine.routing import FIXED, chat, endpoint_metric, healthy, held, settled
+from tests.engine.routing import (
+    FIXED,
+    chat,
+    endpoint_metric,
+    healthy,
+    held,
+    precise_only,
+    settled,
+)
 
 pytestmark = pytest.mark.engine
 LONG = MAX_MODEL_LEN - 64  # output tokens of a stream that lasts seconds
@@ -120,9 +128,7 @@ def test_a_server_killed_mid_stream_and_restarted(
 
 def killed_mid_stream_and_restarted(procs: Procs, other: VllmServer, victim: VllmServer,
                                     model_dir: Path) -> None:
-    router = procs.router({**router_config([other, victim], model_dir), "profile": {
-        "scorers": [{"type": "prefix-precise", "weight": 1}],
-        "picker": {"type": "max-score", "params": {"seed": 5}}},
+    router = procs.router({**router_config([other, victim], model_dir), "profile": precise_only(5),
         "scrape": {"intervalSeconds": 0.1}})
     client = openai.OpenAI(base_url=router.url + "/v1", api_key="unused", max_retries=0,
                            timeout=30)

@@ -16,9 +16,9 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from harness.engines import EngineMissing, installed, nixl_installed
 from harness.procs import Proc, Procs
-from harness.vllm import MODEL, VllmServer, router_config, start_many
+from harness.vllm import MODEL, VllmServer, router_config
+from tests.engine.conftest import vllm_pair
 
 pytestmark = pytest.mark.engine
 FIXED = {"ignore_eos": True}
@@ -28,17 +28,8 @@ SOURCE = "vllm:prompt_tokens_by_source_total"  # prompt tokens by where their KV
 @pytest.fixture(scope="module")
 def pd_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[VllmServer]]:
     """A prefill server and a decode server, both with NixlConnector."""
-    try:
-        installed()
-        nixl_installed()
-    except EngineMissing as err:
-        pytest.fail(str(err), pytrace=False)
-    servers = start_many(tmp_path_factory.mktemp("vllm-pd"), 2, nixl=True)
-    try:
+    with vllm_pair(tmp_path_factory.mktemp("vllm-pd"), nixl=True) as servers:
         yield servers
-    finally:
-        for s in servers:
-            s.stop()
 
 
 @pytest.fixture

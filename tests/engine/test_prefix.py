@@ -17,6 +17,7 @@ import pytest
 from harness.procs import Proc, Procs
 from harness.vllm import BLOCK_SIZE, MODEL, VllmServer, router_config
 from harness.waiting import wait_for
+from tests.engine.routing import precise_only
 
 pytestmark = pytest.mark.engine
 CONVERSATIONS = 6
@@ -62,9 +63,7 @@ def settled(router: Proc) -> list[float]:
 
 def test_repeated_conversations_go_where_the_engine_holds_them(
         procs: Procs, engines: list[VllmServer], model_dir: Path) -> None:
-    router = procs.router({**router_config(engines, model_dir), "profile": {
-        "scorers": [{"type": "prefix-precise", "weight": 1}],
-        "picker": {"type": "max-score", "params": {"seed": 7}}}})
+    router = procs.router({**router_config(engines, model_dir), "profile": precise_only(7)})
     salt = uuid.uuid4().hex
     homes = {i: engines[i % 2] for i in range(CONVERSATIONS)}
     # the engines' earlier blocks arrive by replay first: count from there
