@@ -29,7 +29,7 @@ import tokenizers
 
 from bench.replay import Run, Target, replay_agentic
 from bench.report import medians, pct
-from bench.router_bench import PEERS, ROUTERS, SCRAPE_S, Start, order, ours_with
+from bench.router_bench import PEERS, ROUTERS, SCRAPE_S, Start, bars, order, ours_with
 from bench.workloads import AgentSession, AgentTurn, agentic, text_tokens
 from harness.engines import installed
 from harness.procs import Proc, Procs
@@ -42,8 +42,8 @@ from harness.vllm import (
     router_config,
     start_many,
 )
-from toposerve.localcluster.results import pyplot, save, write
 from toposerve.localcluster.results import table as md_table
+from toposerve.localcluster.results import write
 from toposerve.router.config import ProfileConfig
 
 N_ENGINES = 2  # one a core
@@ -296,26 +296,11 @@ def against_peers(runs: list[EngineRow]) -> str:
 
 
 def plot(rows: list[EngineRow], path: Path) -> None:
-    plt = pyplot()
-    workloads = list(dict.fromkeys(r.workload for r in rows))
-    names = list(dict.fromkeys(r.router for r in rows))
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.8))
-    width = 0.8 / len(names)
-    colors = plt.get_cmap("tab10")
-    for ax, (field, label) in zip(axes, (
-            ("hit_rate", "prefix-cache hit rate (engine counters)"),
-            ("ttft_p50_ms", "TTFT p50 (ms)"), ("ttft_p99_ms", "TTFT p99 (ms)")), strict=True):
-        for i, name in enumerate(names):
-            vals = [next((getattr(r, field) for r in rows
-                          if (r.workload, r.router) == (w, name)), 0) for w in workloads]
-            ax.bar([x + i * width for x in range(len(workloads))], vals, width, label=name,
-                   color=colors(i % colors.N))
-        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(workloads))], workloads)
-        ax.set_title(label)
-    handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False)
-    fig.suptitle("routers in front of two real vLLM CPU servers (tiny model), medians over seeds")
-    save(fig, path, rect=(0, 0.12, 1, 1))
+    bars(rows, list(dict.fromkeys(r.workload for r in rows)),
+         [("hit_rate", "prefix-cache hit rate (engine counters)"),
+          ("ttft_p50_ms", "TTFT p50 (ms)"), ("ttft_p99_ms", "TTFT p99 (ms)")],
+         "routers in front of two real vLLM CPU servers (tiny model), medians over seeds",
+         path)
 
 
 def measure(tmp: Path, names: list[str], workloads: list[str], fit: Fit, model: Path,

@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -624,13 +624,13 @@ def order(names: list[str], repeat: int) -> list[str]:
     return names[k:] + names[:k]
 
 
-def plot(rows: list[Row], path: Path) -> None:
+def bars(rows: Sequence[Any], workloads: list[str], metrics: list[tuple[str, str]],
+         title: str, path: Path, hatched: Callable[[str], bool] = lambda _: False) -> None:
+    """A panel a metric (row field, label) of bars by workload, one a
+    router in the rows' order; ``hatched`` routers striped."""
     plt = pyplot()
-    workloads = sorted({r.workload for r in rows})
     names = list(dict.fromkeys(r.router for r in rows))
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
-    metrics = [("ttft_p50_ms", "TTFT p50 (ms)"), ("ttft_p99_ms", "TTFT p99 (ms)"),
-               ("captured", "share of available reuse captured")]
+    fig, axes = plt.subplots(1, len(metrics), figsize=(16, 4.8))
     width = 0.8 / len(names)
     colors = plt.get_cmap("tab20")  # tab10 repeats after ten routers
     for ax, (field, label) in zip(axes, metrics, strict=True):
@@ -638,14 +638,21 @@ def plot(rows: list[Row], path: Path) -> None:
             vals = [next((getattr(r, field) for r in rows
                           if r.workload == w and r.router == name), 0) for w in workloads]
             ax.bar([x + i * width for x in range(len(workloads))], vals, width, label=name,
-                   color=colors(i % colors.N),
-                   hatch="//" if name.startswith("toposerve[") else None)  # ablations
+                   color=colors(i % colors.N), hatch="//" if hatched(name) else None)
         ax.set_xticks([x + 0.4 - width / 2 for x in range(len(workloads))], workloads)
         ax.set_title(label)
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False)
-    fig.suptitle("toposerve router vs peers: same simulators, same workloads, one run")
+    fig.suptitle(title)
     save(fig, path, rect=(0, 0.12, 1, 1))
+
+
+def plot(rows: list[Row], path: Path) -> None:
+    bars(rows, sorted({r.workload for r in rows}),
+         [("ttft_p50_ms", "TTFT p50 (ms)"), ("ttft_p99_ms", "TTFT p99 (ms)"),
+          ("captured", "share of available reuse captured")],
+         "toposerve router vs peers: same simulators, same workloads, one run", path,
+         hatched=lambda name: name.startswith("toposerve["))  # ablations
 
 
 def runnable(workloads: list[str], external: bool, trace: Path) -> list[str]:
