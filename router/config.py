@@ -250,7 +250,9 @@ class ScrapeConfig(Section):
                                           "render and the router a parse")
     health_interval_s: float = Field(default=5.0, alias="healthIntervalSeconds", gt=0,
                                      description="how often /health is read (and the cache "
-                                                 "config with it); every scrape while an "
+                                                 "config and process start time with it: "
+                                                 "a restarted server's cache is empty); "
+                                                 "every scrape while an "
                                                  "endpoint is unhealthy, so it comes back "
                                                  "at once")
     stale_after_s: float = Field(default=3.0, alias="staleAfterSeconds", gt=0,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import gzip
 from collections.abc import Callable, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 
 from toposerve.simulator.config import Dialect, DisaggregationMode, SimConfig
@@ -40,7 +40,12 @@ SGLANG_ENGINE_TYPE = {DisaggregationMode.NULL: "unified", DisaggregationMode.PRE
 
 class SimMetrics:
     def __init__(self, cfg: SimConfig, engine: Engine) -> None:
-        self.registry = r = CollectorRegistry()
+        # described on registering, so name[] finds the process collector's
+        # series too (it describes none itself)
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        # process_start_time_seconds among them, as vLLM's: a router tells a
+        # restarted server by it
+        ProcessCollector(registry=r)
         s = engine.stats
         vllm = cfg.dialect == Dialect.VLLM
         # vLLM: every series by engine index. SGLang: its tokenizer's series

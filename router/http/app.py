@@ -122,6 +122,11 @@ class Router:
         if self.kv is not None and ep.kv_events:
             self.kv.watch(ep.url, ep.kv_events, ep.kv_events_replay)
 
+    def _restarted(self, ep: Endpoint) -> None:
+        # a new engine process holds nothing of what was sent to the old one;
+        # the precise index learns it from the engine's own events
+        self.state.approx.clear(ep.url)
+
     def _forget(self, url: str) -> None:
         self.state.forget_endpoint(url)
         if self.kv is not None:
@@ -162,7 +167,7 @@ class Router:
         sc = self.cfg.scrape
         self._tasks.append(asyncio.create_task(
             scrape_loop(self.session, self.state.pool, sc.interval_s, sc.timeout_s,
-                        sc.health_interval_s)))
+                        sc.health_interval_s, self._restarted)))
         self._tasks.append(asyncio.create_task(self.admission.run(sc.interval_s)))
         self._tasks.append(asyncio.create_task(supervise(Streak("responses-store"),
                                                          self.store.run)))

@@ -182,14 +182,16 @@ class Handlers:
         if not isinstance(up, Upstream):
             return director.proxy.refusal(up)
         ex.endpoint = up.endpoint
+        # an engine's refusal names who refused, as its answers do
+        said = {"X-Request-Id": ex.request_id, "X-Toposerve-Endpoint": up.endpoint.name,
+                **route.headers}
         if up.status != 200:
             return web.Response(status=up.status, body=up.body, content_type=None,
-                                headers={"Content-Type": up.content_type})
+                                headers={**said, "Content-Type": up.content_type})
         resp = turn.whole(up.body, up.endpoint)
         await keep(up.endpoint, resp, output_text(resp))
         return web.Response(body=orjson.dumps(resp), content_type="application/json",
-                            headers={"X-Request-Id": ex.request_id,
-                                     "X-Toposerve-Endpoint": up.endpoint.name, **route.headers})
+                            headers=said)
 
     # --- stored turns ----------------------------------------------------------------
     async def _stored(self, ex: Exchange, route: stored.Route) -> web.StreamResponse:

@@ -72,6 +72,7 @@ class Endpoint:
     scrape_failures: int = 0
     block_size: int | None = None  # from vllm:cache_config_info
     num_gpu_blocks: int | None = None
+    started_at: float | None = None  # its process' start, where /metrics tells it
     # in flight to it from every router process sharing this view: this
     # one's (own_*) plus what the others last reported (peer_*); what the
     # filters, scorers and flow control read

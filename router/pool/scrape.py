@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import aiohttp
 import orjson
@@ -32,12 +32,15 @@ WAITING = {"vllm:num_requests_waiting", "sglang:num_queue_reqs"}
 RUNNING = {"vllm:num_requests_running", "sglang:num_running_reqs"}
 KV_USAGE = {"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage"}
 CACHE_INFO = "vllm:cache_config_info"
+# prometheus_client's process collector (vLLM exposes it): a new value is a
+# new process, whose cache is empty
+START_TIME = "process_start_time_seconds"
 # vLLM and SGLang serve /metrics with prometheus_client, which then renders
 # only the series named in name[]: a fraction of the server's CPU and bytes
 # (a real vLLM exposes hundreds of lines). A server that ignores the query
 # sends everything, which parse_load reads just the same.
 _LOAD_QUERY = [("name[]", n) for n in sorted(WAITING | RUNNING | KV_USAGE)]
-_LOAD_AND_CACHE_QUERY = [*_LOAD_QUERY, ("name[]", CACHE_INFO)]
+_LOAD_AND_CACHE_QUERY = [*_LOAD_QUERY, ("name[]", CACHE_INFO), ("name[]", START_TIME)]
 
 
 def _series(text: str, name: str) -> Iterator[str]:
@@ -85,6 +88,23 @@ def parse_load(text: str, cache_info: bool = True) -> tuple[LoadSample, int | No
             block_size, num_blocks)
 
 
+def started_at(text: str) -> float | None:
+    """The server process' start time, None where it does not expose one."""
+    for rest in _series(text, START_TIME):
+        return _value(rest)
+    return None
+
+
+def restarted(before: float | None, now: float | None, was_out: bool) -> bool:
+    """Whether an endpoint answering again is a new process, its cache
+    empty: its start time changed; where it tells none, it was out of reach
+    (``was_out``) meanwhile, which most often is a restart. The first answer
+    is no restart."""
+    if before is not None and now is not None:
+        return now != before
+    return was_out
+
+
 class BadAnswer(ValueError):
     """An answer of a model server that cannot be read."""
 
@@ -126,20 +146,24 @@ def _failed(ep: Endpoint, err: Exception) -> None:
         log.warning("endpoint unreachable", endpoint=ep.name, error=repr(err))
 
 
+OnRestart = Callable[[Endpoint], None]
+
+
 async def scrape(session: aiohttp.ClientSession, ep: Endpoint, timeout_s: float,
-                 health: bool = True) -> None:
+                 health: bool = True, on_restart: OnRestart | None = None) -> None:
     """Load from /metrics; readiness from /health too when ``health`` (or
     while the endpoint is not healthy, so it comes back at once). An answer
     that cannot be read fails the scrape and is raised, for the scrape
-    loop to count."""
+    loop to count. ``on_restart`` hears of an endpoint whose server is a
+    new process (``restarted``)."""
     try:
-        await _scrape(session, ep, timeout_s, health)
+        await _scrape(session, ep, timeout_s, health, on_restart)
     finally:
         ep.scraped = True
 
 
 async def _scrape(session: aiohttp.ClientSession, ep: Endpoint, timeout_s: float,
-                  health: bool) -> None:
+                  health: bool, on_restart: OnRestart | None) -> None:
     try:
         if health or not ep.healthy:
             async with session.get(f"{ep.url}/health",
@@ -149,8 +173,9 @@ async def _scrape(session: aiohttp.ClientSession, ep: Endpoint, timeout_s: float
                         log.warning("endpoint not ready", endpoint=ep.name, status=r.status)
                     ep.healthy = False
                     return
-        # the cache config is re-read with /health: a server may restart reconfigured
-        cache_info = health or ep.num_gpu_blocks is None
+        # the cache config and start time are re-read with /health and when
+        # the endpoint comes back: a server may restart reconfigured
+        cache_info = health or not ep.healthy or ep.num_gpu_blocks is None
         async with session.get(f"{ep.url}/metrics",
                                params=_LOAD_AND_CACHE_QUERY if cache_info else _LOAD_QUERY,
                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
@@ -160,6 +185,7 @@ async def _scrape(session: aiohttp.ClientSession, ep: Endpoint, timeout_s: float
             text = (await _body(r, "/metrics")).decode("utf-8", "replace")
         try:
             load, bs, nb = parse_load(text, cache_info=cache_info)
+            started = started_at(text) if cache_info else ep.started_at
         except ValueError as err:
             raise BadAnswer(f"/metrics: {err}") from None
     except (aiohttp.ClientError, TimeoutError) as err:
@@ -170,6 +196,14 @@ async def _scrape(session: aiohttp.ClientSession, ep: Endpoint, timeout_s: float
         raise
     ep.load = load
     ep.block_size, ep.num_gpu_blocks = bs or ep.block_size, nb or ep.num_gpu_blocks
+    if cache_info:
+        # out of reach after it had answered (a first start is no restart)
+        was_out = ep.scrape_failures >= UNHEALTHY_AFTER and bool(ep.models)
+        if restarted(ep.started_at, started, was_out):
+            log.info("endpoint restarted", endpoint=ep.name)
+            if on_restart is not None:
+                on_restart(ep)
+        ep.started_at = started
     ep.scrape_failures = 0
     if not ep.models:
         await refresh_models(session, ep, timeout_s)
@@ -193,7 +227,8 @@ async def refresh_models(session: aiohttp.ClientSession, ep: Endpoint, timeout_s
 
 
 async def scrape_loop(session: aiohttp.ClientSession, endpoints: Iterable[Endpoint],
-                      interval_s: float, timeout_s: float, health_interval_s: float) -> None:
+                      interval_s: float, timeout_s: float, health_interval_s: float,
+                      on_restart: OnRestart | None = None) -> None:
     """Scrape every endpoint of ``endpoints`` (re-read each round) forever;
     /health at its own, slower pace (each GET costs the server CPU too).
     An endpoint whose scrape raised is skipped until its backoff is over."""
@@ -203,7 +238,7 @@ async def scrape_loop(session: aiohttp.ClientSession, endpoints: Iterable[Endpoi
         if streaks.backing_off(ep.name):
             return
         try:
-            await scrape(session, ep, timeout_s, health)
+            await scrape(session, ep, timeout_s, health, on_restart)
         except Exception as err:
             streaks.failed(ep.name, err)
         else:

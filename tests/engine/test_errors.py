@@ -59,6 +59,9 @@ def test_the_engines_refusal_comes_through_as_it_is(
     assert (via.status_code, via.headers["content-type"]) == (
         direct.status_code, direct.headers["content-type"])
     assert via.content == direct.content
+    # who refused, and which request: chat, completions and Responses alike
+    assert via.headers["x-toposerve-endpoint"] in {e.hostport for e in engines}
+    assert via.headers["x-request-id"]
 
 
 def test_the_sdk_raises_the_engines_error(router: Proc, engines: list[VllmServer]) -> None:

@@ -28,7 +28,7 @@ from harness.procs import Procs
 from harness.vllm import BLOCK_SIZE, MAX_MODEL_LEN, MAX_NUM_SEQS, MODEL, VllmServer
 from tests.engine.sim_vs_engine import DIFFERENCES, differences, flatten
 from toposerve.localcluster.ports import free_port
-from toposerve.router.pool.scrape import CACHE_INFO, KV_USAGE, RUNNING, WAITING
+from toposerve.router.pool.scrape import CACHE_INFO, KV_USAGE, RUNNING, START_TIME, WAITING
 
 pytestmark = pytest.mark.engine
 FIXED = {"ignore_eos": True}  # random weights: the end-of-sequence token may come at any step
@@ -36,13 +36,13 @@ TEXT = "Simulator and engine, side by side: the quick brown fox jumps over the l
 # a text no other test of the tier sends, so neither server has it cached
 CHAT = [{"role": "user", "content": "chat " + TEXT * 4}]
 # the series the router scrapes, and the ones the tier and benchmarks count
-METRICS = sorted({*WAITING, *RUNNING, *KV_USAGE, CACHE_INFO} - {
+METRICS = sorted({*WAITING, *RUNNING, *KV_USAGE, CACHE_INFO, START_TIME} - {
     "sglang:num_queue_reqs", "sglang:num_running_reqs", "sglang:token_usage",
     "vllm:gpu_cache_usage_perc"} | {
     "vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:prompt_tokens",
     "vllm:generation_tokens", "vllm:request_success", "vllm:time_to_first_token_seconds"})
 ROUTER_QUERY: list[tuple[str, str | int | float | bool | None]] = [
-    ("name[]", n) for n in sorted({*WAITING, *RUNNING, *KV_USAGE, CACHE_INFO})]
+    ("name[]", n) for n in sorted({*WAITING, *RUNNING, *KV_USAGE, CACHE_INFO, START_TIME})]
 # (where, path, body): each sent to both servers in this order; the second
 # of a pair finds the first's prompt cached on both
 REQUESTS: list[tuple[str, str, dict[str, Any]]] = [

@@ -15,7 +15,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.router.pipeline import make_state
 from toposerve.router.config import load_router_config
 from toposerve.router.pool.endpoints import LEARN_MIN_TOKENS, LEARN_RATE, Endpoint, Pool
-from toposerve.router.pool.scrape import KV_USAGE, RUNNING, WAITING, parse_load
+from toposerve.router.pool.scrape import (
+    KV_USAGE,
+    RUNNING,
+    WAITING,
+    parse_load,
+    restarted,
+    started_at,
+)
 from toposerve.router.prefix.index import PrefixIndex
 from toposerve.router.prefix.kv_index import KVIndex
 from toposerve.router.scheduling import registry
@@ -211,6 +218,18 @@ def test_parse_load_vllm_and_sglang() -> None:
     sg = 'sglang:num_queue_reqs{model_name="m"} 4\nsglang:token_usage{model_name="m"} 0.25\n'
     load, bs, nb = parse_load(sg)
     assert (load.waiting, load.kv_usage, bs) == (4, 0.25, None)
+
+
+def test_a_new_start_time_is_a_restart_and_so_is_a_return_where_none_is_told() -> None:
+    text = ("# HELP process_start_time_seconds Start time of the process\n"
+            "process_start_time_seconds 1.79661045621e+09\n")
+    assert started_at(text) == 1.79661045621e+09
+    assert started_at('vllm:num_requests_waiting{engine="0"} 0.0\n') is None
+    assert not restarted(None, 5.0, was_out=False)  # the first answer
+    assert not restarted(5.0, 5.0, was_out=True)  # out of reach, the same process
+    assert restarted(5.0, 6.0, was_out=False)  # restarted between two scrapes
+    assert restarted(None, None, was_out=True)  # tells no start time: out and back
+    assert not restarted(None, None, was_out=False)
 
 
 _LABEL_VALUE = st.text(alphabet='ab }{,=" \\\n', max_size=8)
