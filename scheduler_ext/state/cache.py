@@ -34,7 +34,14 @@ from toposerve.scheduler_ext.placement.model import (
     Source,
     View,
 )
-from toposerve.scheduler_ext.state.demand import Demands, Evaluated, Profile, Request, profile
+from toposerve.scheduler_ext.state.demand import (
+    Demands,
+    Evaluated,
+    Profile,
+    Request,
+    extended_demand,
+    profile,
+)
 from toposerve.scheduler_ext.state.facts import (
     COUNTERS,
     ClaimFacts,
@@ -291,7 +298,7 @@ class ClusterState:
 
     def pod(self, kind: str, obj: dict[str, Any]) -> None:
         with self.lock:
-            self._set_pod(pod_facts(obj, self.dialect, self._extended, self.key), kind == "DELETED")
+            self._set_pod(pod_facts(obj, self.dialect, self.key), kind == "DELETED")
 
     @contextmanager
     def observing(self, obj: dict[str, Any]) -> Iterator[PodFacts]:
@@ -306,7 +313,7 @@ class ClusterState:
             if known is not None:
                 yield known
                 return
-            facts = pod_facts(obj, self.dialect, self._extended, self.key)
+            facts = pod_facts(obj, self.dialect, self.key)
             self._set_pod(facts, False)
             try:
                 yield facts
@@ -435,18 +442,28 @@ class ClusterState:
         """What the pod needs that no allocated claim of it counts yet."""
         allocated = sum(1 for c in p.claims if (p.namespace, c) in self._claims
                         for d in self._claims[(p.namespace, c)].devices if d in self._device)
-        return max(0, self._demand(p) - p.extended - allocated) + p.extended
+        plugin = self._extended_of(p)[0]
+        return max(0, self._demand(p) - plugin - allocated) + plugin
+
+    def _extended_of(self, p: PodFacts) -> tuple[int, tuple[Request, ...]]:
+        """Its extended resources: (from a device plugin, as a claim of a class)."""
+        seen = p.extended_claim is not None and (p.namespace, p.extended_claim) in self._claims
+        return extended_demand(p.resources, self.demands.resources, self._extended,
+                               bound=p.node is not None, by_claim=p.by_claim, claim_seen=seen)
 
     def _evaluated(self, p: PodFacts) -> list[Evaluated]:
-        """What each of the pod's claims and templates asks, where known."""
+        """What each of the pod's claims and templates asks, where known, and
+        its extended resources that a DeviceClass serves, as a claim would."""
         got = [self.demands.evaluate(claim.requests) for c in p.claims
                if (claim := self._claims.get((p.namespace, c))) is not None]
         got += [self.demands.evaluate(self._templates[(p.namespace, t)]) for t in p.templates
                 if (p.namespace, t) in self._templates]
+        if as_claim := self._extended_of(p)[1]:
+            got.append(self.demands.evaluate(as_claim))
         return got
 
     def _demand(self, p: PodFacts) -> int:
-        return p.extended + sum(e.count for e in self._evaluated(p))
+        return self._extended_of(p)[0] + sum(e.count for e in self._evaluated(p))
 
     def demand(self, p: PodFacts) -> int:
         with self.lock:

@@ -17,13 +17,20 @@ of the largest node without a pass over the nodes.
 What cannot be decided (a selector that does not compile, calls a function
 we lack, fails at run time or reads a device's identity; a DeviceClass not
 seen) counts as accelerators when an accelerator driver (or a configured
-class) is named in it, else not; either way the pod's decisions say so."""
+class) is named in it, else not; either way the pod's decisions say so.
+
+A pod may also ask a DeviceClass by an extended resource name in its
+containers' resources (DRAExtendedResource, GA in Kubernetes 1.37): the
+class's ``spec.extendedResourceName`` or its implicit
+``deviceclass.resource.kubernetes.io/<class>``. Until the scheduler has made
+its claim, such a request counts as a claim of that class for that many
+devices (``extended_demand``)."""
 
 from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -67,6 +74,53 @@ def _alternative(spec: dict[str, Any]) -> Alternative:
                        spec.get("allocationMode") == "All", int(spec.get("count") or 1))
 
 
+# a DeviceClass serves pods asking this prefix and its name, whatever else it says
+IMPLICIT_RESOURCE_PREFIX = "deviceclass.resource.kubernetes.io/"
+
+
+def resource_classes(classes: Mapping[str, tuple[str | None, str]]) -> dict[str, str]:
+    """Extended resource name -> the DeviceClass serving it, as the
+    scheduler resolves them, from class name -> (``spec.extendedResourceName``,
+    ``metadata.creationTimestamp``): each class by its implicit name, and by
+    its explicit one; where two classes name one resource, the newer wins,
+    then the lower name (the way a site migrates from one class to another)."""
+    out = {f"{IMPLICIT_RESOURCE_PREFIX}{name}": name for name in classes}
+    # ascending age, names descending within one timestamp: the last write wins
+    ordered = sorted(classes.items(), key=lambda kv: kv[0], reverse=True)
+    ordered.sort(key=lambda kv: kv[1][1])
+    for name, (explicit, _) in ordered:
+        if explicit:
+            out[explicit] = name
+    return out
+
+
+def extended_demand(asked: Sequence[tuple[str, int]], classes: Mapping[str, str],
+                    device_plugin: Collection[str], *, bound: bool, by_claim: Collection[str],
+                    claim_seen: bool) -> tuple[int, tuple[Request, ...]]:
+    """A pod's extended resources (``asked``: name, count) as the extender
+    counts them: (devices a device plugin serves, requests standing for the
+    claim the scheduler makes). A name a DeviceClass serves (``classes``,
+    ``resource_classes``) counts as a claim of that class for that many
+    devices until the pod is bound, or, for a name its claim serves
+    (``by_claim``: the pod's ``status.extendedResourceClaimStatus``), until
+    that claim is seen (then it counts as itself). A bound pod without a
+    claim for a name got it from a device plugin (the scheduler serves a
+    name by DRA only on a node whose allocatable lacks it): counted when
+    configured (``device_plugin``)."""
+    plugin = 0
+    requests: list[Request] = []
+    for name, count in asked:
+        cls = classes.get(name)
+        if name in by_claim:
+            if not claim_seen and cls is not None:
+                requests.append((Alternative(cls, (), False, count),))
+        elif cls is not None and not bound:
+            requests.append((Alternative(cls, (), False, count),))
+        elif name in device_plugin:
+            plugin += count
+    return plugin, tuple(requests)
+
+
 def parse_requests(raw: list[dict[str, Any]]) -> tuple[Request, ...]:
     """A claim's ``spec.devices.requests`` (v1: ``exactly`` or
     ``firstAvailable``; v1beta1: the fields on the request itself)."""
@@ -74,8 +128,10 @@ def parse_requests(raw: list[dict[str, Any]]) -> tuple[Request, ...]:
     for r in raw[:MAX_REQUESTS]:
         if r.get("firstAvailable"):
             out.append(tuple(_alternative(s) for s in r["firstAvailable"][:MAX_SUBREQUESTS]))
-        else:
-            out.append((_alternative(r.get("exactly") or r),))
+        elif not (spec := r.get("exactly") or r).get("adminAccess"):
+            out.append((_alternative(spec),))
+        # admin access (a monitor's claim) takes no device from anyone: the
+        # scheduler gives it devices in use and never counts them as used
     return tuple(out)
 
 
@@ -305,6 +361,9 @@ class Demands:
         # counted as all accelerators while their DeviceClass is not seen
         self.configured = frozenset(classes)
         self.classes: dict[str, tuple[str, ...]] = {}
+        # class -> (its spec.extendedResourceName, creationTimestamp)
+        self._ext_names: dict[str, tuple[str | None, str]] = {}
+        self.resources: dict[str, str] = {}  # extended resource name -> class
         self.profiles: Counter[Profile] = Counter()
         self.generation = 0
         self._env = celpy.Environment()
@@ -320,15 +379,23 @@ class Demands:
 
     def set_class(self, name: str, obj: dict[str, Any] | None) -> None:
         """A DeviceClass seen (``obj``) or gone (``None``)."""
-        sels = None if obj is None else tuple(
-            str((s.get("cel") or {}).get("expression") or "")
-            for s in ((obj.get("spec") or {}).get("selectors") or [])[:MAX_SELECTORS])
-        if self.classes.get(name) != sels:
-            if sels is None:
-                del self.classes[name]
-            else:
-                self.classes[name] = sels
-            self._moved()
+        if obj is None:
+            if name not in self.classes:
+                return
+            del self.classes[name]
+            self._ext_names.pop(name, None)
+        else:
+            spec = obj.get("spec") or {}
+            sels = tuple(str((s.get("cel") or {}).get("expression") or "")
+                         for s in (spec.get("selectors") or [])[:MAX_SELECTORS])
+            named = (spec.get("extendedResourceName") or None,
+                     str((obj.get("metadata") or {}).get("creationTimestamp") or ""))
+            if self.classes.get(name) == sels and self._ext_names.get(name) == named:
+                return
+            self.classes[name] = sels
+            self._ext_names[name] = named
+        self.resources = resource_classes(self._ext_names)
+        self._moved()
 
     def move_profile(self, old: Profile | None, new: Profile | None) -> None:
         """A node's profile went from ``old`` to ``new``."""

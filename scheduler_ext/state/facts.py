@@ -64,7 +64,12 @@ class PodFacts:
     ref: GroupRef | None
     claims: tuple[str, ...]  # names of its ResourceClaims, where known
     templates: tuple[str, ...]  # templates of claims not created yet
-    extended: int  # accelerators as extended resources in container requests
+    # extended resources its containers ask (name, count), whatever serves them
+    resources: tuple[tuple[str, int], ...]
+    # the claim the scheduler made for those a DeviceClass serves (also in
+    # ``claims``), and the names it serves (DRAExtendedResource)
+    extended_claim: str | None
+    by_claim: frozenset[str]
     decision: Decision | None  # from the placement annotation
 
 
@@ -104,7 +109,9 @@ def claim_facts(obj: dict[str, Any]) -> ClaimFacts:
     md = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
-    results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
+    # a result with admin access holds no device: the scheduler counts it as free
+    results = [r for r in ((status.get("allocation") or {}).get("devices") or {}).get(
+        "results") or [] if not r.get("adminAccess")]
     return ClaimFacts(
         (md.get("namespace", "default"), md["name"]),
         parse_requests((spec.get("devices") or {}).get("requests") or []),
@@ -149,8 +156,20 @@ def parse_decision(text: str, dialect: Dialect, key: bytes) -> Decision | None:
         return None  # not ours to trust: decided afresh
 
 
-def pod_facts(obj: dict[str, Any], dialect: Dialect, extended: list[str],
-              key: bytes) -> PodFacts:
+def _extended_resources(containers: list[dict[str, Any]]) -> tuple[tuple[str, int], ...]:
+    """Domain-qualified resources (``nvidia.com/gpu``, a DeviceClass's
+    implicit name) the containers ask, summed by name."""
+    asked: dict[str, int] = {}
+    for c in containers:
+        req = ((c.get("resources") or {}).get("requests") or {}) or \
+            ((c.get("resources") or {}).get("limits") or {})
+        for name, q in req.items():
+            if "/" in name and (n := _int(q)) > 0:
+                asked[name] = asked.get(name, 0) + n
+    return tuple(sorted(asked.items()))
+
+
+def pod_facts(obj: dict[str, Any], dialect: Dialect, key: bytes) -> PodFacts:
     md = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
@@ -165,13 +184,16 @@ def pod_facts(obj: dict[str, Any], dialect: Dialect, extended: list[str],
             claims.append(made[rc.get("name")])
         elif rc.get("resourceClaimTemplateName"):
             templates.append(rc["resourceClaimTemplateName"])
-    ext = 0
-    for c in spec.get("containers") or []:
-        req = ((c.get("resources") or {}).get("requests") or {}) or \
-            ((c.get("resources") or {}).get("limits") or {})
-        ext += sum(_int(req[r]) for r in extended if r in req)
+    # the claim the scheduler made for its extended resources served by DRA
+    ext = status.get("extendedResourceClaimStatus") or {}
+    ext_claim = str(ext.get("resourceClaimName") or "") or None
+    if ext_claim is not None:
+        claims.append(ext_claim)
+    by_claim = frozenset(str(m.get("resourceName")) for m in
+                         ext.get("requestMappings") or [] if m.get("resourceName"))
     note = (md.get("annotations") or {}).get(PLACEMENT_ANNOTATION)
     return PodFacts(md.get("uid", ""), md.get("namespace", "default"), md.get("name", ""),
                     spec.get("nodeName") or None, is_active(obj), identify(obj, dialect),
-                    tuple(claims), tuple(templates), ext,
+                    tuple(claims), tuple(templates),
+                    _extended_resources(spec.get("containers") or []), ext_claim, by_claim,
                     parse_decision(note, dialect, key) if note else None)

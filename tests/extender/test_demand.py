@@ -11,6 +11,7 @@ import orjson
 import pytest
 
 from harness import extender_objects as k
+from toposerve.localcluster.scale import controllers as ctl
 from toposerve.scheduler_ext.config import ExtenderConfig
 from toposerve.scheduler_ext.protocol import ExtenderArgs, decode
 from toposerve.scheduler_ext.server import Extender
@@ -209,3 +210,120 @@ def test_an_undecided_demand_is_said_in_the_filter_reason() -> None:
     (reason,) = reasons  # one wording: the scheduler's event aggregates it
     assert "needs 76 accelerators" in reason
     assert f"(demand: DeviceClass '{GPU}-odd' not seen: counted as 4 of {GPU}" in reason
+
+
+# --- extended resources a DeviceClass serves (DRAExtendedResource) --------------------
+
+def named_class(name: str, resource: str | None, created: str, *exprs: str) -> dict[str, Any]:
+    obj = device_class(name, *(exprs or (f"device.driver == '{GPU}'",)))
+    obj["metadata"]["creationTimestamp"] = created
+    if resource:
+        obj["spec"]["extendedResourceName"] = resource
+    return obj
+
+
+def test_extended_resource_names_resolve_to_classes_as_the_scheduler_does() -> None:
+    got = dm.resource_classes({
+        "old": ("example.com/gpu", "2026-01-01T00:00:00Z"),
+        "new": ("example.com/gpu", "2026-02-01T00:00:00Z"),  # newer: it wins
+        "b": ("example.com/tie", "2026-01-01T00:00:00Z"),
+        "a": ("example.com/tie", "2026-01-01T00:00:00Z"),  # same age: the lower name
+        "plain": (None, "2026-01-01T00:00:00Z")})
+    assert got["example.com/gpu"] == "new" and got["example.com/tie"] == "a"
+    # every class also by its implicit name, named or not
+    assert {n: c for n, c in got.items() if n.startswith(dm.IMPLICIT_RESOURCE_PREFIX)} == {
+        f"{dm.IMPLICIT_RESOURCE_PREFIX}{c}": c for c in ("old", "new", "a", "b", "plain")}
+
+
+def test_extended_demand_counts_a_mapped_name_as_a_claim_until_its_claim_or_a_plugin_serves_it(
+        ) -> None:
+    classes = {"nvidia.com/gpu": "gpus", f"{dm.IMPLICIT_RESOURCE_PREFIX}gpus": "gpus"}
+    asked = (("example.com/fpga", 1), ("nvidia.com/gpu", 2))
+    as_claim = (0, ((dm.Alternative("gpus", (), False, 2),),))
+    plugin = ["nvidia.com/gpu"]
+
+    def split(classes: dict[str, str], plugin: list[str], bound: bool,
+              by_claim: frozenset[str] = frozenset(), seen: bool = False) -> object:
+        return dm.extended_demand(asked, classes, plugin, bound=bound, by_claim=by_claim,
+                                  claim_seen=seen)
+
+    # not yet bound: the class, for the limit's count (whether a plugin or DRA serves
+    # it depends on the node; the accelerators asked are the same)
+    assert split(classes, plugin, False) == as_claim
+    # the scheduler made its claim: as the class until the claim is seen, then as itself
+    served = frozenset({"nvidia.com/gpu"})
+    assert split(classes, plugin, True, served) == as_claim
+    assert split(classes, plugin, True, served, seen=True) == (0, ())
+    # bound without a claim for it: its node's device plugin serves it
+    assert split(classes, plugin, True) == (2, ())
+    # no class, a configured device-plugin name: as before
+    assert split({}, plugin, False) == (2, ())
+    # neither: not an accelerator
+    assert split({}, [], False) == (0, ())
+
+
+def test_a_pod_asking_a_class_by_extended_resource_name_counts_once_on_its_node() -> None:
+    nodes = k.planned(("gb200-nvl72", 1))
+    st = k.cluster_state(nodes, classes=[
+        named_class("ext-gpu", "example.com/gpu", "2026-01-01T00:00:00Z"),
+        named_class("ext-nic", "example.com/nic", "2026-01-01T00:00:00Z",
+                    "device.driver == 'nic.toposerve.io'")])
+    node = nodes[0].name
+    st.snapshot()
+
+    def pod(uid: str, limits: dict[str, str]) -> dict[str, Any]:
+        return ctl.pod(uid, uid=uid, spec={"containers": [
+            {"name": "c", "resources": {"limits": limits}}]})
+
+    p = pod("u1", {"example.com/gpu": "2"})
+    st.pod("ADDED", p)
+    facts = st._pods["u1"]
+    assert st.demand(facts) == 2 and st.demand_notes(facts) == ()
+    # the implicit name asks the same class; another driver's class asks no accelerator
+    st.pod("ADDED", pod("u2", {f"{dm.IMPLICIT_RESOURCE_PREFIX}ext-gpu": "1",
+                               "example.com/nic": "1"}))
+    assert st.demand(st._pods["u2"]) == 1
+    st.pod("DELETED", pod("u2", {}))
+    # bound, the claim made by the scheduler allocated and named in its status
+    p["spec"]["nodeName"] = node
+    p["status"] = {"phase": "Running", "extendedResourceClaimStatus": {
+        "resourceClaimName": "u1-extended-resources-x",
+        "requestMappings": [{"containerName": "c", "resourceName": "example.com/gpu",
+                             "requestName": "container-0-request-0"}]}}
+    st.pod("MODIFIED", p)
+    assert st.snapshot().nodes[node].used == 2  # its claim not seen yet: the class's
+    st.resource_claim("ADDED", {
+        "metadata": {"name": "u1-extended-resources-x", "namespace": "default"},
+        "spec": {"devices": {"requests": [{"name": "container-0-request-0", "exactly": {
+            "deviceClassName": "ext-gpu", "count": 2}}]}},
+        "status": {"allocation": {"devices": {"results": [
+            {"request": "container-0-request-0", "driver": GPU, "pool": node,
+             "device": f"gpu-{i}"} for i in range(2)]}},
+            "reservedFor": [{"resource": "pods", "name": "u1", "uid": "u1"}]}})
+    view = st.snapshot()
+    assert view.nodes[node].used == 2 and st.demand(st._pods["u1"]) == 2  # once, not 4
+    # the class goes: an unbound pod asking its name asks no accelerator it can know of
+    st.device_class("DELETED", {"metadata": {"name": "ext-gpu"}})
+    st.pod("ADDED", pod("u3", {"example.com/gpu": "2"}))
+    assert st.demand(st._pods["u3"]) == 0
+
+
+def test_admin_access_takes_no_accelerator() -> None:
+    """A monitor's claim with adminAccess (DRAAdminAccess) is allocated devices
+    in use and never counts as using them: neither its ask nor its allocation."""
+    nodes = k.planned(("gb200-nvl72", 1))
+    st = k.cluster_state(nodes)
+    node = nodes[0].name
+    st.snapshot()
+    admin = {"name": "r", "exactly": {"deviceClassName": GPU, "allocationMode": "All",
+                                      "adminAccess": True}}
+    assert asked(st, admin) == dm.Evaluated(0)
+    assert asked(st, admin, one(exactly(GPU, 2))) == dm.Evaluated(2)
+    st.resource_claim("ADDED", {
+        "metadata": {"name": "monitor", "namespace": "ops"},
+        "spec": {"devices": {"requests": [admin]}},
+        "status": {"allocation": {"devices": {"results": [
+            {"request": "r", "driver": GPU, "pool": node, "device": f"gpu-{i}",
+             "adminAccess": True} for i in range(4)]}}}})
+    view = st.snapshot()
+    assert view.nodes[node].used == 0 and view.nodes[node].free == 4
