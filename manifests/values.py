@@ -26,6 +26,10 @@ DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # a DeviceClass name is a DNS subdomain
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 HOSTNAME = re.compile(DNS_SUBDOMAIN)
+# an extended resource name: <DNS subdomain>/<qualified name part>, as a pod's
+# resources name it (nvidia.com/gpu); the apiserver also refuses *kubernetes.io/
+EXTENDED_RESOURCE = (r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/"
+                     r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 
 AbsPath = Annotated[str, Field(pattern=r"^/\S*$")]
 Label = Annotated[str, Field(pattern=DNS_LABEL, max_length=63)]
@@ -272,6 +276,28 @@ class DeviceClasses(Section):
                      description="class of every `net.toposerve.io` device")
     rdma_nic: str = Field(default="rdma-nic.toposerve.io", pattern=DNS_SUBDOMAIN,
                           max_length=253, description="NICs whose `rdma` attribute is true")
+    extended_resource_name: str | None = Field(
+        default=None, pattern=EXTENDED_RESOURCE,
+        description="`spec.extendedResourceName` of the GPU class: a pod asking "
+                    "`resources.limits` for this name gets GPUs of this driver through a claim "
+                    "the scheduler makes, on nodes where no device plugin advertises the name "
+                    "(allocatable absent or 0); e.g. `nvidia.com/gpu` once NVIDIA's device "
+                    "plugin is gone. null: only the implicit "
+                    "`deviceclass.resource.kubernetes.io/<gpu>`")
+
+    @field_validator("extended_resource_name")
+    @classmethod
+    def _extended_resource(cls, v: str | None) -> str | None:
+        # the apiserver's rules beyond the pattern: names under kubernetes.io are
+        # Kubernetes' own, and `requests.<domain>` must be a DNS subdomain (quota)
+        if v is None:
+            return v
+        if "kubernetes.io/" in v:
+            raise ValueError(f"{v!r} is in the kubernetes.io domain, which Kubernetes "
+                             "keeps for its own resources: use a domain of yours")
+        if len("requests." + v.split("/", 1)[0]) > 253:
+            raise ValueError(f"the domain of {v!r} is longer than 244 characters")
+        return v
 
 
 def merged(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:

@@ -197,6 +197,21 @@ def test_device_classes() -> None:
     }
 
 
+def test_gpu_class_extended_resource_name() -> None:
+    """Set, the GPU class alone carries it (pods asking resources.limits for
+    it get GPUs through a claim the scheduler makes); unset, no class does."""
+    def specs(*sets: str) -> dict[str, Any]:
+        return {o["metadata"]["name"]: o["spec"] for o in objects(*sets, only=["device-classes"])}
+
+    assert not any("extendedResourceName" in s for s in specs().values())
+    got = specs("deviceClasses.extendedResourceName=nvidia.com/gpu",
+                "deviceClasses.gpu=accel.example.test")
+    assert got["accel.example.test"]["extendedResourceName"] == "nvidia.com/gpu"
+    assert got["accel.example.test"]["selectors"] == [
+        {"cel": {"expression": "device.driver == 'gpu.toposerve.io'"}}]
+    assert [n for n, s in got.items() if "extendedResourceName" in s] == ["accel.example.test"]
+
+
 def _scheduler_config(*sets: str) -> dict[str, Any]:
     cm = one(objects(*sets, only=["scheduler"]), "ConfigMap", "toposerve-scheduler")
     cfg: dict[str, Any] = yaml.safe_load(cm["data"]["config.yaml"])

@@ -107,6 +107,11 @@ def test_ipv6_api_server_url() -> None:
      "extender.config.placement.promiseTTLSecond: Extra inputs are not permitted (unknown "
      "field: did you mean promiseTTLSeconds?)"),
     (["router.config.kind=ExtenderConfig"], "router.config.kind: Input should be 'RouterConfig'"),
+    (["deviceClasses.extendedResourceName=gpu"],
+     "deviceClasses.extendedResourceName: String should match pattern"),
+    (["deviceClasses.extendedResourceName=example.kubernetes.io/gpu"],
+     "deviceClasses.extendedResourceName: Value error, 'example.kubernetes.io/gpu' is in the "
+     "kubernetes.io domain"),
 ])
 def test_bad_values_name_the_field(sets: list[str], message: str) -> None:
     with pytest.raises(ConfigError) as err:
