@@ -144,6 +144,9 @@ class EngineRow:
     ttft_p50_ms: float
     ttft_p99_ms: float
     engine_ttft_ms: float  # the engines' own mean TTFT (their histogram)
+    # the clients' mean TTFT minus the engines': the router, the network and
+    # the engines' HTTP front ends
+    outside_engine_ms: float
     throughput_rps: float
     tokens_per_s: float  # generated
     max_over_mean_load: float  # requests each engine served
@@ -243,14 +246,16 @@ def run_one(tmp: Path, servers: list[VllmServer], start: Start, name: str, workl
     served = [x["vllm:request_success_total"] for x in d]
     prompt = sum(r.prompt_tokens for r in ok)
     queries = total("vllm:prefix_cache_queries_total")
+    engine_ttft = 1000 * total("vllm:time_to_first_token_seconds_sum") / max(
+        1.0, total("vllm:time_to_first_token_seconds_count"))
     return EngineRow(
         workload=workload, router=name, seed=seed, sessions=len(payload),
         requests=len(run.results), failed=len(run.results) - len(ok),
         hit_rate=total("vllm:prefix_cache_hits_total") / queries if queries else 0.0,
         cached_share=sum(r.cached_tokens for r in ok) / prompt if prompt else 0.0,
         ttft_p50_ms=pct(ttfts, 0.5), ttft_p99_ms=pct(ttfts, 0.99),
-        engine_ttft_ms=1000 * total("vllm:time_to_first_token_seconds_sum")
-        / max(1.0, total("vllm:time_to_first_token_seconds_count")),
+        engine_ttft_ms=engine_ttft,
+        outside_engine_ms=(statistics.mean(ttfts) if ttfts else 0.0) - engine_ttft,
         throughput_rps=len(ok) / run.wall_s,
         tokens_per_s=sum(r.completion_tokens for r in ok) / run.wall_s,
         max_over_mean_load=max(served) / statistics.mean(served) if any(served) else 0.0,
@@ -262,14 +267,15 @@ def table(rows: list[EngineRow], per_seed: bool = False) -> str:
     return md_table(
         ["workload", "router", *(["seed"] if per_seed else []), "sessions", "requests",
          "hit rate (engine counters)", "cached share (usage)", "TTFT p50 ms", "TTFT p99 ms",
-         "engine TTFT mean ms", "req/s", "tokens/s", "max/mean requests", "router CPU ms/req",
+         "engine TTFT mean ms", "TTFT outside engine ms", "req/s", "tokens/s", "max/mean requests", "router CPU ms/req",
          "failed"],
         ([r.workload, r.router, *([r.seed] if per_seed else []), r.sessions, r.requests,
           f"{r.hit_rate:.1%}", f"{r.cached_share:.1%}", f"{r.ttft_p50_ms:.0f}",
-          f"{r.ttft_p99_ms:.0f}", f"{r.engine_ttft_ms:.0f}", f"{r.throughput_rps:.2f}",
+          f"{r.ttft_p99_ms:.0f}", f"{r.engine_ttft_ms:.0f}", f"{r.outside_engine_ms:.0f}",
+          f"{r.throughput_rps:.2f}",
           f"{r.tokens_per_s:.0f}", f"{r.max_over_mean_load:.2f}",
           f"{r.router_cpu_ms_per_request:.2f}", r.failed] for r in rows),
-        "ll" + "r" * (13 if per_seed else 12))
+        "ll" + "r" * (14 if per_seed else 13))
 
 
 def against_peers(runs: list[EngineRow]) -> str:

@@ -96,7 +96,8 @@ def test_a_router_or_workload_the_mode_lacks_is_one_line(
 def _row(router: str, seed: int, hit: float, p50: float, p99: float) -> EngineRow:
     return EngineRow(workload="agentic", router=router, seed=seed, sessions=8, requests=10,
                      failed=0, hit_rate=hit, cached_share=hit, ttft_p50_ms=p50,
-                     ttft_p99_ms=p99, engine_ttft_ms=1.0, throughput_rps=1.0, tokens_per_s=1.0,
+                     ttft_p99_ms=p99, engine_ttft_ms=1.0, outside_engine_ms=1.0,
+                     throughput_rps=1.0, tokens_per_s=1.0,
                      max_over_mean_load=1.0, router_cpu_ms_per_request=1.0)
 
 
