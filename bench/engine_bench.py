@@ -267,8 +267,8 @@ def table(rows: list[EngineRow], per_seed: bool = False) -> str:
     return md_table(
         ["workload", "router", *(["seed"] if per_seed else []), "sessions", "requests",
          "hit rate (engine counters)", "cached share (usage)", "TTFT p50 ms", "TTFT p99 ms",
-         "engine TTFT mean ms", "TTFT outside engine ms", "req/s", "tokens/s", "max/mean requests", "router CPU ms/req",
-         "failed"],
+         "engine TTFT mean ms", "TTFT outside engine ms", "req/s", "tokens/s",
+         "max/mean requests", "router CPU ms/req", "failed"],
         ([r.workload, r.router, *([r.seed] if per_seed else []), r.sessions, r.requests,
           f"{r.hit_rate:.1%}", f"{r.cached_share:.1%}", f"{r.ttft_p50_ms:.0f}",
           f"{r.ttft_p99_ms:.0f}", f"{r.engine_ttft_ms:.0f}", f"{r.outside_engine_ms:.0f}",
