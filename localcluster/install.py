@@ -594,10 +594,16 @@ def install_status(api: Any, namespaces: Sequence[str] = (DEFAULT_NAMESPACE, "to
 
 
 def _router_port(rest: JsonApi, namespace: str) -> int | None:
-    """The leading replica's port on the host network; else the Service's."""
-    leaders = rest.request("GET", f"/api/v1/namespaces/{namespace}/pods", [(
-        "labelSelector", f"{COMPONENT_LABEL}=router,{ROLE_LABEL}=leader")]).get("items") or []
-    for p in leaders:
+    """A serving replica's port on the host network (a hot-standby pair's
+    leader; active-active, any running one); else the Service's."""
+    pods = rest.request("GET", f"/api/v1/namespaces/{namespace}/pods", [(
+        "labelSelector", f"{COMPONENT_LABEL}=router")]).get("items") or []
+    serving = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"
+               and not p["metadata"].get("deletionTimestamp")
+               and (p["metadata"].get("labels") or {}).get(ROLE_LABEL) in (None, "leader")]
+    # the leader first: a pair's standby is unlabelled until it has a role
+    serving.sort(key=lambda p: (p["metadata"].get("labels") or {}).get(ROLE_LABEL) != "leader")
+    for p in serving:
         if (p.get("spec") or {}).get("hostNetwork"):
             return int(p["spec"]["containers"][0]["ports"][0]["containerPort"])
     for s in rest.request("GET", f"/api/v1/namespaces/{namespace}/services").get("items") or []:

@@ -469,14 +469,16 @@ def _model_servers() -> RouterConfig:
 
 
 class Router(Placement):
-    """The OpenAI-compatible router (`toposerve router`): a hot-standby
-    Deployment (the replicas elect a leader on a Lease; the leader labels
-    its pod `toposerve.io/router-role: leader`, which the Service selects),
-    or with `config.ha.mode: active-active` one whose every replica serves
-    behind the Service (no Lease; docs/router-ha.md); its Service,
-    ConfigMap, RBAC, PodDisruptionBudget, the API-key Secret and Redis. In
-    `endpoint-picker` mode the same pair answers a Gateway's
-    external-processing calls instead (docs/gateway.md)."""
+    """The OpenAI-compatible router (`toposerve router`): a Deployment whose
+    every replica serves behind the Service (active-active: no Lease, the
+    replicas share their view over the install's Redis; docs/router-ha.md),
+    or with `config.ha.mode: hot-standby` a pair that elects a leader on a
+    Lease (the leader labels its pod `toposerve.io/router-role: leader`,
+    which the Service selects); its Service, ConfigMap, RBAC,
+    PodDisruptionBudget, the API-key Secret and Redis. In `endpoint-picker`
+    mode the same replicas answer a Gateway's external-processing calls
+    instead (docs/gateway.md), a hot-standby pair unless the config says
+    otherwise."""
 
     enabled: bool = Field(default=True, description="render this component")
     resources: Resources = sized("250m", "256Mi", "2Gi")
@@ -493,8 +495,8 @@ class Router(Placement):
                     "servers; endpoint-picker: it is a Gateway's endpoint picker "
                     "(`toposerve router --mode endpoint-picker`), the Service exposing its "
                     "gRPC port (docs/gateway.md)")
-    replicas: int = Field(default=2, ge=1, description="router pods (hot-standby: one leads; "
-                                                          "active-active: all serve; 1: alone)")
+    replicas: int = Field(default=2, ge=1, description="router pods (active-active: all serve; "
+                                                          "hot-standby: one leads; 1: alone)")
     port: int = Field(default=8080, ge=1, le=65535,
                       description="HTTP port (pod and Service); in endpoint-picker mode it "
                                   "serves only /health, /ready and /metrics")
@@ -612,8 +614,8 @@ class Monitoring(Section):
     service_monitor: Scrape = Field(
         default_factory=Scrape,
         description="ServiceMonitors of the router (every replica, through a headless Service "
-                    "of its own: the router's Service reaches the leader only) and the "
-                    "extender")
+                    "of its own: a hot-standby pair's Service reaches the leader only) and "
+                    "the extender")
     pod_monitor: Scrape = Field(
         default_factory=Scrape,
         description="a PodMonitor of the GPU driver's DaemonSet; needs `gpuDriver.httpPort` "

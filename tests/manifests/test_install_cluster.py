@@ -76,7 +76,11 @@ def install(cluster: Cluster) -> Iterator[Install]:
                                 f"namespace={tag}", f"router.namespace={tag}",
                                 f"namePrefix={tag}",
                                 "admissionPolicy.includeNetDriver=true",
-                                "netDriver.enabled=true"])
+                                "netDriver.enabled=true",
+                                # the pair that labels its pods, which the
+                                # pod-writes policy is for (active-active,
+                                # the default, may write no pod at all)
+                                "router.config.ha.mode=hot-standby"])
     objects = render_objects(values)
     dyn: Any = DynamicClient(cluster.api)  # type: ignore[no-untyped-call]
     applied = [o for o in objects if o["kind"] in APPLIED

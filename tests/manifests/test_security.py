@@ -101,9 +101,12 @@ def _pod_rules(objs: list[Obj], kind: str) -> list[dict[str, Any]]:
             if "pods" in r["resources"] and "patch" in r["verbs"]]
 
 
-def test_router_patches_pods_only_as_a_ha_pair() -> None:
-    assert _pod_rules(objects(only=["router"]), "Role") == [
+def test_router_patches_pods_only_as_a_hot_standby_pair() -> None:
+    assert _pod_rules(objects("router.config.ha.mode=hot-standby", only=["router"]),
+                      "Role") == [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]}]
+    # active-active (the default) labels no pod; nor does a lone replica
+    assert _pod_rules(objects(only=["router"]), "Role") == []
     assert _pod_rules(objects("router.replicas=1", only=["router"]), "Role") == []
 
 

@@ -196,6 +196,32 @@ def router_pair(core: Any, namespace: str, timeout: float = 60) -> dict[str, Any
         raise AssertionError(f"{err}: {'; '.join(said) or 'no router pod running'}") from None
 
 
+REPLICA_LABEL = "toposerve.io/router-replica"  # on each replica's pod (one Deployment each)
+
+
+def router_replicas(core: Any, namespace: str, count: int = 2, timeout: float = 60
+                    ) -> dict[str, Any]:
+    """The running router pods by replica, once there are ``count`` (an
+    active-active install: every one serves); else an AssertionError with
+    what is there."""
+    def running() -> dict[str, Any]:
+        pods = [p for p in core.list_namespaced_pod(
+            namespace, label_selector="app.kubernetes.io/component=router").items
+            if p.metadata.deletion_timestamp is None and p.status.phase == "Running"]
+        by = {str((p.metadata.labels or {}).get(REPLICA_LABEL)): p for p in pods}
+        return by if len(pods) == len(by) == count else {}
+
+    try:
+        got: dict[str, Any] = wait_for(f"{count} running router pods", running,
+                                       timeout=timeout)
+        return got
+    except AssertionError as err:
+        pods = core.list_namespaced_pod(
+            namespace, label_selector="app.kubernetes.io/component=router").items
+        raise AssertionError(f"{err}: " + "; ".join(
+            f"{p.metadata.name} {p.status.phase}" for p in pods) or "none") from None
+
+
 def host_url(pod: Any, port: int = 0) -> str:
     """The address of a host-network pod's ``port``-th container port."""
     assert pod.spec.host_network

@@ -22,10 +22,13 @@ passwordSecret: {{ $r.redis.passwordSecret | default (include "toposerve.name" (
 {{- end }}
 keysSecret: {{ $r.apiKeys.secretName | default (include "toposerve.name" (dict "root" . "suffix" "router-keys")) | quote }}
 picker: {{ eq $r.mode "endpoint-picker" }}
-{{- /* a hot-standby pair: a Lease, and the Service selects the leader by its
-pod's label; else (one replica, or router.config.ha.mode: active-active)
-every warm replica serves */}}
-leaderOnly: {{ and (gt (int $r.replicas) 1) (ne (dig "ha" "mode" "hot-standby" ($r.config | default dict)) "active-active") }}
+{{- /* every warm replica serves (active-active, the standalone router's
+default); a Gateway's endpoint pickers stay a hot-standby pair unless the
+config says otherwise: a Lease, and the Service selects the leader by its
+pod's label */}}
+{{- $haMode := dig "ha" "mode" (ternary "hot-standby" "active-active" (eq $r.mode "endpoint-picker")) ($r.config | default dict) }}
+haMode: {{ $haMode }}
+leaderOnly: {{ and (gt (int $r.replicas) 1) (eq $haMode "hot-standby") }}
 {{- if $r.inferencePool.create }}
 poolName: {{ $r.inferencePool.name | default (include "toposerve.name" (dict "root" . "suffix" "pool")) | quote }}
 {{- end }}
@@ -100,6 +103,7 @@ creates, if it does. Called with (dict "root" $ "replica" i).
 {{- $_ := set $lease "namespace" $f.namespace -}}
 {{- if $kubeconfig -}}{{- $_ := set $lease "kubeconfig" $kubeconfig -}}{{- end -}}
 {{- $_ := set $ha "enabled" (gt (int $r.replicas) 1) -}}
+{{- $_ := set $ha "mode" $f.haMode -}}
 {{- $_ := set $ha "shutdownDelaySeconds" $r.shutdownDelaySeconds -}}
 {{- $_ := set $ha "lease" $lease -}}
 {{- $_ := set $doc "ha" $ha -}}
