@@ -5,7 +5,7 @@
 2. three model-server pods (kwok), simulated vLLM on their IPs; then the
    stack installed from its manifests on the real node: the images of
    ``make image`` imported, the GPU driver's DaemonSet, the extender, the
-   second kube-scheduler, the router pair and its Redis, the DeviceClasses
+   second kube-scheduler, the router replicas and their Redis, the DeviceClasses
    (localcluster/install.py);
 3. ``toposerve driver simulate`` publishing every kwok node's GPU and NIC
    slices, and a GPU+NIC claim on one PCIe root allocated by kube-scheduler
@@ -57,7 +57,7 @@ from toposerve.manifests.render import router_namespace, system_namespace
 
 NAME = "demo"
 OUT = Path(tempfile.gettempdir()) / "toposerve-demo"
-ROUTER_WHERE = "the installed router pair, leader's pod on the real node"
+ROUTER_WHERE = "the installed router, its replicas on the real node"
 
 
 def say(msg: str) -> None:
@@ -84,10 +84,10 @@ def _cannot_run() -> str | None:
 
 
 def _show_install(installed: Installed) -> str:
-    """The installed components and their pods; the router leader's URL."""
+    """The installed components and their pods; a router replica's URL."""
     v = installed.values
     namespaces = sorted({system_namespace(v), router_namespace(v)})
-    st = wait_until("the router's leader", lambda: (
+    st = wait_until("a router replica", lambda: (
         s if "routerURL" in (s := install_status(api_client(NAME), namespaces)) else None),
         timeout=60)
     for c in st["components"]:
