@@ -74,7 +74,8 @@ def _gpu(args: argparse.Namespace) -> int:
     opts = GpuDriverOptions(**common, health_interval_s=args.health_interval,
                             nvml=not args.no_nvml, nvml_library=args.nvml_library,
                             nvidia_driver_root=args.nvidia_driver_root,
-                            allow_shared_with_nvidia=args.allow_shared_with_nvidia)
+                            allow_shared_with_nvidia=args.allow_shared_with_nvidia,
+                            memory_shares=args.memory_shares)
     return _serve(GpuDriver(_api(args.kubeconfig), opts), args)
 
 
@@ -255,6 +256,10 @@ def register(sub: Any) -> None:
     n.add_argument("--handoff-socket", type=Path,
                    default=Path("/var/lib/kubelet/plugins/net.toposerve.io/handoff.sock"),
                    help="serve the CNI plugin's calls here, its serverSocket "
+    g.add_argument("--memory-shares", action="store_true",
+                   help="publish whole GPUs shareable by memory (DRAConsumableCapacity): "
+                        "claims asking capacity.requests.memory share a GPU, a claim asking "
+                        "none takes all of it; no partitions are published")
                         "(default %(default)s)")
     n.add_argument("--no-handoff-server", action="store_true",
                    help="serve no hand-off socket (the CNI plugin then starts only pods "

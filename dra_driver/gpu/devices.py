@@ -22,6 +22,14 @@ versions, its MIG profiles as the partitions (instead of the catalog's)
 and, once its NVLink fabric is up, ``nvlinkDomain`` = ``<cluster
 UUID>.<clique id>`` from the hardware (over the node's label). Sysfs still
 gives every GPU's place (PCIe root, switch, NUMA node).
+
+With ``memory_shares`` (DRAConsumableCapacity), whole GPUs are published
+shareable: ``allowMultipleAllocations`` and their ``memory`` capacity with a
+request policy (``memory_share_policy``), so claims asking
+``capacity.requests.memory`` share one GPU within its memory. Such GPUs
+carry no partitions: a share-holding GPU would hold every counter of its
+set anyway, and the partitions' ``multiprocessors`` capacity, having no
+policy, would be consumed whole by each share.
 """
 
 from __future__ import annotations
@@ -60,6 +68,10 @@ DEFAULT_CUDA_DRIVER_VERSION = "12.8"
 # filters (each device and counter is converted and checked per node per
 # pod), so nodes that never serve partitions should not carry them.
 PARTITIONS_LABEL = "gpu.toposerve.io/partitions"
+# Memory shares are whole multiples of this (requests are rounded up to it):
+# model weights and KV budgets are sized in GiB, and a coarse step keeps the
+# leftover of a GPU usable by another share instead of a few MiB of slack.
+SHARE_STEP = 2**30
 # A stable namespace for the UUIDs of simulated GPUs (no NVML to ask).
 _UUIDS = uuid.UUID("5f0c2a8e-1c0b-4f59-9d57-2f7a8f3d6b10")
 
@@ -175,6 +187,27 @@ def _partitions(index: int, whole: dict[str, Any], layout: PartitionLayout,
     return out
 
 
+def memory_share_policy(memory_bytes: int) -> dict[str, Any] | None:
+    """The ``requestPolicy`` of a shareable GPU's memory: shares of
+    ``SHARE_STEP`` multiples, at least one step; a claim that asks no memory
+    gets the most the steps allow (all of it but under a step), so a plain
+    whole-GPU claim keeps the GPU to itself. None: too small to share."""
+    steps = memory_bytes // SHARE_STEP
+    if steps < 2:  # the apiserver refuses a policy whose min plus one step passes the value
+        return None
+    step = format_bytes(SHARE_STEP)
+    return {"default": format_bytes(steps * SHARE_STEP),
+            "validRange": {"min": step, "step": step}}
+
+
+def _shareable(entry: dict[str, Any], memory_bytes: int | None) -> None:
+    """Make the whole GPU ``entry`` shareable by memory, if it can be."""
+    policy = memory_share_policy(memory_bytes) if memory_bytes is not None else None
+    if policy is not None:
+        entry["allowMultipleAllocations"] = True
+        entry["capacity"]["memory"] = {**entry["capacity"]["memory"], "requestPolicy": policy}
+
+
 def partitions_wanted(labels: Mapping[str, str]) -> bool:
     """Whether a node with these labels publishes its GPUs' partitions."""
     return labels.get(PARTITIONS_LABEL, "on") != "off"
@@ -183,10 +216,11 @@ def partitions_wanted(labels: Mapping[str, str]) -> bool:
 def gpu_pool(node: NodeTopology, *, driver_version: str = DEFAULT_DRIVER_VERSION,
              cuda_driver_version: str = DEFAULT_CUDA_DRIVER_VERSION, node_uid: str = "",
              partitions: bool = True, nvml: NvmlNode | None = None,
-             withheld: frozenset[str] = frozenset()) -> Pool:
+             withheld: frozenset[str] = frozenset(), memory_shares: bool = False) -> Pool:
     """The node's GPUs (and, with ``partitions``, their partitions) as one
     pool named for the node; NVML's facts where it reports the GPU; GPUs
-    whose PCI bus id is in ``withheld`` are left out."""
+    whose PCI bus id is in ``withheld`` are left out. ``memory_shares``:
+    whole GPUs shareable by memory, without partitions."""
     places = sorted((p for p in node.hardware.places()
                      if p.device.kind == DeviceKind.GPU and p.device.pci_bus_id not in withheld),
                     key=_index)
@@ -212,7 +246,7 @@ def gpu_pool(node: NodeTopology, *, driver_version: str = DEFAULT_DRIVER_VERSION
             memory_bytes = g.memory_bytes
             entry.setdefault("capacity", {})["memory"] = quantity(format_bytes(memory_bytes))
             layout = nvml_layout(g)
-        if not partitions:
+        if not partitions or memory_shares:
             layout = None
         if layout is not None and memory_bytes is not None:
             memory = format_bytes(memory_bytes)
@@ -222,6 +256,8 @@ def gpu_pool(node: NodeTopology, *, driver_version: str = DEFAULT_DRIVER_VERSION
             entry["consumesCounters"] = [{"counterSet": counter_set_name(i),
                                           "counters": everything}]
             parts += _partitions(i, entry, layout, uuid_)
+        if memory_shares:
+            _shareable(entry, memory_bytes)
         check_entry(entry)
         wholes.append(entry)
     # whole GPUs first, then partitions by GPU, smallest first: the

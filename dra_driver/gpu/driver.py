@@ -22,7 +22,7 @@ from toposerve.dra_driver.driver_process import DriverProcess, Latest, PluginOpt
 from toposerve.dra_driver.gpu.coexistence import NvidiaNeighbours
 from toposerve.dra_driver.gpu.config import GpuConfig
 from toposerve.dra_driver.gpu.devices import DRIVER, gpu_pool, partitions_wanted
-from toposerve.dra_driver.gpu.edits import gpu_edits, resolve
+from toposerve.dra_driver.gpu.edits import gpu_edits, memory_grants, resolve
 from toposerve.dra_driver.gpu.nvml import IGNORED_XIDS, Nvml, XidEvent
 from toposerve.dra_driver.kubeletplugin import (
     AllocatedDevice,
@@ -60,6 +60,7 @@ TAINT_XID = f"{DRIVER}/xid"
 TAINT_GPU_LOST = f"{DRIVER}/gpu-lost"
 
 
+    memory_shares: bool = False  # whole GPUs shareable by memory (devices.memory_share_policy)
 class Faults:
     """What NVML said is wrong with each GPU (by PCI bus id): a critical XID
     (the last one's number) or the GPU lost. A lost GPU that answers again
@@ -159,7 +160,7 @@ class GpuKind:
         if self._neighbours is not None:
             withheld = self._neighbours.withheld(node, hw, found)
         pool = gpu_pool(topo, node_uid=meta.uid or "", partitions=partitions_wanted(labels),
-                        nvml=found, withheld=withheld)
+                        nvml=found, withheld=withheld, memory_shares=self.opts.memory_shares)
         return _Discovered(node=topo, pool=pool, devices={d["name"]: d for d in pool.devices})
 
     # -- DeviceKind ---------------------------------------------------------
@@ -181,7 +182,7 @@ class GpuKind:
         for d in devices:  # one claim, one set of container env: every device's configs
             configs.extend(c for c in d.configs if c not in configs)
         return gpu_edits(gpus, found.node.hardware, merge_opaque(configs, GpuConfig),
-                         self.opts.dev_root)
+                         self.opts.dev_root, memory_grants(devices, found.devices))
 
     def _check_partition(self, device: Mapping[str, Any], pci_bus_id: str) -> None:
         """That the partition can exist on its GPU now (MIG mode on, the

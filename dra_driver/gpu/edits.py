@@ -17,6 +17,12 @@ visible-devices variables and the topology environment.
   ``TOPOSERVE_GPU_CPUS``, ``TOPOSERVE_GPU_PCIE_ROOTS``,
   ``TOPOSERVE_GPU_PCI_BUS_IDS``, and the NICs aligned with the GPUs
   (``GpuConfig.nicAlignment``): ``TOPOSERVE_NICS``, ``TOPOSERVE_RDMA_DEVICES``.
+- Memory shares (a claim holding a share of a GPU published with
+  ``allowMultipleAllocations``): ``TOPOSERVE_GPU_MEMORY_BYTES``, the bytes of
+  memory the claim may use on each GPU in ``*_VISIBLE_DEVICES`` order (its
+  shares' ``consumedCapacity``, summed per GPU; a GPU held whole gives all
+  its memory). The GPU does not enforce it: the workload must keep within it
+  (e.g. vLLM's ``--gpu-memory-utilization``).
 """
 
 from __future__ import annotations
@@ -28,8 +34,14 @@ from pathlib import Path
 from typing import Any
 
 from toposerve.dra_driver.gpu.config import GpuConfig
-from toposerve.dra_driver.kubeletplugin import ContainerEdits, DeviceNode, PreparedEdits
+from toposerve.dra_driver.kubeletplugin import (
+    AllocatedDevice,
+    ContainerEdits,
+    DeviceNode,
+    PreparedEdits,
+)
 from toposerve.topology.model import Device, DeviceKind, DevicePlace, NodeHardware
+from toposerve.topology.quantity import parse_quantity
 
 NVIDIA, AMD = "0x10de", "0x1002"
 _CONTROL = {NVIDIA: ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"), AMD: ("kfd",)}
@@ -77,6 +89,29 @@ def resolve(names: Sequence[str], published: Mapping[str, Mapping[str, Any]],
     return out
 
 
+def memory_grants(devices: Sequence[AllocatedDevice],
+                  published: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
+    """Device name -> bytes of memory the claim may use there, when any of
+    its devices is a share (else empty: nothing to tell a whole-GPU claim).
+    A share's ``consumedCapacity`` is what the scheduler counted against the
+    GPU; a GPU held whole gives its ``memory`` capacity."""
+    if not any(d.consumed for d in devices):
+        return {}
+    out: dict[str, int] = {}
+    for d in devices:
+        if d.consumed:
+            got = d.consumed.get("memory")
+            if got is None:
+                raise ValueError(f"share {d.share_id} of {d.device} consumes no memory "
+                                 f"(consumedCapacity {dict(d.consumed)})")
+            out[d.device] = out.get(d.device, 0) + parse_quantity(got)
+        else:
+            whole = ((published.get(d.device) or {}).get("capacity") or {}).get("memory")
+            if whole is not None:
+                out[d.device] = parse_quantity(whole["value"])
+    return out
+
+
 def aligned_nics(hw: NodeHardware, gpus: Sequence[DevicePlace], level: str) -> list[Device]:
     """NICs that share ``level`` (switch, root, numa) with one of the GPUs."""
     if level == "none":
@@ -113,7 +148,8 @@ def _unique(values: Sequence[str]) -> str:
 
 
 def gpu_edits(gpus: Sequence[GpuDevice], hw: NodeHardware, config: GpuConfig,
-              dev_root: Path) -> PreparedEdits:
+              dev_root: Path, memory: Mapping[str, int] | None = None) -> PreparedEdits:
+    """``memory``: ``memory_grants`` of the claim."""
     vendors = {g.place.device.vendor_id for g in gpus}
     if len(vendors) != 1 or not vendors <= set(_CONTROL):
         raise ValueError(f"one claim's GPUs must all be NVIDIA or all AMD, got {sorted(vendors)}")
@@ -127,6 +163,10 @@ def gpu_edits(gpus: Sequence[GpuDevice], hw: NodeHardware, config: GpuConfig,
     else:
         ids = _unique([g.visible_id for g in gpus])
         env = {"NVIDIA_VISIBLE_DEVICES": ids, "CUDA_VISIBLE_DEVICES": ids}
+    if memory:
+        visible = {g.visible_id: g.name for g in gpus}
+        env["TOPOSERVE_GPU_MEMORY_BYTES"] = ",".join(
+            str(memory.get(name, 0)) for name in visible.values())
     places = [g.place for g in gpus]
     nics = aligned_nics(hw, places, config.nic_alignment)
     if config.topology_env:
@@ -147,6 +187,7 @@ def gpu_edits(gpus: Sequence[GpuDevice], hw: NodeHardware, config: GpuConfig,
                      "numaNode": g.place.numa, "pcieRoot": g.place.root,
                      "alignedNics": [n.interface for n in aligned_nics(hw, [g.place],
                                                                        config.nic_alignment)
-                                     if n.interface]}
+                                     if n.interface],
+                     **({"memoryBytes": memory[g.name]} if memory and g.name in memory else {})}
             for g in gpus}
     return PreparedEdits(devices=per_device, common=common, data=data)

@@ -94,6 +94,8 @@ def allocated_devices(claim: Mapping[str, Any], ref: ClaimRef, driver: str, node
         try:
             validation.label(r["device"], "device")
             validation.request(r["request"])
+            if r.get("shareID") is not None:
+                validation.uid(r["shareID"], "shareID")
         except validation.InvalidName as err:
             raise ClaimError(f"{where}: allocation result: {err}") from None
     configs: list[tuple[bool, list[str], Any]] = []  # (from the claim?, requests, parsed)
@@ -113,6 +115,8 @@ def allocated_devices(claim: Mapping[str, Any], ref: ClaimRef, driver: str, node
     configs.sort(key=lambda c: c[0])
     return [AllocatedDevice(request=r["request"], pool=r["pool"], device=r["device"],
                             share_id=r.get("shareID"), admin_access=bool(r.get("adminAccess")),
+                            consumed={str(k): str(v) for k, v in
+                                      (r.get("consumedCapacity") or {}).items()},
                             configs=tuple(p for _, reqs, p in configs
                                           if _applies(reqs, r["request"])))
             for r in results]

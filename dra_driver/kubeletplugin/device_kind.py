@@ -37,6 +37,9 @@ class AllocatedDevice:
     device: str
     share_id: str | None = None
     admin_access: bool = False
+    # A share of a device that allows multiple allocations: what the
+    # scheduler counted it to consume (``consumedCapacity``), name -> quantity.
+    consumed: Mapping[str, str] = field(default_factory=dict)
     # Validated opaque configs that apply to this device, lowest precedence
     # first: the class's, then the claim's (a later one overrides an earlier).
     configs: tuple[Any, ...] = ()
