@@ -242,6 +242,10 @@ def register(sub: Any) -> None:
     g.add_argument("--allow-shared-with-nvidia", action="store_true",
                    help="publish GPUs that NVIDIA's device plugin or DRA driver already "
                         "advertise on this node (two allocators may then hand out one GPU)")
+    g.add_argument("--memory-shares", action="store_true",
+                   help="publish whole GPUs shareable by memory (DRAConsumableCapacity): "
+                        "claims asking capacity.requests.memory share a GPU, a claim asking "
+                        "none takes all of it; no partitions are published")
     g.set_defaults(handler=_gpu)
 
     n = dsub.add_parser("net", help="the NIC driver net.toposerve.io")
@@ -256,10 +260,6 @@ def register(sub: Any) -> None:
     n.add_argument("--handoff-socket", type=Path,
                    default=Path("/var/lib/kubelet/plugins/net.toposerve.io/handoff.sock"),
                    help="serve the CNI plugin's calls here, its serverSocket "
-    g.add_argument("--memory-shares", action="store_true",
-                   help="publish whole GPUs shareable by memory (DRAConsumableCapacity): "
-                        "claims asking capacity.requests.memory share a GPU, a claim asking "
-                        "none takes all of it; no partitions are published")
                         "(default %(default)s)")
     n.add_argument("--no-handoff-server", action="store_true",
                    help="serve no hand-off socket (the CNI plugin then starts only pods "

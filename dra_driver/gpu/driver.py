@@ -52,6 +52,7 @@ class GpuDriverOptions(PluginOptions):
     nvml_library: Path | None = None  # load this libnvidia-ml.so.1, whatever the root
     nvidia_driver_root: Path | None = None  # else search the library under it
     allow_shared_with_nvidia: bool = False  # publish GPUs NVIDIA's plugins advertise too
+    memory_shares: bool = False  # whole GPUs shareable by memory (devices.memory_share_policy)
 
 
 PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
@@ -60,7 +61,6 @@ TAINT_XID = f"{DRIVER}/xid"
 TAINT_GPU_LOST = f"{DRIVER}/gpu-lost"
 
 
-    memory_shares: bool = False  # whole GPUs shareable by memory (devices.memory_share_policy)
 class Faults:
     """What NVML said is wrong with each GPU (by PCI bus id): a critical XID
     (the last one's number) or the GPU lost. A lost GPU that answers again
