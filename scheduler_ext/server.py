@@ -111,8 +111,9 @@ class Extender:
                                                             f"{facts.ref.problem}"),
                                    outcome=Outcome.BAD_METADATA, unresolvable=True)
             elif group is None:
-                res = filter_ungrouped(self.state.snapshot(), self.state.demand(facts),
-                                       names, self.clock())
+                whole, shares = self.state.asks(facts)
+                res = filter_ungrouped(self.state.snapshot(), whole, names, self.clock(),
+                                       shares)
             else:
                 res = filter_member(self.state.view, group, facts.uid, names,
                                     self.policy, self.clock())
@@ -163,8 +164,9 @@ class Extender:
             if facts.ref is not None and facts.ref.problem:
                 scores = neutral()
             elif group is None:
-                scores = prioritize_ungrouped(self.state.snapshot(), self.state.demand(facts),
-                                              names, self.policy, self.clock())
+                whole, shares = self.state.asks(facts)
+                scores = prioritize_ungrouped(self.state.snapshot(), whole, names,
+                                              self.policy, self.clock(), shares)
             else:
                 scores = prioritize_member(self.state.view, group, facts.uid, names,
                                            self.policy, self.clock())

@@ -21,7 +21,7 @@
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -295,18 +295,20 @@ def _size_unknown_reason(group: Group) -> str:
             f"{len(group.members)} pods so far): waiting, no pod placed until it is")
 
 
-def filter_ungrouped(view: View, demand: int, candidates: list[str], now: float
-                     ) -> FilterResult:
+def filter_ungrouped(view: View, demand: int, candidates: list[str], now: float,
+                     shares: Sequence[int] = ()) -> FilterResult:
     """Which candidate nodes a pod of no group, asking ``demand``
-    accelerators, may go to: any whose free accelerators past what live
-    promises hold there still cover it (whether the pod fits at all is the
-    scheduler's to say)."""
-    if demand <= 0:
+    accelerators and ``shares`` (bytes of memory shares), may go to: any
+    whose free accelerators past what live promises hold there still cover
+    what it takes there (shares that fit beside other shares take none;
+    whether the pod fits at all is the scheduler's to say)."""
+    if demand <= 0 and not shares:
         return FilterResult(candidates)
     promised = _promised(view, now)
     held = reservations(view, now)
     short = {n: (ns.free, h) for n, h in held.items()
-             if (ns := view.nodes.get(n)) is not None and ns.free - h < demand}
+             if (ns := view.nodes.get(n)) is not None
+             and ns.free - h < (ns.needs(demand, shares) or 0)}
     if not short:  # most calls: a pass over the few promised nodes only
         return FilterResult(candidates)
     passed: list[str] = []
@@ -466,8 +468,10 @@ def prioritize_member(view: View, group: Group, uid: str, candidates: list[str],
 
 
 def prioritize_ungrouped(view: View, demand: int, candidates: list[str], policy: Policy,
-                         now: float) -> dict[str, int]:
-    """A pod of no group asking ``demand`` accelerators: the one candidate
+                         now: float, shares: Sequence[int] = ()) -> dict[str, int]:
+    """A pod of no group asking ``demand`` accelerators (and ``shares``,
+    bytes of memory shares: beside other shares before a free unit, at
+    equal room left): the one candidate
     it leaves least free, past what is promised there (then the one in the
     rack with least free), scores 10 and the rest 0. Partly used nodes and
     racks fill first, so whole ones stay free for groups; and the pod is
@@ -476,22 +480,26 @@ def prioritize_ungrouped(view: View, demand: int, candidates: list[str], policy:
     and a GPU with one partition taken counts as used here, so such nodes
     look fuller than they are (packing filled them with whole-GPU pods and
     left partition pods with no room)."""
-    if demand <= 0 or not policy.pack_ungrouped:
+    if (demand <= 0 and not shares) or not policy.pack_ungrouped:
         return neutral()
     held = reservations(view, now)
     nodes = view.nodes
-    # (partitioned, left) as one int, in a loop lean enough for 5,000
-    # candidates a call; then the rack with least room among the tied
-    last = 1 << 20  # past any count of accelerators: nodes with partitions rank after
+    # (partitioned, left, opens a shared unit) as one int, in a loop lean
+    # enough for 5,000 candidates a call; then the rack with least room among the tied
+    last = 1 << 21  # past any count of accelerators: nodes with partitions rank after
     best = 2 * last
     tied: list[str] = []
     for c in candidates:
         ns = nodes.get(c)
         if ns is None:
             continue
-        left = ns.capacity - ns.used - demand - held.get(c, 0)
+        need = ns.needs(demand, shares)
+        if need is None:
+            continue
+        left = ns.capacity - ns.used - need - held.get(c, 0)
         if left < 0:
             continue
+        left = 2 * left + (need > demand)
         if ns.partitioned:
             left += last
         if left < best:

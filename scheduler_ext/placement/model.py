@@ -5,11 +5,12 @@ extender made for groups. The watch code builds these; nothing here does I/O."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from toposerve.scheduler_ext.placement.levels import Domain, domain_of
+from toposerve.scheduler_ext.placement.shares import fresh_units
 from toposerve.topology.model import DomainPath, Tier
 
 
@@ -23,10 +24,23 @@ class NodeState:
     used: int = 0  # allocated claims + bound pods whose claims are not allocated yet
     profile: str | None = None  # hardware profile, for the tier costs
     partitioned: bool = False  # its accelerators are published as partitions too
+    # shareable units (allowMultipleAllocations) holding shares: the bytes left
+    # on each; and the bytes of its smallest shareable unit holding none (0: none)
+    rooms: tuple[int, ...] = ()
+    share_unit: int = 0
 
     @property
     def free(self) -> int:
         return max(0, self.capacity - self.used)
+
+    def needs(self, demand: int, shares: Sequence[int]) -> int | None:
+        """The units a pod asking ``demand`` whole units and ``shares``
+        (bytes) takes here: its shares fill the rooms before opening free
+        units. None: a share is larger than any shareable unit here."""
+        if not shares:
+            return demand
+        opened = fresh_units(shares, self.rooms, self.share_unit)
+        return None if opened is None else demand + opened
 
     def domain(self, tier: Tier) -> Domain | None:
         return domain_of(self.path, tier)

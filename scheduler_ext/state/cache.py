@@ -34,6 +34,7 @@ from toposerve.scheduler_ext.placement.model import (
     Source,
     View,
 )
+from toposerve.scheduler_ext.placement.shares import fresh_units, room
 from toposerve.scheduler_ext.state.demand import (
     Demands,
     Evaluated,
@@ -41,6 +42,7 @@ from toposerve.scheduler_ext.state.demand import (
     Request,
     extended_demand,
     profile,
+    share_bytes,
 )
 from toposerve.scheduler_ext.state.facts import (
     COUNTERS,
@@ -423,12 +425,16 @@ class ClusterState:
         if new is not None:
             self._profile_of[name] = new
         used_units: set[str] = set()
+        shared: dict[str, list[int]] = {}  # shareable unit -> what its shares consumed
         for key in self._claims_on.get(name, ()):
             c = self._claims.get(key)
-            for dev in c.devices if c else ():
+            for i, dev in enumerate(c.devices if c else ()):
                 where = self._device.get(dev)
                 if where is not None and where[0] == name:
                     used_units.add(where[1])
+                    if c is not None and i < len(c.consumed) and c.consumed[i]:
+                        shared.setdefault(where[1], []).append(c.consumed[i])
+        sizes = {u: b for u, shape in shaped if (b := share_bytes(shape)) is not None}
         extra = sum(self._unallocated(self._pods[uid]) for uid in self._pods_on.get(name, ()))
         # an assumed pod's claims are allocated (the scheduler's PreBind) before
         # it shows bound: those units count where the claims are, not twice
@@ -436,7 +442,11 @@ class ClusterState:
                      if n == name and uid in self._pods)
         return NodeState(name, f.path, capacity=len(units) + f.extended,
                          used=len(used_units) + extra, profile=f.profile,
-                         partitioned=any(u.startswith(COUNTERS) for u in units))
+                         partitioned=any(u.startswith(COUNTERS) for u in units),
+                         rooms=tuple(room(sizes[u], got) for u, got in sorted(shared.items())
+                                     if u in sizes),
+                         share_unit=min((b for u, b in sizes.items() if u not in used_units),
+                                        default=0))
 
     def _unallocated(self, p: PodFacts) -> int:
         """What the pod needs that no allocated claim of it counts yet."""
@@ -462,12 +472,29 @@ class ClusterState:
             got.append(self.demands.evaluate(as_claim))
         return got
 
+    def _asks(self, p: PodFacts) -> tuple[int, tuple[int, ...]]:
+        """Whole units and memory shares (bytes) the pod asks."""
+        got = self._evaluated(p)
+        return (self._extended_of(p)[0] + sum(e.count for e in got),
+                tuple(b for e in got for b in e.shares))
+
     def _demand(self, p: PodFacts) -> int:
-        return self._extended_of(p)[0] + sum(e.count for e in self._evaluated(p))
+        """Units the pod takes wherever it goes: its shares packed into
+        free units of the smallest shareable size seen (beside other shares
+        they may take none: ``asks`` and ``NodeState.needs`` say where)."""
+        whole, shares = self._asks(p)
+        if not shares:
+            return whole
+        opened = fresh_units(shares, (), self.demands.share_unit())
+        return whole + (len(shares) if opened is None else opened)
 
     def demand(self, p: PodFacts) -> int:
         with self.lock:
             return self._demand(p)
+
+    def asks(self, p: PodFacts) -> tuple[int, tuple[int, ...]]:
+        with self.lock:
+            return self._asks(p)
 
     def demand_notes(self, p: PodFacts) -> tuple[str, ...]:
         """What of the pod's requests could not be decided, and how it counts."""

@@ -14,6 +14,11 @@ of shapes. A node is reduced to its **profile** (per accelerator unit, the
 shapes of its devices), so ``allocationMode: All`` counts the matching units
 of the largest node without a pass over the nodes.
 
+A request asking ``capacity.requests.memory`` of devices that all allow
+multiple allocations (DRA consumable capacity) asks a **share**, not a
+unit: its bytes, rounded up as the devices' request policy rounds them, are
+counted apart (``Evaluated.shares``; ``placement.shares`` fits them).
+
 What cannot be decided (a selector that does not compile, calls a function
 we lack, fails at run time or reads a device's identity; a DeviceClass not
 seen) counts as accelerators when an accelerator driver (or a configured
@@ -28,6 +33,7 @@ devices (``extended_demand``)."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -39,6 +45,8 @@ import celpy
 from celpy import celtypes
 from celpy.celparser import CELParseError
 from celpy.evaluation import CELEvalError, CELSyntaxError, CELUnsupportedError
+
+from toposerve.scheduler_ext.placement.shares import round_up
 
 # the API's own limits (a claim holds at most 32 requests of at most 8
 # subrequests, an expression at most 10 KiB): more is not evaluated
@@ -62,6 +70,18 @@ class Alternative:
     selectors: tuple[str, ...]
     all: bool
     count: int
+    memory: int | None = None  # capacity.requests.memory in bytes, if asked
+
+
+def _memory(spec: dict[str, Any]) -> int | None:
+    asked = ((spec.get("capacity") or {}).get("requests") or {}).get("memory")
+    if asked is None:
+        return None
+    try:
+        got = parse_quantity(str(asked)).value
+    except CelError:
+        return None  # the apiserver admits no such claim; counted as a whole unit
+    return max(0, math.ceil(got))
 
 
 Request = tuple[Alternative, ...]  # one, or a prioritized list (firstAvailable)
@@ -71,7 +91,8 @@ def _alternative(spec: dict[str, Any]) -> Alternative:
     sels = tuple(str((s.get("cel") or {}).get("expression") or "")
                  for s in (spec.get("selectors") or [])[:MAX_SELECTORS])
     return Alternative(str(spec.get("deviceClassName") or ""), sels,
-                       spec.get("allocationMode") == "All", int(spec.get("count") or 1))
+                       spec.get("allocationMode") == "All", int(spec.get("count") or 1),
+                       _memory(spec))
 
 
 # a DeviceClass serves pods asking this prefix and its name, whatever else it says
@@ -247,6 +268,8 @@ class DeviceShape:
     attributes: tuple[tuple[str, str, Any], ...]  # (name, type, value)
     capacity: tuple[tuple[str, str], ...]  # (name, quantity)
     multiple: bool
+    # a shareable device's memory policy: (validRange.min, .step) in bytes
+    memory_policy: tuple[int, int] | None = None
 
 
 def _qualified(driver: str, name: str) -> tuple[str, str]:
@@ -274,11 +297,34 @@ def device_shape(driver: str, device: dict[str, Any]) -> DeviceShape:
                 attrs.append((name, kind, v))
     caps = tuple((name, str((c or {}).get("value", "0")))
                  for name, c in (device.get("capacity") or {}).items())
-    shape = DeviceShape(driver, tuple(attrs), caps,
-                        bool(device.get("allowMultipleAllocations")))
+    multiple = bool(device.get("allowMultipleAllocations"))
+    shape = DeviceShape(driver, tuple(attrs), caps, multiple,
+                        _memory_policy(device) if multiple else None)
     if len(_SHAPES) >= MAX_MEMO:
         _SHAPES.clear()
     return _SHAPES.setdefault(shape, shape)
+
+
+def _memory_policy(device: dict[str, Any]) -> tuple[int, int] | None:
+    memory = (device.get("capacity") or {}).get("memory") or {}
+    valid = (memory.get("requestPolicy") or {}).get("validRange") or {}
+    try:
+        least = parse_quantity(str(valid["min"])).value if "min" in valid else Fraction(0)
+        step = parse_quantity(str(valid["step"])).value if "step" in valid else Fraction(0)
+    except CelError:
+        return None
+    return int(least), int(step)
+
+
+def share_bytes(shape: DeviceShape) -> int | None:
+    """A shareable device's memory in bytes (None: not shareable by memory)."""
+    if not shape.multiple:
+        return None
+    text = dict(shape.capacity).get("memory")
+    try:
+        return None if text is None else int(parse_quantity(text).value)
+    except CelError:
+        return None
 
 
 class _Domains(celtypes.MapType):
@@ -338,6 +384,7 @@ def profile(units: Iterable[tuple[str, DeviceShape]]) -> Profile:
 class Evaluated:
     count: int
     notes: tuple[str, ...] = ()  # what could not be decided, and how it was counted
+    shares: tuple[int, ...] = ()  # bytes of each memory share asked, as consumed
 
 
 _NONE = Evaluated(0)
@@ -349,6 +396,7 @@ class _Outcome:
     count: int
     satisfiable: bool | None  # None: it asks for no accelerator, or is undecided
     note: str | None = None
+    shares: tuple[int, ...] = ()
 
 
 class Demands:
@@ -414,6 +462,11 @@ class Demands:
         if changed:
             self._moved()
 
+    def share_unit(self) -> int:
+        """Bytes of the smallest shareable device any node has (0: none)."""
+        return min((b for p in self.profiles for shapes, _ in p for s in shapes
+                    if (b := share_bytes(s)) is not None), default=0)
+
     def evaluate(self, requests: tuple[Request, ...]) -> Evaluated:
         got = self._memo.get(requests)
         if got is None:
@@ -425,15 +478,17 @@ class Demands:
     def _evaluate(self, requests: tuple[Request, ...]) -> Evaluated:
         if not requests:
             return _NONE
-        total, notes = 0, []
+        total, notes, shares = 0, [], list[int]()
         for alternatives in requests:
             outcomes = [self._alternative(a) for a in alternatives]
             notes += [o.note for o in outcomes if o.note]
-            total += self._first_available(outcomes)
-        return Evaluated(total, tuple(dict.fromkeys(notes)))
+            chosen = self._first_available(outcomes)
+            total += chosen.count
+            shares += chosen.shares
+        return Evaluated(total, tuple(dict.fromkeys(notes)), tuple(shares))
 
     @staticmethod
-    def _first_available(outcomes: list[_Outcome]) -> int:
+    def _first_available(outcomes: list[_Outcome]) -> _Outcome:
         """The first subrequest some node could satisfy; where one before it
         is undecided or asks for other devices (some node may have them), or
         where none could, the smallest (never more than the allocator may take)."""
@@ -441,8 +496,8 @@ class Demands:
             if o.satisfiable is None:
                 break
             if o.satisfiable:
-                return o.count
-        return min(o.count for o in outcomes)
+                return o
+        return min(outcomes, key=lambda o: (o.count, sum(o.shares)))
 
     def _alternative(self, alt: Alternative) -> _Outcome:
         class_sels = self.classes.get(alt.device_class)
@@ -459,11 +514,22 @@ class Demands:
             # naming our driver, it asks for accelerators that no node has; else
             # it asks for other devices, which some node may have
             return _Outcome(0, False if self._named((alt.device_class, *exprs)) else None)
+        if alt.memory is not None and not alt.all and all(s.multiple for s in matched):
+            return self._share(alt, alt.memory, matched)
         units = [sum(n for shapes, n in p if shapes & matched) for p in self.profiles]
         most = max(units, default=0)
         if alt.all:
             return _Outcome(most, most > 0)
         return _Outcome(alt.count, most >= alt.count)
+
+    @staticmethod
+    def _share(alt: Alternative, memory: int, matched: frozenset[DeviceShape]) -> _Outcome:
+        """``count`` shares of ``memory`` bytes, each rounded up as the
+        strictest policy among the devices picked rounds it (what the
+        allocator records as consumed); satisfiable where one device holds it."""
+        ask = max(round_up(memory, *(s.memory_policy or (0, 0))) for s in matched)
+        biggest = max((share_bytes(s) or 0) for s in matched)
+        return _Outcome(0, ask <= biggest, shares=(ask,) * alt.count)
 
     def _undecided(self, alt: Alternative, texts: tuple[str, ...], why: str) -> _Outcome:
         named = self._named(texts)

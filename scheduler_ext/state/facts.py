@@ -52,6 +52,8 @@ class ClaimFacts:
     requests: tuple[Request, ...]
     devices: tuple[DeviceId, ...]  # allocation results; () while unallocated
     reserved_for: tuple[str, ...]  # pod uids
+    # per result, the memory bytes a share consumed (consumedCapacity); 0: not a share
+    consumed: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -116,7 +118,8 @@ def claim_facts(obj: dict[str, Any]) -> ClaimFacts:
         (md.get("namespace", "default"), md["name"]),
         parse_requests((spec.get("devices") or {}).get("requests") or []),
         tuple((r.get("driver", ""), r.get("pool", ""), r.get("device", "")) for r in results),
-        tuple(r.get("uid", "") for r in status.get("reservedFor") or []))
+        tuple(r.get("uid", "") for r in status.get("reservedFor") or []),
+        tuple(_int((r.get("consumedCapacity") or {}).get("memory", 0)) for r in results))
 
 
 def template_requests(obj: dict[str, Any]) -> tuple[tuple[str, str], tuple[Request, ...]]:
