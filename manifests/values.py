@@ -206,6 +206,13 @@ class GpuDriver(PluginDriver):
         description="its pods on the node's network: it needs none of the host's interfaces "
                     "(the kubelet talks to it over unix sockets); for nodes whose pods cannot "
                     "reach the API server otherwise (the local cluster's values)")
+    memory_shares: bool = Field(
+        default=False,
+        description="publish whole GPUs shareable by memory (DRAConsumableCapacity, on by "
+                    "default since Kubernetes 1.36): claims asking `capacity.requests.memory` "
+                    "share a GPU in 1Gi steps; a claim asking none takes all its memory. Off "
+                    "by default: a shareable GPU has no partitions, and is held alone only by "
+                    "claims that ask all of it (docs/dra-driver.md)")
 
 
 class NetDriverCni(Section):
@@ -267,11 +274,17 @@ class AdmissionPolicy(Section):
 
 
 class DeviceClasses(Section):
-    """The DeviceClasses claims name: GPU, NIC and RDMA-capable NIC."""
+    """The DeviceClasses claims name: GPU, GPU memory share, NIC and RDMA-capable NIC."""
 
     enabled: bool = Field(default=True, description="render this component")
     gpu: str = Field(default="gpu.toposerve.io", pattern=DNS_SUBDOMAIN, max_length=253,
                      description="class of every `gpu.toposerve.io` device")
+    gpu_share: str = Field(
+        default="gpu-share.toposerve.io", pattern=DNS_SUBDOMAIN, max_length=253,
+        description="`gpu.toposerve.io` devices that allow multiple allocations (GPUs of "
+                    "drivers with `gpuDriver.memoryShares`): a claim of it asking "
+                    "`capacity.requests.memory` gets a share, never a whole GPU that has that "
+                    "much memory")
     nic: str = Field(default="nic.toposerve.io", pattern=DNS_SUBDOMAIN, max_length=253,
                      description="class of every `net.toposerve.io` device")
     rdma_nic: str = Field(default="rdma-nic.toposerve.io", pattern=DNS_SUBDOMAIN,

@@ -58,7 +58,8 @@ def test_cli_prints_the_documents(capsys: pytest.CaptureFixture[str]) -> None:
                  "--component", "device-classes"]) == 0
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
     assert [d["metadata"]["name"] for d in docs] == [
-        "gpu.toposerve.io", "nic.toposerve.io", "rdma-nic.toposerve.io"]
+        "gpu.toposerve.io", "gpu-share.toposerve.io", "nic.toposerve.io",
+        "rdma-nic.toposerve.io"]
 
 
 def test_bad_template_output_is_reported() -> None:
@@ -132,6 +133,14 @@ def test_gpu_driver_mounts_the_nvidia_driver_root(root: str) -> None:
     assert volume["hostPath"] == {"path": root, "type": "Directory"}
 
 
+def test_gpu_memory_shares_are_opt_in() -> None:
+    assert "--memory-shares" not in _container(
+        one(objects(only=["gpu-driver"]), "DaemonSet"))["command"]
+    on = _container(one(objects("gpuDriver.memoryShares=true", only=["gpu-driver"]),
+                        "DaemonSet"))["command"]
+    assert "--memory-shares" in on and "--nvidia-driver-root=/driver-root" in on
+
+
 def test_kubeconfig_names_the_values_api_server() -> None:
     objs = objects("apiServer.host=api.example.test", "apiServer.port=443")
     cm = one([o for o in objs if o["metadata"].get("namespace") == "toposerve-system"],
@@ -189,6 +198,9 @@ def test_device_classes() -> None:
                for o in objects(only=["device-classes"])}
     assert classes == {
         "gpu.toposerve.io": ["device.driver == 'gpu.toposerve.io'"],
+        # memory shares: only devices that allow multiple allocations
+        "gpu-share.toposerve.io": [
+            "device.driver == 'gpu.toposerve.io' && device.allowMultipleAllocations"],
         "nic.toposerve.io": ["device.driver == 'net.toposerve.io'"],
         "rdma-nic.toposerve.io": [
             "device.driver == 'net.toposerve.io'",

@@ -74,7 +74,8 @@ pytestmark = [pytest.mark.cluster, pytest.mark.realnode]
 PREFIX = "rn-install-net"  # namespace and name prefix: nothing shared with other tests
 CLASSES = {"gpu.toposerve.io": f"{PREFIX}-gpu.toposerve.io",
            "nic.toposerve.io": f"{PREFIX}-nic.toposerve.io",
-           "rdma-nic.toposerve.io": f"{PREFIX}-rdma-nic.toposerve.io"}
+           "rdma-nic.toposerve.io": f"{PREFIX}-rdma-nic.toposerve.io",
+           "gpu-share.toposerve.io": f"{PREFIX}-gpu-share.toposerve.io"}
 SELECTOR = "app.kubernetes.io/component=net-driver"
 REGISTRY = Path("/var/lib/kubelet/plugins_registry")
 ROOT = "resource.kubernetes.io/pcieRoot"
@@ -134,7 +135,8 @@ def net_stack(real_node_cluster: Cluster, tmp_path_factory: pytest.TempPathFacto
                 f"namespace={PREFIX}", f"namePrefix={PREFIX}",
                 *(f"deviceClasses.{k}={CLASSES[v]}" for k, v in (
                     ("gpu", "gpu.toposerve.io"), ("nic", "nic.toposerve.io"),
-                    ("rdmaNic", "rdma-nic.toposerve.io"))),
+                    ("rdmaNic", "rdma-nic.toposerve.io"),
+                    ("gpuShare", "gpu-share.toposerve.io"))),
                 "netDriver.enabled=true",
                 # what these tests need: the two drivers and their classes
                 "extender.enabled=false", "scheduler.enabled=false", "router.enabled=false"],
