@@ -6,9 +6,16 @@ rates. Without configured keys nothing is checked and the tenant is ""
 The router's HTTP edge asks ``Tenants.identify`` before any handler runs
 and keeps the answer on the request's exchange, so every part of the
 router (the flow controller, the Responses store's isolation) reads one
-answer to "who is asking"."""
+answer to "who is asking".
+
+Router processes that share a view (replicas, workers) share the rates
+too: each tells the others what its tenants spent (``spent``, carried on
+its load reports) and charges its own buckets what the others' spent
+(``charge``), so a tenant's rate holds across them, not once per process."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import orjson
 import structlog
@@ -54,6 +61,8 @@ class Tenants:
         self._limits = {t.name: _Limits(t) for t in self.cfg.tenants}
         # the tenants with a label value of their own: the configured first
         self._labelled = set(list(self.settings)[:self.cfg.metric_tenants])
+        # requests and tokens taken since the peers were last told, per tenant
+        self._spent: dict[str, list[float]] = {}
         self.keys: KeyTable | None = None  # None: no keys configured
         self.source = (KeySource(self.cfg.keys, self._replace) if self.cfg.keys is not None
                        else None)
@@ -104,10 +113,14 @@ class Tenants:
         lim = self._limits.get(tenant)
         if lim is None:
             return None
-        if lim.requests is not None and not lim.requests.take(1, now):
-            return f"tenant {tenant} is over its request rate ({lim.requests.rate:g}/s)"
-        if lim.tokens is not None and not lim.tokens.take(tokens, now):
-            return f"tenant {tenant} is over its token rate ({lim.tokens.rate:g}/s)"
+        if lim.requests is not None:
+            if not lim.requests.take(1, now):
+                return f"tenant {tenant} is over its request rate ({lim.requests.rate:g}/s)"
+            self._note(tenant, 1, 0)
+        if lim.tokens is not None:
+            if not lim.tokens.take(tokens, now):
+                return f"tenant {tenant} is over its token rate ({lim.tokens.rate:g}/s)"
+            self._note(tenant, 0, tokens)
         return None
 
     def settle(self, tenant: str, tokens: int, now: float) -> None:
@@ -116,6 +129,29 @@ class Tenants:
         lim = self._limits.get(tenant)
         if lim is not None and lim.tokens is not None and tokens:
             lim.tokens.settle(tokens, now)
+            self._note(tenant, 0, tokens)
+
+    def _note(self, tenant: str, requests: float, tokens: float) -> None:
+        s = self._spent.setdefault(tenant, [0.0, 0.0])  # configured tenants only: bounded
+        s[0] += requests
+        s[1] += tokens
+
+    def spent(self) -> dict[str, list[float]]:
+        """What each tenant with a rate took here since the last call."""
+        out, self._spent = self._spent, {}
+        return out
+
+    def charge(self, spent: Mapping[str, tuple[float, float]], now: float) -> None:
+        """Charges the buckets what another process's tenants took there
+        (requests, tokens); a tenant without a rate here is ignored."""
+        for tenant, (requests, tokens) in spent.items():
+            lim = self._limits.get(tenant)
+            if lim is None:
+                continue
+            if lim.requests is not None and requests:
+                lim.requests.settle(requests, now)
+            if lim.tokens is not None and tokens:
+                lim.tokens.settle(tokens, now)
 
     def identify(self, authorization: str | None) -> str | web.Response:
         """The tenant an Authorization header names ("" without keys); the

@@ -17,14 +17,16 @@ replica's requests stop weighing on its endpoints within that time.
 
 The reports also say how many decisions each process holds and whether
 it has done starting, so a starting process knows whom to ask for a
-snapshot. Plain data and the pool; the bus is the caller's."""
+snapshot, and what each tenant with a rate spent there since the last
+report (``Spending``), which every receiver charges to its own buckets.
+Plain data and the pool; the bus is the caller's."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from toposerve.router.config import InflightShareConfig
 from toposerve.router.pool.endpoints import CHANGES, Pool
@@ -33,10 +35,20 @@ Counts = tuple[int, int, int]  # requests, prompt tokens, prefill tokens
 ZERO: Counts = (0, 0, 0)
 MAX_PEERS = 1024  # beyond, a new sender is not heard (what it reports does not count)
 MAX_ENDPOINTS = 100_000  # in one report
+MAX_TENANTS = 100_000  # in one report
+MAX_SPENT = 1e15  # requests or tokens of one tenant in one report
 
 
 class ReportError(ValueError):
     """A load report that is not one."""
+
+
+class Spending(Protocol):
+    """The tenants' rates shared between the processes (``Tenants``)."""
+
+    def spent(self) -> dict[str, list[float]]: ...
+
+    def charge(self, spent: Mapping[str, tuple[float, float]], now: float) -> None: ...
 
 
 @dataclass
@@ -70,13 +82,30 @@ def parse(doc: Mapping[str, Any]) -> tuple[str, int, bool, dict[str, Counts]]:
     return sender, seq, bool(doc.get("full")), out
 
 
+def parse_spent(v: Any) -> dict[str, tuple[float, float]]:
+    """A report's ``tenants``: requests and tokens spent by tenant;
+    ``ReportError`` when it is not that."""
+    if not isinstance(v, dict) or len(v) > MAX_TENANTS:
+        raise ReportError(f"tenants spent must be a map of at most {MAX_TENANTS}")
+    out: dict[str, tuple[float, float]] = {}
+    for tenant, amounts in v.items():
+        if (not isinstance(amounts, list) or len(amounts) != 2 or not all(
+                isinstance(x, int | float) and not isinstance(x, bool)
+                and abs(x) <= MAX_SPENT for x in amounts)):
+            raise ReportError(f"tenant {tenant!r} spent {amounts!r}: not [requests, tokens]")
+        out[tenant] = (float(amounts[0]), float(amounts[1]))
+    return out
+
+
 class Peers:
     def __init__(self, instance: str, pool: Pool, cfg: InflightShareConfig,
-                 clock: Callable[[], float], room: Callable[[], None] = lambda: None) -> None:
+                 clock: Callable[[], float], room: Callable[[], None] = lambda: None,
+                 spending: Spending | None = None) -> None:
         """``room`` is told when a peer's requests end somewhere (flow
-        control may let a waiting request go there)."""
+        control may let a waiting request go there); ``spending`` tells
+        what this process's tenants spent and is charged the others'."""
         self.instance, self.pool, self.cfg, self.clock = instance, pool, cfg, clock
-        self.room = room
+        self.room, self.spending = room, spending
         self.heartbeat_s = cfg.peer_timeout_s / 4
         self._peers: dict[str, Peer] = {}
         self._sums: dict[str, list[int]] = {}  # url -> the peers' counts added up
@@ -95,7 +124,8 @@ class Peers:
         a new peer appeared, else what changed, if anything did."""
         now = self.clock()
         full = self.want_full or now - self._last_full >= self.heartbeat_s
-        if not full and CHANGES.own == self._seen:
+        spent = self.spending.spent() if self.spending is not None else {}
+        if not full and CHANGES.own == self._seen and not spent:
             return None
         self._seen = CHANGES.own
         # an endpoint with nothing in flight has no tokens in flight either
@@ -106,13 +136,16 @@ class Peers:
         else:
             eps = {u: c for u, c in cur.items() if self._sent.get(u) != c}
             eps.update({u: ZERO for u in self._sent if u not in cur})
-            if not eps:
+            if not eps and not spent:
                 return None
         self._sent = cur
         self._seq += 1
-        return {"kind": "load", "from": self.instance, "seq": self._seq, "full": full,
-                "eps": {u: list(c) for u, c in eps.items()}, "decisions": decisions,
-                "started": started}
+        doc = {"kind": "load", "from": self.instance, "seq": self._seq, "full": full,
+               "eps": {u: list(c) for u, c in eps.items()}, "decisions": decisions,
+               "started": started}
+        if spent:
+            doc["tenants"] = spent
+        return doc
 
     def goodbye(self) -> dict[str, Any]:
         return {"kind": "load", "from": self.instance, "seq": self._seq + 1, "full": True,
@@ -127,6 +160,9 @@ class Peers:
         if doc.get("bye"):
             self._drop(sender)
             return
+        if "tenants" in doc and self.spending is not None:
+            # what was spent is spent, whatever became of the peer's other reports
+            self.spending.charge(parse_spent(doc["tenants"]), self.clock())
         peer = self._peers.get(sender)
         if peer is None:
             if len(self._peers) >= MAX_PEERS:

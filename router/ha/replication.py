@@ -52,7 +52,7 @@ import structlog
 
 from toposerve.router.config import InflightShareConfig, SnapshotConfig
 from toposerve.router.ha.bus import Bus
-from toposerve.router.ha.peers import Peers, ReportError
+from toposerve.router.ha.peers import Peers, ReportError, Spending
 from toposerve.router.ha.snapshot import (
     DecisionLog,
     Snapshot,
@@ -121,19 +121,21 @@ class Replication:
                  count_snapshot: Callable[[str], None] = lambda outcome: None,
                  inflight: InflightShareConfig | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 room: Callable[[], None] = lambda: None) -> None:
+                 room: Callable[[], None] = lambda: None,
+                 spending: Spending | None = None) -> None:
         """``count`` is told of messages sent, received and dropped;
         ``count_snapshot`` of snapshots written, loaded, ignored and
         missing. ``inflight``: how often this process's in-flight counts
         are told the others, and when a silent peer counts as gone;
-        ``room``: told when the others' requests end (``Peers``)."""
+        ``room``: told when the others' requests end, ``spending``: the
+        tenants' rates shared (``Peers``)."""
         self.bus = bus
         # the sender of this process's messages: a restarted replica's
         # sequence numbers start afresh under a name of their own
         self.instance = f"{identity}#{secrets.token_hex(4)}"
         self.schedulers, self.pool = schedulers, pool
         self.share = inflight or InflightShareConfig()
-        self.peers = Peers(self.instance, pool, self.share, clock, room)
+        self.peers = Peers(self.instance, pool, self.share, clock, room, spending)
         self._stage = {id(s): name for name, s in schedulers.items()}
         self._queue: asyncio.Queue[bytes] = asyncio.Queue(QUEUE)
         self._tasks: list[asyncio.Task[None]] = []

@@ -100,7 +100,8 @@ class Router:
                 bus, identity if worker is None else f"{identity}/w{worker}", stages,
                 self.state.pool, lambda outcome, n: self.metrics.replication.labels(outcome).inc(n),
                 cfg.ha.snapshot, lambda outcome: self.metrics.snapshots.labels(outcome).inc(),
-                cfg.ha.inflight, room=self.admission.request_done)
+                cfg.ha.inflight, room=self.admission.request_done,
+                spending=self.admission.tenants)
         if cfg.ha.enabled:
             assert self.replication is not None
             self.ha = Replica(cfg.ha, self.replication, self.state.pool,

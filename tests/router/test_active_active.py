@@ -15,18 +15,20 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 
 from harness import redis_proc
-from harness.procs import Proc, Procs
+from harness.procs import MODEL, Proc, Procs
 from harness.waiting import wait_for
 from tests.router.sharing import Load, Running, decisions, peer_inflight, turn
 from toposerve.localcluster.processes import end_process
 
 CAP = 4
 PEER_TIMEOUT_S = 1.0
+RATE, SECONDS = 4.0, 3.0  # a tenant's requests a second, and how long it is sent twice that
 
 
 def _replica(procs: Procs, redis_url: str, group: str, endpoints: list[str],
@@ -216,3 +218,36 @@ def test_redis_lost_and_back(procs: Procs, sims: list[Proc],
         wait_for("a's requests on b's view", lambda: peer_inflight(b) > 0, timeout=10)
     finally:
         load.end()
+
+
+def test_a_tenants_rate_holds_across_the_replicas(procs: Procs, redis_url: str,
+                                                  tmp_path: Path) -> None:
+    """A tenant's requestsPerSecond is one rate for the replicas together:
+    each charges its own bucket what the others' requests took (their load
+    reports carry it), not the N times the rate N replicas alone allow."""
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(json.dumps({"apiVersion": "toposerve.io/v1", "kind": "APIKeys",
+                                "tenants": {"team-a": ["sk-a"]}}))
+    sim = procs.sim()
+    a, b = _pair(procs, redis_url, [sim.url], flowControl={"tenants": {
+        "keys": {"file": str(keys)},
+        "tenants": [{"name": "team-a", "requestsPerSecond": RATE}]}})
+    statuses: dict[str, list[int]] = {a.url: [], b.url: []}
+    started = time.monotonic()
+    i = 0
+    while time.monotonic() - started < SECONDS:  # one replica, then the other
+        url = (a.url, b.url)[i % 2]
+        statuses[url].append(httpx.post(url + "/v1/completions", timeout=10, json={
+            "model": MODEL, "prompt": "hi", "max_tokens": 1},
+            headers={"Authorization": "Bearer sk-a"}).status_code)
+        i += 1
+        time.sleep(0.05)
+    took = time.monotonic() - started
+    admitted = sum(s.count(200) for s in statuses.values())
+    print(f"team-a at {RATE:g}/s through two replicas for {took:.1f}s: {admitted} of "
+          f"{i} admitted ({ {u[-5:]: s.count(200) for u, s in statuses.items()} })")
+    assert {c for s in statuses.values() for c in s} <= {200, 429}
+    # one burst on each (RATE each), then RATE a second between them; two
+    # replicas alone would admit twice that
+    assert admitted <= 2 * RATE + RATE * took + 2, admitted
+    assert all(s.count(200) > 0 and s.count(429) > 0 for s in statuses.values()), statuses

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from toposerve.router.config import InflightShareConfig
+from toposerve.router.admission.tenants import Tenants
+from toposerve.router.config import FlowControlConfig, InflightShareConfig
 from toposerve.router.ha.peers import Peers, ReportError
 from toposerve.router.pool.endpoints import Endpoint, Pool
 
@@ -142,3 +143,64 @@ def test_what_is_not_a_report_is_refused(doc: dict[str, Any]) -> None:
     with pytest.raises(ReportError):
         b.heard(doc)
     assert len(b) == 0
+
+
+def _tenants(rps: float) -> Tenants:
+    return Tenants(FlowControlConfig.model_validate({"tenants": {
+        "tenants": [{"name": "team-a", "requestsPerSecond": rps, "tokensPerSecond": 1000}]}}))
+
+
+def _sharing_pair(rps: float) -> tuple[Peers, Peers, Tenants, Tenants, Clock]:
+    clock = Clock()
+    cfg = InflightShareConfig(interval_s=0.01, peer_timeout_s=2)
+    ta, tb = _tenants(rps), _tenants(rps)
+    return (Peers("a", _pool(), cfg, clock, spending=ta),
+            Peers("b", _pool(), cfg, clock, spending=tb), ta, tb, clock)
+
+
+def test_a_tenants_rate_holds_across_processes_that_tell_each_other() -> None:
+    a, b, ta, tb, clock = _sharing_pair(rps=2)
+    _send(a, b)
+    _send(b, a)
+    admitted = 0
+    for i in range(40):  # 10 s, a request every 0.25 s, to a and b in turn
+        clock.t += 0.25
+        here, there = (ta, a), (tb, b)
+        (t, p), (_, q) = (here, there) if i % 2 == 0 else (there, here)
+        if t.over_limit("team-a", 10, clock.t) is None:
+            admitted += 1
+        _send(p, q)  # the report after the decision reaches the other
+    # one burst each (2 + 2), then 2 a second between them; apart, each would
+    # admit all of its 20 (one every 0.5 s, under its own 2/s)
+    assert admitted <= 2 * 2 + 2 * 10 + 1, admitted
+    assert admitted >= 2 * 10 - 1, admitted
+
+
+def test_processes_that_do_not_tell_each_other_each_allow_the_rate() -> None:
+    ta, tb, clock = _tenants(2), _tenants(2), Clock()
+    admitted = 0
+    for i in range(40):
+        clock.t += 0.25
+        admitted += (ta if i % 2 == 0 else tb).over_limit("team-a", 10, clock.t) is None
+    assert admitted == 40  # each sees one request every 0.5 s: under its own 2/s
+
+
+def test_spent_rides_on_a_report_even_with_nothing_in_flight_changed() -> None:
+    a, b, ta, tb, clock = _sharing_pair(rps=1)
+    _send(a, b)
+    assert a.report(decisions=0, started=True) is None  # nothing new
+    assert ta.over_limit("team-a", 10, clock.t) is None
+    doc = a.report(decisions=0, started=True)
+    assert doc is not None and doc["tenants"] == {"team-a": [1.0, 10.0]}
+    b.heard(doc)
+    assert tb.over_limit("team-a", 10, clock.t) is not None  # its one a second is spent
+
+
+@pytest.mark.parametrize("tenants", [[], {"t": [1]}, {"t": ["1", 2]}, {"t": [True, 1]},
+                                     {"t": [1e16, 0]}])
+def test_a_malformed_spent_is_refused(tenants: Any) -> None:
+    a, b, _, _, _ = _sharing_pair(rps=1)
+    doc = a.report(decisions=0, started=True)
+    assert doc is not None
+    with pytest.raises(ReportError):
+        b.heard({**doc, "tenants": tenants})
