@@ -33,7 +33,7 @@ from toposerve.topology.distance import node_tier
 from toposerve.topology.model import DomainPath
 from toposerve.wire.chat_template import chat_text, load_chat_template
 from toposerve.wire.errors import ApiError, error_response, from_validation
-from toposerve.wire.kv_events import BlockStored, encode_removed, encode_stored
+from toposerve.wire.kv_events import BlockStored, encode_cleared, encode_removed, encode_stored
 from toposerve.wire.kv_transfer import REMOTE_PREFILL_FIELDS, SGLANG_BOOTSTRAP_PORT
 from toposerve.wire.openai import (
     ChatRequest,
@@ -522,6 +522,16 @@ class SimServer:
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(status=200 if self.ready() else 503)
 
+    async def reset_prefix_cache(self, request: web.Request) -> web.Response:
+        """vLLM's (its dev mode): the cache emptied and AllBlocksCleared
+        published, refused (success false) while a request holds blocks."""
+        if self.engine.stats.running:
+            return web.json_response({"success": False})
+        self.cache.clear()
+        if self.publisher:
+            self.publisher.add(encode_cleared(self.publisher.encoding))
+        return web.json_response({"success": True})
+
     async def metrics_endpoint(self, request: web.Request) -> web.Response:
         body, headers = self.metrics.render(request.query.getall("name[]", []),
                                             request.headers.get("Accept", ""),
@@ -555,6 +565,7 @@ def build_app(cfg: SimConfig) -> web.Application:
     app.router.add_post("/tokenize", sim.tokenize)
     app.router.add_post("/detokenize", sim.detokenize)
     app.router.add_get("/health", sim.health)
+    app.router.add_post("/reset_prefix_cache", sim.reset_prefix_cache)
     app.router.add_get("/metrics", sim.metrics_endpoint)
 
     bootstrap: list[web.AppRunner] = []

@@ -13,6 +13,7 @@ found."""
 from __future__ import annotations
 
 import time
+import uuid
 import zlib
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ METRICS = sorted({*WAITING, *RUNNING, *KV_USAGE, CACHE_INFO, START_TIME} - {
     "vllm:generation_tokens", "vllm:request_success", "vllm:time_to_first_token_seconds"})
 ROUTER_QUERY: list[tuple[str, str | int | float | bool | None]] = [
     ("name[]", n) for n in sorted({*WAITING, *RUNNING, *KV_USAGE, CACHE_INFO, START_TIME})]
+EVICTING_PROMPTS = 8  # of ~1,700 tokens: past the cache's 8,192 tokens within 5
 # (where, path, body): each sent to both servers in this order; the second
 # of a pair finds the first's prompt cached on both
 REQUESTS: list[tuple[str, str, dict[str, Any]]] = [
@@ -193,6 +195,64 @@ def kv_events(endpoint: str, url: str, prompt: str) -> dict[str, str]:
     return out
 
 
+def empty(url: str) -> httpx.Response:
+    """POST /reset_prefix_cache, and a one-token request without a full
+    block after it: vLLM publishes its AllBlocksCleared with its next step."""
+    reset = httpx.post(url + "/reset_prefix_cache", timeout=30)
+    httpx.post(url + "/v1/completions", timeout=30, json={
+        "model": MODEL, "prompt": "hi", "max_tokens": 1}).raise_for_status()
+    return reset
+
+
+def evictions(endpoint: str, url: str) -> dict[str, str]:
+    """From an empty cache, filled past its size with new prompts, then
+    reset: the first BlockRemoved event (and whether it names blocks stored
+    meanwhile), the reset's answer, and the AllBlocksCleared that follows."""
+    empty(url)
+    sub: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(endpoint)
+    events: list[dict[str, Any]] = []
+
+    def read(until: str, timeout: float = 15) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and sub.poll(200):
+            events.extend(e for e in msgpack.unpackb(sub.recv_multipart()[2], raw=False,
+                                                     strict_map_key=False)[1]
+                          if isinstance(e, dict))
+            if any(e.get("type") == until for e in events):
+                return True
+        return any(e.get("type") == until for e in events)
+
+    out: dict[str, str] = {}
+    try:
+        time.sleep(0.5)  # the subscription reaches the publisher before the events
+        salt = uuid.uuid4().hex[:8]
+        for i in range(EVICTING_PROMPTS):  # ~53 blocks each, new: the cache overflows
+            httpx.post(url + "/v1/completions", timeout=120, json={
+                "model": MODEL, "prompt": f"[{salt} {i}] " + "word " * 1700, "max_tokens": 1,
+                **FIXED}).raise_for_status()
+            if read("BlockRemoved", timeout=2):
+                break
+        stored = {h for e in events if e.get("type") == "BlockStored"
+                  for h in e["block_hashes"]}
+        removed = next((e for e in events if e.get("type") == "BlockRemoved"), None)
+        out["a prompt evicts"] = (f"the prompt {i + 1} of 1,700 tokens" if removed
+                                  else f"none of {EVICTING_PROMPTS}")
+        if removed is not None:
+            out |= flatten(removed, "BlockRemoved")
+            out["BlockRemoved names stored blocks"] = str(set(removed["block_hashes"]) <= stored)
+        reset = empty(url)
+        out |= {"reset status": str(reset.status_code)} | flatten(reset.json(), "reset")
+        out["AllBlocksCleared"] = "sent" if read("AllBlocksCleared") else "never sent"
+        out |= flatten(next((e for e in events if e.get("type") == "AllBlocksCleared"), {}),
+                       "AllBlocksCleared")
+    finally:
+        sub.close()
+    return out
+
+
 def observe(url: str, kv_endpoint: str) -> dict[str, dict[str, str]]:
     seen: dict[str, dict[str, str]] = {}
     for where, path, body in REQUESTS:
@@ -201,6 +261,7 @@ def observe(url: str, kv_endpoint: str) -> dict[str, dict[str, str]]:
     seen["models"] = answer("models", httpx.get(url + "/v1/models", timeout=30))
     seen["metrics"] = metrics(url)
     seen["kv events"] = kv_events(kv_endpoint, url, "events " + TEXT * 3)
+    seen["kv evictions"] = evictions(kv_endpoint, url)
     return seen
 
 
@@ -217,6 +278,8 @@ def test_the_simulator_answers_as_vllm_does(engines: list[VllmServer], model_dir
     engine.reset_cache()
     vllm_seen = observe(engine.url, engine.kv_events)
     sim_seen = observe(sim.url, f"tcp://127.0.0.1:{kv_port}")
+    print("[engine] evictions, vLLM:", vllm_seen["kv evictions"])
+    print("[engine] evictions, simulator:", sim_seen["kv evictions"])
     found = set().union(*(differences(where, vllm_seen[where], sim_seen[where])
                           for where in vllm_seen))
     new = sorted(d for d in found if not any(a.allows(d) for a in DIFFERENCES))
