@@ -5,9 +5,11 @@ hardware and its log. For tests, benchmarks and the demo."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +24,7 @@ class HostDriver:
     kubeconfig: Path
     workdir: Path  # the driver's fake hardware and driver.log
     http_address: str = "127.0.0.1:0"
+    env: Mapping[str, str] = field(default_factory=dict)  # beside this process's own
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
 
     @property
@@ -50,7 +53,8 @@ class HostDriver:
         self.workdir.mkdir(parents=True, exist_ok=True)
         argv = self.argv()
         with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(argv, stdout=out, stderr=out)
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=out,
+                                         env={**os.environ, **self.env})
         deadline = time.monotonic() + timeout_s
         while self.registrations() <= before:
             if self.proc.poll() is not None:
