@@ -1,19 +1,24 @@
 """What a device-health test of the router watches, whoever taints the
 device (a test writing the slice, the GPU driver after a fake NVML XID on
 the real node): traffic that records which endpoint served each request
-and when it was sent, the router's view of tainted endpoints, and the
-Events it wrote on a pod."""
+and when it was sent, the router's view of tainted endpoints, the Events
+it wrote on a pod, and the whole round of an XID under the GPU driver's
+fake NVML library and the GPU's reset, wherever the driver runs."""
 
 from __future__ import annotations
 
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
 
+from harness.fake_nvml import inject_xid, set_lost
 from harness.procs import MODEL, Proc
+from harness.waiting import wait_for
+from toposerve.dra_driver.gpu.driver import TAINT_GPU_LOST, TAINT_XID
 from toposerve.kubeapi import JsonApi
 
 TAINTED = "toposerve_router_endpoint_device_tainted"
@@ -102,3 +107,49 @@ def pod_events(rest: JsonApi, namespace: str, pod: str, reason: str) -> list[dic
         "GET", f"/api/v1/namespaces/{namespace}/events",
         [("fieldSelector", f"involvedObject.name={pod},reason={reason}")])["items"]
     return items
+
+
+@dataclass(frozen=True)
+class Victim:
+    """A model pod whose GPU the test breaks: its endpoint, its device as
+    the router names it (driver/pool/device) and the GPU's index in the
+    fake NVML scenario."""
+
+    namespace: str
+    pod: str
+    endpoint: str
+    device: str
+    gpu: int
+
+
+def xid_round(traffic: Traffic, rest: JsonApi, scenario: Path, victim: Victim,
+              within_s: float = 2.0) -> float:
+    """While ``traffic`` flows through its router: a critical XID under the
+    victim's GPU takes its endpoint out of rotation within ``within_s`` (no
+    request sent after goes there; a DeviceTainted Event on the pod); the
+    GPU reset (lost, then answering again), it comes back and serves (a
+    DeviceTaintsCleared Event). Seconds from the XID to out of rotation."""
+    router, ep = traffic.router, victim.endpoint
+    wait_for("traffic on it", lambda: traffic.served(ep) > 0, timeout=20)
+    sent = time.monotonic()
+    inject_xid(scenario, victim.gpu, 79)
+    out = wait_tainted(router, ep, out=True)
+    assert out - sent < within_s, f"out of rotation {out - sent:.2f} s after the XID"
+    # the driver's unhealthy taint and the XID's come in one write or two
+    wait_for("the XID's taint", lambda: (victim.device, TAINT_XID, "NoSchedule") in
+             tainted(router).get(ep, ()))
+    wait_for("traffic after the XID", lambda: len(traffic.sent) > 40 + sum(
+        1 for s in traffic.sent if s.at <= out), timeout=20)
+    assert traffic.served(ep, out) == 0, [
+        line for line in router.log.read_text().splitlines() if "rotation" in line]
+    warnings = pod_events(rest, victim.namespace, victim.pod, "DeviceTainted")
+    assert warnings and all(e["type"] == "Warning" for e in warnings), warnings
+    set_lost(scenario, [victim.gpu])  # the GPU reset
+    wait_for("the GPU lost", lambda: any(
+        t[1] == TAINT_GPU_LOST for t in tainted(router).get(ep, ())), timeout=20)
+    set_lost(scenario, [])
+    back = wait_tainted(router, ep, out=False, timeout=20)
+    wait_for("traffic on it again", lambda: traffic.served(ep, back) > 0, timeout=20)
+    cleared = pod_events(rest, victim.namespace, victim.pod, "DeviceTaintsCleared")
+    assert cleared and all(e["type"] == "Normal" for e in cleared), cleared
+    return out - sent

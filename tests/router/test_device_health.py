@@ -27,9 +27,9 @@ import pytest
 from kubernetes import client
 
 from harness import dra_gpu
-from harness.device_health import Traffic, pod_events, tainted, wait_tainted
+from harness.device_health import Traffic, Victim, pod_events, tainted, wait_tainted, xid_round
 from harness.dra_gpu import GpuEnv
-from harness.fake_nvml import Scenario, gpus_of, inject_xid, set_lost
+from harness.fake_nvml import Scenario, gpus_of
 from harness.procs import MODEL, Proc, Procs
 from harness.waiting import wait_for
 from tests.conftest import Cluster
@@ -333,33 +333,15 @@ def test_an_xid_from_nvml_takes_the_pod_out_of_rotation(gpu_site: GpuEnv, cluste
             "kubeconfig": str(kubeconfig_path(cluster.name))}}})
         wait_for("both endpoints", lambda: sum(_healthy(router).values()) == 2, timeout=20)
         victim = names[0]
-        ep = f"{ips[victim]}:{PORT}"
         claim = core.read_namespaced_pod(victim, ns).status.resource_claim_statuses[0]
         device = rest.request("GET", f"{RES}/namespaces/{ns}/resourceclaims/"
                                      f"{claim.resource_claim_name}")[
             "status"]["allocation"]["devices"]["results"][0]["device"]
         with Traffic(router) as traffic:
-            wait_for("traffic on it", lambda: traffic.served(ep) > 0, timeout=20)
-            sent = time.monotonic()
-            inject_xid(scenario, int(device.rsplit("-", 1)[1]), 79)
-            out = wait_tainted(router, ep, out=True)
-            assert out - sent < WITHIN_S, f"out of rotation {out - sent:.2f} s after the XID"
-            # the driver's unhealthy taint and the XID's come in one write or two
-            wait_for("the XID's taint", lambda: (
-                f"{dra_gpu.DRIVER}/{gpu_site.node}/{device}", TAINT_XID, "NoSchedule") in
-                tainted(router).get(ep, ()))
-            wait_for("traffic after the XID", lambda: len(traffic.sent) > 40 + sum(
-                1 for s in traffic.sent if s.at <= out), timeout=20)
-            assert traffic.served(ep, out) == 0, [
-                line for line in router.log.read_text().splitlines() if "rotation" in line]
-            assert pod_events(rest, ns, victim, "DeviceTainted")
-            set_lost(scenario, [int(device.rsplit("-", 1)[1])])  # the GPU reset
-            wait_for("the GPU lost", lambda: any(
-                t[1] == f"{dra_gpu.DRIVER}/gpu-lost" for t in tainted(router).get(ep, ())),
-                timeout=20)
-            set_lost(scenario, [])
-            back = wait_tainted(router, ep, out=False, timeout=20)
-            wait_for("traffic on it again", lambda: traffic.served(ep, back) > 0, timeout=20)
+            xid_round(traffic, rest, scenario, Victim(
+                namespace=ns, pod=victim, endpoint=f"{ips[victim]}:{PORT}",
+                device=f"{dra_gpu.DRIVER}/{gpu_site.node}/{device}",
+                gpu=int(device.rsplit("-", 1)[1])), WITHIN_S)
         assert {s.status for s in traffic.sent} == {200}
     finally:
         driver.kill()
