@@ -25,6 +25,8 @@ from toposerve.kubeapi import ApiError, JsonApi
 from toposerve.localcluster import install as inst
 from toposerve.localcluster.realnode import nics
 from toposerve.localcluster.realnode import node as realnode
+from toposerve.localcluster.realnode.gpu_driver import DRIVER as GPU_DRIVER
+from toposerve.localcluster.realnode.gpu_driver import GpuDriver
 from toposerve.localcluster.realnode.paths import (
     NODE_NAME,
     REAL_NODE_LABEL,
@@ -117,6 +119,31 @@ def wait_phase(core: Any, name: str, phases: set[str], timeout: float = 60) -> A
         raise AssertionError(f"{err}: node {pod.spec and pod.spec.node_name}, status "
                              f"{pod.status}, events {[(e.reason, e.message) for e in events]}"
                              ) from None
+
+
+@contextlib.contextmanager
+def gpu_driver_running(res: Any, driver: GpuDriver, device_class: str,
+                       template: str) -> Iterator[None]:
+    """``driver`` started (registered), a DeviceClass of its whole GPUs and
+    a claim template of one (request ``gpu``) in ``default``; after, the
+    driver stopped (exit 0 asserted) and both deleted."""
+    res.create_device_class({"metadata": {"name": device_class}, "spec": {"selectors": [{
+        "cel": {"expression": f"device.driver == '{GPU_DRIVER}' && "
+                              f"device.attributes['{GPU_DRIVER}'].type == 'gpu'"}}]}})
+    res.create_namespaced_resource_claim_template("default", {
+        "metadata": {"name": template},
+        "spec": {"spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": device_class}}]}}}})
+    try:
+        driver.start()
+        yield
+    finally:
+        rc = driver.stop()
+        with contextlib.suppress(ApiException):
+            res.delete_namespaced_resource_claim_template(template, "default")
+        with contextlib.suppress(ApiException):
+            res.delete_device_class(device_class)
+    assert rc == 0, driver.log.read_text()[-1500:]
 
 
 def on_host_as_it_was(nic: nics.StandIn) -> bool:

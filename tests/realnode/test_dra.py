@@ -7,18 +7,16 @@ them."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from harness.waiting import wait_for
 from tests.conftest import Cluster
-from tests.realnode.conftest import PodMaker, ensure_started, wait_phase
+from tests.realnode.conftest import PodMaker, ensure_started, gpu_driver_running, wait_phase
 from toposerve.dra_driver.gpu.driver import CDI_CLASS, CDI_VENDOR
 from toposerve.dra_driver.kubeletplugin.cdi import CdiSpecs
 from toposerve.dra_driver.kubeletplugin.checkpoint import Checkpoint, ClaimState, read_boot_id
@@ -48,26 +46,11 @@ def env(real_node_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) ->
     ensure_started(real_node_cluster)
     core: Any = client.CoreV1Api(real_node_cluster.api)
     res: Any = client.ResourceV1Api(real_node_cluster.api)
-    res.create_device_class({"metadata": {"name": CLASS}, "spec": {"selectors": [{"cel": {
-        "expression": f"device.driver == '{DRIVER}' && "
-                      f"device.attributes['{DRIVER}'].type == 'gpu'"}}]}})
-    res.create_namespaced_resource_claim_template("default", {
-        "metadata": {"name": TEMPLATE},
-        "spec": {"spec": {"devices": {"requests": [
-            {"name": "gpu", "exactly": {"deviceClassName": CLASS}}]}}}})
     driver = GpuDriver(kubeconfig_path(real_node_cluster.name),
                        tmp_path_factory.mktemp("realnode-dra"))
-    driver.start()
-    try:
+    with gpu_driver_running(res, driver, CLASS, TEMPLATE):
         yield Env(cluster=real_node_cluster, core=core, res=res, driver=driver,
                   cdi=CdiSpecs(CDI_ROOT, CDI_VENDOR, CDI_CLASS))
-    finally:
-        rc = driver.stop()
-        with contextlib.suppress(ApiException):
-            res.delete_namespaced_resource_claim_template(TEMPLATE, "default")
-        with contextlib.suppress(ApiException):
-            res.delete_device_class(CLASS)
-        assert rc == 0, driver.log.read_text()[-1500:]
 
 
 def _attr(device: Any, name: str) -> Any:
