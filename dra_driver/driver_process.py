@@ -1,7 +1,8 @@
 """What every driver process on this framework is: its kind's kubelet
-plugin, the slice publisher, and a background loop (health checks, rescans)
-that runs at an interval until the process stops; plus ``Latest``, the
-kind's last discovery, made on first use."""
+plugin, the slice publisher, a background loop (health checks, rescans)
+that runs at an interval until the process stops and, with binding
+conditions on, the controller that answers them (``binding``); plus
+``Latest``, the kind's last discovery, made on first use."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any, Generic, TypeVar
 import structlog
 
 from toposerve.dra_driver.kubeletplugin import metrics
+from toposerve.dra_driver.kubeletplugin.binding import BindingController, ReadinessOf
 from toposerve.dra_driver.kubeletplugin.cdi import DEFAULT_CDI_ROOT, CdiSpecs
 from toposerve.dra_driver.kubeletplugin.checkpoint import BOOT_ID_FILE, read_boot_id
 from toposerve.dra_driver.kubeletplugin.device_kind import DeviceKind
@@ -40,6 +42,9 @@ class PluginOptions:
     pod_uid: str | None = None
     dialect: DialectName = DialectName.TOPOSERVE
     boot_id_file: Path = BOOT_ID_FILE
+    # publish devices with binding conditions and answer them (kubeletplugin.binding)
+    binding_conditions: bool = False
+    binding_failure_after_s: float = 10.0
 
 
 class Latest(Generic[T]):
@@ -64,11 +69,13 @@ class Latest(Generic[T]):
 
 class DriverProcess:
     """Plugin, publisher and the loop calling ``tick`` every ``interval_s``
-    (first right after start); a failing tick is counted and logged."""
+    (first right after start); a failing tick is counted and logged. With
+    ``opts.binding_conditions``, a ``BindingController`` asking
+    ``readiness_of`` how the devices are."""
 
     def __init__(self, api: Any, kind: DeviceKind, opts: PluginOptions, *, cdi_vendor: str,
                  cdi_class: str, interval_s: float, tick: Callable[[], None],
-                 loop_name: str) -> None:
+                 loop_name: str, readiness_of: ReadinessOf | None = None) -> None:
         self.publisher = SlicePublisher(api, kind.driver, node_name=opts.node_name)
         paths = PluginPaths(driver=kind.driver, registry_dir=opts.registry_dir,
                             plugin_dir=opts.plugin_dir, pod_uid=opts.pod_uid)
@@ -77,6 +84,10 @@ class DriverProcess:
                            boot_id=read_boot_id(opts.boot_id_file),
                            health_timeout_s=max(30, int(interval_s * 3)))
         self.plugin = KubeletPlugin(cfg, kind, api, self.publisher)
+        self.binding = BindingController(
+            api, kind.driver, opts.node_name, self.plugin.pool_names, readiness_of,
+            fail_after_s=opts.binding_failure_after_s
+        ) if opts.binding_conditions and readiness_of is not None else None
         self._tick = tick
         self._interval_s = interval_s
         self._loop_name = loop_name
@@ -86,8 +97,12 @@ class DriverProcess:
     def start(self) -> None:
         self.plugin.start()
         self._thread.start()
+        if self.binding is not None:
+            self.binding.start()
 
     def stop(self) -> None:
+        if self.binding is not None:
+            self.binding.stop()
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)

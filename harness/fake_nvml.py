@@ -2,7 +2,8 @@
 built once per source hash with ``cc -shared -fPIC``, and the scenario files
 it answers from, written from the hardware model so NVML and sysfs agree on
 bus ids. The library reads ``$TOPOSERVE_FAKE_NVML`` (the scenario) at each
-``nvmlInit``; ``inject_xid`` and ``set_lost`` change a running scenario."""
+``nvmlInit``; ``inject_xid``, ``set_lost`` and ``set_fabric`` change a
+running scenario."""
 
 from __future__ import annotations
 
@@ -109,7 +110,7 @@ class Scenario:
         for g in self.gpus:
             lines += g.lines()
         path.write_text("\n".join(lines) + "\n")
-        for suffix in (".xid", ".lost"):
+        for suffix in (".xid", ".lost", ".fabric"):
             Path(f"{path}{suffix}").unlink(missing_ok=True)
         return path
 
@@ -132,3 +133,15 @@ def inject_xid(scenario: Path, index: int, xid: int) -> None:
 def set_lost(scenario: Path, indices: Iterable[int]) -> None:
     """These GPUs answer NVML_ERROR_GPU_IS_LOST from now on (none: all back)."""
     Path(f"{scenario}.lost").write_text("".join(f"{i}\n" for i in indices))
+
+
+# NVML_GPU_FABRIC_STATE_*
+FABRIC_NOT_STARTED, FABRIC_IN_PROGRESS, FABRIC_COMPLETED = 1, 2, 3
+
+
+def set_fabric(scenario: Path, index: int, state: int, status: int = 0) -> None:
+    """GPU ``index``'s NVLink fabric registration from now on: a state
+    (``FABRIC_*``) and, once completed, its status (0: registered; an NVML
+    error code: failed)."""
+    with open(f"{scenario}.fabric", "a") as f:
+        f.write(f"{index} {state} {status}\n")

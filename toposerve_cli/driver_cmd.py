@@ -59,10 +59,15 @@ def _common(args: argparse.Namespace) -> dict[str, Any] | str:
         return "--node-name is required (or set NODE_NAME)"
     if not (args.sysfs_root / "bus/pci/devices").is_dir():
         return f"--sysfs-root {args.sysfs_root}: no bus/pci/devices there"
+    if not 0 <= args.binding_failure_after <= 3600:
+        return (f"--binding-failure-after {args.binding_failure_after:g}: give 0 to 3600 "
+                "seconds (within the scheduler's binding timeout, 600 by default)")
     return dict(node_name=args.node_name, plugin_dir=args.plugin_dir,
                 registry_dir=args.registry_dir, cdi_root=args.cdi_root,
                 sysfs_root=args.sysfs_root, dev_root=args.dev_root,
-                pod_uid=args.pod_uid or None, dialect=DialectName(args.dialect))
+                pod_uid=args.pod_uid or None, dialect=DialectName(args.dialect),
+                binding_conditions=args.binding_conditions,
+                binding_failure_after_s=args.binding_failure_after)
 
 
 def _gpu(args: argparse.Namespace) -> int:
@@ -221,6 +226,15 @@ def _plugin_arguments(p: argparse.ArgumentParser, driver: str, devices: str,
                    help=f"/healthz and /metrics (default 127.0.0.1:{port})")
     p.add_argument("--uninstall", action="store_true",
                    help="delete this driver's ResourceSlices of the node and exit")
+    p.add_argument("--binding-conditions", action="store_true",
+                   help=f"publish {devices} with binding conditions: the scheduler binds a "
+                        "pod only once this driver has marked its allocated devices ready "
+                        "(needs list and watch on resourceclaims; DRADeviceBindingConditions)")
+    p.add_argument("--binding-failure-after", type=float, default=10.0, metavar="SECONDS",
+                   help="a device that failed (gone, a link without carrier, a fabric "
+                        "registration that failed) fails its pod's binding once it has stayed "
+                        "so this long; one still getting ready waits for the scheduler's "
+                        "binding timeout (default %(default)s)")
 
 
 def register(sub: Any) -> None:

@@ -5,13 +5,15 @@ the framework (``toposerve.dra_driver.kubeletplugin``); health from sysfs and NV
 (critical XIDs, lost GPUs), each cause a taint of its own (``Faults``).
 
 It does not publish GPUs that NVIDIA's device plugin or NVIDIA's DRA driver
-already advertise on the node (``coexistence.py``) unless told to.
+already advertise on the node (``coexistence.py``) unless told to. With
+binding conditions on, GPUs on an NVLink fabric bind a pod only once
+registered with it (``binding``).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from typing import Any
 import structlog
 
 from toposerve.dra_driver.driver_process import DriverProcess, Latest, PluginOptions
+from toposerve.dra_driver.gpu.binding import CONDITIONS, fabric_readiness
 from toposerve.dra_driver.gpu.coexistence import NvidiaNeighbours
 from toposerve.dra_driver.gpu.config import GpuConfig
 from toposerve.dra_driver.gpu.devices import DRIVER, gpu_pool, partitions_wanted
@@ -32,6 +35,11 @@ from toposerve.dra_driver.kubeletplugin import (
     merge_opaque,
     metrics,
     parse_opaque,
+)
+from toposerve.dra_driver.kubeletplugin.binding import (
+    Readiness,
+    State,
+    with_binding_conditions,
 )
 from toposerve.dra_driver.resourceslice import Pool
 from toposerve.kubeapi.typed import ApiClient, CoreV1Api
@@ -138,6 +146,9 @@ class GpuKind:
         self._neighbours = None if opts.allow_shared_with_nvidia else NvidiaNeighbours(
             api, opts.node_name, DRIVER)
         self._found = Latest(self._discover)
+        if opts.binding_conditions and self.nvml is None:
+            log.warning("binding conditions: without NVML no GPU is known to be on an NVLink "
+                        "fabric, so none is published with them", driver=DRIVER)
 
     def discover(self) -> _Discovered:
         return self._found.refresh()
@@ -166,7 +177,18 @@ class GpuKind:
     # -- DeviceKind ---------------------------------------------------------
 
     def enumerate(self) -> Sequence[Pool]:
-        return [fault_taints(self.discover().pool, self.faults.snapshot())]
+        pool = fault_taints(self.discover().pool, self.faults.snapshot())
+        if self.opts.binding_conditions and self.nvml is not None:
+            pool = with_binding_conditions(pool, CONDITIONS, self._on_fabric)
+        return [pool]
+
+    def _on_fabric(self, device: Mapping[str, Any]) -> bool:
+        """A device (whole GPU or partition) of a GPU NVML reports a fabric for."""
+        assert self.nvml is not None
+        try:
+            return self.nvml.fabric(_bdf(device) or "") is not None
+        except ValueError:
+            return False  # unreadable now: tainted by health, published plain
 
     def validate_config(self, parameters: Mapping[str, Any]) -> GpuConfig:
         return parse_opaque(parameters, GpuConfig)
@@ -219,6 +241,31 @@ class GpuKind:
         board.update(results)
         return changed
 
+    def binding_readiness(self, devices: Collection[str]) -> dict[str, Readiness]:
+        """Each allocated GPU's fabric registration, asked of NVML now
+        (``binding``); a GPU with a fault (critical XID, lost) has failed."""
+        found = self.current()
+        faults = self.faults.snapshot()
+        out = {}
+        for name in devices:
+            dev = found.devices.get(name)
+            if dev is None:
+                out[name] = Readiness(State.FAILED, "DeviceGone",
+                                      f"{name} is no longer on this node")
+                continue
+            bdf = _bdf(dev) or ""
+            problem = "; ".join(f"{k} {v}".strip() for k, v in sorted(faults.get(bdf, {}).items()))
+            fabric = None
+            if self.nvml is None:
+                problem = problem or "NVML is not available"
+            elif not problem:
+                try:
+                    fabric = self.nvml.fabric(bdf)
+                except ValueError as err:
+                    problem = str(err)
+            out[name] = fabric_readiness(name, fabric, problem)
+        return out
+
     def watch_xid(self, stop: threading.Event, on_fault: Any) -> None:
         """Until ``stop``: critical XID events from NVML into the faults;
         ``on_fault()`` after one that changed a GPU's taints."""
@@ -247,7 +294,8 @@ class GpuDriver(DriverProcess):
         self.kind = GpuKind(api, opts)
         super().__init__(
             api, self.kind, opts, cdi_vendor=CDI_VENDOR, cdi_class=CDI_CLASS,
-            interval_s=opts.health_interval_s, tick=self._check, loop_name="health")
+            interval_s=opts.health_interval_s, tick=self._check, loop_name="health",
+            readiness_of=self.kind.binding_readiness)
         self._xid_stop = threading.Event()
         self._xid = threading.Thread(target=self.kind.watch_xid, name="xid", daemon=True,
                                      args=(self._xid_stop, self._fault))

@@ -80,6 +80,15 @@ class NvmlNode:
 
 
 @dataclass(frozen=True)
+class Fabric:
+    """A GPU's NVLink fabric registration (``nvmlGpuFabricInfo``)."""
+
+    state: int    # NVML_GPU_FABRIC_STATE_*: 1 not started, 2 in progress, 3 completed
+    status: int   # once completed: NVML_SUCCESS (0), or why it failed
+    error: str = ""  # NVML's words for a failed status
+
+
+@dataclass(frozen=True)
 class XidEvent:
     pci_bus_id: str
     xid: int
@@ -242,12 +251,34 @@ class Nvml:
         nv.nvmlDeviceGetGpuInstancePossiblePlacements(h, pid, placements, ctypes.byref(count))
         return tuple(int(placements[i].start) for i in range(count.value))
 
-    def _fabric(self, h: Any) -> str | None:
+    def _fabric_info(self, h: Any) -> Any:
+        """The fabric info struct, or None for a GPU (or driver) without one."""
         nv = self.nv
         info = nv.c_nvmlGpuFabricInfo_t()
         try:
             nv.nvmlDeviceGetGpuFabricInfo(h, ctypes.byref(info))
         except (nv.NVMLError_NotSupported, nv.NVMLError_FunctionNotFound):
+            return None
+        return None if info.state == nv.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED else info
+
+    def fabric(self, pci_bus_id: str) -> Fabric | None:
+        """The GPU's fabric registration now (None: it has no fabric);
+        ``ValueError`` when NVML cannot read the GPU (unknown, lost)."""
+        nv = self.nv
+        try:
+            info = self._fabric_info(self._handle(pci_bus_id))
+        except nv.NVMLError as err:
+            raise ValueError(f"GPU {pci_bus_id}: NVML: {err}") from err
+        if info is None:
+            return None
+        status = int(info.status)
+        return Fabric(state=int(info.state), status=status,
+                      error="" if status == nv.NVML_SUCCESS else _text(nv.nvmlErrorString(status)))
+
+    def _fabric(self, h: Any) -> str | None:
+        nv = self.nv
+        info = self._fabric_info(h)
+        if info is None:
             return None
         if info.state != nv.NVML_GPU_FABRIC_STATE_COMPLETED or info.status != nv.NVML_SUCCESS:
             return None  # not (yet) registered with the fabric manager

@@ -45,16 +45,20 @@ class DeviceStatus:
     network_data: Mapping[str, Any] = field(default_factory=dict)
 
 
+def stamp(now: dt.datetime) -> str:
+    """A condition's ``lastTransitionTime`` (RFC 3339, seconds, UTC)."""
+    return now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def apply_body(driver: str, claim: ClaimRef, devices: Sequence[DeviceStatus],
                now: dt.datetime) -> dict[str, Any]:
-    stamp = now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     entries = []
     for d in devices:
         entry: dict[str, Any] = {
             "driver": driver, "pool": d.pool, "device": d.device,
             "conditions": [{"type": "Ready", "status": "True" if d.ready else "False",
                             "reason": d.reason, "message": d.message,
-                            "lastTransitionTime": stamp}],
+                            "lastTransitionTime": stamp(now)}],
         }
         if d.data:
             entry["data"] = dict(d.data)
@@ -63,28 +67,41 @@ def apply_body(driver: str, claim: ClaimRef, devices: Sequence[DeviceStatus],
         if d.share_id is not None:
             entry["shareID"] = d.share_id
         entries.append(entry)
-    # metadata.uid makes the apply a precondition: a recreated claim of the
-    # same name is refused (409) instead of getting this claim's status.
+    return status_body(claim, entries)
+
+
+def status_body(claim: ClaimRef, entries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The apply of ``status.devices`` = ``entries``. metadata.uid makes it
+    a precondition: a recreated claim of the same name is refused (409)
+    instead of getting this claim's status."""
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": claim.name, "namespace": claim.namespace, "uid": claim.uid},
-            "status": {"devices": entries}}
+            "status": {"devices": [dict(e) for e in entries]}}
 
 
 def apply_device_status(api: ApiClient, driver: str, claim: ClaimRef,
                         devices: Sequence[DeviceStatus], now: dt.datetime | None = None) -> bool:
     """Apply this driver's entries; False when the claim is gone (deleted,
     or replaced by one with another UID). Other API errors raise."""
-    body = apply_body(driver, claim, devices, now or dt.datetime.now(dt.UTC))
+    return apply_status(api, driver, apply_body(driver, claim, devices,
+                                                now or dt.datetime.now(dt.UTC)))
+
+
+def apply_status(api: ApiClient, manager: str, body: dict[str, Any]) -> bool:
+    """Server-side apply of a ``status_body`` under field manager
+    ``manager``; False when the claim is gone. Other API errors raise."""
+    meta = body["metadata"]
     try:
         ResourceV1Api(api).patch_namespaced_resource_claim_status(
-            claim.name, claim.namespace, body, field_manager=driver, force=True,
+            meta["name"], meta["namespace"], body, field_manager=manager, force=True,
             _content_type=APPLY, _preload_content=False, _request_timeout=20)
     except ApiException as err:
         if err.status in (404, 409):
             return False
         if err.status == 422 and ALLOCATION_REENCODED in (err.body or ""):
             raise UnwritableClaim(
-                f"the apiserver refuses every status update of claim {claim}: its opaque "
+                f"the apiserver refuses every status update of claim {meta['namespace']}/"
+                f"{meta['name']} ({meta['uid']}): its opaque "
                 "config parameters were sent in another JSON spelling than the apiserver's "
                 "(spaces, or keys not sorted) and were copied so into status.allocation; "
                 "create the claim with kubectl or with compact, key-sorted JSON") from err

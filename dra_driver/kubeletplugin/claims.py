@@ -49,7 +49,7 @@ def reserved_pods(claim: Mapping[str, Any]) -> tuple[str, ...]:
                  if r.get("resource") == "pods" and not r.get("apiGroup") and r.get("uid"))
 
 
-def _selects_node(node_selector: Mapping[str, Any] | None, node_name: str) -> bool:
+def selects_node(node_selector: Mapping[str, Any] | None, node_name: str) -> bool:
     """False only when the allocation pins nodes by name and ours is not one."""
     if not node_selector:
         return True
@@ -83,7 +83,7 @@ def allocated_devices(claim: Mapping[str, Any], ref: ClaimRef, driver: str, node
     allocation = (claim.get("status") or {}).get("allocation")
     if not allocation:
         raise ClaimError(f"{where} is not allocated")
-    if not _selects_node(allocation.get("nodeSelector"), node_name):
+    if not selects_node(allocation.get("nodeSelector"), node_name):
         raise ClaimError(f"{where} is allocated for another node, not {node_name}")
     results = [r for r in (allocation.get("devices") or {}).get("results") or []
                if r.get("driver") == driver and r.get("pool") in pools]

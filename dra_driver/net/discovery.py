@@ -31,7 +31,7 @@ from toposerve.topology.model import BDF_RE
 # PCI base class 0x02 is "network controller" (Ethernet 0x0200, InfiniBand
 # 0x0207, ...): every function of it is a NIC candidate.
 NETWORK_CLASS = re.compile(r"^0x02")
-IFF_LOOPBACK = 0x8
+IFF_UP, IFF_LOOPBACK = 0x1, 0x8
 # ARPHRD_* link types by the names iproute2 prints for them.
 ENCAPSULATION = {1: "ether", 32: "infiniband", 772: "loopback", 776: "sit", 65534: "none"}
 
@@ -69,6 +69,7 @@ class LinkInfo:
     loopback: bool
     ipv4: tuple[str, ...] = ()          # global unicast addresses as CIDRs
     ipv6: tuple[str, ...] = ()
+    admin_up: bool = False              # IFF_UP: brought up (operstate says if it has carrier)
 
 
 @dataclass(frozen=True)
@@ -207,7 +208,7 @@ def _link_info(msg: Any, addrs: Iterable[Any]) -> LinkInfo:
         state=str(msg.get("IFLA_OPERSTATE") or "unknown").lower(),
         encapsulation=ENCAPSULATION.get(int(msg["ifi_type"]), str(msg["ifi_type"])),
         kind=msg.get_nested("IFLA_LINKINFO", "IFLA_INFO_KIND"),
-        loopback=bool(msg["flags"] & IFF_LOOPBACK),
+        loopback=bool(msg["flags"] & IFF_LOOPBACK), admin_up=bool(msg["flags"] & IFF_UP),
         ipv4=tuple(sorted(v4)), ipv6=tuple(sorted(v6)))
 
 

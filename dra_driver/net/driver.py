@@ -9,13 +9,14 @@ RDMA character devices, and the ``networkData`` the claim's status shows.
 ``unprepare`` removes the record. Both are idempotent.
 
 The process also repairs the mover's journal at start-up and serves the
-CNI plugin's calls on its hand-off socket (``handoff.server``).
+CNI plugin's calls on its hand-off socket (``handoff.server``) and, with
+binding conditions on, says when an allocated NIC is ready (``binding``).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,11 @@ from toposerve.dra_driver.kubeletplugin import (
     merge_opaque,
     parse_opaque,
 )
+from toposerve.dra_driver.kubeletplugin.binding import (
+    Readiness,
+    with_binding_conditions,
+)
+from toposerve.dra_driver.net.binding import CONDITIONS, link_readiness
 from toposerve.dra_driver.net.config import NetConfig
 from toposerve.dra_driver.net.devices import DRIVER, discovered_pool
 from toposerve.dra_driver.net.discovery import NetFilters, Nic, discover
@@ -156,7 +162,10 @@ class NetKind:
     # -- DeviceKind ---------------------------------------------------------
 
     def enumerate(self) -> Sequence[Pool]:
-        return [self.discover().pool]
+        pool = self.discover().pool
+        if self.opts.binding_conditions:
+            pool = with_binding_conditions(pool, CONDITIONS)
+        return [pool]
 
     def validate_config(self, parameters: Mapping[str, Any]) -> NetConfig:
         return parse_opaque(parameters, NetConfig)
@@ -216,18 +225,27 @@ class NetKind:
 
     # -- health ---------------------------------------------------------------
 
+    def _present(self, nic: Nic) -> bool:
+        return nic.pci is None or (self.opts.sysfs_root / "bus/pci/devices" / nic.pci.bdf
+                                   ).exists()
+
     def check_health(self, board: HealthBoard) -> None:
         """A PCI NIC whose function left the bus is unhealthy; a published
         device is healthy otherwise (a link that is down is a state, not a fault)."""
         found = self.current()
-        pci = self.opts.sysfs_root / "bus/pci/devices"
         results = []
         for name, nic in found.nics.items():
-            present = nic.pci is None or (pci / nic.pci.bdf).exists()
+            present = self._present(nic)
             results.append((found.pool.name, name, present,
                             "" if present else f"PCI device {nic.pci.bdf if nic.pci else ''} "
                                                "is gone"))
         board.update(results)
+
+    def binding_readiness(self, devices: Collection[str]) -> dict[str, Readiness]:
+        """How each allocated NIC is, as of the last rescan (``binding``)."""
+        nics = self.current().nics
+        return {d: link_readiness(nic, nic is not None and self._present(nic))
+                for d in devices for nic in [nics.get(d)]}
 
 
 class NetDriver(DriverProcess):
@@ -243,7 +261,8 @@ class NetDriver(DriverProcess):
         self._watch = LinkWatch(self._rescan, netns_path(opts.netns))
         super().__init__(
             api, self.kind, opts, cdi_vendor=CDI_VENDOR, cdi_class=CDI_CLASS,
-            interval_s=opts.rescan_interval_s, tick=self._rescan, loop_name="rescan")
+            interval_s=opts.rescan_interval_s, tick=self._rescan, loop_name="rescan",
+            readiness_of=self.kind.binding_readiness)
 
     def start(self) -> None:
         """Repair first (a NIC a crashed mover left half-moved goes back to
@@ -268,3 +287,5 @@ class NetDriver(DriverProcess):
         with self._rescanning:
             self.plugin.refresh_pools()  # the publisher writes only what changed
             self.kind.check_health(self.plugin.health)
+        if self.binding is not None:
+            self.binding.kick()  # a link that came up or went down decides its claims now

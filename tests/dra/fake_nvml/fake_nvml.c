@@ -9,7 +9,10 @@
  * At run time (read on every call that needs them):
  *   <scenario>.lost  GPU indices, one a line, whose calls return GPU_IS_LOST;
  *   <scenario>.xid   "<gpu index> <xid>" lines, each delivered once by
- *                    nvmlEventSetWait_v2 as a critical XID event.
+ *                    nvmlEventSetWait_v2 as a critical XID event;
+ *   <scenario>.fabric "<gpu index> <state> <status>" lines: that GPU's fabric
+ *                    registration now (NVML_GPU_FABRIC_STATE_*, an nvmlReturn_t),
+ *                    over its scenario's fabric_state (the last line wins).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -315,6 +318,21 @@ nvmlReturn_t nvmlDeviceGetGpuInstanceRemainingCapacity(nvmlDevice_t d, unsigned 
     return OK;
 }
 
+/* The GPU's fabric state and status as <scenario>.fabric sets them now, if it does. */
+static void fabric_now(const struct gpu *g, unsigned int *state, nvmlReturn_t *status) {
+    char path[4200], line[64];
+    int index, st, rc;
+    FILE *f;
+    snprintf(path, sizeof path, "%s.fabric", scenario);
+    if (!(f = fopen(path, "r"))) return;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "%d %d %d", &index, &st, &rc) == 3 && index == g->index) {
+            *state = (unsigned int)st;
+            *status = rc;
+        }
+    fclose(f);
+}
+
 nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t d, nvmlGpuFabricInfo_t *f) {
     CHECK(d, !f);
     if (!d->has_fabric) return E_NOT_SUPPORTED;
@@ -322,6 +340,7 @@ nvmlReturn_t nvmlDeviceGetGpuFabricInfo(nvmlDevice_t d, nvmlGpuFabricInfo_t *f) 
     f->status = OK;
     f->cliqueId = d->fabric_clique;
     f->state = d->fabric_state;
+    fabric_now(d, &f->state, &f->status);
     return OK;
 }
 
