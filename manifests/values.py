@@ -190,6 +190,14 @@ class PluginDriver(Placement):
                     "update replace pods one at a time, old first (no overlap)")
     extra_args: list[str] = Field(default_factory=list,
                                   description="more flags for the driver's command")
+    binding_conditions: bool = Field(
+        default=False,
+        description="publish the devices with binding conditions (DRADeviceBindingConditions, "
+                    "beta in Kubernetes 1.37): a pod binds to a node only once the driver "
+                    "there has marked its allocated devices ready (a NIC present with its link "
+                    "up; a GPU registered with its NVLink fabric) and goes back to scheduling "
+                    "when one failed. Grants the driver list and watch on every "
+                    "ResourceClaim; a pod start waits for the scheduler's 5 s poll")
 
 
 class GpuDriver(PluginDriver):

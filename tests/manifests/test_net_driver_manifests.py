@@ -113,3 +113,20 @@ def test_cni_install_off_and_unchained() -> None:
     [init] = unchained["initContainers"]
     assert not [a for a in init["command"] if a.startswith("--chain-into")]
     assert "cni-conf" not in {v["name"] for v in unchained["volumes"]}
+
+
+def test_binding_conditions_add_the_flag_and_the_claim_watch() -> None:
+    """Either driver: off, the claims it prepares are only read; on, its
+    command asks for binding conditions and it may list and watch claims
+    (those waiting on its devices), nothing more."""
+    for section, component, enable in (("netDriver", "net-driver", ("netDriver.enabled=true",)),
+                                       ("gpuDriver", "gpu-driver", ())):
+        for on, verbs in ((False, ["get"]), (True, ["get", "list", "watch"])):
+            objs = objects(*enable, f"{section}.bindingConditions={str(on).lower()}",
+                           only=[component])  # type: ignore[list-item]
+            [claims] = [r for r in one(objs, "ClusterRole")["rules"]
+                        if r["resources"] == ["resourceclaims"]]
+            assert claims["verbs"] == verbs, (section, on)
+            command = one(objs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0][
+                "command"]
+            assert ("--binding-conditions" in command) is on, (section, on)

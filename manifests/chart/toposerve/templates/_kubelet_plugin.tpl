@@ -51,10 +51,11 @@ rules:
 - apiGroups: [resource.k8s.io]
   resources: [resourceslices]
   verbs: [get, list, watch, create, update, delete]
-# the claims it prepares, read before preparing
+# the claims it prepares, read before preparing; with binding conditions,
+# watched (claims cannot be selected by node) for those waiting on its devices
 - apiGroups: [resource.k8s.io]
   resources: [resourceclaims]
-  verbs: [get]
+  verbs: {{ ternary "[get, list, watch]" "[get]" ($d.bindingConditions | default false) }}
 # status.devices of claims allocated on its own node, for its own driver name only
 - apiGroups: [resource.k8s.io]
   resources: [resourceclaims/status]
@@ -148,6 +149,9 @@ spec:
         - --dev-root={{ $d.devRoot }}
         {{- /* metrics for a scraper on the pod network; on the node's, its loopback only */}}
         - --http-address={{ ternary "127.0.0.1" "0.0.0.0" (.hostNetwork | default false) }}:{{ $d.httpPort | default 0 }}
+        {{- if $d.bindingConditions }}
+        - --binding-conditions
+        {{- end }}
         {{- range .extraFlags }}
         - {{ . | quote }}
         {{- end }}
