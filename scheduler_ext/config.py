@@ -72,6 +72,13 @@ class PlacementConfig(Section):
                     "count it there until it binds: whole nodes and racks stay free for "
                     "groups, and a group deciding meanwhile sees the room it takes; "
                     "false: neutral scores")
+    sampled_nodes: bool = Field(
+        default=False, alias="sampledNodes",
+        description="the scheduler offers a sample of the feasible nodes (its "
+                    "percentageOfNodesToScore below 100): a member held to a domain that "
+                    "still fits its group by the extender's count, whose nodes with room "
+                    "were not offered, waits for the scheduler's next try instead of "
+                    "climbing a level")
     cost_profile: str = Field(
         default="gb200-nvl72", alias="costProfile",
         description="hardware profile whose tier costs apply to nodes that carry no "
@@ -154,7 +161,8 @@ class ExtenderConfig(Section):
         return Policy(promise_ttl_s=self.placement.promise_ttl_seconds,
                       default_preferred=preferred,
                       kv_bytes=parse_quantity(self.placement.kv_size_per_request), links=links,
-                      pack_ungrouped=self.placement.pack_ungrouped)
+                      pack_ungrouped=self.placement.pack_ungrouped,
+                      sampled=self.placement.sampled_nodes)
 
 
 def load_extender_config(path: str | Path) -> ExtenderConfig:

@@ -10,11 +10,14 @@ import yaml
 
 def scheduler_config(url: str, *, weight: int = 1, timeout_s: float = 5.0,
                      scheduler_name: str | None = None, qps: int | None = None,
-                     kubeconfig: str | None = None) -> dict[str, Any]:
+                     kubeconfig: str | None = None,
+                     percentage_of_nodes_to_score: int | None = 100) -> dict[str, Any]:
     """``url``: the extender's URL prefix (``http://127.0.0.1:8888``); the
     scheduler posts to ``<url>/filter``, ``/prioritize`` and ``/preempt``.
     ``qps``: the scheduler's own client rate limit (the local cluster's
-    benchmarks raise it, docs/design.md §7)."""
+    benchmarks raise it, docs/design.md §7). ``percentage_of_nodes_to_score``:
+    100 (every feasible node) unless the extender runs with
+    ``placement.sampledNodes``; None: the scheduler's adaptive default."""
     extender = {
         "urlPrefix": url.rstrip("/"),
         "filterVerb": "filter",
@@ -33,10 +36,11 @@ def scheduler_config(url: str, *, weight: int = 1, timeout_s: float = 5.0,
     cfg: dict[str, Any] = {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
-        # a topology extender must see every feasible node, not a sample
-        "percentageOfNodesToScore": 100,
-        "extenders": [extender],
     }
+    if percentage_of_nodes_to_score is not None:
+        # 100: the extender sees every feasible node, not a sample
+        cfg["percentageOfNodesToScore"] = percentage_of_nodes_to_score
+    cfg["extenders"] = [extender]
     if scheduler_name:
         cfg["profiles"] = [{"schedulerName": scheduler_name}]
     conn: dict[str, Any] = {}

@@ -60,7 +60,9 @@ def _scheduler_config(args: argparse.Namespace) -> int:
         return 2
     print(render(scheduler_config(args.url, weight=args.weight, timeout_s=args.timeout,
                                   scheduler_name=args.scheduler_name, qps=args.qps,
-                                  kubeconfig=args.kubeconfig)), end="")
+                                  kubeconfig=args.kubeconfig,
+                                  percentage_of_nodes_to_score=None if args.sampled else 100)),
+          end="")
     return 0
 
 
@@ -82,4 +84,8 @@ def register(sub: Any) -> None:
                                              "scheduler's profile)")
     sc.add_argument("--qps", type=int, help="the scheduler's client QPS and burst")
     sc.add_argument("--kubeconfig", help="clientConnection.kubeconfig of the scheduler")
+    sc.add_argument("--sampled", action="store_true",
+                    help="leave percentageOfNodesToScore to the scheduler (a sample of the "
+                         "nodes at scale, not every one); run the extender with "
+                         "placement.sampledNodes: true")
     sc.set_defaults(handler=_scheduler_config)

@@ -28,6 +28,12 @@ def _settings(section: dict[str, Any] | None, sep: str = " ") -> str:
     return ", ".join(f"{k}{sep}{v}" for k, v in sorted((section or {}).items())) or "as shipped"
 
 
+def _sampled(sc: dict[str, Any]) -> bool:
+    """Whether the toposerve setup's scheduler sampled nodes (its extender's
+    ``placement.sampledNodes``) rather than scoring every one."""
+    return bool(((sc.get("extender") or {}).get("placement") or {}).get("sampledNodes"))
+
+
 def markdown(doc: dict[str, Any], pngs: list[str]) -> str:
     sc = doc["scenario"]
     lim = sc["clientLimits"]
@@ -44,7 +50,8 @@ def markdown(doc: dict[str, Any], pngs: list[str]) -> str:
              f"{lim['controllerManagerBurst'] or 'default'}; scheduler "
              f"percentageOfNodesToScore "
              f"{sc.get('scheduler', {}).get('percentageOfNodesToScore') or 'adaptive'} "
-             f"(with the extender: 100), feature gates "
+             f"(with the extender: "
+             f"{'the same' if _sampled(sc) else 100}), feature gates "
              f"{_settings(sc.get('scheduler', {}).get('featureGates'), '=')}. Slices of "
              f"{', '.join(sc.get('drivers') or ALL_DRIVERS)}; "
              f"GOGC {gogc}; kwok node status every "

@@ -66,16 +66,19 @@ def scheduler_config(sc: ScaleScenario, setup: Setup, extender_url: str) -> dict
     from toposerve.scheduler_ext.scheduler_config import scheduler_config as with_extender
 
     lim = sc.client_limits
+    pct = sc.scheduler.percentage_of_nodes_to_score
+    # an extender that waits out samples lacking its groups' domains lets the
+    # scheduler sample as in the other setups (docs/extender.md, sampledNodes)
+    sampled = sc.extender.placement is not None and sc.extender.placement.sampled_nodes
     if setup is Setup.TOPOSERVE:
-        cfg = with_extender(extender_url)
+        cfg = with_extender(extender_url, percentage_of_nodes_to_score=pct if sampled else 100)
     else:
         cfg = {"apiVersion": "kubescheduler.config.k8s.io/v1",
                "kind": "KubeSchedulerConfiguration"}
+        if pct is not None:
+            cfg["percentageOfNodesToScore"] = pct
     if lim.scheduler_qps:
         cfg["clientConnection"] = {"qps": lim.scheduler_qps, "burst": lim.scheduler_burst}
-    pct = sc.scheduler.percentage_of_nodes_to_score
-    if pct is not None and setup is not Setup.TOPOSERVE:
-        cfg["percentageOfNodesToScore"] = pct
     return cfg
 
 

@@ -180,7 +180,8 @@ class SchedulerTuning(Model):
         default=None, ge=1, le=100, alias="percentageOfNodesToScore",
         description="KubeSchedulerConfiguration percentageOfNodesToScore for the default "
                     "and in-tree setups (unset: the scheduler's adaptive default); the "
-                    "extender's setup always scores every node")
+                    "extender's setup scores every node, unless its extender runs with "
+                    "placement.sampledNodes (then this too)")
     feature_gates: dict[str, bool] = Field(
         default_factory=dict, alias="featureGates",
         description="kube-scheduler feature gates in every setup, e.g. "

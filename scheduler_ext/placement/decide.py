@@ -58,6 +58,9 @@ class Policy:
     kv_bytes: int = 8 * 2**30  # one request's KV cache, for the transfer-cost model
     links: Callable[[str | None], dict[Tier, TierLink]] | None = None  # profile -> tier costs
     pack_ungrouped: bool = True  # pods of no group: best fit (``prioritize_ungrouped``)
+    # the scheduler offers a sample of the feasible nodes (percentageOfNodesToScore
+    # below 100): a node not offered may still be feasible (``_unoffered_room``)
+    sampled: bool = False
 
 
 class Outcome(StrEnum):
@@ -370,6 +373,9 @@ def filter_member(view: View, group: Group, uid: str, candidates: list[str], pol
         # bindings (the scheduler retries) rather than widen the group for nothing
         if any(m.assumed for m in group.members) or _in_flight(view, decision):
             break
+        if policy.sampled and _unoffered_room(view, group, member.demand, candidates,
+                                              decision, reserved):
+            break  # a sample without the domain's free nodes: the next try may have them
         pick = _choose(view, group, {*candidates, *(m.node for m in group.bound() if m.node)},
                        reserved, climb(Tier(decision.tier + 1)), decision.domain,
                        decision.profiles)
@@ -378,6 +384,20 @@ def filter_member(view: View, group: Group, uid: str, candidates: list[str], pol
         decision = replace(decision, tier=pick.tier, domain=pick.domain)
         outcome = Outcome.CLIMBED
     return FilterResult(passed, failed, decision, outcome)
+
+
+def _unoffered_room(view: View, group: Group, demand: int, candidates: list[str],
+                    decision: Decision, reserved: dict[str, int]) -> bool:
+    """Whether the decided domain still holds every pending member by the
+    extender's own count, on a node with room for this one that was not
+    among the ``candidates``: with a sampling scheduler, that node was most
+    likely left out of this attempt's sample, not found infeasible, and
+    climbing would split the group for nothing."""
+    names = _nodes(view, decision.tier, decision.domain, decision.profiles)
+    free = _free(view, names, reserved)
+    offered = set(candidates)
+    return any(f >= demand and n not in offered for n, f in free.items()) and \
+        pack.fits(group.pending(), free)
 
 
 def _in_flight(view: View, decision: Decision) -> bool:

@@ -259,6 +259,31 @@ def test_a_held_group_climbs_when_its_domain_fills_unexpectedly() -> None:
     assert {rack_of(view, x) for x in res.passed} == {rack_of(view, first)}
 
 
+def test_a_held_group_waits_out_a_sample_without_its_domain() -> None:
+    # hgx-200 with a sampling scheduler: members whose rack was left out of the
+    # attempt's sample climbed to the block, and 8 of 20 P/D slices split
+    g = gang("pd", 4, 4, roles=["prefill", "prefill", "decode", "decode"])
+    view, first = first_placed(("hgx-h100", 8), g)
+    assert view.decisions[g.key].tier == Tier.RACK
+    elsewhere = sorted(n for n in view.nodes if rack_of(view, n) != rack_of(view, first))
+    sampled = replace(POLICY, sampled=True)
+    res = filter_member(view, view.groups[g.key], "pd-1", elsewhere, sampled, 1.0)
+    assert res.outcome == Outcome.HELD and res.passed == []
+    assert res.decision is not None and res.decision.tier == Tier.RACK
+    assert all("is held to" in r for r in res.failed.values())
+    # every feasible node offered (no sampling): none of them is in the rack, so it is full
+    res = filter_member(view, view.groups[g.key], "pd-1", elsewhere, POLICY, 1.0)
+    assert res.outcome == Outcome.CLIMBED
+    # the rack full by the extender's own count: a sampling scheduler's pod climbs too
+    for n in view.nodes:
+        if rack_of(view, n) == rack_of(view, first) and n != first:
+            view.nodes[n] = replace(view.nodes[n], used=8)
+    view.memo.clear()
+    res = filter_member(view, view.groups[g.key], "pd-1", elsewhere, sampled, 2.0)
+    assert res.outcome == Outcome.CLIMBED and res.decision is not None
+    assert res.decision.tier > Tier.RACK
+
+
 def test_a_held_group_waits_while_a_pod_in_flight_fills_its_domain() -> None:
     g = gang("pair", 2, 4, preferred=Tier.NVLINK)
     view, first = first_placed(("hgx-h100", 8), g)

@@ -262,6 +262,10 @@ def test_scheduler_config_command(capsys: pytest.CaptureFixture[str]) -> None:
     (ext,) = cfg["extenders"]
     assert ext["nodeCacheCapable"] is True and ext["managedResources"] == []
     assert ext["ignorable"] is True and ext["httpTimeout"] == "5s"
+    assert main(["extender", "scheduler-config", "--url", "http://127.0.0.1:9999",
+                 "--sampled"]) == 0
+    sampled = yaml.safe_load(capsys.readouterr().out)
+    assert "percentageOfNodesToScore" not in sampled and sampled["extenders"] == [ext]
     assert main(["extender", "scheduler-config", "--url", "127.0.0.1:9999"]) == 2
 
 

@@ -243,6 +243,9 @@ def test_second_scheduler_wires_the_extender() -> None:
         "ignorable": True, "httpTimeout": "5s"}]
     assert cfg["leaderElection"] == {"leaderElect": True, "resourceNamespace": "toposerve-system",
                                      "resourceName": "toposerve-scheduler"}
+    # an extender that waits out samples: the scheduler's adaptive default
+    sampled = _scheduler_config("extender.config.placement.sampledNodes=true")
+    assert "percentageOfNodesToScore" not in sampled and sampled["extenders"] == cfg["extenders"]
     pod = one(objects(only=["scheduler"]), "Deployment")["spec"]["template"]["spec"]
     assert "podAffinity" not in pod["affinity"] and "hostNetwork" not in pod
     assert "--bind-address=0.0.0.0" in _container_of(pod)["command"]

@@ -392,6 +392,13 @@ def test_scheduler_config_states_the_client_limits_and_scoring_per_setup() -> No
     ours = scheduler_config(sc, Setup.TOPOSERVE, "http://127.0.0.1:1")
     assert ours["percentageOfNodesToScore"] == 100
     assert ours["extenders"][0]["urlPrefix"] == "http://127.0.0.1:1"
+    # an extender that waits out samples: the scenario's percentage, or the adaptive default
+    sampled = {"placement": {"sampledNodes": True}}
+    ours = scheduler_config(scenario(scheduler={"percentageOfNodesToScore": 10},
+                                     extender=sampled), Setup.TOPOSERVE, "http://127.0.0.1:1")
+    assert ours["percentageOfNodesToScore"] == 10
+    ours = scheduler_config(scenario(extender=sampled), Setup.TOPOSERVE, "http://127.0.0.1:1")
+    assert "percentageOfNodesToScore" not in ours and ours["extenders"]
     spec = cluster_spec(sc, Setup.IN_TREE, "x", Path("s.yaml"))
     assert "GenericWorkload=true" in spec.feature_gates and spec.controller_manager_qps is None
     assert cluster_spec(sc, Setup.DEFAULT, "x", Path("s.yaml")).feature_gates == ""
