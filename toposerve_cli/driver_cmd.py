@@ -61,7 +61,7 @@ def _common(args: argparse.Namespace) -> dict[str, Any] | str:
         return f"--sysfs-root {args.sysfs_root}: no bus/pci/devices there"
     if not 0 <= args.binding_failure_after <= 3600:
         return (f"--binding-failure-after {args.binding_failure_after:g}: give 0 to 3600 "
-                "seconds (within the scheduler's binding timeout, 600 by default)")
+                "seconds, under the scheduler's binding timeout (600 by default)")
     return dict(node_name=args.node_name, plugin_dir=args.plugin_dir,
                 registry_dir=args.registry_dir, cdi_root=args.cdi_root,
                 sysfs_root=args.sysfs_root, dev_root=args.dev_root,

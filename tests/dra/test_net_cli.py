@@ -36,3 +36,14 @@ def test_bad_filter(capsys: pytest.CaptureFixture[str], tmp_path: Path, flag: st
     assert rc == 2
     assert err.strip().startswith(f"error: {flag} 'ens(': not a regular expression: "), err
     assert "\n" not in err.strip()
+
+
+@pytest.mark.parametrize("seconds", ["-1", "7200"])
+def test_binding_failure_after_out_of_range(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                            seconds: str) -> None:
+    sysfs = write_profile_sysfs(load_profile("mi300x"), tmp_path / "sys")
+    rc, err = _run(["--node-name", "n1", "--sysfs-root", str(sysfs), "--binding-conditions",
+                    "--binding-failure-after", seconds], capsys)
+    assert rc == 2 and err.strip() == (
+        f"error: --binding-failure-after {float(seconds):g}: give 0 to 3600 seconds, under "
+        "the scheduler's binding timeout (600 by default)")
