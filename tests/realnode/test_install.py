@@ -226,7 +226,7 @@ def test_install_on_an_empty_cluster_serves_once_a_model_server_comes(stack: Sta
     _start_sims(stack)
     started = time.monotonic()
     wait_for("every router replica serving the model servers", lambda: all(
-        _chat(url).status_code == 200 for url in urls), timeout=90, interval=0.5)
+        _serves(url) for url in urls), timeout=90, interval=0.5)
     print(f"router: 503 until the model servers came; served {time.monotonic() - started:.1f}s "
           "after their pods were created")
 
@@ -341,6 +341,15 @@ def _chat(url: str, model: str | None = SIM_MODEL) -> httpx.Response:
         "model": model, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
 
 
+def _serves(url: str) -> bool:
+    """A chat answered 200; a replica not listening yet (Running, still
+    starting) does not."""
+    try:
+        return _chat(url).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
 def _healthy_endpoints(router: str) -> set[str]:
     text = httpx.get(router + "/metrics", timeout=5).text
     return {line.split('"')[1] for line in text.splitlines()
@@ -390,8 +399,8 @@ def test_router_replicas_all_serve_and_one_goes_on_when_the_other_is_lost(stack:
     now = router_replicas(stack.core, ROUTER_NS, timeout=120)
     assert kept.metadata.uid in {p.metadata.uid for p in now.values()}  # not restarted
     assert lost.metadata.uid not in {p.metadata.uid for p in now.values()}
-    wait_for("the new replica serving", lambda: _chat(host_url(
-        now[sorted(now)[0]])).status_code == 200, timeout=60, interval=0.5)
+    wait_for("the new replica serving", lambda: _serves(host_url(now[sorted(now)[0]])),
+             timeout=60, interval=0.5)
     print(f"router replica lost: the other answered {len(answered)} requests in the 5 s "
           "after its pod was deleted, all 200")
 
@@ -698,7 +707,7 @@ def test_rollback_to_the_revision_before(stack: Stack) -> None:
             "annotations"][CONFIG_HASH]
         assert pod.metadata.annotations[CONFIG_HASH] == want, deployment
     wait_for("every replica serving", lambda: all(
-        _chat(host_url(p)).status_code == 200 for p in routers.values()), timeout=30)
+        _serves(host_url(p)) for p in routers.values()), timeout=30)
 
 
 def test_uninstall_leaves_only_what_it_keeps(stack: Stack) -> None:
