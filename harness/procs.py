@@ -44,8 +44,9 @@ class Proc:
         return total
 
     def samples(self) -> list[Sample]:
-        """Every sample on its /metrics now."""
-        text = httpx.get(self.url + "/metrics").text
+        """Every sample on its /metrics now (a process starved of CPU by
+        the engines beside it may take seconds to answer)."""
+        text = httpx.get(self.url + "/metrics", timeout=30).text
         return [s for fam in text_string_to_metric_families(text) for s in fam.samples]
 
     def metric(self, name: str, **labels: str) -> float:

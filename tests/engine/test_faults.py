@@ -83,7 +83,10 @@ class Flood:
 def test_a_full_queue_sends_new_work_to_the_other_server(
         procs: Procs, engines: list[VllmServer], model_dir: Path) -> None:
     other, full = engines
+    # no saturation filter: should the flood fill the full server's KV past
+    # its threshold, the filter would decide ("only-candidate"), not the queue
     router = procs.router({**router_config([other, full], model_dir), "profile": {
+        "filters": [{"type": "model"}, {"type": "healthy"}],
         "scorers": [{"type": "prefix-precise", "weight": 2}, {"type": "queue", "weight": 1}],
         "picker": {"type": "max-score", "params": {"seed": 5}}},
         "scrape": {"intervalSeconds": 0.1}})

@@ -1,8 +1,9 @@
-"""The router's install on the real apiserver: every object of the
-`router` component passes a strict server-side dry run, and its RBAC is
-enough for what the router does (the election's Lease writes, its pod's
-role label, discovery, the key Secret) and no more, checked by
-impersonating its service account."""
+"""The router's install on the real apiserver, active-active (the
+default) and as a hot-standby pair: every object of the `router`
+component passes a strict server-side dry run, and its RBAC is enough for
+what the router does (discovery, the key Secret; a pair's election Lease
+and its pod's role label) and no more, checked by impersonating its
+service account."""
 
 from __future__ import annotations
 
@@ -40,13 +41,15 @@ def _apply(dyn: Any, obj: dict[str, Any], dry_run: bool) -> Any:
                                  query_params=[("fieldValidation", "Strict")])
 
 
-@pytest.fixture
-def install(cluster: Cluster) -> Iterator[tuple[InstallValues, list[dict[str, Any]]]]:
+@pytest.fixture(params=["active-active", "hot-standby"])
+def install(cluster: Cluster, request: pytest.FixtureRequest
+            ) -> Iterator[tuple[InstallValues, list[dict[str, Any]]]]:
     tag = f"tsr-{uuid.uuid4().hex[:6]}"
     url = urlparse(cluster.api.configuration.host)
-    # the model servers in the test's namespace too
+    # the model servers in the test's namespace too; the mode as asked
     models = ("{apiVersion: toposerve.io/v1, kind: RouterConfig, discovery: {kubernetes: "
-              f"{{namespace: {tag}, labelSelector: app=vllm}}}}}}")
+              f"{{namespace: {tag}, labelSelector: app=vllm}}}}, "
+              f"ha: {{mode: {request.param}}}}}")
     values = load_values(None, [f"apiServer.host={url.hostname}", f"apiServer.port={url.port}",
                                 f"namespace={tag}", f"router.namespace={tag}",
                                 f"namePrefix={tag}",
@@ -103,10 +106,12 @@ def test_router_objects_pass_a_strict_dry_run(
     assert dep["spec"]["template"]["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
     svc = next(o for o in objects if o["kind"] == "Service"
                and o["metadata"]["name"] == names.router)
-    assert svc["spec"]["selector"][ROLE_LABEL] == "leader"
     cfg = yaml.safe_load(next(o for o in objects if o["kind"] == "ConfigMap"
                               and o["metadata"]["name"] == names.router)["data"]["config.yaml"])
     assert cfg["ha"]["enabled"] is True
+    # a pair's Service reaches the leader; active-active's every replica
+    assert svc["spec"]["selector"].get(ROLE_LABEL) == (
+        "leader" if cfg["ha"]["mode"] == "hot-standby" else None)
     assert cfg["responses"]["redisUrl"].startswith(f"redis://{names.router_redis}.")
 
 
@@ -115,19 +120,24 @@ def test_router_rbac_is_enough_and_no_more(
     values, _ = install
     ns, names = router_namespace(values), Names.of(values.name_prefix)
     me = _as(cluster, f"system:serviceaccount:{ns}:{names.router}")
-    # the election: create, then renew, the Lease the config names
-    lease = LeaseConfig(name=names.router, namespace=ns, identity="replica-0")
-    elector = Elector(lease, api=JsonApi(me))
-    assert elector.round() is Step.CREATE
-    assert elector.round() is Step.RENEW
     coordination: Any = client.CoordinationV1Api(me)
-    assert _status(coordination.read_namespaced_lease, "someone-elses", ns) == 403
-    # its own pod's role label
     core: Any = client.CoreV1Api(cluster.api)
     core.create_namespaced_pod(ns, model_pod("router-0", "router", "router"))
-    PodLabel(JsonApi(me), ns, "router-0").set(True)
-    wait_for("the role label", lambda: (core.read_namespaced_pod("router-0", ns).metadata
-                                        .labels or {}).get(ROLE_LABEL) == "leader")
+    if values.router.config.ha.mode == "hot-standby":
+        # the election: create, then renew, the Lease the config names
+        lease = LeaseConfig(name=names.router, namespace=ns, identity="replica-0")
+        elector = Elector(lease, api=JsonApi(me))
+        assert elector.round() is Step.CREATE
+        assert elector.round() is Step.RENEW
+        assert _status(coordination.read_namespaced_lease, "someone-elses", ns) == 403
+        # its own pod's role label
+        PodLabel(JsonApi(me), ns, "router-0").set(True)
+        wait_for("the role label", lambda: (core.read_namespaced_pod("router-0", ns).metadata
+                                            .labels or {}).get(ROLE_LABEL) == "leader")
+    else:  # active-active needs neither: no Lease, no pod written
+        assert _status(coordination.read_namespaced_lease, names.router, ns) == 403
+        assert _status(client.CoreV1Api(me).patch_namespaced_pod, "router-0", ns,
+                       {"metadata": {"labels": {ROLE_LABEL: "leader"}}}) == 403
     # discovery: model pods in their namespace, nodes' labels
     mine: Any = client.CoreV1Api(me)
     assert _status(mine.list_namespaced_pod, ns, label_selector="app=vllm") == 200
