@@ -231,6 +231,15 @@ def _launch(procs: Procs, config: Callable[[int, int], dict[str, Any]], workers:
     return proc
 
 
+def pickers_healthy(proc: Proc) -> int:
+    """How many of the ``endpoint-picker`` cluster's replicas Envoy's own
+    health checks hold healthy now (its admin /clusters): a request sent
+    while none is gets Envoy's 500."""
+    text = httpx.get(proc.extra["admin"] + "/clusters", timeout=5).text
+    return sum(1 for line in text.splitlines()
+               if line.startswith("endpoint-picker::") and line.endswith("::health_flags::healthy"))
+
+
 def start_picker(procs: Procs, endpoints: list[str] | None,
                  config: dict[str, Any] | None = None) -> Proc:
     """``toposerve router --mode endpoint-picker`` over ``endpoints`` (None:

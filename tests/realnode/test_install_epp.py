@@ -24,7 +24,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from harness.envoy import start_envoy
+from harness.envoy import pickers_healthy, start_envoy
 from harness.images import make_images
 from harness.procs import Proc, Procs
 from harness.waiting import wait_for
@@ -93,6 +93,15 @@ def _healthy(core: Any) -> set[str]:
             if line.startswith("toposerve_router_endpoint_healthy{") and line.endswith(" 1.0")}
 
 
+def _ready(g: Gateway) -> None:
+    """Both pool pods in the leading picker's view, and that picker healthy
+    in Envoy's (until then Envoy answers 500: no picker to ask)."""
+    wait_for("both pool pods in the picker's view", lambda: _healthy(g.core) == ENDPOINTS,
+             timeout=90, interval=0.5)
+    wait_for("Envoy to hold a picker healthy", lambda: pickers_healthy(g.envoy) == 1,
+             timeout=30, interval=0.2)
+
+
 @pytest.fixture(scope="module")
 def gateway(real_node_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
             ) -> Iterator[Gateway]:
@@ -154,8 +163,7 @@ def _served_by(sdk: openai.OpenAI, text: str) -> str:
 
 def test_a_request_from_the_host_is_answered_by_a_pool_pod_the_picker_chose(
         gateway: Gateway, sdk: openai.OpenAI) -> None:
-    wait_for("both pool pods in the picker's view", lambda: _healthy(gateway.core) == ENDPOINTS,
-             timeout=90, interval=0.5)
+    _ready(gateway)
     # the same long conversation again and again: one server (prefix affinity)
     prefix = "the long system prompt every turn of this agent shares " * 20
     assert len({_served_by(sdk, prefix + f" turn {i}") for i in range(4)}) == 1
@@ -173,8 +181,7 @@ def test_a_request_from_the_host_is_answered_by_a_pool_pod_the_picker_chose(
 def test_a_pod_leaving_the_pool_is_picked_no_more(gateway: Gateway,
                                                   sdk: openai.OpenAI) -> None:
     _start_sims(gateway)
-    wait_for("both pool pods in the picker's view", lambda: _healthy(gateway.core) == ENDPOINTS,
-             timeout=90, interval=0.5)
+    _ready(gateway)
     gone, kept = sorted(PORTS)
     gateway.core.delete_namespaced_pod(gone, ROUTER_NS, grace_period_seconds=1)
     wait_for("the deleted pod out of the picker's view", lambda: _healthy(
@@ -192,6 +199,7 @@ def test_the_standby_picks_when_the_leaders_pod_is_deleted(gateway: Gateway,
     pod deleted, requests through Envoy are answered again within seconds,
     by the standby that took the Lease."""
     _start_sims(gateway)
+    _ready(gateway)
     pair = router_pair(gateway.core, ROUTER_NS)
     # no replica restarted in the tests before (a crash would hide behind
     # the pair's failover)
