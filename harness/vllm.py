@@ -17,11 +17,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
 from harness.engines import VLLM_ENV, installed, nixl_installed
 from toposerve.localcluster.ports import free_port
@@ -116,6 +118,26 @@ class VllmServer:
                 raise RuntimeError(f"vLLM on cpu {self.cpu} kept refusing to reset its "
                                    f"cache: {r.text}")
             time.sleep(0.2)
+
+    @contextlib.contextmanager
+    def engine_frozen(self) -> Iterator[None]:
+        """The engine core (and its workers) stopped, the API server not: it
+        still answers /health and /metrics, whose scheduler gauges hold what
+        the last step recorded, and takes requests that wait. A queue caught
+        this way stays put: on two cores the API server, starved by the
+        engine's busy threads, feeds it about as fast as it decodes, so a
+        queue built by load comes and goes within a scrape."""
+        reaper = psutil.Process(self.popen.pid)
+        api = reaper.children()[0]  # the reaper's one child: ``vllm serve``
+        engine = api.children(recursive=True)
+        for p in engine:
+            p.suspend()
+        try:
+            yield
+        finally:
+            for p in engine:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    p.resume()
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
