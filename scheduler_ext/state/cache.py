@@ -125,6 +125,11 @@ class ClusterState:
         # indexes
         self._slices_of: dict[str, set[str]] = defaultdict(set)  # node -> slice names
         self._device: dict[DeviceId, tuple[str, str]] = {}  # -> (node, unit)
+        # (driver, pool) -> its slices' names, and the devices of its newest
+        # generation in _device: a slice event reindexes its pool alone (a
+        # scan of every slice and device per event was quadratic in a relist)
+        self._pool_slices: dict[tuple[str, str], set[str]] = defaultdict(set)
+        self._pool_devices: dict[tuple[str, str], set[str]] = {}
         self._pods_on: dict[str, set[str]] = defaultdict(set)  # node -> pod uids
         self._claims_on: dict[str, set[Key]] = defaultdict(set)  # node -> allocated claims
         self._claim_at: dict[Key, str] = {}  # allocated claim -> its node
@@ -178,23 +183,32 @@ class ClusterState:
             old = self._slices.pop(new.name, None)
             if old is not None:
                 self._slices_of[old.node or ""].discard(old.name)
+                self._pool_slices[old.driver, old.pool].discard(old.name)
             if kind != "DELETED" and new.driver in self._drivers:
                 self._slices[new.name] = new
                 self._slices_of[new.node or ""].add(new.name)
+                self._pool_slices[new.driver, new.pool].add(new.name)
             for s in (old, new):
                 if s is not None:
                     self._reindex_pool(s.driver, s.pool)
 
     def _reindex_pool(self, driver: str, pool: str) -> None:
-        slices = [s for s in self._slices.values() if s.driver == driver and s.pool == pool]
+        names = self._pool_slices.get((driver, pool), set())
+        slices = [self._slices[n] for n in names]
         newest = max((s.generation for s in slices), default=0)
-        for dev in [d for d in self._device if d[:2] == (driver, pool)]:
-            self._dirty_nodes.add(self._device.pop(dev)[0])
+        for device in self._pool_devices.pop((driver, pool), ()):
+            self._dirty_nodes.add(self._device.pop((driver, pool, device))[0])
+        indexed: set[str] = set()
         for s in slices:
             if s.generation == newest and s.node:
                 for device, unit in s.units:
                     self._device[(driver, pool, device)] = (s.node, unit)
+                    indexed.add(device)
                 self._dirty_nodes.add(s.node)
+        if indexed:
+            self._pool_devices[driver, pool] = indexed
+        if not names:
+            self._pool_slices.pop((driver, pool), None)
         # claims allocated from this pool may now map to (other) nodes
         for key in list(self._claims_of_pool.get((driver, pool), ())):
             self._place_claim(key, self._claims.get(key))

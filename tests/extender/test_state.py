@@ -8,6 +8,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from harness import extender_objects as k
@@ -315,3 +317,39 @@ def test_a_placement_a_pod_wrote_itself_is_never_a_promise(tmp_path: Path) -> No
     with pytest.raises(ValidationError, match="at least 16 bytes"):
         key.write_bytes(b"short")
         ExtenderConfig.model_validate({"decisionKeyFile": str(key)})
+
+
+_EVENT = st.tuples(st.sampled_from(["ADDED", "MODIFIED", "DELETED"]), st.integers(0, 3),
+                   st.integers(1, 3), st.integers(0, 4), st.integers(0, 1))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_EVENT, max_size=25))
+def test_slice_events_in_any_order_index_each_pools_newest_devices(
+        events: list[tuple[str, int, int, int, int]]) -> None:
+    """Slices come, change generation and device count, move and go, in
+    pools of several slices: the device index is what the surviving slices
+    say (each pool's newest generation, its devices on their slices'
+    nodes), however it got there (a pool is reindexed alone per event)."""
+    state, nodes = state_with(("hgx-h100", 2))
+    live = {s["metadata"]["name"]: s for s in (k.gpu_slice(n) for n in nodes)}
+    for kind, i, generation, count, at in events:
+        s = k.gpu_slice(nodes[at], generation=generation)
+        s["metadata"]["name"] = f"s{i}"
+        s["spec"]["pool"]["name"] = f"pool{i % 2}"  # two slices a pool
+        # device names are unique in a pool (the API's rule), not across
+        s["spec"]["devices"] = [{**d, "name": f"s{i}-{d['name']}"}
+                                for d in s["spec"]["devices"][:count]]
+        state.resource_slice(kind, s)
+        if kind == "DELETED":
+            live.pop(f"s{i}", None)
+        else:
+            live[f"s{i}"] = s
+    newest: dict[str, int] = {}
+    for s in live.values():
+        pool = s["spec"]["pool"]
+        newest[pool["name"]] = max(newest.get(pool["name"], 0), pool["generation"])
+    want = {(s["spec"]["driver"], s["spec"]["pool"]["name"], d["name"]): s["spec"]["nodeName"]
+            for s in live.values() if s["spec"]["pool"]["generation"] == newest[
+                s["spec"]["pool"]["name"]] for d in s["spec"]["devices"]}
+    assert {dev: at for dev, (at, _) in state._device.items()} == want
