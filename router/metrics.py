@@ -1,16 +1,24 @@
-"""The router's own Prometheus metrics."""
+"""The router's own Prometheus metrics. With ``server.workers`` each worker
+writes its counters, histograms and gauges to files in a directory its
+parent gives it (prometheus_client's multiprocess mode, switched on by
+PROMETHEUS_MULTIPROC_DIR in the worker's environment), and whichever
+worker a scrape reaches answers for them all."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from toposerve.router.state import RouterState
 from toposerve.router.supervise import ERRORS
 
+# set by the workers' parent (router/http/workers.py) to their metrics' directory
+MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                    5.0, 10.0, 30.0, 60.0, 120.0)
 
@@ -78,22 +86,6 @@ class _PoolCollector(Collector):
                     index)
 
 
-class _LoopCollector(Collector):
-    def collect(self) -> Iterator[CounterMetricFamily]:
-        errors = CounterMetricFamily(
-            "toposerve_router_loop_errors",
-            "Errors the router's background loops went on past, by loop (scrape, discovery, "
-            "kv-events, api-keys, flow-release, replication-publish, replication-subscribe, "
-            "responses-store, epp-health): a model server's answer that cannot be read (one "
-            "that never came shows in toposerve_router_endpoint_healthy), a pod or Secret "
-            "that cannot be read, a KV-event batch or replicated decision that is not one, an "
-            "apiserver or Redis not answering. The first of each streak is logged, naming the "
-            "loop and what failed.", labels=["loop"])
-        for loop, n in ERRORS.counts().items():
-            errors.add_metric([loop], n)
-        yield errors
-
-
 class RouterMetrics:
     def __init__(self, state: RouterState) -> None:
         self.registry = r = CollectorRegistry()
@@ -156,18 +148,22 @@ class RouterMetrics:
                                        ["tenant", "outcome"], registry=r)
         self.saturation = Gauge("toposerve_router_flow_saturation",
                                 "The candidate endpoints' mean use of their capacity at the "
-                                "last admission decision (1: full).", registry=r)
+                                "last admission decision (1: full).", registry=r,
+                                multiprocess_mode="livemostrecent")
         self.api_keys = Gauge("toposerve_router_api_keys",
-                              "API keys loaded (from the key file or Secret).", registry=r)
+                              "API keys loaded (from the key file or Secret).", registry=r,
+                              multiprocess_mode="livemax")
         self.api_keys_loaded = Gauge("toposerve_router_api_keys_loaded",
                                      "0 while API keys are configured but none has been read "
                                      "yet (the Secret not reached): every request is answered "
-                                     "401 until then; else 1.", registry=r)
+                                     "401 until then; else 1.", registry=r,
+                                     multiprocess_mode="livemin")
         self.queue_wait = Histogram("toposerve_router_queue_wait_seconds",
                                     "Time requests waited in the router's queue.",
                                     buckets=LATENCY_BUCKETS, registry=r)
         self.queued = Gauge("toposerve_router_queued_requests",
-                            "Requests waiting in the router's queue.", registry=r)
+                            "Requests waiting in the router's queue.", registry=r,
+                            multiprocess_mode="livesum")
         self.discovery = Counter("toposerve_router_discovery_requests",
                                  "Requests the Kubernetes pod discovery sent to the apiserver: "
                                  "list (at start and after 410 Gone) and watch.", ["verb"],
@@ -175,7 +171,7 @@ class RouterMetrics:
         self.leader = Gauge("toposerve_router_leader",
                             "1 while this replica takes traffic (/ready answers 200): the "
                             "leader of a hot-standby pair, any active-active replica until it "
-                            "stops; 1 without ha.", registry=r)
+                            "stops; 1 without ha.", registry=r, multiprocess_mode="livemax")
         self.leader.set(1)
         self.replication = Counter("toposerve_router_replicated_decisions",
                                    "Routing decisions shared with the other router processes "
@@ -192,8 +188,18 @@ class RouterMetrics:
             "toposerve_router_responses_unstored",
             "Streamed Responses answers whose turn the store could not keep (Redis down): "
             "they end with response.failed instead of response.completed.", registry=r)
-        r.register(_PoolCollector(state))
-        r.register(_LoopCollector())
+        pool = _PoolCollector(state)
+        r.register(pool)
+        self.loop_errors = ERRORS.counter  # the process's own, in every registry
+        r.register(self.loop_errors)
+        self._scraped = r
+        if os.environ.get(MULTIPROCESS_ENV):
+            # a worker: every worker's metrics from their files, and the
+            # endpoints as this one sees them (its own in-flight beside its
+            # siblings' peer in-flight; the rest learnt as theirs is)
+            self._scraped = CollectorRegistry()
+            MultiProcessCollector(self._scraped)  # type: ignore[no-untyped-call]  # untyped upstream
+            self._scraped.register(pool)
         # labelled children by their labels: labels() validates and locks on every call
         self._ttfb: dict[str, Histogram] = {}
         self._answered: dict[tuple[str, int], tuple[Counter, Histogram]] = {}
@@ -218,4 +224,4 @@ class RouterMetrics:
         c.inc()
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self._scraped)

@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Literal, get_args
 
 import structlog
+from prometheus_client import Counter
 
 from toposerve.kubeapi import backoff
 
@@ -36,19 +37,25 @@ ERROR_CHARS = 500  # of an error's text in the log: an answer quoted whole could
 
 
 class _Errors:
-    """Failures per loop, from the event loop and from watch threads."""
+    """Failures per loop, from the event loop and from watch threads: a
+    Counter in no registry, which each RouterMetrics registers in its own
+    (with ``server.workers`` its value is summed over the workers, as the
+    other counters are)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._counts = dict.fromkeys(LOOPS, 0)
+        self.counter = Counter(
+            "toposerve_router_loop_errors",
+            "Errors the router's background loops went on past, by loop (scrape, discovery, "
+            "kv-events, api-keys, flow-release, replication-publish, replication-subscribe, "
+            "responses-store, epp-health): a model server's answer that cannot be read (one "
+            "that never came shows in toposerve_router_endpoint_healthy), a pod or Secret "
+            "that cannot be read, a KV-event batch or replicated decision that is not one, an "
+            "apiserver or Redis not answering. The first of each streak is logged, naming the "
+            "loop and what failed.", ["loop"], registry=None)
+        self._of = {loop: self.counter.labels(loop) for loop in LOOPS}
 
     def add(self, loop: Loop) -> None:
-        with self._lock:
-            self._counts[loop] += 1
-
-    def counts(self) -> dict[Loop, int]:
-        with self._lock:
-            return dict(self._counts)
+        self._of[loop].inc()
 
 
 ERRORS = _Errors()

@@ -8,6 +8,10 @@ started again on a new socket after a backoff, SIGTERM and SIGINT are
 passed on to every worker, and the parent exits once they have all
 drained.
 
+Each worker writes its metrics to files in a directory of the parent's
+(PROMETHEUS_MULTIPROC_DIR), so a scrape of the port, whichever worker it
+reaches, counts every worker's requests; a dead worker's counts stay.
+
 The workers share their view as replicas do: through Redis with
 ``ha.enabled``, else through a hub the parent runs on a unix socket in a
 private directory (``toposerve.router.ha.local_bus``). A worker whose
@@ -29,10 +33,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import structlog
+from prometheus_client import multiprocess
 
 from toposerve.kubeapi import backoff
 from toposerve.router.config import RouterConfig
 from toposerve.router.ha.local_bus import Hub, max_frame
+from toposerve.router.metrics import MULTIPROCESS_ENV
 from toposerve.serving.http import bind
 
 log = structlog.get_logger("router.workers")
@@ -81,6 +87,8 @@ class Workers:
         self.host, self.port = cfg.server.host, first.getsockname()[1]
         self.first: socket.socket | None = first
         self.dir = tempfile.mkdtemp(prefix="toposerve-router-")  # 0700: this user's only
+        self.metrics = os.path.join(self.dir, "metrics")
+        os.mkdir(self.metrics, 0o700)
         self.hub = (None if cfg.ha.enabled else
                     Hub(os.path.join(self.dir, "bus.sock"), max_frame(cfg.ha.snapshot.max_bytes)))
         self.stopping = asyncio.Event()
@@ -109,7 +117,8 @@ class Workers:
         fd = sock.fileno()
         try:
             proc = await asyncio.create_subprocess_exec(
-                *self.argv, stdin=asyncio.subprocess.PIPE, pass_fds=(fd,))
+                *self.argv, stdin=asyncio.subprocess.PIPE, pass_fds=(fd,),
+                env={**os.environ, MULTIPROCESS_ENV: self.metrics})
         finally:
             sock.close()  # the worker has its own copy; the parent must accept nothing
         a = Assignment(self.doc, self.source, fd, index,
@@ -132,6 +141,8 @@ class Workers:
             if self.stopping.is_set():
                 await self._end(proc, exited)
                 return
+            # its gauges go (its counters stay, so the totals never fall back)
+            multiprocess.mark_process_dead(proc.pid, self.metrics)  # type: ignore[no-untyped-call]
             failures = 1 if loop.time() - began > STABLE_S else failures + 1
             delay = backoff(failures, RESTART_CAP_S)
             log.error("router worker exited; starting it again", worker=index,

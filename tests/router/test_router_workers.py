@@ -99,6 +99,33 @@ def test_a_dead_worker_is_started_again_and_sigterm_ends_all(procs: Procs) -> No
     assert not alive
 
 
+def test_every_scrape_counts_every_workers_requests(procs: Procs) -> None:
+    """Whichever worker a scrape reaches answers for both: 20 requests, on
+    connections of their own so both workers take some, are 20 on each of
+    8 scrapes; a worker killed and started again, its counts stay (the
+    totals never fall back) and the gauges are the live workers'."""
+    sim = procs.sim(time_scale=0.02)
+    router = procs.router({"server": {"workers": 2}}, endpoints=[sim.url])
+    workers = _workers(router)
+    chats = {"name": "toposerve_router_requests_total", "path": "/v1/chat/completions"}
+
+    def scrapes() -> list[float]:
+        return [router.metric(**chats) for _ in range(8)]
+
+    for s in range(20):  # the kernel hashes each connection to a worker: all
+        turn(router.url, s, 0)  # 20 to one is a chance of one in half a million
+    assert scrapes() == [20.0] * 8
+    workers[0].kill()
+    wait_for("a new worker", lambda: len(_workers(router)) == 2
+             and workers[0].pid not in {w.pid for w in _workers(router)}, timeout=30)
+    for s in range(4):
+        turn(router.url, s, 1)
+    assert scrapes() == [24.0] * 8
+    # one sample a gauge, of the live workers (the dead one's gone with it)
+    leader = [s for s in router.samples() if s.name == "toposerve_router_leader"]
+    assert [(s.labels, s.value) for s in leader] == [({}, 1.0)]
+
+
 def _refusal(tmp_path: Path, *argv: str, doc: dict[str, object] | None = None) -> str:
     args = [sys.executable, "-m", "toposerve.main", "router", *argv]
     if doc is not None:
