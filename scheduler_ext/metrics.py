@@ -19,6 +19,12 @@ class Metrics:
         self.latency = Histogram("toposerve_extender_call_seconds",
                                  "time to answer a scheduler call, by verb", ["verb"],
                                  buckets=BUCKETS, registry=self.registry)
+        self.phases = Histogram(
+            "toposerve_extender_call_phase_seconds",
+            "a call's time by verb and phase: lock (waiting for the watched state, which the "
+            "watches hold while they apply an event), view (rebuilding what changed since the "
+            "last call), placement (the rest: deciding, scoring, the answer)",
+            ["verb", "phase"], buckets=BUCKETS, registry=self.registry)
         self.decisions = Counter("toposerve_extender_decisions",
                                  "filter outcomes by reason (pass-through, kept-off, held, "
                                  "decided, climbed, no-fit, bad-metadata, size-unknown)",

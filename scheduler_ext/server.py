@@ -8,11 +8,12 @@ reads the API."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import socket
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,10 +98,26 @@ class Extender:
             return None
         return self.state.snapshot().groups.get(facts.ref.key)
 
+    @contextlib.contextmanager
+    def _locked(self, verb: str) -> Iterator[None]:
+        """The state's lock for one call, its phases timed: the wait for the
+        lock, the view's rebuilds while it is held, and the rest."""
+        asked = time.perf_counter()
+        with self.state.lock:
+            got, rebuilt = time.perf_counter(), self.state.view_seconds
+            try:
+                yield
+            finally:
+                view = self.state.view_seconds - rebuilt
+                phase = self.metrics.phases
+                phase.labels(verb, "lock").observe(got - asked)
+                phase.labels(verb, "view").observe(view)
+                phase.labels(verb, "placement").observe(time.perf_counter() - got - view)
+
     def filter(self, args: ExtenderArgs) -> Filtered:
         pod = args.Pod.raw()
         names = args.names()
-        with self.state.lock, self.state.observing(pod) as facts:
+        with self._locked("filter"), self.state.observing(pod) as facts:
             # asked again: the scheduler did not place it where we scored it
             self.state.unassume(facts.uid)
             group = self._group(facts)
@@ -159,7 +176,7 @@ class Extender:
 
     def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
         names = args.names()
-        with self.state.lock, self.state.observing(args.Pod.raw()) as facts:
+        with self._locked("prioritize"), self.state.observing(args.Pod.raw()) as facts:
             group = self._group(facts)
             if facts.ref is not None and facts.ref.problem:
                 scores = neutral()
@@ -179,7 +196,7 @@ class Extender:
         """Keep the candidate nodes that the pod's group may use at all
         (inside its decided domain); victims are the scheduler's."""
         meta = args.meta_victims()
-        with self.state.lock, self.state.observing(args.Pod.raw()) as facts:
+        with self._locked("preempt"), self.state.observing(args.Pod.raw()) as facts:
             group = self._group(facts)
             decision = self.state.view.decisions.get(group.key) if group else None
             if decision is not None and decision.holds(group, self.clock()):

@@ -90,13 +90,14 @@ def gates_enabled(text: str, gates: Iterable[str]) -> dict[str, bool]:
     return {g: seen.get(g, False) for g in sorted(set(gates))}
 
 
-def call_latency(before: str, after: str, metric: str = "toposerve_extender_call_seconds"
-                 ) -> dict[str, dict[str, float]]:
-    """verb -> {calls, p50_ms, p99_ms} over the calls made between two scrapes."""
+def call_latency(before: str, after: str, metric: str = "toposerve_extender_call_seconds",
+                 by: tuple[str, ...] = ("verb",)) -> dict[str, dict[str, float]]:
+    """The ``by`` labels' values (joined by "/": a verb, or verb/phase) ->
+    {calls, p50_ms, p99_ms} over the calls made between two scrapes."""
     def buckets(text: str) -> dict[str, dict[float, float]]:
         out: dict[str, dict[float, float]] = defaultdict(dict)
         for labels, v in samples(text, metric + "_bucket"):
-            out[labels.get("verb", "")][float(labels["le"])] = v
+            out["/".join(labels.get(k, "") for k in by)][float(labels["le"])] = v
         return out
     b0, b1 = buckets(before), buckets(after)
     result = {}

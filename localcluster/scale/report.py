@@ -80,6 +80,17 @@ def markdown(doc: dict[str, Any], pngs: list[str]) -> str:
          "extender filter p50/p99 ms", "prioritize p50/p99 ms"],
         map(speed, doc["setups"]), "l" + "r" * 9))
     lines += ["", *errors] if errors else []
+    phased = [s for s in doc["setups"] if s.get("extender_phases")]
+    if phased:
+        phases = ("lock", "view", "placement")
+        lines += ["", "Where the extender's calls spent their time (p50/p99 ms a call): "
+                  "waiting for its state's lock (held by its watches while they apply an "
+                  "event), rebuilding its view, and the rest.", "", table(
+                      ["setup", *(f"{v} {p}" for v in ("filter", "prioritize") for p in phases)],
+                      ([s["setup"], *(_pair(s["extender_phases"].get(f"{v}/{p}", {}),
+                                            "p50_ms", "p99_ms")
+                                      for v in ("filter", "prioritize") for p in phases)]
+                       for s in phased), "l" + "r" * 6)]
     lines += ["", "What each setup ran with, as its parts report it: the nodes "
               "`driver simulate` published for per driver and the scheduler's asked-for "
               "feature gates from its `kubernetes_feature_enabled` metric.", "",

@@ -450,6 +450,9 @@ def run_setup(sc: ScaleScenario, setup: Setup, name: str, workdir: Path, say: Sa
         "scheduler": measure.scheduler_work(sched_before, sched_after),
         "extender_calls": measure.call_latency(ext_before, ext_after) if ext_before and
         ext_after else {},
+        "extender_phases": measure.call_latency(
+            ext_before, ext_after, "toposerve_extender_call_phase_seconds", ("verb", "phase"))
+        if ext_before and ext_after else {},
         "placement": quality.as_dict(quality.placement(p.groups, where, paths, profiles,
                                                        used)),
         "landed": quality.landed(p.groups, where, paths),

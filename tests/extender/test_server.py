@@ -9,6 +9,7 @@ import gc
 import shutil
 import ssl
 import subprocess
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -204,6 +205,38 @@ def test_health_ready_and_metrics() -> None:
         assert "toposerve_extender_groups_held 1.0" in text
         assert 'toposerve_extender_call_seconds_count{verb="filter"} 2.0' in text
     run(ext, check)
+
+
+def test_a_calls_phases_are_timed_the_wait_for_the_lock_apart() -> None:
+    """A filter call that waits 0.2 s for the state's lock (a watch
+    applying an event holds it) counts that wait as its lock phase, not as
+    placement; each phase once a call."""
+    ext, _ = extender()
+    ext.state.relist("pods", [])
+    pod = k.toposerve_pods("m", 2, claim_template="gpu4", level="rack", uid_prefix="m")[0]
+    body = orjson.dumps({"Pod": pod, "NodeNames": NAMES})
+    held = threading.Event()
+
+    def watch() -> None:
+        with ext.state.lock:
+            held.set()
+            time.sleep(0.2)
+
+    t = threading.Thread(target=watch)
+    t.start()
+    held.wait(5)
+    assert ext.answer("filter", body)[0] == 200
+    t.join()
+    got = ext.metrics.registry.get_sample_value
+
+    def phase(name: str, what: str) -> float:
+        v = got(f"toposerve_extender_call_phase_seconds_{what}",
+                {"verb": "filter", "phase": name})
+        assert v is not None
+        return v
+    assert [phase(p, "count") for p in ("lock", "view", "placement")] == [1.0] * 3
+    assert phase("lock", "sum") >= 0.15
+    assert phase("placement", "sum") < 0.15 and phase("view", "sum") > 0  # built on first use
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")

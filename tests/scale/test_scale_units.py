@@ -285,6 +285,10 @@ def test_rates_and_call_latency_come_from_the_difference_of_two_scrapes() -> Non
     assert lat["calls"] == 100
     assert lat["p50_ms"] == pytest.approx(0.5556, rel=1e-3)
     assert 1 < lat["p99_ms"] <= 10
+    by_phase = ext(100, 0).replace('verb="filter"', 'verb="filter",phase="lock"')
+    phased = measure.call_latency(by_phase, ext(190, 10).replace(
+        'verb="filter"', 'verb="filter",phase="lock"'), by=("verb", "phase"))
+    assert list(phased) == ["filter/lock"] and phased["filter/lock"]["calls"] == 100
 
     def sched(ok: int, retried: int, filter_s: float) -> str:
         a, d = "scheduler_schedule_attempts_total", "scheduler_scheduling_attempt_duration_seconds"
