@@ -201,14 +201,18 @@ class Peers:
     def known(self) -> list[str]:
         return list(self._peers)
 
-    def started(self) -> list[str]:
-        """The peers done starting (they may be asked for a snapshot)."""
-        return [s for s, p in self._peers.items() if p.started]
+    def started(self, since: float = -math.inf) -> list[str]:
+        """The peers done starting and heard from at ``since`` or after
+        (they may be asked for a snapshot: a peer reports only while it is
+        subscribed, so one heard since this process subscribed hears the
+        request; one known from before may not be back yet)."""
+        return [s for s, p in self._peers.items() if p.started and p.heard_at >= since]
 
-    def source(self) -> str | None:
-        """The peer to ask for a snapshot: of those done starting, the one
-        holding the most decisions."""
-        ready = [(p.decisions, s) for s, p in self._peers.items() if p.started]
+    def source(self, since: float = -math.inf) -> str | None:
+        """The peer to ask for a snapshot: of those ``started(since)``,
+        the one holding the most decisions."""
+        ready = [(p.decisions, s) for s, p in self._peers.items()
+                 if p.started and p.heard_at >= since]
         return max(ready)[1] if ready else None
 
     def _drop(self, sender: str) -> None:

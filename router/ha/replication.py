@@ -26,7 +26,10 @@ from a partition, or every peer after this process's own subscription
 was lost) is caught up the same way, on its own: its messages are held
 while that peer is asked for a snapshot of its own decisions, and only
 those numbered above what was applied of it are applied. So what the
-replicas decided while Redis was down comes back when it does.
+replicas decided while Redis was down comes back when it does. A peer is
+asked only once heard on this subscription: after an outage the others
+resubscribe in their own time, and a request sent before one is back
+would go unheard.
 
 A snapshot that is corrupt, too large, of another version or late is
 logged and left: the process goes on with what it has.
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import secrets
 import time
 from collections.abc import Callable, Container, Mapping
@@ -149,6 +153,7 @@ class Replication:
         # knows an endpoint (decisions name endpoints) and a peer to ask
         self._holding = False
         self._subscribed = False  # reports wait for it: a peer's answer to one must be heard
+        self._since = math.inf  # when the subscription began (the peers' clock)
         # done starting (its snapshot in, or none to be had): it may serve,
         # and answer others' requests for one
         self._started = asyncio.Event()
@@ -270,11 +275,14 @@ class Replication:
                 # the others hear of this one now (they may have dropped it),
                 # and answer with a full report each: a heartbeat is plenty
                 self._subscribed, self.peers.want_full = True, True
+                # a peer is asked once heard on this subscription: one heard
+                # only before it may still be resubscribing, and miss the request
+                self._since = self.peers.clock()
                 now = loop.time()
                 deadline, alone = now + self.snapshot_cfg.wait_s, now + self.peers.heartbeat_s
                 while True:
                     if self._holding and self._asked is None:
-                        peer = self.peers.source()
+                        peer = self.peers.source(self._since)
                         if peer is not None and len(self.pool):
                             # subscribed first: nothing after the snapshot is missed
                             self._asked = await self._ask(peer, whole=True)
@@ -300,7 +308,7 @@ class Replication:
         """Ask each started peer not caught up (and not asked) for its own
         decisions; give up on a sender whose answer is late."""
         asked = set(self._catching.values())
-        for peer in self.peers.started():
+        for peer in self.peers.started(self._since):
             if peer not in self._synced and peer not in asked:
                 self._waiting.setdefault(peer, (now, []))
                 self._catching[await self._ask(peer, whole=False)] = peer

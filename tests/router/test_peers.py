@@ -119,6 +119,21 @@ def test_a_new_peer_gets_a_full_report_and_the_fullest_started_one_is_asked() ->
     assert b.source() == "y"
 
 
+def test_a_peer_is_asked_only_once_heard_on_this_subscription() -> None:
+    """After Redis comes back, a peer known from before may not have
+    resubscribed yet (a request sent it then is lost): it is offered only
+    once heard since this process subscribed again."""
+    a, b, clock = _pair()
+    _send(a, b)
+    clock.t += 0.5
+    since = clock()  # b subscribes again; a (heard 0.5 s ago) not yet
+    assert b.started(since) == [] and b.source(since) is None
+    assert b.started() == ["a"]  # still known: its counts still weigh
+    clock.t += 0.1
+    _send(a, b)
+    assert b.started(since) == ["a"] and b.source(since) == "a"
+
+
 def test_an_endpoint_discovery_adds_later_gets_the_peers_counts() -> None:
     a, b, _ = _pair()
     late = Endpoint("http://late:1")
