@@ -218,14 +218,17 @@ def _choose(view: View, group: Group, offered: AbstractSet[str], reserved: dict[
     need = group.pending_demand()
     pending: list[int] | None = None  # laid out once a domain has room for them all
     prefer = _bound_subdomains(view, group)
+    # no plan uses fewer NVLink domains than this: the first plan that does
+    # (in left-over order) ranks best, and the domains after it need none
+    fewest = max(1, -(-need // max(1, view.widest_subdomain())))
     for tier in levels:
         place = view.place(tier)
         pins = {place.get(b) for b in bound}
         if None in pins or len(pins) > 1:
             continue  # the placed members share no domain at this level
-        # a plan leaves exactly (free - need) over and uses at least one NVLink
-        # domain, so in (left over, name) order the first plan in one NVLink
-        # domain ranks best and the rest (hundreds of racks) need no plan;
+        # a plan leaves exactly (free - need) over and uses at least ``fewest``
+        # NVLink domains, so in (left over, name) order the first plan using
+        # that few ranks best and the rest (hundreds of racks) need no plan;
         # whether a domain holds an offered node is asked in that order too
         # (a pass over 5,000 offered nodes' domains cost more than the rest)
         sized = sorted((left, _name(dom), dom)
@@ -244,7 +247,7 @@ def _choose(view: View, group: Group, offered: AbstractSet[str], reserved: dict[
             rank = (len(got.subdomains), got.leftover, name)
             if best is None or rank < best[0]:
                 best = (rank, _Pick(tier, dom, got))
-            if len(got.subdomains) == 1:
+            if len(got.subdomains) <= fewest:
                 break
         if best is not None:
             return best[1]

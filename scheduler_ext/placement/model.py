@@ -4,7 +4,7 @@ extender made for groups. The watch code builds these; nothing here does I/O."""
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -208,6 +208,7 @@ class View:
     by_profile: dict[str, list[str]] = field(default_factory=dict)  # profile -> its nodes
     # each live promise's layout, checked against its inputs on use (never stale)
     layouts: dict[str, Layout] = field(default_factory=dict)
+    widest: int | None = None  # the most accelerators one NVLink domain has (None: not known)
 
     def forget_places(self) -> None:
         """Nodes came, went or moved: drop what was derived from their paths."""
@@ -217,12 +218,17 @@ class View:
         self.kinds.clear()
         self.by_profile.clear()
         self.memo.clear()
+        self.widest = None
 
     def forget(self, before: Mapping[str, NodeState | None] | None = None) -> None:
         """Free counts of some nodes (not their places), members or decisions
         changed: drop what ``memo`` derived, but keep the free room per domain
         (``room``), moved by each changed node's difference; ``before``: the
         changed nodes as they were."""
+        for name, was in (before or {}).items():
+            now = self.nodes.get(name)
+            if was is None or now is None or was.capacity != now.capacity:
+                self.widest = None
         rooms = self.memo.get(ROOMS)
         self.memo.clear()
         if not isinstance(rooms, dict):
@@ -295,6 +301,17 @@ class View:
             name = "/".join(str(v) for v in key) if key is not None else n.name
             self.nvlink[node] = name
         return name
+
+    def widest_subdomain(self) -> int:
+        """The most accelerators any one NVLink domain has (``subdomain``),
+        free or not: no group of ``n`` fits in fewer than ``n / widest`` of
+        them. Lives as long as ``place``, and until a node's capacity moves."""
+        if self.widest is None:
+            sums: dict[str, int] = defaultdict(int)
+            for name, n in self.nodes.items():
+                sums[self.subdomain(name)] += n.capacity
+            self.widest = max(sums.values(), default=0)
+        return self.widest
 
     def in_domain(self, tier: Tier, domain: Domain) -> list[str]:
         """Names of the nodes in ``domain`` at ``tier``."""

@@ -317,6 +317,30 @@ def test_wide_ep_over_racks_uses_fewest_nvlink_domains() -> None:
     assert len(set(sim.placed(g.key))) == 2
 
 
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(["hgx-h100", "gb200-nvl72"]), st.integers(1, 12),
+       st.sampled_from([1, 2, 4, 8]),
+       st.lists(st.sampled_from([0, 0.25, 0.5, 0.75, 1]), min_size=48, max_size=48))
+def test_the_fewest_nvlink_domains_bound_never_changes_the_pick(
+        profile: str, pods: int, demand: int, used: list[float]) -> None:
+    """A group's domain search stops at the first plan (in left-over order)
+    using as few NVLink domains as any could; it picks what a search
+    stopping only at one domain picks, on nodes used at random."""
+    nodes = cluster((profile, 48 if profile == "hgx-h100" else 36))
+    for (name, n), share in zip(sorted(nodes.items()), used, strict=False):
+        nodes[name] = replace(n, used=int(n.capacity * share))
+    g = gang("g", pods, demand, preferred=Tier.RACK)
+    picks = []
+    for widest in (None, 10**9):  # the bound, and none (the exhaustive search)
+        view = View(dict(nodes))
+        view.groups[g.key] = g
+        view.widest = widest
+        res = filter_member(view, g, "g-0", sorted(nodes), POLICY, 1.0)
+        d = res.decision
+        picks.append(None if d is None else (d.tier, d.domain, sorted(res.passed)))
+    assert picks[0] == picks[1]
+
+
 def test_decode_scores_follow_the_kv_cost_model() -> None:
     view = View(cluster(("gb200-nvl72", 36)))  # two racks (one NVLink domain each)
     g = gang("pd", 3, 4, preferred=Tier.BLOCK, roles=["prefill", "prefill", "decode"])
