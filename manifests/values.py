@@ -380,6 +380,12 @@ class Scheduler(Placement):
     resources: Resources = sized("50m", "64Mi")
     scheduler_name: Label = Field(default="toposerve-scheduler",
                                   description="the `spec.schedulerName` workloads select")
+    ungrouped_scheduler_name: Label | None = Field(
+        default="toposerve-ungrouped",
+        description="a second profile of this scheduler for pods of no group: the extender "
+                    "keeps them off what groups were promised, and the scheduler samples "
+                    "nodes (its adaptive `percentageOfNodesToScore`, as the stock one) "
+                    "rather than filtering every node as groups need; null: none")
     image: SchedulerImage = Field(default_factory=SchedulerImage,
                                   description="kube-scheduler image")
     replicas: int = Field(default=1, ge=1, description="scheduler pods (one leads)")

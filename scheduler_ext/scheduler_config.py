@@ -11,13 +11,21 @@ import yaml
 def scheduler_config(url: str, *, weight: int = 1, timeout_s: float = 5.0,
                      scheduler_name: str | None = None, qps: int | None = None,
                      kubeconfig: str | None = None,
-                     percentage_of_nodes_to_score: int | None = 100) -> dict[str, Any]:
+                     percentage_of_nodes_to_score: int | None = 100,
+                     ungrouped_scheduler_name: str | None = None,
+                     ungrouped_percentage: int = 0) -> dict[str, Any]:
     """``url``: the extender's URL prefix (``http://127.0.0.1:8888``); the
     scheduler posts to ``<url>/filter``, ``/prioritize`` and ``/preempt``.
     ``qps``: the scheduler's own client rate limit (the local cluster's
     benchmarks raise it, docs/design.md §7). ``percentage_of_nodes_to_score``:
     100 (every feasible node) unless the extender runs with
-    ``placement.sampledNodes``; None: the scheduler's adaptive default."""
+    ``placement.sampledNodes``; None: the scheduler's adaptive default.
+    ``ungrouped_scheduler_name``: a second profile of the same scheduler for
+    pods of no group, scoring ``ungrouped_percentage`` of the feasible
+    nodes (0: the adaptive default, as the stock scheduler): such a pod
+    needs no domain chosen over every node, only to keep off what the
+    groups were promised, which the extender checks on any sample; the
+    profiles share one cache, so neither hands out what the other holds."""
     extender = {
         "urlPrefix": url.rstrip("/"),
         "filterVerb": "filter",
@@ -41,8 +49,11 @@ def scheduler_config(url: str, *, weight: int = 1, timeout_s: float = 5.0,
         # 100: the extender sees every feasible node, not a sample
         cfg["percentageOfNodesToScore"] = percentage_of_nodes_to_score
     cfg["extenders"] = [extender]
-    if scheduler_name:
-        cfg["profiles"] = [{"schedulerName": scheduler_name}]
+    if scheduler_name or ungrouped_scheduler_name:
+        cfg["profiles"] = [{"schedulerName": scheduler_name or "default-scheduler"}]
+    if ungrouped_scheduler_name:
+        cfg["profiles"].append({"schedulerName": ungrouped_scheduler_name,
+                                "percentageOfNodesToScore": ungrouped_percentage})
     conn: dict[str, Any] = {}
     if kubeconfig:
         conn["kubeconfig"] = kubeconfig

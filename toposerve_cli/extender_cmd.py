@@ -61,6 +61,7 @@ def _scheduler_config(args: argparse.Namespace) -> int:
     print(render(scheduler_config(args.url, weight=args.weight, timeout_s=args.timeout,
                                   scheduler_name=args.scheduler_name, qps=args.qps,
                                   kubeconfig=args.kubeconfig,
+                                  ungrouped_scheduler_name=args.ungrouped_scheduler_name,
                                   percentage_of_nodes_to_score=None if args.sampled else 100)),
           end="")
     return 0
@@ -82,6 +83,11 @@ def register(sub: Any) -> None:
                     help="seconds per call before the scheduler ignores it (default 5)")
     sc.add_argument("--scheduler-name", help="profile schedulerName (default: the default "
                                              "scheduler's profile)")
+    sc.add_argument("--ungrouped-scheduler-name",
+                    help="also a profile of this name for pods of no group: the extender "
+                         "keeps them off what groups were promised, and the scheduler "
+                         "samples nodes as the stock one does rather than filtering every "
+                         "node")
     sc.add_argument("--qps", type=int, help="the scheduler's client QPS and burst")
     sc.add_argument("--kubeconfig", help="clientConnection.kubeconfig of the scheduler")
     sc.add_argument("--sampled", action="store_true",

@@ -40,6 +40,7 @@ from toposerve.localcluster.scale import fit, measure, profile, quality
 from toposerve.localcluster.scale.scenario import ScaleScenario, Setup
 from toposerve.localcluster.scale.workload import (
     DEVICE_CLASSES,
+    GROUPS_SCHEDULER,
     NAMESPACE,
     SCALE_LABEL,
     Plan,
@@ -71,7 +72,12 @@ def scheduler_config(sc: ScaleScenario, setup: Setup, extender_url: str) -> dict
     # scheduler sample as in the other setups (docs/extender.md, sampledNodes)
     sampled = sc.extender.placement is not None and sc.extender.placement.sampled_nodes
     if setup is Setup.TOPOSERVE:
-        cfg = with_extender(extender_url, percentage_of_nodes_to_score=pct if sampled else 100)
+        # groups' pods through a profile of their own that sees every node;
+        # the rest through the default profile, sampling as in the other setups
+        cfg = with_extender(extender_url, percentage_of_nodes_to_score=pct if sampled else 100,
+                            scheduler_name=GROUPS_SCHEDULER,
+                            ungrouped_scheduler_name="default-scheduler",
+                            ungrouped_percentage=pct or 0)
     else:
         cfg = {"apiVersion": "kubescheduler.config.k8s.io/v1",
                "kind": "KubeSchedulerConfiguration"}

@@ -38,6 +38,9 @@ GPU_CLASS = "scale-gpu"  # whole GPUs
 PART_CLASS = "scale-gpu-partition"
 NIC_CLASS = "scale-nic"
 DEVICE_CLASSES = (GPU_CLASS, PART_CLASS)  # what the extender counts as accelerators
+# the extender's scheduler profile for groups' pods (the chart's default
+# scheduler.schedulerName); the rest go through its default profile
+GROUPS_SCHEDULER = "toposerve-scheduler"
 LEVEL_KEYS = {"nvlink": "topology.toposerve.io/nvlink-domain",
               "rack": "topology.toposerve.io/rack", "block": "topology.toposerve.io/block"}
 
@@ -146,6 +149,8 @@ def _member(body: dict[str, Any], g: GroupPlan, setup: Setup, *, role: str | Non
     spec["terminationGracePeriodSeconds"] = 0
     if setup is Setup.IN_TREE:
         spec["schedulingGroup"] = {"podGroupName": g.name}
+    elif setup is Setup.TOPOSERVE:
+        spec["schedulerName"] = GROUPS_SCHEDULER
     spec["containers"][0]["resources"] = {"claims": [{"name": "gpu"}]}
     return PodPlan(md["name"], g.kind, body, gpus=g.gpus_per_pod, claims=True, group=g.name,
                    role=role, leader=leader)
@@ -226,6 +231,7 @@ def _gang_pod(g: GroupPlan, i: int, setup: Setup) -> PodPlan:
     elif setup is Setup.TOPOSERVE:
         labels.update({GROUP: g.name, GROUP_SIZE: str(g.pods),
                        LEVEL: g.level})
+        spec = {"schedulerName": GROUPS_SCHEDULER}
     body = _pod(name, g.kind, template=_template(g), profile=g.profile, labels=labels,
                 spec=spec)
     return PodPlan(name, g.kind, body, gpus=g.gpus_per_pod, claims=True, group=g.name)

@@ -299,6 +299,13 @@ def test_scheduler_config_command(capsys: pytest.CaptureFixture[str]) -> None:
                  "--sampled"]) == 0
     sampled = yaml.safe_load(capsys.readouterr().out)
     assert "percentageOfNodesToScore" not in sampled and sampled["extenders"] == [ext]
+    assert "profiles" not in sampled
+    assert main(["extender", "scheduler-config", "--url", "http://127.0.0.1:9999",
+                 "--scheduler-name", "groups", "--ungrouped-scheduler-name", "any"]) == 0
+    two = yaml.safe_load(capsys.readouterr().out)
+    assert two["percentageOfNodesToScore"] == 100  # the groups' profile: every node
+    assert two["profiles"] == [{"schedulerName": "groups"},
+                               {"schedulerName": "any", "percentageOfNodesToScore": 0}]
     assert main(["extender", "scheduler-config", "--url", "127.0.0.1:9999"]) == 2
 
 

@@ -370,7 +370,9 @@ def test_scheduler_config_loads_in_kube_scheduler(cluster: Cluster, install: Ins
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = yaml.safe_load((tmp_path / "out.yaml").read_text())
     assert out["percentageOfNodesToScore"] == 100
-    assert [p["schedulerName"] for p in out["profiles"]] == ["toposerve-scheduler"]
+    assert [p["schedulerName"] for p in out["profiles"]] == ["toposerve-scheduler",
+                                                             "toposerve-ungrouped"]
+    assert out["profiles"][1]["percentageOfNodesToScore"] == 0  # adaptive, as the stock one
     (ext,) = out["extenders"]
     assert ext["nodeCacheCapable"] is True and ext["ignorable"] is True
     assert ext["urlPrefix"] == f"http://{install.names.extender}.{install.namespace}.svc:8888"

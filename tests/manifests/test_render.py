@@ -234,7 +234,12 @@ def test_second_scheduler_wires_the_extender() -> None:
     cfg = _scheduler_config()
     assert cfg["kind"] == "KubeSchedulerConfiguration"
     assert cfg["percentageOfNodesToScore"] == 100
-    assert cfg["profiles"] == [{"schedulerName": "toposerve-scheduler"}]
+    # groups' pods see every node; pods of no group a sample (0: the adaptive default)
+    assert cfg["profiles"] == [{"schedulerName": "toposerve-scheduler"},
+                               {"schedulerName": "toposerve-ungrouped",
+                                "percentageOfNodesToScore": 0}]
+    assert _scheduler_config("scheduler.ungroupedSchedulerName=null")["profiles"] == [
+        {"schedulerName": "toposerve-scheduler"}]
     # a real cluster's: the extender's Service, the scheduler anywhere
     assert cfg["extenders"] == [{
         "urlPrefix": "http://toposerve-extender.toposerve-system.svc:8888", "filterVerb": "filter",

@@ -94,6 +94,11 @@ def test_each_setup_writes_groups_its_own_way() -> None:
     assert ours["pod-group"]["labels"]["toposerve.io/group-size"] == "6"
     assert "toposerve.io/group" not in {k for p in by[Setup.DEFAULT].pods
                                         for k in p.body["metadata"]["labels"]}
+    # ours: groups' pods through the profile that sees every node, the rest the default
+    for setup, x in by.items():
+        for p in x.pods:
+            assert p.body["spec"].get("schedulerName") == (
+                "toposerve-scheduler" if setup is Setup.TOPOSERVE and p.group else None), p.name
     # same pods, same order, in every setup
     assert len({tuple(p.name for p in x.pods) for x in by.values()}) == 1
     templates = {o["metadata"]["name"]: o["spec"]["spec"]["devices"]
@@ -396,6 +401,10 @@ def test_scheduler_config_states_the_client_limits_and_scoring_per_setup() -> No
     ours = scheduler_config(sc, Setup.TOPOSERVE, "http://127.0.0.1:1")
     assert ours["percentageOfNodesToScore"] == 100
     assert ours["extenders"][0]["urlPrefix"] == "http://127.0.0.1:1"
+    # pods of no group sample the nodes as in the other setups (the scenario's 10)
+    assert ours["profiles"] == [
+        {"schedulerName": "toposerve-scheduler"},
+        {"schedulerName": "default-scheduler", "percentageOfNodesToScore": 10}]
     # an extender that waits out samples: the scenario's percentage, or the adaptive default
     sampled = {"placement": {"sampledNodes": True}}
     ours = scheduler_config(scenario(scheduler={"percentageOfNodesToScore": 10},
