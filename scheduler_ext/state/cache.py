@@ -361,6 +361,13 @@ class ClusterState:
     def _set_pod(self, new: PodFacts, deleted: bool) -> None:
         if deleted or new.node or not new.active:
             self.unassume(new.uid)
+        if not deleted and self._pods.get(new.uid) == new:
+            # a status update: nothing placement reads changed, so neither its
+            # node nor its group is rebuilt (most pod events, every kubelet beat)
+            if new.ref and new.decision is not None and new.decision.group == new.ref.key \
+                    and self._adopt(new.decision):
+                self._dirty_groups.add(new.ref.key)
+            return
         old = self._pods.pop(new.uid, None)
         if old is not None:
             self._unindex(old)
@@ -390,13 +397,15 @@ class ClusterState:
             _drop(self._members, p.ref.key, p.uid)
             self._dirty_groups.add(p.ref.key)
 
-    def _adopt(self, d: Decision) -> None:
+    def _adopt(self, d: Decision) -> bool:
         """A decision read from a pod: the oldest decision for a group wins,
-        so two replicas that raced end up agreeing."""
+        so two replicas that raced end up agreeing. True if it was taken."""
         mine = self.view.decisions.get(d.group)
         if mine is None or (d.decided_at, d.domain) < (mine.decided_at, mine.domain) or \
                 (d.decided_at == mine.decided_at and d.expires_at > mine.expires_at):
             self.view.decisions[d.group] = d
+            return True
+        return False
 
     def relist(self, kind: str, items: list[dict[str, Any]]) -> None:
         """A fresh LIST of ``kind``: every item applied, and what the list

@@ -268,6 +268,30 @@ def test_a_node_status_update_keeps_the_domain_indexes_a_label_change_moves_it()
     assert rack is not None and first.name in view.in_domain(Tier.RACK, rack)
 
 
+def test_a_pod_status_update_rebuilds_nothing_a_change_does() -> None:
+    """Most pod events are the kubelet's status updates: a pod whose facts
+    did not change leaves its node, its group and what was derived from
+    them as they were; a bind or a deletion moves them."""
+    st, nodes = state_with(("gb200-nvl72", 18))
+    pods = k.toposerve_pods("g", 2, claim_template="gpu4", uid_prefix="g")
+    member = bound(pods[0], nodes[0].name, "g-0")
+    st.pod("ADDED", member)
+    st.pod("ADDED", pods[1])
+    view = st.snapshot()
+    was, group = view.nodes[nodes[0].name], view.groups[next(iter(view.groups))]
+    view.memo["derived"] = True
+    member["status"] = {"phase": "Running", "podIP": "127.0.0.9",
+                        "conditions": [{"type": "Ready", "status": "True"}]}
+    st.pod("MODIFIED", member)
+    view = st.snapshot()
+    assert view.memo.get("derived") is True
+    assert view.nodes[nodes[0].name] is was and view.groups[group.key] is group
+    st.pod("MODIFIED", bound(pods[1], nodes[1].name, "g-1"))  # a bind: a change
+    view = st.snapshot()
+    assert "derived" not in view.memo and view.groups[group.key] is not group
+    assert view.nodes[nodes[1].name].used == 4
+
+
 def test_the_room_per_domain_follows_a_bind_without_a_rebuild() -> None:
     st, nodes = state_with(("gb200-nvl72", 36))  # two racks of 72 GPUs
     view = st.snapshot()
