@@ -110,6 +110,7 @@ bench: setup peers engines
 	$(PY) -m bench.net_handoff
 	$(PY) -m bench.net_handoff_realnode
 	$(PY) -m bench.extender_bench
+	$(PY) -m bench.extender_gil
 	$(PY) -m bench.dra_sched
 
 scale: setup
