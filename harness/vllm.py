@@ -13,9 +13,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -100,6 +102,7 @@ class VllmServer:
             os.killpg(pgid, signal.SIGKILL)  # the engine core may outlive the API server
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(5)
+        shutil.rmtree(ipc_dir(self.port), ignore_errors=True)
 
     def reset_cache(self, timeout: float = 30) -> None:
         """Empties its prefix cache once no request holds blocks (vLLM
@@ -208,6 +211,15 @@ def start(log_dir: Path, cpu: int, max_num_seqs: int = MAX_NUM_SEQS,
                       extra={"model": str(model)}, nixl_port=nixl_port)
 
 
+def ipc_dir(port: int) -> Path:
+    """Where the server on ``port`` makes its ZMQ sockets: vLLM puts them in
+    the temp directory under random names and leaves them when killed; a
+    directory of the server's own is removed when it stops, or when a
+    server starts on that port again after a crash. Short: a socket's path
+    must fit 107 bytes."""
+    return Path(tempfile.gettempdir()) / f"ts-vllm-{port}"
+
+
 def _launch(model: Path, log_dir: Path, cpu: int, port: int, kv_port: int, replay_port: int,
             max_num_seqs: int, nixl_port: int | None = None
             ) -> tuple[subprocess.Popen[bytes], Path]:
@@ -217,8 +229,11 @@ def _launch(model: Path, log_dir: Path, cpu: int, port: int, kv_port: int, repla
     # VLLM_CPU_KVCACHE_SPACE would override --kv-cache-memory-bytes
     env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}
     # dev mode: POST /reset_prefix_cache (vLLM then sends AllBlocksCleared), on loopback only
+    ipc = ipc_dir(port)
+    shutil.rmtree(ipc, ignore_errors=True)
+    ipc.mkdir()
     env.update(VLLM_ENV, VLLM_CPU_OMP_THREADS_BIND=str(cpu), VLLM_SERVER_DEV_MODE="1",
-               PYTHONUNBUFFERED="1")
+               PYTHONUNBUFFERED="1", VLLM_RPC_BASE_PATH=str(ipc))
     if nixl_port is not None:
         env.update(PYTHONPATH=str(nixl_installed()), VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1",
                    VLLM_NIXL_SIDE_CHANNEL_PORT=str(nixl_port))

@@ -29,7 +29,14 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness.procs import Proc, Procs
-from harness.vllm import BLOCK_SIZE, MAX_MODEL_LEN, MODEL, VllmServer, router_config
+from harness.vllm import (
+    BLOCK_SIZE,
+    MAX_MODEL_LEN,
+    MODEL,
+    VllmServer,
+    ipc_dir,
+    router_config,
+)
 from harness.waiting import wait_for
 from tests.engine.routing import (
     FIXED,
@@ -222,10 +229,14 @@ def killed_mid_stream_and_restarted(procs: Procs, other: VllmServer, victim: Vll
     for i in range(3):
         r = chat(router.url, f"{kept} [{i}]")
         assert r.headers["x-toposerve-endpoint"] == other.hostport
-    # a new process on the same port: back, with nothing cached
+    # a new process on the same port: back, with nothing cached, and the
+    # sockets the killed one left in its own directory removed
+    left = set(ipc_dir(victim.port).iterdir())
+    assert left, "vLLM made its sockets elsewhere (VLLM_RPC_BASE_PATH)"
     started = time.monotonic()
     victim.restart()
     victim.wait_ready()
+    assert left.isdisjoint(ipc_dir(victim.port).iterdir())
     wait_for("the router to take it back", lambda: healthy(router, victim), timeout=30)
     print(f"[engine] restarted and taken back in {time.monotonic() - started:.1f}s")
     assert held(router, victim) == 0
