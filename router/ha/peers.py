@@ -211,8 +211,7 @@ class Peers:
     def source(self, since: float = -math.inf) -> str | None:
         """The peer to ask for a snapshot: of those ``started(since)``,
         the one holding the most decisions."""
-        ready = [(p.decisions, s) for s, p in self._peers.items()
-                 if p.started and p.heard_at >= since]
+        ready = [(self._peers[s].decisions, s) for s in self.started(since)]
         return max(ready)[1] if ready else None
 
     def _drop(self, sender: str) -> None:

@@ -364,8 +364,7 @@ class ClusterState:
         if not deleted and self._pods.get(new.uid) == new:
             # a status update: nothing placement reads changed, so neither its
             # node nor its group is rebuilt (most pod events, every kubelet beat)
-            if new.ref and new.decision is not None and new.decision.group == new.ref.key \
-                    and self._adopt(new.decision):
+            if new.ref and self._adopt_from(new):
                 self._dirty_groups.add(new.ref.key)
             return
         old = self._pods.pop(new.uid, None)
@@ -380,8 +379,7 @@ class ClusterState:
             if new.ref:
                 self._members[new.ref.key].add(new.uid)
                 self._dirty_groups.add(new.ref.key)
-                if new.decision is not None and new.decision.group == new.ref.key:
-                    self._adopt(new.decision)
+                self._adopt_from(new)
             if new.node:
                 self._dirty_nodes.add(new.node)
             elif new.uid in self._assumed:  # its claims may have come: what it adds moves
@@ -397,9 +395,13 @@ class ClusterState:
             _drop(self._members, p.ref.key, p.uid)
             self._dirty_groups.add(p.ref.key)
 
-    def _adopt(self, d: Decision) -> bool:
-        """A decision read from a pod: the oldest decision for a group wins,
-        so two replicas that raced end up agreeing. True if it was taken."""
+    def _adopt_from(self, p: PodFacts) -> bool:
+        """The decision ``p`` carries for its own group, if any: the oldest
+        decision for a group wins, so two replicas that raced end up
+        agreeing. True if it was taken."""
+        d = p.decision
+        if d is None or p.ref is None or d.group != p.ref.key:
+            return False
         mine = self.view.decisions.get(d.group)
         if mine is None or (d.decided_at, d.domain) < (mine.decided_at, mine.domain) or \
                 (d.decided_at == mine.decided_at and d.expires_at > mine.expires_at):
