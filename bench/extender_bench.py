@@ -2,7 +2,9 @@
 interleaved mix of wide-EP groups, P/D slices and ordinary pods: the default
 kube-scheduler alone; the in-tree 1.37.2 workload scheduling with its gates on
 (a PodGroup per group, one hard topology level); and the toposerve extender.
-Then the extender's own call latency, names-only, at 1,000 and 5,000 nodes.
+Then the extender's own call latency, names-only, at 1,000 and 5,000 nodes:
+GB200 racks with groups held in racks, and HGX nodes with 100 P/D slices
+whose first members each decide a domain (``--fleets``).
 
     python -m bench.extender_bench [--racks 4] [--hgx 16] [--nodes 1000 5000]
     python -m bench.extender_bench --latency-only [--runs 3] [--cpu]   # no cluster
@@ -23,6 +25,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -250,6 +253,8 @@ def _rack_use(gc: GpuCluster, groups: list[GroupSpec],
 class Latency:
     nodes: int
     kind: str  # ordinary | group | ordinary+claim (a pod of no group asking 4 GPUs)
+    #            | pd-slice (HGX nodes: a P/D slice's member, the first PD_SLICES calls
+    #              each a slice's first, which decides its domain)
     calls: int
     filter_p50_ms: float
     filter_p99_ms: float
@@ -258,21 +263,42 @@ class Latency:
 
 
 LATENCY_GROUPS = 8  # groups of 18 pods held in racks
+# which pods each fleet's rows call about: GB200 racks, and HGX nodes with P/D slices
+FLEETS = {"gb200-nvl72": ("ordinary", "group", "ordinary+claim"), "hgx-h100": ("pd-slice",)}
+PD_SLICE = mix(0, 1, 0)[0]  # 2 prefill + 2 decode pods of 4 GPUs, NVLink preferred
+PD_SLICES = 100  # as many as hgx-1000 has; none bound, so every promise stays live
 
 
 def latency_pods(nodes: int) -> tuple[list[str], list[list[dict[str, Any]]]]:
-    """The node names and the group pods of the latency run (the same in
-    the extender's process and the client's)."""
+    """The node names and the group pods of the GB200 latency rows (the same
+    in the extender's process and the client's)."""
     names = [n.name for n in k.planned(("gb200-nvl72", nodes))]
     return names, [k.toposerve_pods(f"g{i}", 18, claim_template="gpu4", level="rack",
                                     uid_prefix=f"g{i}") for i in range(LATENCY_GROUPS)]
 
 
-def _latency_extender(nodes: int) -> Extender:
-    """The watched state of ``nodes`` GB200 nodes and the groups' pods, warmed."""
-    planned = k.planned(("gb200-nvl72", nodes))
+def pd_pods(nodes: int) -> tuple[list[str], list[list[dict[str, Any]]]]:
+    """The HGX node names and the P/D slices' pods, labelled as
+    ``manifests`` labels them for the extender."""
+    names = [n.name for n in k.planned(("hgx-h100", nodes))]
+    slices = [GroupSpec(f"pd-{i}", PD_SLICE.pods, PD_SLICE.gpus, PD_SLICE.profile,
+                        PD_SLICE.roles) for i in range(PD_SLICES)]
+    _, pods = manifests(slices, "toposerve", 0, 0)
+    by_group: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for p in pods:
+        p["metadata"]["uid"] = p["metadata"]["name"]
+        by_group[p["metadata"]["labels"][GROUP_LABEL]].append(p)
+    return names, [sorted(by_group[g.name], key=lambda p: p["metadata"]["name"])
+                   for g in slices]
+
+
+def _latency_extender(nodes: int, fleet: str) -> Extender:
+    """The watched state of ``nodes`` nodes of ``fleet`` and its groups'
+    pods (created, none bound), warmed."""
+    planned = k.planned((fleet, nodes))
     state = k.cluster_state(planned, templates=[k.template("gpu4", 4)])
-    for group in latency_pods(nodes)[1]:
+    groups = (latency_pods if fleet == "gb200-nvl72" else pd_pods)(nodes)[1]
+    for group in groups:
         for p in group:
             state.pod("ADDED", p)
     ext = Extender(ExtenderConfig(), state)
@@ -280,7 +306,13 @@ def _latency_extender(nodes: int) -> Extender:
     return ext
 
 
-def _requests(nodes: int, calls: int) -> dict[str, list[dict[str, Any]]]:
+def _requests(nodes: int, calls: int, fleet: str) -> dict[str, list[dict[str, Any]]]:
+    if fleet == "hgx-h100":
+        # each slice's first member decides its domain (the first PD_SLICES calls),
+        # later calls are members of slices decided
+        names, slices = pd_pods(nodes)
+        return {"pd-slice": [{"Pod": slices[i % PD_SLICES][i // PD_SLICES % PD_SLICE.pods],
+                              "NodeNames": names} for i in range(calls)]}
     names, groups = latency_pods(nodes)
     ordinary = [k.pod(f"o{i}", uid=f"o{i}") for i in range(calls)]
     # after the group rows: pods of no group asking GPUs meet the groups' promises
@@ -291,15 +323,15 @@ def _requests(nodes: int, calls: int) -> dict[str, list[dict[str, Any]]]:
             "ordinary+claim": [{"Pod": p, "NodeNames": names} for p in claimed]}
 
 
-def cpu_latency(nodes: int, calls: int) -> list[Latency]:
+def cpu_latency(nodes: int, calls: int, fleet: str) -> list[Latency]:
     """The same calls by the CPU time they cost in process (one thread's, so
     other work on the machine does not count): the request's decoding, the
     decision and the answer's encoding; not aiohttp's share."""
     import orjson
 
-    ext = _latency_extender(nodes)
+    ext = _latency_extender(nodes, fleet)
     out = []
-    for kind, reqs in _requests(nodes, calls).items():
+    for kind, reqs in _requests(nodes, calls, fleet).items():
         times: dict[str, list[float]] = {"filter": [], "prioritize": []}
         for r in reqs:
             body = orjson.dumps(r)
@@ -316,14 +348,14 @@ def cpu_latency(nodes: int, calls: int) -> list[Latency]:
     return out
 
 
-def _serve_latency(nodes: int, conn: Any) -> None:
+def _serve_latency(nodes: int, fleet: str, conn: Any) -> None:
     """The extender's process: ``_latency_extender`` served as ``serve``
     serves it (uvloop, aiohttp); sends its port on ``conn``, stops when
     ``conn`` speaks."""
     import uvloop
     from aiohttp import web
 
-    ext = _latency_extender(nodes)
+    ext = _latency_extender(nodes, fleet)
 
     async def run() -> None:
         runner = web.AppRunner(ext.app(), access_log=None)
@@ -336,7 +368,7 @@ def _serve_latency(nodes: int, conn: Any) -> None:
     uvloop.run(run())
 
 
-def latency(nodes: int, calls: int) -> list[Latency]:
+def latency(nodes: int, calls: int, fleet: str) -> list[Latency]:
     """Call times as the scheduler sees them: one blocking keep-alive HTTP
     client (like the scheduler's), the extender in a process of its own, so
     the client's CPU is not the extender's. Prioritize is asked about the
@@ -346,10 +378,10 @@ def latency(nodes: int, calls: int) -> list[Latency]:
 
     import orjson
 
-    body = _requests(nodes, calls)
+    body = _requests(nodes, calls, fleet)
     ctx = multiprocessing.get_context("spawn")
     here, there = ctx.Pipe()
-    proc = ctx.Process(target=_serve_latency, args=(nodes, there), daemon=True)
+    proc = ctx.Process(target=_serve_latency, args=(nodes, fleet, there), daemon=True)
     proc.start()
     try:
         if not here.poll(300):
@@ -387,11 +419,12 @@ def latency(nodes: int, calls: int) -> list[Latency]:
             proc.kill()
 
 
-def latency_runs(nodes: list[int], calls: int, runs: int, cpu: bool = False) -> list[Latency]:
+def latency_runs(nodes: list[int], calls: int, runs: int, cpu: bool = False,
+                 fleets: Sequence[str] = tuple(FLEETS)) -> list[Latency]:
     """Each row the median over ``runs`` runs of its p50s and p99s (calls summed)."""
     measure = cpu_latency if cpu else latency
-    return medians([x for _ in range(runs) for n in nodes for x in measure(n, calls)],
-                   ("nodes", "kind"), summed=("calls",))
+    return medians([x for _ in range(runs) for n in nodes for f in fleets
+                    for x in measure(n, calls, f)], ("nodes", "kind"), summed=("calls",))
 
 
 def table(rows: list[Placement]) -> str:
@@ -456,6 +489,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calls", type=count, default=300, help="calls per latency row")
     ap.add_argument("--runs", type=count, default=1,
                     help="latency runs; each row is their median")
+    ap.add_argument("--fleets", nargs="+", choices=list(FLEETS), default=list(FLEETS),
+                    help="the latency rows' nodes: GB200 racks (ordinary, group and "
+                         "ordinary+claim pods) and HGX nodes (pd-slice: 100 P/D slices of 4 "
+                         "pods, the first 100 calls each a slice's first member, which "
+                         "decides its domain)")
     ap.add_argument("--latency-only", action="store_true",
                     help="only the extender's call latency (no cluster)")
     ap.add_argument("--cpu", action="store_true",
@@ -466,14 +504,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="file name of the outputs (the 5,000-node run: extender_scale)")
     args = ap.parse_args(argv)
     if args.latency_only:
-        lat = latency_runs(args.nodes, args.calls, args.runs, args.cpu)
+        lat = latency_runs(args.nodes, args.calls, args.runs, args.cpu, args.fleets)
         write(Path(args.out), "extender_latency" + ("_cpu" if args.cpu else ""),
               latency_table(lat),
               {"latency": [asdict(x) for x in lat], "args": vars(args)})
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         rows, landed = placement_runs(args, Path(tmp))
-    lat = latency_runs(args.nodes, args.calls, args.runs)
+    lat = latency_runs(args.nodes, args.calls, args.runs, fleets=args.fleets)
     md = table(rows) + ("\n\n" + latency_table(lat) if lat else "")
     write(Path(args.out), args.name, md,
           {"placement": [asdict(r) for r in rows], "latency": [asdict(x) for x in lat],

@@ -36,3 +36,21 @@ def test_the_picture_draws_the_schedulers_that_ran(tmp_path: Path) -> None:
               "toposerve": {}, "toposerve/gpus": {"gb200-nvl72-b0-r1": {"ep-0": 72}}}
     plot(landed, tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_the_pd_rows_first_calls_each_decide_a_slice_and_the_rest_are_held_members() -> None:
+    import orjson
+
+    from bench.extender_bench import PD_SLICES, _latency_extender, _requests
+
+    ext = _latency_extender(200, "hgx-h100")  # 1,600 GPUs: the 100 slices' 16 each fit
+    reqs = _requests(200, PD_SLICES + 8, "hgx-h100")["pd-slice"]
+    decided = []
+    for r in reqs:
+        _, answer, _ = ext.answer("filter", orjson.dumps(r))
+        assert orjson.loads(answer)["NodeNames"], r["Pod"]["metadata"]["name"]
+        decided.append(len(ext.state.snapshot().decisions))
+    assert decided[:PD_SLICES] == list(range(1, PD_SLICES + 1))  # one more each call
+    assert decided[PD_SLICES:] == [PD_SLICES] * 8  # second members: held, none new
+    assert {r["Pod"]["metadata"]["name"] for r in reqs[PD_SLICES:]} == \
+        {f"pd-{i}-1" for i in range(8)}
