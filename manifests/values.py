@@ -16,16 +16,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic.alias_generators import to_camel
 
 from toposerve.dra_driver.net.handoff import DEFAULT_PLUGIN
+from toposerve.kubeapi.names import DNS_LABEL, DNS_SUBDOMAIN, SUBDOMAIN
 from toposerve.router.config import RouterConfig
 from toposerve.router.epp.fit import unfit
 from toposerve.scheduler_ext.config import ExtenderConfig
 from toposerve.topology.config_file import API_VERSION, ConfigError, parse_document, read_document
 
 KIND = "InstallValues"
-DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
-# a DeviceClass name is a DNS subdomain
-DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-HOSTNAME = re.compile(DNS_SUBDOMAIN)
 # an extended resource name: <DNS subdomain>/<qualified name part>, as a pod's
 # resources name it (nvidia.com/gpu); the apiserver also refuses *kubernetes.io/
 EXTENDED_RESOURCE = (r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/"
@@ -111,7 +108,7 @@ class ApiServer(Section):
         try:
             ip_address(v)
         except ValueError:
-            if not HOSTNAME.fullmatch(v):
+            if not SUBDOMAIN.fullmatch(v):
                 raise ValueError("give an IP address or a DNS name, without scheme or "
                                  "port (the port is apiServer.port)") from None
         return v
@@ -403,6 +400,23 @@ class Scheduler(Placement):
     extender_weight: int = Field(default=1, ge=1, description="weight of its priorities")
     extender_timeout_seconds: float = Field(default=5.0, gt=0,
                                             description="per call; past it the call is ignored")
+
+    @model_validator(mode="after")
+    def _own_profiles(self) -> Scheduler:
+        # this scheduler runs beside the cluster's own: a profile of that one's name
+        # would have both bind the same pods; two of one name stop it at start
+        names = [("schedulerName", self.scheduler_name),
+                 ("ungroupedSchedulerName", self.ungrouped_scheduler_name)]
+        for field, name in names:
+            if name == "default-scheduler":
+                raise ValueError(f"{field}: default-scheduler is the cluster's own scheduler's, "
+                                 "and both would schedule the same pods; give this one a name "
+                                 "of its own (e.g. toposerve-scheduler)")
+        if self.ungrouped_scheduler_name == self.scheduler_name:
+            raise ValueError(f"ungroupedSchedulerName: {self.scheduler_name!r} is already "
+                             "schedulerName; give the profile for pods of no group another "
+                             "name, or null for none")
+        return self
 
 
 class RedisImage(Image):

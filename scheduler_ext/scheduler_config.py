@@ -7,6 +7,8 @@ from typing import Any
 
 import yaml
 
+from toposerve.kubeapi.names import is_subdomain
+
 
 def scheduler_config(url: str, *, weight: int = 1, timeout_s: float = 5.0,
                      scheduler_name: str | None = None, qps: int | None = None,
@@ -25,7 +27,20 @@ def scheduler_config(url: str, *, weight: int = 1, timeout_s: float = 5.0,
     nodes (0: the adaptive default, as the stock scheduler): such a pod
     needs no domain chosen over every node, only to keep off what the
     groups were promised, which the extender checks on any sample; the
-    profiles share one cache, so neither hands out what the other holds."""
+    profiles share one cache, so neither hands out what the other holds.
+    Raises ValueError for a name no pod could select, or one used twice
+    (the scheduler would refuse to start)."""
+    for flag, name in (("--scheduler-name", scheduler_name),
+                       ("--ungrouped-scheduler-name", ungrouped_scheduler_name)):
+        if name is not None and not is_subdomain(name):
+            raise ValueError(f"{flag} {name!r}: a pod's spec.schedulerName is a DNS subdomain "
+                             "(lower-case letters, digits, '-' and '.'), so no pod could "
+                             "select this profile")
+    if ungrouped_scheduler_name and \
+            ungrouped_scheduler_name == (scheduler_name or "default-scheduler"):
+        raise ValueError(f"--ungrouped-scheduler-name {ungrouped_scheduler_name!r} is already "
+                         "the groups' profile's (--scheduler-name, default-scheduler when "
+                         "not given); give it another name")
     extender = {
         "urlPrefix": url.rstrip("/"),
         "filterVerb": "filter",

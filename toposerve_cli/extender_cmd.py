@@ -58,12 +58,16 @@ def _scheduler_config(args: argparse.Namespace) -> int:
         print("error: --url: give the extender's URL prefix, e.g. http://127.0.0.1:8888",
               file=sys.stderr)
         return 2
-    print(render(scheduler_config(args.url, weight=args.weight, timeout_s=args.timeout,
-                                  scheduler_name=args.scheduler_name, qps=args.qps,
-                                  kubeconfig=args.kubeconfig,
-                                  ungrouped_scheduler_name=args.ungrouped_scheduler_name,
-                                  percentage_of_nodes_to_score=None if args.sampled else 100)),
-          end="")
+    try:
+        cfg = scheduler_config(args.url, weight=args.weight, timeout_s=args.timeout,
+                               scheduler_name=args.scheduler_name, qps=args.qps,
+                               kubeconfig=args.kubeconfig,
+                               ungrouped_scheduler_name=args.ungrouped_scheduler_name,
+                               percentage_of_nodes_to_score=None if args.sampled else 100)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(render(cfg), end="")
     return 0
 
 

@@ -309,6 +309,22 @@ def test_scheduler_config_command(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["extender", "scheduler-config", "--url", "127.0.0.1:9999"]) == 2
 
 
+@pytest.mark.parametrize(("flags", "says"), [
+    (["--scheduler-name", "a", "--ungrouped-scheduler-name", "a"], "is already the groups'"),
+    (["--ungrouped-scheduler-name", "default-scheduler"], "is already the groups'"),
+    (["--ungrouped-scheduler-name", "Pods Of No Group"], "no pod could select"),
+    (["--scheduler-name", "x" * 254], "no pod could select"),
+])
+def test_scheduler_config_refuses_profiles_no_scheduler_could_run(
+        flags: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # two profiles of one name stop the kube-scheduler at start; a name that is
+    # no DNS subdomain is one no pod's spec.schedulerName can hold
+    assert main(["extender", "scheduler-config", "--url", "http://127.0.0.1:9999",
+                 *flags]) == 2
+    out = capsys.readouterr()
+    assert not out.out and says in out.err and len(out.err.strip().splitlines()) == 1
+
+
 def test_every_config_field_is_documented() -> None:
     from pydantic import BaseModel
 

@@ -74,6 +74,21 @@ def test_helm_refuses_what_the_models_refuse(bad: str, field: str) -> None:
     assert done.returncode != 0 and field in done.stderr, done.stderr
 
 
+@pytest.mark.parametrize("bad, says", [
+    ("scheduler.schedulerName=default-scheduler", "scheduler.schedulerName: default-scheduler"),
+    ("scheduler.ungroupedSchedulerName=default-scheduler",
+     "scheduler.ungroupedSchedulerName: default-scheduler"),
+    ("scheduler.ungroupedSchedulerName=toposerve-scheduler", "is already schedulerName"),
+])
+def test_helm_alone_refuses_a_profile_that_is_not_its_own(bad: str, says: str) -> None:
+    """What the values model refuses across fields, the chart refuses too
+    (the schema checks one field at a time)."""
+    done = _helm("template", "t", str(chart_dir()), "--set", bad)
+    assert done.returncode != 0 and says in done.stderr, done.stderr
+    assert _helm("template", "t", str(chart_dir()), "--set",
+                 "scheduler.ungroupedSchedulerName=null").returncode == 0
+
+
 def _pod(obj: dict[str, Any]) -> dict[str, Any]:
     pod: dict[str, Any] = obj["spec"]["template"]["spec"]
     return pod

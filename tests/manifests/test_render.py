@@ -330,6 +330,21 @@ def test_extender_rbac_covers_every_watch() -> None:
         assert (group, parts[-1]) in granted, f"the extender may not watch {path}"
 
 
+@pytest.mark.parametrize(("sets", "says"), [
+    (["scheduler.ungroupedSchedulerName=toposerve-scheduler"],
+     r"scheduler.*ungroupedSchedulerName: 'toposerve-scheduler' is already schedulerName"),
+    (["scheduler.schedulerName=default-scheduler"],
+     r"scheduler.*schedulerName: default-scheduler is the cluster's own"),
+    (["scheduler.ungroupedSchedulerName=default-scheduler"],
+     r"scheduler.*ungroupedSchedulerName: default-scheduler is the cluster's own"),
+])
+def test_the_schedulers_profiles_are_its_own(sets: list[str], says: str) -> None:
+    # the chart's scheduler runs beside the cluster's: a profile of the stock
+    # name would have two schedulers bind the same pods
+    with pytest.raises(ConfigError, match=says):
+        objects(*sets, only=["scheduler"])
+
+
 def test_bad_extender_config_names_the_field() -> None:
     with pytest.raises(ConfigError, match=r"extender\.config\.placement\.kvSizePerRequest"):
         objects("extender.config={placement: {kvSizePerRequest: lots}}")
