@@ -111,6 +111,7 @@ bench: setup peers engines
 	$(PY) -m bench.net_handoff_realnode
 	$(PY) -m bench.extender_bench
 	$(PY) -m bench.extender_gil
+	$(PY) -m bench.extender_churn
 	$(PY) -m bench.dra_sched
 
 scale: setup

@@ -209,40 +209,87 @@ class View:
     # each live promise's layout, checked against its inputs on use (never stale)
     layouts: dict[str, Layout] = field(default_factory=dict)
     widest: int | None = None  # the most accelerators one NVLink domain has (None: not known)
-
-    def forget_places(self) -> None:
-        """Nodes came, went or moved: drop what was derived from their paths."""
-        self.index.clear()
-        self.nvlink.clear()
-        self.places.clear()
-        self.kinds.clear()
-        self.by_profile.clear()
-        self.memo.clear()
-        self.widest = None
+    caps: dict[str, int] = field(default_factory=dict)  # NVLink domain -> its accelerators
 
     def forget(self, before: Mapping[str, NodeState | None] | None = None) -> None:
-        """Free counts of some nodes (not their places), members or decisions
-        changed: drop what ``memo`` derived, but keep the free room per domain
-        (``room``), moved by each changed node's difference; ``before``: the
-        changed nodes as they were."""
-        for name, was in (before or {}).items():
-            now = self.nodes.get(name)
-            if was is None or now is None or was.capacity != now.capacity:
-                self.widest = None
+        """Some nodes changed (``before``: each as it was; None: it came),
+        or members or decisions did: drop what ``memo`` derived, but move
+        what is kept per node by the changed nodes alone: the free room per
+        domain (``room``), and for a node that came, went or changed place
+        its entries in the domain indexes, places and profiles. A domain
+        whose node list changed gets a new list, so the promise layouts made
+        from the old one are laid out anew, and only those."""
+        before = before or {}
+        moved = {name: was for name, was in before.items()
+                 if (now := self.nodes.get(name)) is None or was is None
+                 or (was.path, was.profile) != (now.path, now.profile)}
+        for name, was in moved.items():
+            self._move(name, was, self.nodes.get(name))
+        if self.widest is not None:
+            for name, was in before.items():
+                now = self.nodes.get(name)
+                if name in moved or was is None or now is None or was.capacity != now.capacity:
+                    self._recount(was, now)
         rooms = self.memo.get(ROOMS)
         self.memo.clear()
         if not isinstance(rooms, dict):
             return
-        for name, old in (before or {}).items():
+        for name, old in before.items():
             new = self.nodes.get(name)
-            if old is None or new is None or old.profile != new.profile:
-                return  # rebuilt when next asked for
-            if delta := new.free - old.free:
-                for (tier, profiles), by_domain in rooms.items():
-                    d = self.place(tier).get(name)
-                    if d is not None and (not profiles or (new.profile or "") in profiles):
-                        by_domain[d] = by_domain.get(d, 0) + delta
+            for (tier, profiles), by_domain in rooms.items():
+                for ns, sign in ((old, -1), (new, 1)):
+                    d = None if ns is None else ns.domain(tier)
+                    if ns is None or d is None:
+                        continue
+                    counted = not profiles or (ns.profile or "") in profiles
+                    by_domain[d] = by_domain.get(d, 0) + (sign * ns.free if counted else 0)
+                if old is not None and (d := old.domain(tier)) is not None and \
+                        d not in self.index.get(tier, {}):
+                    by_domain.pop(d, None)  # its last node left
         self.memo[ROOMS] = rooms
+
+    def _move(self, name: str, was: NodeState | None, now: NodeState | None) -> None:
+        """``name`` came (``was`` None), went (``now`` None) or changed place
+        or profile: its entries in whatever of the indexes is built."""
+        for tier, index in self.index.items():
+            old = None if was is None else was.domain(tier)
+            new = None if now is None else now.domain(tier)
+            if old == new:
+                continue
+            if old is not None:
+                left = [n for n in index.get(old, []) if n != name]
+                if left:
+                    index[old] = left
+                else:
+                    index.pop(old, None)
+            if new is not None:
+                index[new] = sorted([*index.get(new, []), name])
+        for tier, place in self.places.items():
+            if now is None:
+                place.pop(name, None)
+            else:
+                place[name] = now.domain(tier)
+        self.nvlink.pop(name, None)
+        if self.kinds:
+            if (kind := self.kinds.pop(name, None)) is not None and kind in self.by_profile:
+                if left := [n for n in self.by_profile[kind] if n != name]:
+                    self.by_profile[kind] = left
+                else:
+                    del self.by_profile[kind]
+            if now is not None:
+                kind = self.kinds[name] = now.profile or ""
+                if self.by_profile:
+                    self.by_profile[kind] = [*self.by_profile.get(kind, []), name]
+
+    def _recount(self, was: NodeState | None, now: NodeState | None) -> None:
+        """Keep ``widest`` by the accelerators of each NVLink domain."""
+        for ns, sign in ((was, -1), (now, 1)):
+            if ns is not None:
+                sub = _subdomain_of(ns)
+                self.caps[sub] = self.caps.get(sub, 0) + sign * ns.capacity
+                if not self.caps[sub]:
+                    del self.caps[sub]
+        self.widest = max(self.caps.values(), default=0)
 
     def profile_of(self) -> dict[str, str]:
         """Each node's hardware profile ("" when unlabelled); like ``place``,
@@ -296,10 +343,7 @@ class View:
         """The node's NVLink domain as one name (the node itself when unknown)."""
         name = self.nvlink.get(node)
         if name is None:
-            n = self.nodes[node]
-            key = n.domain(Tier.NVLINK)
-            name = "/".join(str(v) for v in key) if key is not None else n.name
-            self.nvlink[node] = name
+            name = self.nvlink[node] = _subdomain_of(self.nodes[node])
         return name
 
     def widest_subdomain(self) -> int:
@@ -307,10 +351,11 @@ class View:
         free or not: no group of ``n`` fits in fewer than ``n / widest`` of
         them. Lives as long as ``place``, and until a node's capacity moves."""
         if self.widest is None:
-            sums: dict[str, int] = defaultdict(int)
-            for name, n in self.nodes.items():
-                sums[self.subdomain(name)] += n.capacity
-            self.widest = max(sums.values(), default=0)
+            caps: dict[str, int] = defaultdict(int)
+            for n in self.nodes.values():
+                caps[_subdomain_of(n)] += n.capacity
+            self.caps = {k: v for k, v in caps.items() if v}
+            self.widest = max(self.caps.values(), default=0)
         return self.widest
 
     def in_domain(self, tier: Tier, domain: Domain) -> list[str]:
@@ -323,3 +368,8 @@ class View:
                     index.setdefault(d, []).append(name)
             self.index[tier] = index
         return index.get(domain, [])
+
+
+def _subdomain_of(n: NodeState) -> str:
+    key = n.domain(Tier.NVLINK)
+    return "/".join(str(v) for v in key) if key is not None else n.name

@@ -143,7 +143,6 @@ class ClusterState:
         self._assumed: dict[str, tuple[str, float]] = {}
         self._dirty_nodes: set[str] = set()
         self._dirty_groups: set[str] = set()
-        self._moved = False  # a node came, went or changed labels: domain indexes are stale
         self.synced: set[str] = set()  # kinds whose first list arrived
         self._handlers: dict[str, Callable[[str, dict[str, Any]], None]] = {
             "nodes": self.node, "pods": self.pod, "slices": self.resource_slice,
@@ -172,11 +171,6 @@ class ClusterState:
             if old == new:
                 return  # a status update: nothing placement reads changed
             self._dirty_nodes.add(name)
-            # most node events are status updates: only a node that came, went
-            # or changed place stales the domain indexes (a rebuild at 5,000 nodes
-            # costs the next group member's call ~20 ms)
-            if old is None or new is None or (old.path, old.profile) != (new.path, new.profile):
-                self._moved = True
 
     def resource_slice(self, kind: str, obj: dict[str, Any]) -> None:
         with self.lock:
@@ -588,10 +582,7 @@ class ClusterState:
                 self.view.decisions.pop(key, None)
             else:
                 self.view.groups[key] = g
-        if self._moved:
-            self.view.forget_places()
-            self._moved = False
-        elif before or self._dirty_groups:
+        if before or self._dirty_groups:
             self.view.forget(before)
         self._dirty_groups.clear()
         return self.view

@@ -65,6 +65,8 @@ BAD = [
     ("dra_sched", ["--qps", "-1"], "--qps"),
     ("extender_bench", ["--calls", "0"], "--calls"),
     ("extender_bench", ["--timeout", "0"], "--timeout"),
+    ("extender_churn", ["--events", "0"], "--events"),
+    ("extender_churn", ["--nodes", "1000", "0"], "--nodes"),
     ("net_discovery", ["--nics", "8", "0"], "--nics"),
     ("net_handoff", ["--pods", "0"], "--pods"),
     ("net_handoff_realnode", ["--wait", "-3"], "--wait"),

@@ -30,7 +30,7 @@ from toposerve.scheduler_ext.placement.levels import (
     domain_of,
     parse_level,
 )
-from toposerve.scheduler_ext.placement.model import Decision, Group, Source, View
+from toposerve.scheduler_ext.placement.model import Decision, Group, NodeState, Source, View
 from toposerve.topology.labels import PRESETS, DialectName
 from toposerve.topology.model import DomainPath, Tier, TierLink
 from toposerve.topology.profiles import load_profile
@@ -551,3 +551,85 @@ def test_pd_roles_pair_up_on_nodes_when_a_slice_spans_nodes() -> None:
         by_node.setdefault(m.node, set()).add(m.role)
     assert list(by_node.values()) == [{"prefill", "decode"}] * 2
     assert modelled_kv_seconds(view, placed, POLICY) == 0.0  # each decode beside a prefill
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["go", "come", "move", "use", "grow", "profile"]),
+                          st.integers(0, 200)), min_size=1, max_size=12))
+def test_node_changes_move_the_derived_indexes_as_a_rebuild_would(
+        changes: list[tuple[str, int]]) -> None:
+    """A node that comes, goes, moves to another rack, changes profile,
+    capacity or use updates the domain indexes, places, profiles, the
+    widest NVLink domain and the free room per domain in place; each ends
+    equal to a fresh view's."""
+    pool = cluster(("hgx-h100", 24), ("gb200-nvl72", 18))  # 6 HGX racks, one NVL72 rack
+    nodes = dict(list(pool.items())[:30])
+    spare = [n for n in pool if n not in nodes]
+    view = View(dict(nodes))
+    tiers, kinds = (Tier.RACK, Tier.NVLINK, Tier.BLOCK), (("hgx-h100",), ())
+
+    def derive(v: View) -> None:
+        for tier in tiers:
+            v.place(tier)
+            for profiles in kinds:
+                v.room(tier, profiles)
+        v.of_profile()
+        v.widest_subdomain()
+
+    derive(view)
+    for op, i in changes:
+        names = sorted(view.nodes)
+        name = names[i % len(names)] if names else None
+        before: dict[str, NodeState | None] = {}
+        if op == "come" and spare:
+            name = spare.pop(i % len(spare))
+            before[name] = None
+            view.nodes[name] = pool[name]
+        elif name is None:
+            continue
+        elif op == "go":
+            before[name] = view.nodes.pop(name)
+            spare.append(name)
+        else:
+            n = before[name] = view.nodes[name]
+            other = pool[sorted(pool)[i % len(pool)]]
+            if op == "move":
+                n = replace(n, path=n.path.model_copy(update={
+                    "block": other.path.block, "rack": other.path.rack,
+                    "nvlink": other.path.nvlink}))
+            elif op == "use":
+                n = replace(n, used=i % (n.capacity + 1))
+            elif op == "grow":
+                n = replace(n, capacity=n.capacity + i % 3)
+            else:
+                n = replace(n, profile="gb200-nvl72" if n.profile == "hgx-h100" else "hgx-h100")
+            view.nodes[name] = n
+        view.forget(before)
+        derive(view)
+        fresh = View(dict(view.nodes))
+        derive(fresh)
+        assert view.index == fresh.index and view.places == fresh.places
+        assert view.kinds == fresh.kinds
+        assert {k: set(v) for k, v in view.by_profile.items()} == \
+            {k: set(v) for k, v in fresh.by_profile.items()}
+        assert view.widest == fresh.widest
+        assert all(view.room(t, p) == fresh.room(t, p) for t in tiers for p in kinds)
+
+
+def test_a_node_joining_another_rack_keeps_a_promises_layout_one_joining_its_own_not() -> None:
+    pool = cluster(("hgx-h100", 16))  # 4 racks of 4
+    names = sorted(pool)
+    view = View({n: pool[n] for n in names if n not in (names[3], names[15])})
+    rack = view.nodes[names[0]].domain(Tier.RACK)
+    assert rack is not None and pool[names[3]].domain(Tier.RACK) == rack
+    g = gang("g", 2, 8, required=Tier.RACK)
+    view.groups[g.key] = g
+    view.decisions[g.key] = Decision(g.key, Tier.RACK, rack, 0.0, 1e9)
+    reservations(view, 1.0)
+    laid = view.layouts[g.key]
+    for name, keeps in ((names[15], True), (names[3], False)):  # the last rack, then its own
+        view.nodes[name] = pool[name]
+        view.forget({name: None})
+        reservations(view, 1.0)
+        assert (view.layouts[g.key] is laid) is keeps, name
+        assert name in view.in_domain(Tier.RACK, pool[name].domain(Tier.RACK) or ())
