@@ -631,23 +631,21 @@ def plot_cores(rows: list[Row], path: Path) -> None:
 
 
 def instructions(tree: Path, fleet: int, tmp: Path, warm: int = 300,
-                 counted: int = 200, workers: int = 1) -> float:
-    """Instructions our router's processes (the code in ``tree``) spend a
+                 counted: int = 200) -> float:
+    """Instructions our router's process (the code in ``tree``) spends a
     request at ``fleet`` null endpoints, under valgrind's callgrind: the
     counters zeroed after ``warm`` requests, dumped after 5 s idle (its idle
     rate) and again after ``counted`` more from 16 clients, the idle rate
     taken off. The other load on the machine does not move it, so a ratio
     between fleet sizes (or revisions) needs no repeats. Scraped once at
     start (an hour's interval, two hours to stale, five minutes to answer): the count is the
-    requests', not the scrapes'. ``workers`` > 1: ``server.workers``, every
-    process of the tree counted (the parent and its hub, each worker), so
-    what the workers' sharing costs shows against one worker's count."""
+    requests', not the scrapes'."""
     ports, null = null_backends(fleet)
     port = free_port()
-    out = tmp / f"callgrind-{tree.name}-{fleet}-{workers}"
+    out = tmp / f"callgrind-{tree.name}-{fleet}"
     out.mkdir(parents=True, exist_ok=True)
     cfg = {"apiVersion": "toposerve.io/v1", "kind": "RouterConfig",
-           "server": {"host": "127.0.0.1", "port": port, "workers": workers},
+           "server": {"host": "127.0.0.1", "port": port},
            "discovery": {"static": [{"url": f"http://127.0.0.1:{p}"} for p in ports]},
            "scrape": {"intervalSeconds": 3600, "staleAfterSeconds": 7200,
                       "healthIntervalSeconds": 3600, "timeoutSeconds": 300}}
@@ -658,36 +656,26 @@ def instructions(tree: Path, fleet: int, tmp: Path, warm: int = 300,
     code = (f"import sys; sys.path[:0] = {first!r}; "
             f"sys.argv = ['toposerve', 'router', '--config', {str(path)!r}]; "
             "import toposerve.main as m; m.main()")
-    router = subprocess.Popen(["valgrind", "--tool=callgrind", "--trace-children=yes",
+    router = subprocess.Popen(["valgrind", "--tool=callgrind",
                                f"--callgrind-out-file={out}/cg.%p", sys.executable, "-c", code],
                               cwd=tree, stdout=(out / "router.log").open("wb"),
                               stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
 
-    def tree_pids() -> list[int]:
-        # the parent and, with workers, each worker (valgrind follows their exec)
-        return [router.pid, *(c.pid for c in psutil.Process(router.pid).children(recursive=True))]
-
     def counted_since_zero(tag: str) -> int:
-        total = 0
-        for pid in tree_pids():
-            subprocess.run(["callgrind_control", "-d", tag, str(pid)], check=True,
-                           capture_output=True)
-            dump = max(out.glob(f"cg.{pid}.*"), key=lambda f: f.stat().st_mtime)
-            total += next(int(line.split()[1]) for line in dump.read_text().splitlines()
-                          if line.startswith(("summary:", "totals:")))
-        return total
+        subprocess.run(["callgrind_control", "-d", tag, str(router.pid)], check=True,
+                       capture_output=True)
+        dump = max(out.glob(f"cg.{router.pid}.*"), key=lambda f: f.stat().st_mtime)
+        return next(int(line.split()[1]) for line in dump.read_text().splitlines()
+                    if line.startswith(("summary:", "totals:")))
 
     def zero() -> None:
-        for pid in tree_pids():
-            subprocess.run(["callgrind_control", "-z", str(pid)], check=True,
-                           capture_output=True)
+        subprocess.run(["callgrind_control", "-z", str(router.pid)], check=True,
+                       capture_output=True)
 
     try:
         deadline = time.monotonic() + 600
-        # each worker answers /ready for itself: several in a row, on new connections
-        # the kernel spreads, before any is counted
-        while not all(_ready(url, fleet) for _ in range(1 if workers == 1 else 8 * workers)):
+        while not _ready(url, fleet):
             if router.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"router under valgrind did not start: {out / 'router.log'}")
             time.sleep(2)
@@ -740,26 +728,19 @@ def _ready(url: str, fleet: int) -> bool:
         return False
 
 
-def instruction_table(trees: dict[str, Path], fleets: tuple[int, ...], tmp: Path,
-                      workers: tuple[int, ...] = (1,)) -> str:
-    """Instructions a request per revision, worker count and fleet size,
-    each fleet's over the first's and, with several rows, each row's over
-    the first row's at the first fleet."""
-    lines, first = [], None
+def instruction_table(trees: dict[str, Path], fleets: tuple[int, ...], tmp: Path) -> str:
+    """Instructions a request per revision and fleet size, and each fleet's
+    over the first's."""
+    lines = []
     for name, tree in trees.items():
-        for w in workers:
-            ir = {f: instructions(tree, f, tmp, workers=w) for f in fleets}
-            row = name if workers == (1,) else f"{name}, {w} worker{'s' if w > 1 else ''}"
-            print(f"  {row}: " + ", ".join(f"{f} endpoints {v:,.0f}" for f, v in ir.items()),
-                  file=sys.stderr, flush=True)
-            first = first or ir[fleets[0]]
-            lines.append([row, *(f"{ir[f]:,.0f}" for f in fleets),
-                          *(f"{ir[f] / ir[fleets[0]]:.2f}" for f in fleets[1:]),
-                          f"{ir[fleets[0]] / first:.3f}"])
+        ir = {f: instructions(tree, f, tmp) for f in fleets}
+        print(f"  {name}: " + ", ".join(f"{f} endpoints {v:,.0f}" for f, v in ir.items()),
+              file=sys.stderr, flush=True)
+        lines.append([name, *(f"{ir[f]:,.0f}" for f in fleets),
+                      *(f"{ir[f] / ir[fleets[0]]:.2f}" for f in fleets[1:])])
     return table(["router", *(f"instructions a request, {f} endpoints" for f in fleets),
-                  *(f"{f} / {fleets[0]}" for f in fleets[1:]),
-                  f"/ first row ({fleets[0]} endpoints)"],
-                 lines, "l" + "r" * (2 * len(fleets)))
+                  *(f"{f} / {fleets[0]}" for f in fleets[1:])],
+                 lines, "l" + "r" * (2 * len(fleets) - 1))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -798,8 +779,7 @@ def main(argv: list[str] | None = None) -> int:
                          "clients without a pool send them (router_overhead_new_connections.*)")
     ap.add_argument("--instructions", action="store_true",
                     help="instead: our router's instructions a request at each of --fleets "
-                         "(valgrind callgrind; with --against, that revision's too; with "
-                         "--cores, with that many workers, every process counted)")
+                         "(valgrind callgrind; with --against, that revision's too)")
     args = ap.parse_args(argv)
     if args.cores and max(args.cores) > len(args.router_cpu):
         ap.error(f"--cores {max(args.cores)} needs as many --router-cpu, "
@@ -815,8 +795,7 @@ def main(argv: list[str] | None = None) -> int:
             trees = {OURS: REPO}
             if args.against:
                 trees[f"{OURS}@{args.against}"] = checkout(args.against, Path(tmp))
-            print(instruction_table(trees, tuple(args.fleets), Path(tmp),
-                                    tuple(args.cores or (1,))))
+            print(instruction_table(trees, tuple(args.fleets), Path(tmp)))
         return 0
     if args.quick:
         args.requests, args.repeats = 300, 1
