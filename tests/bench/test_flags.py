@@ -66,6 +66,7 @@ BAD = [
     ("extender_bench", ["--calls", "0"], "--calls"),
     ("extender_bench", ["--timeout", "0"], "--timeout"),
     ("extender_churn", ["--events", "0"], "--events"),
+    ("share_cost", ["--requests", "0"], "--requests"),
     ("extender_churn", ["--nodes", "1000", "0"], "--nodes"),
     ("net_discovery", ["--nics", "8", "0"], "--nics"),
     ("net_handoff", ["--pods", "0"], "--pods"),
