@@ -197,9 +197,10 @@ class View:
     nodes: dict[str, NodeState]
     groups: dict[str, Group] = field(default_factory=dict)
     decisions: dict[str, Decision] = field(default_factory=dict)
-    # derived facts, cleared by whoever changes what they derive from:
-    # ``memo`` (reservations) on any change (``forget``), ``index`` (nodes by domain) when
-    # a node comes, goes or moves
+    # derived facts, built on first use and kept by ``forget``: ``memo``
+    # (reservations) cleared on any change; the rest (a domain's nodes, each
+    # node's place, NVLink domain and profile, the widest NVLink domain) moved
+    # by the nodes that came, went or changed
     memo: dict[object, object] = field(default_factory=dict)
     index: dict[Tier, dict[Domain, list[str]]] = field(default_factory=dict)
     nvlink: dict[str, str] = field(default_factory=dict)  # node -> its NVLink domain's name
