@@ -7,7 +7,7 @@ from pathlib import Path
 
 from prometheus_client import generate_latest
 
-from bench.extender_bench import call_quantiles, mix, plot
+from bench.extender_bench import _latency_extender, call_quantiles, mix, plot
 from toposerve.scheduler_ext.metrics import Metrics
 
 
@@ -41,7 +41,7 @@ def test_the_picture_draws_the_schedulers_that_ran(tmp_path: Path) -> None:
 def test_the_pd_rows_first_calls_each_decide_a_slice_and_the_rest_are_held_members() -> None:
     import orjson
 
-    from bench.extender_bench import PD_SLICES, _latency_extender, _requests
+    from bench.extender_bench import PD_SLICES, _requests
 
     ext = _latency_extender(200, "hgx-h100")  # 1,600 GPUs: the 100 slices' 16 each fit
     reqs = _requests(200, PD_SLICES + 8, "hgx-h100")["pd-slice"]
@@ -54,3 +54,21 @@ def test_the_pd_rows_first_calls_each_decide_a_slice_and_the_rest_are_held_membe
     assert decided[PD_SLICES:] == [PD_SLICES] * 8  # second members: held, none new
     assert {r["Pod"]["metadata"]["name"] for r in reqs[PD_SLICES:]} == \
         {f"pd-{i}-1" for i in range(8)}
+
+
+def test_the_churn_events_join_leave_and_move_a_node() -> None:
+    from bench.extender_churn import _event
+    from toposerve.topology.model import Tier
+
+    ext = _latency_extender(40, "hgx-h100")
+    view = ext.state.snapshot()
+    names = sorted(view.nodes)
+    last, moved = names[-1], names[-2]
+    rack = view.nodes[moved].domain(Tier.RACK)
+    _event(ext, "join", 0, 40)
+    _event(ext, "leave", 0, 40)
+    _event(ext, "relabel", 1, 40)
+    view = ext.state.snapshot()
+    assert len(view.nodes) == 40 and last not in view.nodes  # one came, one went
+    assert view.nodes[moved].domain(Tier.RACK) not in (None, rack)
+    assert moved in view.in_domain(Tier.RACK, view.nodes[moved].domain(Tier.RACK) or ())
