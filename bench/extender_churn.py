@@ -86,6 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--events", type=count, default=40, help="events of each kind")
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     args = ap.parse_args(argv)
+    # every slice decided (16 GPUs each on 8-GPU nodes) and a node of its own for each
+    # event, taken from the end, clear of the slices' racks
+    least = PD_SLICES * 2 + len(EVENTS) * args.events + 8
+    if min(args.nodes) < least:
+        ap.error(f"--nodes {min(args.nodes)}: with --events {args.events}, at least {least} "
+                 f"(the slices' {PD_SLICES * 2} nodes and a node for each event)")
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     rows = [r for n in args.nodes for r in measure(n, args.events)]
     md = table(["nodes", "node event", "calls", "filter p50 ms, nothing changed",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from prometheus_client import generate_latest
 
 from bench.extender_bench import _latency_extender, call_quantiles, mix, plot
@@ -72,3 +73,13 @@ def test_the_churn_events_join_leave_and_move_a_node() -> None:
     assert len(view.nodes) == 40 and last not in view.nodes  # one came, one went
     assert view.nodes[moved].domain(Tier.RACK) not in (None, rack)
     assert moved in view.in_domain(Tier.RACK, view.nodes[moved].domain(Tier.RACK) or ())
+
+
+def test_churn_refuses_too_few_nodes_for_its_slices_and_events(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.extender_churn import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--nodes", "100", "--events", "40"])
+    assert exit_.value.code == 2
+    assert "--nodes 100: with --events 40, at least 328" in capsys.readouterr().err
