@@ -30,24 +30,25 @@ from bench.report import pct
 from harness import extender_objects as k
 from toposerve.localcluster.results import table, write
 from toposerve.scheduler_ext.server import Extender
+from toposerve.topology.layout import PlannedNode
 
 EVENTS = ("join", "leave", "relabel")
 
 
-def _event(ext: Extender, kind: str, i: int, nodes: int) -> None:
-    """Node ``i``'s event of ``kind``: a new node joins, an old one (never
-    the slices' first racks) leaves, or one moves to another rack."""
+def _event(ext: Extender, kind: str, i: int, planned: list[PlannedNode], nodes: int) -> None:
+    """Node ``i``'s event of ``kind``: a new node joins (``planned`` past the
+    first ``nodes``), an old one (never the slices' first racks) leaves, or
+    one moves to another rack."""
     if kind == "join":
-        ext.state.node("ADDED", k.node(k.planned(("hgx-h100", nodes + i + 1))[-1]))
+        ext.state.node("ADDED", k.node(planned[nodes + i]))
         return
-    planned = k.planned(("hgx-h100", nodes))
-    victim = planned[-1 - i]
+    victim = planned[nodes - 1 - i]
     if kind == "leave":
         ext.state.node("DELETED", k.node(victim))
         return
     moved = k.node(victim)
     labels = moved["metadata"]["labels"]
-    other = k.node(planned[-1 - i - 8])["metadata"]["labels"]  # two racks over
+    other = k.node(planned[nodes - 1 - i - 8])["metadata"]["labels"]  # two racks over
     for key in ("topology.toposerve.io/block", "topology.toposerve.io/rack"):
         labels[key] = other[key]
     ext.state.node("MODIFIED", moved)
@@ -55,6 +56,8 @@ def _event(ext: Extender, kind: str, i: int, nodes: int) -> None:
 
 def measure(nodes: int, events: int) -> list[dict[str, Any]]:
     ext = _latency_extender(nodes, "hgx-h100")
+    # planned once: the first ``nodes`` are the state's, the rest join
+    planned = k.planned(("hgx-h100", nodes + events))
     reqs = [orjson.dumps(r) for r in _requests(nodes, PD_SLICES + events, "hgx-h100")
             ["pd-slice"]]
     for body in reqs[:PD_SLICES]:  # every slice decided
@@ -67,7 +70,7 @@ def measure(nodes: int, events: int) -> list[dict[str, Any]]:
             t0 = time.thread_time()
             ext.answer("filter", body)
             steady.append(1000 * (time.thread_time() - t0))
-            _event(ext, kind, EVENTS.index(kind) * events + i, nodes)  # each its own node
+            _event(ext, kind, EVENTS.index(kind) * events + i, planned, nodes)  # a node each
             t0 = time.thread_time()
             ext.answer("filter", body)
             after.append(1000 * (time.thread_time() - t0))

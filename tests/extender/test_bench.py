@@ -59,6 +59,7 @@ def test_the_pd_rows_first_calls_each_decide_a_slice_and_the_rest_are_held_membe
 
 def test_the_churn_events_join_leave_and_move_a_node() -> None:
     from bench.extender_churn import _event
+    from harness import extender_objects as k
     from toposerve.topology.model import Tier
 
     ext = _latency_extender(40, "hgx-h100")
@@ -66,9 +67,10 @@ def test_the_churn_events_join_leave_and_move_a_node() -> None:
     names = sorted(view.nodes)
     last, moved = names[-1], names[-2]
     rack = view.nodes[moved].domain(Tier.RACK)
-    _event(ext, "join", 0, 40)
-    _event(ext, "leave", 0, 40)
-    _event(ext, "relabel", 1, 40)
+    planned = k.planned(("hgx-h100", 41))
+    _event(ext, "join", 0, planned, 40)
+    _event(ext, "leave", 0, planned, 40)
+    _event(ext, "relabel", 1, planned, 40)
     view = ext.state.snapshot()
     assert len(view.nodes) == 40 and last not in view.nodes  # one came, one went
     assert view.nodes[moved].domain(Tier.RACK) not in (None, rack)
