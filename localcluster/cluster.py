@@ -132,7 +132,11 @@ def _config_documents(spec: ClusterSpec) -> str:
         docs[0]["options"] |= {"heartbeatFactor": HEARTBEAT_FACTOR,
                                "nodeStatusUpdateFrequencyMilliseconds":
                                    spec.node_status_s * 1000 // HEARTBEAT_FACTOR}
-    args: dict[str, list[dict[str, str]]] = {"kube-controller-manager": []}
+    # One of each runs, so nothing to elect; with election on, a lease renewal
+    # that a loaded machine delays past its deadline exits the process, and
+    # the cluster silently stops creating or scheduling pods.
+    no_election = {"key": "leader-elect", "value": "false"}
+    args: dict[str, list[dict[str, str]]] = {"kube-controller-manager": [no_election]}
     if spec.controller_manager_qps:
         # here, not as --extra-args: kwokctl 0.8.0 panics on five of those
         q = str(spec.controller_manager_qps)
@@ -144,8 +148,8 @@ def _config_documents(spec: ClusterSpec) -> str:
     # CPU profiles of the scheduler (scale runs, bench.dra_sched): it cannot
     # authenticate our client cert (no delegated authn), and it listens on
     # loopback only, so let its pprof paths through as kwokctl lets /metrics
-    args["kube-scheduler"] = [{"key": "authorization-always-allow-paths",
-                               "value": SCHEDULER_OPEN_PATHS}]
+    args["kube-scheduler"] = [no_election, {"key": "authorization-always-allow-paths",
+                                            "value": SCHEDULER_OPEN_PATHS}]
     if gates := _scheduler_gates(spec):
         # a second --feature-gates adds to the one kwokctl writes for every component
         args["kube-scheduler"].append({"key": "feature-gates", "value": gates})

@@ -16,8 +16,8 @@ from hypothesis import settings
 
 from harness.cluster_claim import claimed
 from harness.procs import Procs
-from toposerve.localcluster.cluster import ClusterSpec, up
-from toposerve.localcluster.clusters import api_client
+from toposerve.localcluster.cluster import ClusterSpec, check_components, up
+from toposerve.localcluster.clusters import ClusterError, api_client
 from toposerve.localcluster.tools import helm_path
 
 # Property tests check results, not speed (benchmarks measure that): no
@@ -50,6 +50,18 @@ def cluster() -> Iterator[Cluster]:
            progress=lambda m: print(f"[cluster] {m}", file=sys.stderr))
         yield Cluster(name=TEST_CLUSTER, api=api_client(TEST_CLUSTER), groups=TEST_GROUPS,
                       up_seconds=time.monotonic() - started)
+
+
+@pytest.fixture(autouse=True)
+def _cluster_components_alive(request: pytest.FixtureRequest) -> None:
+    """A test on the shared cluster fails at once, naming the component, when
+    one of it has exited, rather than timing out on pods that never run."""
+    if "cluster" in request.fixturenames:
+        request.getfixturevalue("cluster")
+        try:
+            check_components(TEST_CLUSTER)
+        except ClusterError as err:
+            pytest.fail(f"cluster {TEST_CLUSTER!r}: {err}")
 
 
 @pytest.fixture

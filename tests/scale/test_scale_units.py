@@ -448,6 +448,19 @@ def test_scheduler_gates_reach_the_scheduler_alone_in_every_setup() -> None:
                                          "extraEnvs": [{"name": "GOGC", "value": "400"}]}
     assert "extraEnvs" not in patches["kube-scheduler"]
     assert set(patches) == {"kube-apiserver", "kube-controller-manager", "kube-scheduler"}
+
+
+def test_the_single_scheduler_and_controller_manager_elect_no_leader() -> None:
+    """A lost lease exits the process (a loaded machine delays renewals): one
+    of each runs, so election is off, with or without a scheduler config."""
+    from toposerve.localcluster.cluster import ClusterSpec, _config_documents
+
+    for spec in (ClusterSpec(name="x"),
+                 ClusterSpec(name="x", scheduler_config=Path("s.yaml"), controllers="*")):
+        docs = list(yaml.safe_load_all(_config_documents(spec)))
+        patches = {p["name"]: p for p in docs[0]["componentsPatches"]}
+        for comp in ("kube-scheduler", "kube-controller-manager"):
+            assert {"key": "leader-elect", "value": "false"} in patches[comp]["extraArgs"], comp
     with pytest.raises(ValueError, match=r"gogc\.kube-proxy"):
         scenario(gogc={"kube-proxy": 200})
     from toposerve.localcluster.cluster import ClusterSpec, validate
