@@ -29,26 +29,19 @@ from typing import Any
 import orjson
 
 from bench.flags import count
+from harness.router_state import MODEL, make_state
 from toposerve.localcluster.results import table, write
-from toposerve.router.config import RouterConfig
 from toposerve.router.ha.replication import message, replay
 from toposerve.router.ha.snapshot import decision
-from toposerve.router.pool.endpoints import Endpoint, LoadSample
 from toposerve.router.request import RequestContext
 from toposerve.router.scheduling.profile import Scheduler
 from toposerve.router.state import RouterState
 
-MODEL, STAGE = "m", "profile"
+STAGE = "profile"
 
 
 def _router() -> tuple[RouterState, Scheduler]:
-    state = RouterState(RouterConfig.model_validate(
-        {"apiVersion": "toposerve.io/v1", "kind": "RouterConfig",
-         "discovery": {"static": [{"url": "http://e0:8000"}]}}))
-    for i in range(4):
-        ep = state.pool.upsert(Endpoint(url=f"http://e{i}:8000", models=frozenset({MODEL})))
-        ep.healthy = True
-        ep.load = LoadSample(at=time.monotonic())
+    state = make_state()
     return state, Scheduler(state, state.config.profile, None)
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.share_cost import MODEL, _prompts, _router, measure
+from bench.share_cost import _prompts, _router, measure
+from harness.router_state import MODEL
 from toposerve.router.request import RequestContext
 
 pytestmark = pytest.mark.unit
