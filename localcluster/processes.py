@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import time
@@ -14,8 +15,10 @@ from typing import Any
 
 
 def commands_under(path: Path) -> dict[int, str]:
-    """PID -> program name of every process whose command line mentions ``path``."""
-    needle = str(path).encode()
+    """PID -> program name of every process whose command line mentions
+    ``path`` or a file under it: not a path it is only a prefix of, since
+    the cluster ``toposerve``'s directory is a prefix of ``toposerve-test``'s."""
+    needle = re.compile(re.escape(str(path).rstrip("/").encode()) + rb"(?:/|\0|$)")
     found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -24,7 +27,7 @@ def commands_under(path: Path) -> dict[int, str]:
             cmdline = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        if needle in cmdline:
+        if needle.search(cmdline):
             found[int(entry.name)] = Path(cmdline.split(b"\0")[0].decode()).name
     return found
 
