@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from toposerve.kubeapi.names import is_subdomain
 from toposerve.scheduler_ext.placement.decide import Policy
 from toposerve.scheduler_ext.placement.levels import LEVEL_NAMES, UnknownLevel, parse_level
 from toposerve.topology.config_file import load_file
@@ -118,12 +119,28 @@ class ExtenderConfig(Section):
         default=True, alias="persistDecisions",
         description="write each group's domain onto its pods (annotation "
                     "toposerve.io/placement) so a restarted or second extender keeps it")
+    scheduler_name: str | None = Field(
+        default=None, alias="schedulerName",
+        description="the scheduler profile that calls this extender for groups' pods "
+                    "(`scheduler-config --scheduler-name`; the chart sets its own). A "
+                    "pending pod of a group that names another spec.schedulerName is never "
+                    "placed with its group: the extender logs it, writes a Warning Event "
+                    "on it and counts it (toposerve_extender_group_pods_elsewhere). "
+                    "Unset: not checked")
     decision_key_file: str | None = Field(
         default=None, alias="decisionKeyFile",
         description="file holding the key that signs the decisions written on pods (a "
                     "mounted Secret, shared by every replica); only decisions signed with "
                     "it are read back. Unset: a key made at start, so decisions written "
                     "before a restart are decided afresh")
+
+    @field_validator("scheduler_name")
+    @classmethod
+    def _scheduler_name(cls, v: str | None) -> str | None:
+        if v is not None and not is_subdomain(v):
+            raise ValueError(f"{v!r} is no pod's spec.schedulerName: give a DNS subdomain "
+                             "(lower-case letters, digits, '-' and '.')")
+        return v
 
     @field_validator("decision_key_file")
     @classmethod

@@ -35,6 +35,11 @@ class Metrics:
                                  registry=self.registry)
         self.groups_known = Gauge("toposerve_extender_groups",
                                   "groups among the watched pods", registry=self.registry)
+        self.group_pods_elsewhere = Gauge(
+            "toposerve_extender_group_pods_elsewhere",
+            "pending pods of a group whose spec.schedulerName is not the extender's "
+            "schedulerName: another scheduler places them, not as a group",
+            registry=self.registry)
         self.watch_errors = Gauge("toposerve_extender_watch_errors",
                                   "watch failures since start, by kind", ["kind"],
                                   registry=self.registry)

@@ -284,6 +284,7 @@ class Extender:
         self.metrics.groups_held.set(self.held())
         with self.state.lock:
             self.metrics.groups_known.set(len(self.state.snapshot().groups))
+            self.metrics.group_pods_elsewhere.set(len(self.state.elsewhere))
         return web.Response(body=generate_latest(self.metrics.registry),
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
 

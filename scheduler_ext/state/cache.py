@@ -102,6 +102,10 @@ class ClusterState:
         # called (under the lock: it must not block) with a group whose size just
         # became known and its pods not bound yet, (namespace, name) each
         self.on_size_known: Callable[[Group, list[tuple[str, str]]], None] | None = None
+        # called (under the lock) with a pending pod of a group the first time it is
+        # seen naming a scheduler other than cfg.scheduler_name, and that name
+        self.on_elsewhere: Callable[[PodFacts, str], None] | None = None
+        self.elsewhere: set[str] = set()  # those pods' uids, while they stay so
         self.clock = clock
         self.assume_ttl_s = assume_ttl_s
         # signs the decisions written on pods; only those signed with it are adopted
@@ -308,8 +312,26 @@ class ClusterState:
                     self._dirty_groups.add(p.ref.key)
 
     def pod(self, kind: str, obj: dict[str, Any]) -> None:
+        facts = pod_facts(obj, self.dialect, self.key)
         with self.lock:
-            self._set_pod(pod_facts(obj, self.dialect, self.key), kind == "DELETED")
+            self._set_pod(facts, kind == "DELETED")
+            if kind == "DELETED":
+                self.elsewhere.discard(facts.uid)
+            else:
+                self._check_scheduler(facts, str((obj.get("spec") or {}).get(
+                    "schedulerName") or "default-scheduler"))
+
+    def _check_scheduler(self, p: PodFacts, scheduler: str) -> None:
+        """A group's pod that another scheduler will place never reaches the
+        extender as one of its group (the cluster's own scheduler does not
+        call it; the ungrouped profile samples nodes): said once a pod."""
+        wanted = self.cfg.scheduler_name
+        if wanted is None or p.ref is None or p.node or not p.active or scheduler == wanted:
+            self.elsewhere.discard(p.uid)
+        elif p.uid not in self.elsewhere:
+            self.elsewhere.add(p.uid)
+            if self.on_elsewhere is not None:
+                self.on_elsewhere(p, scheduler)
 
     @contextmanager
     def observing(self, obj: dict[str, Any]) -> Iterator[PodFacts]:

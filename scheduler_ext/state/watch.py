@@ -1,10 +1,12 @@
 """The watches that feed ``ClusterState``: one reflector (LIST, then WATCH
 resumed from the last resourceVersion; relist only on 410 Gone) per kind,
 each on its own thread, through the raw-JSON client the DRA publisher uses.
-And the one write the extender makes: its decision onto a group's pod."""
+And what the extender writes: a group's decision and retry mark onto its
+pods, and a Warning Event on a group's pod that another scheduler places."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -13,12 +15,13 @@ from typing import Any
 import orjson
 import structlog
 
-from toposerve.kubeapi import ApiError, JsonApi, Reflector
+from toposerve.kubeapi import ApiError, JsonApi, Reflector, events
 from toposerve.scheduler_ext.placement.model import Decision, Group
 from toposerve.scheduler_ext.state.cache import ClusterState
 from toposerve.scheduler_ext.state.facts import (
     PLACEMENT_ANNOTATION,
     SIZE_SEEN_ANNOTATION,
+    PodFacts,
     decision_annotation,
 )
 
@@ -51,6 +54,7 @@ class Watches:
         self.reflectors = {kind: self._reflector(kind) for kind in PATHS}
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="nudge")
         state.on_size_known = self.nudge
+        state.on_elsewhere = self.elsewhere
 
     def _reflector(self, kind: str) -> Reflector:
         path, query = PATHS[kind]
@@ -123,6 +127,23 @@ class Watches:
         for namespace, pod in pods:
             self._writer.submit(self._annotate, namespace, pod, SIZE_SEEN_ANNOTATION, seen,
                                 group.key, "could not mark the pod for a retry")
+
+    def elsewhere(self, pod: PodFacts, scheduler: str) -> None:
+        """A group's pod another scheduler places: logged, and a Warning
+        Event on it (off the watch thread), where its author looks."""
+        wanted = self.state.cfg.scheduler_name
+        group = pod.ref.key if pod.ref else ""
+        log.warning("a group's pod names another scheduler; it is not placed with its group",
+                    pod=f"{pod.namespace}/{pod.name}", group=group, scheduler=scheduler,
+                    wanted=wanted)
+        involved = {"apiVersion": "v1", "kind": "Pod", "namespace": pod.namespace,
+                    "name": pod.name, "uid": pod.uid}
+        self._writer.submit(
+            events.warn, self.api, involved, "NotScheduledAsGroup",
+            f"this pod belongs to group {group}, but its spec.schedulerName is {scheduler!r}: "
+            f"that scheduler will place it without regard to its group; set "
+            f"spec.schedulerName: {wanted} to have the group placed whole",
+            "toposerve-extender", socket.gethostname())
 
     def _annotate(self, namespace: str, pod: str, key: str, value: str, group: str,
                   failure: str) -> None:

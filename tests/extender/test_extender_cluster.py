@@ -49,7 +49,9 @@ GROUPS = [("gb200-nvl72", 54), ("hgx-h100", 8)]
 @pytest.fixture(scope="module")
 def gc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GpuCluster]:
     with gpu_cluster(NAME, GROUPS, tmp_path_factory.mktemp("ext"), workload_gates=True,
-                     extender_config={"placement": {"promiseTTLSeconds": 60}}) as c:
+                     extender_config={"placement": {"promiseTTLSeconds": 60},
+                                      # the profile gpu_cluster's scheduler config has
+                                      "schedulerName": "default-scheduler"}) as c:
         yield c
 
 
@@ -313,6 +315,33 @@ def test_restart_mid_group_keeps_it_in_one_domain_and_plain_pods_never_wait(
     create_pods(gc.api, members[5:])
     placed = wait_bound(gc.api, "toposerve.io/group=rs", 12)
     assert len(racks(gc, placed)) == 1
+
+
+def test_a_groups_pod_sent_to_another_scheduler_gets_a_warning_event(
+        clean: GpuCluster) -> None:
+    gc = clean
+    ext = gc.extender
+    assert ext is not None
+    stray = k.toposerve_pods("stray", 2, claim_template="gpu4", level="rack")
+    for p in stray:
+        p["spec"]["schedulerName"] = "nobody-scheduler"  # none runs: they stay pending
+    create_pods(gc.api, stray)
+
+    def warnings() -> dict[str, str]:
+        evs = rest(gc.api).request("GET", "/api/v1/namespaces/default/events",
+                                   [("fieldSelector", "reason=NotScheduledAsGroup")])["items"]
+        got = {e["involvedObject"]["name"]: str(e["message"]) for e in evs
+               if e["involvedObject"]["name"].startswith("stray-")}
+        return got if len(got) == 2 else {}
+
+    said = wait_for("the extender's warnings on the stray pods", warnings, timeout=30)
+    assert "'nobody-scheduler'" in said["stray-0"]
+    assert "spec.schedulerName: default-scheduler" in said["stray-0"]
+    assert "toposerve_extender_group_pods_elsewhere 2.0" in ext.metrics()
+    rest(gc.api).request("DELETE", "/api/v1/namespaces/default/pods",
+                         [("labelSelector", "toposerve.io/group=stray")])
+    wait_for("the count back to 0", lambda: "toposerve_extender_group_pods_elsewhere 0.0"
+             in ext.metrics(), timeout=30)
 
 
 def test_the_live_extender_answers_bad_json_and_unknown_pods(gc: GpuCluster) -> None:

@@ -164,6 +164,40 @@ def test_the_waiting_pods_of_a_group_are_handed_on_once_its_size_is_known() -> N
     assert told[-1] == ("podgroup/default/gang", [("default", "gang-0"), ("default", "gang-1")])
 
 
+def test_a_groups_pod_at_another_scheduler_is_told_once_until_it_comes_back() -> None:
+    nodes = k.planned(("gb200-nvl72", 18))
+    cfg = ExtenderConfig.model_validate({"schedulerName": "toposerve-scheduler"})
+    st = k.cluster_state(nodes, templates=[k.template("gpu4", 4)], cfg=cfg)
+    told: list[tuple[str, str, str]] = []
+    st.on_elsewhere = lambda p, name: told.append((p.name, p.ref.key if p.ref else "", name))
+    ours, stray, default = k.toposerve_pods("ep", 3, claim_template="gpu4", uid_prefix="ep")
+    ours["spec"]["schedulerName"] = "toposerve-scheduler"
+    stray["spec"]["schedulerName"] = "toposerve-ungrouped"
+    default["spec"].pop("schedulerName", None)  # the apiserver's default
+    plain = k.pod("web-0", claim_template="gpu4", uid="web-0")  # of no group: anyone's
+    plain["spec"]["schedulerName"] = "default-scheduler"
+    for p in (ours, stray, default, plain):
+        st.pod("ADDED", p)
+    assert sorted(told) == [("ep-1", "toposerve/default/ep", "toposerve-ungrouped"),
+                            ("ep-2", "toposerve/default/ep", "default-scheduler")]
+    assert st.elsewhere == {"ep-1", "ep-2"}
+    st.pod("MODIFIED", stray)  # said once a pod, not at each of its updates
+    assert len(told) == 2
+    st.pod("MODIFIED", bound(stray, nodes[0].name, "ep-1"))  # placed: no longer waiting
+    st.pod("DELETED", default)
+    assert st.elsewhere == set() and len(told) == 2
+    # unset: not checked (a scheduler-config without --scheduler-name: default-scheduler)
+    st = k.cluster_state(nodes, templates=[k.template("gpu4", 4)])
+    st.on_elsewhere = lambda p, name: told.append((p.name, "", name))
+    st.pod("ADDED", k.toposerve_pods("ep", 3, claim_template="gpu4", uid_prefix="ep")[1])
+    assert st.elsewhere == set() and len(told) == 2
+
+
+def test_the_scheduler_name_is_one_a_pod_can_name() -> None:
+    with pytest.raises(ValidationError, match=r"no pod's spec\.schedulerName"):
+        ExtenderConfig.model_validate({"schedulerName": "Toposerve_Scheduler"})
+
+
 def test_pod_group_size_and_level_come_from_the_pod_group() -> None:
     st, _ = state_with(("gb200-nvl72", 18))
     st.relist("podgroups", [k.pod_group("gang", 6)])

@@ -308,14 +308,27 @@ def test_extender_deployment_and_config() -> None:
     assert yaml.safe_load(cm["data"]["config.yaml"])["server"]["host"] == "0.0.0.0"
 
 
-def test_extender_rbac_writes_only_pod_annotations() -> None:
+def test_extender_rbac_writes_only_pod_annotations_and_events() -> None:
     def writes(*sets: str) -> list[Any]:
         rules = one(objects(*sets, only=["extender"]), "ClusterRole")["rules"]
         return [r for r in rules if set(r["verbs"]) - {"list", "watch"}]
 
-    # decisions, and the retry mark on a group's waiting pods (even without decisions)
-    patch = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}]
+    # decisions, and the retry mark on a group's waiting pods (even without decisions);
+    # a Warning on a group's pod that names another scheduler
+    patch = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]},
+             {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
     assert writes() == writes("extender.config={persistDecisions: false}") == patch
+
+
+def test_extender_expects_groups_at_this_installs_scheduler() -> None:
+    def named(*sets: str) -> object:
+        cm = one(objects(*sets, only=["extender"]), "ConfigMap", "toposerve-extender")
+        return yaml.safe_load(cm["data"]["config.yaml"]).get("schedulerName")
+
+    assert named() == "toposerve-scheduler"
+    assert named("scheduler.schedulerName=gangs") == "gangs"
+    assert named("extender.config={schedulerName: site-sched}") == "site-sched"
+    assert named("scheduler.enabled=false") is None  # the site's scheduler: not checked
 
 
 def test_extender_rbac_covers_every_watch() -> None:
