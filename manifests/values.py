@@ -665,6 +665,12 @@ class Monitoring(Section):
     grafana_dashboard: GrafanaDashboard = Field(default_factory=GrafanaDashboard)
 
 
+class PullSecret(Section):
+    name: Annotated[str, Field(pattern=DNS_SUBDOMAIN, max_length=253)] = Field(
+        description="a Secret of type kubernetes.io/dockerconfigjson in each namespace the "
+                    "install puts pods in")
+
+
 class InstallValues(Section):
     """Values that `toposerve manifests render` turns into Kubernetes objects."""
 
@@ -682,6 +688,14 @@ class InstallValues(Section):
                                   "service, as any pod does")
     image: ToposerveImage = Field(default_factory=ToposerveImage,
                                   description="the toposerve image (driver and extender)")
+    image_pull_secrets: list[PullSecret] = Field(
+        default_factory=list, max_length=16,
+        description="Secrets every pod pulls its images with (a private registry): the same "
+                    "names in the drivers' and the router's namespaces")
+    global_: dict[str, Any] = Field(
+        default_factory=dict, alias="global",
+        description="Helm's values shared with a parent chart (toposerve as a dependency); "
+                    "not read")
     log_level: Literal["debug", "info", "warning", "error"] = Field(
         default="info", description="log level of toposerve's components")
     gpu_driver: GpuDriver = Field(default_factory=GpuDriver)

@@ -74,6 +74,10 @@ def explain(err: ValidationError, source: str, model: type[BaseModel] | None = N
 def parse_document(doc: Any, model: type[M], kind: str, source: str) -> M:
     if not isinstance(doc, dict):
         raise ConfigError(f"{source}: expected a YAML mapping with apiVersion and kind")
+    if "apiVersion" not in doc or "kind" not in doc:
+        # a file written for another tool (a plain Helm values file, say)
+        raise ConfigError(f"{source}: no {'apiVersion' if 'apiVersion' not in doc else 'kind'}"
+                          f": start the file with apiVersion: {API_VERSION} and kind: {kind}")
     if doc.get("apiVersion") != API_VERSION:
         raise ConfigError(
             f"{source}: apiVersion: expected {API_VERSION!r}, got {doc.get('apiVersion')!r}"

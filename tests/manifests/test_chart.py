@@ -8,6 +8,7 @@ nothing but the NIC driver on the node's network."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import tomllib
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.manifests.helpers import CLAIMS_RULES, objects
+from tests.manifests.helpers import CLAIMS_RULES, objects, one
 from toposerve.manifests.chart import chart_dir, find_helm, generated
 from toposerve.manifests.values import InstallValues, load_values
 
@@ -120,6 +121,38 @@ def test_a_real_clusters_defaults() -> None:
         "pod-security.kubernetes.io/enforce"] == "restricted"
     assert {o["kind"] for o in objs if o["metadata"].get("namespace") == "toposerve-router"
             } >= {"Service", "PodDisruptionBudget", "NetworkPolicy", "Deployment"}
+
+
+def test_every_pod_pulls_with_the_pull_secrets() -> None:
+    """A private registry: every workload's pods name the Secrets, and none
+    without them."""
+    def pulls(*sets: str) -> dict[str, Any]:
+        return {o["metadata"]["name"]: _pod(o).get("imagePullSecrets")
+                for o in objects("netDriver.enabled=true", *sets)
+                if o["kind"] in ("Deployment", "DaemonSet")}
+
+    given = pulls("imagePullSecrets=[{name: regcred}, {name: mirror.example}]")
+    assert len(given) == 6
+    assert set(map(str, given.values())) == {"[{'name': 'regcred'}, {'name': 'mirror.example'}]"}
+    assert set(pulls().values()) == {None}
+    done = _helm("template", "t", str(chart_dir()), "--set", "imagePullSecrets[0].name=Reg_Cred")
+    assert done.returncode != 0 and "imagePullSecrets" in done.stderr, done.stderr
+
+
+def test_the_chart_as_a_dependency_of_another(tmp_path: Path) -> None:
+    """An umbrella chart: helm hands a subchart its `global` values, and
+    the parent's values for it by the chart's name."""
+    parent = tmp_path / "site"
+    (parent / "charts").mkdir(parents=True)
+    shutil.copytree(chart_dir(), parent / "charts" / "toposerve")
+    (parent / "Chart.yaml").write_text("apiVersion: v2\nname: site\nversion: 1.0.0\n"
+                                       "dependencies: [{name: toposerve, version: '*'}]\n")
+    (parent / "values.yaml").write_text("global: {team: inference}\n"
+                                        "toposerve: {router: {replicas: 3}}\n")
+    done = _helm("template", "t", str(parent))
+    assert done.returncode == 0, done.stderr
+    router = one(list(yaml.safe_load_all(done.stdout)), "Deployment", "toposerve-router")
+    assert router["spec"]["replicas"] == 3
 
 
 def test_restricted_pods_in_the_routers_namespace() -> None:

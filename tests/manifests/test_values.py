@@ -141,6 +141,10 @@ def test_set_does_not_touch_the_file_document() -> None:
     ("apiVersion: toposerve.io/v2\nkind: InstallValues\n",
      "apiVersion: expected 'toposerve.io/v1', got 'toposerve.io/v2'"),
     ("- a\n- b\n", "expected a YAML mapping with apiVersion and kind"),
+    # a plain Helm values file: the fix named
+    ("router: {replicas: 2}\n",
+     "no apiVersion: start the file with apiVersion: toposerve.io/v1 and kind: InstallValues"),
+    ("apiVersion: toposerve.io/v1\n", "no kind: start the file with apiVersion"),
     ("a: [\n", "not valid YAML"),
 ])
 def test_bad_file(tmp_path: Path, text: str, message: str) -> None:

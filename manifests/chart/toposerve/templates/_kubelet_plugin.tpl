@@ -115,6 +115,9 @@ spec:
       labels:
         {{- $labels | nindent 8 }}
     spec:
+      {{- with $.Values.imagePullSecrets }}
+      imagePullSecrets: {{ toJson . }}
+      {{- end }}
       serviceAccountName: {{ $name | quote }}
       priorityClassName: {{ $d.priorityClassName | quote }}
       {{- if .hostNetwork }}
