@@ -342,6 +342,23 @@ def _over(default: Mapping[str, Any]) -> Any:
 EXTENDER_CONFIG: dict[str, Any] = {"apiVersion": API_VERSION, "kind": "ExtenderConfig"}
 
 
+class ExtenderNetworkPolicy(Section):
+    """Who may call the extender: it answers filter, prioritize and preempt
+    calls without authentication, as the scheduler makes them."""
+
+    enabled: bool = Field(
+        default=True,
+        description="a NetworkPolicy admitting to the extender's port only this install's "
+                    "scheduler pods and `from`; rendered while the extender and the scheduler "
+                    "are both on the pod network (a policy cannot tell pods on the node's "
+                    "network apart)")
+    from_: list[dict[str, Any]] = Field(
+        default_factory=list, alias="from", max_length=16,
+        description="more NetworkPolicyPeers it admits: Prometheus's pods, with "
+                    "`monitoring.serviceMonitor` (e.g. [{namespaceSelector: {matchLabels: "
+                    "{kubernetes.io/metadata.name: monitoring}}}])")
+
+
 class Extender(Placement):
     """The scheduler extender (`toposerve extender`): Deployment, Service,
     RBAC and its `ExtenderConfig`."""
@@ -356,6 +373,7 @@ class Extender(Placement):
         description="its pods on the node's network (the local cluster's values); with "
                     "`scheduler.hostNetwork` too and no `scheduler.extenderURL` it listens "
                     "on 127.0.0.1 and each scheduler pod runs beside one")
+    network_policy: ExtenderNetworkPolicy = Field(default_factory=ExtenderNetworkPolicy)
     decision_key_secret: Label | None = Field(
         default=None, description="Secret whose `key` signs the placement decisions, mounted "
                                   "into every replica; default `<namePrefix>-extender-key`, "
@@ -706,6 +724,24 @@ class InstallValues(Section):
     scheduler: Scheduler = Field(default_factory=Scheduler)
     router: Router = Field(default_factory=Router)
     monitoring: Monitoring = Field(default_factory=Monitoring)
+
+    @model_validator(mode="after")
+    def _scrapes_reach_the_extender(self) -> InstallValues:
+        if self.monitoring.service_monitor.enabled and self.extender_policy() and \
+                not self.extender.network_policy.from_:
+            raise ValueError(
+                "monitoring.serviceMonitor: the extender's NetworkPolicy admits only the "
+                "scheduler, so Prometheus could not scrape it; add Prometheus's pods to "
+                "extender.networkPolicy.from (e.g. [{namespaceSelector: {matchLabels: "
+                "{kubernetes.io/metadata.name: monitoring}}}]) or set "
+                "extender.networkPolicy.enabled: false")
+        return self
+
+    def extender_policy(self) -> bool:
+        """Whether the extender's NetworkPolicy is rendered (as the chart decides)."""
+        e, s = self.extender, self.scheduler
+        return (e.enabled and e.network_policy.enabled and s.enabled and not e.host_network
+                and not s.host_network)
 
     def enabled(self) -> list[Component]:
         on = {"gpu-driver": self.gpu_driver.enabled, "net-driver": self.net_driver.enabled,

@@ -37,11 +37,14 @@ from toposerve.router.metrics import RouterMetrics
 from toposerve.router.pool.static import load_static
 from toposerve.router.state import RouterState
 from toposerve.scheduler_ext.metrics import Metrics as ExtenderMetrics
+from toposerve.topology.config_file import ConfigError
 
 Obj = dict[str, Any]
 DASHBOARDS = chart_dir() / "files" / "dashboards"
+# Prometheus in the namespace `monitoring`, admitted to the extender's port
+SCRAPER = "extender.networkPolicy.from=[{namespaceSelector: {matchLabels: {ns: monitoring}}}]"
 ON = ("monitoring.serviceMonitor.enabled=true", "monitoring.podMonitor.enabled=true",
-      "monitoring.grafanaDashboard.enabled=true", "gpuDriver.httpPort=9466")
+      "monitoring.grafanaDashboard.enabled=true", "gpuDriver.httpPort=9466", SCRAPER)
 
 
 @pytest.fixture(scope="module")
@@ -199,13 +202,32 @@ def test_gpu_driver_pod_monitor(helm: Path) -> None:
     (("monitoring.podMonitor.enabled=true",), "give gpuDriver.httpPort"),
     (("monitoring.podMonitor.enabled=true", "gpuDriver.httpPort=9466",
       "gpuDriver.hostNetwork=true"), "gpuDriver.hostNetwork"),
-    (("monitoring.serviceMonitor.enabled=true", "router.hostNetwork=true"),
+    (("monitoring.serviceMonitor.enabled=true", "router.hostNetwork=true", SCRAPER),
      "router.hostNetwork"),
 ])
 def test_unscrapable_refused(helm: Path, sets: tuple[str, ...], says: str) -> None:
     with pytest.raises(HelmError) as err:
         render(helm, *sets)
     assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_prometheus_must_be_admitted_to_the_extender(helm: Path) -> None:
+    """Its NetworkPolicy admits only the scheduler: a ServiceMonitor without
+    Prometheus among `from` would scrape nothing, so the render refuses it,
+    in the values model and in helm alone."""
+    with pytest.raises(ConfigError, match="add Prometheus's pods to extender.networkPolicy.from"):
+        load_values(None, ["monitoring.serviceMonitor.enabled=true"])
+    done = subprocess.run([str(helm), "template", "t", str(chart_dir()), "--set",
+                           "monitoring.serviceMonitor.enabled=true"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode != 0 and "extender.networkPolicy.from" in done.stderr
+    objs = render(helm, *ON)
+    (policy,) = [p for p in of_kind(objs, "NetworkPolicy")
+                 if p["metadata"]["name"] == "toposerve-extender"]
+    assert policy["spec"]["ingress"][0]["from"][1] == {
+        "namespaceSelector": {"matchLabels": {"ns": "monitoring"}}}
+    # without the policy, nothing to admit
+    render(helm, "monitoring.serviceMonitor.enabled=true", "extender.networkPolicy.enabled=false")
 
 
 def test_monitors_off_with_their_component(helm: Path) -> None:

@@ -152,3 +152,27 @@ def test_secrets_are_random_and_only_rendered_when_asked() -> None:
     assert "kind: Secret\nmetadata:\n  name: toposerve-router-redis-auth" not in render(values)
     assert not objects("router.redis.allowUnauthenticated=true", "extender.enabled=false",
                        only=["secrets"])
+
+
+def test_only_the_scheduler_reaches_the_extender() -> None:
+    """It answers placement calls without authentication: on the pod network
+    its NetworkPolicy admits the scheduler's pods alone, on its port."""
+    objs = objects(only=["extender", "scheduler"])
+    policy = one(objs, "NetworkPolicy", "toposerve-extender")
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= \
+        _pod_labels(one(objs, "Deployment", "toposerve-extender")).items()
+    (rule,) = policy["spec"]["ingress"]
+    (peer,) = rule["from"]
+    assert peer["podSelector"]["matchLabels"].items() <= \
+        _pod_labels(one(objs, "Deployment", "toposerve-scheduler")).items()
+    assert "namespaceSelector" not in peer
+    assert rule["ports"] == [{"port": 8888, "protocol": "TCP"}]
+    # on the node's network a policy cannot tell pods apart: none (127.0.0.1 instead)
+    local = objects("extender.hostNetwork=true", "scheduler.hostNetwork=true",
+                    only=["extender", "scheduler"])
+    assert not [o for o in local if o["kind"] == "NetworkPolicy"]
+
+
+def _pod_labels(obj: dict[str, Any]) -> dict[str, str]:
+    labels: dict[str, str] = obj["spec"]["template"]["metadata"]["labels"]
+    return labels
