@@ -46,8 +46,17 @@ COMPONENTS: tuple[Component, ...] = ("gpu-driver", "net-driver",
 
 
 class Section(BaseModel):
+    # strict: `replicas: true` is a mistake, not 1, as helm's schema says too
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True,
-                              alias_generator=to_camel)
+                              alias_generator=to_camel, strict=True)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _int32(cls, v: Any) -> Any:
+        # every count and port in a manifest is an int32 (helm would print 1e+23)
+        if isinstance(v, int) and not isinstance(v, bool) and not -2**31 <= v < 2**31:
+            raise ValueError(f"{v} does not fit a Kubernetes integer (32 bits)")
+        return v
 
 
 class Image(Section):
@@ -132,11 +141,23 @@ class Toleration(Section):
                                            description="for NoExecute: how long to stay")
 
 
-class Resources(Section):
-    """Container resource requests and limits (quantities as strings)."""
+# a container's resource name (cpu, memory, ephemeral-storage, hugepages-2Mi, or an
+# extended resource) and a non-negative quantity, as a string (50m, 1Gi, 1e3) or a number
+ResourceName = Annotated[str, Field(pattern=r"^(cpu|memory|ephemeral-storage|hugepages-\w+|"
+                                            r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]"
+                                            r"([-A-Za-z0-9_.]*[A-Za-z0-9])?)$")]
+Quantity = (Annotated[str, Field(pattern=r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)"
+                                         r"([eE][-+]?[0-9]+|[numkMGTPE]|[KMGTPE]i)?$")]
+            | Annotated[int, Field(ge=0)] | Annotated[float, Field(ge=0)])
 
-    requests: dict[str, str] = Field(default_factory=dict, description="e.g. {cpu: 50m}")
-    limits: dict[str, str] = Field(default_factory=dict, description="e.g. {memory: 256Mi}")
+
+class Resources(Section):
+    """Container resource requests and limits."""
+
+    requests: dict[ResourceName, Quantity] = Field(default_factory=dict,
+                                                   description="e.g. {cpu: 50m}")
+    limits: dict[ResourceName, Quantity] = Field(default_factory=dict,
+                                                 description="e.g. {memory: 256Mi}")
 
 
 def sized(cpu: str, memory: str, memory_limit: str | None = None) -> Any:
@@ -783,7 +804,21 @@ def values_schema() -> dict[str, Any]:
     for section, default in ((Extender, EXTENDER_CONFIG), (Router, ROUTER_CONFIG)):
         props = defs[section.__name__]["properties"]
         props["config"] = _over_schema(defs, props["config"], default)
+    _closed(schema)
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
+
+
+def _closed(node: Any) -> None:
+    """A mapping whose keys must match a pattern refuses other keys, as the
+    models do (pydantic leaves additionalProperties out there)."""
+    if isinstance(node, dict):
+        if "patternProperties" in node:
+            node.setdefault("additionalProperties", False)
+        for v in node.values():
+            _closed(v)
+    elif isinstance(node, list):
+        for v in node:
+            _closed(v)
 
 
 def _scalar(text: str) -> Any:

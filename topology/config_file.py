@@ -100,9 +100,24 @@ def read_document(path: str | Path) -> Any:
     except UnicodeDecodeError as err:
         raise ConfigError(f"{p}: not UTF-8 text (byte {err.start}): give a YAML file") from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeys)
     except yaml.YAMLError as err:
         raise ConfigError(f"{p}: not valid YAML: {yaml_problem(err)}") from None
+
+
+class _UniqueKeys(yaml.SafeLoader):
+    """SafeLoader refusing a key given twice in one mapping: PyYAML keeps the
+    last silently, so an edit further down the file would undo another."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} given twice: keep one", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def yaml_problem(err: yaml.YAMLError) -> str:

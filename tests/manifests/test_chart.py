@@ -20,6 +20,7 @@ import yaml
 from tests.manifests.helpers import CLAIMS_RULES, objects, one
 from toposerve.manifests.chart import chart_dir, find_helm, generated
 from toposerve.manifests.values import InstallValues, load_values
+from toposerve.topology.config_file import ConfigError
 
 pytestmark = pytest.mark.unit
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,12 +68,31 @@ def test_each_overlay_is_valid_values(overlay: Path) -> None:
     ("gpuDriver.cdiRot=/x", "cdiRot"),
     ("extender.replicas=0", "replicas"),
     ("image.pullPolicy=Sometimes", "pullPolicy"),
+    ("router.replicas=true", "replicas"),
+    ("router.replicas=99999999999999999999999", "replicas"),
+    ("router.resources.limits.memory=lots", "memory"),
+    ("router.resources.limits.cpu=-5", "cpu"),
+    ("router.resources.limits.foo=1", "foo"),
 ])
 def test_helm_refuses_what_the_models_refuse(bad: str, field: str) -> None:
     """helm install -f/--set without toposerve's CLI: values.schema.json
-    refuses the same mistakes, naming the field."""
+    refuses the same mistakes, naming the field; and so do the models."""
     done = _helm("template", "t", str(chart_dir()), "--set", bad)
     assert done.returncode != 0 and field in done.stderr, done.stderr
+    with pytest.raises(ConfigError, match=field):
+        load_values(None, [bad])
+
+
+def test_quantities_as_numbers_or_strings() -> None:
+    """`cpu: 1` is how admins write a whole core; both paths take it."""
+    sets = ["router.resources.limits.cpu=1", "router.resources.requests.memory=1.5Gi",
+            "router.resources.requests.ephemeral-storage=1e9"]
+    args = [a for s in sets for a in ("--set", s)]
+    done = _helm("template", "t", str(chart_dir()), *args)
+    assert done.returncode == 0, done.stderr
+    router = one(objects(*sets, only=["router"]), "Deployment", "toposerve-router")
+    resources = _pod(router)["containers"][0]["resources"]
+    assert resources["limits"]["cpu"] == 1 and resources["requests"]["memory"] == "1.5Gi"
 
 
 @pytest.mark.parametrize("bad, says", [

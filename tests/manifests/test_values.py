@@ -146,6 +146,9 @@ def test_set_does_not_touch_the_file_document() -> None:
      "no apiVersion: start the file with apiVersion: toposerve.io/v1 and kind: InstallValues"),
     ("apiVersion: toposerve.io/v1\n", "no kind: start the file with apiVersion"),
     ("a: [\n", "not valid YAML"),
+    # the second would silently win
+    ("apiVersion: toposerve.io/v1\nkind: InstallValues\nrouter: {replicas: 2}\n"
+     "router: {replicas: 3}\n", r"key 'router' given twice: keep one \(line 4, column 1\)"),
 ])
 def test_bad_file(tmp_path: Path, text: str, message: str) -> None:
     f = tmp_path / "values.yaml"
