@@ -473,7 +473,12 @@ class RouterRedis(Placement):
     nothing until it is back (each routes on alone)."""
 
     enabled: bool = Field(default=True, description="render it; false: give `url`")
-    resources: Resources = sized("50m", "64Mi")
+    resources: Resources = sized("50m", "64Mi", "512Mi")
+    max_memory: str = Field(
+        default="384mb", pattern=r"^[1-9][0-9]*(b|kb|mb|gb)$",
+        description="Redis's `maxmemory`, under the memory limit: past it the stored turns "
+                    "and shared decisions used longest ago go first (each has a TTL), rather "
+                    "than the pod being killed for memory")
     url: str | None = Field(default=None, pattern=r"^rediss?://\S+$",
                             description="an existing Redis instead, redis://HOST:PORT/DB")
     image: RedisImage = Field(default_factory=RedisImage)
