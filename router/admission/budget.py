@@ -102,10 +102,15 @@ class Budget:
                     too_large: ApiError) -> bytes:
         chunks: list[bytes] = []
         size = 0
-        async for chunk in request.content.iter_any():
-            size += len(chunk)
-            if size > limit:
-                raise too_large
-            self.take(hold, len(chunk))
-            chunks.append(chunk)
+        try:
+            async for chunk in request.content.iter_any():
+                size += len(chunk)
+                if size > limit:
+                    raise too_large
+                self.take(hold, len(chunk))
+                chunks.append(chunk)
+        except web.RequestPayloadError as err:
+            # a Content-Encoding the body does not follow (aiohttp decodes it as it comes)
+            raise ApiError(400, f"the request body could not be read: {err.__cause__ or err}",
+                           "Content-Encoding") from None
         return b"".join(chunks)

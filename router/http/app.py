@@ -217,6 +217,20 @@ class Router:
 ROUTER = web.AppKey("router", Router)
 
 
+async def _expect(request: web.Request) -> web.StreamResponse | None:
+    """Expect: 100-continue answered as aiohttp answers it; any other
+    expectation a JSON 417, as every refusal of the router is (aiohttp's
+    own is plain text, sent before the middlewares run)."""
+    expect = request.headers.get("Expect", "")
+    if expect.lower() != "100-continue":
+        return error_response(417, f"unknown Expect: {expect[:100]!r}; only 100-continue",
+                              "Expect")
+    if request.version == aiohttp.HttpVersion11:
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the body's bytes start after it
+    return None
+
+
 def build_app(cfg: RouterConfig, local_bus: str | None = None,
               worker: int | None = None) -> web.Application:
     router = Router(cfg, local_bus, worker)
@@ -224,9 +238,9 @@ def build_app(cfg: RouterConfig, local_bus: str | None = None,
     app = web.Application(middlewares=[errors(router.metrics, cfg.server.max_header_bytes)],
                           client_max_size=cfg.server.max_body_bytes)
     app[ROUTER] = router
-    app.router.add_post("/v1/chat/completions", take(h.chat))
-    app.router.add_post("/v1/completions", take(h.completions))
-    app.router.add_post("/v1/responses", take(h.create_response))
+    for path, handler in (("/v1/chat/completions", h.chat), ("/v1/completions", h.completions),
+                          ("/v1/responses", h.create_response)):
+        app.router.add_post(path, take(handler), expect_handler=_expect)
     app.router.add_get("/v1/responses/{id}", take(h.get_response))
     app.router.add_delete("/v1/responses/{id}", take(h.delete_response))
     app.router.add_get("/v1/responses/{id}/input_items", take(h.input_items))

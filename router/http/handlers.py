@@ -120,6 +120,8 @@ class Handlers:
         send upstream."""
         request = ex.request
         raw = client_id(request.headers, *SESSION_HEADERS)
+        # it goes upstream and back to the client, and into the engine's own ids
+        client_id(request.headers, "X-Request-Id")
         ex.path = path
         ex.ctx = RequestContext(model=model, prompt=prompt.encode("utf-8", "surrogatepass"),
                                 session=None if raw is None else session_key(raw))

@@ -27,10 +27,11 @@ from toposerve.wire.errors import error_response, sse_error
 log = structlog.get_logger("router.relay.proxy")
 
 # hop-by-hop (RFC 9110 7.6.1) and length headers are the proxy's own
-# business; the router answered the client's Expect itself
+# business; the router answered the client's Expect itself, and the body
+# goes on decoded (aiohttp undoes a Content-Encoding as it reads)
 _DROP = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive",
                    "accept-encoding", "te", "trailer", "upgrade", "proxy-connection",
-                   "proxy-authorization", "expect"})
+                   "proxy-authorization", "expect", "content-encoding"})
 _RETRY_STATUSES = {500, 502, 503, 504}
 
 
