@@ -533,7 +533,9 @@ class ResponsesStoreConfig(Section):
                                              "previous_response_id may bring into the "
                                              "request the model server gets (the chain's "
                                              "inputs and outputs); a longer chain gets 413 "
-                                             "before anything is assembled. The assembled "
+                                             "as soon as the walk reaches the turn past it "
+                                             "(each turn's stored answer is never read by "
+                                             "the walk). The assembled "
                                              "body counts against server.maxInflightBytes")
     max_chain_turns: int = Field(default=1000, alias="maxChainTurns", ge=1,
                                  description="each turn stores its own input and output and "

@@ -5,7 +5,10 @@ in the background) for one router, or in Redis for a hot-standby pair.
 Each turn stores its own input and output and a link to the turn before
 (``previous``), never the conversation so far, so a chain's bytes grow
 with its turns, not their square; reading a chain walks the links, at
-most ``maxChainTurns`` of them. A turn's id is minted by the router and
+most ``maxChainTurns`` of them and ``maxChainBytes`` of their input and
+output. The answer as the model server gave it (``response``, which may
+echo long instructions) is kept apart and read only by ``GET``, so no
+chain walk pays for it. A turn's id is minted by the router and
 written only where nothing is (Redis: SET NX), so no client or upstream
 can choose a key that replaces another's turn. Each turn belongs to the
 tenant that created it: to any other tenant it does not exist (the router
@@ -42,12 +45,17 @@ def new_id() -> str:
 
 class ResponsesStore(Protocol):
     async def get(self, rid: str, tenant: str) -> dict[str, Any] | None:
-        """The turn if ``tenant`` stored it, else None."""
+        """The turn if ``tenant`` stored it, else None: its record without
+        the ``response``."""
+
+    async def response(self, rid: str, tenant: str) -> Any:
+        """The turn's ``response`` if ``tenant`` stored it, else None."""
 
     async def put(self, rid: str, record: dict[str, Any], tenant: str,
                   earlier: Sequence[str] = ()) -> None:
-        """Stores a new turn (an id already taken is refused) and keeps the
-        ``earlier`` turns of its chain as long as it."""
+        """Stores a new turn (an id already taken is refused), its
+        ``response`` apart from the rest, and keeps the ``earlier`` turns of
+        its chain as long as it."""
 
     async def delete(self, rid: str, tenant: str) -> bool:
         """Whether ``tenant``'s turn ``rid`` was there to delete."""
@@ -67,13 +75,25 @@ def _taken(rid: str) -> ApiError:
     return ApiError(500, f"response id {rid} is taken; nothing was stored")
 
 
-async def read_chain(store: ResponsesStore, rid: str, tenant: str, max_turns: int
-                     ) -> tuple[list[str], list[dict[str, Any]]] | None:
+def _split(record: dict[str, Any], tenant: str) -> tuple[bytes, bytes]:
+    """A turn as stored: the record but its response, and the response.
+    Copied to their own size: orjson's result keeps the buffer it sized
+    for the worst case (a 1 MiB turn held 16 MiB), and budgets count len."""
+    link = {k: v for k, v in record.items() if k != "response"}
+    return (bytes(memoryview(orjson.dumps({**link, "tenant": tenant}))),
+            bytes(memoryview(orjson.dumps(record.get("response")))))
+
+
+async def read_chain(store: ResponsesStore, rid: str, tenant: str, max_turns: int,
+                     max_bytes: int) -> tuple[list[str], list[dict[str, Any]]] | None:
     """The chain ending with turn ``rid``, oldest first (ids and records);
-    None when ``rid`` is not ``tenant``'s. An earlier turn gone (deleted)
-    or a chain over ``max_turns`` is an error naming it."""
+    None when ``rid`` is not ``tenant``'s. An earlier turn gone (deleted),
+    a chain over ``max_turns``, or one whose turns' input and output come to
+    over ``max_bytes`` is an error naming it, found as the walk meets it: a
+    small continuation must not make the router read a huge chain."""
     ids: list[str] = []
     turns: list[dict[str, Any]] = []
+    size = 0
     cur: str | None = rid
     while cur is not None:
         if len(turns) == max_turns:
@@ -85,10 +105,25 @@ async def read_chain(store: ResponsesStore, rid: str, tenant: str, max_turns: in
                 return None
             raise ApiError(404, f"Response with id '{cur}', an earlier turn of '{rid}', "
                                 "not found.", "previous_response_id")
+        size += len(orjson.dumps([rec.get("input"), rec.get("output")]))
+        if size > max_bytes:
+            raise ApiError(413, f"the conversation before previous_response_id is over "
+                                f"{max_bytes} bytes (responses.maxChainBytes); start a new "
+                                "one or send the history yourself", "previous_response_id")
         ids.append(cur)
         turns.append(rec)
         cur = rec.get("previous")
     return ids[::-1], turns[::-1]
+
+
+class _Item:
+    """A turn in the memory store."""
+
+    __slots__ = ("expires", "link", "response", "size", "tenant")
+
+    def __init__(self, expires: float, link: bytes, response: bytes, tenant: str) -> None:
+        self.expires, self.link, self.response, self.tenant = expires, link, response, tenant
+        self.size = len(link) + len(response)
 
 
 class _Share:
@@ -104,47 +139,52 @@ class _Share:
 class MemoryStore:
     def __init__(self, cfg: ResponsesStoreConfig) -> None:
         # in expiry order: every write and refresh moves a turn to the end
-        self._items: OrderedDict[str, tuple[float, bytes, str]] = OrderedDict()
+        self._items: OrderedDict[str, _Item] = OrderedDict()
         self._shares: dict[str, _Share] = {}  # each tenant's turns, in the same order
         self.cfg = cfg
         self.bytes = 0
         self.share_items = max(1, int(cfg.max_items * cfg.tenant_share))
         self.share_bytes = int(cfg.max_bytes * cfg.tenant_share)
 
-    async def get(self, rid: str, tenant: str) -> dict[str, Any] | None:
+    def _item(self, rid: str, tenant: str) -> _Item | None:
         item = self._items.get(rid)
-        if item is None or time.monotonic() > item[0]:
+        if item is None or time.monotonic() > item.expires or item.tenant != tenant:
             return None
-        record: dict[str, Any] = orjson.loads(item[1])
-        return _owned(record, tenant)
+        return item
+
+    async def get(self, rid: str, tenant: str) -> dict[str, Any] | None:
+        item = self._item(rid, tenant)
+        return None if item is None else _owned(orjson.loads(item.link), tenant)
+
+    async def response(self, rid: str, tenant: str) -> Any:
+        item = self._item(rid, tenant)
+        return None if item is None else orjson.loads(item.response)
 
     def _pop(self, rid: str) -> None:
-        _expires, raw, tenant = self._items.pop(rid)
-        self.bytes -= len(raw)
-        share = self._shares[tenant]
+        item = self._items.pop(rid)
+        self.bytes -= item.size
+        share = self._shares[item.tenant]
         del share.turns[rid]
-        share.bytes -= len(raw)
+        share.bytes -= item.size
         if not share.turns:
-            del self._shares[tenant]
+            del self._shares[item.tenant]
 
     async def put(self, rid: str, record: dict[str, Any], tenant: str,
                   earlier: Sequence[str] = ()) -> None:
         if rid in self._items:
             raise _taken(rid)
-        # copied to its own size: orjson's result keeps the buffer it sized for
-        # the worst case (a 1 MiB turn held 16 MiB), and the budget counts len
-        raw = bytes(memoryview(orjson.dumps({**record, "tenant": tenant})))
+        link, response = _split(record, tenant)
         expires = time.monotonic() + self.cfg.ttl_s
         for e in earlier:
-            if (item := self._items.get(e)) is not None:
-                self._items[e] = (expires, item[1], item[2])
+            if (old := self._items.get(e)) is not None:
+                old.expires = expires
                 self._items.move_to_end(e)
-                self._shares[item[2]].turns.move_to_end(e)
-        self._items[rid] = (expires, raw, tenant)
-        self.bytes += len(raw)
+                self._shares[old.tenant].turns.move_to_end(e)
+        item = self._items[rid] = _Item(expires, link, response, tenant)
+        self.bytes += item.size
         share = self._shares.setdefault(tenant, _Share())
         share.turns[rid] = None
-        share.bytes += len(raw)
+        share.bytes += item.size
         # a tenant at its share makes room from its own turns, so no tenant can
         # drop every other's; without keys ("") the one tenant has the whole store
         if tenant:
@@ -166,7 +206,7 @@ class MemoryStore:
         """Drops the expired turns (at the front); how many."""
         now = time.monotonic() if now is None else now
         gone = 0
-        while self._items and next(iter(self._items.values()))[0] < now:
+        while self._items and next(iter(self._items.values())).expires < now:
             self._pop(next(iter(self._items)))
             gone += 1
         return gone
@@ -180,6 +220,9 @@ class MemoryStore:
         self._items.clear()
         self._shares.clear()
         self.bytes = 0
+
+
+RESPONSE_SUFFIX = ":response"  # a turn's response, beside its record
 
 
 class RedisStore:
@@ -228,22 +271,40 @@ class RedisStore:
         log.warning("responses store unavailable", error=str(err))
         return ApiError(503, "The Responses store is unavailable; retry shortly.")
 
+    def _keys(self, rid: str) -> tuple[str, str]:
+        return self.PREFIX + rid, self.PREFIX + rid + RESPONSE_SUFFIX
+
     async def get(self, rid: str, tenant: str) -> dict[str, Any] | None:
         try:
             raw = await self._r.get(self.PREFIX + rid)
         except self._errors as err:
             raise self._unavailable(err) from err
-        record: dict[str, Any] | None = None if raw is None else orjson.loads(raw)
-        return _owned(record, tenant)
+        record = None if raw is None else _owned(orjson.loads(raw), tenant)
+        if record is not None:
+            record.pop("response", None)  # one stored whole, before the two were apart
+        return record
+
+    async def response(self, rid: str, tenant: str) -> Any:
+        try:
+            raw, response = await self._r.mget(self._keys(rid))
+        except self._errors as err:
+            raise self._unavailable(err) from err
+        record = None if raw is None else _owned(orjson.loads(raw), tenant)
+        if record is None:
+            return None
+        return record.get("response") if response is None else orjson.loads(response)
 
     async def put(self, rid: str, record: dict[str, Any], tenant: str,
                   earlier: Sequence[str] = ()) -> None:
+        link, response = _split(record, tenant)
+        key, response_key = self._keys(rid)
         try:
             async with self._r.pipeline(transaction=False) as pipe:
-                pipe.set(self.PREFIX + rid, orjson.dumps({**record, "tenant": tenant}),
-                         px=self.ttl_ms, nx=True)  # never over another turn
+                pipe.set(key, link, px=self.ttl_ms, nx=True)  # never over another turn
+                pipe.set(response_key, response, px=self.ttl_ms, nx=True)
                 for e in earlier:
-                    pipe.pexpire(self.PREFIX + e, self.ttl_ms)
+                    for k in self._keys(e):
+                        pipe.pexpire(k, self.ttl_ms)
                 done = await pipe.execute()
         except self._errors as err:
             raise self._unavailable(err) from err
@@ -255,7 +316,7 @@ class RedisStore:
             return False
         try:
             # ids are minted and written once, so the turn read is the one deleted
-            await self._r.delete(self.PREFIX + rid)
+            await self._r.delete(*self._keys(rid))
         except self._errors as err:
             raise self._unavailable(err) from err
         return True

@@ -34,7 +34,10 @@ async def _turn(store: ResponsesStore, rid: str, tenant: str) -> dict[str, Any]:
 async def retrieve(store: ResponsesStore, rid: str, tenant: str,
                    query: Mapping[str, str]) -> bytes:
     """The turn's answer, as it was given."""
-    return orjson.dumps((await _turn(store, rid, tenant))["response"])
+    response = await store.response(rid, tenant)
+    if response is None:
+        raise _not_found(rid)
+    return orjson.dumps(response)
 
 
 async def delete(store: ResponsesStore, rid: str, tenant: str,

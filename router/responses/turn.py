@@ -73,19 +73,6 @@ class Turn:
                 "output": {"role": "assistant", "content": text}}, asked.tenant, self.earlier)
 
 
-def _check_chain(turns: list[dict[str, Any]], limit: int) -> None:
-    """413 for a chain whose earlier turns come to more than ``limit``
-    bytes: checked a turn at a time, before anything is assembled (a
-    small continuation must not make the router build a huge body)."""
-    size = 0
-    for turn in turns:
-        size += len(orjson.dumps([turn["input"], turn["output"]]))
-        if size > limit:
-            raise ApiError(413, f"the conversation before previous_response_id is over "
-                                f"{limit} bytes (responses.maxChainBytes); start a new "
-                                "one or send the history yourself", "previous_response_id")
-
-
 async def begin(store: ResponsesStore, cfg: ResponsesStoreConfig, req: ResponsesRequest,
                 doc: dict[str, Any], tenant: str) -> Turn:
     """The turn that ``req`` (validated from ``doc``) of ``tenant`` asks
@@ -96,12 +83,12 @@ async def begin(store: ResponsesStore, cfg: ResponsesStoreConfig, req: Responses
     earlier: list[str] = []
     affinity = revision = None
     if req.previous_response_id is not None:
-        chain = await read_chain(store, req.previous_response_id, tenant, cfg.max_chain_turns)
+        chain = await read_chain(store, req.previous_response_id, tenant, cfg.max_chain_turns,
+                                 cfg.max_chain_bytes)
         if chain is None:
             raise ApiError(404, f"Response with id '{req.previous_response_id}' not found.",
                            "previous_response_id")
         earlier, turns = chain
-        _check_chain(turns, cfg.max_chain_bytes)
         history = [m for t in turns for m in [*responses_items(t["input"]), t["output"]]]
         affinity, revision = turns[-1]["endpoint"], turns[-1].get("revision")
     conversation = history + responses_items(doc["input"])

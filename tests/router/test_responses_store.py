@@ -1,7 +1,8 @@
 """The in-memory Responses store shares its room between tenants: a tenant
 at its share (responses.tenantShare of maxItems and of maxBytes) drops its
 own oldest turns for new ones, never another's; the store's total bound
-holds whatever the tenants do."""
+holds whatever the tenants do. A chain's walk costs its input and output
+only, up to maxChainBytes."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import asyncio
 import pytest
 
 from toposerve.router.config import ResponsesStoreConfig
-from toposerve.router.responses.store import MemoryStore
+from toposerve.router.responses.store import MemoryStore, read_chain
+from toposerve.wire.errors import ApiError
 
 pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`
 
@@ -96,5 +98,40 @@ def test_deleting_and_expiry_keep_the_shares_counted() -> None:
             await store.put(f"resp_{n}", {"input": n}, "t")
         assert await _kept(store, "t", ["resp_4", "resp_5", "resp_6"]) == [
             "resp_4", "resp_5", "resp_6"]
+
+    asyncio.run(go())
+
+
+def test_a_chain_walk_reads_neither_responses_nor_past_its_bytes() -> None:
+    """A turn's response (which may echo a megabyte of instructions each
+    turn) is read by GET only; and the walk stops at the turn that takes it
+    over maxChainBytes. A 150-byte continuation of 200 such turns read them
+    all, 200 MB, on the event loop (/health took 3.4 s)."""
+    async def go() -> None:
+        store = _store()
+        echo = {"instructions": "i" * 1_000_000, "output": []}
+        previous = None
+        for n in range(20):
+            await store.put(f"resp_{n}", {"input": "x" * 1000, "output": {"content": "y"},
+                                          "previous": previous, "response": echo}, "t")
+            previous = f"resp_{n}"
+        rec = await store.get("resp_19", "t")
+        assert rec is not None and "response" not in rec
+        assert await store.response("resp_19", "t") == echo
+        assert await store.response("resp_19", "other") is None
+        reads: list[str] = []
+        real_get = store.get
+
+        async def counted(rid: str, tenant: str) -> dict[str, object] | None:
+            reads.append(rid)
+            return await real_get(rid, tenant)
+
+        store.get = counted  # type: ignore[method-assign]
+        ids, turns = await read_chain(store, "resp_19", "t", 100, 10**6) or ([], [])
+        assert len(ids) == len(turns) == 20
+        reads.clear()
+        with pytest.raises(ApiError, match="maxChainBytes") as err:
+            await read_chain(store, "resp_19", "t", 100, 5000)
+        assert err.value.status == 413 and len(reads) == 5  # 5 turns of ~1 KB: over 5,000
 
     asyncio.run(go())
