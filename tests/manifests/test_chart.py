@@ -175,6 +175,37 @@ def test_the_chart_as_a_dependency_of_another(tmp_path: Path) -> None:
     assert router["spec"]["replicas"] == 3
 
 
+def test_replicated_deployments_drain_one_at_a_time() -> None:
+    def budgets(*sets: str) -> dict[str, int]:
+        return {o["metadata"]["name"]: o["spec"]["maxUnavailable"]
+                for o in objects(*sets) if o["kind"] == "PodDisruptionBudget"}
+
+    assert budgets() == {"toposerve-router": 1}  # the one Deployment of 2 by default
+    assert budgets("extender.replicas=2", "scheduler.replicas=3") == {
+        "toposerve-router": 1, "toposerve-extender": 1, "toposerve-scheduler": 1}
+
+
+def test_the_gpu_driver_runs_under_the_default_syscall_filter() -> None:
+    objs = objects("netDriver.enabled=true")
+    sc = {o["metadata"]["name"]: _pod(o)["containers"][0]["securityContext"]
+          for o in objs if o["kind"] == "DaemonSet"}
+    assert sc["toposerve-gpu-driver"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    # the NIC driver's netlink and namespace moves are its capabilities' business
+    assert "seccompProfile" not in sc["toposerve-net-driver"]
+
+
+def test_install_notes_say_what_to_do_next() -> None:
+    done = _helm("install", "t", str(chart_dir()), "--dry-run=client", "-n", "ts")
+    assert done.returncode == 0, done.stderr
+    notes = done.stdout.partition("NOTES:")[2]
+    assert "spec.schedulerName: toposerve-scheduler" in notes
+    assert "port-forward svc/toposerve-router 8080:8080" in notes
+    assert "toposerve-router-keys" in notes
+    done = _helm("install", "t", str(chart_dir()), "--dry-run=client", "-n", "ts",
+                 "--set", "router.enabled=false", "--set", "scheduler.enabled=false")
+    assert "port-forward" not in done.stdout and "schedulerName" not in done.stdout
+
+
 def test_restricted_pods_in_the_routers_namespace() -> None:
     """What pod security's restricted level asks of every container there."""
     for o in objects(only=["router"]):

@@ -85,3 +85,21 @@ or the extender's Service. */ -}}
 {{- printf "http://%s.%s.svc:%v" (include "toposerve.name" (dict "root" . "suffix" "extender")) (include "toposerve.systemNamespace" .) .Values.extender.port -}}
 {{- end -}}
 {{- end -}}
+
+{{- /* A PodDisruptionBudget letting a drain take one of a Deployment's
+replicas at a time (the others serve, or lead, meanwhile). dict: name, ns,
+labels, selector. */ -}}
+{{- define "toposerve.oneAtATime" -}}
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata:
+  name: {{ .name | quote }}
+  namespace: {{ .ns | quote }}
+  labels:
+    {{- .labels | nindent 4 }}
+spec:
+  maxUnavailable: 1
+  selector:
+    matchLabels:
+      {{- .selector | nindent 6 }}
+{{- end -}}

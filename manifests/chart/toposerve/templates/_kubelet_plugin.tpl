@@ -194,6 +194,10 @@ spec:
             drop: [ALL]
             {{- with .capabilities }}
             add: {{ toJson . }}
+            {{- else }}
+          # a driver with no capability to add (the GPU driver's NVML, sockets and
+          # files) needs nothing the runtime's default syscall filter refuses
+          seccompProfile: {type: RuntimeDefault}
             {{- end }}
         volumeMounts:
         {{- if $.Values.apiServer }}
