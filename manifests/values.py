@@ -836,11 +836,12 @@ def _scalar(text: str) -> Any:
 
 
 def apply_sets(doc: dict[str, Any], sets: Sequence[str]) -> dict[str, Any]:
-    """``key.sub=value`` assignments over a values document (camelCase keys)."""
+    """``key.sub=value`` assignments over a values document (camelCase keys);
+    ``\\.`` is a dot within a key, as helm reads it (nodeSelector.nvidia\\.com/gpu)."""
     out = dict(doc)
     for item in sets:
         key, eq, value = item.partition("=")
-        path = key.strip().split(".")
+        path = [p.replace("\\.", ".") for p in re.split(r"(?<!\\)\.", key.strip())]
         if not eq or not all(path):
             raise ConfigError(f"--set {item!r}: expected key.path=value, "
                               f"e.g. apiServer.host=127.0.0.1")

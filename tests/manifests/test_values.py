@@ -131,6 +131,11 @@ def test_bad_set_syntax(item: str, message: str) -> None:
         apply_sets({"logLevel": "info"}, [item])
 
 
+def test_set_reads_an_escaped_dot_as_helm_does() -> None:
+    doc = apply_sets({}, ['gpuDriver.nodeSelector.nvidia\\.com/gpu\\.present="true"'])
+    assert doc == {"gpuDriver": {"nodeSelector": {"nvidia.com/gpu.present": "true"}}}
+
+
 def test_set_does_not_touch_the_file_document() -> None:
     doc = {"gpuDriver": {"cdiRoot": "/a"}}
     apply_sets(doc, ["gpuDriver.cdiRoot=/b"])
