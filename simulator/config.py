@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import ClassVar
 
 from pydantic import ConfigDict, Field, field_validator
 
@@ -30,7 +29,6 @@ class DisaggregationMode(StrEnum):
 
 class SimConfig(NodePlace):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-    nvlink_name: ClassVar[str] = "nvlink_domain"
 
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
@@ -85,6 +83,10 @@ class SimConfig(NodePlace):
     crash_after: int | None = Field(default=None, ge=1, description="exit after N requests")
     slow_start_s: float = Field(default=0.0, ge=0, description="unready for this long")
     seed: int = 0
+
+    @classmethod
+    def spelled(cls, field: str) -> str:
+        return "--" + field.replace("_", "-")  # toposerve sim's flags fill it
 
     @field_validator("hardware_profile")
     @classmethod

@@ -4,8 +4,6 @@ be compared with others."""
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from pydantic import BaseModel, Field, model_validator
 
 from toposerve.topology.model import DomainPath, Tier
@@ -14,8 +12,6 @@ from toposerve.topology.model import DomainPath, Tier
 class NodePlace(BaseModel):
     """Fields of a config section: the node and the domains it sits in."""
 
-    # how the section's users spell the NVLink field (a YAML key, a flag)
-    nvlink_name: ClassVar[str] = "nvlinkDomain"
 
     node: str | None = Field(default=None, description="the node it runs on")
     nvlink_domain: str | None = Field(default=None, alias="nvlinkDomain",
@@ -27,10 +23,11 @@ class NodePlace(BaseModel):
     @model_validator(mode="after")
     def _whole_place(self) -> NodePlace:
         if self.node is None and any((self.nvlink_domain, self.rack, self.block, self.zone)):
-            raise ValueError(f"{self.nvlink_name}, rack, block and zone say where a node "
-                             "sits: set node too")
+            raise ValueError(f"{self.spelled('nvlink_domain')}, {self.spelled('rack')}, "
+                             f"{self.spelled('block')} and {self.spelled('zone')} say where "
+                             f"a node sits: set {self.spelled('node')} too")
         if self.path is not None and (gaps := self.path.gaps()):
-            *rest, last = [self.nvlink_name if t is Tier.NVLINK else t.name.lower()
+            *rest, last = [self.spelled("nvlink_domain" if t is Tier.NVLINK else t.name.lower())
                            for t in gaps]
             missing = f"{', '.join(rest)} and {last}" if rest else last
             raise ValueError(f"set {missing} too: places are compared from the zone inwards, "
@@ -38,6 +35,12 @@ class NodePlace(BaseModel):
                              "will do, one value for the whole fleet if it has a single zone "
                              "or block)")
         return self
+
+    @classmethod
+    def spelled(cls, field: str) -> str:
+        """How the section's users spell ``field``: its YAML key here, a
+        flag where a command line fills the section."""
+        return cls.model_fields[field].alias or field
 
     @property
     def path(self) -> DomainPath | None:

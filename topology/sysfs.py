@@ -4,6 +4,7 @@ code as real nodes."""
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -82,8 +83,8 @@ def write_fake_sysfs(hw: NodeHardware, out: str | Path,
                      pci_classes: dict[str, str] | None = None) -> Path:
     """Write ``hw`` as a sysfs tree under ``out`` (which must not exist or be empty)."""
     root = Path(out)
-    if root.exists() and any(root.iterdir()):
-        raise FileExistsError(f"{root} is not empty; give a new directory")
+    if root.exists() and any(root.iterdir()):  # NotADirectoryError for a file
+        raise FileExistsError(errno.ENOTEMPTY, "not empty", str(root))
     root.mkdir(parents=True, exist_ok=True)
     w = _Writer(root, pci_classes or {})
     for numa in hw.numa_nodes:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import signal
@@ -31,6 +32,25 @@ def _api(kubeconfig: str | None) -> Any:
     return connect(kubeconfig)
 
 
+def _path(value: str) -> Path:
+    """A path flag's value, from / : gRPC reads unix://d/p as host d, and
+    the kubelet and the CNI plugin are handed these paths from elsewhere."""
+    return Path(value).absolute()
+
+
+def _path_line(err: OSError, flags: dict[str, Path | None]) -> str:
+    """The line for ``err``, about a path under one of ``flags``' values or
+    in the way of one (the first flag that fits, so the most specific
+    first): what to change."""
+    why = err.strerror or str(err)
+    if not err.filename:
+        return why
+    path = Path(err.filename)
+    flag = next((f for f, given in flags.items() if given is not None and (
+        path.is_relative_to(given) or given.is_relative_to(path))), None)
+    return f"{path}: {why}" + (f"; change {flag}" if flag else "")
+
+
 def _address(value: str) -> tuple[str, int]:
     host, _, port = value.rpartition(":")
     if not host or not port.isdigit():
@@ -53,8 +73,12 @@ class _Driver(Protocol):
     def stop(self) -> None: ...
 
 
-def _common(args: argparse.Namespace) -> dict[str, Any] | str:
-    """The options every driver shares, or the error to print."""
+def _common(args: argparse.Namespace, interval: tuple[str, float]) -> dict[str, Any] | str:
+    """The options every driver shares, or the error to print; ``interval``:
+    the driver's flag of seconds between its checks, and its value."""
+    flag, seconds = interval
+    if not 0 < seconds < math.inf:  # 0 would check without a pause
+        return f"{flag} {seconds:g}: give seconds over 0"
     if not args.node_name:
         return "--node-name is required (or set NODE_NAME)"
     if not (args.sysfs_root / "bus/pci/devices").is_dir():
@@ -73,7 +97,7 @@ def _common(args: argparse.Namespace) -> dict[str, Any] | str:
 def _gpu(args: argparse.Namespace) -> int:
     from toposerve.dra_driver.gpu.driver import GpuDriver, GpuDriverOptions
 
-    common = _common(args)
+    common = _common(args, ("--health-interval", args.health_interval))
     if isinstance(common, str):
         return _fail(common)
     opts = GpuDriverOptions(**common, health_interval_s=args.health_interval,
@@ -88,7 +112,7 @@ def _net(args: argparse.Namespace) -> int:
     from toposerve.dra_driver.net.discovery import NetFilters
     from toposerve.dra_driver.net.driver import NetDriver, NetDriverOptions
 
-    common = _common(args)
+    common = _common(args, ("--rescan-interval", args.rescan_interval))
     if isinstance(common, str):
         return _fail(common)
     for flag, pattern in (("--interfaces", args.interfaces),
@@ -125,8 +149,11 @@ def _install_cni(args: argparse.Namespace) -> int:
         else:
             changed = install(args.bin_dir, args.plugin or DEFAULT_PLUGIN, args.conf_dir,
                               args.chain_into, plugin_entry(args.kubelet_dir), record)
-    except (InstallError, OSError) as err:
+    except InstallError as err:
         return _fail(str(err))
+    except OSError as err:  # a folder that is a file, one not writable
+        return _fail(_path_line(err, {"--bin-dir": args.bin_dir, "--conf-dir": args.conf_dir,
+                                      "--kubelet-dir": args.kubelet_dir}))
     log.info("toposerve-nic uninstalled" if args.uninstall else "toposerve-nic installed",
              changed=changed)
     return 0
@@ -140,6 +167,7 @@ def _serve(driver: _Driver, args: argparse.Namespace) -> int:
         healthz_route,
         metrics_route,
     )
+    from toposerve.dra_driver.kubeletplugin.sockets import PathError
     from toposerve.dra_driver.net.handoff.journal import CorruptJournal
 
     if args.uninstall:
@@ -163,11 +191,16 @@ def _serve(driver: _Driver, args: argparse.Namespace) -> int:
         http.start()  # /healthz fails until the plugin is registered
     try:
         driver.start()
-    except (CorruptCheckpoint, CorruptJournal) as err:
+    except (CorruptCheckpoint, CorruptJournal, PathError) as err:
         driver.stop()
         if http is not None:
             http.stop()
-        return _fail(str(err))
+        if not isinstance(err, PathError):
+            return _fail(str(err))
+        paths = driver.plugin.cfg.paths
+        return _fail(_path_line(err, {  # the hand-off socket is in the plugin dir by default
+            "--handoff-socket": getattr(args, "handoff_socket", None),
+            "--plugin-dir": paths.data_dir, "--registry-dir": paths.registry_dir}))
     stop.wait()
     log.info("shutting down", driver=driver.kind.driver)
     if http is not None:
@@ -205,16 +238,17 @@ def _plugin_arguments(p: argparse.ArgumentParser, driver: str, devices: str,
     p.add_argument("--node-name", default=os.environ.get("NODE_NAME"),
                    help="this node's name (default $NODE_NAME)")
     p.add_argument("--kubeconfig", help="default $KUBECONFIG, ~/.kube/config, else in-cluster")
-    p.add_argument("--plugin-dir", type=Path,
+    p.add_argument("--plugin-dir", type=_path,
                    help=f"DRA socket, checkpoint and lock (default /var/lib/kubelet/plugins/"
                         f"{driver})")
-    p.add_argument("--registry-dir", type=Path, default=Path("/var/lib/kubelet/plugins_registry"),
+    p.add_argument("--registry-dir", type=_path,
+                   default=Path("/var/lib/kubelet/plugins_registry"),
                    help="the kubelet's plugin registry (default %(default)s)")
-    p.add_argument("--cdi-root", type=Path, default=Path("/var/run/cdi"),
+    p.add_argument("--cdi-root", type=_path, default=Path("/var/run/cdi"),
                    help="where CDI specs go; the runtime must read it (default %(default)s)")
-    p.add_argument("--sysfs-root", type=Path, default=Path("/sys"),
+    p.add_argument("--sysfs-root", type=_path, default=Path("/sys"),
                    help=f"sysfs to discover {devices} in (default %(default)s)")
-    p.add_argument("--dev-root", type=Path, default=Path("/dev"),
+    p.add_argument("--dev-root", type=_path, default=Path("/dev"),
                    help=f"where the {devices}' device nodes are on the host "
                         "(default %(default)s)")
     p.add_argument("--pod-uid", default=os.environ.get("POD_UID"),
@@ -245,7 +279,7 @@ def register(sub: Any) -> None:
     _plugin_arguments(g, "gpu.toposerve.io", "GPUs", 9465)
     g.add_argument("--health-interval", type=float, default=10.0,
                    help="seconds between device health checks (default %(default)s)")
-    g.add_argument("--nvidia-driver-root", type=Path, default=None,
+    g.add_argument("--nvidia-driver-root", type=_path, default=None,
                    help="the host's NVIDIA driver root as mounted here (the host's / or the "
                         "GPU Operator's /run/nvidia/driver): libnvidia-ml.so.1 is searched "
                         "in its library dirs; default: the loader's search path")
@@ -264,14 +298,14 @@ def register(sub: Any) -> None:
 
     n = dsub.add_parser("net", help="the NIC driver net.toposerve.io")
     _plugin_arguments(n, "net.toposerve.io", "NICs", 9467)
-    n.add_argument("--state-dir", type=Path,
+    n.add_argument("--state-dir", type=_path,
                    default=Path("/var/lib/kubelet/plugins/net.toposerve.io/handoff"),
                    help="hand-off records for the CNI plugin (default %(default)s)")
-    n.add_argument("--journal-dir", type=Path,
+    n.add_argument("--journal-dir", type=_path,
                    default=Path("/var/lib/kubelet/plugins/net.toposerve.io/journal"),
                    help="the mover's journal, repaired at start-up; the CNI plugin's "
                         "journalDir (default %(default)s)")
-    n.add_argument("--handoff-socket", type=Path,
+    n.add_argument("--handoff-socket", type=_path,
                    default=Path("/var/lib/kubelet/plugins/net.toposerve.io/handoff.sock"),
                    help="serve the CNI plugin's calls here, its serverSocket "
                         "(default %(default)s)")
@@ -296,17 +330,17 @@ def register(sub: Any) -> None:
 
     i = dsub.add_parser("net-install-cni",
                         help="install the NIC hand-off CNI plugin toposerve-nic on this node")
-    i.add_argument("--bin-dir", type=Path, default=Path("/opt/cni/bin"),
+    i.add_argument("--bin-dir", type=_path, default=Path("/opt/cni/bin"),
                    help="the runtime's CNI bin dir (default %(default)s)")
-    i.add_argument("--plugin", type=Path,
+    i.add_argument("--plugin", type=_path,
                    help="the toposerve-nic binary to install (default: where the image "
                         f"has it, {DEFAULT_PLUGIN}; `make nic-cni` builds one)")
-    i.add_argument("--conf-dir", type=Path, default=Path("/etc/cni/net.d"),
+    i.add_argument("--conf-dir", type=_path, default=Path("/etc/cni/net.d"),
                    help="the runtime's CNI config dir (default %(default)s)")
     i.add_argument("--chain-into", metavar="FILE",
                    help="conflist in --conf-dir to add toposerve-nic to, last, if absent "
                         "(default: leave the CNI config alone)")
-    i.add_argument("--kubelet-dir", type=Path, default=Path("/var/lib/kubelet"),
+    i.add_argument("--kubelet-dir", type=_path, default=Path("/var/lib/kubelet"),
                    help="the kubelet's root, for the chain entry's paths and the record "
                         "of what was changed (default %(default)s)")
     i.add_argument("--uninstall", action="store_true",

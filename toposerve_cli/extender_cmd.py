@@ -4,6 +4,7 @@ configuration that calls it."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from typing import Any
 
@@ -12,6 +13,7 @@ from pydantic import ValidationError
 
 from toposerve.listen import listen
 from toposerve.topology.config_file import ConfigError, explain
+from toposerve.wire.addresses import dialable
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -54,10 +56,25 @@ def _run(args: argparse.Namespace) -> int:
 def _scheduler_config(args: argparse.Namespace) -> int:
     from toposerve.scheduler_ext.scheduler_config import render, scheduler_config
 
-    if not args.url.startswith(("http://", "https://")):
-        print("error: --url: give the extender's URL prefix, e.g. http://127.0.0.1:8888",
-              file=sys.stderr)
+    try:
+        if not args.url.startswith(("http://", "https://")):
+            raise ValueError("not http:// or https://")
+        dialable(args.url)
+    except ValueError as err:
+        print(f"error: --url {args.url}: {err}; give the extender's URL prefix, "
+              "e.g. http://127.0.0.1:8888", file=sys.stderr)
         return 2
+    # what kube-scheduler refuses to start with, and the chart's values for
+    # the same fields (scheduler.extenderWeight, extenderTimeoutSeconds) refuse
+    for flag, value, ok, allowed in (
+            ("--weight", args.weight, args.weight >= 1, "1 or more"),
+            ("--timeout", f"{args.timeout:g}", 0 < args.timeout < math.inf, "seconds over 0"),
+            # qps is the burst too, an int32 there; none: the scheduler's default
+            ("--qps", args.qps, args.qps is None or 1 <= args.qps <= 2**31 - 1,
+             f"1 to {2**31 - 1}, or leave it out for the scheduler's default")):
+        if not ok:
+            print(f"error: {flag} {value}: give {allowed}", file=sys.stderr)
+            return 2
     try:
         cfg = scheduler_config(args.url, weight=args.weight, timeout_s=args.timeout,
                                scheduler_name=args.scheduler_name, qps=args.qps,
@@ -82,9 +99,11 @@ def register(sub: Any) -> None:
     sc = inner.add_parser("scheduler-config",
                           help="print the KubeSchedulerConfiguration that calls the extender")
     sc.add_argument("--url", required=True, help="the extender's URL prefix")
-    sc.add_argument("--weight", type=int, default=1, help="weight of its scores (default 1)")
+    sc.add_argument("--weight", type=int, default=1,
+                    help="weight of its scores, 1 or more (default 1)")
     sc.add_argument("--timeout", type=float, default=5.0,
-                    help="seconds per call before the scheduler ignores it (default 5)")
+                    help="seconds per call, over 0, before the scheduler ignores it "
+                         "(default 5)")
     sc.add_argument("--scheduler-name", help="profile schedulerName (default: the default "
                                              "scheduler's profile)")
     sc.add_argument("--ungrouped-scheduler-name",
@@ -92,7 +111,8 @@ def register(sub: Any) -> None:
                          "keeps them off what groups were promised, and the scheduler "
                          "samples nodes as the stock one does rather than filtering every "
                          "node")
-    sc.add_argument("--qps", type=int, help="the scheduler's client QPS and burst")
+    sc.add_argument("--qps", type=int, help="the scheduler's client QPS and burst, 1 or more "
+                                            "(default: the scheduler's)")
     sc.add_argument("--kubeconfig", help="clientConnection.kubeconfig of the scheduler")
     sc.add_argument("--sampled", action="store_true",
                     help="leave percentageOfNodesToScore to the scheduler (a sample of the "

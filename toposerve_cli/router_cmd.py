@@ -14,7 +14,12 @@ from pydantic import ValidationError
 
 from toposerve.kubeapi import connect
 from toposerve.listen import listen
-from toposerve.router.config import MAX_WORKERS, RouterConfig, quick_document
+from toposerve.router.config import (
+    MAX_WORKERS,
+    RouterConfig,
+    ServerConfig,
+    quick_document,
+)
 from toposerve.router.epp.fit import unfit
 from toposerve.router.scheduling.registry import PluginError
 from toposerve.topology.config_file import ConfigError, explain, parse_document, read_document
@@ -29,8 +34,21 @@ def _flag(loc: tuple[int | str, ...]) -> str:
     return "--" + str(loc[-1]) if loc[:1] == ("server",) else ".".join(map(str, loc))
 
 
+def _server_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The server fields the flags give, checked on their own so that an
+    error names the flag, not the config file's field it overrides."""
+    given = {k: v for k in ("host", "port", "workers") if (v := getattr(args, k)) is not None}
+    try:
+        ServerConfig.model_validate(given)
+    except ValidationError as err:
+        raise ConfigError(explain(err, "toposerve router",
+                                  name=lambda loc: f"--{loc[-1]}")) from None
+    return given
+
+
 def _document(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-    """The config document, with --workers in it, and what errors call it."""
+    """The config document, with --host, --port and --workers in it, and
+    what errors call it."""
     if args.config:
         if args.endpoint:
             raise ConfigError("give --config or --endpoint, not both")
@@ -38,10 +56,12 @@ def _document(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     elif not args.endpoint:
         raise ConfigError("give --config FILE or at least one --endpoint http://HOST:PORT")
     else:
-        doc, source = quick_document(args.endpoint, args.host, args.port), "toposerve router"
-    if args.workers is not None and isinstance(doc, dict) and isinstance(
-            doc.get("server", {}), dict):
-        doc = {**doc, "server": {**doc.get("server", {}), "workers": args.workers}}
+        default = ServerConfig()
+        doc = quick_document(args.endpoint, default.host, default.port)
+        source = "toposerve router"
+    flags = _server_flags(args)
+    if flags and isinstance(doc, dict) and isinstance(doc.get("server", {}), dict):
+        doc = {**doc, "server": {**doc.get("server", {}), **flags}}
     return doc, source
 
 
@@ -124,8 +144,9 @@ def _run(args: argparse.Namespace) -> int:
         listen(e.host, e.port, f"endpointPicker.host or endpointPicker.port in "
                                f"{args.config or 'a --config file'}").close()
     workers = cfg.server.workers
+    from_file = args.config and args.host is None and args.port is None
     sock = listen(cfg.server.host, cfg.server.port,
-                  f"server.host or server.port in {args.config}" if args.config
+                  f"server.host or server.port in {args.config}" if from_file
                   else "--host or --port", reuse_port=workers > 1)
     structlog.get_logger("toposerve.router").info(
         "serving", url=f"http://{cfg.server.host}:{sock.getsockname()[1]}", workers=workers)
@@ -142,10 +163,10 @@ def register(sub: Any) -> None:
     p.add_argument("--config", help="a RouterConfig YAML file")
     p.add_argument("--endpoint", action="append", help="http://HOST:PORT of a model server "
                    "(repeatable; quick start with the default profile)")
-    p.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on with --endpoint (default %(default)s)")
-    p.add_argument("--port", type=int, default=8080,
-                   help="port to listen on with --endpoint (default %(default)s)")
+    p.add_argument("--host", help="address to listen on, over --config's server.host "
+                                  "(default: the config's, 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port to listen on, over --config's server.port "
+                                           "(default: the config's, 8080)")
     p.add_argument("--mode", choices=("standalone", "endpoint-picker"), default="standalone",
                    help="standalone: serve the OpenAI API and relay to the endpoints; "
                         "endpoint-picker: answer a proxy's external-processing calls (gRPC, "

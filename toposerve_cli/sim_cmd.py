@@ -22,7 +22,7 @@ _SKIP = {"served_model_names"}
 
 def _flag(loc: tuple[int | str, ...]) -> str:
     """The flag of a field (an error of the whole configuration: the command's)."""
-    return "--" + str(loc[0]).replace("_", "-") if loc else "(all flags)"
+    return SimConfig.spelled(str(loc[0])) if loc else "(all flags)"
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -59,7 +59,7 @@ def register(sub: Any) -> None:
     for name, field in SimConfig.model_fields.items():
         if name in _SKIP:
             continue
-        flag = "--" + name.replace("_", "-")
+        flag = SimConfig.spelled(name)
         kind = field.annotation
         # no "default None" or "default " for a field without one worth showing
         shown = None if field.default in ("", None) else f"default {field.default}"

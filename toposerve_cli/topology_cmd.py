@@ -78,8 +78,10 @@ def _show(args: argparse.Namespace) -> int:
 def _fake_sysfs(args: argparse.Namespace) -> int:
     try:
         out = write_profile_sysfs(load_profile(args.profile), args.out)
-    except (ConfigError, FileExistsError) as err:
+    except ConfigError as err:
         return _fail(str(err))
+    except OSError as err:  # not empty, a file, under a file, not writable
+        return _fail(f"--out {args.out}: {err.strerror or err}; give a new or empty directory")
     print(out)
     return 0
 

@@ -65,7 +65,14 @@ from toposerve.dra_driver.kubeletplugin.registration import (
     RegistrationServicer,
     add_registration_service,
 )
-from toposerve.dra_driver.kubeletplugin.sockets import PluginPaths, grpc_target, remove_stale_socket
+from toposerve.dra_driver.kubeletplugin.sockets import (
+    PathError,
+    PluginPaths,
+    bind_error,
+    grpc_target,
+    make_folder,
+    remove_stale_socket,
+)
 from toposerve.dra_driver.resourceslice import Pool
 from toposerve.kubeapi.events import warn as warn_event
 from toposerve.kubeapi.typed import ApiException
@@ -200,11 +207,16 @@ class KubeletPlugin:
     def start(self) -> None:
         """Recover, serve the DRA socket, then the registration socket (so
         the kubelet never learns of an endpoint that is not up yet), then
-        publish. Raises ``CorruptCheckpoint`` without serving anything."""
+        publish. Raises ``CorruptCheckpoint`` without serving anything, and
+        ``PathError`` for a folder or socket that cannot be had."""
         paths = self.cfg.paths
         paths.check()
-        paths.data_dir.mkdir(parents=True, exist_ok=True)
-        paths.registry_dir.mkdir(parents=True, exist_ok=True)
+        make_folder(paths.data_dir)
+        make_folder(paths.registry_dir)
+        # before recovery and discovery, so that what is in the way is all said
+        for socket in (paths.dra_socket, paths.registration_socket):
+            if remove_stale_socket(socket):
+                log.info("removed stale socket", socket=str(socket))
         with self._serialized():
             self._recover()
         self.refresh_pools()
@@ -237,10 +249,11 @@ class KubeletPlugin:
         log.info("plugin stopped", driver=self.cfg.driver)
 
     def _listen(self, server: grpc.Server, socket: Path) -> None:
-        if remove_stale_socket(socket):
-            log.info("removed stale socket", socket=str(socket))
-        with grpc_target(socket) as target:
-            server.add_insecure_port(target)
+        try:
+            with grpc_target(socket) as target:
+                server.add_insecure_port(target)
+        except RuntimeError:  # gRPC's "Failed to bind", without a reason
+            raise PathError(errno.EADDRNOTAVAIL, bind_error(socket), str(socket)) from None
         server.start()
         self._servers.append(_Server(server, socket, socket.lstat().st_ino))
 

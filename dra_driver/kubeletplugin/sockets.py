@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import hashlib
 import os
+import socket
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -80,8 +82,23 @@ class PluginPaths:
     def check(self) -> None:
         for sock in (self.registration_socket, self.dra_socket):
             if len(str(sock)) > UNIX_PATH_MAX:
-                raise ValueError(f"socket path {sock} is longer than {UNIX_PATH_MAX} bytes: "
-                                 "use a shorter --plugin-dir")
+                raise PathError(errno.ENAMETOOLONG, f"longer than the {UNIX_PATH_MAX} bytes "
+                                "a unix socket's path may have", str(sock))
+
+
+class PathError(OSError):
+    """A folder or socket of the plugin cannot be had; ``filename`` is the
+    path, ``strerror`` why (a caller knows which of its options names it)."""
+
+
+def make_folder(path: Path) -> None:
+    """``path`` and its parents, as ``mkdir -p``; ``PathError`` if not."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError as err:  # mkdir's word for a file where a folder goes
+        raise PathError(errno.ENOTDIR, "not a directory", err.filename) from None
+    except OSError as err:  # under a file, no permission
+        raise PathError(err.errno, err.strerror, err.filename or str(path)) from None
 
 
 def remove_stale_socket(path: Path) -> bool:
@@ -92,9 +109,21 @@ def remove_stale_socket(path: Path) -> bool:
     except FileNotFoundError:
         return False
     if not stat.S_ISSOCK(st.st_mode):
-        raise FileExistsError(f"{path} exists and is not a socket; not removing it")
+        raise PathError(errno.EEXIST, "exists and is not a socket; not removing it", str(path))
     path.unlink()
     return True
+
+
+def bind_error(path: Path) -> str:
+    """Why a unix socket cannot listen at ``path``: gRPC says only that it
+    could not, so a plain bind is tried for the reason."""
+    with socket.socket(socket.AF_UNIX) as s:
+        try:
+            s.bind(str(path))
+        except OSError as err:
+            return err.strerror or str(err)
+    path.unlink(missing_ok=True)
+    return "gRPC cannot listen there"
 
 
 def unix_address(path: Path) -> str:

@@ -38,6 +38,7 @@ from toposerve.dra_driver.kubeletplugin.binding import (
     Readiness,
     with_binding_conditions,
 )
+from toposerve.dra_driver.kubeletplugin.sockets import PathError, make_folder
 from toposerve.dra_driver.net.binding import CONDITIONS, link_readiness
 from toposerve.dra_driver.net.config import NetConfig
 from toposerve.dra_driver.net.devices import DRIVER, discovered_pool
@@ -271,8 +272,14 @@ class NetDriver(DriverProcess):
         repaired = repair_journal(Journal(self.opts.journal_dir), host)
         if repaired:
             log.info("hand-off journal repaired", nics=repaired)
-        if self.opts.handoff_socket is not None:
-            self._handoff = HandoffServer(self.opts.handoff_socket, host_netns=host).start()
+        sock = self.opts.handoff_socket
+        if sock is not None:
+            try:
+                make_folder(sock.parent)
+                self._handoff = HandoffServer(sock, host_netns=host).start()
+            except OSError as err:  # a file in the way, a path too long, no permission
+                raise PathError(err.errno, err.strerror or str(err),
+                                err.filename or str(sock)) from None
         super().start()
         self._watch.start()
 

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 ROOT = Path(__file__).parents[2]
 NOT_UTF8 = b"apiVersion: toposerve.io/v1\nkind: X\n# \xff\xfe\n"
@@ -36,19 +35,6 @@ def one_line(got: subprocess.CompletedProcess[str], rc: int, *parts: str) -> str
     for part in parts:
         assert part in lines[0]
     return lines[0]
-
-
-@pytest.fixture
-def kubeconfig(tmp_path: Path) -> Path:
-    """Credentials for an API server that is not there (nothing connects
-    before the port is bound)."""
-    f = tmp_path / "kubeconfig"
-    f.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "x",
-        "clusters": [{"name": "x", "cluster": {"server": "http://127.0.0.1:9"}}],
-        "contexts": [{"name": "x", "context": {"cluster": "x", "user": "x"}}],
-        "users": [{"name": "x", "user": {}}]}))
-    return f
 
 
 @pytest.fixture

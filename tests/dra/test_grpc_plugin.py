@@ -36,7 +36,7 @@ from toposerve.dra_driver.kubeletplugin.liveness import (
     probe,
 )
 from toposerve.dra_driver.kubeletplugin.plugin import KubeletPlugin, PluginConfig
-from toposerve.dra_driver.kubeletplugin.sockets import GRPC_PATH_MAX, PluginPaths
+from toposerve.dra_driver.kubeletplugin.sockets import GRPC_PATH_MAX, PathError, PluginPaths
 from toposerve.dra_driver.resourceslice import Pool
 from toposerve.kubeapi.typed import ApiException
 
@@ -171,6 +171,21 @@ def test_stale_sockets_replaced_and_removed_on_stop(tmp_path: Path) -> None:
     p.stop()
     assert not p.cfg.paths.registration_socket.exists()
     assert not p.cfg.paths.dra_socket.exists()
+
+
+def test_a_socket_grpc_cannot_bind_is_a_path_error(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """gRPC's own error is a bare RuntimeError "Failed to bind": the
+    plugin's names the socket (a relative path: gRPC reads unix://plugin/...
+    as host "plugin"; the command line makes its paths absolute)."""
+    monkeypatch.chdir(tmp_path)
+    p = _plugin(Path("."))
+    with pytest.raises(PathError) as err:
+        p.start()
+    p.stop()
+    assert err.value.filename == str(p.cfg.paths.dra_socket) == "plugin/dra.sock"
+    assert err.value.strerror == "gRPC cannot listen there"
+    assert not p.cfg.paths.registration_socket.exists()
 
 
 def test_rolling_update_overlap_is_serialized(tmp_path: Path) -> None:

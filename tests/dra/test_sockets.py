@@ -9,6 +9,7 @@ import pytest
 
 from toposerve.dra_driver.kubeletplugin.sockets import (
     UNIX_PATH_MAX,
+    PathError,
     PluginPaths,
     registration_socket_name,
     remove_stale_socket,
@@ -44,5 +45,5 @@ def test_only_sockets_are_removed(tmp_path: Path) -> None:
     f = tmp_path / "x.sock"
     assert not remove_stale_socket(f)
     f.write_text("not a socket")
-    with pytest.raises(FileExistsError, match="is not a socket"):
+    with pytest.raises(PathError, match="is not a socket"):
         remove_stale_socket(f)

@@ -14,6 +14,7 @@ only our entry taken out), the executable removed when the install made it."""
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import json
 from collections.abc import Mapping
@@ -81,32 +82,35 @@ def _write_record(record: Path | None, doc: Mapping[str, Any]) -> None:
         write_atomic(record, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
 
 
-def install(bin_dir: Path, plugin: Path, conf_dir: Path | None = None,
-            chain_into: str | None = None, entry: Mapping[str, Any] | None = None,
-            record: Path | None = None) -> list[str]:
-    """Copy the executable ``plugin`` (the Go forwarder) into
-    ``bin_dir``; chain ``entry`` into ``conf_dir/chain_into`` when given.
-    Each change is noted in ``record`` (when given) before it is made, so
-    ``uninstall`` can undo it. Returns what changed (file paths)."""
-    changed = []
-    exe = bin_dir / PLUGIN_TYPE
+def _executable(plugin: Path) -> bytes:
+    """The bytes of the toposerve-nic binary at ``plugin``."""
     try:
         body = plugin.read_bytes()
     except OSError as err:
         raise InstallError(f"{plugin}: cannot read the toposerve-nic binary ({err.strerror}): "
                            "build it with `make nic-cni` and give its path") from None
-    done = _read_record(record) if record is not None else {}
-    if not exe.exists() or exe.read_bytes() != body:
-        if done.get("binary", {}).get("path") != str(exe):
-            # the first install that writes it says whether it was there before
-            done["binary"] = {"path": str(exe), "created": not exe.exists()}
-            _write_record(record, done)
-        write_atomic(exe, body, mode=0o755)
-        changed.append(str(exe))
-    if chain_into is None:
-        return changed
-    assert conf_dir is not None and entry is not None
-    path = conf_dir / chain_into
+    if not body.startswith((b"\x7fELF", b"#!")):  # an empty file would install and never run
+        raise InstallError(f"{plugin}: not an executable (no ELF or #! header), so not the "
+                           "toposerve-nic binary: build it with `make nic-cni` and give its "
+                           "path")
+    return body
+
+
+def _folder(path: Path) -> None:
+    """``NotADirectoryError`` (its filename ``path``) when a file is where
+    ``path`` or a parent of it would be made."""
+    there = path
+    while not there.exists() and there != there.parent:
+        there = there.parent
+    if not there.is_dir():
+        why = "not a directory" if there == path else f"{there} is not a directory"
+        raise NotADirectoryError(errno.ENOTDIR, why, str(path))
+
+
+def _chain(path: Path, entry: Mapping[str, Any]
+           ) -> tuple[Path, bytes, dict[str, Any] | None]:
+    """The conflist at ``path``: its path, its bytes, and it with ``entry``
+    chained in (None: it is there already)."""
     try:
         before = path.read_bytes()
     except FileNotFoundError:
@@ -120,9 +124,40 @@ def install(bin_dir: Path, plugin: Path, conf_dir: Path | None = None,
     if not isinstance(doc, dict):
         raise InstallError(f"{path}: not a JSON object: fix netDriver.cni.chainInto")
     try:
-        new = chained(doc, entry)
+        return path, before, chained(doc, entry)
     except InstallError as err:
         raise InstallError(f"{path}: {err}") from None
+
+
+def install(bin_dir: Path, plugin: Path, conf_dir: Path | None = None,
+            chain_into: str | None = None, entry: Mapping[str, Any] | None = None,
+            record: Path | None = None) -> list[str]:
+    """Copy the executable ``plugin`` (the Go forwarder) into
+    ``bin_dir``; chain ``entry`` into ``conf_dir/chain_into`` when given.
+    Each change is noted in ``record`` (when given) before it is made, so
+    ``uninstall`` can undo it. Every input is read and checked before
+    anything is written. Returns what changed (file paths)."""
+    changed = []
+    exe = bin_dir / PLUGIN_TYPE
+    body = _executable(plugin)
+    for folder in (bin_dir, *([record.parent] if record is not None else [])):
+        _folder(folder)
+    conflist = None
+    if chain_into is not None:
+        assert conf_dir is not None and entry is not None
+        conflist = _chain(conf_dir / chain_into, entry)
+    done = _read_record(record) if record is not None else {}
+    if not exe.exists() or exe.read_bytes() != body:
+        if done.get("binary", {}).get("path") != str(exe):
+            # the first install that writes it says whether it was there before
+            done["binary"] = {"path": str(exe), "created": not exe.exists()}
+            _write_record(record, done)
+        write_atomic(exe, body, mode=0o755)
+        changed.append(str(exe))
+    if conflist is None:
+        return changed
+    assert entry is not None
+    path, before, new = conflist
     if new is not None:
         body = (json.dumps(new, indent=2) + "\n").encode()
         done["conflist"] = {"path": str(path), "before": base64.b64encode(before).decode(),
