@@ -20,6 +20,7 @@ from toposerve.kubeapi.names import DNS_LABEL, DNS_SUBDOMAIN, SUBDOMAIN
 from toposerve.router.config import RouterConfig
 from toposerve.router.epp.fit import unfit
 from toposerve.scheduler_ext.config import ExtenderConfig
+from toposerve.scheduler_ext.scheduler_config import MAX_TIMEOUT_S, MIN_TIMEOUT_S
 from toposerve.topology.config_file import API_VERSION, ConfigError, parse_document, read_document
 
 KIND = "InstallValues"
@@ -437,7 +438,7 @@ class Scheduler(Placement):
                     "on the node's network http://127.0.0.1:(extender.port), each scheduler "
                     "pod beside an extender pod")
     extender_weight: int = Field(default=1, ge=1, description="weight of its priorities")
-    extender_timeout_seconds: float = Field(default=5.0, gt=0,
+    extender_timeout_seconds: float = Field(default=5.0, ge=MIN_TIMEOUT_S, le=MAX_TIMEOUT_S,
                                             description="per call; past it the call is ignored")
 
     @model_validator(mode="after")

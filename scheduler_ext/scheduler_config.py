@@ -3,11 +3,22 @@ kube-scheduler (``toposerve extender scheduler-config``)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
 
 from toposerve.kubeapi.names import is_subdomain
+
+# the extender's call timeout: a millisecond at least (finer would print as 0s)
+# and an hour at most
+MIN_TIMEOUT_S, MAX_TIMEOUT_S = 0.001, 3600.0
+
+
+def go_seconds(seconds: float) -> str:
+    """``seconds`` as a Go duration kube-scheduler parses: decimals, never an
+    exponent (5s, 2.5s, 0.001s; Python's 1e-05s is refused)."""
+    return re.sub(r"\.?0+$", "", f"{seconds:.6f}") + "s"
 
 
 def scheduler_config(url: str, *, weight: int = 1, timeout_s: float = 5.0,
@@ -54,7 +65,7 @@ def scheduler_config(url: str, *, weight: int = 1, timeout_s: float = 5.0,
         "managedResources": [],
         # an extender that is down or slow never stops ordinary pods
         "ignorable": True,
-        "httpTimeout": f"{timeout_s:g}s",
+        "httpTimeout": go_seconds(timeout_s),
     }
     cfg: dict[str, Any] = {
         "apiVersion": "kubescheduler.config.k8s.io/v1",

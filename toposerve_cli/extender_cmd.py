@@ -4,7 +4,6 @@ configuration that calls it."""
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from typing import Any
 
@@ -54,7 +53,12 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _scheduler_config(args: argparse.Namespace) -> int:
-    from toposerve.scheduler_ext.scheduler_config import render, scheduler_config
+    from toposerve.scheduler_ext.scheduler_config import (
+        MAX_TIMEOUT_S,
+        MIN_TIMEOUT_S,
+        render,
+        scheduler_config,
+    )
 
     try:
         if not args.url.startswith(("http://", "https://")):
@@ -68,7 +72,8 @@ def _scheduler_config(args: argparse.Namespace) -> int:
     # the same fields (scheduler.extenderWeight, extenderTimeoutSeconds) refuse
     for flag, value, ok, allowed in (
             ("--weight", args.weight, args.weight >= 1, "1 or more"),
-            ("--timeout", f"{args.timeout:g}", 0 < args.timeout < math.inf, "seconds over 0"),
+            ("--timeout", f"{args.timeout:g}", MIN_TIMEOUT_S <= args.timeout <= MAX_TIMEOUT_S,
+             f"{MIN_TIMEOUT_S:g} to {MAX_TIMEOUT_S:g} seconds"),
             # qps is the burst too, an int32 there; none: the scheduler's default
             ("--qps", args.qps, args.qps is None or 1 <= args.qps <= 2**31 - 1,
              f"1 to {2**31 - 1}, or leave it out for the scheduler's default")):

@@ -103,7 +103,9 @@ def test_a_driver_interval_that_is_no_pause(tmp_path: Path, kubeconfig: Path,
 
 @pytest.mark.parametrize("flag, value, says", [
     ("--weight", "0", "give 1 or more"), ("--weight", "-3", "give 1 or more"),
-    ("--timeout", "-1", "give seconds over 0"), ("--timeout", "0", "give seconds over 0"),
+    ("--timeout", "-1", "give 0.001 to 3600 seconds"),
+    ("--timeout", "0.0001", "give 0.001 to 3600 seconds"),  # it would print as 0s
+    ("--timeout", "7200", "give 0.001 to 3600 seconds"),
     ("--qps", "-5", "give 1 to 2147483647"), ("--qps", "0", "give 1 to 2147483647"),
     ("--url", "http://x:99999", "the port is not a number from 1 to 65535"),
     ("--url", "http://", "no host"),

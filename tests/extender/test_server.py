@@ -499,3 +499,12 @@ def test_the_command_fails_in_one_line_before_it_says_serving(tmp_path: Path) ->
     assert got.stderr.strip().splitlines() == [  # bound before the watches start
         f"error: cannot listen on 127.0.0.1:{port}: Address already in use; change --host or "
         "--port"]
+
+
+def test_the_timeout_is_a_duration_go_reads() -> None:
+    """Decimals, never an exponent (Python's 1e-05s stops kube-scheduler);
+    the chart writes the same for the same seconds."""
+    from toposerve.scheduler_ext.scheduler_config import go_seconds
+
+    assert [go_seconds(s) for s in (5, 2.5, 0.001, 10, 3600, 0.25)] == [
+        "5s", "2.5s", "0.001s", "10s", "3600s", "0.25s"]

@@ -14,6 +14,7 @@ import yaml
 from tests.manifests.helpers import LOCAL_API, Obj, cli, objects, one, slice_policy
 from toposerve.manifests.render import RenderError, _parse, render, to_yaml
 from toposerve.manifests.values import COMPONENTS, load_values
+from toposerve.scheduler_ext.scheduler_config import go_seconds
 from toposerve.scheduler_ext.state.watch import PATHS as WATCH_PATHS
 from toposerve.topology.config_file import ConfigError
 
@@ -248,6 +249,10 @@ def test_second_scheduler_wires_the_extender() -> None:
         "ignorable": True, "httpTimeout": "5s"}]
     assert cfg["leaderElection"] == {"leaderElect": True, "resourceNamespace": "toposerve-system",
                                      "resourceName": "toposerve-scheduler"}
+    # the timeout as scheduler-config writes it: a duration Go reads
+    for seconds in (2.5, 0.001, 10):
+        ext = _scheduler_config(f"scheduler.extenderTimeoutSeconds={seconds}")["extenders"][0]
+        assert ext["httpTimeout"] == go_seconds(seconds)
     # an extender that waits out samples: the scheduler's adaptive default
     sampled = _scheduler_config("extender.config.placement.sampledNodes=true")
     assert "percentageOfNodesToScore" not in sampled and sampled["extenders"] == cfg["extenders"]
