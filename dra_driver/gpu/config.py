@@ -44,4 +44,17 @@ class GpuConfig(OpaqueConfig):
         bad = [k for k in v if not ENV_NAME.fullmatch(k)]
         if bad:
             raise ValueError(f"not an environment variable name: {', '.join(bad)}")
+        # The claim's author writes this, and CDI env overrides the pod's own:
+        # it must not replace what the driver derives from the allocation
+        # (which GPUs, a share's size), which a runtime hook reading
+        # NVIDIA_VISIBLE_DEVICES would obey (another tenant's GPU, or "all").
+        ours = [k for k in v if reserved_env(k)]
+        if ours:
+            raise ValueError(f"set by the driver, not by a config: {', '.join(ours)}")
         return v
+
+
+def reserved_env(name: str) -> bool:
+    """A variable the driver sets from the allocation: ``*_VISIBLE_DEVICES``
+    (NVIDIA, CUDA, AMD, ROCR, HIP) and ``TOPOSERVE_*``."""
+    return name.endswith("_VISIBLE_DEVICES") or name.startswith("TOPOSERVE_")

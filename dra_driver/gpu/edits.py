@@ -180,7 +180,9 @@ def gpu_edits(gpus: Sequence[GpuDevice], hw: NodeHardware, config: GpuConfig,
             "TOPOSERVE_NICS": ",".join(n.interface for n in nics if n.interface),
             "TOPOSERVE_RDMA_DEVICES": ",".join(n.rdma_device for n in nics if n.rdma_device),
         })
-    env.update(config.env)
+    # the driver's own variables win over a config's (GpuConfig refuses them
+    # too): they say which GPUs the allocation granted
+    env = {**config.env, **env}
     common = ContainerEdits(env=env, device_nodes=tuple(_node(rel, dev_root)
                                                         for rel in _CONTROL[vendor]))
     data = {g.name: {"uuid": g.visible_id, "pciBusID": g.place.device.pci_bus_id,

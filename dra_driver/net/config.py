@@ -42,10 +42,20 @@ MIN_MTU, MIN_MTU_IPV6, MAX_MTU = 68, 1280, 65535
 
 
 
+def _no_zone(v: str) -> None:
+    # ipaddress takes an IPv6 zone ("fe80::1%eth0", any text after the %);
+    # netlink, networkData and CNI results have no such thing, so the
+    # claim's text would travel on verbatim: refuse it.
+    if "%" in v:
+        raise ValueError(f"{v!r} has an IPv6 zone (%...): leave it out, the interface is "
+                         "the zone")
+
+
 def _cidr(v: Any) -> Any:
     # A bare address would silently become a /32 (or /128): say so instead.
     if not isinstance(v, str):
         return v
+    _no_zone(v)
     if "/" not in v:
         raise ValueError(f"{v!r} has no prefix length: write it as a CIDR, e.g. {v}/24")
     try:
@@ -57,6 +67,7 @@ def _cidr(v: Any) -> Any:
 def _network(v: Any) -> Any:
     if not isinstance(v, str):
         return v
+    _no_zone(v)
     try:
         return ip_network(v)
     except ValueError as err:
@@ -66,6 +77,7 @@ def _network(v: Any) -> Any:
 def _address(v: Any) -> Any:
     if not isinstance(v, str):
         return v
+    _no_zone(v)
     try:
         return ip_address(v)
     except ValueError:

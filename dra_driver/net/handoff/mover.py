@@ -193,7 +193,17 @@ class Mover:
         for entry in self.journal.entries():
             stale = entry.step != Step.ATTACHED or not _netns_exists(entry.netns)
             if stale and not keep(entry):
-                self.detach(entry)
+                # Every pod's ADD (the plugin is chained after the pod network)
+                # and the driver's start repair first: one NIC that cannot come
+                # home (its host name taken, say) must fail only its own pod's
+                # calls, not all of them. Its entry stays for the next try.
+                try:
+                    self.detach(entry)
+                except Exception as err:
+                    log.error("nic could not be brought back; will retry",
+                              nic=entry.hostIfName, sandbox=entry.sandbox,
+                              error=f"{type(err).__name__}: {err}")
+                    continue
                 done.append(entry.hostIfName)
         return done
 
