@@ -57,6 +57,8 @@ class PrefixIndex:
         self.clock = clock
         self._sent: dict[int, list[Sent]] = {}  # by first key
         self._sent_order: deque[Sent] = deque()  # oldest first, to forget the unanswered
+        # by endpoint, then last key: found again when that block is stored there
+        self._sent_to: dict[str, dict[int, list[Sent]]] = {}
 
     def __len__(self) -> int:
         return sum(len(x) for x in self._lru.values())
@@ -114,17 +116,22 @@ class PrefixIndex:
             out[url] = max(had, lo)
         return out
 
-    def send(self, url: str, keys: list[int]) -> Sent | None:
+    def send(self, url: str, keys: list[int], hold_s: float = SENT_HOLD_S) -> Sent | None:
         """``keys`` are on their way to ``url``: held there for ``match``
-        until ``settle`` (or SENT_HOLD_S)."""
+        until ``settle`` (or ``hold_s``), or until ``url`` is known to hold
+        them (``add``) or to have lost some (``remove``, ``clear``). None
+        when there is nothing to hold: no keys, or ``url`` holds them all."""
         now = self.clock()
         order = self._sent_order
+        # forgotten oldest first; a hold shorter than the one before it waits
+        # behind it, but still stops counting when its time is up (``hits``)
         while order and (order[0].done or order[0].until <= now):
             self.settle(order.popleft())
-        if not keys:
+        if not keys or keys[-1] in self._lru.get(url, ()):
             return None
-        s = Sent(self, url, keys, now + SENT_HOLD_S)
+        s = Sent(self, url, keys, now + hold_s)
         self._sent.setdefault(keys[0], []).append(s)
+        self._sent_to.setdefault(url, {}).setdefault(keys[-1], []).append(s)
         order.append(s)
         return s
 
@@ -136,6 +143,17 @@ class PrefixIndex:
         sent.remove(s)
         if not sent:
             del self._sent[s.keys[0]]
+        to = self._sent_to[s.url]
+        last = to[s.keys[-1]]
+        last.remove(s)
+        if not last:
+            del to[s.keys[-1]]
+            if not to:
+                del self._sent_to[s.url]
+
+    def _settle_at(self, url: str, which: Callable[[Sent], bool]) -> None:
+        for s in [s for same in self._sent_to.get(url, {}).values() for s in same if which(s)]:
+            self.settle(s)
 
     def add(self, url: str, keys: list[int]) -> None:
         """Record ``keys`` (a prompt's chain) as held by ``url``, most recently
@@ -149,17 +167,25 @@ class PrefixIndex:
                 lru[k] = None
                 self._where.setdefault(k, set()).add(url)
         self._evict(url)
+        # prompts on their way there that it now holds whole: the index says so
+        if to := self._sent_to.get(url):
+            for s in [s for k in keys if k in lru for s in to.get(k, ())]:
+                self.settle(s)
 
     def remove(self, url: str, keys: Iterable[int]) -> None:
+        gone = set(keys)
+        # a prompt on its way there whose blocks it dropped: no longer held whole
+        self._settle_at(url, lambda s: not gone.isdisjoint(s.keys))
         lru = self._lru.get(url)
         if lru is None:
             return
-        for k in keys:
+        for k in gone:
             if k in lru:
                 del lru[k]
                 self._drop_holder(k, url)
 
     def clear(self, url: str) -> None:
+        self._settle_at(url, lambda s: True)
         for k in self._lru.pop(url, OrderedDict()):
             self._drop_holder(k, url)
         self._capacity.pop(url, None)

@@ -52,6 +52,9 @@ class CycleState:
     # the prompt's keys the approximate index was asked about, per block size:
     # held at the chosen endpoint while the request is on its way there
     approx_keys: dict[int, list[int]] = field(default_factory=dict)
+    # the prompt's token-block keys the precise index was asked about: held
+    # there too, until the engine's own events can tell
+    precise_keys: list[int] | None = None
     _urls: Candidates | None = None
     # the candidates' predicted waits for a first token, when a scorer knows
     # them: the ranking moves those far slower than the fastest to the back

@@ -101,4 +101,7 @@ class Scheduler:
         # prompt for requests scheduled meanwhile (toposerve.router.prefix.index)
         sent = [h for keys in cycle.approx_keys.values()
                 if (h := self.state.approx.send(ranked[0].url, keys)) is not None]
+        if cycle.precise_keys and (h := self.state.precise.send(
+                ranked[0].url, cycle.precise_keys)) is not None:
+            sent.append(h)
         return Decision(ctx, ranked, reason, per, cycle, scorers, sent)

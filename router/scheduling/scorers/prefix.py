@@ -54,6 +54,15 @@ class PrefixParams(Params):
     block_bytes: int = Field(default=APPROX_BLOCK_BYTES, alias="blockBytes", ge=16)
 
 
+# how long a prompt an endpoint has begun to answer counts as held there
+# without the engine's events saying so: they come once it has prefilled
+PENDING_S = 5.0
+
+
+class PrecisePrefixParams(PrefixParams):
+    pending_s: float = Field(default=PENDING_S, alias="pendingSeconds", ge=0, le=600)
+
+
 def approx_match(state: RouterState, ctx: RequestContext, cycle: CycleState,
                  eps: list[Endpoint], block_bytes: int) -> dict[Endpoint, float]:
     """Share of the prompt each endpoint probably holds: computed once per
@@ -112,25 +121,35 @@ class ApproxPrefixScorer:
 @dataclass
 class PrecisePrefixScorer:
     """Share of the prompt's token blocks the endpoint reported holding in
-    its KV events. Without a tokenizer it falls back to the approximate
-    scorer."""
+    its KV events, or has been sent since: a prompt counts as held where
+    it went while on its way there and ``pending_s`` after that endpoint
+    begins to answer, since its events come only once the engine has
+    prefilled it. Requests arriving together with a new shared prefix (an
+    agent's first turn and the sub-agents it forks) so follow the first,
+    as with the approximate index. Without a tokenizer it falls back to
+    the approximate scorer."""
 
     state: RouterState
     kv: KVIndex | None
     fallback: ApproxPrefixScorer
+    pending_s: float = PENDING_S
     name: ClassVar[str] = "prefix-precise"
-    params_model: ClassVar[type[PrefixParams]] = PrefixParams  # the fallback's
+    params_model: ClassVar[type[PrecisePrefixParams]] = PrecisePrefixParams
 
     @classmethod
-    def build(cls, params: PrefixParams, deps: Deps) -> PrecisePrefixScorer:
-        return cls(deps.state, deps.kv, ApproxPrefixScorer.build(params, deps))
+    def build(cls, params: PrecisePrefixParams, deps: Deps) -> PrecisePrefixScorer:
+        return cls(deps.state, deps.kv, ApproxPrefixScorer.build(params, deps), params.pending_s)
 
     def score(self, ctx: RequestContext, cycle: CycleState, eps: list[Endpoint]
               ) -> dict[Endpoint, float]:
         if self.kv is None:
             return self.fallback.score(ctx, cycle, eps)
-        return match_shares(self.state.precise, ctx, cycle, eps, self.kv.request_keys(ctx))
+        keys = cycle.precise_keys = self.kv.request_keys(ctx)
+        return match_shares(self.state.precise, ctx, cycle, eps, keys)
 
     def picked(self, ctx: RequestContext, cycle: CycleState, ep: Endpoint) -> None:
         if self.kv is None:
             self.fallback.picked(ctx, cycle, ep)
+        elif cycle.precise_keys and self.pending_s:
+            # held by time, not settled: the events, not the answer, confirm it
+            self.state.precise.send(ep.url, cycle.precise_keys, self.pending_s)
