@@ -94,6 +94,7 @@ bench: setup peers engines
 	$(PY) -m bench.router_overhead --new-connections --fleets 4 --concurrency 1 16 64 128
 	$(PY) -m bench.router_overhead --gateway
 	$(PY) -m bench.router_overhead --cores 1 2
+	$(PY) -m bench.router_overhead --sharing
 	$(PY) -m bench.share_cost
 	$(PY) -m bench.router_bench --replicas 1 2 4 --workloads agentic mooncake --no-overheads \
 		--name router_bench_replicas

@@ -77,16 +77,51 @@ _UNTUNED_GC = ("import gc, sys; import toposerve.router.http.app as s, toposerve
                "sys.argv[0] = 'toposerve'; m.main()")
 
 
-def ours_untuned_gc(procs: Procs, backends: list[Proc]) -> Proc:
+# Two workers that share nothing: every process of the router (the parent
+# and each worker, a fresh interpreter) imports this first, from a
+# PYTHONPATH directory, and drops what it would publish on the workers' hub,
+# so no decision or in-flight report reaches another worker. Against the
+# two sharing workers in the same run, that is what sharing costs, apart
+# from what two event loops cost (issue 45).
+_UNSHARED_SITE = """\
+import toposerve.router.ha.local_bus as bus
+
+
+async def _dropped(self, messages):
+    return None
+
+
+bus.LocalBus.publish = _dropped
+"""
+
+
+def _router_config(procs: Procs, backends: list[Proc], name: str, workers: int = 1
+                   ) -> tuple[Path, int]:
+    """A config file for our router on a free port: its path and port."""
     port = free_port()
     cfg = {"apiVersion": "toposerve.io/v1", "kind": "RouterConfig",
-           "server": {"host": "127.0.0.1", "port": port},
+           "server": {"host": "127.0.0.1", "port": port, "workers": workers},
            "discovery": {"static": [{"url": b.url} for b in backends]},
            "scrape": {"intervalSeconds": SCRAPE_S}}
-    path = procs.tmp / f"router-untuned-gc-{port}.yaml"
+    path = procs.tmp / f"router-{name}-{port}.yaml"
     path.write_text(yaml.safe_dump(cfg))
+    return path, port
+
+
+def ours_untuned_gc(procs: Procs, backends: list[Proc]) -> Proc:
+    path, port = _router_config(procs, backends, "untuned-gc")
     return procs.command([sys.executable, "-c", _UNTUNED_GC, "router", "--config", str(path)],
                          "router-untuned-gc", f"http://127.0.0.1:{port}", ("/ready",))
+
+
+def ours_unshared(procs: Procs, backends: list[Proc]) -> Proc:
+    path, port = _router_config(procs, backends, "unshared", workers=2)
+    site = procs.tmp / "unshared-site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(_UNSHARED_SITE)
+    return procs.command([sys.executable, "-m", "toposerve.main", "router", "--config",
+                          str(path)], "router-unshared", f"http://127.0.0.1:{port}",
+                         ("/ready",), env={"PYTHONPATH": str(site)})
 
 
 def front_end(stack: str) -> Start:
@@ -130,9 +165,11 @@ PEER_ROUTERS: dict[str, Start] = {  # from .venv-peers (`make peers`)
     "smg cache_aware": peer("smg", "launch", "--policy", "cache_aware"),
 }
 OURS_2 = f"{OURS} --workers 2"  # sharing in-flight and decisions over its local bus
+OURS_2_UNSHARED = f"{OURS_2}, sharing nothing"  # --routers only: what sharing costs
 ROUTERS: dict[str, Start] = {
     OURS: ours,
     OURS_2: ours_with(workers=2),
+    OURS_2_UNSHARED: ours_unshared,
     "toposerve[Python's default GC]": ours_untuned_gc,
     **PEER_ROUTERS,
     # what the server part of a Python router costs alone (it answers itself)
@@ -143,7 +180,9 @@ ROUTERS: dict[str, Start] = {
     ENVOY_ALONE: envoy_alone,
 }
 GATEWAY = (ENVOY_EPP, ENVOY_ALONE)
-STANDALONE = [n for n in ROUTERS if n not in GATEWAY]  # a plain run's routers
+SHARING = (OURS, OURS_2, OURS_2_UNSHARED)  # --sharing's
+STANDALONE = [n for n in ROUTERS if n not in (*GATEWAY, OURS_2_UNSHARED)]  # a plain run's
+SHARING_CONCURRENCY = (16, 64, 256)
 # --gateway's: the picker behind Envoy beside ours standalone and the fastest peer
 GATEWAY_ROUTERS = (OURS, "smg cache_aware", *GATEWAY)
 GATEWAY_CONCURRENCY = (1, 4, 16, 64, 128)
@@ -464,6 +503,25 @@ def main_table(rows: list[Row]) -> str:
                   for r in rows), "lrr" + "r" * 11)
 
 
+def sharing_table(rows: list[Row]) -> str:
+    """Router CPU a request, ours with two workers over two that share
+    nothing (what sharing costs) and over one process (sharing and a second
+    event loop together), at each fleet and clients, per repeat's median."""
+    by = {(r.router, r.fleet, r.concurrency): r for r in rows}
+    lines = []
+    for (name, fleet, clients), r in by.items():
+        unshared, one = by.get((OURS_2_UNSHARED, fleet, clients)), by.get((OURS, fleet, clients))
+        if name != OURS_2 or unshared is None or one is None:
+            continue
+        lines.append([fleet, clients, f"{one.cpu_ms_per_request:.3f}",
+                      f"{unshared.cpu_ms_per_request:.3f}", f"{r.cpu_ms_per_request:.3f}",
+                      _over(r.cpu_ms_per_request, unshared.cpu_ms_per_request),
+                      _over(r.cpu_ms_per_request, one.cpu_ms_per_request)])
+    return table(["endpoints", "clients", "1 process ms/req", "2 sharing nothing",
+                  "2 sharing", "sharing / sharing nothing", "2 sharing / 1 process"],
+                 lines, "rrrrrrr")
+
+
 def gateway_table(rows: list[Row], base: str = OURS) -> str:
     """Each router's added latency and rate over ``base``'s (ours
     standalone) at the same fleet and clients; for Envoy + our picker, also
@@ -751,6 +809,10 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"Envoy + our endpoint picker and Envoy alone beside ours standalone "
                          f"and smg, {GATEWAY_CONCURRENCY[0]}-{GATEWAY_CONCURRENCY[-1]} clients, "
                          f"{FLEETS[0]} endpoints (router_overhead_gateway.*)")
+    ap.add_argument("--sharing", action="store_true",
+                    help=f"what sharing one view costs: {', '.join(SHARING)}, "
+                         f"{SHARING_CONCURRENCY[0]}-{SHARING_CONCURRENCY[-1]} clients, "
+                         f"{FLEETS[0]} endpoints (router_overhead_sharing.*)")
     ap.add_argument("--routers", nargs="+", choices=list(ROUTERS),
                     help=f"default: {', '.join(STANDALONE)}; with --gateway "
                          f"{', '.join(GATEWAY_ROUTERS)}")
@@ -785,11 +847,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--cores {max(args.cores)} needs as many --router-cpu, "
                  f"not {len(args.router_cpu)}")
     args.routers = args.routers or list(
-        CORES_ROUTERS if args.cores else GATEWAY_ROUTERS if args.gateway else STANDALONE)
+        CORES_ROUTERS if args.cores else GATEWAY_ROUTERS if args.gateway
+        else SHARING if args.sharing else STANDALONE)
     args.concurrency = args.concurrency or list(
         CORES_CONCURRENCY if args.cores else GATEWAY_CONCURRENCY if args.gateway
-        else CONCURRENCY)
-    args.fleets = args.fleets or ([FLEETS[0]] if args.gateway else list(FLEETS))
+        else SHARING_CONCURRENCY if args.sharing else CONCURRENCY)
+    args.fleets = args.fleets or (
+        [FLEETS[0]] if args.gateway or args.sharing else list(FLEETS))
     if args.instructions:
         with tempfile.TemporaryDirectory() as tmp:
             trees = {OURS: REPO}
@@ -843,7 +907,10 @@ def main(argv: list[str] | None = None) -> int:
         md += "\n\n" + fleet_table(rows)
     if gateway:
         md += "\n\n" + gateway_table(rows) + "\n\n" + REFERENCE_EPP
+    if args.sharing:
+        md += "\n\n" + sharing_table(rows)
     name = ("router_overhead" + ("_gateway" if args.gateway else "")
+            + ("_sharing" if args.sharing else "")
             + ("_new_connections" if args.new_connections else ""))
     write(Path(args.out), name,
           md, {"requests": args.requests, "repeats": args.repeats, "connections": connections,

@@ -132,11 +132,13 @@ class Procs:
         wait_http(proc.url + ("/ready" if wait_ready else "/health"), p, log)
         return proc
 
-    def command(self, argv: list[str], name: str, url: str, ready_paths: tuple[str, ...]
-                ) -> Proc:
-        """Any other router (a peer) given as a full command line."""
+    def command(self, argv: list[str], name: str, url: str, ready_paths: tuple[str, ...],
+                env: dict[str, str] | None = None) -> Proc:
+        """Any other router (a peer) given as a full command line; ``env``:
+        added to this process's environment."""
         log = self.tmp / f"{name}-{len(self.all)}.log"
-        p = subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+        p = subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT,
+                             env=None if env is None else {**os.environ, **env})
         proc = Proc(url, p, log)
         self.all.append(proc)
         deadline = time.monotonic() + 60

@@ -19,6 +19,8 @@ from bench.router_overhead import (
     GATEWAY,
     GATEWAY_ROUTERS,
     LOADS,
+    OURS_2,
+    OURS_2_UNSHARED,
     ROUTERS,
     STANDALONE,
     Row,
@@ -26,6 +28,7 @@ from bench.router_overhead import (
     bodies,
     fleet_table,
     gateway_table,
+    sharing_table,
 )
 from toposerve.localcluster.ports import free_port
 
@@ -122,3 +125,12 @@ def test_gateway_table_gives_ratios_to_ours_standalone_and_the_pickers_share() -
 def test_gateway_routers_stay_out_of_a_plain_run() -> None:
     assert set(GATEWAY_ROUTERS) <= set(ROUTERS) and set(GATEWAY) <= set(GATEWAY_ROUTERS)
     assert not set(GATEWAY) & set(STANDALONE) and OURS in STANDALONE
+
+
+def test_sharing_table_gives_sharing_over_nothing_shared_and_over_one_process() -> None:
+    rows = [_row(OURS, 4, 16, 1.0, 0.30), _row(OURS_2_UNSHARED, 4, 16, 1.0, 0.40),
+            _row(OURS_2, 4, 16, 1.0, 0.42), _row(OURS_2, 4, 64, 1.0, 0.5)]  # no baseline at 64
+    lines = sharing_table(rows).splitlines()
+    assert "| 4 | 16 | 0.300 | 0.400 | 0.420 | 1.05 | 1.40 |" in lines
+    assert len(lines) == 3
+    assert OURS_2_UNSHARED not in STANDALONE and OURS_2 in STANDALONE
