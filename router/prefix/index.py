@@ -11,7 +11,6 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
-from itertools import repeat
 
 DEFAULT_CAPACITY = 200_000
 # how long a sent prompt counts as held without an answer: one whose every
@@ -27,11 +26,26 @@ class Sent:
     url: str
     keys: list[int]
     until: float
+    new: int  # its blocks ``url`` did not hold when it was sent
     done: bool = False
 
     def settle(self) -> None:
         """Answered (``add`` records where) or given up: no longer held."""
         self.index.settle(self)
+
+
+def _held_prefix(lru: Container[int], keys: list[int], lo: int = 0) -> int:
+    """Leading ``keys`` in ``lru``, knowing the first ``lo`` are: what an
+    endpoint holds of a chain is a prefix of it (its blocks are added, and
+    so evicted, together, the head last), so a binary search."""
+    hi = len(keys) + 1  # keys[:lo] held; keys[:hi] not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if keys[mid - 1] in lru:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -59,6 +73,7 @@ class PrefixIndex:
         self._sent_order: deque[Sent] = deque()  # oldest first, to forget the unanswered
         # by endpoint, then last key: found again when that block is stored there
         self._sent_to: dict[str, dict[int, list[Sent]]] = {}
+        self._sent_new: dict[str, int] = {}  # by endpoint: blocks on their way there
 
     def __len__(self) -> int:
         return sum(len(x) for x in self._lru.values())
@@ -72,8 +87,12 @@ class PrefixIndex:
         self._evict(url)
 
     def held_of(self, urls: Iterable[str]) -> list[int]:
-        """``held`` of each URL, in order, without a call a URL."""
-        return list(map(len, map(self._lru.get, urls, repeat(()))))
+        """Blocks each URL holds or has on their way to it (sent, not yet
+        answered, that it did not hold), in order, without a call a URL:
+        requests routed together count each other's prompts, as they will
+        be held once answered."""
+        lru, new = self._lru, self._sent_new
+        return [len(lru.get(u, ())) + new.get(u, 0) for u in urls]
 
     def match(self, keys: list[int], urls: Iterable[str]) -> dict[str, int]:
         """Leading blocks of ``keys`` each endpoint holds (0 for none)."""
@@ -106,14 +125,7 @@ class PrefixIndex:
             if url not in among or (had := out.get(url, 0)) == whole:
                 continue  # not a candidate, or all of it on its way there
             lru = self._lru[url]
-            lo, hi = 1, whole + 1  # keys[:lo] held; keys[:hi] not
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                if keys[mid - 1] in lru:
-                    lo = mid
-                else:
-                    hi = mid
-            out[url] = max(had, lo)
+            out[url] = max(had, _held_prefix(lru, keys, 1))
         return out
 
     def send(self, url: str, keys: list[int], hold_s: float = SENT_HOLD_S) -> Sent | None:
@@ -127,9 +139,11 @@ class PrefixIndex:
         # behind it, but still stops counting when its time is up (``hits``)
         while order and (order[0].done or order[0].until <= now):
             self.settle(order.popleft())
-        if not keys or keys[-1] in self._lru.get(url, ()):
+        lru = self._lru.get(url, {})
+        if not keys or keys[-1] in lru:
             return None
-        s = Sent(self, url, keys, now + hold_s)
+        s = Sent(self, url, keys, now + hold_s, len(keys) - _held_prefix(lru, keys))
+        self._sent_new[url] = self._sent_new.get(url, 0) + s.new
         self._sent.setdefault(keys[0], []).append(s)
         self._sent_to.setdefault(url, {}).setdefault(keys[-1], []).append(s)
         order.append(s)
@@ -143,6 +157,10 @@ class PrefixIndex:
         sent.remove(s)
         if not sent:
             del self._sent[s.keys[0]]
+        if left := self._sent_new[s.url] - s.new:
+            self._sent_new[s.url] = left
+        else:
+            del self._sent_new[s.url]
         to = self._sent_to[s.url]
         last = to[s.keys[-1]]
         last.remove(s)

@@ -81,3 +81,24 @@ def test_failover_answer_settles_the_hold_where_it_was_sent() -> None:
     keys = ctx(LONG).byte_blocks(1024)
     m = state.approx.match(keys, [sent_to.url, answered_by.url])
     assert m == {sent_to.url: 0, answered_by.url: len(keys)}
+
+
+def test_a_burst_of_new_conversations_is_not_herded() -> None:
+    """Eight new conversations routed before any is answered, one endpoint
+    holding a little more than another (the other two far more): each
+    counts the prompts already on their way to an endpoint as held there
+    (cache-room), so they share the two roomiest between them instead of
+    all going to the one that held less when the burst began."""
+    state = make_state()
+    e = sorted(state.pool.routable(), key=lambda ep: ep.url)
+    state.approx.add(e[0].url, list(range(1, 101)))
+    for far in e[2:]:
+        state.approx.add(far.url, list(range(10_000, 20_000)))
+    sched = Scheduler(state, state.config.profile, None)
+    burst = [sched.schedule(ctx(f"conversation {k}: " + "its own words " * 3000))
+             for k in range(8)]
+    firsts = [d.ranked[0].url for d in burst]
+    assert min(firsts.count(e[0].url), firsts.count(e[1].url)) >= 3, firsts
+    for d in burst:
+        d.answered(d.ranked[0])
+    assert state.approx.held_of([e[1].url]) == [state.approx.held(e[1].url)]  # none on its way

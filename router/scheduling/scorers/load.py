@@ -84,7 +84,10 @@ class InflightTokensScorer(FromState, Stateless):
 class CacheRoomScorer(FromState, Stateless):
     """Endpoints holding fewer cached prefixes score higher, so new work
     (which matches nothing) lands where it evicts least and caches stay
-    balanced. Read from the approximate index, no extra bookkeeping."""
+    balanced. Read from the approximate index, no extra bookkeeping; the
+    prompts on their way to an endpoint count as held there, so a burst of
+    new conversations routed before any is answered spreads as they would
+    one after another rather than all going where least was held."""
 
     name: ClassVar[str] = "cache-room"
     _last: Remembered[list[int]] | None = field(default=None, init=False, repr=False)
