@@ -8,7 +8,7 @@ then follow the first instead of each prefilling it cold elsewhere."""
 from __future__ import annotations
 
 import time
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
 
@@ -73,6 +73,9 @@ class PrefixIndex:
         self._sent_order: deque[Sent] = deque()  # oldest first, to forget the unanswered
         # by endpoint, then last key: found again when that block is stored there
         self._sent_to: dict[str, dict[int, list[Sent]]] = {}
+        # by endpoint: how many of its holds name each key, so a removal that
+        # touches none (most, under pressure) costs a look-up a key
+        self._sent_keys: dict[str, Counter[int]] = {}
         self._sent_new: dict[str, int] = {}  # by endpoint: blocks on their way there
 
     def __len__(self) -> int:
@@ -139,13 +142,14 @@ class PrefixIndex:
         # behind it, but still stops counting when its time is up (``hits``)
         while order and (order[0].done or order[0].until <= now):
             self.settle(order.popleft())
-        lru = self._lru.get(url, {})
+        lru: Container[int] = self._lru.get(url, ())
         if not keys or keys[-1] in lru:
             return None
         s = Sent(self, url, keys, now + hold_s, len(keys) - _held_prefix(lru, keys))
         self._sent_new[url] = self._sent_new.get(url, 0) + s.new
         self._sent.setdefault(keys[0], []).append(s)
         self._sent_to.setdefault(url, {}).setdefault(keys[-1], []).append(s)
+        self._sent_keys.setdefault(url, Counter()).update(keys)
         order.append(s)
         return s
 
@@ -161,6 +165,13 @@ class PrefixIndex:
             self._sent_new[s.url] = left
         else:
             del self._sent_new[s.url]
+        named = self._sent_keys[s.url]
+        named.subtract(s.keys)
+        for k in s.keys:
+            if not named[k]:
+                del named[k]
+        if not named:
+            del self._sent_keys[s.url]
         to = self._sent_to[s.url]
         last = to[s.keys[-1]]
         last.remove(s)
@@ -193,7 +204,8 @@ class PrefixIndex:
     def remove(self, url: str, keys: Iterable[int]) -> None:
         gone = set(keys)
         # a prompt on its way there whose blocks it dropped: no longer held whole
-        self._settle_at(url, lambda s: not gone.isdisjoint(s.keys))
+        if (named := self._sent_keys.get(url)) and not named.keys().isdisjoint(gone):
+            self._settle_at(url, lambda s: not gone.isdisjoint(s.keys))
         lru = self._lru.get(url)
         if lru is None:
             return
