@@ -23,7 +23,7 @@ from toposerve.dra_driver.net.config import NetConfig
 from toposerve.dra_driver.net.handoff import cni
 from toposerve.dra_driver.net.handoff.journal import Step
 from toposerve.dra_driver.net.handoff.links import Namespace
-from toposerve.dra_driver.net.handoff.mover import HandoffError
+from toposerve.dra_driver.net.handoff.mover import HandoffError, repair_journal
 from toposerve.dra_driver.net.records import ClaimRecord, NicHandoff, write_record
 from toposerve.localcluster.realnode import forwarder
 
@@ -341,3 +341,42 @@ def test_the_forwarders_result_has_the_pods_ipv6_address(
     finally:
         server.stop()
     _assert_on_host(env)
+
+
+# What a pod with a NIC can leave behind must not stop the hand-off of every
+# other pod on the node: the CNI plugin is chained after the pod network, so
+# each ADD of any pod first repairs the journal, and one entry whose NIC
+# cannot be brought back (its host name taken meanwhile, e.g. by another NIC
+# a tenant renamed in its pod that came home under that name) failed every
+# pod's ADD, and the driver's start-up repair with it.
+BARE = parse_opaque({"apiVersion": "net.toposerve.io/v1", "kind": "NetConfig",
+                     "interfaceName": "net1"}, NetConfig)
+TENANT_UID = "11111111-2222-4333-8444-555555555555"
+
+
+def _tenant_call(env: NetEnv, tmp: Path, command: str, sandbox: str, netns: str, pod: str) -> None:
+    conf = {"cniVersion": "1.0.0", "stateDir": str(tmp / "state"),
+            "journalDir": str(env.journal.folder)}
+    cni.run({"CNI_COMMAND": command, "CNI_CONTAINERID": sandbox, "CNI_NETNS": netns,
+             "CNI_ARGS": f"K8S_POD_UID={pod}"}, conf, env.host)
+
+
+def test_a_nic_that_cannot_come_home_blocks_only_its_own_pod(env: NetEnv,
+                                                             tmp_path: Path) -> None:
+    write_record(tmp_path / "state", ClaimRecord(
+        claimUid=TENANT_UID, claim="t2/c", podUids=["pod-b"],
+        nics=[NicHandoff(device="pci-x", hostIfName="nic0", config=BARE)]))
+    _tenant_call(env, tmp_path, "ADD", "sb-b", env.pod, "pod-b")
+    with Namespace(env.host) as host, Namespace(env.fabric) as fabric:
+        host.add_veth("nic0", "02:11:22:33:44:55", 1500, "fabx", fabric)  # nic0's name, taken
+    with pytest.raises(Exception, match="File exists"):  # its own DEL cannot finish
+        _tenant_call(env, tmp_path, "DEL", "sb-b", env.pod, "pod-b")
+    other = env.new_pod("other")
+    try:
+        _tenant_call(env, tmp_path, "ADD", "sb-c", other, "pod-c")  # any other pod: unaffected
+        _tenant_call(env, tmp_path, "DEL", "sb-c", other, "pod-c")
+    finally:
+        env.remove_pod(other)
+    assert repair_journal(env.journal, env.host) == []  # the driver still starts
+    [entry] = env.journal.entries()  # kept for a later retry, not forgotten
+    assert (entry.hostIfName, entry.sandbox, entry.step) == ("nic0", "sb-b", Step.DETACHING)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from tests.router.pipeline import LONG, ctx, make_state
+from tests.router.test_prefix_sent import Clock
 from toposerve.router.prefix.index import PrefixIndex
 from toposerve.router.prefix.kv_index import KVIndex
 from toposerve.router.scheduling.profile import Scheduler
@@ -18,14 +19,6 @@ from toposerve.wire.tokens import ByteTokenizer
 
 pytestmark = pytest.mark.unit  # no cluster, no subprocess: `make unit`
 BLOCK = 16
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_a_hold_ends_when_the_index_learns_the_prompt_whole() -> None:
