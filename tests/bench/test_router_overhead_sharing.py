@@ -27,11 +27,12 @@ def test_the_unshared_workers_share_no_decision(tmp_path: Path) -> None:
         workers = psutil.Process(router.popen.pid).children()
         assert len(workers) == 2
         before = [_cpu(w) for w in workers]
-        for s in range(12):
-            for n in range(2):
+        for s in range(16):
+            for n in range(3):
                 turn(router.url, s, n)
         used = [_cpu(w) - b for w, b in zip(workers, before, strict=True)]
-        assert all(u > 0.05 for u in used), used  # both took connections
+        # both took connections (the kernel spreads 48: a few ms each at least)
+        assert all(u > 0.01 for u in used), used
         # where two sharing workers apply each other's (test_router_workers), none here
         assert decisions(router, "received") == 0
     finally:
