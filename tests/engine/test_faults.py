@@ -83,6 +83,16 @@ class Flood:
         self.futures = [self.pool.submit(self._one, i) for i in range(self.count)]
         return self
 
+    def running(self) -> bool:
+        """True while every client is still at it; a client that failed
+        fails the test at once, with its error, rather than a wait for a
+        queue that can no longer form."""
+        for f in self.futures:
+            if f.done():
+                f.result()  # raises what ended it
+                raise AssertionError("a flood client stopped before the flood ended")
+        return True
+
     def __exit__(self, *_: object) -> None:
         self.stop.set()
         self.pool.shutdown()
@@ -123,11 +133,11 @@ def test_a_full_queue_sends_new_work_to_the_other_server(
     waiting = "toposerve_router_endpoint_waiting"
     by_queue = "toposerve_router_decisions_total"
     try:
-        with Flood(full, full.max_num_seqs + 8):
+        with Flood(full, full.max_num_seqs + 8) as flood:
             for _ in range(20):
                 wait_for("the router to scrape the full server's queue",
-                         lambda: endpoint_metric(router, waiting, full) >= 1, timeout=120,
-                         interval=0.05)
+                         lambda: flood.running() and endpoint_metric(router, waiting, full) >= 1,
+                         timeout=120, interval=0.05)
                 # held while the six are sent (see engine_frozen)
                 with full.engine_frozen():
                     if _engine_waiting(full) < 1:
