@@ -8,9 +8,10 @@ then follow the first instead of each prefilling it cold elsewhere."""
 from __future__ import annotations
 
 import time
-from collections import Counter, OrderedDict, deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
+from functools import cached_property
 
 DEFAULT_CAPACITY = 200_000
 # how long a sent prompt counts as held without an answer: one whose every
@@ -32,6 +33,13 @@ class Sent:
     def settle(self) -> None:
         """Answered (``add`` records where) or given up: no longer held."""
         self.index.settle(self)
+
+    @cached_property
+    def key_set(self) -> frozenset[int]:
+        """``keys`` as a set, made only when a removal there asks (the
+        engine's events): a removal of few blocks then costs a look-up
+        each, and the requests that never meet one pay nothing."""
+        return frozenset(self.keys)
 
 
 def _held_prefix(lru: Container[int], keys: list[int], lo: int = 0) -> int:
@@ -73,9 +81,6 @@ class PrefixIndex:
         self._sent_order: deque[Sent] = deque()  # oldest first, to forget the unanswered
         # by endpoint, then last key: found again when that block is stored there
         self._sent_to: dict[str, dict[int, list[Sent]]] = {}
-        # by endpoint: how many of its holds name each key, so a removal that
-        # touches none (most, under pressure) costs a look-up a key
-        self._sent_keys: dict[str, Counter[int]] = {}
         self._sent_new: dict[str, int] = {}  # by endpoint: blocks on their way there
 
     def __len__(self) -> int:
@@ -149,7 +154,6 @@ class PrefixIndex:
         self._sent_new[url] = self._sent_new.get(url, 0) + s.new
         self._sent.setdefault(keys[0], []).append(s)
         self._sent_to.setdefault(url, {}).setdefault(keys[-1], []).append(s)
-        self._sent_keys.setdefault(url, Counter()).update(keys)
         order.append(s)
         return s
 
@@ -165,13 +169,6 @@ class PrefixIndex:
             self._sent_new[s.url] = left
         else:
             del self._sent_new[s.url]
-        named = self._sent_keys[s.url]
-        named.subtract(s.keys)
-        for k in s.keys:
-            if not named[k]:
-                del named[k]
-        if not named:
-            del self._sent_keys[s.url]
         to = self._sent_to[s.url]
         last = to[s.keys[-1]]
         last.remove(s)
@@ -204,8 +201,7 @@ class PrefixIndex:
     def remove(self, url: str, keys: Iterable[int]) -> None:
         gone = set(keys)
         # a prompt on its way there whose blocks it dropped: no longer held whole
-        if (named := self._sent_keys.get(url)) and not named.keys().isdisjoint(gone):
-            self._settle_at(url, lambda s: not gone.isdisjoint(s.keys))
+        self._settle_at(url, lambda s: not gone.isdisjoint(s.key_set))
         lru = self._lru.get(url)
         if lru is None:
             return

@@ -27,7 +27,7 @@ def test_a_hold_ends_when_the_index_learns_the_prompt_whole() -> None:
     idx.add("a", [1, 2])  # stored in part: still on its way
     assert idx.match([1, 2, 3], ["a"]) == {"a": 3}
     idx.add("a", [3])
-    assert not idx._sent and not idx._sent_to and not idx._sent_keys
+    assert not idx._sent and not idx._sent_to and not idx._sent_new
     assert idx.send("a", [1, 2, 3]) is None  # held whole already: nothing to hold
     idx.remove("a", [3])  # the index alone says what is left
     assert idx.match([1, 2, 3], ["a"]) == {"a": 2}
@@ -43,7 +43,7 @@ def test_a_hold_ends_when_the_endpoint_drops_a_block_of_it_or_everything() -> No
     assert idx.match([7, 8], ["a"]) == {"a": 2}  # another prompt's hold stays
     idx.clear("a")
     assert idx.match([7, 8], ["a"]) == {"a": 0}
-    assert set(idx._sent_to) == set(idx._sent_keys) == {"b"}
+    assert set(idx._sent_to) == set(idx._sent_new) == {"b"}
     idx.remove("b", [99])  # a block of no hold's: they stay
     assert idx.match([1, 2, 3], ["b"]) == {"b": 3}
 
