@@ -84,9 +84,9 @@ class HFTokenizer:
         self._pieces: OrderedDict[str, array[int]] = OrderedDict()
         self._held = 0  # bytes of text and ids in _pieces
         self._checks = PIECE_CHECKS
-        self._specials, self._special_ids = self._splitter()
+        self._specials = self._splitter()
 
-    def _splitter(self) -> tuple[re.Pattern[str] | None, dict[str, int]]:
+    def _splitter(self) -> re.Pattern[str] | None:
         """The added tokens the library cuts a text at before anything else,
         when each piece between them is then tokenized on its own: added
         tokens matched as written (not normalized, no space stripped
@@ -95,20 +95,15 @@ class HFTokenizer:
         added = self._tok.get_added_tokens_decoder()
         if not added or self._tok.normalizer is not None or any(
                 a.lstrip or a.rstrip or a.single_word or a.normalized for a in added.values()):
-            return None, {}
-        ids = {a.content: i for i, a in added.items()}
+            return None
         # longest first: the library takes the longest token at a position
-        alternatives = sorted(ids, key=len, reverse=True)
-        return re.compile("|".join(map(re.escape, alternatives))), ids
+        alternatives = sorted((a.content for a in added.values()), key=len, reverse=True)
+        return re.compile("|".join(map(re.escape, alternatives)))
 
     def _whole(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=False).ids)
 
     def _piece(self, text: str, out: list[int]) -> None:
-        if len(text) < PIECE_MIN_CHARS:
-            if text:
-                out += self._whole(text)
-            return
         if (ids := self._pieces.get(text)) is not None:
             self._pieces.move_to_end(text)
             out += ids
@@ -124,20 +119,35 @@ class HFTokenizer:
             old, old_ids = self._pieces.popitem(last=False)
             self._held -= len(old) + old_ids.itemsize * len(old_ids)
 
+    def _long(self, text: str, at: int, start: int, end: int, out: list[int]) -> int:
+        """The piece ``text[start:end]`` (between added tokens) from the
+        cache when it is long enough to keep, after the text from ``at``
+        before it, in one call; returns where the text not yet tokenized
+        begins."""
+        if end - start < PIECE_MIN_CHARS:
+            return at
+        if at < start:
+            out += self._whole(text[at:start])
+        self._piece(text[start:end], out)
+        return end
+
     def encode(self, text: str) -> list[int]:
         """The text's ids, without the tokenizer's own added prefix or
-        suffix. Cut at the added tokens (see ``_splitter``), each piece
-        tokenized once while it stays in the cache."""
+        suffix. Cut at the added tokens (see ``_splitter``): each long piece
+        tokenized once while it stays in the cache, the short pieces and
+        the added tokens between long ones together in one call (a call
+        a short piece cost more than the whole)."""
         split = self._specials
         if split is None:
             return self._whole(text)
         out: list[int] = []
-        at = 0
+        at = start = 0
         for m in split.finditer(text):
-            self._piece(text[at:m.start()], out)
-            out.append(self._special_ids[m.group()])
-            at = m.end()
-        self._piece(text[at:], out)
+            at = self._long(text, at, start, m.start(), out)
+            start = m.end()
+        at = self._long(text, at, start, len(text), out)
+        if at < len(text):
+            out += self._whole(text[at:])
         if self._checks:
             self._checks -= 1
             if out != (whole := self._whole(text)):
